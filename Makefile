@@ -1,0 +1,34 @@
+# The README's commands map to these targets. Everything runs from a local virtualenv.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+OUT    ?= out
+
+.PHONY: demo test unit bench venv dev clean
+
+# A venv with the runtime only (no torch): enough for the simulator and the operator.
+$(BIN)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e .
+	touch $@
+
+# Dev extras add pytest and torch (CPU use only; it is the `train` extra).
+$(BIN)/.installed-dev: $(BIN)/.installed
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $@
+
+venv: $(BIN)/.installed
+dev: $(BIN)/.installed-dev
+
+demo: $(BIN)/.installed
+	$(BIN)/mlsched simulate --plot $(OUT)/jct.png
+
+test: $(BIN)/.installed-dev
+	$(BIN)/python -m pytest -q tests
+
+bench: $(BIN)/.installed-dev
+	$(BIN)/python bench/bench_simulator.py
+
+clean:
+	rm -rf $(VENV) $(OUT) .pytest_cache

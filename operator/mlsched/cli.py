@@ -1,0 +1,148 @@
+"""`mlsched` command line: simulate, trace generate (train and export come with learned policies)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from importlib import resources as importlib_resources
+
+DEFAULT_POLICIES = "drf,fifo,srtf,tetris,optimus,optimus-oracle"
+DEFAULT_TRACE = "default-trace.csv"
+
+
+def _csv(text: str) -> list[str]:
+    items = [t.strip() for t in text.split(",") if t.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError("expected a comma-separated list")
+    return items
+
+
+def _positive(kind):
+    def parse(text: str):
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+        return value
+    return parse
+
+
+def _add_cluster_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nodes", type=_positive(int), default=13, help="number of nodes (default 13, the DL² testbed)")
+    p.add_argument("--node-cpus", type=_positive(float), default=8)
+    p.add_argument("--node-gpus", type=float, default=2)
+    p.add_argument("--node-mem-gib", type=_positive(float), default=48)
+    p.add_argument("--interval", type=_positive(float), default=1200.0, help="scheduling interval in seconds")
+    p.add_argument("--max-ps", type=_positive(int), default=16)
+    p.add_argument("--max-workers", type=_positive(int), default=16)
+    p.add_argument("--scaling-cost", type=float, default=30.0,
+                   help="seconds a job loses when its tasks change (checkpoint-restart ~30; hot scaling ~0.05)")
+    p.add_argument("--speed-model", default="measured", choices=["measured", "optimus-fit"])
+    p.add_argument("--no-interference", action="store_true", help="ignore co-location interference")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _config(args):
+    from mlsched.sim.simulator import SimConfig
+
+    return SimConfig(nodes=args.nodes, node_cpus=args.node_cpus, node_gpus=args.node_gpus,
+                     node_mem_gib=args.node_mem_gib, interval_s=args.interval, max_ps=args.max_ps,
+                     max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
+                     speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed)
+
+
+def cmd_simulate(args) -> int:
+    from tqdm import tqdm
+
+    from mlsched.sim import compare
+    from mlsched.workloads import traces
+
+    if args.trace:
+        trace = traces.read(args.trace)
+        source = args.trace
+    else:
+        text = importlib_resources.files("mlsched.workloads").joinpath("data", DEFAULT_TRACE).read_text()
+        trace = traces.parse(text, f"<built-in {DEFAULT_TRACE}>")
+        source = f"built-in {DEFAULT_TRACE}"
+    config = _config(args)
+    total = len(trace) * len(args.policies) * len(args.placement)
+    with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
+        runs = compare.run_pairs(trace, config, args.policies, args.placement,
+                                 model_path=args.model, progress=bar.update)
+    if args.plot:
+        from mlsched.sim.plot import plot_jct
+
+        plot_jct(runs, args.plot, title=f"{len(trace)} jobs on {args.nodes} nodes")
+    if args.json:
+        print(json.dumps({"trace": source, "nodes": args.nodes, "results": [r.row() for r in runs]}))
+    else:
+        print(f"trace: {source} ({len(trace)} jobs), cluster: {args.nodes} nodes x "
+              f"({args.node_cpus:g} CPU, {args.node_gpus:g} GPU, {args.node_mem_gib:g} GiB), "
+              f"interval {args.interval:g}s, seed {args.seed}")
+        print(compare.format_table(runs))
+        if args.plot:
+            print(f"plot written to {args.plot}")
+    return 0
+
+
+def cmd_trace_generate(args) -> int:
+    from mlsched.workloads import generators, traces
+
+    jobs = generators.generate(jobs=args.jobs, rate=args.rate, pattern=args.pattern, seed=args.seed,
+                               interval_s=args.interval, models=tuple(args.models) if args.models else None,
+                               median_minutes=args.median_minutes, sigma=args.sigma,
+                               arch_mix=args.allreduce_fraction)
+    if args.out == "-":
+        sys.stdout.write(traces.dumps(jobs))
+    else:
+        traces.write(jobs, args.out)
+        print(f"wrote {len(jobs)} jobs to {args.out}", file=sys.stderr)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mlsched", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser("simulate", help="compare scheduling policies on a trace in the simulator")
+    sim.add_argument("--trace", help="trace CSV (name,arrival_s,model,epochs[,arch,workers,ps]); default: built-in")
+    sim.add_argument("--policies", type=_csv, default=_csv(DEFAULT_POLICIES),
+                     help=f"allocation policies, comma-separated (default {DEFAULT_POLICIES})")
+    sim.add_argument("--placement", type=_csv, default=["load-balance"],
+                     help="placement policies, comma-separated (load-balance, bin-pack, first-fit, tetris)")
+    sim.add_argument("--model", help="ONNX model for learned policies (default: the shipped artifact)")
+    sim.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")
+    _add_cluster_args(sim)
+    sim.set_defaults(func=cmd_simulate)
+
+    trace = sub.add_parser("trace", help="work with trace files")
+    tsub = trace.add_subparsers(dest="trace_command", required=True)
+    gen = tsub.add_parser("generate", help="write a seeded synthetic trace as CSV")
+    gen.add_argument("--jobs", type=_positive(int), default=60)
+    gen.add_argument("--rate", type=_positive(float), default=3.0, help="mean arrivals per interval")
+    gen.add_argument("--pattern", default="poisson", choices=["poisson", "uniform", "google"])
+    gen.add_argument("--interval", type=_positive(float), default=1200.0)
+    gen.add_argument("--models", type=_csv, help="model types to draw from (default: all)")
+    gen.add_argument("--median-minutes", type=_positive(float), default=80.0,
+                     help="median job length alone at 1 PS + 1 worker")
+    gen.add_argument("--sigma", type=_positive(float), default=1.0, help="log-normal spread of job lengths")
+    gen.add_argument("--allreduce-fraction", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--out", default="-", help="output CSV path (default: stdout)")
+    gen.set_defaults(func=cmd_trace_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, OSError) as exc:  # bad input: one clear line, no traceback
+        print(f"mlsched: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

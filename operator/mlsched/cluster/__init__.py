@@ -1,0 +1,1 @@
+"""Plain data types shared by the simulator and the operator: nodes, jobs, snapshots, packing."""

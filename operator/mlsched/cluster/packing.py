@@ -1,0 +1,185 @@
+"""Tentative packing of tasks onto nodes during one scheduling round.
+
+Allocation policies grow jobs one task (or one bundle) at a time through a Packer; the Packer
+asks the placement policy for a node and keeps the free capacity honest, so no decision can
+overcommit a node. Three rules live here, not in every policy:
+
+- Gang start: a job with no tasks first receives its minimum gang (min PS and min workers,
+  at least one of each its architecture needs) atomically, or nothing. A job never holds a
+  partial set of tasks that cannot train.
+- Caps: a job never exceeds its max PS / max workers.
+- Stickiness: task ordinal k of a role goes back to the node it ran on last interval when that
+  node still has room, so an unchanged job keeps its pods where they are (StatefulSet ordinals
+  map to these task ordinals in the operator).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from mlsched.cluster.types import Decision, JobDecision, JobView, Role, Snapshot
+from mlsched.workloads import catalog
+
+if TYPE_CHECKING:  # pragma: no cover
+    from mlsched.policies.base import PlacementPolicy
+
+_EPS = 1e-9
+
+
+class Packer:
+    def __init__(self, snapshot: Snapshot, placement: "PlacementPolicy", sticky: bool = True):
+        self.snapshot = snapshot
+        self.placement = placement
+        self.sticky = sticky
+        self.capacity = snapshot.capacity
+        # Free capacity is stored resource-major (3, N) so that the per-resource comparisons in
+        # fits_mask run over contiguous memory: it is the simulator's hottest loop.
+        self._free_t = np.ascontiguousarray(snapshot.capacity.T)
+        # Normalised load per node (sum over resources of used/capacity); load-balancing
+        # placement reads it, so it is kept incrementally rather than recomputed per task.
+        self._inv_cap = np.where(self.capacity > 0, 1.0 / np.maximum(self.capacity, _EPS), 0.0)
+        self.load = np.zeros(len(snapshot.node_names))
+        self.tasks_on: list[list[tuple[str, str, Role]]] = [[] for _ in snapshot.node_names]
+        self.jobs: dict[str, JobDecision] = {}
+        self.inferences = 0
+        self._pool_masks: dict[str, np.ndarray] = {}
+        total = snapshot.total_capacity
+        self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
+
+    # ---- queries -------------------------------------------------------------------------
+    @property
+    def free(self) -> np.ndarray:
+        """Free capacity per node, (N, 3) (a read-only view)."""
+        view = self._free_t.T
+        view.flags.writeable = False
+        return view
+
+    def count(self, job: JobView, role: Role) -> int:
+        d = self.jobs.get(job.name)
+        if d is None:
+            return 0
+        return d.ps if role == "ps" else d.workers
+
+    def has_tasks(self, job: JobView) -> bool:
+        d = self.jobs.get(job.name)
+        return d is not None and (d.ps + d.workers) > 0
+
+    def at_cap(self, job: JobView, role: Role) -> bool:
+        return self.count(job, role) >= job.bounds(role)[1]
+
+    def demand(self, job: JobView, role: Role) -> np.ndarray:
+        return catalog.MODELS[job.model].demand(role)
+
+    def fits_mask(self, demand: np.ndarray, job: JobView | None = None) -> np.ndarray:
+        free = self._free_t
+        mask = np.ones(free.shape[1], dtype=bool)
+        for r in range(free.shape[0]):
+            if demand[r] > 0:
+                mask &= free[r] >= demand[r] - _EPS
+        if job is not None and job.pool is not None:
+            mask &= self._pool_mask(job.pool)
+        return mask
+
+    def used_share(self, job: JobView) -> np.ndarray:
+        """Share of the cluster's total of each resource that this round gives the job."""
+        d = self.jobs.get(job.name)
+        if d is None:
+            return np.zeros(3)
+        prof = catalog.MODELS[job.model]
+        return (d.ps * prof.ps_demand + d.workers * prof.worker_demand) * self._inv_total
+
+    def dominant_share(self, job: JobView) -> float:
+        return float(self.used_share(job).max())
+
+    # ---- growing jobs -------------------------------------------------------------------
+    def grow(self, job: JobView, role: Role) -> bool:
+        """Add one task of `role` (or the job's starting gang if it has none). True on success."""
+        if role == "ps" and not job.uses_ps:
+            return False
+        if not self.has_tasks(job):
+            return self._start_gang(job)
+        if self.at_cap(job, role):
+            return False
+        return self._add_many(job, [role])
+
+    def grow_bundle(self, job: JobView) -> bool:
+        """Add one worker and, for a PS job, one PS, atomically (DL²'s bundle action)."""
+        if not self.has_tasks(job):
+            return self._start_gang(job)
+        roles: list[Role] = ["worker"]
+        if job.uses_ps:
+            roles.append("ps")
+        if any(self.at_cap(job, r) for r in roles):
+            return False
+        return self._add_many(job, roles)
+
+    def grant(self, job: JobView, ps: int, workers: int) -> bool:
+        """Give a job exactly (ps, workers) more tasks atomically (gang), or nothing."""
+        roles: list[Role] = ["ps"] * ps + ["worker"] * workers
+        return self._add_many(job, roles)
+
+    def _start_gang(self, job: JobView) -> bool:
+        min_ps = max(job.min_ps, 1) if job.uses_ps else 0
+        min_w = max(job.min_workers, 1)
+        return self._add_many(job, ["ps"] * min_ps + ["worker"] * min_w)
+
+    def _add_many(self, job: JobView, roles: list[Role]) -> bool:
+        added: list[tuple[Role, int]] = []
+        for role in roles:
+            lo, hi = job.bounds(role)
+            if self.count(job, role) >= hi:
+                self._undo(job, added)
+                return False
+            node = self._pick_node(job, role)
+            if node is None:
+                self._undo(job, added)
+                return False
+            self._place(job, role, node)
+            added.append((role, node))
+        self.inferences += 1
+        return True
+
+    def _pick_node(self, job: JobView, role: Role) -> int | None:
+        demand = self.demand(job, role)
+        if self.sticky:
+            previous = job.ps_nodes if role == "ps" else job.worker_nodes
+            ordinal = self.count(job, role)
+            if ordinal < len(previous):
+                node = previous[ordinal]
+                free = self._free_t
+                if node < free.shape[1] and all(free[r, node] >= demand[r] - _EPS for r in range(3)):
+                    if job.pool is None or self._pool_mask(job.pool)[node]:
+                        return node
+        return self.placement.choose_node(self, job, role, demand)
+
+    def _place(self, job: JobView, role: Role, node: int) -> None:
+        demand = self.demand(job, role)
+        self._free_t[:, node] -= demand
+        self.load[node] += float(demand @ self._inv_cap[node])
+        d = self.jobs.setdefault(job.name, JobDecision())
+        (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
+        self.tasks_on[node].append((job.name, job.model, role))
+
+    def _undo(self, job: JobView, added: list[tuple[Role, int]]) -> None:
+        for role, node in reversed(added):
+            demand = self.demand(job, role)
+            self._free_t[:, node] += demand
+            self.load[node] -= float(demand @ self._inv_cap[node])
+            d = self.jobs[job.name]
+            (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
+            self.tasks_on[node].remove((job.name, job.model, role))
+            if d.ps + d.workers == 0:
+                del self.jobs[job.name]
+
+    def _pool_mask(self, pool: str) -> np.ndarray:
+        mask = self._pool_masks.get(pool)
+        if mask is None:
+            pools = self.snapshot.node_pools or [None] * self._free_t.shape[1]
+            mask = np.array([p == pool for p in pools], dtype=bool)
+            self._pool_masks[pool] = mask
+        return mask
+
+    def decision(self) -> Decision:
+        return Decision(jobs=self.jobs, inferences=self.inferences)

@@ -1,0 +1,1 @@
+"""Scheduling policies: one Protocol per decision kind, heuristics, learned runners, a registry."""

@@ -1,0 +1,1 @@
+"""Allocation heuristics: how many PS and workers each job gets this interval."""

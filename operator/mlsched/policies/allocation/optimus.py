@@ -1,0 +1,73 @@
+"""Optimus allocation (Peng et al., EuroSys'18), greedy by marginal gain.
+
+Every job first gets its starting gang (in arrival order, where it fits). Then, repeatedly,
+the task (one PS or one worker) with the largest gain goes to its job, where gain = the drop
+in the job's estimated remaining time divided by the task's dominant-resource share of the
+cluster. It stops when no task shortens any job. A task that does not fit anywhere takes its
+job out of the running and the others go on.
+
+`optimus` estimates speeds from what jobs have shown (ObservedSpeed), as a deployed Optimus
+must; `optimus-oracle` is handed the simulator's true speed function (TrueSpeed): an upper
+bound on what Optimus could do, and a hard baseline.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from mlsched.cluster.packing import Packer
+from mlsched.cluster.types import JobView, Role, Snapshot
+from mlsched.policies.speed_estimate import ObservedSpeed, SpeedEstimator
+from mlsched.workloads import catalog
+
+
+class Optimus:
+    name = "optimus"
+
+    def __init__(self, estimator_factory=ObservedSpeed, name: str | None = None):
+        self.estimator_factory = estimator_factory
+        if name:
+            self.name = name
+
+    @staticmethod
+    def _time(job: JobView, est: SpeedEstimator, ps: int, workers: int) -> float:
+        f = est.epochs_per_s(job, ps, workers)
+        return job.remaining_epochs / f if f > 0 else float("inf")
+
+    def best_gain(self, job: JobView, packer: Packer, est: SpeedEstimator,
+                  total: np.ndarray) -> tuple[float, Role]:
+        ps, w = packer.count(job, "ps"), packer.count(job, "worker")
+        now = self._time(job, est, ps, w)
+        best: tuple[float, Role] = (-np.inf, "worker")
+        roles: tuple[Role, ...] = ("worker", "ps") if job.uses_ps else ("worker",)
+        for role in roles:
+            if packer.at_cap(job, role):
+                continue
+            after = self._time(job, est, ps + (role == "ps"), w + (role == "worker"))
+            if not np.isfinite(after):
+                continue
+            gain = (now - after) if np.isfinite(now) else np.inf
+            need = float(np.max(packer.demand(job, role) / total))
+            gain = gain / max(need, 1e-9)
+            if gain > best[0]:
+                best = (gain, role)
+        return best
+
+    def allocate(self, snapshot: Snapshot, packer: Packer) -> None:
+        est = self.estimator_factory(snapshot)
+        total = np.where(snapshot.total_capacity > 0, snapshot.total_capacity, 1.0)
+        heap = []
+        for i, job in enumerate(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name))):
+            if packer.grow_bundle(job):
+                gain, role = self.best_gain(job, packer, est, total)
+                heap.append((-gain, job.arrival_s, i, role, job))
+        heapq.heapify(heap)
+        while heap:
+            neg_gain, arrival, i, role, job = heapq.heappop(heap)
+            if -neg_gain <= 0:
+                break
+            if packer.grow(job, role):
+                gain, role = self.best_gain(job, packer, est, total)
+                heapq.heappush(heap, (-gain, arrival, i, role, job))

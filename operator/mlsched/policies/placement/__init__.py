@@ -1,0 +1,1 @@
+"""Placement heuristics: which node a task goes to."""

@@ -1,0 +1,58 @@
+"""Placement heuristics. Each looks only at nodes the task fits on (and its job's pool).
+
+- load-balance: the least-loaded node (load = Σ used/capacity over resources), the
+  Kubernetes/Mesos spreading default and DL²'s placement.
+- bin-pack: the node with the least remaining capacity that still fits (Harmony's baseline).
+- first-fit: the lowest-numbered node that fits.
+- tetris: the node whose free resources best align with the demand (dot product of
+  normalised free capacity and normalised demand; Grandl et al., SIGCOMM'14).
+Ties go to the lowest node index, so every choice is deterministic.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlsched.cluster.packing import Packer
+from mlsched.cluster.types import JobView, Role
+
+
+def _pick(packer: Packer, job: JobView, demand: np.ndarray, score: np.ndarray) -> int | None:
+    mask = packer.fits_mask(demand, job)
+    if not mask.any():
+        return None
+    return int(np.argmin(np.where(mask, score, np.inf)))
+
+
+class LoadBalance:
+    name = "load-balance"
+
+    def choose_node(self, packer: Packer, job: JobView, role: Role, demand: np.ndarray) -> int | None:
+        return _pick(packer, job, demand, packer.load)
+
+
+class BinPack:
+    name = "bin-pack"
+
+    def choose_node(self, packer: Packer, job: JobView, role: Role, demand: np.ndarray) -> int | None:
+        return _pick(packer, job, demand, -packer.load)
+
+
+class FirstFit:
+    name = "first-fit"
+
+    def choose_node(self, packer: Packer, job: JobView, role: Role, demand: np.ndarray) -> int | None:
+        mask = packer.fits_mask(demand, job)
+        idx = np.flatnonzero(mask)
+        return int(idx[0]) if idx.size else None
+
+
+class TetrisPlacement:
+    name = "tetris"
+
+    def choose_node(self, packer: Packer, job: JobView, role: Role, demand: np.ndarray) -> int | None:
+        cap = packer.capacity
+        free_norm = np.divide(packer.free, cap, out=np.zeros_like(cap), where=cap > 0)
+        total = packer.snapshot.total_capacity / len(cap)  # a mean node
+        d_norm = np.divide(demand, total, out=np.zeros(3), where=total > 0)
+        return _pick(packer, job, demand, -(free_norm @ d_norm))

@@ -1,0 +1,1 @@
+"""The trace-driven cluster simulator: training environment, `simulate` command and benchmarks."""

@@ -1,0 +1,1 @@
+"""Workloads: the model catalog, speed models, interference and job traces."""

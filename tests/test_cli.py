@@ -1,0 +1,50 @@
+import json
+import subprocess
+import sys
+
+from mlsched.cli import main
+
+FIELDS = ["policy", "placement", "avg_jct_s", "p50_jct_s", "p95_jct_s", "makespan_s", "gpu_util",
+          "cpu_util", "avg_slowdown", "ideal_avg_jct_s", "jobs", "completed"]
+
+
+def test_simulate_json_prints_exactly_one_object_with_the_documented_fields(tmp_path):
+    trace = tmp_path / "t.csv"
+    assert main(["trace", "generate", "--jobs", "12", "--seed", "4", "--out", str(trace)]) == 0
+    out = subprocess.run([sys.executable, "-m", "mlsched.cli", "simulate", "--trace", str(trace), "--nodes", "4",
+                          "--policies", "drf,optimus", "--placement", "load-balance,bin-pack", "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    doc = json.loads(out)  # exactly one JSON value, nothing else on stdout
+    rows = doc["results"]
+    assert [(r["policy"], r["placement"]) for r in rows] == [
+        ("drf", "load-balance"), ("drf", "bin-pack"), ("optimus", "load-balance"), ("optimus", "bin-pack")]
+    for r in rows:
+        assert list(r)[:len(FIELDS)] == FIELDS
+        assert r["jobs"] == r["completed"] == 12
+
+
+def test_simulate_table_shows_ratios_and_writes_a_plot(tmp_path, capsys):
+    plot = tmp_path / "jct.png"
+    assert main(["simulate", "--nodes", "13", "--policies", "drf,optimus-oracle", "--plot", str(plot)]) == 0
+    out = capsys.readouterr().out
+    assert "1.00x" in out and "optimus-oracle" in out and "built-in" in out
+    assert plot.stat().st_size > 10_000
+
+
+def test_bad_trace_is_one_clear_line_and_exit_2(tmp_path, capsys):
+    bad = tmp_path / "bad.csv"
+    bad.write_text("name,arrival_s,model,epochs\na,0,resnet-50,10\nb,1,bert,5\n")
+    assert main(["simulate", "--trace", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"{bad}:3: unknown model 'bert'" in err and "Traceback" not in err
+
+
+def test_unknown_policy_fails_before_simulating(capsys):
+    assert main(["simulate", "--policies", "drf,magic"]) == 2
+    assert "unknown allocation policy 'magic'" in capsys.readouterr().err
+
+
+def test_trace_generate_to_stdout(capsys):
+    assert main(["trace", "generate", "--jobs", "3", "--pattern", "uniform", "--rate", "3"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[0] == "name,arrival_s,model,epochs,arch,workers,ps" and len(lines) == 4
