@@ -1,0 +1,263 @@
+"""MLJob: one distributed training job (parameter-server or all-reduce) that mlsched scales.
+
+The run-policy block copies Kubeflow's `runPolicy` vocabulary so that TFJob / PyTorchJob users
+can move their settings over unchanged. The scheduler owns the replica counts between
+`min` and `max`; the job's owner only sets the bounds.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from mlsched.api.base import IMMUTABLE, PRESERVE_UNKNOWN, ApiModel, CelRule, StatusModel
+from mlsched.api.common import MAX_HISTORY, Condition
+from mlsched.api.crdinfo import AGE, API_VERSION, CrdInfo, PrinterColumn
+from mlsched.workloads.catalog import ALIASES, MODEL_NAMES
+
+#: Upper bound of any replica count; also bounds the per-role placement lists in status.
+MAX_REPLICAS = 1000
+
+#: MLJob names prefix StatefulSet, pod and Service names. `<name>-worker-<10-char revision
+#: hash>` must fit the 63-character label limit, hence 45; Services need a DNS-1035 label.
+MAX_NAME_LENGTH = 45
+NAME_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+NodeName = Annotated[str, StringConstraints(max_length=253)]
+
+#: The catalog's canonical names plus its aliases, exactly as the apiserver's enum accepts them.
+ModelType = Literal[tuple(MODEL_NAMES) + tuple(ALIASES)]  # type: ignore[valid-type]
+
+
+class Architecture(StrEnum):
+    PARAMETER_SERVER = "ParameterServer"
+    ALL_REDUCE = "AllReduce"
+
+
+class CleanPodPolicy(StrEnum):
+    """Which pods to delete when the job finishes (Kubeflow semantics)."""
+
+    ALL = "All"
+    RUNNING = "Running"
+    NONE = "None"
+
+
+class JobPhase(StrEnum):
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class JobConditionType(StrEnum):
+    """Condition types the operator sets on MLJobs (positive polarity, like Kueue)."""
+
+    ADMITTED = "Admitted"  # allocated at least `min` of every role, atomically
+    RUNNING = "Running"
+    SUSPENDED = "Suspended"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+# ---------------------------------------------------------------------------------- spec
+
+
+class ReplicaSpec(ApiModel):
+    """Bounds the scheduler may choose within, and the pod template of this role."""
+
+    min: int = Field(1, ge=1, le=MAX_REPLICAS,
+                     description="Fewest replicas the job can run with; admitted all at once.")
+    max: int = Field(ge=1, le=MAX_REPLICAS, description="Most replicas the scheduler may give.")
+    template: dict[str, Any] = Field(
+        min_length=1, json_schema_extra=PRESERVE_UNKNOWN,
+        description="A core/v1 PodTemplateSpec for this role's pods; stored as written.")
+
+    cel_rules = (CelRule("self.min <= self.max", "must be >= min",
+                         lambda s: s.min <= s.max, field_path=".max"),)
+
+
+class ReplicaSpecs(ApiModel):
+    ps: ReplicaSpec | None = Field(
+        None, description="Parameter servers: required for ParameterServer, not allowed for "
+                          "AllReduce.")
+    worker: ReplicaSpec
+
+
+class RunPolicy(ApiModel):
+    """Lifecycle settings, named and defaulted as in Kubeflow's runPolicy."""
+
+    suspend: bool = Field(False,
+                          description="True stops all pods and keeps the job; False resumes.")
+    backoff_limit: int | None = Field(
+        None, ge=0, description="Pod restarts tolerated before the job fails; unset: no limit.")
+    active_deadline_seconds: int | None = Field(
+        None, ge=1, description="Running time after which the job fails; unset: no deadline.")
+    ttl_seconds_after_finished: int | None = Field(
+        None, ge=0, description="Delete the finished job after this long; unset: keep it.")
+    clean_pod_policy: CleanPodPolicy = Field(
+        CleanPodPolicy.RUNNING, description="Pods deleted on completion: All, Running or None.")
+
+
+class MLJobSpec(ApiModel):
+    """What to train and within which bounds the scheduler may size it."""
+
+    # maxLength is redundant with the enum for validation but bounds the CEL cost estimate of
+    # the immutability rule (unbounded strings are costed at the request-size limit).
+    model_type: ModelType = Field(  # type: ignore[valid-type]
+        json_schema_extra={**IMMUTABLE, "maxLength": 64},
+        description="Model from the mlsched catalog; selects speed and interference profiles.")
+    architecture: Architecture = Field(
+        json_schema_extra={**IMMUTABLE, "maxLength": 32},
+        description="ParameterServer or AllReduce; fixed at creation.")
+    epochs: float = Field(gt=0, description="Estimated epochs to convergence.")
+    global_batch_size: int | None = Field(None, ge=1,
+                                          description="Optional; the catalog's if unset.")
+    scheduling_policy: str = Field(
+        "default", pattern=DNS_SUBDOMAIN, max_length=253,
+        description="SchedulingPolicy in the job's namespace; when omitted the one named "
+                    "`default` is used.")
+    replica_specs: ReplicaSpecs = Field(description="Replica bounds and pod template per role.")
+    # `default: {}` lets the apiserver fill the nested defaults when the block is omitted.
+    run_policy: RunPolicy = Field(default_factory=RunPolicy, json_schema_extra={"default": {}})
+
+    cel_rules = (
+        CelRule("self.architecture != 'AllReduce' || !has(self.replicaSpecs.ps)",
+                "must not be set for AllReduce jobs",
+                lambda s: s.architecture != Architecture.ALL_REDUCE or s.replica_specs.ps is None,
+                field_path=".replicaSpecs.ps"),
+        CelRule("self.architecture != 'ParameterServer' || has(self.replicaSpecs.ps)",
+                "is required for ParameterServer jobs",
+                lambda s: (s.architecture != Architecture.PARAMETER_SERVER
+                           or s.replica_specs.ps is not None),
+                field_path=".replicaSpecs.ps"),
+    )
+
+
+# -------------------------------------------------------------------------------- status
+
+
+class RoleReplicas(StatusModel):
+    """Replica counts of one role."""
+
+    desired: int = Field(0, ge=0, description="Replicas the scheduler allocated.")
+    ready: int = Field(0, ge=0, description="Replicas whose pods are Ready.")
+
+
+class ReplicaStatuses(StatusModel):
+    """Replica counts per role (ps is absent for AllReduce jobs)."""
+
+    ps: RoleReplicas | None = None
+    worker: RoleReplicas | None = None
+
+
+class Placement(StatusModel):
+    """Where each pod runs: list index = pod ordinal of that role."""
+
+    pool: str | None = Field(None, max_length=253, description="Node pool (grouping decision).")
+    ps: list[NodeName] = Field(default_factory=list, max_length=MAX_REPLICAS)
+    worker: list[NodeName] = Field(default_factory=list, max_length=MAX_REPLICAS)
+
+
+class Progress(StatusModel):
+    """Training progress as reported by the job's pods."""
+
+    epochs_done: float = Field(0.0, ge=0)
+    speed: float = Field(0.0, ge=0, description="Epochs per second, recent average.")
+    last_report_time: datetime | None = None
+    summary: str | None = Field(None, max_length=64,
+                                description="Done/total for `kubectl get`, e.g. 12.0/100.")
+
+    @classmethod
+    def of(cls, epochs_done: float, epochs: float, speed: float,
+           at: datetime | None = None) -> Progress:
+        """A Progress with the summary the Progress printer column shows filled in."""
+        total = f"{epochs:g}" if float(epochs).is_integer() else f"{epochs:.1f}"
+        return cls(epochs_done=epochs_done, speed=speed, last_report_time=at,
+                   summary=f"{epochs_done:.1f}/{total}")
+
+
+class HistoryEntry(StatusModel):
+    """What the scheduler gave this job in one interval and what it earned."""
+
+    interval: int = Field(ge=0, description="Scheduling round number.")
+    start: datetime
+    ps: int = Field(ge=0)
+    workers: int = Field(ge=0)
+    placement: Placement | None = None
+    epochs: float = Field(ge=0, description="Epochs completed during the interval.")
+    reward: float
+
+
+class MLJobStatus(StatusModel):
+    """Written by the operator only (status subresource)."""
+
+    phase: JobPhase | None = Field(None, description="Summary of the conditions, for people.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16, description="Latest observations, one per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation this status reflects.")
+    replica_statuses: ReplicaStatuses | None = None
+    placement: Placement | None = None
+    progress: Progress | None = None
+    start_time: datetime | None = Field(None, description="When the job first ran.")
+    completion_time: datetime | None = Field(None, description="When it succeeded or failed.")
+    history: list[HistoryEntry] = Field(
+        default_factory=list, max_length=MAX_HISTORY,
+        description="Newest last; trimmed to the policy's historyLimit.")
+
+
+# ---------------------------------------------------------------------------------- root
+
+
+class MLJob(ApiModel):
+    """A distributed ML training job scheduled by mlsched."""
+
+    api_version: Literal["mlsched.io/v1alpha1"] = API_VERSION
+    kind: Literal["MLJob"] = "MLJob"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    spec: MLJobSpec
+    status: MLJobStatus = Field(default_factory=MLJobStatus)
+
+    cel_rules = (
+        CelRule(f"self.metadata.name.size() <= {MAX_NAME_LENGTH} && "
+                f"self.metadata.name.matches('{NAME_PATTERN}')",
+                f"metadata.name must be a DNS-1035 label of at most {MAX_NAME_LENGTH} "
+                "characters: it prefixes pod and Service names",
+                lambda s: _valid_name(s.metadata.get("name"))),
+    )
+
+
+def _valid_name(name: str | None) -> bool:
+    # Unnamed objects (generateName, local fixtures) have no name to check yet.
+    if name is None:
+        return True
+    return len(name) <= MAX_NAME_LENGTH and re.fullmatch(NAME_PATTERN, name) is not None
+
+
+CRD = CrdInfo(
+    model=MLJob,
+    kind="MLJob",
+    plural="mljobs",
+    short_names=("mlj", "mljob"),
+    columns=(
+        PrinterColumn("Phase", ".status.phase"),
+        PrinterColumn("PS", ".status.replicaStatuses.ps.desired", "integer",
+                      "Parameter servers allocated"),
+        PrinterColumn("Workers", ".status.replicaStatuses.worker.desired", "integer",
+                      "Workers allocated"),
+        PrinterColumn("Progress", ".status.progress.summary", description="Epochs done/total"),
+        PrinterColumn("Policy", ".spec.schedulingPolicy"),
+        AGE,
+        PrinterColumn("Model", ".spec.modelType", priority=1),
+        PrinterColumn("Architecture", ".spec.architecture", priority=1),
+        PrinterColumn("Pool", ".status.placement.pool", priority=1),
+        PrinterColumn("Speed", ".status.progress.speed", "number", "Epochs per second", 1),
+    ),
+)

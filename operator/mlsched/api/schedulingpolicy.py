@@ -1,0 +1,161 @@
+"""SchedulingPolicy: which algorithms schedule the MLJobs that name it, and their ONNX models.
+
+Editing the object swaps the policy live. Algorithm names are plain strings, not enums: the
+registry in `mlsched.policies` is the list of what exists, and a policy naming an unknown
+algorithm is reported through the `Ready` condition rather than rejected by the apiserver,
+so adding an algorithm never needs a CRD change.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, StringConstraints
+
+from mlsched.api.base import ApiModel, CelRule, StatusModel
+from mlsched.api.common import MAX_HISTORY, Condition
+from mlsched.api.crdinfo import AGE, API_VERSION, CrdInfo, PrinterColumn
+
+ALGORITHM_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+CONFIGMAP_KEY = r"^[-._a-zA-Z0-9]+$"
+SHA256_HEX = r"^[a-f0-9]{64}$"
+Sha256 = Annotated[str, StringConstraints(pattern=SHA256_HEX)]
+
+
+class PolicyConditionType(StrEnum):
+    # True when every learned algorithm in use has its model loaded and verified (also True,
+    # reason NoModelNeeded, when only heuristics are configured).
+    MODEL_LOADED = "ModelLoaded"
+    # True when the policy can schedule: algorithms known and models loaded, or fallback active.
+    READY = "Ready"
+
+
+# ---------------------------------------------------------------------------------- spec
+
+
+class ConfigMapKeyRef(ApiModel):
+    name: str = Field(pattern=DNS_SUBDOMAIN, max_length=253,
+                      description="ConfigMap in the policy's namespace.")
+    key: str = Field(pattern=CONFIGMAP_KEY, max_length=253,
+                     description="Key under data or binaryData holding the .onnx file.")
+
+
+class ModelRef(ApiModel):
+    """Where a learned algorithm's ONNX file comes from: exactly one of configMapKeyRef, path."""
+
+    config_map_key_ref: ConfigMapKeyRef | None = Field(
+        None, description="ONNX file in a ConfigMap (binaryData; ConfigMaps hold up to 1 MiB).")
+    path: str | None = Field(None, pattern=r"^/", max_length=4096,
+                             description="Absolute path of an ONNX file inside the operator pod.")
+    sha256: str | None = Field(
+        None, pattern=SHA256_HEX,
+        description="Optional pin: lowercase hex digest the file must have, else it is refused.")
+
+    cel_rules = (
+        CelRule("has(self.configMapKeyRef) != has(self.path)",
+                "set exactly one of configMapKeyRef or path",
+                lambda s: (s.config_map_key_ref is None) != (s.path is None)),
+    )
+
+
+class Exploration(ApiModel):
+    """Off-policy actions taken while serving, so that retraining sees alternatives."""
+
+    epsilon: float = Field(0.0, ge=0, le=1,
+                           description="Probability that a decision is replaced by a random one.")
+    entropy: float | None = Field(
+        None, ge=0, description="Entropy-bonus weight for retraining Jobs that learn from this "
+                                "policy's records; not used when serving.")
+
+
+class SchedulingPolicySpec(ApiModel):
+    """Algorithms for each decision kind, the models behind the learned ones, and bookkeeping."""
+
+    interval: int = Field(1200, ge=1, le=86400, description="Seconds between scheduling rounds.")
+    allocation: str = Field("drf", pattern=ALGORITHM_NAME, max_length=63,
+                            description="How many PS and workers each job gets, e.g. drf, dl2.")
+    placement: str = Field("load-balance", pattern=ALGORITHM_NAME, max_length=63,
+                           description="Which node each task lands on.")
+    grouping: str = Field("none", pattern=ALGORITHM_NAME, max_length=63,
+                          description="Which jobs share a node pool; none disables grouping.")
+    models: dict[str, ModelRef] = Field(
+        default_factory=dict, max_length=8, json_schema_extra={"default": {}},
+        description="ONNX model per learned algorithm, keyed by algorithm name (e.g. dl2).")
+    exploration: Exploration = Field(default_factory=Exploration, json_schema_extra={"default": {}})
+    fallback: str = Field("drf", pattern=ALGORITHM_NAME, max_length=63,
+                          description="Allocation used while a learned model is unavailable.")
+    history_limit: int = Field(50, ge=1, le=MAX_HISTORY,
+                               description="Per-interval entries kept in status lists.")
+
+
+# -------------------------------------------------------------------------------- status
+
+
+class RewardEntry(StatusModel):
+    """What the policy earned, summed over its jobs, in one interval."""
+
+    interval: int = Field(ge=0, description="Scheduling round number.")
+    start: datetime
+    reward: float = Field(description="Sum of the jobs' rewards in this interval.")
+    jobs: int = Field(ge=0, description="Jobs scheduled in this interval.")
+
+
+class SchedulingPolicyStatus(StatusModel):
+    """Written by the operator only (status subresource)."""
+
+    active_models: dict[str, Sha256] = Field(
+        default_factory=dict, max_length=8,
+        description="Algorithm name to sha256 of the model file currently serving it.")
+    conditions: list[Condition] = Field(
+        default_factory=list, max_length=16,
+        description="ModelLoaded and Ready, one entry per type.",
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
+    last_round_time: datetime | None = Field(None, description="Start of the latest round.")
+    last_round_duration_seconds: float | None = Field(
+        None, ge=0, description="Wall time the latest round's decisions took.")
+    decisions: int | None = Field(None, ge=0, description="Decisions made since the policy loaded.")
+    rewards: list[RewardEntry] = Field(default_factory=list, max_length=MAX_HISTORY,
+                                       description="Newest last; trimmed to historyLimit.")
+    observed_generation: int | None = Field(
+        None, ge=0, description="metadata.generation the loaded policy reflects.")
+
+
+# ---------------------------------------------------------------------------------- root
+
+
+class SchedulingPolicy(ApiModel):
+    """Algorithms and learned models that schedule the MLJobs naming this policy."""
+
+    api_version: Literal["mlsched.io/v1alpha1"] = API_VERSION
+    kind: Literal["SchedulingPolicy"] = "SchedulingPolicy"
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    # Every field has a default, so `spec: {}` (or no spec) is the drf/load-balance policy.
+    spec: SchedulingPolicySpec = Field(default_factory=SchedulingPolicySpec,
+                                       json_schema_extra={"default": {}})
+    status: SchedulingPolicyStatus = Field(default_factory=SchedulingPolicyStatus)
+
+
+def _condition_status(type_: str) -> str:
+    return f'.status.conditions[?(@.type=="{type_}")].status'
+
+
+CRD = CrdInfo(
+    model=SchedulingPolicy,
+    kind="SchedulingPolicy",
+    plural="schedulingpolicies",
+    short_names=("schedpol",),
+    columns=(
+        PrinterColumn("Allocation", ".spec.allocation"),
+        PrinterColumn("Placement", ".spec.placement"),
+        PrinterColumn("Model loaded", _condition_status(PolicyConditionType.MODEL_LOADED)),
+        PrinterColumn("Ready", _condition_status(PolicyConditionType.READY)),
+        PrinterColumn("Last round", ".status.lastRoundTime", "date"),
+        AGE,
+        PrinterColumn("Grouping", ".spec.grouping", priority=1),
+        PrinterColumn("Interval", ".spec.interval", "integer", "Seconds between rounds", 1),
+        PrinterColumn("Decisions", ".status.decisions", "integer", priority=1),
+    ),
+)
