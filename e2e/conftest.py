@@ -1,0 +1,76 @@
+"""Fixtures for the e2e tier: one real control plane per test session.
+
+A missing Go toolchain, a failed build or a component that will not start makes
+the tests error with what to install or which log to read; they never skip,
+because a skipped e2e tier would look like a passing one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from dataclasses import dataclass
+
+import pytest
+from kubernetes import client
+
+from controlplane import ControlPlane, ControlPlaneError
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    """The fake nodes every session starts with (named kwok-node-0, -1, ...)."""
+    count: int = 13
+    cpu: int = 8
+    gpu: int = 2
+    memory_gib: int = 48
+
+
+SESSION_NODES = NodeShape()
+
+
+@pytest.fixture(scope="session")
+def node_shape() -> NodeShape:
+    return SESSION_NODES
+
+
+@pytest.fixture(scope="session")
+def control_plane(request: pytest.FixtureRequest):
+    plane = ControlPlane()
+    # A cold build takes about 13 minutes on 2 cores; show its progress instead
+    # of letting pytest swallow it.
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    live_output = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
+    failure = None
+    try:
+        with live_output:
+            plane.start()
+        plane.create_nodes(SESSION_NODES.count, cpu=SESSION_NODES.cpu, gpu=SESSION_NODES.gpu,
+                           memory_gib=SESSION_NODES.memory_gib)
+    except ControlPlaneError as err:
+        plane.stop()
+        failure = str(err)
+    if failure:
+        # Outside the except block, so pytest shows the message without a chain.
+        pytest.fail(f"the e2e control plane did not come up:\n{failure}", pytrace=False)
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="session")
+def api(control_plane: ControlPlane):
+    """An admin ApiClient for the session."""
+    api_client = control_plane.api_client()
+    yield api_client
+    api_client.close()
+
+
+@pytest.fixture
+def namespace(api: client.ApiClient):
+    """A fresh namespace per test, so tests cannot see each other's objects."""
+    core = client.CoreV1Api(api)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
+                           "metadata": {"name": name}})
+    yield name
+    core.delete_namespace(name)

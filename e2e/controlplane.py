@@ -1,0 +1,277 @@
+"""A real Kubernetes control plane on 127.0.0.1 for end-to-end tests.
+
+etcd, kube-apiserver, kube-controller-manager (KCM), kube-scheduler and kwok run
+as child processes, built by build_control_plane.sh, with every controller
+running, so that workloads behave as in a cluster: KCM turns StatefulSets into
+pods and issues ServiceAccount tokens, the scheduler binds pods, and kwok plays
+the kubelet of fake GPU nodes. This module starts, restarts and stops them; the
+flags are in flags.py, keys in pki.py, tokens and kubeconfigs in credentials.py,
+fake nodes in fake_nodes.py and kwok_stages.yaml.
+
+    plane = ControlPlane()
+    plane.start()
+    plane.create_nodes(3)
+    api = plane.api_client()
+    ...
+    plane.stop()
+
+Logs, certificates, kubeconfigs and etcd's data live in one temp dir
+(`plane.workdir`, removed by stop() unless MLSCHED_E2E_KEEP=1).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from kubernetes import client, config
+
+import credentials
+import fake_nodes
+import flags
+from credentials import Credentials
+from pki import make_pki
+from processes import Component, ComponentError
+
+BUILD_SCRIPT = Path(__file__).resolve().parent / "build_control_plane.sh"
+
+
+class ControlPlaneError(RuntimeError):
+    pass
+
+
+def build_binaries() -> Path:
+    """Runs the build script (instant when cached) and returns its bin dir."""
+    if shutil.which("bash") is None:
+        raise ControlPlaneError("bash is needed to run e2e/build_control_plane.sh")
+    # The script's stderr is passed on line by line, so a cold build's progress
+    # shows as it happens, and its last lines also go into the error.
+    messages: collections.deque[str] = collections.deque(maxlen=40)
+    with subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as script:
+        for line in script.stderr:
+            sys.stderr.write(line)
+            messages.append(line)
+        stdout = script.stdout.read()
+    lines = stdout.strip().splitlines()
+    if script.returncode != 0 or not lines:
+        raise ControlPlaneError(
+            f"{BUILD_SCRIPT} failed (exit {script.returncode}). It needs Go >= 1.26 "
+            "(on PATH, or GO=/path/to/go) and the Go module proxy. Its messages:\n"
+            + "".join(messages))
+    return Path(lines[-1])
+
+
+def read_versions(bin_dir: Path) -> dict[str, str]:
+    """The versions the build script recorded: K8S_VERSION, ETCD_VERSION, KWOK_VERSION."""
+    text = (bin_dir.parent / "versions.env").read_text()
+    return dict(line.split("=", 1) for line in text.split() if "=" in line)
+
+
+def _free_ports(count: int) -> list[int]:
+    # Hold every socket until all ports are picked, so none is picked twice.
+    sockets = []
+    try:
+        for _ in range(count):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            sockets.append(s)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for s in sockets:
+            s.close()
+
+
+class ControlPlane:
+    def __init__(self, *, startup_timeout: float = 120.0):
+        self.startup_timeout = startup_timeout
+        self.workdir: Path | None = None
+        self.kubeconfig_path: Path | None = None
+        self.bin_dir: Path | None = None
+        self.versions: dict[str, str] = {}
+        self.apiserver_url = ""
+        self.etcd_url = ""
+        self._keep_workdir = os.environ.get("MLSCHED_E2E_KEEP") == "1"
+        self._components: dict[str, Component] = {}
+        self._node_serial = 0
+        self._layout: flags.Layout | None = None
+        self._admin: client.ApiClient | None = None  # for the harness's own calls
+
+    # ----------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self.bin_dir = build_binaries()
+        self.versions = read_versions(self.bin_dir)
+        self.workdir = Path(tempfile.mkdtemp(prefix="mlsched-e2e-"))
+        atexit.register(self.stop)
+        try:
+            self._start_all()
+        except BaseException as err:
+            # Keep the dir: the logs named in the error must still be there.
+            self._keep_workdir = True
+            self._stop_components()
+            if isinstance(err, (ComponentError, RuntimeError)):
+                raise ControlPlaneError(f"{err}\n(all logs kept in {self.workdir})") from err
+            raise
+
+    def _start_all(self) -> None:
+        assert self.workdir is not None
+        (self.workdir / "logs").mkdir()
+        pki = make_pki(self.workdir / "pki")
+        ports = flags.Ports(*_free_ports(6))
+        self.apiserver_url = f"https://127.0.0.1:{ports.apiserver}"
+        self.etcd_url = f"http://127.0.0.1:{ports.etcd}"
+        creds = Credentials(self.workdir, self.apiserver_url, pki.ca_cert)
+        self.kubeconfig_path = creds.kubeconfig(credentials.ADMIN)
+        layout = self._layout = flags.Layout(self.workdir, ports, pki, creds)
+
+        # Each waits for what it needs: etcd before the apiserver, the apiserver
+        # before its clients.
+        self._add("etcd", flags.etcd(layout))
+        self._components["etcd"].wait_healthy(
+            f"{self.etcd_url}/health", timeout=self.startup_timeout,
+            expect='"health":"true"')
+
+        self._add("kube-apiserver", flags.apiserver(layout))
+        self._wait_apiserver()
+
+        self._add("kube-controller-manager", flags.controller_manager(layout))
+        self._add("kube-scheduler", flags.scheduler(layout))
+        self._add("kwok", flags.kwok(layout))
+        for name, url in [
+            ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),
+            ("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/healthz"),
+            ("kwok", f"http://127.0.0.1:{ports.kwok}/healthz"),
+        ]:
+            self._components[name].wait_healthy(url, timeout=self.startup_timeout)
+        self._wait_default_service_account()
+
+    def stop(self) -> None:
+        """Stops every process and removes the temp dir.
+
+        The dir is kept if MLSCHED_E2E_KEEP=1 or start() failed (its logs explain why).
+        """
+        self._stop_components()
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
+        if self.workdir is not None and not self._keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            self.workdir = None
+
+    def _stop_components(self) -> None:
+        # Reverse order: clients first, etcd last, so nobody logs about a gone peer.
+        for component in reversed(list(self._components.values())):
+            component.stop()
+
+    def restart_apiserver(self, *, crash: bool = False) -> None:
+        """Stops kube-apiserver and starts it again with the same flags and port.
+
+        By default it is stopped gracefully (SIGTERM), as in a rolling restart;
+        crash=True kills it with SIGKILL instead. Returns once /readyz is ok.
+        """
+        apiserver = self._components["kube-apiserver"]
+        apiserver.stop(kill=crash)
+        apiserver.start()
+        try:
+            self._wait_apiserver()
+        except ComponentError as err:
+            raise ControlPlaneError(str(err)) from None
+
+    @property
+    def ca_cert_path(self) -> Path:
+        """The cluster CA: it signed the apiserver's certificate."""
+        return self._layout.pki.ca_cert
+
+    def component_log(self, name: str) -> Path:
+        return self._components[name].log_path
+
+    # ----------------------------------------------------------------- clients
+
+    def api_client(self) -> client.ApiClient:
+        """A new kubernetes ApiClient authenticated as the cluster admin."""
+        return config.new_client_from_config(config_file=str(self.kubeconfig_path))
+
+    # ----------------------------------------------------------------- nodes
+
+    def create_nodes(self, count: int, cpu: int = 8, gpu: int = 2, memory_gib: int = 48,
+                     prefix: str = "kwok-node", *, wait: bool = True,
+                     timeout: float = 60.0) -> list[str]:
+        """Creates `count` kwok nodes named prefix-<n>; by default waits until they are Ready."""
+        core = self._core()
+        names = []
+        for _ in range(count):
+            serial = self._node_serial
+            self._node_serial += 1
+            name = f"{prefix}-{serial}"
+            core.create_node(fake_nodes.node_manifest(
+                name, serial, cpu=cpu, gpu=gpu, memory_gib=memory_gib))
+            names.append(name)
+        if wait:
+            self._wait_nodes(core, names, "True", timeout)
+        return names
+
+    def set_node_ready(self, name: str, ready: bool, timeout: float = 60.0) -> None:
+        """Makes a kwok node NotReady (ready=False) or Ready again, and waits for it.
+
+        kwok then reports Ready=False (reason E2ENodeNotReady) until ready=True;
+        its lease stays fresh, so the node looks like one whose kubelet says
+        "not ready" rather than one that vanished. The rest is Kubernetes'
+        own reaction: KCM taints the node node.kubernetes.io/not-ready
+        (NoSchedule at once, NoExecute soon after), the scheduler stops placing
+        pods there, and pods on it are evicted once their not-ready toleration
+        (300 s by default) runs out.
+        """
+        core = self._core()
+        fake_nodes.set_not_ready_annotation(core, name, not ready)
+        self._wait_nodes(core, [name], "True" if ready else "False", timeout)
+
+    def _wait_nodes(self, core: client.CoreV1Api, names: list[str], status: str,
+                    timeout: float) -> None:
+        try:
+            fake_nodes.wait_ready_status(core, names, status, timeout)
+        except TimeoutError as err:
+            kwok = self._components["kwok"]
+            raise ControlPlaneError(f"{err}\nkwok log: {kwok.log_path}") from None
+
+    # ----------------------------------------------------------------- internals
+
+    def _core(self) -> client.CoreV1Api:
+        if self._admin is None:
+            self._admin = self.api_client()
+        return client.CoreV1Api(self._admin)
+
+    def _add(self, name: str, args: list[str]) -> None:
+        assert self.workdir is not None and self.bin_dir is not None
+        component = Component(name, [str(self.bin_dir / name), *args],
+                              self.workdir / "logs" / f"{name}.log")
+        self._components[name] = component
+        component.start()
+
+    def _wait_apiserver(self) -> None:
+        self._components["kube-apiserver"].wait_healthy(
+            f"{self.apiserver_url}/readyz", timeout=self.startup_timeout,
+            token=self._layout.creds.tokens[credentials.ADMIN], ca_file=self._layout.pki.ca_cert)
+
+    def _wait_default_service_account(self) -> None:
+        # KCM's serviceaccount controller creates "default" in every namespace;
+        # until it has, pods in that namespace are rejected by admission.
+        core = self._core()
+        kcm = self._components["kube-controller-manager"]
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            if core.list_namespaced_service_account(
+                    "default", field_selector="metadata.name=default").items:
+                return
+            if not kcm.running():
+                break
+            time.sleep(0.5)
+        raise ControlPlaneError(str(kcm.fail("no default ServiceAccount in namespace default")))
