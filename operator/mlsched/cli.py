@@ -1,4 +1,4 @@
-"""`mlsched` command line: simulate, trace generate (train and export come with learned policies)."""
+"""`mlsched` command line: simulate, train, trace generate."""
 
 from __future__ import annotations
 
@@ -100,6 +100,24 @@ def cmd_trace_generate(args) -> int:
     return 0
 
 
+def cmd_train(args) -> int:
+    """Dispatch to a trainer registered under the `mlsched.trainers` entry-point group."""
+    import os
+    from importlib.metadata import entry_points
+
+    trainers = {e.name: e for e in entry_points(group="mlsched.trainers")}
+    if args.policy not in trainers:
+        raise ValueError(f"no trainer for {args.policy!r}; available: {', '.join(sorted(trainers)) or 'none'}")
+    # Rollouts run many tiny matrix products: one BLAS thread is faster than several.
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    try:
+        trainer = trainers[args.policy].load()
+    except ImportError as exc:
+        raise ValueError(f"training needs the `train` extra (torch, onnx): "
+                         f"pip install -e '.[train]'  ({exc})") from None
+    return trainer(args.trainer_args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlsched", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -115,6 +133,12 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")
     _add_cluster_args(sim)
     sim.set_defaults(func=cmd_simulate)
+
+    train = sub.add_parser("train", help="train a learned policy in the simulator (needs the train extra)",
+                           add_help=False)
+    train.add_argument("policy", help="which policy to train, e.g. dl2")
+    train.add_argument("trainer_args", nargs=argparse.REMAINDER, help="options of that trainer (--help lists them)")
+    train.set_defaults(func=cmd_train)
 
     trace = sub.add_parser("trace", help="work with trace files")
     tsub = trace.add_subparsers(dest="trace_command", required=True)

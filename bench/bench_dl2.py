@@ -1,0 +1,116 @@
+"""DL² quality and inference speed, as ratios measured in one run.
+
+Quality: on generated traces whose seeds training never used (workloads.scenarios
+BENCHMARK_SEEDS) at 13, 60 and 500 nodes, the average JCT of DL² (SL+RL), DL² (SL only), DRF,
+Optimus (fits its model from observed speeds) and Optimus-oracle (true speed function); the
+ratios the issue sets (DL² <= 0.70 x DRF, <= 0.90 x Optimus, <= 1.00 x Optimus-oracle) and the
+mean slowdown against each job's ideal.
+Speed: one ONNX inference at J = 40 (median over realistic states, one thread; target 50 µs)
+and a whole round of decisions for 40 jobs (median; target 10 ms).
+
+    python bench/bench_dl2.py [--seeds 3] [--model policy_models/artifacts/dl2/dl2.onnx]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+
+from mlsched.cluster.packing import Packer  # noqa: E402
+from mlsched.features.dl2_state import WindowState, windows  # noqa: E402
+from mlsched.policies import registry  # noqa: E402
+from mlsched.policies.base import run_round  # noqa: E402
+from mlsched.policies.dl2 import DL2Policy  # noqa: E402
+from mlsched.policies.onnx_runner import default_model_path, load_model  # noqa: E402
+from mlsched.sim.simulator import Simulator  # noqa: E402
+from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
+
+TARGETS = {"drf": 0.70, "optimus": 0.90, "optimus-oracle": 1.00}
+
+
+def quality(model: Path, seeds: int) -> None:
+    sl_model = model.with_name(model.stem + "-sl.onnx")
+    print(f"quality: avg JCT over {seeds} unseen trace(s) per size; model {model}")
+    print(f"{'scenario':<8} {'nodes':>5} {'policy':<15} {'avg JCT h':>9} {'slowdown':>8}")
+    for sc in SCENARIOS.values():
+        jct: dict[str, list[float]] = {}
+        slow: dict[str, list[float]] = {}
+        for seed in list(BENCHMARK_SEEDS)[:seeds]:
+            trace = sc.trace(seed)
+            sim = Simulator(trace, sc.config(seed))
+            ctx = registry.PolicyContext(speed_model=sim.speed)
+            policies = {name: registry.make_allocation(name, ctx) for name in TARGETS} | {
+                "dl2": DL2Policy.load(str(model)), "dl2 (SL only)": DL2Policy.load(str(sl_model))}
+            for name, alloc in policies.items():
+                sim.reset()
+                s = sim.run(alloc, registry.make_placement("load-balance")).summary()
+                jct.setdefault(name, []).append(s["avg_jct_s"])
+                slow.setdefault(name, []).append(s["avg_slowdown"])
+        for name in jct:
+            print(f"{sc.name:<8} {sc.nodes:>5} {name:<15} {np.mean(jct[name]) / 3600:>9.2f} {np.mean(slow[name]):>8.2f}")
+        dl2 = np.mean(jct["dl2"])
+        for base, target in TARGETS.items():
+            ratio = dl2 / np.mean(jct[base])
+            verdict = "meets" if ratio <= target else "misses"
+            print(f"{'':<8} {'':>5} dl2 / {base:<15} {ratio:.3f}  (target <= {target:.2f}: {verdict})")
+        print(f"{'':<8} {'':>5} Fig.10-style: SL only / DRF {np.mean(jct['dl2 (SL only)']) / np.mean(jct['drf']):.3f}, "
+              f"SL+RL / DRF {dl2 / np.mean(jct['drf']):.3f}")
+
+
+def speed(model_path: Path) -> None:
+    model = load_model(model_path, kind="dl2")
+    window = model.card.window
+    sc = SCENARIOS["small"]
+    sim = Simulator(sc.trace(next(iter(BENCHMARK_SEEDS))), sc.config())
+    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
+    # Advance until about `window` jobs are active, so states and rounds are realistic.
+    while len(sim.active) < window and not sim.done:
+        sim.advance(run_round(sim.snapshot(), drf, lb))
+    snap = sim.snapshot()
+    jobs = windows(snap.jobs, window)[0]
+    state = WindowState(snap, Packer(snap, lb), jobs, window)
+    mask = state.mask()
+    x, m = state.vector[None, :], mask[None, :]
+    for _ in range(200):
+        model.probabilities(x, m)
+    per_call = []
+    for _ in range(2000):
+        t = time.perf_counter()
+        model.probabilities(x, m)
+        per_call.append(time.perf_counter() - t)
+    policy = DL2Policy.load(str(model_path))
+    rounds, decisions = [], 0
+    for _ in range(50):
+        t = time.perf_counter()
+        d = run_round(sim.snapshot(), policy, lb)
+        rounds.append(time.perf_counter() - t)
+        decisions = d.inferences
+    inf_us = statistics.median(per_call) * 1e6
+    round_ms = statistics.median(rounds) * 1e3
+    print(f"speed: {len(snap.jobs)} active jobs, J = {window}, onnxruntime 1 thread")
+    print(f"  one inference      median {inf_us:7.1f} µs   target 50 µs   ratio {inf_us / 50:.2f}x")
+    print(f"  one round (40 jobs) median {round_ms:7.2f} ms   target 10 ms   ratio {round_ms / 10:.2f}x "
+          f"({decisions} grants)")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", type=Path, default=None)
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--skip-quality", action="store_true")
+    args = parser.parse_args()
+    model = args.model or default_model_path("dl2")
+    speed(model)
+    if not args.skip_quality:
+        quality(model, args.seeds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,167 @@
+"""DL²'s state, action space and masks, for one window of up to J jobs in one round.
+
+State (DL² §3.1, extended where noted), one row of JOB_FEATURES per job slot in arrival order,
+zero rows for empty slots, then GLOBAL_FEATURES:
+  job type one-hot over the catalog | all-reduce flag | slots run | remaining fraction of
+  epochs | remaining time at the reference speed (log hours) | dominant share granted so far
+  this round (scaled by the node count) | workers, PS granted so far this round | workers, PS held last interval |
+  arrival rank in the window | valid
+  The paper leaves cluster capacity out of the state; we add the free share of each resource,
+  the cluster size and the backlog beyond the window, so one model can serve 13 to 500 nodes.
+Actions: 3J+1. Action 3i+k grows job i: k=0 one worker, k=1 one PS, k=2 one worker and one
+PS (a bundle); action 3J stops the round. Masked: empty slots, roles at their cap, PS actions
+for all-reduce jobs, tasks no node can hold, and for a job holding nothing yet everything but
+the bundle (its first grant is its starting gang). Stopping is masked while no job of the
+window holds a task and one could: a round never leaves a window idle when it need not, so
+no policy can starve the whole cluster.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from mlsched.cluster.packing import Packer
+from mlsched.cluster.types import JobView, Snapshot
+from mlsched.workloads import catalog, speed_table
+
+ENCODER_VERSION = "dl2-state-v1"
+N_TYPES = len(catalog.MODEL_NAMES)
+JOB_FEATURES = N_TYPES + 11
+GLOBAL_FEATURES = 6
+WORKER, PS, BUNDLE = 0, 1, 2
+_COUNT_SCALE = 16.0
+_MAX_HOURS = math.log1p(48.0)
+
+# Column offsets inside a job row.
+_ALLREDUCE = N_TYPES
+_SLOTS = N_TYPES + 1
+_REMAIN_FRAC = N_TYPES + 2
+_REMAIN_TIME = N_TYPES + 3
+_SHARE = N_TYPES + 4
+_WORKERS = N_TYPES + 5
+_PS = N_TYPES + 6
+_PREV_WORKERS = N_TYPES + 7
+_PREV_PS = N_TYPES + 8
+_RANK = N_TYPES + 9
+_VALID = N_TYPES + 10  # always the last column: networks find occupied rows by it
+
+
+def state_dim(window: int) -> int:
+    return window * JOB_FEATURES + GLOBAL_FEATURES
+
+
+def n_actions(window: int) -> int:
+    return 3 * window + 1
+
+
+def _reference_hours(job: JobView) -> float:
+    rate = speed_table.table_speed(job.model, 1, 1) / catalog.MODELS[job.model].steps_per_epoch
+    return job.remaining_epochs / rate / 3600.0 if rate > 0 else 48.0
+
+
+class WindowState:
+    """The state vector and mask for one window, updated in place as tasks are granted."""
+
+    def __init__(self, snapshot: Snapshot, packer: Packer, jobs: list[JobView], window: int,
+                 backlog: int = 0):
+        if len(jobs) > window:
+            raise ValueError(f"{len(jobs)} jobs do not fit a window of {window}")
+        self.snapshot, self.packer, self.jobs, self.window = snapshot, packer, jobs, window
+        self.void = 3 * window
+        self._nodes = max(len(snapshot.node_names), 1)
+        self._failed = np.zeros(n_actions(window), dtype=bool)  # tried this round and did not fit
+        self.vector = np.zeros(state_dim(window), dtype=np.float32)
+        rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
+        self._rows = rows
+        for i, job in enumerate(jobs):
+            r = rows[i]
+            r[catalog.model_index(job.model)] = 1.0
+            r[_ALLREDUCE] = 0.0 if job.uses_ps else 1.0
+            r[_SLOTS] = min(job.slots_run, 50) / 50.0
+            r[_REMAIN_FRAC] = job.remaining_epochs / job.total_epochs if job.total_epochs > 0 else 0.0
+            r[_REMAIN_TIME] = min(math.log1p(_reference_hours(job)) / _MAX_HOURS, 1.5)
+            r[_PREV_WORKERS] = job.workers / _COUNT_SCALE
+            r[_PREV_PS] = job.ps / _COUNT_SCALE
+            r[_RANK] = i / window
+            r[_VALID] = 1.0
+            self._refresh_job(i)
+        g = self.vector[window * JOB_FEATURES:]
+        g[3] = math.log2(max(len(snapshot.node_names), 1)) / 10.0
+        g[4] = len(jobs) / window
+        g[5] = min(backlog / window, 4.0)
+        self._refresh_free()
+
+    # ---- state updates --------------------------------------------------------------------
+    def _refresh_job(self, i: int) -> None:
+        job, r = self.jobs[i], self._rows[i]
+        # Dominant share in units of 8 nodes' worth (16 GPU bundles): the raw share shrinks
+        # with the cluster (one bundle is 4 % of 13 nodes, 0.1 % of 500) and would vanish.
+        r[_SHARE] = self.packer.dominant_share(job) * self._nodes / 8.0
+        r[_WORKERS] = self.packer.count(job, "worker") / _COUNT_SCALE
+        r[_PS] = self.packer.count(job, "ps") / _COUNT_SCALE
+
+    def _refresh_free(self) -> None:
+        cap = self.snapshot.total_capacity
+        free = self.packer.free.sum(axis=0)
+        g = self.vector[self.window * JOB_FEATURES:]
+        g[:3] = np.divide(free, cap, out=np.zeros(3), where=cap > 0)
+        self._fit_cache: dict[tuple, bool] = {}
+
+    # ---- masks ------------------------------------------------------------------------------
+    def _fits(self, job: JobView, role: str) -> bool:
+        demand = self.packer.demand(job, role)
+        key = (demand.tobytes(), job.pool)
+        hit = self._fit_cache.get(key)
+        if hit is None:
+            hit = bool(self.packer.fits_mask(demand, job).any())
+            self._fit_cache[key] = hit
+        return hit
+
+    def mask(self) -> np.ndarray:
+        m = np.zeros(n_actions(self.window), dtype=bool)
+        m[self.void] = True
+        p = self.packer
+        for i, job in enumerate(self.jobs):
+            worker_ok = self._fits(job, "worker")
+            ps_ok = (not job.uses_ps) or self._fits(job, "ps")
+            if not p.has_tasks(job):
+                m[3 * i + BUNDLE] = worker_ok and ps_ok
+                continue
+            w_room = not p.at_cap(job, "worker")
+            m[3 * i + WORKER] = w_room and worker_ok
+            if job.uses_ps:
+                ps_room = not p.at_cap(job, "ps")
+                m[3 * i + PS] = ps_room and ps_ok
+                m[3 * i + BUNDLE] = w_room and ps_room and worker_ok and ps_ok
+        m &= ~self._failed
+        if m[: self.void].any() and not any(p.has_tasks(job) for job in self.jobs):
+            m[self.void] = False
+        return m
+
+    # ---- actions ------------------------------------------------------------------------------
+    def apply(self, action: int) -> bool:
+        """Grant what `action` asks; False (and the action masked from now on) if it did not fit."""
+        if action == self.void:
+            return False
+        i, kind = divmod(action, 3)
+        if i >= len(self.jobs):
+            raise ValueError(f"action {action} names empty job slot {i}")
+        job = self.jobs[i]
+        if kind == BUNDLE:
+            ok = self.packer.grow_bundle(job)
+        else:
+            ok = self.packer.grow(job, "worker" if kind == WORKER else "ps")
+        if ok:
+            self._refresh_job(i)
+            self._refresh_free()
+        else:
+            self._failed[action] = True
+        return ok
+
+
+def windows(jobs: list[JobView], window: int) -> list[list[JobView]]:
+    """More jobs than J: schedule them in windows of J in arrival order (DL² §3.1)."""
+    ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+    return [ordered[k:k + window] for k in range(0, len(ordered), window)] or [[]]

@@ -1,0 +1,39 @@
+"""Named workloads at the three cluster sizes the benchmarks compare policies on.
+
+The sizes follow the DL² paper: its 13-server testbed, a 60-node cluster, and its 500-server
+simulation (200 jobs). Arrival rates grow with the cluster so each is busy: about 3 jobs per
+20-minute slot on 13 nodes (the DL² default), 8 on 60 and 20 on 500. Training uses other
+seeds from the same generator (see policy_models/dl2/train.py), never the benchmark seeds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from mlsched.sim.simulator import SimConfig
+from mlsched.workloads import generators
+from mlsched.workloads.traces import TraceJob
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    nodes: int
+    jobs: int
+    rate: float  # mean arrivals per slot
+
+    def trace(self, seed: int) -> list[TraceJob]:
+        return generators.generate(jobs=self.jobs, rate=self.rate, seed=seed)
+
+    def config(self, seed: int = 0, **overrides) -> SimConfig:
+        return SimConfig(nodes=self.nodes, seed=seed, **overrides)
+
+
+SCENARIOS = {
+    "small": Scenario("small", 13, 60, 3.0),
+    "medium": Scenario("medium", 60, 120, 8.0),
+    "large": Scenario("large", 500, 200, 20.0),
+}
+
+#: Seeds the benchmarks evaluate on; training and validation must use others.
+BENCHMARK_SEEDS = range(100_000, 100_005)

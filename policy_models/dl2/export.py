@@ -1,0 +1,73 @@
+"""Export a DL² policy network to ONNX with its model card, and plot the learning curve."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from mlsched.features import dl2_state
+from mlsched.workloads import catalog
+from policy_models.dl2 import networks
+
+OPSET = 18
+
+
+def export_onnx(net: torch.nn.Module, window: int, path: Path) -> None:
+    module = networks.ProbabilityModule(net).eval()
+    state = torch.zeros(1, dl2_state.state_dim(window))
+    mask = torch.ones(1, dl2_state.n_actions(window))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        # The TorchScript-based exporter: these small MLPs need nothing newer, and it does not
+        # need onnxscript at export time.
+        torch.onnx.export(module, (state, mask), str(path), input_names=["state", "mask"],
+                          output_names=["probs"], opset_version=OPSET, dynamo=False,
+                          dynamic_axes={"state": {0: "batch"}, "mask": {0: "batch"}, "probs": {0: "batch"}})
+
+
+def export(net: torch.nn.Module, args, path: Path, phase: str, training: dict, validation: dict) -> dict:
+    export_onnx(net, args.window, path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    card = {
+        "kind": "dl2",
+        "phase": phase,
+        "encoder_version": dl2_state.ENCODER_VERSION,
+        "window": args.window,
+        "state_dim": dl2_state.state_dim(args.window),
+        "n_actions": dl2_state.n_actions(args.window),
+        "model_types": list(catalog.MODEL_NAMES),
+        "architecture": {"arch": args.arch, "hidden": list(args.hidden)},
+        "onnx_opset": OPSET,
+        "onnx_sha256": digest,
+        "training": training,
+        "validation": validation,
+    }
+    path.with_name(path.stem + ".card.json").write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    return card
+
+
+def plot_curve(curve, baselines: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(curve[0][1])
+    fig, axes = plt.subplots(1, len(names), figsize=(6 * len(names), 4), squeeze=False)
+    steps = [s for s, _ in curve]
+    for ax, name in zip(axes[0], names):
+        ax.plot(steps, [v[name] / 3600 for _, v in curve], marker=".", label="DL² (greedy), step 0 = SL only")
+        ax.axhline(baselines["drf"][name] / 3600, color="tab:red", linestyle="--", label="DRF")
+        ax.axhline(baselines["optimus"][name] / 3600, color="tab:green", linestyle=":", label="Optimus")
+        ax.set_xlabel("RL step (training episodes)")
+        ax.set_ylabel("validation avg JCT (hours)")
+        ax.set_title(f"validation: {name}")
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

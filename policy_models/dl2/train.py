@@ -1,0 +1,433 @@
+"""Train DL² in the simulator: supervised warm-up on DRF, then actor-critic RL. One file, the
+loop in plain sight (CleanRL style); hyperparameters in the dataclass below.
+
+    mlsched train dl2 [--time-budget-min 28] [--out policy_models/artifacts/dl2]
+
+writes <out>/dl2.onnx (+ card), <out>/dl2-sl.onnx (SL only, + card) and <out>/learning-curve.png.
+
+Training traces come from the benchmark generator with seeds from `train_seed_base` upward,
+validation traces from `val_seed_base`; the benchmarks use workloads.scenarios.BENCHMARK_SEEDS,
+which neither touches.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from mlsched.features import dl2_state
+from mlsched.policies import registry
+from mlsched.policies.base import run_round
+from mlsched.policies.dl2 import DL2Policy
+from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.workloads import generators
+from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS
+from policy_models.dl2 import export, networks
+
+
+@dataclass
+class Args:
+    out: str = "policy_models/artifacts/dl2"
+    seed: int = 1
+    window: int = 40
+    arch: str = "shared"  # shared | flat (the paper's)
+    hidden: tuple[int, ...] = (128, 128)
+    # workloads
+    train_seed_base: int = 1_000
+    val_seed_base: int = 50_000
+    val_traces: int = 1  # per validation scenario
+    val_scenarios: tuple[str, ...] = ("small", "medium")
+    train_nodes: tuple[int, ...] = (13, 30, 60)
+    # supervised warm-up (DL² §3: DRF as teacher, cross-entropy)
+    teacher: str = "drf"  # drf (the paper's) | optimus-oracle (privileged: true speeds, training only)
+    sl_traces: int = 20
+    sl_epochs: int = 15
+    sl_lr: float = 1e-3
+    sl_batch: int = 256
+    # reinforcement learning (actor-critic, entropy, job-aware exploration, replay)
+    rl_episodes: int = 100_000  # the time budget usually ends training first
+    rl_lr: float = 1e-4
+    gamma: float = 0.9
+    entropy_start: float = 0.02
+    entropy_end: float = 0.002
+    explore_start: float = 0.1  # probability of a job-aware exploration step
+    explore_end: float = 0.0
+    random_start: float = 0.05  # probability of a uniformly random allowed action (stop included)
+    random_end: float = 0.0
+    ratio_threshold: float = 10.0  # "poor state": one role over 10x the other
+    replay: int = 8192
+    batch: int = 256
+    updates_per_episode: int = 8
+    max_slots_per_episode: int = 40
+    validate_every: int = 25
+    time_budget_min: float = 28.0
+    anneal_episodes: int = 600
+
+
+VALIDATION_MAX_SLOTS = 3000
+
+
+# ---- actors -----------------------------------------------------------------------------------
+class DRFTeacher:
+    """DRF expressed as DL² actions: a bundle for the windowed job with the smallest dominant
+    share granted so far (ties: arrival order), stop when no bundle fits."""
+
+    def act(self, state, mask):
+        rows = state.vector[: state.window * dl2_state.JOB_FEATURES].reshape(state.window, -1)
+        best, best_share = state.void, np.inf
+        for i in range(len(state.jobs)):
+            a = 3 * i + dl2_state.BUNDLE
+            if mask[a] and rows[i, dl2_state._SHARE] < best_share - 1e-12:
+                best, best_share = a, rows[i, dl2_state._SHARE]
+        return best
+
+
+class OptimusOracleTeacher:
+    """Optimus with the simulator's true speed function, expressed as DL² actions: start every
+    windowed job that holds nothing (arrival order), then grant the task with the largest
+    gain per dominant-resource share, and stop when no task shortens any job. A privileged
+    teacher: it needs the speed function only during training, the network it teaches sees
+    only the state."""
+
+    def __init__(self):
+        from mlsched.policies.allocation.optimus import Optimus
+        from mlsched.policies.speed_estimate import TrueSpeed
+        from mlsched.workloads.speed_models import MeasuredSpeed
+
+        self.estimator = TrueSpeed(MeasuredSpeed())
+        self.optimus = Optimus(lambda snapshot: self.estimator)
+
+    def act(self, state, mask):
+        packer = state.packer
+        for i, job in enumerate(state.jobs):
+            if not packer.has_tasks(job):
+                if mask[3 * i + dl2_state.BUNDLE]:
+                    return 3 * i + dl2_state.BUNDLE
+        total = np.where(state.snapshot.total_capacity > 0, state.snapshot.total_capacity, 1.0)
+        best, best_gain = state.void, 0.0
+        for i, job in enumerate(state.jobs):
+            if not packer.has_tasks(job):
+                continue
+            gain, role = self.optimus.best_gain(job, packer, self.estimator, total)
+            a = 3 * i + (dl2_state.PS if role == "ps" else dl2_state.WORKER)
+            if gain > best_gain and mask[a]:
+                best, best_gain = a, gain
+        return best
+
+
+TEACHERS = {"drf": DRFTeacher, "optimus-oracle": OptimusOracleTeacher}
+
+
+class SamplingActor:
+    """Samples the policy; with probability `explore`, in a poor state (one role over
+    `ratio` times the other) it adds the scarcer task instead (DL²'s job-aware exploration);
+    with probability `random` it takes any allowed action uniformly (so stopping early, which
+    DRF never shows, gets tried)."""
+
+    def __init__(self, policy: networks.NumpyPolicy, rng: np.random.Generator, explore: float, ratio: float,
+                 random: float = 0.0):
+        self.policy, self.rng, self.explore, self.ratio, self.random = policy, rng, explore, ratio, random
+        self.last_prob = 1.0
+
+    def act(self, state, mask):
+        probs = self.policy.probabilities(state.vector, mask)
+        a = int(self.rng.choice(len(probs), p=probs))
+        self.last_prob = float(probs[a])
+        if self.random > 0 and self.rng.random() < self.random:
+            allowed = np.flatnonzero(mask)
+            a = int(self.rng.choice(allowed))
+            self.last_prob = 1.0 / len(allowed)
+            return a
+        if self.explore > 0 and self.rng.random() < self.explore:
+            for i, job in enumerate(state.jobs):
+                if not job.uses_ps or not state.packer.has_tasks(job):
+                    continue
+                w, u = state.packer.count(job, "worker"), state.packer.count(job, "ps")
+                want = dl2_state.PS if w > self.ratio * u else dl2_state.WORKER if u > self.ratio * w else None
+                if want is not None and mask[3 * i + want]:
+                    a = 3 * i + want
+                    self.last_prob = 1.0  # not the policy's choice: down-weighted in updates
+                    break
+        return a
+
+
+class GreedyActor:
+    def __init__(self, policy: networks.NumpyPolicy):
+        self.policy = policy
+
+    def act(self, state, mask):
+        return int(np.argmax(np.where(mask, self.policy.logits(state.vector), -np.inf)))
+
+
+# ---- workloads --------------------------------------------------------------------------------
+def train_episode_setup(args: Args, k: int):
+    rng = np.random.default_rng(args.train_seed_base + k)
+    nodes = int(rng.choice(args.train_nodes))
+    rate = 3.0 * nodes / 13 * rng.uniform(0.6, 1.4)
+    jobs = int(rng.integers(30, 61))
+    seed = args.train_seed_base + k
+    assert seed not in BENCHMARK_SEEDS
+    return generators.generate(jobs=jobs, rate=rate, seed=seed), SimConfig(nodes=nodes, seed=seed)
+
+
+def validation_sets(args: Args):
+    out = []
+    for name in args.val_scenarios:
+        sc = SCENARIOS[name]
+        for k in range(args.val_traces):
+            seed = args.val_seed_base + k
+            out.append((name, sc.trace(seed), sc.config(seed)))
+    return out
+
+
+def simulate(trace, config, allocation, on_slot=None, max_slots=None):
+    sim = Simulator(trace, config)
+    lb = registry.make_placement("load-balance")
+    while not sim.done and (max_slots is None or sim.slot < max_slots):
+        reward = sim.advance(run_round(sim.snapshot(), allocation, lb))
+        if on_slot:
+            on_slot(reward)
+    return sim.result()
+
+
+def avg_jct(result) -> float:
+    return result.summary()["avg_jct_s"]
+
+
+# ---- supervised warm-up -----------------------------------------------------------------------
+def collect_teacher_samples(args: Args, traces: range):
+    states, masks, actions = [], [], []
+
+    def record(vec, mask, action, granted):
+        states.append(vec)
+        masks.append(mask)
+        actions.append(action)
+
+    if args.teacher not in TEACHERS:
+        raise ValueError(f"unknown teacher {args.teacher!r}; choose one of {', '.join(TEACHERS)}")
+    teacher = DL2Policy(TEACHERS[args.teacher](), window=args.window, on_step=record)
+    for k in traces:
+        trace, config = train_episode_setup(args, k)
+        simulate(trace, config, teacher, max_slots=args.max_slots_per_episode)
+    return (torch.tensor(np.array(states)), torch.tensor(np.array(masks), dtype=torch.float32),
+            torch.tensor(actions))
+
+
+def agreement(net, states, masks, actions) -> float:
+    with torch.no_grad():
+        pred = networks.masked_logits(net.logits(states), masks).argmax(dim=-1)
+    return float((pred == actions).float().mean())
+
+
+def supervised(args: Args, net, log):
+    s, m, a = collect_teacher_samples(args, range(args.sl_traces))
+    hs, hm, ha = collect_teacher_samples(args, range(10_000, 10_004))  # held out
+    opt = torch.optim.Adam(net.parameters(), lr=args.sl_lr)
+    n = len(a)
+    for epoch in tqdm(range(args.sl_epochs), desc="SL warm-up", file=sys.stderr, disable=None, leave=False):
+        perm = torch.randperm(n)
+        for k in range(0, n, args.sl_batch):
+            idx = perm[k:k + args.sl_batch]
+            loss = torch.nn.functional.cross_entropy(networks.masked_logits(net.logits(s[idx]), m[idx]), a[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    result = {"samples": n, "train_agreement": agreement(net, s, m, a),
+              "heldout_agreement": agreement(net, hs, hm, ha)}
+    log(f"SL: {n} samples, agreement with {args.teacher} train {result['train_agreement']:.3f} "
+        f"held-out {result['heldout_agreement']:.3f}")
+    return result
+
+
+# ---- reinforcement learning -------------------------------------------------------------------
+class Replay:
+    def __init__(self, capacity: int, state_dim: int, n_actions: int):
+        self.s = np.zeros((capacity, state_dim), np.float32)
+        self.m = np.zeros((capacity, n_actions), np.float32)
+        self.a = np.zeros(capacity, np.int64)
+        self.g = np.zeros(capacity, np.float32)
+        self.mu = np.zeros(capacity, np.float32)
+        self.size, self.pos, self.cap = 0, 0, capacity
+
+    def add(self, s, m, a, g, mu):
+        i = self.pos
+        self.s[i], self.m[i], self.a[i], self.g[i], self.mu[i] = s, m, a, g, mu
+        self.pos = (i + 1) % self.cap
+        self.size = min(self.size + 1, self.cap)
+
+    def sample(self, rng, n):
+        idx = rng.integers(0, self.size, min(n, self.size))
+        return (torch.from_numpy(self.s[idx]), torch.from_numpy(self.m[idx]), torch.from_numpy(self.a[idx]),
+                torch.from_numpy(self.g[idx]), torch.from_numpy(self.mu[idx]))
+
+
+def rl_episode(args, k, net, rng, explore, random=0.0):
+    """Roll out one training trace with the sampling policy; returns samples with returns."""
+    actor = SamplingActor(networks.NumpyPolicy(net), rng, explore, args.ratio_threshold, random)
+    slots: list[list] = [[]]
+    rewards: list[float] = []
+
+    def record(vec, mask, action, granted):
+        slots[-1].append((vec, mask, action, actor.last_prob))
+
+    def on_slot(reward):
+        rewards.append(reward)
+        slots.append([])
+
+    policy = DL2Policy(actor, window=args.window, on_step=record)
+    trace, config = train_episode_setup(args, k)
+    simulate(trace, config, policy, on_slot=on_slot, max_slots=args.max_slots_per_episode)
+    g, out = 0.0, []
+    for t in reversed(range(len(rewards))):
+        g = rewards[t] + args.gamma * g
+        out.extend((vec, mask, a, g, mu) for vec, mask, a, mu in slots[t])
+    return out, float(np.sum(rewards))
+
+
+def rl_update(net, opt, batch, beta):
+    s, m, a, g, mu = batch
+    logits = networks.masked_logits(net.logits(s), m)
+    logp_all = torch.log_softmax(logits, dim=-1)
+    logp = logp_all.gather(1, a[:, None]).squeeze(1)
+    probs = logp_all.exp()
+    entropy = -(probs * torch.where(m > 0, logp_all, torch.zeros_like(logp_all))).sum(-1).mean()
+    v = net.value(s)
+    adv = (g - v).detach()
+    adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+    rho = torch.clamp(torch.exp(logp.detach()) / mu.clamp(min=1e-6), max=1.0)  # truncated importance weight
+    loss = -(rho * adv * logp).mean() + 0.5 * torch.nn.functional.mse_loss(v, g) - beta * entropy
+    opt.zero_grad()
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
+    opt.step()
+    return float(loss.detach()), float(entropy.detach())
+
+
+def validate(args, net, val_sets) -> dict[str, float]:
+    actor = GreedyActor(networks.NumpyPolicy(net))
+    policy = DL2Policy(actor, window=args.window)
+    per: dict[str, list[float]] = {}
+    for name, trace, config in val_sets:
+        result = simulate(trace, config, policy, max_slots=VALIDATION_MAX_SLOTS)
+        # A policy that leaves jobs unfinished is not better for having fewer JCTs to average.
+        per.setdefault(name, []).append(avg_jct(result) if result.completed == result.jobs else float("inf"))
+    return {name: float(np.mean(v)) for name, v in per.items()}
+
+
+def baselines(args, val_sets) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = {}
+    for policy in ("drf", "optimus"):
+        per: dict[str, list[float]] = {}
+        for name, trace, config in val_sets:
+            per.setdefault(name, []).append(avg_jct(simulate(trace, config, registry.make_allocation(policy))))
+        out[policy] = {name: float(np.mean(v)) for name, v in per.items()}
+    return out
+
+
+def score(val: dict[str, float], base: dict[str, dict[str, float]]) -> float:
+    """Mean avg-JCT ratio to DRF over validation scenarios (lower is better)."""
+    return float(np.mean([val[n] / base["drf"][n] for n in val]))
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def train(args: Args, log=print) -> dict:
+    t0 = time.time()
+    torch.manual_seed(args.seed)
+    rng = np.random.default_rng(args.seed)
+    torch.set_num_threads(1)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    net = networks.build(args.arch, args.window, tuple(args.hidden))
+    val_sets = validation_sets(args)
+    base = baselines(args, val_sets)
+    log("validation baselines (avg JCT, s): " + json.dumps(base))
+
+    sl = supervised(args, net, log)
+    sl_val = validate(args, net, val_sets)
+    sl["validation_avg_jct_s"] = sl_val
+    sl["validation_ratio_to_drf"] = score(sl_val, base)
+    log(f"SL only: validation {json.dumps(sl_val)}, ratio to DRF {sl['validation_ratio_to_drf']:.3f}")
+    sl_card = export.export(net, args, out / "dl2-sl.onnx", phase="sl", training={"sl": sl},
+                            validation={"avg_jct_s": sl_val, "baselines": base})
+
+    best = {"score": sl["validation_ratio_to_drf"], "state": {k: v.clone() for k, v in net.state_dict().items()},
+            "episode": 0, "val": sl_val}
+    curve = [(0, sl_val)]
+    replay = Replay(args.replay, dl2_state.state_dim(args.window), dl2_state.n_actions(args.window))
+    opt = torch.optim.Adam(net.parameters(), lr=args.rl_lr)
+    budget = args.time_budget_min * 60
+    episodes = 0
+    bar = tqdm(total=args.rl_episodes, desc="RL", file=sys.stderr, disable=None)
+    for ep in range(1, args.rl_episodes + 1):
+        if time.time() - t0 > budget:
+            break
+        frac = min(ep / args.anneal_episodes, 1.0)
+        explore = args.explore_start + frac * (args.explore_end - args.explore_start)
+        beta = args.entropy_start + frac * (args.entropy_end - args.entropy_start)
+        random = args.random_start + frac * (args.random_end - args.random_start)
+        samples, ep_reward = rl_episode(args, args.sl_traces + ep, net, rng, explore, random)
+        for smp in samples:
+            replay.add(*smp)
+        for _ in range(args.updates_per_episode):
+            rl_update(net, opt, replay.sample(rng, args.batch), beta)
+        episodes = ep
+        bar.update(1)
+        if ep % args.validate_every == 0:
+            val = validate(args, net, val_sets)
+            curve.append((ep, val))
+            sc = score(val, base)
+            bar.set_postfix(val_vs_drf=f"{sc:.3f}", best=f"{best['score']:.3f}")
+            log(f"RL episode {ep} ({(time.time() - t0) / 60:.1f} min): validation vs DRF {sc:.3f} "
+                f"{json.dumps({k: round(v) for k, v in val.items()})}, best {min(sc, best['score']):.3f}")
+            if sc < best["score"]:
+                best = {"score": sc, "state": {k: v.clone() for k, v in net.state_dict().items()},
+                        "episode": ep, "val": val}
+    bar.close()
+    net.load_state_dict(best["state"])
+    wall = time.time() - t0
+    training = {
+        "command": "mlsched train dl2 " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["train", "dl2"] else sys.argv[1:]),
+        "wall_time_s": round(wall, 1), "machine": f"{torch.get_num_threads()} torch thread(s), CPU",
+        "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(args).items()},
+        "sl": sl, "rl": {"episodes": episodes, "best_episode": best["episode"]},
+    }
+    validation = {"avg_jct_s": best["val"], "ratio_to_drf": best["score"], "baselines": base}
+    card = export.export(net, args, out / "dl2.onnx", phase="sl+rl", training=training, validation=validation)
+    export.plot_curve(curve, base, out / "learning-curve.png")
+    log(f"best validation ratio to DRF {best['score']:.3f} at RL episode {best['episode']} of {episodes}; "
+        f"wall time {wall / 60:.1f} min; wrote {out / 'dl2.onnx'}")
+    return {"card": card, "sl_card": sl_card, "curve": curve}
+
+
+def parse_args(argv: list[str] | None) -> Args:
+    parser = argparse.ArgumentParser(prog="mlsched train dl2", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    for f in dataclasses.fields(Args):
+        default = f.default
+        flag = "--" + f.name.replace("_", "-")
+        if isinstance(default, tuple):
+            kind = type(default[0]) if default else str
+            parser.add_argument(flag, type=kind, nargs="+", default=default)
+        else:
+            parser.add_argument(flag, type=type(default), default=default)
+    ns = parser.parse_args(argv)
+    return Args(**{f.name: (tuple(getattr(ns, f.name)) if isinstance(f.default, tuple) else getattr(ns, f.name))
+                   for f in dataclasses.fields(Args)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    train(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,191 @@
+"""DL²: state encoder, ONNX export parity, the runner's checks, and that training learns.
+
+These need the `train` extra (torch, onnx); `make test` installs it. A missing torch is an
+import error here, never a skip.
+"""
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import job, make_snapshot
+from mlsched.cluster.packing import Packer
+from mlsched.features import dl2_state
+from mlsched.features.dl2_state import WindowState
+from mlsched.policies import registry
+from mlsched.policies.dl2 import DL2Policy
+from mlsched.policies.onnx_runner import GreedyOnnxActor, ModelLoadError, load_model
+from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.workloads import generators
+from policy_models.dl2 import export, networks, train
+
+LB = registry.make_placement("load-balance")
+J = 8
+
+
+def window_state(jobs, nodes=4):
+    snap = make_snapshot(jobs, nodes=nodes)
+    packer = Packer(snap, LB)
+    return WindowState(snap, packer, jobs, J), packer
+
+
+def test_state_layout_and_masks():
+    new = job("new", model="vgg-16")
+    ar = job("ar", model="wlm", arch="allreduce")
+    st, packer = window_state([new, ar])
+    assert st.vector.shape == (dl2_state.state_dim(J),)
+    m = st.mask()
+    # A job holding nothing may only start (bundle); empty slots are masked; stopping is not
+    # allowed while the window holds nothing and something fits.
+    assert m.tolist()[:6] == [False, False, True, False, False, True]
+    assert not m[6:3 * J].any() and not m[3 * J]
+    assert st.apply(3 * 0 + dl2_state.BUNDLE) and st.apply(3 * 1 + dl2_state.BUNDLE)
+    m = st.mask()
+    assert m[0] and m[1] and m[2] and m[3 * J]  # vgg-16 may now grow either role; stop allowed
+    assert m[3] and not m[4] and not m[5]  # all-reduce: no PS, no (duplicate) bundle
+    row = st.vector[: dl2_state.JOB_FEATURES]
+    assert row[dl2_state.catalog.model_index("vgg-16")] == 1 and row[dl2_state._WORKERS] == 1 / 16
+
+
+def test_masks_follow_capacity_and_caps():
+    j = job("j", max_workers=2, max_ps=1)
+    st, packer = window_state([j], nodes=1)
+    assert st.apply(dl2_state.BUNDLE)
+    assert st.apply(dl2_state.WORKER)
+    m = st.mask()
+    assert not m[0] and not m[1] and not m[2]  # caps reached
+
+
+def test_more_jobs_than_the_window_are_scheduled_in_windows_by_arrival():
+    jobs = [job(f"j{i}", arrival=100 - i, max_workers=2, max_ps=2) for i in range(20)]
+    groups = dl2_state.windows(jobs, 8)
+    assert [len(g) for g in groups] == [8, 8, 4]
+    assert groups[0][0].name == "j19"
+    policy = DL2Policy(train.DRFTeacher(), window=8)
+    snap = make_snapshot(jobs, nodes=40)
+    packer = Packer(snap, LB)
+    policy.allocate(snap, packer)
+    assert all(packer.has_tasks(j) for j in jobs)  # later windows got resources too
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory):
+    torch.manual_seed(0)
+    net = networks.build("shared", J, (32, 32))
+    args = train.Args(window=J, hidden=(32, 32))
+    path = tmp_path_factory.mktemp("m") / "dl2.onnx"
+    export.export(net, args, path, phase="test", training={}, validation={})
+    return net, path
+
+
+@pytest.mark.parametrize("arch", ["shared", "flat"])
+def test_torch_and_onnx_runtime_give_the_same_probabilities(arch, tmp_path):
+    torch.manual_seed(1)
+    net = networks.build(arch, J, (32, 32))
+    path = tmp_path / "dl2.onnx"
+    export.export(net, train.Args(window=J, hidden=(32, 32), arch=arch), path, "test", {}, {})
+    model = load_model(path, kind="dl2")
+    rng = np.random.default_rng(0)
+    for batch in (1, 7):
+        state = rng.random((batch, dl2_state.state_dim(J)), dtype=np.float32)
+        rows = state[:, : J * dl2_state.JOB_FEATURES].reshape(batch, J, -1)
+        rows[:, :, -1] = (rng.random((batch, J)) < 0.7)  # valid flags
+        mask = (rng.random((batch, dl2_state.n_actions(J))) < 0.5).astype(np.float32)
+        mask[:, -1] = 1
+        with torch.no_grad():
+            expected = networks.ProbabilityModule(net)(torch.from_numpy(state), torch.from_numpy(mask)).numpy()
+        got = model.probabilities(state, mask)
+        np.testing.assert_allclose(got, expected, atol=1e-5)
+        assert (got[mask == 0] == 0).all()
+        np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-5)
+
+
+def test_numpy_rollout_copy_matches_torch(tiny_model):
+    net, _ = tiny_model
+    st, _ = window_state([job("a"), job("b", model="dssm"), job("c", model="seq2seq")])
+    with torch.no_grad():
+        expected = net.logits(torch.from_numpy(st.vector)[None])[0].numpy()
+    got = networks.NumpyPolicy(net).logits(st.vector)
+    np.testing.assert_allclose(got[:9], expected[:9], atol=1e-5)
+    assert got[-1] == pytest.approx(expected[-1], abs=1e-5)
+
+
+def _copy(path, tmp_path):
+    dst = tmp_path / "dl2.onnx"
+    shutil.copy(path, dst)
+    shutil.copy(path.with_name("dl2.card.json"), tmp_path / "dl2.card.json")
+    return dst
+
+
+def test_runner_refuses_a_corrupt_file(tiny_model, tmp_path):
+    dst = _copy(tiny_model[1], tmp_path)
+    data = bytearray(dst.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    dst.write_bytes(bytes(data))
+    with pytest.raises(ModelLoadError, match="does not match its card"):
+        load_model(dst, kind="dl2")
+
+
+def test_runner_refuses_garbage_even_with_a_matching_digest(tiny_model, tmp_path):
+    dst = _copy(tiny_model[1], tmp_path)
+    dst.write_bytes(b"not an onnx model")
+    card = json.loads((tmp_path / "dl2.card.json").read_text())
+    card["onnx_sha256"] = __import__("hashlib").sha256(b"not an onnx model").hexdigest()
+    (tmp_path / "dl2.card.json").write_text(json.dumps(card))
+    with pytest.raises(ModelLoadError, match="not a loadable ONNX model"):
+        load_model(dst, kind="dl2")
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("encoder_version", "dl2-state-v0", "trained with state encoder 'dl2-state-v0'"),
+    ("model_types", ["resnet-50"], "knows model types"),
+    ("kind", "harmony", "is a 'harmony' model"),
+    ("window", 9, "card shapes do not match"),
+])
+def test_runner_refuses_a_mismatched_card(tiny_model, tmp_path, field, value, message):
+    dst = _copy(tiny_model[1], tmp_path)
+    card = json.loads((tmp_path / "dl2.card.json").read_text())
+    card[field] = value
+    (tmp_path / "dl2.card.json").write_text(json.dumps(card))
+    with pytest.raises(ModelLoadError, match=message):
+        load_model(dst, kind="dl2")
+
+
+def test_runner_reports_missing_files_and_pinned_digests(tiny_model, tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_model(tmp_path / "nope.onnx", kind="dl2")
+    dst = _copy(tiny_model[1], tmp_path)
+    with pytest.raises(ModelLoadError, match="is not the expected"):
+        load_model(dst, kind="dl2", expected_sha256="0" * 64)
+    (tmp_path / "dl2.card.json").unlink()
+    with pytest.raises(ModelLoadError, match="model card"):
+        load_model(dst, kind="dl2")
+
+
+def test_served_policy_is_deterministic_and_capacity_safe(tiny_model):
+    model = load_model(tiny_model[1], kind="dl2")
+    policy = DL2Policy(GreedyOnnxActor(model), window=J)
+    trace = generators.generate(jobs=15, seed=4, arch_mix=0.3)
+    results = []
+    for _ in range(2):
+        sim = Simulator(trace, SimConfig(nodes=3))
+        results.append(sim.run(policy, LB).summary())  # the simulator checks capacity every slot
+    assert results[0] == results[1]
+    assert results[0]["completed"] == 15
+
+
+def test_supervised_warm_up_learns_to_imitate_drf():
+    args = train.Args(window=J, hidden=(64, 64), sl_traces=6, sl_epochs=40, sl_lr=3e-3, sl_batch=64,
+                      train_nodes=(13,), max_slots_per_episode=10)
+    torch.manual_seed(0)
+    net = networks.build("shared", J, args.hidden)
+    hs, hm, ha = train.collect_teacher_samples(args, range(20_000, 20_002))
+    before = train.agreement(net, hs, hm, ha)
+    # train_episode_setup draws up to 60 jobs; with J=8 they run in windows of 8.
+    result = train.supervised(args, net, log=lambda *_: None)
+    after = train.agreement(net, hs, hm, ha)
+    assert after >= 0.9 and after > before + 0.5
+    assert result["train_agreement"] >= 0.9
