@@ -29,6 +29,8 @@ test: $(BIN)/.installed-dev
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python bench/bench_simulator.py
+	$(BIN)/python bench/bench_operator.py
+	$(BIN)/python bench/bench_dl2.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

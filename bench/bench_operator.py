@@ -1,0 +1,214 @@
+"""Operator speed and memory at scale: 1,000 MLJobs on 500 nodes.
+
+1. One scheduling round (target <= 200 ms): Snapshot from the index records, grouping ->
+   allocation (drf) -> placement (load-balance) via run_round, and the desired-state diff
+   (StatefulSet and pod actions) for every job. No API calls. Measured in steady state (the
+   cluster already runs the previous decision) and cold (every job new), and once more including
+   turning the raw Kubernetes dicts into index records, which the operator does per watch event
+   rather than per round.
+2. Process RSS while the indexes hold 1,000 MLJobs (and their bodies, which kopf keeps for the
+   per-job timers), 500 nodes and every pod of the running jobs (target <= 300 MB), with the
+   operator's imports loaded.
+
+Ratios < 1.00 meet the target. Run: `python bench/bench_operator.py`.
+"""
+
+from __future__ import annotations
+
+import os
+
+for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(var, "1")
+
+import gc  # noqa: E402
+import random  # noqa: E402
+import resource  # noqa: E402
+import statistics  # noqa: E402
+import time  # noqa: E402
+from collections import defaultdict  # noqa: E402
+
+from mlsched.controller import handlers  # noqa: E402,F401 - the operator's import footprint
+from mlsched.controller.desired import (  # noqa: E402
+    PodSettings, clear_hash_cache, job_targets, plan_pods, plan_statefulset, roles_of,
+    statefulset_manifest,
+)
+from mlsched.controller.records import job_record, node_record, pod_record, sts_record  # noqa: E402
+from mlsched.controller.snapshot import ClusterState, build_snapshot, held_elsewhere  # noqa: E402
+from mlsched.policies import registry  # noqa: E402
+from mlsched.policies.base import run_round  # noqa: E402
+from mlsched.workloads import catalog  # noqa: E402
+
+JOBS, NODES, NAMESPACE = 1000, 500, "bench"
+ROUND_TARGET_MS, RSS_TARGET_MB = 200.0, 300.0
+REPEATS = 5
+SETTINGS = PodSettings(progress_url="http://mlsched-operator.mlsched-system.svc:8080/v1/progress")
+
+
+def rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def node_body(i: int) -> dict:
+    name = f"node-{i:03d}"
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "uid": f"node-uid-{i}",
+                         "labels": {"kubernetes.io/hostname": name, "kubernetes.io/os": "linux",
+                                    "kubernetes.io/arch": "amd64", "node.kubernetes.io/instance-type": "gpu-2x"}},
+            "spec": {"podCIDR": f"10.{i // 256}.{i % 256}.0/24"},
+            "status": {"allocatable": {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "2", "pods": "110"},
+                       "capacity": {"cpu": "8", "memory": "48Gi", "nvidia.com/gpu": "2", "pods": "110"},
+                       "conditions": [{"type": t, "status": "True" if t == "Ready" else "False"}
+                                      for t in ("Ready", "MemoryPressure", "DiskPressure", "PIDPressure")]}}
+
+
+def template(role: str, model: str) -> dict:
+    demand = catalog.MODELS[model].demand(role)
+    requests = {"cpu": f"{demand[0]:g}", "memory": f"{demand[2]:g}Gi"}
+    if demand[1]:
+        requests["nvidia.com/gpu"] = f"{demand[1]:g}"
+    return {"metadata": {"labels": {"team": "vision"}},
+            "spec": {"containers": [{"name": role, "image": "registry.example/train:1.0",
+                                     "command": ["python", "-m", "train", f"--role={role}"],
+                                     "resources": {"requests": requests, "limits": requests}}]}}
+
+
+def job_body(i: int, rng: random.Random) -> dict:
+    model = rng.choice(catalog.MODEL_NAMES)
+    allreduce = rng.random() < 0.3
+    specs = {"worker": {"min": 1, "max": rng.choice((2, 4, 8)), "template": template("worker", model)}}
+    if not allreduce:
+        specs["ps"] = {"min": 1, "max": rng.choice((1, 2, 4)), "template": template("ps", model)}
+    epochs = rng.choice((20, 50, 100))
+    history = [{"interval": k, "start": "2026-01-01T00:00:00Z", "ps": 1, "workers": 2,
+                "placement": {"ps": ["node-001"], "worker": ["node-002", "node-003"]},
+                "epochs": 0.5, "reward": 0.01} for k in range(50)]  # the default historyLimit
+    return {"apiVersion": "mlsched.io/v1alpha1", "kind": "MLJob",
+            "metadata": {"name": f"job-{i:04d}", "namespace": NAMESPACE, "uid": f"job-uid-{i}",
+                         "generation": 1, "creationTimestamp": f"2026-01-01T{i // 3600 % 24:02d}:{i // 60 % 60:02d}:{i % 60:02d}Z"},
+            "spec": {"modelType": model, "architecture": "AllReduce" if allreduce else "ParameterServer",
+                     "epochs": epochs, "schedulingPolicy": "default", "replicaSpecs": specs},
+            "status": {"phase": "Running", "progress": {"epochsDone": rng.uniform(0, epochs / 2)},
+                       "history": history}}
+
+
+def pod_body(job: dict, role: str, k: int, node: str) -> dict:
+    name, ns = job["metadata"]["name"], NAMESPACE
+    tpl = job["spec"]["replicaSpecs"][role]["template"]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{name}-{role}-{k}", "namespace": ns, "uid": f"{name}-{role}-{k}-uid",
+                         "labels": {"mlsched.io/job-name": name, "mlsched.io/role": role,
+                                    "apps.kubernetes.io/pod-index": str(k)}},
+            "spec": {**tpl["spec"], "nodeName": node, "nodeSelector": {"kubernetes.io/hostname": node}},
+            "status": {"phase": "Running", "containerStatuses": [{"name": role, "restartCount": 0}]}}
+
+
+def build_indexes(nodes, jobs, pods, statefulsets):
+    """What kopf's indexes hold: records keyed as in handlers.py."""
+    node_index = {n["metadata"]["name"]: [node_record(n)] for n in nodes}
+    job_index = {(NAMESPACE, j["metadata"]["name"]): [job_record(j)] for j in jobs}
+    pod_index, sts_index = defaultdict(list), defaultdict(list)
+    for p in pods:
+        pod_index[(NAMESPACE, p["metadata"]["labels"]["mlsched.io/job-name"])].append(pod_record(p))
+    for s in statefulsets:
+        sts_index[(NAMESPACE, s["metadata"]["labels"]["mlsched.io/job-name"])].append(sts_record(s))
+    return node_index, job_index, dict(pod_index), dict(sts_index)
+
+
+def one_round(node_index, job_index, pod_index, sts_index):
+    """Snapshot → run_round → targets → actions: the CPU part of loop.run_policy_round."""
+    jobs = [j for store in job_index.values() for j in store if j.schedulable]
+    state = ClusterState(nodes=[n for s in node_index.values() for n in s], pods=pod_index,
+                         statefulsets=sts_index)
+    held = held_elsewhere(state, {j.key for j in jobs}, {})
+    snap = build_snapshot(jobs, state, now_s=time.time(), interval_s=1200.0, held=held)
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("load-balance"))
+    targets = job_targets(decision, snap)
+    actions = []
+    for job in jobs:
+        current = {s.role: s for s in sts_index.get(job.key, ())}
+        target = targets[job.name]
+        for role in roles_of(job):
+            if role in current:
+                plan = plan_statefulset(job, role, current[role], target.counts, SETTINGS)
+                if plan:
+                    actions.append(plan)
+        actions += plan_pods(job.namespace, pod_index.get(job.key, ()), target.nodes)
+    return targets, actions
+
+
+def timed(fn, repeats=REPEATS):
+    times, result = [], None
+    for _ in range(repeats):
+        start = time.perf_counter()
+        result = fn()
+        times.append((time.perf_counter() - start) * 1000)
+    return min(times), statistics.median(times), result
+
+
+def measure_rounds(jobs: list[dict]) -> tuple[list[tuple], tuple]:
+    """Timings of the rounds, and the steady-state indexes (what the operator then holds)."""
+    nodes = [node_body(i) for i in range(NODES)]
+    # Cold: every job new, StatefulSets at zero replicas, no pods.
+    zero_sts = []
+    for j in jobs:
+        rec = job_record(j)
+        zero_sts += [statefulset_manifest(rec, role, 0, {}, SETTINGS) for role in roles_of(rec)]
+    cold_idx = build_indexes(nodes, jobs, [], zero_sts)
+    clear_hash_cache()  # cold: nothing hashed or rendered before; one run
+    cold_ms, _, (targets, cold_actions) = timed(lambda: one_round(*cold_idx), 1)
+
+    # Steady state: the previous decision runs (pods bound where it put them).
+    running_sts, pods = [], []
+    for j in jobs:
+        rec = job_record(j)
+        target = targets[rec.name]
+        for role in roles_of(rec):
+            running_sts.append(statefulset_manifest(rec, role, target.count(role), target.counts, SETTINGS))
+            pods += [pod_body(j, role, k, node) for k, node in enumerate(target.nodes.get(role, ()))]
+    index_best, index_median, indexes = timed(lambda: build_indexes(nodes, jobs, pods, running_sts), 3)
+    # After an operator restart nothing is cached: every template is hashed once to compare.
+    clear_hash_cache()
+    restart_ms, _, _ = timed(lambda: one_round(*indexes), 1)
+    steady_best, steady_median, (_, steady_actions) = timed(lambda: one_round(*indexes))
+
+    print(f"{JOBS} MLJobs, {NODES} nodes, {len(pods)} pods, {len(running_sts)} StatefulSets; "
+          f"drf + load-balance; best of {REPEATS} (median in brackets)")
+    return [
+        ("round, steady state (snapshot+decide+diff)", steady_best, steady_median,
+         f"{len(steady_actions)} actions"),
+        ("round, cold: 1000 new jobs (one run)", cold_ms, cold_ms, f"{len(cold_actions)} actions"),
+        ("first round after a restart: + records from dicts", restart_ms + index_best,
+         restart_ms + index_median, f"records alone {index_best:.0f} ms"),
+    ], indexes
+
+
+def main() -> None:
+    rng = random.Random(7)
+    base_rss = rss_mb()
+    jobs = [job_body(i, rng) for i in range(JOBS)]
+    rows, indexes = measure_rounds(jobs)
+    print(f"  {'':<52} {'ms':>8} {'target':>7} {'ratio':>7}")
+    for label, best, median, note in rows:
+        print(f"  {label:<52} {best:>8.1f} {ROUND_TARGET_MS:>7.0f} {best / ROUND_TARGET_MS:>6.2f}x  "
+              f"[{median:.1f}]  {note}")
+
+    # Memory: what the running operator holds, `indexes` and the MLJob bodies in `jobs` (kopf
+    # keeps those for the per-job timers). Raw pod/node/StatefulSet bodies are garbage by now:
+    # kopf keeps index values only.
+    gc.collect()
+    rss = rss_mb()
+    print(f"  {'RSS holding the indexes + MLJob bodies (MB)':<52} {rss:>8.1f} {RSS_TARGET_MB:>7.0f} "
+          f"{rss / RSS_TARGET_MB:>6.2f}x  (imports alone {base_rss:.0f} MB; "
+          f"{sum(len(v) for v in indexes[2].values())} pod records held)")
+    del jobs, indexes
+
+
+if __name__ == "__main__":
+    main()

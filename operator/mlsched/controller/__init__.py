@@ -1,0 +1,19 @@
+"""The operator: kopf handlers and the translation between Kubernetes objects and `cluster/`.
+
+Data flows one way, and only the last two modules know about kopf or the network:
+
+    records.py    k8s object → compact record (what kopf indexes hold)         pure
+    snapshot.py   records → cluster.Snapshot for one SchedulingPolicy         pure
+    desired.py    Decision → target per job → manifests and minimal actions    pure
+    lifecycle.py  MLJob + observations → phase, conditions, run-policy actions  pure
+    rewards.py    per-interval grants → history entries and policy rewards     pure
+    models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
+    kube.py       the API seam (kubernetes client in threads; a fake in tests)
+    apply.py      executes actions idempotently
+    loop.py       one scheduling round, and the loop around it
+    jobs.py       MLJob children/lifecycle and late pod pinning
+    progress_server.py  /v1/progress (TokenReview-authenticated), /metrics, /healthz
+    handlers.py   kopf decorators only
+
+Entry point: `python -m mlsched.controller` (docs/operator.md).
+"""

@@ -1,0 +1,90 @@
+"""Idempotent writes: create what is missing, execute planned actions. Every function here
+makes no API call when there is nothing to change (the plans come from desired.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+
+from mlsched.controller.desired import (
+    Action, DeletePod, PatchStatefulSet, PinPod, PodSettings, plan_statefulset, roles_of,
+    service_manifest, statefulset_manifest,
+)
+from mlsched.controller.kube import KubeApi
+from mlsched.controller.records import JobRecord, StsRecord
+
+log = logging.getLogger("mlsched.controller.apply")
+
+
+async def ensure_service(api: KubeApi, job: JobRecord) -> bool:
+    """Create the headless Service; True if it was created now."""
+    return await api.create(service_manifest(job))
+
+
+async def ensure_statefulsets(api: KubeApi, job: JobRecord, existing: Iterable[StsRecord],
+                              settings: PodSettings) -> list[str]:
+    """Create the StatefulSets the index does not show, with zero replicas: how many pods a
+    job gets is the scheduling round's decision, never the create handler's."""
+    have = {s.role for s in existing}
+    created = []
+    for role in roles_of(job):
+        if role not in have:
+            manifest = statefulset_manifest(job, role, 0, {}, settings)
+            if await api.create(manifest):
+                created.append(manifest["metadata"]["name"])
+    return created
+
+
+def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],
+                 settings: PodSettings) -> list[PatchStatefulSet]:
+    """After a spec edit: re-render templates for the counts the job holds now."""
+    current = {s.role: s for s in existing}
+    counts = {role: s.replicas for role, s in current.items()}
+    plans = (plan_statefulset(job, role, current[role], counts, settings)
+             for role in roles_of(job) if role in current)
+    return [p for p in plans if p is not None]
+
+
+def scale_to_zero_plan(existing: Iterable[StsRecord], namespace: str) -> list[PatchStatefulSet]:
+    return [PatchStatefulSet(namespace, s.name, 0) for s in existing if s.replicas > 0]
+
+
+async def execute(api: KubeApi, action: Action) -> bool:
+    """Run one action; False when its object is gone (nothing left to do)."""
+    if isinstance(action, PatchStatefulSet):
+        return await api.patch("StatefulSet", action.namespace, action.name, action.patch(),
+                               patch_type="json")
+    if isinstance(action, PinPod):
+        return await api.patch("Pod", action.namespace, action.name, action.patch(),
+                               patch_type="strategic")
+    if isinstance(action, DeletePod):
+        return await api.delete("Pod", action.namespace, action.name, uid=action.uid)
+    raise TypeError(f"unknown action {action!r}")
+
+
+async def execute_all(api: KubeApi, actions: Sequence[Action]) -> list[bool | BaseException]:
+    """Run actions concurrently (the KubeApi bounds how many are in flight); one failing
+    action is logged and returned, never raised, so it cannot hold up the others."""
+    results = await asyncio.gather(*(execute(api, a) for a in actions), return_exceptions=True)
+    for action, result in zip(actions, results):
+        if isinstance(result, BaseException):
+            log.warning("%s %s/%s failed: %s", type(action).__name__, action.namespace,
+                        action.name, result)
+    return list(results)
+
+
+def ordered(actions: Iterable[Action]) -> list[Action]:
+    """StatefulSet changes first: a scale-down removes surplus pods that would otherwise be
+    pinned or deleted for nothing."""
+    actions = list(actions)
+    first = [a for a in actions if isinstance(a, PatchStatefulSet)]
+    return first + [a for a in actions if not isinstance(a, PatchStatefulSet)]
+
+
+def summarize(actions: Iterable[Action]) -> Mapping[str, int]:
+    out = {"scale": 0, "place": 0, "evict": 0}
+    for a in actions:
+        out["scale" if isinstance(a, PatchStatefulSet) else
+            "place" if isinstance(a, PinPod) else "evict"] += 1
+    return out

@@ -1,0 +1,44 @@
+"""Names the operator writes into the cluster: labels, the scheduling gate, annotations, paths.
+
+Kept in one place because three parties must agree on them: the manifests the operator renders,
+the index functions that read objects back, and the training pods (through their environment).
+"""
+
+from mlsched.api import GROUP
+
+#: Every object the operator creates for a job carries these two labels.
+JOB_LABEL = f"{GROUP}/job-name"
+ROLE_LABEL = f"{GROUP}/role"
+
+#: Pods are created with this scheduling gate and stay unschedulable until the operator has
+#: pinned them to the node the policy chose (see docs/operator.md, "Placement").
+PLACEMENT_GATE = f"{GROUP}/placement"
+
+#: The well-known label every kubelet sets to its node name; the pin is a nodeSelector on it.
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+#: Set by the StatefulSet controller (k8s >= 1.28) on every pod: its ordinal.
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+
+#: Hash of the pod template the operator last rendered into a StatefulSet; comparing it is how
+#: re-rendering an unchanged template costs no API call.
+TEMPLATE_HASH_ANNOTATION = f"{GROUP}/template-hash"
+
+#: Optional node label naming the node pool a grouping policy may assign jobs to.
+POOL_LABEL = f"{GROUP}/pool"
+
+#: The audience-bound ServiceAccount token training pods present to the progress endpoint.
+TOKEN_AUDIENCE = f"{GROUP}/progress"
+TOKEN_VOLUME = "mlsched-progress-token"
+TOKEN_DIR = "/var/run/secrets/mlsched.io"
+TOKEN_PATH = f"{TOKEN_DIR}/token"
+TOKEN_EXPIRATION_SECONDS = 3600
+
+#: What TokenReview puts into user.extra for tokens bound to a pod.
+EXTRA_POD_NAME = "authentication.kubernetes.io/pod-name"
+EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
+
+#: The component name in Events and the field manager of the operator's writes.
+COMPONENT = "mlsched-operator"
+
+ROLES = ("ps", "worker")

@@ -1,0 +1,334 @@
+"""What should exist for a job, and the smallest set of changes that gets there. Pure.
+
+- `service_manifest` / `statefulset_manifest` / `pod_template`: the children of an MLJob.
+- `job_targets`: a round's Decision as per-job counts and per-ordinal node names.
+- `plan_statefulset` / `plan_pods`: compare targets with what the indexes show and return only
+  the actions that change something, so applying the same decision twice does nothing.
+
+StatefulSet ordinal k of a role is task ordinal k of that role in the Decision.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlsched.api import API_VERSION
+from mlsched.cluster.types import Decision, Snapshot
+from mlsched.controller.constants import (
+    COMPONENT, HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POD_INDEX_LABEL, ROLE_LABEL, ROLES,
+    TEMPLATE_HASH_ANNOTATION, TOKEN_AUDIENCE, TOKEN_DIR, TOKEN_EXPIRATION_SECONDS, TOKEN_PATH,
+    TOKEN_VOLUME,
+)
+from mlsched.controller.records import JobRecord, PodRecord, StsRecord
+
+# ------------------------------------------------------------------------------ manifests
+
+
+@dataclass(frozen=True)
+class PodSettings:
+    """What every training pod is told about the operator: where and as whom to report."""
+
+    progress_url: str
+    token_audience: str = TOKEN_AUDIENCE
+
+
+def sts_name(job: str, role: str) -> str:
+    return f"{job}-{role}"
+
+
+def roles_of(job: JobRecord) -> tuple[str, ...]:
+    return ROLES if job.arch == "ps" else ("worker",)
+
+
+def labels(job: JobRecord, role: str | None = None) -> dict[str, str]:
+    out = {JOB_LABEL: job.name, "app.kubernetes.io/managed-by": COMPONENT}
+    if role:
+        out[ROLE_LABEL] = role
+    return out
+
+
+def owner_reference(job: JobRecord) -> dict[str, Any]:
+    # controller=true: the children are this job's alone; deleting the MLJob garbage-collects them.
+    return {"apiVersion": API_VERSION, "kind": "MLJob", "name": job.name, "uid": job.uid,
+            "controller": True, "blockOwnerDeletion": True}
+
+
+def service_manifest(job: JobRecord) -> dict[str, Any]:
+    """Headless Service: gives every pod the DNS name <pod>.<job>.<namespace>.svc, also before
+    it is Ready, so that peers can find each other while they start."""
+    return {
+        "apiVersion": "v1", "kind": "Service",
+        "metadata": {"name": job.name, "namespace": job.namespace, "labels": labels(job),
+                     "ownerReferences": [owner_reference(job)]},
+        "spec": {"clusterIP": "None", "selector": {JOB_LABEL: job.name},
+                 "publishNotReadyAddresses": True},
+    }
+
+
+def host_names(job: JobRecord, role: str, count: int) -> str:
+    return ",".join(f"{job.name}-{role}-{k}.{job.name}.{job.namespace}.svc" for k in range(count))
+
+
+def environment(job: JobRecord, role: str, counts: Mapping[str, int],
+                settings: PodSettings) -> list[dict]:
+    """What training code needs to find its peers and report progress.
+
+    The counts are part of the template on purpose: a job whose allocation changes restarts
+    with the new cluster spec (checkpoint-restart, the scaling cost the simulator models).
+    """
+    ps, workers = counts.get("ps", 0), counts.get("worker", 0)
+    plain = {
+        "MLSCHED_JOB_NAME": job.name,
+        "MLSCHED_ROLE": role,
+        "MLSCHED_MODEL_TYPE": job.model,
+        "MLSCHED_EPOCHS": f"{job.epochs:g}",
+        "MLSCHED_SERVICE": job.name,
+        "MLSCHED_HOST_PATTERN": f"{job.name}-{{role}}-{{index}}.{job.name}.{job.namespace}.svc",
+        "MLSCHED_PS_REPLICAS": str(ps),
+        "MLSCHED_WORKER_REPLICAS": str(workers),
+        "MLSCHED_PS_HOSTS": host_names(job, "ps", ps),
+        "MLSCHED_WORKER_HOSTS": host_names(job, "worker", workers),
+        "MLSCHED_PROGRESS_URL": settings.progress_url,
+        "MLSCHED_TOKEN_FILE": TOKEN_PATH,
+    }
+    env = [{"name": k, "value": v} for k, v in plain.items()]
+    env += [{"name": "MLSCHED_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+            {"name": "MLSCHED_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+            {"name": "MLSCHED_REPLICA_INDEX", "valueFrom": {"fieldRef": {
+                "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}}]
+    return env
+
+
+def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
+                 settings: PodSettings) -> dict:
+    """The user's template plus our labels, environment, progress token and placement gate."""
+    tpl = json.loads(json.dumps(job.templates.get(role) or {}))  # a deep copy, 3x faster
+    meta = tpl.setdefault("metadata", {})
+    meta["labels"] = {**(meta.get("labels") or {}), **labels(job, role)}
+    spec = tpl.setdefault("spec", {})
+    spec["restartPolicy"] = "Always"  # the only policy StatefulSets accept
+    # The operator owns placement: a user pin would fight it (and cannot be changed on a
+    # gated pod once set), so it is dropped.
+    spec.pop("nodeName", None)
+    selector = {k: v for k, v in (spec.get("nodeSelector") or {}).items() if k != HOSTNAME_LABEL}
+    if selector:
+        spec["nodeSelector"] = selector
+    else:
+        spec.pop("nodeSelector", None)
+    gates = [g for g in spec.get("schedulingGates") or () if g.get("name") != PLACEMENT_GATE]
+    spec["schedulingGates"] = [*gates, {"name": PLACEMENT_GATE}]
+    volumes = [v for v in spec.get("volumes") or () if v.get("name") != TOKEN_VOLUME]
+    spec["volumes"] = [*volumes, {"name": TOKEN_VOLUME, "projected": {"sources": [
+        {"serviceAccountToken": {"audience": settings.token_audience, "path": "token",
+                                 "expirationSeconds": TOKEN_EXPIRATION_SECONDS}}]}}]
+    ours = environment(job, role, counts, settings)
+    our_names = {e["name"] for e in ours}
+    for container in spec.get("containers") or ():
+        env = [e for e in container.get("env") or () if e.get("name") not in our_names]
+        container["env"] = [*env, *ours]
+        mounts = [m for m in container.get("volumeMounts") or () if m.get("name") != TOKEN_VOLUME]
+        container["volumeMounts"] = [*mounts, {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR,
+                                               "readOnly": True}]
+    return tpl
+
+
+#: Bump when pod_template renders differently from the same inputs: running jobs then get
+#: the new template at their next round.
+RENDER_VERSION = 1
+_hashes: dict[tuple, str] = {}
+_HASH_CACHE_SIZE = 8192
+
+
+def template_hash(job: JobRecord, role: str, counts: Mapping[str, int],
+                  settings: PodSettings) -> str:
+    """Identifies a rendered template by everything it is rendered from, so comparing with the
+    StatefulSet's annotation needs no rendering. Memoized per (job uid, generation, ...): a
+    steady round hashes nothing."""
+    ps, workers = counts.get("ps", 0), counts.get("worker", 0)
+    key = (job.uid, job.generation, job.namespace, job.name, role, ps, workers, settings)
+    digest = _hashes.get(key)
+    if digest is None:
+        source = [RENDER_VERSION, job.templates.get(role), job.namespace, job.name, job.model,
+                  job.epochs, role, ps, workers, settings.progress_url, settings.token_audience]
+        digest = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
+        if len(_hashes) >= _HASH_CACHE_SIZE:
+            _hashes.clear()
+        _hashes[key] = digest
+    return digest
+
+
+def clear_hash_cache() -> None:
+    _hashes.clear()
+
+
+def statefulset_manifest(job: JobRecord, role: str, replicas: int, counts: Mapping[str, int],
+                         settings: PodSettings) -> dict[str, Any]:
+    template = pod_template(job, role, counts, settings)
+    digest = template_hash(job, role, counts, settings)
+    return {
+        "apiVersion": "apps/v1", "kind": "StatefulSet",
+        "metadata": {"name": sts_name(job.name, role), "namespace": job.namespace,
+                     "labels": labels(job, role),
+                     "annotations": {TEMPLATE_HASH_ANNOTATION: digest},
+                     "ownerReferences": [owner_reference(job)]},
+        "spec": {
+            "replicas": replicas,
+            "serviceName": job.name,
+            # Parallel: all pods of a new allocation are created at once (OrderedReady would
+            # start them one by one, each waiting for the previous one to be Ready).
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": labels(job, role)},
+            # maxUnavailable lets a changed allocation restart every pod at once; apiservers
+            # without the MaxUnavailableStatefulSet feature drop it and roll one pod at a time.
+            "updateStrategy": {"type": "RollingUpdate",
+                               "rollingUpdate": {"maxUnavailable": "100%"}},
+            "template": template,
+        },
+    }
+
+
+# -------------------------------------------------------------------------------- targets
+
+
+@dataclass(frozen=True)
+class JobTarget:
+    """What a round decided for one job: node name per task ordinal of each role."""
+
+    nodes: Mapping[str, tuple[str, ...]]
+    pool: str | None = None
+
+    def count(self, role: str) -> int:
+        return len(self.nodes.get(role, ()))
+
+    @property
+    def counts(self) -> dict[str, int]:
+        return {role: self.count(role) for role in ROLES}
+
+    def placement(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"ps": list(self.nodes.get("ps", ())),
+                               "worker": list(self.nodes.get("worker", ()))}
+        if self.pool:
+            out["pool"] = self.pool
+        return out
+
+
+NOTHING = JobTarget(nodes={"ps": (), "worker": ()})
+
+
+def job_targets(decision: Decision, snapshot: Snapshot) -> dict[str, JobTarget]:
+    """Decision → targets for every job in the snapshot (absent from the decision: nothing).
+
+    Bounds are enforced again here even though the Packer respects them: a learned policy is
+    untrusted input, and a job below its minimum of any role cannot train (gang).
+    """
+    names = snapshot.node_names
+    out = {}
+    for view in snapshot.jobs:
+        d = decision.jobs.get(view.name)
+        if d is None:
+            out[view.name] = NOTHING
+            continue
+        ps = tuple(names[i] for i in d.ps_nodes)[:view.bounds("ps")[1]]
+        workers = tuple(names[i] for i in d.worker_nodes)[:view.bounds("worker")[1]]
+        too_few = len(workers) < max(view.min_workers, 1) or (
+            view.uses_ps and len(ps) < max(view.min_ps, 1))
+        out[view.name] = NOTHING if too_few else JobTarget({"ps": ps, "worker": workers}, view.pool)
+    return out
+
+
+# ---------------------------------------------------------------------------------- plans
+
+
+@dataclass(frozen=True)
+class PatchStatefulSet:
+    namespace: str
+    name: str
+    replicas: int
+    template: dict | None = field(default=None, compare=False)  # None: template unchanged
+    template_hash: str | None = None
+
+    def patch(self) -> list[dict]:
+        """A JSON patch: `replace` swaps the template exactly, where a merge patch would keep
+        keys the user has since removed from the MLJob's template."""
+        ops = [{"op": "replace", "path": "/spec/replicas", "value": self.replicas}]
+        if self.template is not None:
+            ops += [{"op": "replace", "path": "/spec/template", "value": self.template},
+                    {"op": "add", "path": "/metadata/annotations/"
+                     + TEMPLATE_HASH_ANNOTATION.replace("~", "~0").replace("/", "~1"),
+                     "value": self.template_hash}]
+        return ops
+
+
+@dataclass(frozen=True)
+class PinPod:
+    """Pin a gated pod to its node and lift our gate; kube-scheduler then binds it there."""
+
+    namespace: str
+    name: str
+    uid: str
+    role: str
+    ordinal: int
+    node: str
+
+    def patch(self) -> dict:
+        # Strategic merge: the `$patch: delete` removes our gate only, whatever other gates
+        # other controllers have added or removed meanwhile.
+        return {"spec": {"nodeSelector": {HOSTNAME_LABEL: self.node},
+                         "schedulingGates": [{"name": PLACEMENT_GATE, "$patch": "delete"}]}}
+
+
+@dataclass(frozen=True)
+class DeletePod:
+    """A pod on (or pinned to) another node than decided; its StatefulSet recreates it gated."""
+
+    namespace: str
+    name: str
+    uid: str
+    role: str
+    ordinal: int
+    node: str
+    was: str | None
+
+
+Action = PatchStatefulSet | PinPod | DeletePod
+
+
+def plan_statefulset(job: JobRecord, role: str, current: StsRecord, counts: Mapping[str, int],
+                     settings: PodSettings) -> PatchStatefulSet | None:
+    """Replicas of `role` := counts[role], with the template re-rendered for `counts`."""
+    replicas = counts.get(role, 0)
+    template = None
+    digest = current.template_hash
+    if replicas > 0:  # a role scaled to zero keeps its template: no pods, nothing to roll
+        wanted = template_hash(job, role, counts, settings)
+        if wanted != current.template_hash:
+            template, digest = pod_template(job, role, counts, settings), wanted
+    if replicas == current.replicas and template is None:
+        return None
+    return PatchStatefulSet(job.namespace, current.name, replicas, template, digest)
+
+
+def plan_pods(namespace: str, pods: Iterable[PodRecord],
+              nodes: Mapping[str, Sequence[str]]) -> list[PinPod | DeletePod]:
+    """Pin gated pods to their decided node; delete pods that sit elsewhere.
+
+    Pods beyond the decided count are left alone: the StatefulSet's scale-down removes them.
+    """
+    actions: list[PinPod | DeletePod] = []
+    for pod in pods:
+        decided = nodes.get(pod.role, ())
+        if pod.deleting or pod.ordinal >= len(decided):
+            continue
+        node = decided[pod.ordinal]
+        if pod.gated and pod.pinned in (None, node):
+            actions.append(PinPod(namespace, pod.name, pod.uid, pod.role, pod.ordinal, node))
+        elif pod.node != node:
+            # Also a gated pod pinned elsewhere: a gated pod's nodeSelector may only be added
+            # to, never changed, so it has to be recreated.
+            actions.append(DeletePod(namespace, pod.name, pod.uid, pod.role, pod.ordinal, node,
+                                     pod.node))
+    return actions

@@ -1,0 +1,159 @@
+"""kopf handlers: decorators and wiring only; the work is in jobs.py, loop.py and friends.
+
+Run with `python -m mlsched.controller` (see __main__.py) or
+`kopf run --standalone -m mlsched.controller.handlers` (settings from MLSCHED_* variables).
+
+- Indexes keep compact records of nodes, our pods, other pods' requests per node, our
+  StatefulSets, MLJobs and SchedulingPolicies: a round reads memory, never re-lists.
+- One daemon per SchedulingPolicy runs its scheduling loop.
+- MLJobs: create/resume/spec-update handlers create the children; a timer keeps the lifecycle
+  (phase, conditions, suspend, deadline, backoff, cleanup, TTL) current.
+- A pod event handler pins gated pods created between rounds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from typing import Any
+
+import kopf
+
+from mlsched.api import GROUP, VERSION
+from mlsched.controller import jobs, progress_server
+from mlsched.controller.config import OperatorConfig
+from mlsched.controller.constants import JOB_LABEL
+from mlsched.controller.kube import ClientKubeApi
+from mlsched.controller.loop import run_policy_forever
+from mlsched.controller.records import (
+    is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
+)
+from mlsched.controller.runtime import Indexes, Runtime, flatten
+
+MLJOBS = (GROUP, VERSION, "mljobs")
+POLICIES = (GROUP, VERSION, "schedulingpolicies")
+CONFIG = OperatorConfig.from_env()  # read at import: the timer interval is a decorator argument
+
+
+def configure(settings: kopf.OperatorSettings) -> None:
+    """kopf's bookkeeping in annotations under our prefix (decision in mlsched/api/__init__.py)."""
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP, v1=False)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=GROUP, key="last-handled-configuration", v1=False)
+    settings.persistence.finalizer = f"{GROUP}/finalizer"
+    # Only problems become Events from kopf itself; our own Events are posted explicitly.
+    settings.posting.level = logging.WARNING
+
+
+def indexes_from(kwargs: dict[str, Any]) -> Indexes:
+    return Indexes(nodes=kwargs["node_index"], pods=kwargs["pod_index"],
+                   statefulsets=kwargs["statefulset_index"], foreign=kwargs["foreign_pod_index"],
+                   mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"])
+
+
+def runtime(memo: Any) -> Runtime:
+    return memo["runtime"]
+
+
+# ---------------------------------------------------------------------------- operator
+
+
+@kopf.on.startup()
+async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
+    configure(settings)
+    # An embedding program (or a test) may have put a Runtime with its own API into the memo.
+    rt = memo.get("runtime") or Runtime.create(CONFIG, ClientKubeApi(concurrency=CONFIG.api_concurrency))
+    rt.indexes = indexes_from(kwargs)
+    rt.metrics.watch_job_phases(
+        lambda: Counter(j.phase or "Unknown" for j in flatten(rt.indexes.mljobs)))
+    memo["runtime"] = rt
+    memo["server"] = await progress_server.start(rt)
+
+
+@kopf.on.cleanup()
+async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    server = memo.get("server")
+    if server is not None:
+        await server.cleanup()
+
+
+# ----------------------------------------------------------------------------- indexes
+
+
+@kopf.index("nodes")
+def node_index(name: str, body: kopf.Body, **_: Any):
+    return {name: node_record(body)}
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})
+def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    record = pod_record(body)
+    return {(namespace, labels[JOB_LABEL]): record} if record else None
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
+def foreign_pod_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
+    """Requests of other schedulers' pods per node: capacity our jobs cannot have."""
+    node = spec.get("nodeName")
+    return {node: pod_requests(spec)} if node and is_active_pod(body) else None
+
+
+@kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
+def statefulset_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
+    return {(namespace, labels[JOB_LABEL]): sts_record(body)}
+
+
+@kopf.index(*MLJOBS)
+def mljob_index(namespace: str, name: str, body: kopf.Body, **_: Any):
+    return {(namespace, name): job_record(body)}
+
+
+@kopf.index(*POLICIES)
+def policy_index(namespace: str, name: str, **_: Any):
+    return {(namespace, name): True}
+
+
+# ---------------------------------------------------------------------- scheduling loop
+
+
+@kopf.daemon(*POLICIES, cancellation_timeout=10)
+async def policy_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
+                      **_: Any) -> None:
+    rt = runtime(memo)
+
+    async def sleep(seconds: float) -> None:
+        await stopped.wait(seconds)
+
+    await run_policy_forever(rt, body, rt.indexes, sleep=sleep, stopped=lambda: bool(stopped))
+
+
+# ------------------------------------------------------------------------------ mljobs
+
+
+@kopf.on.resume(*MLJOBS)
+@kopf.on.create(*MLJOBS)
+@kopf.on.update(*MLJOBS, field="spec")
+async def mljob_children(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    rt = runtime(memo)
+    await jobs.reconcile_children(rt, body, rt.indexes, patch)
+
+
+@kopf.timer(*MLJOBS, interval=CONFIG.job_sync_seconds, initial_delay=CONFIG.job_sync_seconds)
+async def mljob_lifecycle(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+    rt = runtime(memo)
+    await jobs.sync_lifecycle(rt, body, rt.indexes, patch)
+
+
+@kopf.on.delete(*MLJOBS, optional=True)
+async def mljob_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    # Children go with the owner references; only the in-memory books need forgetting.
+    runtime(memo).forget_job((namespace, name))
+
+
+# -------------------------------------------------------------------------------- pods
+
+
+@kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})
+async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime(memo)
+    await jobs.on_pod_event(rt, event.get("type"), body, rt.indexes)

@@ -1,0 +1,159 @@
+"""What the MLJob and pod handlers do, apart from kopf: children, lifecycle, late pod pinning.
+
+Each function takes the Runtime, the object's body and the indexes, so tests call them with a
+fake API and plain dicts; handlers.py only wires them to kopf's decorators.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, MutableMapping
+from datetime import datetime
+from typing import Any
+
+from mlsched.api import InvalidObject
+from mlsched.controller import lifecycle
+from mlsched.controller.apply import (
+    ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
+)
+from mlsched.controller.constants import JOB_LABEL
+from mlsched.controller.desired import DeletePod, PinPod, roles_of
+from mlsched.controller.events import ObjectRef
+from mlsched.controller.kube import KubeError
+from mlsched.controller.records import JobRecord, StsRecord, job_record, parse_job, pod_record
+from mlsched.controller.runtime import Indexes, Runtime
+
+log = logging.getLogger("mlsched.controller.jobs")
+
+
+def _ref(body: Mapping[str, Any]) -> ObjectRef:
+    return ObjectRef.of({**body, "kind": "MLJob"})
+
+
+async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
+                             patch: MutableMapping[str, Any]) -> None:
+    """On create, resume and spec changes: the Service and StatefulSets exist and their pod
+    templates match the spec; then the lifecycle (a suspend shows at once, not at the next tick).
+
+    A child the API server refuses (an invalid pod template, say) fails the job with the
+    server's message until the spec is fixed; kopf retries only transient errors.
+    """
+    job = job_record(body)
+    rejected = None
+    if job.error is None:
+        try:
+            await _create_children(rt, body, job, list(idx.statefulsets.get(job.key, ())))
+        except KubeError as err:
+            if not err.rejected:
+                raise
+            rejected = err.message
+    await sync_lifecycle(rt, body, idx, patch, rejected=rejected)
+
+
+async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
+                           existing: list[StsRecord]) -> None:
+    # The Service is created with the StatefulSets, so when they all exist there is no call to
+    # make: a resumed operator costs no API call per job.
+    complete = {s.role for s in existing} >= set(roles_of(job))
+    created = [] if complete or not await ensure_service(rt.api, job) else [f"Service {job.name}"]
+    created += [f"StatefulSet {name}"
+                for name in await ensure_statefulsets(rt.api, job, existing, rt.pod_settings)]
+    if created:
+        await rt.recorder.emit(_ref(body), "Normal", "Created",
+                               f"{', '.join(created)}; waiting for SchedulingPolicy "
+                               f"{job.policy!r} to allocate")
+    for plan in refresh_plan(job, existing, rt.pod_settings):  # the template was edited
+        await execute(rt.api, plan)
+
+
+async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
+                         patch: MutableMapping[str, Any], now: datetime | None = None,
+                         rejected: str | None = None) -> lifecycle.Outcome:
+    """Phase, conditions and run-policy actions (suspend, cleanPodPolicy, TTL) for one job.
+    `rejected`: the API server's message when it just refused one of the job's children."""
+    job = job_record(body)
+    statefulsets = list(idx.statefulsets.get(job.key, ()))
+    seen = lifecycle.Observed(statefulsets=statefulsets)
+    if now is not None:
+        seen.now = now
+    outcome = await _evaluate(rt, body, job, idx, seen, rejected)
+
+    if outcome.changed:
+        patch.setdefault("status", {}).update(outcome.status)
+    for type_, reason, message in outcome.events:
+        await rt.recorder.emit(_ref(body), type_, reason, message)
+    if outcome.scale_to_zero:
+        await execute_all(rt.api, scale_to_zero_plan(statefulsets, job.namespace))
+        rt.reservations.release(job.key)
+        rt.placements.forget(job.key)
+    if outcome.delete_job:
+        await rt.recorder.emit(_ref(body), "Normal", "TTLExpired",
+                               "ttlSecondsAfterFinished has passed; deleting the MLJob")
+        await rt.api.delete("MLJob", job.namespace, job.name, uid=job.uid)
+    return outcome
+
+
+async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: Indexes,
+                    seen: lifecycle.Observed, rejected: str | None) -> lifecycle.Outcome:
+    status = body.get("status") or {}
+    try:
+        spec = parse_job(body).spec
+    except InvalidObject as err:
+        return lifecycle.invalid(status, str(err), job.generation, seen.now)
+    if rejected is None and job.refused and status.get("observedGeneration") == job.generation:
+        # Refused and not edited since: nothing to retry (an edit runs reconcile_children).
+        return lifecycle.Outcome(status=dict(status), changed=False)
+    if rejected is None and not job.finished:
+        try:  # self-healing: a StatefulSet deleted by hand comes back (with zero replicas)
+            await ensure_statefulsets(rt.api, job, seen.statefulsets, rt.pod_settings)
+        except KubeError as err:
+            if not err.rejected:
+                raise
+            rejected = err.message
+    if rejected is not None:
+        return lifecycle.invalid(status, f"the API server refused the job's StatefulSet: "
+                                 f"{rejected}", job.generation, seen.now)
+    for pod in idx.pods.get(job.key, ()):
+        rt.failures.observe(job.key, pod.uid, pod.restarts)
+    seen.failures = rt.failures.total(job.key)
+    seen.epochs_done = rt.epochs_done(job)
+    seen.policy_exists = bool(list(idx.policies.get((job.namespace, job.policy), ())))
+    return lifecycle.evaluate(spec, job.generation, status, seen)
+
+
+async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
+                       idx: Indexes) -> None:
+    """Count failures, and pin a new gated pod to the node its ordinal was given (pods are
+    created by the StatefulSet controller after the round that scaled them up has finished)."""
+    pod = pod_record(body)
+    if pod is None:
+        return
+    meta = body.get("metadata", {})
+    namespace, job_name = meta.get("namespace", ""), meta["labels"][JOB_LABEL]
+    key = (namespace, job_name)
+    rt.failures.observe(key, pod.uid, pod.restarts)
+    if event_type == "DELETED" or pod.deleting or not pod.gated:
+        rt.pinned.pop(pod.uid, None)
+        return
+    node = rt.placements.node_for(key, pod.role, pod.ordinal)
+    if node is None:
+        # After an operator restart, before the policy's first round: the last decision
+        # recorded in the job's status.
+        job = idx.job(namespace, job_name)
+        decided = ((job.placement or {}).get(pod.role) or ()) if job and job.schedulable else ()
+        node = decided[pod.ordinal] if pod.ordinal < len(decided) else None
+    if node is None or rt.pinned.get(pod.uid) == node:
+        return  # not decided yet (it stays gated until a round gives its ordinal a node)
+    if pod.pinned not in (None, node):
+        action: PinPod | DeletePod = DeletePod(namespace, pod.name, pod.uid, pod.role,
+                                               pod.ordinal, node, pod.pinned)
+    else:
+        action = PinPod(namespace, pod.name, pod.uid, pod.role, pod.ordinal, node)
+        rt.pinned[pod.uid] = node
+    try:
+        await execute(rt.api, action)
+    except Exception:
+        rt.pinned.pop(pod.uid, None)
+        raise
+    log.info("MLJob %s/%s: %s %s on %s", namespace, job_name,
+             "pinned" if isinstance(action, PinPod) else "recreating", pod.name, node)

@@ -1,0 +1,169 @@
+"""The one seam between the operator and the API server.
+
+Everything the operator writes (and the few reads not served by kopf's indexes) goes through a
+`KubeApi`. Production uses `ClientKubeApi` (the official `kubernetes` client, run in threads so
+the event loop never blocks); tests inject an in-memory fake with the same methods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any, Literal, Protocol
+
+from mlsched.api import GROUP, VERSION
+from mlsched.controller.constants import COMPONENT
+
+PatchType = Literal["merge", "strategic", "json"]
+CONTENT_TYPES = {"merge": "application/merge-patch+json",
+                 "strategic": "application/strategic-merge-patch+json",
+                 "json": "application/json-patch+json"}
+CUSTOM_PLURALS = {"MLJob": "mljobs", "SchedulingPolicy": "schedulingpolicies"}
+
+
+class KubeError(RuntimeError):
+    def __init__(self, status: int, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+    @property
+    def rejected(self) -> bool:
+        """The API server refused the object itself (invalid): retrying cannot help."""
+        return self.status in (400, 422)
+
+
+def _message(err) -> str:
+    """The API server's own explanation (Status.message), else the HTTP reason."""
+    try:
+        return json.loads(err.body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return err.reason or str(err)
+
+
+class KubeApi(Protocol):
+    async def create(self, body: dict[str, Any]) -> bool:
+        """Create an object (kind and namespace from the body); False if it already exists."""
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
+                    patch_type: PatchType = "merge", status: bool = False) -> bool:
+        """Patch an object (or its status subresource); False if it does not exist."""
+
+    async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        """Delete (only the object with this uid, when given); False if it did not exist."""
+
+    async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        """A TokenReview's status: {authenticated, user: {username, extra, ...}, error}."""
+
+
+def load_api_client():
+    """In-cluster credentials when running in a pod, else the current kubeconfig."""
+    from kubernetes import client, config
+
+    try:
+        config.load_incluster_config()
+    except config.ConfigException:
+        config.load_kube_config()
+    return client.ApiClient()
+
+
+class ClientKubeApi:
+    def __init__(self, api_client=None, concurrency: int = 16):
+        from kubernetes import client
+
+        self._client = api_client or load_api_client()
+        self._core = client.CoreV1Api(self._client)
+        self._apps = client.AppsV1Api(self._client)
+        self._custom = client.CustomObjectsApi(self._client)
+        self._auth = client.AuthenticationV1Api(self._client)
+        self._slots = asyncio.Semaphore(concurrency)
+
+    async def _call(self, fn, *args, **kwargs) -> Any:
+        from kubernetes.client.exceptions import ApiException
+
+        async with self._slots:
+            try:
+                response = await asyncio.to_thread(fn, *args, _preload_content=False, **kwargs)
+            except ApiException as err:
+                raise KubeError(err.status or 0, _message(err)) from None
+        data = response.data
+        return json.loads(data) if data else None
+
+    def _functions(self, kind: str) -> dict[str, Any]:
+        c, a = self._core, self._apps
+        table = {
+            "Service": (c, "namespaced_service"),
+            "StatefulSet": (a, "namespaced_stateful_set"),
+            "Pod": (c, "namespaced_pod"),
+            "ConfigMap": (c, "namespaced_config_map"),
+            "Event": (c, "namespaced_event"),
+        }
+        if kind in CUSTOM_PLURALS:
+            return {}
+        api, suffix = table[kind]
+        return {verb: getattr(api, f"{verb}_{suffix}") for verb in ("create", "read", "patch", "delete")}
+
+    async def create(self, body: dict[str, Any]) -> bool:
+        kind, ns = body["kind"], body["metadata"]["namespace"]
+        try:
+            if kind in CUSTOM_PLURALS:
+                await self._call(self._custom.create_namespaced_custom_object, GROUP, VERSION, ns,
+                                 CUSTOM_PLURALS[kind], body, field_manager=COMPONENT)
+            else:
+                await self._call(self._functions(kind)["create"], ns, body, field_manager=COMPONENT)
+        except KubeError as err:
+            if err.status == 409:
+                return False
+            raise
+        return True
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        try:
+            if kind in CUSTOM_PLURALS:
+                return await self._call(self._custom.get_namespaced_custom_object, GROUP, VERSION,
+                                        namespace, CUSTOM_PLURALS[kind], name)
+            return await self._call(self._functions(kind)["read"], name, namespace)
+        except KubeError as err:
+            if err.status == 404:
+                return None
+            raise
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
+                    patch_type: PatchType = "merge", status: bool = False) -> bool:
+        options = {"_content_type": CONTENT_TYPES[patch_type], "field_manager": COMPONENT}
+        try:
+            if kind in CUSTOM_PLURALS:
+                fn = (self._custom.patch_namespaced_custom_object_status if status
+                      else self._custom.patch_namespaced_custom_object)
+                await self._call(fn, GROUP, VERSION, namespace, CUSTOM_PLURALS[kind], name, patch,
+                                 **options)
+            else:
+                await self._call(self._functions(kind)["patch"], name, namespace, patch, **options)
+        except KubeError as err:
+            if err.status == 404:
+                return False
+            raise
+        return True
+
+    async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        body = {"preconditions": {"uid": uid}} if uid else {}
+        try:
+            if kind in CUSTOM_PLURALS:
+                await self._call(self._custom.delete_namespaced_custom_object, GROUP, VERSION,
+                                 namespace, CUSTOM_PLURALS[kind], name, body=body)
+            else:
+                await self._call(self._functions(kind)["delete"], name, namespace, body=body)
+        except KubeError as err:
+            # 409: the uid precondition failed, i.e. the object was already replaced.
+            if err.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
+                "spec": {"token": token, "audiences": audiences}}
+        result = await self._call(self._auth.create_token_review, body)
+        return (result or {}).get("status") or {}

@@ -1,0 +1,163 @@
+"""An MLJob's phase, conditions and run-policy actions, computed from what the indexes show. Pure.
+
+The lifecycle timer (handlers.py) calls `evaluate` for every job every few seconds and writes the
+result only when it differs from the current status. Phases:
+
+    Pending ──(≥ min of every role allocated and Ready)──▶ Running ──(epochs)──▶ Succeeded
+    Pending / Running ──(runPolicy.suspend)──▶ Suspended ──(resume)──▶ Pending
+    any non-final phase ──(activeDeadlineSeconds, backoffLimit)──▶ Failed
+
+Succeeded and Failed are final (except a Failed for an invalid spec, which a fixed spec clears).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from mlsched.api import (
+    CleanPodPolicy, Condition, JobConditionType as C, JobPhase, MLJobSpec, get_condition,
+    set_condition,
+)
+from mlsched.controller.records import INVALID_SPEC, StsRecord, is_final, parse_time
+
+FINAL = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
+
+
+@dataclass
+class Observed:
+    """Everything besides the MLJob itself that the lifecycle depends on."""
+
+    statefulsets: Iterable[StsRecord] = ()
+    failures: int = 0  # pod failures seen (container restarts, failed pods)
+    epochs_done: float = 0.0
+    policy_exists: bool = True
+    now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
+
+
+@dataclass
+class Outcome:
+    status: dict[str, Any]  # the status fields the lifecycle owns, wire form
+    changed: bool  # differs from the current status: patch it
+    scale_to_zero: bool = False  # suspended, or finished with cleanPodPolicy All/Running
+    delete_job: bool = False  # ttlSecondsAfterFinished has passed
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+
+
+def _wire(conditions: list[Condition]) -> list[dict]:
+    return [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions]
+
+
+def _time(dt: datetime) -> str:
+    return dt.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
+    keys = ("phase", "conditions", "replicaStatuses", "startTime", "completionTime",
+            "observedGeneration")
+    return {k: status[k] for k in keys if status.get(k) is not None}
+
+
+def _final_phase(status: Mapping[str, Any]) -> str | None:
+    return status.get("phase") if is_final(status) else None
+
+
+def invalid(status: Mapping[str, Any], message: str, generation: int, now: datetime) -> Outcome:
+    """A spec the operator cannot use: Failed/InvalidSpec until the spec is fixed."""
+    conds = set_condition(status.get("conditions"), C.FAILED, True, INVALID_SPEC, message,
+                          observed_generation=generation, now=now)
+    new = {**_owned(status), "phase": JobPhase.FAILED.value, "conditions": _wire(conds),
+           "observedGeneration": generation}
+    changed = new != _owned(status)
+    events = [("Warning", INVALID_SPEC, message)] if changed else []
+    return Outcome(new, changed, events=events)
+
+
+def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
+             seen: Observed) -> Outcome:
+    gen = generation
+    run = spec.run_policy
+    now = seen.now
+    roles = ("ps", "worker") if spec.replica_specs.ps is not None else ("worker",)
+    sts = {s.role: s for s in seen.statefulsets}
+    desired = {r: sts[r].replicas if r in sts else 0 for r in roles}
+    ready = {r: sts[r].ready if r in sts else 0 for r in roles}
+    minimum = {r: getattr(spec.replica_specs, r).min for r in roles}
+    admitted = all(desired[r] >= minimum[r] > 0 for r in roles)
+    start = parse_time(status.get("startTime"))
+
+    old_phase = status.get("phase")
+    final = _final_phase(status)
+    reason, message = "", ""
+    if final:
+        phase = final
+    elif seen.epochs_done >= spec.epochs:
+        phase, reason, message = JobPhase.SUCCEEDED, "EpochsReached", \
+            f"trained {seen.epochs_done:g} of {spec.epochs:g} epochs"
+    elif (run.active_deadline_seconds and start
+          and now.timestamp() - start > run.active_deadline_seconds):
+        phase, reason, message = JobPhase.FAILED, "DeadlineExceeded", \
+            f"running longer than activeDeadlineSeconds={run.active_deadline_seconds}"
+    elif run.backoff_limit is not None and seen.failures > run.backoff_limit:
+        phase, reason, message = JobPhase.FAILED, "BackoffLimitExceeded", \
+            f"{seen.failures} pod failures, backoffLimit={run.backoff_limit}"
+    elif run.suspend:
+        phase, reason, message = JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true"
+    elif admitted and all(ready[r] >= minimum[r] for r in roles):
+        phase, reason, message = JobPhase.RUNNING, "AllRolesReady", \
+            ", ".join(f"{ready[r]} {r} ready" for r in roles)
+    else:
+        phase = JobPhase.PENDING
+        if not seen.policy_exists:
+            reason, message = "PolicyNotFound", \
+                f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this namespace"
+        elif admitted:
+            reason, message = "PodsStarting", ", ".join(f"{ready[r]}/{desired[r]} {r} ready"
+                                                        for r in roles)
+        else:
+            reason, message = "WaitingForAllocation", \
+                "the scheduling policy has not allocated the minimum of every role yet"
+    phase = JobPhase(phase)
+
+    new = dict(_owned(status))
+    new.update(phase=phase.value, observedGeneration=gen,
+               replicaStatuses={r: {"desired": desired[r], "ready": ready[r]} for r in roles})
+    if not final:  # a final job's conditions stay as they were when it finished
+        conds: Any = status.get("conditions")
+
+        def put(type_: str, value: bool, why: str, text: str = "") -> None:
+            nonlocal conds
+            conds = set_condition(conds, type_, value, why, text, observed_generation=gen, now=now)
+
+        put(C.ADMITTED, admitted, "Allocated" if admitted else reason or "WaitingForAllocation",
+            ", ".join(f"{desired[r]} {r}" for r in roles))
+        put(C.RUNNING, phase == JobPhase.RUNNING, reason or phase.value, message)
+        if phase == JobPhase.SUSPENDED or get_condition(conds, C.SUSPENDED):
+            put(C.SUSPENDED, phase == JobPhase.SUSPENDED,
+                "Suspended" if phase == JobPhase.SUSPENDED else "Resumed", message)
+        if phase in (JobPhase.SUCCEEDED, JobPhase.FAILED):
+            put(C.SUCCEEDED if phase == JobPhase.SUCCEEDED else C.FAILED, True, reason, message)
+        elif get_condition(conds, C.FAILED):  # an InvalidSpec failure whose spec got fixed
+            put(C.FAILED, False, "SpecValid", "the spec is valid again")
+        new["conditions"] = _wire(conds)
+    if phase == JobPhase.RUNNING and not start:
+        new["startTime"] = _time(now)
+    if phase.value in FINAL and not status.get("completionTime"):
+        new["completionTime"] = _time(now)
+
+    out = Outcome(new, new != _owned(status))
+    if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):
+        failed = phase == JobPhase.FAILED
+        text = f"{old_phase or 'New'} → {phase.value}" + (f": {message}" if message else "")
+        out.events.append(("Warning" if failed else "Normal",
+                           reason if failed else phase.value, text))
+
+    finished = phase.value in FINAL
+    out.scale_to_zero = any(desired.values()) and (
+        phase == JobPhase.SUSPENDED or (finished and run.clean_pod_policy != CleanPodPolicy.NONE))
+    done_at = parse_time(new.get("completionTime"))
+    out.delete_job = bool(finished and run.ttl_seconds_after_finished is not None and done_at
+                          and now.timestamp() - done_at >= run.ttl_seconds_after_finished)
+    return out

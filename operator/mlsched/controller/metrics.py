@@ -1,0 +1,57 @@
+"""Prometheus metrics (prefix `mlsched_`), on their own registry so tests can build several.
+
+Labels stay low-cardinality: namespace and policy, never a job name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from mlsched.api import JobPhase
+
+ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class _JobsByPhase:
+    """Counted at scrape time from the MLJob index, so the gauge can never drift."""
+
+    def __init__(self, count: Callable[[], Mapping[str, int]]):
+        self.count = count
+
+    def collect(self):
+        family = GaugeMetricFamily("mlsched_jobs", "MLJobs by phase", labels=["phase"])
+        counts = self.count()
+        for phase in [p.value for p in JobPhase] + ["Unknown"]:
+            family.add_metric([phase], counts.get(phase, 0))
+        yield family
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.round_duration = Histogram(
+            "mlsched_round_duration_seconds", "Wall time of one scheduling round (decide and apply)",
+            ["namespace", "policy"], buckets=ROUND_BUCKETS, registry=r)
+        self.decisions = Counter(
+            "mlsched_decisions_total", "Scaling and placement changes applied",
+            ["namespace", "policy", "kind"], registry=r)  # kind: scale | place | evict
+        self.reward = Gauge("mlsched_reward", "Reward of the latest closed interval",
+                            ["namespace", "policy"], registry=r)
+        self.model_load_failures = Counter(
+            "mlsched_model_load_failures_total", "Failed attempts to load a learned model",
+            ["namespace", "policy", "reason"], registry=r)
+        self.progress_reports = Counter(
+            "mlsched_progress_reports_total", "Progress reports received, by outcome",
+            ["result"], registry=r)  # accepted | unauthenticated | forbidden | invalid
+        self.api_errors = Counter("mlsched_api_errors_total", "API calls that failed",
+                                  ["action"], registry=r)
+
+    def watch_job_phases(self, count: Callable[[], Mapping[str, int]]) -> None:
+        self.registry.register(_JobsByPhase(count))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,155 @@
+"""The operator's HTTP endpoint: POST /v1/progress, GET /metrics, GET /healthz.
+
+Progress reports are authenticated with the reporting pod's own ServiceAccount token
+(audience-bound, projected into every training pod; see desired.pod_template):
+
+1. TokenReview (authentication.k8s.io/v1) with our audience: the token must be valid, unexpired
+   and minted for this endpoint, so a token meant for the API server is refused and ours is
+   useless against the API server.
+2. The review names the pod the token is bound to (user.extra pod-name / pod-uid). That pod must
+   exist in the job's namespace with the same uid and carry `mlsched.io/job-name: <job>`.
+
+So a pod can report progress for its own job only, and training pods never need (nor get) any
+permission on MLJob objects: the operator writes the status.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Any
+
+from aiohttp import web
+
+from mlsched.api import Progress
+from mlsched.controller.constants import EXTRA_POD_NAME, EXTRA_POD_UID
+from mlsched.controller.records import JobRecord
+from mlsched.controller.rewards import utc
+from mlsched.controller.runtime import Runtime
+
+log = logging.getLogger("mlsched.controller.progress")
+SPEED_SMOOTHING = 0.5  # weight of the newest measurement in the running speed average
+RUNTIME = web.AppKey("runtime", Runtime)
+
+
+class Refused(Exception):
+    def __init__(self, status: int, result: str, message: str):
+        super().__init__(message)
+        self.status, self.result = status, result
+
+
+def _first(extra: dict[str, Any], key: str) -> str | None:
+    value = (extra or {}).get(key)
+    if isinstance(value, list):
+        return value[0] if value else None
+    return value
+
+
+async def authorize(rt: Runtime, token: str | None, namespace: str, job: str) -> str:
+    """The reporting pod's name, or Refused."""
+    if not token:
+        raise Refused(401, "unauthenticated", "missing bearer token")
+    review = await rt.api.review_token(token, [rt.config.token_audience])
+    if not review.get("authenticated"):
+        raise Refused(401, "unauthenticated", review.get("error") or "token not authenticated")
+    user = review.get("user") or {}
+    pod_name, pod_uid = _first(user.get("extra"), EXTRA_POD_NAME), _first(user.get("extra"), EXTRA_POD_UID)
+    if not pod_name or not pod_uid:
+        raise Refused(403, "forbidden", "the token is not bound to a pod")
+    parts = (user.get("username") or "").split(":")
+    if parts[:2] != ["system", "serviceaccount"] or len(parts) != 4 or parts[2] != namespace:
+        raise Refused(403, "forbidden", f"the token's ServiceAccount is not in namespace {namespace}")
+    indexes = rt.indexes
+    pods = indexes.pods.get((namespace, job), ()) if indexes else ()
+    if not any(p.name == pod_name and p.uid == pod_uid for p in pods):
+        raise Refused(403, "forbidden", f"pod {pod_name} is not a pod of MLJob {namespace}/{job}")
+    return pod_name
+
+
+def next_progress(job: JobRecord, last: tuple[float, float, float] | None, reported: float,
+                  now: float, speed: float | None = None) -> tuple[float, float]:
+    """(epochs done, epochs per second) after a report. Progress never goes back (a restart
+    from an older checkpoint does not un-train an interval), and the speed is a running average
+    of the epochs between reports over the time between them."""
+    before, at, avg = last if last else (job.epochs_done, job.last_report_s, job.speed)
+    done = max(before, reported)
+    if speed is None:
+        speed = avg
+        if at is not None and now > at and done > before:
+            measured = (done - before) / (now - at)
+            speed = measured if avg <= 0 else SPEED_SMOOTHING * measured + (1 - SPEED_SMOOTHING) * avg
+    return done, max(0.0, speed)
+
+
+async def record_progress(rt: Runtime, job: JobRecord, reported: float, speed: float | None,
+                          now: float | None = None) -> dict[str, Any]:
+    now = time.time() if now is None else now
+    done, speed = next_progress(job, rt.progress.get(job.key), reported, now, speed)
+    rt.progress[job.key] = (done, now, speed)
+    progress = Progress.of(done, job.epochs, speed, at=utc(now)).to_k8s()
+    await rt.api.patch("MLJob", job.namespace, job.name, {"status": {"progress": progress}},
+                       status=True)
+    return progress
+
+
+async def handle_progress(request: web.Request) -> web.Response:
+    rt = request.app[RUNTIME]
+    try:
+        try:
+            payload = await request.json()
+            namespace, job_name = str(payload["namespace"]), str(payload["job"])
+            epochs = float(payload["epochsDone"])
+            speed = float(payload["speed"]) if payload.get("speed") is not None else None
+        except (ValueError, KeyError, TypeError) as err:
+            raise Refused(400, "invalid", f"expected JSON {{namespace, job, epochsDone[, speed]}}: {err}")
+        if not math.isfinite(epochs) or epochs < 0 or (speed is not None and
+                                                       (not math.isfinite(speed) or speed < 0)):
+            raise Refused(400, "invalid", "epochsDone and speed must be finite and >= 0")
+        header = request.headers.get("Authorization", "")
+        token = header[7:].strip() if header.lower().startswith("bearer ") else None
+        pod = await authorize(rt, token, namespace, job_name)
+        job = rt.indexes.job(namespace, job_name) if rt.indexes else None
+        if job is None:
+            raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
+        progress = await record_progress(rt, job, epochs, speed)
+    except Refused as err:
+        rt.metrics.progress_reports.labels(err.result).inc()
+        log.warning("progress report refused (%d): %s", err.status, err)
+        return web.json_response({"accepted": False, "error": str(err)}, status=err.status)
+    rt.metrics.progress_reports.labels("accepted").inc()
+    log.debug("MLJob %s/%s: pod %s reported %s epochs", namespace, job_name, pod, epochs)
+    return web.json_response({"accepted": True, "progress": progress})
+
+
+async def handle_metrics(request: web.Request) -> web.Response:
+    body = request.app[RUNTIME].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
+
+
+async def handle_health(request: web.Request) -> web.Response:
+    return web.json_response({"ok": True})
+
+
+def make_app(rt: Runtime) -> web.Application:
+    app = web.Application(client_max_size=64 * 1024)
+    app[RUNTIME] = rt
+    app.router.add_post("/v1/progress", handle_progress)
+    app.router.add_get("/metrics", handle_metrics)
+    app.router.add_get("/healthz", handle_health)
+    return app
+
+
+async def start(rt: Runtime) -> web.AppRunner:
+    runner = web.AppRunner(make_app(rt), access_log=None)
+    await runner.setup()
+    ssl_context = None
+    if rt.config.tls_cert and rt.config.tls_key:
+        import ssl
+
+        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ssl_context.load_cert_chain(rt.config.tls_cert, rt.config.tls_key)
+    await web.TCPSite(runner, "0.0.0.0", rt.config.port, ssl_context=ssl_context).start()
+    log.info("progress endpoint, /metrics and /healthz on port %d%s", rt.config.port,
+             " (TLS)" if ssl_context else "")
+    return runner

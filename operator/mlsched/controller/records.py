@@ -1,0 +1,315 @@
+"""Compact, immutable views of Kubernetes objects: what the kopf indexes keep in memory.
+
+Index functions (handlers.py) call these on every watch event, so the operator holds a few
+hundred bytes per object instead of whole bodies, and a scheduling round reads plain fields
+instead of walking nested dicts. Everything here is pure: dict in, record out.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from mlsched.api import InvalidObject, MLJob
+from mlsched.controller.constants import (
+    HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, ROLE_LABEL, TEMPLATE_HASH_ANNOTATION,
+)
+from mlsched.workloads import catalog
+
+Resources = tuple[float, float, float]  # cpu, gpu, mem_gib: the order cluster/ uses
+NO_RESOURCES: Resources = (0.0, 0.0, 0.0)
+GPU_RESOURCE = "nvidia.com/gpu"
+TERMINAL_POD_PHASES = ("Succeeded", "Failed")
+
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
+_SUFFIX = {"n": 1e-9, "u": 1e-6, "m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12,
+           "P": 1e15, "E": 1e18, "Ki": 2.0**10, "Mi": 2.0**20, "Gi": 2.0**30, "Ti": 2.0**40,
+           "Pi": 2.0**50, "Ei": 2.0**60}
+
+
+def parse_quantity(value: Any) -> float:
+    """A Kubernetes resource quantity ('7500m', '48Gi', '2') as a float; bad input is 0."""
+    if isinstance(value, int | float):
+        return float(value)
+    match = _QUANTITY.match(str(value).strip())
+    if not match:
+        return 0.0
+    return float(match.group(1)) * _SUFFIX[match.group(2) or ""]
+
+
+def resources_of(quantities: Mapping[str, Any] | None) -> Resources:
+    q = quantities or {}
+    return (parse_quantity(q.get("cpu", 0)), parse_quantity(q.get(GPU_RESOURCE, 0)),
+            parse_quantity(q.get("memory", 0)) / 2.0**30)
+
+
+def add(a: Resources, b: Resources) -> Resources:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def parse_time(value: Any) -> float | None:
+    """RFC 3339 timestamp → epoch seconds (None when absent or unreadable)."""
+    if isinstance(value, datetime):
+        return value.timestamp()
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+# ------------------------------------------------------------------------------------ nodes
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    name: str
+    allocatable: Resources
+    ready: bool
+    unschedulable: bool
+    taints: frozenset[str]  # keys of NoSchedule / NoExecute taints
+    labels: Mapping[str, str]
+
+    @property
+    def pool(self) -> str | None:
+        return self.labels.get(POOL_LABEL)
+
+
+def node_record(body: Mapping[str, Any]) -> NodeRecord:
+    meta, spec, status = body.get("metadata", {}), body.get("spec") or {}, body.get("status") or {}
+    ready = any(c.get("type") == "Ready" and c.get("status") == "True"
+                for c in status.get("conditions") or ())
+    taints = frozenset(t.get("key", "") for t in spec.get("taints") or ()
+                       if t.get("effect") in ("NoSchedule", "NoExecute"))
+    return NodeRecord(name=meta["name"], allocatable=resources_of(status.get("allocatable")),
+                      ready=ready, unschedulable=bool(spec.get("unschedulable")), taints=taints,
+                      labels=dict(meta.get("labels") or {}))
+
+
+# ------------------------------------------------------------------------------------- pods
+
+
+def pod_requests(spec: Mapping[str, Any]) -> Resources:
+    """What the scheduler reserves for a pod: the sum of its containers' requests (or limits,
+    which the apiserver copies into requests when only limits are given)."""
+    total = NO_RESOURCES
+    for c in spec.get("containers") or ():
+        res = c.get("resources") or {}
+        total = add(total, resources_of(res.get("requests") or res.get("limits")))
+    return total
+
+
+def pod_node(spec: Mapping[str, Any]) -> str | None:
+    """The node a pod is on or pinned to: spec.nodeName once bound, else our nodeSelector."""
+    return spec.get("nodeName") or (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+
+
+def is_active_pod(body: Mapping[str, Any]) -> bool:
+    return (body.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES
+
+
+@dataclass(frozen=True, slots=True)
+class PodRecord:
+    """A pod of one of our jobs."""
+
+    name: str
+    uid: str
+    role: str
+    ordinal: int  # StatefulSet ordinal = task ordinal in the policy's decision
+    node: str | None  # bound node, or the node the operator pinned it to
+    bound: bool
+    pinned: str | None  # our nodeSelector value, if any
+    gates: tuple[str, ...]  # names of the scheduling gates still on the pod
+    phase: str
+    restarts: int  # container restarts plus one if the pod itself failed
+    deleting: bool
+    requests: Resources
+
+    @property
+    def gated(self) -> bool:
+        """Still waiting for the operator to pin it (kube-scheduler ignores it until then)."""
+        return PLACEMENT_GATE in self.gates
+
+
+def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
+    """None for pods whose name does not follow `<job>-<role>-<ordinal>` (not ours to place)."""
+    meta, spec, status = body.get("metadata", {}), body.get("spec") or {}, body.get("status") or {}
+    labels = meta.get("labels") or {}
+    job, role = labels.get(JOB_LABEL), labels.get(ROLE_LABEL)
+    prefix = f"{job}-{role}-"
+    name = meta.get("name", "")
+    if not job or not role or not name.startswith(prefix) or not name[len(prefix):].isdigit():
+        return None
+    restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or ())
+    phase = status.get("phase") or "Pending"
+    return PodRecord(
+        name=name, uid=meta.get("uid", ""), role=role, ordinal=int(name[len(prefix):]),
+        node=pod_node(spec), bound=bool(spec.get("nodeName")),
+        pinned=(spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL),
+        gates=tuple(g.get("name", "") for g in spec.get("schedulingGates") or ()),
+        phase=phase, restarts=restarts + (1 if phase == "Failed" else 0),
+        deleting=bool(meta.get("deletionTimestamp")), requests=pod_requests(spec),
+    )
+
+
+# ------------------------------------------------------------------------------ statefulsets
+
+
+@dataclass(frozen=True, slots=True)
+class StsRecord:
+    name: str
+    role: str
+    replicas: int  # spec: what the operator last asked for
+    ready: int  # status.readyReplicas
+    template_hash: str | None
+
+
+def sts_record(body: Mapping[str, Any]) -> StsRecord:
+    meta, spec, status = body.get("metadata", {}), body.get("spec") or {}, body.get("status") or {}
+    return StsRecord(name=meta["name"], role=(meta.get("labels") or {}).get(ROLE_LABEL, ""),
+                     replicas=int(spec.get("replicas") or 0),
+                     ready=int(status.get("readyReplicas") or 0),
+                     template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION))
+
+
+# ------------------------------------------------------------------------------------ mljobs
+
+
+@dataclass(frozen=True, slots=True)
+class JobRecord:
+    """An MLJob as the scheduling loop and the progress endpoint need it.
+
+    `error` is set when the spec does not parse; such a job is never scheduled, and the lifecycle
+    timer reports it on the object.
+    """
+
+    namespace: str
+    name: str
+    uid: str
+    generation: int
+    created_s: float
+    policy: str
+    model: str
+    arch: str  # 'ps' or 'allreduce' (the cluster/ vocabulary)
+    epochs: float
+    min_ps: int
+    max_ps: int
+    min_workers: int
+    max_workers: int
+    suspend: bool
+    phase: str | None
+    final: bool  # Succeeded or Failed for good (a Failed for an invalid spec is not final)
+    refused: bool  # Failed/InvalidSpec: waits for a spec edit, gets no tasks meanwhile
+    epochs_done: float
+    speed: float
+    last_report_s: float | None
+    history: tuple[Mapping[str, Any], ...]
+    # (ps, workers, epochs) of the latest intervals in which the job trained, newest last:
+    # the speed observations policies learn from, extracted once per watch event, not per round.
+    trained: tuple[tuple[int, int, float], ...]
+    slots_run: int  # intervals in the history in which the job had workers
+    placement: Mapping[str, Any] | None  # status.placement as last written
+    desired: Mapping[str, int]  # status.replicaStatuses.<role>.desired as last written
+    # The pod templates by role, as written in the spec (a reference into the watched body,
+    # not a copy): rendering StatefulSets needs them when a round changes a job's counts.
+    templates: Mapping[str, Mapping[str, Any]]
+    error: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.namespace, self.name)
+
+    @property
+    def finished(self) -> bool:
+        return self.final and self.error is None
+
+    @property
+    def schedulable(self) -> bool:
+        """Whether the scheduling loop should give this job tasks."""
+        return (self.error is None and not self.suspend and not self.finished
+                and not self.refused and self.epochs_done < self.epochs)
+
+    def bounds(self, role: str) -> tuple[int, int]:
+        if role == "ps":
+            return (self.min_ps, self.max_ps) if self.arch == "ps" else (0, 0)
+        return (self.min_workers, self.max_workers)
+
+
+INVALID_SPEC = "InvalidSpec"  # the reason of a Failed condition the user can still fix
+
+
+def is_refused(status: Mapping[str, Any]) -> bool:
+    """Failed because the spec (or a child rendered from it) is invalid: fixable by an edit."""
+    return status.get("phase") == "Failed" and any(
+        c.get("type") == "Failed" and c.get("status") == "True" and c.get("reason") == INVALID_SPEC
+        for c in status.get("conditions") or ())
+
+
+def is_final(status: Mapping[str, Any]) -> bool:
+    return status.get("phase") in ("Succeeded", "Failed") and not is_refused(status)
+
+
+MAX_OBSERVATIONS = 24  # per job, as in the simulator: older speeds say little about now
+
+
+def trained_intervals(history: Any) -> tuple[tuple[tuple[int, int, float], ...], int]:
+    """(the latest MAX_OBSERVATIONS (ps, workers, epochs) with training, intervals with workers)."""
+    trained, slots = [], 0
+    for h in history:
+        workers = h.get("workers") or 0
+        if workers:
+            slots += 1
+            epochs = h.get("epochs") or 0.0
+            if epochs > 0:
+                trained.append((int(h.get("ps") or 0), int(workers), float(epochs)))
+    return tuple(trained[-MAX_OBSERVATIONS:]), slots
+
+
+def parse_job(body: Mapping[str, Any]) -> MLJob:
+    """Validate spec and name only: status is written by the operator itself, and parsing a
+    long history on every watch event would cost more than the whole scheduling round."""
+    return MLJob.from_k8s({"apiVersion": body.get("apiVersion", "mlsched.io/v1alpha1"),
+                           "kind": "MLJob", "metadata": {"name": body["metadata"]["name"],
+                                                         "namespace": body["metadata"].get("namespace")},
+                           "spec": body.get("spec") or {}})
+
+
+def job_record(body: Mapping[str, Any]) -> JobRecord:
+    meta, spec = body.get("metadata", {}), body.get("spec") or {}
+    status = body.get("status") or {}
+    progress = status.get("progress") or {}
+    trained, slots_run = trained_intervals(status.get("history") or ())
+    common = dict(
+        namespace=meta.get("namespace", ""), name=meta["name"], uid=meta.get("uid", ""),
+        generation=int(meta.get("generation") or 0),
+        created_s=parse_time(meta.get("creationTimestamp")) or 0.0,
+        policy=str(spec.get("schedulingPolicy") or "default"), phase=status.get("phase"),
+        final=is_final(status), refused=is_refused(status),
+        epochs_done=float(progress.get("epochsDone") or 0.0),
+        speed=float(progress.get("speed") or 0.0),
+        last_report_s=parse_time(progress.get("lastReportTime")),
+        history=tuple(status.get("history") or ()),
+        trained=trained, slots_run=slots_run,
+        placement=status.get("placement"),
+        desired={role: int((rs or {}).get("desired") or 0)
+                 for role, rs in (status.get("replicaStatuses") or {}).items()},
+        templates={role: (rs or {}).get("template") or {}
+                   for role, rs in (spec.get("replicaSpecs") or {}).items()
+                   if isinstance(rs, Mapping)},
+    )
+    try:
+        job = parse_job(body)
+    except InvalidObject as exc:
+        return JobRecord(**common, model="", arch="ps", epochs=0.0, min_ps=0, max_ps=0,
+                         min_workers=0, max_workers=0, suspend=False, error=str(exc))
+    rs = job.spec.replica_specs
+    return JobRecord(
+        **common, model=catalog.canonical_name(job.spec.model_type),
+        arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",
+        epochs=job.spec.epochs, min_ps=rs.ps.min if rs.ps else 0, max_ps=rs.ps.max if rs.ps else 0,
+        min_workers=rs.worker.min, max_workers=rs.worker.max, suspend=job.spec.run_policy.suspend,
+    )

@@ -1,0 +1,129 @@
+"""Index records → `cluster.Snapshot`: what one SchedulingPolicy's round sees. Pure.
+
+Capacity is node allocatable minus what this policy must not hand out: pods of other schedulers,
+pods of mlsched jobs that are not this policy's to re-decide, and what other policies reserved in
+their latest round (their pods may not exist yet). The policy's own jobs are left out of that
+sum because the round re-decides every one of their tasks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
+from mlsched.controller.records import (
+    NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
+)
+
+JobKey = tuple[str, str]  # (namespace, name)
+
+
+@dataclass
+class ClusterState:
+    """The indexes, as plain mappings (a kopf.Index is one; tests pass dicts of lists)."""
+
+    nodes: Iterable[NodeRecord]
+    pods: Mapping[JobKey, Iterable[PodRecord]] = field(default_factory=dict)
+    statefulsets: Mapping[JobKey, Iterable[StsRecord]] = field(default_factory=dict)
+    foreign: Mapping[str, Iterable[Resources]] = field(default_factory=dict)  # node → requests
+
+
+def eligible(node: NodeRecord, node_selector: Mapping[str, str],
+             tolerated_taints: frozenset[str]) -> bool:
+    if not node.ready or node.unschedulable or node.taints - tolerated_taints:
+        return False
+    return all(key in node.labels and (not value or node.labels[key] == value)
+               for key, value in node_selector.items())
+
+
+def held_elsewhere(cluster: ClusterState, own_jobs: set[JobKey],
+                   reserved: Mapping[JobKey, Mapping[str, Resources]]) -> dict[str, Resources]:
+    """Per node: resources this policy may not use (see the module docstring)."""
+    held: dict[str, Resources] = {}
+    for node, requests in cluster.foreign.items():
+        for r in requests:
+            held[node] = add(held.get(node, NO_RESOURCES), r)
+    for key, usage in reserved.items():
+        if key not in own_jobs:
+            for node, r in usage.items():
+                held[node] = add(held.get(node, NO_RESOURCES), r)
+    for key, pods in cluster.pods.items():
+        if key in own_jobs or key in reserved:
+            continue
+        for pod in pods:
+            if pod.node and pod.phase not in ("Succeeded", "Failed"):
+                held[pod.node] = add(held.get(pod.node, NO_RESOURCES), pod.requests)
+    return held
+
+
+def _placed_prefix(pods: list[PodRecord], count: int, node_index: Mapping[str, int]) -> tuple[int, ...]:
+    """Node indexes of ordinals 0, 1, ... up to the first ordinal without a usable node.
+
+    The Packer sends ordinal k back to the k-th entry when it still fits, which is how a job
+    whose allocation does not change keeps every pod where it is.
+    """
+    by_ordinal = {p.ordinal: p for p in pods if not p.deleting}
+    out = []
+    for k in range(count):
+        pod = by_ordinal.get(k)
+        if pod is None or pod.node not in node_index:
+            break
+        out.append(node_index[pod.node])
+    return tuple(out)
+
+
+def observations(trained: Iterable[tuple[int, int, float]],
+                 interval_s: float) -> tuple[SpeedObservation, ...]:
+    """Speeds the job really showed, one per recent interval in which it trained."""
+    if interval_s <= 0:
+        return ()
+    return tuple(SpeedObservation(ps, workers, epochs / interval_s) for ps, workers, epochs in trained)
+
+
+def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[StsRecord],
+             node_index: Mapping[str, int], interval_s: float) -> JobView:
+    replicas = {s.role: s.replicas for s in statefulsets}
+    by_role: dict[str, list[PodRecord]] = {"ps": [], "worker": []}
+    for p in pods:
+        by_role.setdefault(p.role, []).append(p)
+    ps = replicas.get("ps", 0) if job.arch == "ps" else 0
+    workers = replicas.get("worker", 0)
+    min_ps, max_ps = job.bounds("ps")
+    return JobView(
+        name=job.name, model=job.model, arch=job.arch, arrival_s=job.created_s,
+        total_epochs=job.epochs, epochs_done=job.epochs_done,
+        slots_run=job.slots_run,
+        ps=ps, workers=workers,
+        ps_nodes=_placed_prefix(by_role["ps"], ps, node_index),
+        worker_nodes=_placed_prefix(by_role["worker"], workers, node_index),
+        min_ps=min_ps, max_ps=max_ps, min_workers=job.min_workers, max_workers=job.max_workers,
+        requested_ps=max_ps if job.arch == "ps" else None, requested_workers=job.max_workers,
+        observations=observations(job.trained, interval_s),
+    )
+
+
+def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: float,
+                   interval_s: float, held: Mapping[str, Resources] | None = None,
+                   node_selector: Mapping[str, str] | None = None,
+                   tolerated_taints: frozenset[str] = frozenset()) -> Snapshot:
+    """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
+    unique within a snapshot because a policy only schedules jobs of its own namespace."""
+    nodes = sorted((n for n in cluster.nodes if eligible(n, node_selector or {}, tolerated_taints)),
+                   key=lambda n: n.name)
+    node_index = {n.name: i for i, n in enumerate(nodes)}
+    capacity = np.array([n.allocatable for n in nodes], dtype=np.float64).reshape(len(nodes), 3)
+    for name, r in (held or {}).items():
+        i = node_index.get(name)
+        if i is not None:
+            capacity[i] -= r
+    np.maximum(capacity, 0.0, out=capacity)
+    views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
+                      node_index, interval_s)
+             for j in sorted(jobs, key=lambda j: (j.created_s, j.name))]
+    pools = [n.pool for n in nodes]
+    return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
+                    capacity=capacity, jobs=views,
+                    node_pools=pools if any(p is not None for p in pools) else None)

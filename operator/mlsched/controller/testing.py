@@ -1,0 +1,275 @@
+"""An in-memory stand-in for the API server, for tests, benchmarks and dry runs.
+
+`MemoryKube` implements the KubeApi seam over a dict of objects with the patch semantics the
+operator relies on (JSON merge patch, the strategic-merge subset used for pods, JSON patch),
+uid preconditions on delete, status-only writes to /status, and TokenReviews answered from a
+table. Two helpers play the controllers the operator leans on: `run_statefulsets()` (pods
+follow replicas and templates, like the StatefulSet controller) and `run_scheduler()` (an
+ungated pod binds to the node its nodeSelector names, like kube-scheduler). `indexes()`
+rebuilds what kopf's indexes would hold, using the very index functions of handlers.py.
+
+What it does not do: resourceVersion conflicts, admission, schema validation, label selectors.
+The e2e tier runs the operator against a real API server for those.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import uuid
+from collections import defaultdict
+from datetime import UTC, datetime
+from typing import Any
+
+from mlsched.controller.constants import POD_INDEX_LABEL, TEMPLATE_HASH_ANNOTATION
+from mlsched.controller.kube import CUSTOM_PLURALS, KubeError, PatchType
+from mlsched.controller.runtime import Indexes
+
+Key = tuple[str, str, str]  # kind, namespace, name
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386: maps merge recursively, null deletes, anything else (lists too) replaces."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = merge_patch(out.get(key), value)
+    return out
+
+
+def strategic_patch(target: Any, patch: Any) -> Any:
+    """The subset of strategic merge the operator uses: lists of named items merge by name,
+    and an item with `$patch: delete` removes the item of that name."""
+    if isinstance(patch, list) and all(isinstance(i, dict) and "name" in i for i in patch):
+        items = [dict(i) for i in target or []]
+        for item in patch:
+            match = next((i for i in items if i.get("name") == item["name"]), None)
+            if item.get("$patch") == "delete":
+                items = [i for i in items if i.get("name") != item["name"]]
+            elif match is not None:
+                match.update(strategic_patch(match, item))
+            else:
+                items.append(copy.deepcopy(item))
+        return items
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    out = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            out.pop(key, None)
+        else:
+            out[key] = strategic_patch(out.get(key), value)
+    return out
+
+
+def json_patch(target: dict, ops: list[dict]) -> dict:
+    """RFC 6902 add / replace / remove (what the operator sends)."""
+    doc = copy.deepcopy(target)
+    for op in ops:
+        parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
+        parent = doc
+        for part in parts[:-1]:
+            parent = parent[int(part)] if isinstance(parent, list) else parent[part]
+        last = parts[-1]
+        if op["op"] in ("add", "replace"):
+            if isinstance(parent, list):
+                parent.insert(len(parent) if last == "-" else int(last), copy.deepcopy(op["value"]))
+            else:
+                if op["op"] == "replace" and last not in parent:
+                    raise KubeError(422, f"replace of missing {op['path']}")
+                parent[last] = copy.deepcopy(op["value"])
+        elif op["op"] == "remove":
+            del parent[int(last) if isinstance(parent, list) else last]
+    return doc
+
+
+class MemoryKube:
+    def __init__(self) -> None:
+        self.objects: dict[Key, dict] = {}
+        self.calls: list[tuple[str, str, str, str]] = []  # verb, kind, namespace, name
+        self.tokens: dict[str, dict] = {}  # token → TokenReview status
+        # (verb, name) → HTTP status to fail with: 500 plays an outage, 422 a refused object.
+        self.failing: dict[tuple[str, str], int] = {}
+        self._clock = itertools.count()
+
+    # ---- the KubeApi seam -------------------------------------------------------------------
+    def _check(self, verb: str, name: str) -> None:
+        status = self.failing.get((verb, name))
+        if status:
+            raise KubeError(status, f"injected failure: {verb} {name}")
+
+    async def create(self, body: dict) -> bool:
+        meta = body["metadata"]
+        key = (body["kind"], meta.get("namespace", ""), meta["name"])
+        self.calls.append(("create", *key))
+        self._check("create", meta["name"])
+        if key in self.objects:
+            return False
+        self.put(body)
+        return True
+
+    async def get(self, kind: str, namespace: str, name: str) -> dict | None:
+        self.calls.append(("get", kind, namespace, name))
+        obj = self.objects.get((kind, namespace, name))
+        return copy.deepcopy(obj) if obj else None
+
+    async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
+                    patch_type: PatchType = "merge", status: bool = False) -> bool:
+        self.calls.append(("patch-status" if status else "patch", kind, namespace, name))
+        self._check("patch", name)
+        key = (kind, namespace, name)
+        if key not in self.objects:
+            return False
+        obj = self.objects[key]
+        if patch_type == "json":
+            new = json_patch(obj, patch)
+        elif patch_type == "strategic":
+            if kind in CUSTOM_PLURALS:
+                raise KubeError(415, "strategic merge patch is not supported for custom resources")
+            new = strategic_patch(obj, patch)
+        else:
+            new = merge_patch(obj, patch)
+        if kind in CUSTOM_PLURALS:  # the status subresource: each endpoint writes its half only
+            if status:
+                new = {**obj, "status": new.get("status")}
+            else:
+                new = {**new, "status": obj.get("status")}
+                if new.get("spec") != obj.get("spec"):
+                    new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        self.objects[key] = new
+        return True
+
+    async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        self.calls.append(("delete", kind, namespace, name))
+        self._check("delete", name)
+        obj = self.objects.get((kind, namespace, name))
+        if obj is None or (uid and obj["metadata"].get("uid") != uid):
+            return False
+        del self.objects[(kind, namespace, name)]
+        self._collect_garbage()
+        return True
+
+    async def review_token(self, token: str, audiences: list[str]) -> dict:
+        self.calls.append(("create", "TokenReview", "", ""))
+        review = self.tokens.get(token)
+        if review is None or not set(audiences) & set(review.get("audiences", audiences)):
+            return {"authenticated": False, "error": "invalid bearer token"}
+        return copy.deepcopy(review)
+
+    # ---- helpers for tests ----------------------------------------------------------------------
+    def put(self, body: dict) -> dict:
+        """Store an object as the API server would after a create (uid, generation, ...)."""
+        obj = copy.deepcopy(body)
+        meta = obj.setdefault("metadata", {})
+        meta.setdefault("namespace", "")
+        meta.setdefault("uid", str(uuid.uuid4()))
+        meta.setdefault("generation", 1)
+        meta.setdefault("creationTimestamp",
+                        datetime.fromtimestamp(1_700_000_000 + next(self._clock), UTC)
+                        .strftime("%Y-%m-%dT%H:%M:%SZ"))
+        self.objects[(obj["kind"], meta["namespace"], meta["name"])] = obj
+        return obj
+
+    def of_kind(self, kind: str) -> list[dict]:
+        return [o for (k, _, _), o in sorted(self.objects.items()) if k == kind]
+
+    def obj(self, kind: str, namespace: str, name: str) -> dict:
+        return self.objects[(kind, namespace, name)]
+
+    def writes(self) -> list[tuple[str, str, str, str]]:
+        return [c for c in self.calls if c[0] != "get" and c[1] != "Event"]
+
+    def events(self, name: str | None = None) -> list[dict]:
+        return [e for e in self.of_kind("Event")
+                if name is None or e["involvedObject"]["name"] == name]
+
+    def _collect_garbage(self) -> None:
+        """Owner references: delete objects whose owner is gone (what the GC controller does)."""
+        while True:
+            uids = {o["metadata"].get("uid") for o in self.objects.values()}
+            orphans = [k for k, o in self.objects.items()
+                       if any(r.get("uid") not in uids for r in o["metadata"].get("ownerReferences") or ())]
+            if not orphans:
+                return
+            for k in orphans:
+                del self.objects[k]
+
+    def run_statefulsets(self) -> None:
+        """Pods follow each StatefulSet: ordinals 0..replicas-1 exist with the current template
+        (a pod of an older template is replaced), surplus ordinals are removed."""
+        for sts in self.of_kind("StatefulSet"):
+            meta, spec = sts["metadata"], sts["spec"]
+            ns, name = meta["namespace"], meta["name"]
+            revision = meta.get("annotations", {}).get(TEMPLATE_HASH_ANNOTATION, "")
+            replicas = spec.get("replicas", 0)
+            for pod in [p for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
+                        and p["metadata"]["name"].startswith(name + "-")
+                        and p["metadata"]["name"][len(name) + 1:].isdigit()]:
+                k = int(pod["metadata"]["name"][len(name) + 1:])
+                outdated = pod["metadata"]["labels"].get("controller-revision-hash") != revision
+                if k >= replicas or outdated:
+                    del self.objects[("Pod", ns, pod["metadata"]["name"])]
+            for k in range(replicas):
+                pod_name = f"{name}-{k}"
+                if ("Pod", ns, pod_name) in self.objects:
+                    continue
+                tpl = copy.deepcopy(spec["template"])
+                labels = {**tpl["metadata"].get("labels", {}), POD_INDEX_LABEL: str(k),
+                          "controller-revision-hash": revision}
+                self.put({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                                       "ownerReferences": [{"kind": "StatefulSet", "name": name,
+                                                            "uid": meta["uid"]}]},
+                          "spec": tpl["spec"], "status": {"phase": "Pending"}})
+            ready = sum(1 for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
+                        and p["metadata"]["name"].rsplit("-", 1)[0] == name
+                        and p["status"].get("phase") == "Running")
+            sts["status"] = {"replicas": replicas, "readyReplicas": ready}
+
+    def run_scheduler(self) -> None:
+        """Bind every ungated, unbound pod to the node its nodeSelector names; it runs."""
+        for pod in self.of_kind("Pod"):
+            spec = pod["spec"]
+            node = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
+            if not spec.get("schedulingGates") and not spec.get("nodeName") and node:
+                spec["nodeName"] = node
+                pod["status"] = {"phase": "Running"}
+
+    def settle(self, rounds: int = 2) -> None:
+        for _ in range(rounds):
+            self.run_statefulsets()
+            self.run_scheduler()
+            self.run_statefulsets()
+
+    def indexes(self) -> Indexes:
+        """What kopf's indexes would hold for the objects stored now."""
+        from mlsched.controller import handlers
+
+        found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
+            "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
+            "policy_index")}
+
+        def add(index: str, entries: dict | None) -> None:
+            for k, v in (entries or {}).items():
+                found[index][k].append(v)
+
+        for (kind, ns, name), obj in self.objects.items():
+            meta = obj["metadata"]
+            labels = meta.get("labels") or {}
+            common = dict(name=name, namespace=ns, body=obj, labels=labels, spec=obj.get("spec") or {})
+            if kind == "Node":
+                add("node_index", handlers.node_index(**common))
+            elif kind == "Pod":
+                which = "pod_index" if handlers.JOB_LABEL in labels else "foreign_pod_index"
+                add(which, getattr(handlers, which)(**common))
+            elif kind == "StatefulSet" and handlers.JOB_LABEL in labels:
+                add("statefulset_index", handlers.statefulset_index(**common))
+            elif kind == "MLJob":
+                add("mljob_index", handlers.mljob_index(**common))
+            elif kind == "SchedulingPolicy":
+                add("policy_index", handlers.policy_index(**common))
+        return handlers.indexes_from({k: dict(v) for k, v in found.items()})

@@ -1,0 +1,121 @@
+"""Builders shared by the controller tests (objects as the API server returns them), plus
+checks that the builders themselves produce what the operator's parsers accept.
+
+Kept in a test_controller_* module because that is where controller test code lives; the
+other controller tests import from here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from mlsched.controller.config import OperatorConfig
+from mlsched.controller.records import job_record, node_record
+from mlsched.controller.runtime import Runtime
+from mlsched.controller.testing import MemoryKube
+
+SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples"
+NS = "team-a"
+NOW = 1_700_000_100.0  # every object the MemoryKube creates is stamped just before this
+
+
+def node(name: str, cpu: str = "8", gpu: str = "2", memory: str = "48Gi", *, ready: bool = True,
+         taints: list[dict] | None = None, labels: dict | None = None) -> dict[str, Any]:
+    return {"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": name, "labels": {"kubernetes.io/hostname": name, **(labels or {})}},
+            "spec": {"taints": taints} if taints else {},
+            "status": {"allocatable": {"cpu": cpu, "nvidia.com/gpu": gpu, "memory": memory,
+                                       "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True" if ready else "False"}]}}
+
+
+def sample(filename: str, namespace: str = NS) -> dict[str, Any]:
+    body = yaml.safe_load((SAMPLES / filename).read_text())
+    body["metadata"]["namespace"] = namespace
+    return body
+
+
+def ps_job(name: str = "resnet", *, policy: str = "default", min_workers: int = 1,
+           max_workers: int = 8, epochs: float = 100, run_policy: dict | None = None,
+           namespace: str = NS) -> dict[str, Any]:
+    body = sample("mljob-resnet50-ps.yaml", namespace)
+    body["metadata"]["name"] = name
+    spec = body["spec"]
+    spec["schedulingPolicy"] = policy
+    spec["epochs"] = epochs
+    spec["replicaSpecs"]["worker"].update(min=min_workers, max=max_workers)
+    spec["runPolicy"] = run_policy or {}
+    return body
+
+
+def allreduce_job(name: str = "ring", *, max_workers: int = 8, namespace: str = NS) -> dict[str, Any]:
+    body = sample("mljob-allreduce.yaml", namespace)
+    body["metadata"]["name"] = name
+    body["spec"]["replicaSpecs"]["worker"]["max"] = max_workers
+    return body
+
+
+def policy(name: str = "default", namespace: str = NS, **spec: Any) -> dict[str, Any]:
+    return {"apiVersion": "mlsched.io/v1alpha1", "kind": "SchedulingPolicy",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+def pod(job: str, role: str, ordinal: int, *, node_name: str | None = None,
+        pinned: str | None = None, gated: bool = False, phase: str = "Running",
+        restarts: int = 0, namespace: str = NS, uid: str | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {"containers": [{"name": role, "resources": {
+        "requests": {"cpu": "2", "memory": "8Gi", **({"nvidia.com/gpu": "1"} if role == "worker" else {})}}}]}
+    if node_name:
+        spec["nodeName"] = node_name
+    if pinned:
+        spec["nodeSelector"] = {"kubernetes.io/hostname": pinned}
+    if gated:
+        spec["schedulingGates"] = [{"name": "mlsched.io/placement"}]
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": f"{job}-{role}-{ordinal}", "namespace": namespace,
+                         "uid": uid or f"uid-{job}-{role}-{ordinal}",
+                         "labels": {"mlsched.io/job-name": job, "mlsched.io/role": role}},
+            "spec": spec,
+            "status": {"phase": phase, "containerStatuses": [{"name": role, "restartCount": restarts}]}}
+
+
+def make_runtime(kube: MemoryKube | None = None, **config: Any) -> tuple[Runtime, MemoryKube]:
+    kube = kube or MemoryKube()
+    rt = Runtime.create(OperatorConfig(**config), kube)
+    return rt, kube
+
+
+def cluster(nodes: int = 4, **kw: Any) -> MemoryKube:
+    kube = MemoryKube()
+    for i in range(nodes):
+        kube.put(node(f"node-{i}", **kw))
+    return kube
+
+
+async def create_jobs(rt: Runtime, kube: MemoryKube, *bodies: dict) -> None:
+    """Store MLJobs and run the create handler on each, applying its status patch."""
+    from mlsched.controller import jobs
+
+    for body in bodies:
+        stored = kube.put(body)
+        patch: dict = {}
+        await jobs.reconcile_children(rt, stored, kube.indexes(), patch)
+        await kube.patch("MLJob", stored["metadata"]["namespace"], stored["metadata"]["name"],
+                         patch, status=True)
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ---- the builders are what the parsers expect ------------------------------------------------
+
+
+def test_builders_parse():
+    assert node_record(node("n1")).allocatable == (8.0, 2.0, 48.0)
+    assert job_record({**ps_job(), "metadata": {"name": "resnet", "namespace": NS}}).error is None
+    assert job_record({**allreduce_job(), "metadata": {"name": "ring", "namespace": NS}}).arch == "allreduce"

@@ -1,0 +1,260 @@
+"""MLJob handler contracts against the in-memory API: children, lifecycle and run policy,
+bad objects, and pods pinned between rounds."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from mlsched.api import get_condition
+from mlsched.controller import jobs, lifecycle, loop
+from mlsched.controller.records import parse_job
+from test_controller_fixtures import (
+    NOW, NS, cluster, create_jobs, make_runtime, pod, policy, ps_job, run,
+)
+
+
+def sync(rt, kube, name, now=None):
+    """Run the lifecycle timer once for a job and apply its status patch, like kopf would."""
+    body = kube.obj("MLJob", NS, name)
+    patch: dict = {}
+    outcome = run(jobs.sync_lifecycle(rt, body, kube.indexes(), patch, now=now))
+    if patch:
+        run(kube.patch("MLJob", NS, name, patch, status=True))
+    return outcome
+
+
+def status(kube, name):
+    return kube.obj("MLJob", NS, name).get("status") or {}
+
+
+def cond(kube, name, type_):
+    return get_condition(status(kube, name).get("conditions"), type_)
+
+
+def scheduled(names=("bert",), **job_kw):
+    """A cluster with a default policy, jobs created and one round applied and settled."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, *(ps_job(n, **job_kw) for n in names)))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    kube.settle()
+    for p in kube.of_kind("Pod"):
+        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+    kube.settle()
+    return rt, kube
+
+
+def test_create_makes_a_headless_service_and_one_statefulset_per_role():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
+    sts = {s["metadata"]["name"]: s for s in kube.of_kind("StatefulSet")}
+    assert sorted(sts) == ["bert-ps", "bert-worker"]
+    job_uid = kube.obj("MLJob", NS, "bert")["metadata"]["uid"]
+    for s in sts.values():
+        assert s["spec"]["replicas"] == 0  # the round decides how many
+        assert s["metadata"]["ownerReferences"][0]["uid"] == job_uid
+    st = status(kube, "bert")
+    assert st["phase"] == "Pending" and st["observedGeneration"] == 1
+    admitted = cond(kube, "bert", "Admitted")
+    assert admitted.status == "False" and admitted.observed_generation == 1
+    assert [e["reason"] for e in kube.events("bert")] == ["Created"]
+
+
+def test_resume_makes_no_calls_when_children_exist():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    kube.calls.clear()
+    patch: dict = {}
+    run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), patch))
+    assert kube.writes() == [] and patch == {}
+
+
+def test_deleting_the_job_collects_its_children():
+    rt, kube = scheduled()
+    assert kube.of_kind("Pod")
+    run(kube.delete("MLJob", NS, "bert"))
+    assert not kube.of_kind("StatefulSet") and not kube.of_kind("Service") and not kube.of_kind("Pod")
+
+
+def test_round_then_lifecycle_reaches_running():
+    rt, kube = scheduled()
+    pods = kube.of_kind("Pod")
+    assert pods and all(p["spec"]["nodeName"] and not p["spec"]["schedulingGates"] for p in pods)
+    sync(rt, kube, "bert")
+    st = status(kube, "bert")
+    assert st["phase"] == "Running" and st["startTime"]
+    assert st["replicaStatuses"]["worker"]["ready"] == st["replicaStatuses"]["worker"]["desired"] > 0
+    assert cond(kube, "bert", "Admitted").status == "True"
+    # A second tick with nothing new writes nothing.
+    assert not sync(rt, kube, "bert").changed
+
+
+def test_suspend_scales_to_zero_and_resume_waits_for_the_next_round():
+    rt, kube = scheduled()
+    sync(rt, kube, "bert")
+    run(kube.patch("MLJob", NS, "bert", {"spec": {"runPolicy": {"suspend": True}}}))
+    patch: dict = {}
+    run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), patch))
+    run(kube.patch("MLJob", NS, "bert", patch, status=True))
+    kube.settle()
+    assert all(s["spec"]["replicas"] == 0 for s in kube.of_kind("StatefulSet"))
+    assert not kube.of_kind("Pod")
+    assert status(kube, "bert")["phase"] == "Suspended"
+    assert cond(kube, "bert", "Suspended").status == "True"
+    # The scheduling loop leaves a suspended job alone.
+    report = run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW + 60))
+    assert "bert" not in report.targets
+    run(kube.patch("MLJob", NS, "bert", {"spec": {"runPolicy": {"suspend": False}}}))
+    sync(rt, kube, "bert")
+    assert status(kube, "bert")["phase"] == "Pending"
+    resumed = cond(kube, "bert", "Suspended")
+    assert (resumed.status, resumed.reason) == ("False", "Resumed")
+
+
+def test_backoff_limit_fails_the_job_and_cleans_up_pods():
+    rt, kube = scheduled(run_policy={"backoffLimit": 2})
+    sync(rt, kube, "bert")
+    for p in kube.of_kind("Pod")[:1]:
+        p["status"]["containerStatuses"] = [{"name": "w", "restartCount": 3}]
+    sync(rt, kube, "bert")
+    st = status(kube, "bert")
+    assert st["phase"] == "Failed" and st["completionTime"]
+    failed = cond(kube, "bert", "Failed")
+    assert failed.reason == "BackoffLimitExceeded"
+    assert all(s["spec"]["replicas"] == 0 for s in kube.of_kind("StatefulSet"))  # cleanPodPolicy Running
+    assert any(e["type"] == "Warning" and e["reason"] == "BackoffLimitExceeded" for e in kube.events("bert"))
+    # Failures of a pod that was replaced keep counting.
+    assert rt.failures.total((NS, "bert")) == 3
+
+
+def test_active_deadline_fails_with_deadline_exceeded():
+    rt, kube = scheduled(run_policy={"activeDeadlineSeconds": 60})
+    start = datetime.now(UTC).replace(microsecond=0)
+    sync(rt, kube, "bert", now=start)
+    sync(rt, kube, "bert", now=start + timedelta(seconds=61))
+    assert status(kube, "bert")["phase"] == "Failed"
+    assert cond(kube, "bert", "Failed").reason == "DeadlineExceeded"
+
+
+def test_epochs_reached_succeeds_keeps_pods_with_clean_pod_policy_none_then_ttl_deletes():
+    rt, kube = scheduled(run_policy={"cleanPodPolicy": "None", "ttlSecondsAfterFinished": 30})
+    kube.obj("MLJob", NS, "bert")["status"]["progress"] = {"epochsDone": 100.0}
+    t0 = datetime.now(UTC).replace(microsecond=0)
+    out = sync(rt, kube, "bert", now=t0)
+    assert status(kube, "bert")["phase"] == "Succeeded" and not out.scale_to_zero
+    assert cond(kube, "bert", "Succeeded").reason == "EpochsReached"
+    assert kube.of_kind("Pod")  # None: pods stay
+    assert not sync(rt, kube, "bert", now=t0 + timedelta(seconds=10)).delete_job
+    sync(rt, kube, "bert", now=t0 + timedelta(seconds=31))
+    assert ("MLJob", NS, "bert") not in kube.objects
+    assert not kube.of_kind("StatefulSet")
+
+
+def test_clean_pod_policy_all_scales_down_on_success():
+    rt, kube = scheduled(run_policy={"cleanPodPolicy": "All"})
+    kube.obj("MLJob", NS, "bert")["status"]["progress"] = {"epochsDone": 100.0}
+    sync(rt, kube, "bert")
+    kube.settle()
+    assert not kube.of_kind("Pod")
+
+
+def test_missing_policy_is_reported():
+    rt, kube = make_runtime(cluster(1))
+    run(create_jobs(rt, kube, ps_job("bert", policy="nonexistent")))
+    assert cond(kube, "bert", "Admitted").reason == "PolicyNotFound"
+
+
+def test_bad_mljob_is_reported_and_does_not_stall_the_others():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    bad = ps_job("broken")
+    bad["spec"]["replicaSpecs"]["worker"].update(min=5, max=2)  # CEL would refuse; an old CRD may not
+    run(create_jobs(rt, kube, bad, ps_job("good")))
+    st = status(kube, "broken")
+    assert st["phase"] == "Failed"
+    failed = cond(kube, "broken", "Failed")
+    assert failed.reason == "InvalidSpec" and "replicaSpecs.worker.max" in failed.message
+    assert [e["reason"] for e in kube.events("broken")] == ["InvalidSpec"]
+    assert not any(s["metadata"]["name"].startswith("broken") for s in kube.of_kind("StatefulSet"))
+    report = run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    assert "broken" not in report.targets and report.targets["good"].count("worker") > 0
+    # Fixing the spec clears the failure.
+    run(kube.patch("MLJob", NS, "broken", {"spec": {"replicaSpecs": {"worker": {"min": 1}}}}))
+    sync(rt, kube, "broken")
+    assert status(kube, "broken")["phase"] == "Pending"
+    assert cond(kube, "broken", "Failed").status == "False"
+
+
+def test_lifecycle_is_stable_for_an_unchanged_job():
+    spec = parse_job(ps_job("bert") | {"metadata": {"name": "bert"}}).spec
+    now = datetime(2024, 1, 1, tzinfo=UTC)
+    first = lifecycle.evaluate(spec, 3, {}, lifecycle.Observed(now=now))
+    again = lifecycle.evaluate(spec, 3, first.status, lifecycle.Observed(now=now + timedelta(hours=1)))
+    assert first.changed and not again.changed and not again.events
+
+
+def test_a_gated_pod_created_between_rounds_is_pinned_once():
+    rt, kube = make_runtime(cluster(2))
+    rt.placements.set((NS, "bert"), {"ps": ("node-1",), "worker": ("node-0",)})
+    late = pod("bert", "worker", 0, gated=True, phase="Pending")
+    kube.put(late)
+    run(jobs.on_pod_event(rt, "ADDED", late, kube.indexes()))
+    run(jobs.on_pod_event(rt, "MODIFIED", late, kube.indexes()))  # stale event: no second patch
+    spec = kube.obj("Pod", NS, "bert-worker-0")["spec"]
+    assert spec["nodeSelector"] == {"kubernetes.io/hostname": "node-0"} and spec["schedulingGates"] == []
+    assert [c[0] for c in kube.writes()] == ["patch"]
+
+
+def test_a_gated_pod_without_a_decision_stays_gated():
+    rt, kube = make_runtime(cluster(1))
+    late = kube.put(pod("bert", "worker", 5, gated=True, phase="Pending"))
+    run(jobs.on_pod_event(rt, "ADDED", late, kube.indexes()))
+    assert kube.writes() == []
+
+
+def test_after_a_restart_pods_are_pinned_from_the_status_placement():
+    rt, kube = make_runtime(cluster(2))
+    job = ps_job("bert")
+    job["status"] = {"placement": {"ps": ["node-1"], "worker": ["node-0"]}}
+    kube.put(job)
+    late = kube.put(pod("bert", "ps", 0, gated=True, phase="Pending"))
+    run(jobs.on_pod_event(rt, "ADDED", late, kube.indexes()))
+    assert kube.obj("Pod", NS, "bert-ps-0")["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-1"}
+
+
+def test_a_template_the_api_server_refuses_fails_the_job_until_fixed():
+    rt, kube = make_runtime(cluster(1))
+    kube.put(policy())
+    kube.failing[("create", "bert-worker")] = 422
+    run(create_jobs(rt, kube, ps_job("bert")))  # no exception: nothing for kopf to retry
+    failed = cond(kube, "bert", "Failed")
+    assert status(kube, "bert")["phase"] == "Failed" and failed.reason == "InvalidSpec"
+    assert "refused" in failed.message and "injected failure" in failed.message
+    assert any(e["type"] == "Warning" for e in kube.events("bert"))
+    # It gets no tasks, and timer ticks retry nothing until the spec is edited.
+    report = run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    assert "bert" not in report.targets
+    kube.calls.clear()
+    assert not sync(rt, kube, "bert").changed and kube.writes() == []
+    # An edit the server accepts brings the job back to Pending.
+    del kube.failing[("create", "bert-worker")]
+    run(kube.patch("MLJob", NS, "bert", {"spec": {"epochs": 90}}))
+    patch: dict = {}
+    run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), patch))
+    run(kube.patch("MLJob", NS, "bert", patch, status=True))
+    assert status(kube, "bert")["phase"] == "Pending"
+    assert {s["metadata"]["name"] for s in kube.of_kind("StatefulSet")} == {"bert-ps", "bert-worker"}
+
+
+def test_transient_api_errors_are_left_to_kopf_to_retry():
+    import pytest
+    from mlsched.controller.kube import KubeError
+
+    rt, kube = make_runtime(cluster(1))
+    kube.failing[("create", "bert")] = 503
+    body = kube.put(ps_job("bert"))
+    with pytest.raises(KubeError):
+        run(jobs.reconcile_children(rt, body, kube.indexes(), {}))

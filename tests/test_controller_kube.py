@@ -1,0 +1,100 @@
+"""The production KubeApi against a recorded REST layer (no network): the URLs, verbs, patch
+content types and error mapping the operator relies on, plus the kopf wiring."""
+
+from __future__ import annotations
+
+import json
+
+import kopf
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import RESTResponse
+
+from mlsched.controller import handlers
+from mlsched.controller.kube import ClientKubeApi
+from test_controller_fixtures import NS, run
+
+
+class Raw:
+    def __init__(self, status: int, payload: dict | None):
+        self.status, self.reason = status, {200: "OK", 201: "Created", 404: "Not Found",
+                                            409: "Conflict", 500: "Boom"}.get(status, "")
+        self.data = json.dumps(payload or {}).encode()
+        self.headers = {"content-type": "application/json"}
+
+    def getheaders(self):
+        return self.headers
+
+
+@pytest.fixture
+def recorded():
+    api_client = client.ApiClient(client.Configuration(host="https://apiserver.invalid"))
+    requests, replies = [], []
+
+    def request(method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+        requests.append({"method": method, "url": url, "headers": headers or {}, "body": body})
+        status, payload = replies.pop(0) if replies else (200, {})
+        return RESTResponse(Raw(status, payload))
+
+    api_client.rest_client.request = request
+    return ClientKubeApi(api_client), requests, replies
+
+
+def test_patch_content_types_and_urls(recorded):
+    api, requests, _ = recorded
+    run(api.patch("Pod", NS, "p", {"spec": {}}, patch_type="strategic"))
+    run(api.patch("StatefulSet", NS, "s", [{"op": "replace", "path": "/spec/replicas", "value": 1}],
+                  patch_type="json"))
+    run(api.patch("MLJob", NS, "j", {"status": {"phase": "Running"}}, status=True))
+    pod, sts, job = requests
+    assert pod["method"] == "PATCH" and pod["url"].startswith(f"https://apiserver.invalid/api/v1/namespaces/{NS}/pods/p")
+    assert pod["headers"]["Content-Type"] == "application/strategic-merge-patch+json"
+    assert "fieldManager=mlsched-operator" in pod["url"]
+    assert sts["headers"]["Content-Type"] == "application/json-patch+json" and "/apis/apps/v1/" in sts["url"]
+    assert job["url"].split("?")[0].endswith(f"/apis/mlsched.io/v1alpha1/namespaces/{NS}/mljobs/j/status")
+    assert job["headers"]["Content-Type"] == "application/merge-patch+json"
+
+
+def test_errors_map_to_booleans_or_raise(recorded):
+    api, requests, replies = recorded
+    replies += [(409, {}), (404, {}), (404, {}), (409, {}), (500, {})]
+    assert run(api.create({"kind": "Service", "metadata": {"namespace": NS, "name": "s"}})) is False
+    assert run(api.get("ConfigMap", NS, "missing")) is None
+    assert run(api.patch("Pod", NS, "gone", {})) is False
+    assert run(api.delete("Pod", NS, "replaced", uid="u1")) is False  # uid precondition failed
+    with pytest.raises(Exception, match="500"):
+        run(api.patch("Pod", NS, "p", {}))
+    delete = requests[3]
+    assert delete["method"] == "DELETE" and delete["body"] == {"preconditions": {"uid": "u1"}}
+
+
+def test_token_review(recorded):
+    api, requests, replies = recorded
+    replies.append((201, {"status": {"authenticated": True, "user": {"username": "system:serviceaccount:a:b"}}}))
+    status = run(api.review_token("tok", ["mlsched.io/progress"]))
+    assert status["authenticated"] is True
+    sent = requests[0]
+    assert sent["url"].endswith("/apis/authentication.k8s.io/v1/tokenreviews")
+    assert sent["body"]["spec"] == {"token": "tok", "audiences": ["mlsched.io/progress"]}
+
+
+def test_handlers_are_registered_for_the_right_resources():
+    registry = kopf.get_default_registry()
+    ids = {h.id for h in registry._indexing.get_all_handlers()}
+    assert ids >= {"node_index", "pod_index", "foreign_pod_index", "statefulset_index",
+                   "mljob_index", "policy_index"}
+    daemons = list(registry._spawning.get_all_handlers())
+    assert {h.id for h in daemons} >= {"policy_loop", "mljob_lifecycle"}
+    # Index kwargs are named after the index functions: indexes_from must find every one.
+    handlers.indexes_from({i: {} for i in ids})
+
+
+def test_startup_settings_keep_kopf_state_in_our_annotations():
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+    assert settings.persistence.finalizer == "mlsched.io/finalizer"
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.progress_storage.prefix == "mlsched.io"
+    diffbase = settings.persistence.diffbase_storage
+    keys = list(diffbase.make_keys(diffbase.key, body=kopf.Body({"metadata": {"name": "x"}})))
+    assert keys == ["mlsched.io/last-handled-configuration"]
