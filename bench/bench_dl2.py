@@ -30,6 +30,7 @@ from mlsched.policies.base import run_round  # noqa: E402
 from mlsched.policies.dl2 import DL2Policy  # noqa: E402
 from mlsched.policies.onnx_runner import default_model_path, load_model  # noqa: E402
 from mlsched.sim.simulator import Simulator  # noqa: E402
+from mlsched.workloads import generators  # noqa: E402
 from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
 
 TARGETS = {"drf": 0.70, "optimus": 0.90, "optimus-oracle": 1.00}
@@ -67,12 +68,11 @@ def quality(model: Path, seeds: int) -> None:
 def speed(model_path: Path) -> None:
     model = load_model(model_path, kind="dl2")
     window = model.card.window
-    sc = SCENARIOS["small"]
-    sim = Simulator(sc.trace(next(iter(BENCHMARK_SEEDS))), sc.config())
-    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
-    # Advance until about `window` jobs are active, so states and rounds are realistic.
-    while len(sim.active) < window and not sim.done:
-        sim.advance(run_round(sim.snapshot(), drf, lb))
+    # `window` jobs arriving together on the 60-node cluster: the first round sees all of them.
+    sc = SCENARIOS["medium"]
+    trace = generators.generate(jobs=window, rate=10 * window, seed=next(iter(BENCHMARK_SEEDS)))
+    sim = Simulator(trace, sc.config())
+    lb = registry.make_placement("load-balance")
     snap = sim.snapshot()
     jobs = windows(snap.jobs, window)[0]
     state = WindowState(snap, Packer(snap, lb), jobs, window)
@@ -89,7 +89,7 @@ def speed(model_path: Path) -> None:
     rounds, decisions = [], 0
     for _ in range(50):
         t = time.perf_counter()
-        d = run_round(sim.snapshot(), policy, lb)
+        d = run_round(snap, policy, lb)
         rounds.append(time.perf_counter() - t)
         decisions = d.inferences
     inf_us = statistics.median(per_call) * 1e6

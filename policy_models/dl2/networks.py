@@ -61,27 +61,34 @@ class SharedPolicy(nn.Module):
         self.embed = nn.Sequential(nn.Linear(f + g, h1), nn.ReLU())
         self.score = nn.Sequential(nn.Linear(3 * h1, h2), nn.ReLU(), nn.Linear(h2, 3))
         self.stop = nn.Sequential(nn.Linear(2 * h1 + g, h2), nn.ReLU(), nn.Linear(h2, 1))
+        # The value network has its own job embedding: its regression never moves the policy.
+        self.value_embed = nn.Sequential(nn.Linear(f + g, h1), nn.ReLU())
         self.value_net = nn.Sequential(nn.Linear(2 * h1 + g, h2), nn.ReLU(), nn.Linear(h2, h2), nn.ReLU(),
                                        nn.Linear(h2, 1))
 
-    def _context(self, state: torch.Tensor):
+    def _context(self, state: torch.Tensor, embed: nn.Module | None = None):
         j, f = self.window, dl2_state.JOB_FEATURES
         jobs = state[:, : j * f].reshape(-1, j, f)
         glob = state[:, j * f:]
         valid = jobs[:, :, f - 1:f]  # the `valid` column
-        e = self.embed(torch.cat([jobs, glob.unsqueeze(1).expand(-1, j, -1)], dim=-1)) * valid
+        e = (embed or self.embed)(torch.cat([jobs, glob.unsqueeze(1).expand(-1, j, -1)], dim=-1)) * valid
         mean = e.sum(dim=1) / valid.sum(dim=1).clamp(min=1.0)
         pooled = torch.cat([mean, e.max(dim=1).values], dim=-1)  # embeddings are >= 0: empty rows never win
         return e, pooled, glob
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
         e, pooled, glob = self._context(state)
-        per_job = self.score(torch.cat([e, pooled.unsqueeze(1).expand(-1, e.shape[1], -1)], dim=-1))
+        # score[0] sees [own embedding, pooled context]; the context half is the same for every
+        # job, so it is multiplied once, not once per job (3x fewer operations when served).
+        first = self.score[0]
+        h1 = e.shape[-1]
+        hidden = torch.relu(e @ first.weight[:, :h1].T + (pooled @ first.weight[:, h1:].T + first.bias).unsqueeze(1))
+        per_job = self.score[2](hidden)
         stop = self.stop(torch.cat([pooled, glob], dim=-1))
         return torch.cat([per_job.reshape(state.shape[0], -1), stop], dim=-1)
 
     def value(self, state: torch.Tensor) -> torch.Tensor:
-        _, pooled, glob = self._context(state)
+        _, pooled, glob = self._context(state, self.value_embed)
         return self.value_net(torch.cat([pooled, glob], dim=-1)).squeeze(-1)
 
 

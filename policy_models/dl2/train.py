@@ -45,18 +45,19 @@ class Args:
     train_seed_base: int = 1_000
     val_seed_base: int = 50_000
     val_traces: int = 1  # per validation scenario
-    val_scenarios: tuple[str, ...] = ("small", "medium")
-    train_nodes: tuple[int, ...] = (13, 30, 60)
+    val_scenarios: tuple[str, ...] = ("small", "medium", "large")
+    train_nodes: tuple[int, ...] = (13, 30, 60, 200, 500)
     # supervised warm-up (DL² §3: DRF as teacher, cross-entropy)
     teacher: str = "drf"  # drf (the paper's) | optimus-oracle (privileged: true speeds, training only)
-    sl_traces: int = 20
-    sl_epochs: int = 15
+    sl_traces: int = 30
+    sl_epochs: int = 25
     sl_lr: float = 1e-3
     sl_batch: int = 256
     # reinforcement learning (actor-critic, entropy, job-aware exploration, replay)
     rl_episodes: int = 100_000  # the time budget usually ends training first
     rl_lr: float = 1e-4
-    gamma: float = 0.9
+    gamma: float = 0.9  # per slot
+    gae_lambda: float = 0.95
     entropy_start: float = 0.02
     entropy_end: float = 0.002
     explore_start: float = 0.1  # probability of a job-aware exploration step
@@ -71,6 +72,8 @@ class Args:
     validate_every: int = 25
     time_budget_min: float = 28.0
     anneal_episodes: int = 600
+    critic_warmup_episodes: int = 40  # fit the value network before the policy moves
+    init_sl: str = ""  # a dl2-sl.pt from an earlier run: skip the supervised phase
 
 
 VALIDATION_MAX_SLOTS = 3000
@@ -249,62 +252,99 @@ def supervised(args: Args, net, log):
 
 
 # ---- reinforcement learning -------------------------------------------------------------------
+def rl_episode(args, k, net, rng, explore, random=0.0):
+    """Roll out one training trace with the sampling policy.
+
+    Credit assignment: every inference is a step; a slot's reward arrives at its last step;
+    the discount is 1 between the steps of one slot and γ from one slot to the next. The
+    critic estimates the discounted reward-to-go from each step's state, and advantages are
+    generalised advantage estimates over that step sequence, so an action is judged by how it
+    changed the critic's expectation rather than by the whole slot's noisy reward alone.
+    Returns (state, mask, action, value target, advantage, behaviour probability) tuples.
+    """
+    actor = SamplingActor(networks.NumpyPolicy(net), rng, explore, args.ratio_threshold, random)
+    steps: list[tuple] = []
+    reward = []  # per step
+    discount = []  # from this step to the next
+    pending = [0.0, 1.0]  # reward of step-less slots, carried back to the last step, and its discount
+
+    def record(vec, mask, action, granted):
+        steps.append((vec, mask, action, actor.last_prob))
+        reward.append(0.0)
+        discount.append(1.0)
+
+    def on_slot(r):
+        if not steps:
+            return
+        if len(steps) == pending_len[0]:  # no inference this slot: fold its reward back
+            pending[1] *= args.gamma
+            reward[-1] += pending[1] * r
+            return
+        reward[-1] += r
+        discount[-1] = args.gamma
+        pending[1] = 1.0
+        pending_len[0] = len(steps)
+
+    pending_len = [0]
+    policy = DL2Policy(actor, window=args.window, on_step=record)
+    trace, config = train_episode_setup(args, k)
+    simulate(trace, config, policy, on_slot=on_slot, max_slots=args.max_slots_per_episode)
+    if not steps:
+        return [], 0.0
+    with torch.no_grad():
+        values = net.value(torch.from_numpy(np.array([st[0] for st in steps]))).numpy()
+    adv = np.zeros(len(steps), np.float32)
+    nxt_adv, nxt_value = 0.0, 0.0
+    for i in reversed(range(len(steps))):
+        delta = reward[i] + discount[i] * nxt_value - values[i]
+        nxt_adv = delta + discount[i] * args.gae_lambda * nxt_adv
+        adv[i] = nxt_adv
+        nxt_value = values[i]
+    targets = adv + values
+    out = [(vec, mask, a, targets[i], adv[i], mu) for i, (vec, mask, a, mu) in enumerate(steps)]
+    return out, float(np.sum(reward))
+
+
 class Replay:
+    """The most recent `capacity` steps (DL² keeps 8192); minibatches are drawn uniformly."""
+
     def __init__(self, capacity: int, state_dim: int, n_actions: int):
         self.s = np.zeros((capacity, state_dim), np.float32)
         self.m = np.zeros((capacity, n_actions), np.float32)
         self.a = np.zeros(capacity, np.int64)
         self.g = np.zeros(capacity, np.float32)
+        self.adv = np.zeros(capacity, np.float32)
         self.mu = np.zeros(capacity, np.float32)
         self.size, self.pos, self.cap = 0, 0, capacity
 
-    def add(self, s, m, a, g, mu):
+    def add(self, s, m, a, g, adv, mu):
         i = self.pos
-        self.s[i], self.m[i], self.a[i], self.g[i], self.mu[i] = s, m, a, g, mu
+        self.s[i], self.m[i], self.a[i], self.g[i], self.adv[i], self.mu[i] = s, m, a, g, adv, mu
         self.pos = (i + 1) % self.cap
         self.size = min(self.size + 1, self.cap)
 
     def sample(self, rng, n):
         idx = rng.integers(0, self.size, min(n, self.size))
-        return (torch.from_numpy(self.s[idx]), torch.from_numpy(self.m[idx]), torch.from_numpy(self.a[idx]),
-                torch.from_numpy(self.g[idx]), torch.from_numpy(self.mu[idx]))
+        return tuple(torch.from_numpy(x[idx]) for x in (self.s, self.m, self.a, self.g, self.adv, self.mu))
 
 
-def rl_episode(args, k, net, rng, explore, random=0.0):
-    """Roll out one training trace with the sampling policy; returns samples with returns."""
-    actor = SamplingActor(networks.NumpyPolicy(net), rng, explore, args.ratio_threshold, random)
-    slots: list[list] = [[]]
-    rewards: list[float] = []
-
-    def record(vec, mask, action, granted):
-        slots[-1].append((vec, mask, action, actor.last_prob))
-
-    def on_slot(reward):
-        rewards.append(reward)
-        slots.append([])
-
-    policy = DL2Policy(actor, window=args.window, on_step=record)
-    trace, config = train_episode_setup(args, k)
-    simulate(trace, config, policy, on_slot=on_slot, max_slots=args.max_slots_per_episode)
-    g, out = 0.0, []
-    for t in reversed(range(len(rewards))):
-        g = rewards[t] + args.gamma * g
-        out.extend((vec, mask, a, g, mu) for vec, mask, a, mu in slots[t])
-    return out, float(np.sum(rewards))
-
-
-def rl_update(net, opt, batch, beta):
-    s, m, a, g, mu = batch
+def rl_update(net, opt, batch, beta, clip=0.2, policy_weight=1.0):
+    """Actor-critic step on replayed samples: the policy term is clipped in the ratio of new to
+    behaviour probability (so stale samples cannot drag the policy far), plus value
+    regression and an entropy bonus."""
+    s, m, a, g, adv, mu = batch
     logits = networks.masked_logits(net.logits(s), m)
     logp_all = torch.log_softmax(logits, dim=-1)
     logp = logp_all.gather(1, a[:, None]).squeeze(1)
     probs = logp_all.exp()
     entropy = -(probs * torch.where(m > 0, logp_all, torch.zeros_like(logp_all))).sum(-1).mean()
     v = net.value(s)
-    adv = (g - v).detach()
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
-    rho = torch.clamp(torch.exp(logp.detach()) / mu.clamp(min=1e-6), max=1.0)  # truncated importance weight
-    loss = -(rho * adv * logp).mean() + 0.5 * torch.nn.functional.mse_loss(v, g) - beta * entropy
+    ratio = torch.exp(logp - torch.log(mu.clamp(min=1e-6)))
+    policy_loss = -torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv).mean()
+    # With policy_weight 0 only the critic learns: advantages from an untrained critic would
+    # otherwise push the warm-started policy around at random.
+    loss = policy_weight * (policy_loss - beta * entropy) + 0.5 * torch.nn.functional.mse_loss(v, g)
     opt.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -351,7 +391,12 @@ def train(args: Args, log=print) -> dict:
     base = baselines(args, val_sets)
     log("validation baselines (avg JCT, s): " + json.dumps(base))
 
-    sl = supervised(args, net, log)
+    if args.init_sl:
+        net.load_state_dict(torch.load(args.init_sl))
+        sl = {"loaded_from": args.init_sl}
+    else:
+        sl = supervised(args, net, log)
+        torch.save(net.state_dict(), out / "dl2-sl.pt")  # resumable with --init-sl (not shipped)
     sl_val = validate(args, net, val_sets)
     sl["validation_avg_jct_s"] = sl_val
     sl["validation_ratio_to_drf"] = score(sl_val, base)
@@ -377,8 +422,9 @@ def train(args: Args, log=print) -> dict:
         samples, ep_reward = rl_episode(args, args.sl_traces + ep, net, rng, explore, random)
         for smp in samples:
             replay.add(*smp)
+        warm = ep <= args.critic_warmup_episodes
         for _ in range(args.updates_per_episode):
-            rl_update(net, opt, replay.sample(rng, args.batch), beta)
+            rl_update(net, opt, replay.sample(rng, args.batch), beta, policy_weight=0.0 if warm else 1.0)
         episodes = ep
         bar.update(1)
         if ep % args.validate_every == 0:

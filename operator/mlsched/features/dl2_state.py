@@ -75,6 +75,7 @@ class WindowState:
         self.vector = np.zeros(state_dim(window), dtype=np.float32)
         rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
         self._rows = rows
+        self._index_demands()
         for i, job in enumerate(jobs):
             r = rows[i]
             r[catalog.model_index(job.model)] = 1.0
@@ -96,47 +97,72 @@ class WindowState:
     # ---- state updates --------------------------------------------------------------------
     def _refresh_job(self, i: int) -> None:
         job, r = self.jobs[i], self._rows[i]
+        w, ps = self.packer.count(job, "worker"), self.packer.count(job, "ps")
         # Dominant share in units of 8 nodes' worth (16 GPU bundles): the raw share shrinks
         # with the cluster (one bundle is 4 % of 13 nodes, 0.1 % of 500) and would vanish.
         r[_SHARE] = self.packer.dominant_share(job) * self._nodes / 8.0
-        r[_WORKERS] = self.packer.count(job, "worker") / _COUNT_SCALE
-        r[_PS] = self.packer.count(job, "ps") / _COUNT_SCALE
+        r[_WORKERS] = w / _COUNT_SCALE
+        r[_PS] = ps / _COUNT_SCALE
+        self._w[i], self._ps[i] = w, ps
 
     def _refresh_free(self) -> None:
         cap = self.snapshot.total_capacity
         free = self.packer.free.sum(axis=0)
         g = self.vector[self.window * JOB_FEATURES:]
         g[:3] = np.divide(free, cap, out=np.zeros(3), where=cap > 0)
-        self._fit_cache: dict[tuple, bool] = {}
+        self._fits = None  # per distinct demand; recomputed lazily after capacity changed
 
     # ---- masks ------------------------------------------------------------------------------
-    def _fits(self, job: JobView, role: str) -> bool:
-        demand = self.packer.demand(job, role)
-        key = (demand.tobytes(), job.pool)
-        hit = self._fit_cache.get(key)
-        if hit is None:
-            hit = bool(self.packer.fits_mask(demand, job).any())
-            self._fit_cache[key] = hit
-        return hit
+    def _index_demands(self) -> None:
+        """Map each job's worker and PS demand (and pool) to a few distinct keys, so a mask
+        costs one capacity check per distinct demand, not per job."""
+        keys: dict[tuple, int] = {}
+        self._demands: list[tuple[np.ndarray, JobView]] = []
+
+        def key_of(job: JobView, role: str) -> int:
+            demand = self.packer.demand(job, role)
+            k = (demand.tobytes(), job.pool)
+            if k not in keys:
+                keys[k] = len(self._demands)
+                self._demands.append((demand, job))
+            return keys[k]
+
+        n = len(self.jobs)
+        self._w = np.zeros(n, dtype=np.int64)
+        self._ps = np.zeros(n, dtype=np.int64)
+        self._max_w = np.array([j.bounds("worker")[1] for j in self.jobs], dtype=np.int64)
+        self._max_ps = np.array([j.bounds("ps")[1] for j in self.jobs], dtype=np.int64)
+        self._uses_ps = np.array([j.uses_ps for j in self.jobs], dtype=bool)
+        self._wkey = np.array([key_of(j, "worker") for j in self.jobs], dtype=np.int64)
+        self._pskey = np.array([key_of(j, "ps") for j in self.jobs], dtype=np.int64)
+
+    def _fits_any_node(self) -> np.ndarray:
+        """For each distinct demand: does any (allowed) node have room for it?"""
+        if any(j.pool is not None for _, j in self._demands):
+            return np.array([bool(self.packer.fits_mask(d, j).any()) for d, j in self._demands])
+        demands = np.array([d for d, _ in self._demands]).T  # (3, K)
+        room = self.packer.free.T[:, :, None] >= demands[:, None, :] - 1e-9  # (3, N, K)
+        return room.all(axis=0).any(axis=0)
 
     def mask(self) -> np.ndarray:
-        m = np.zeros(n_actions(self.window), dtype=bool)
+        if self._fits is None:
+            self._fits = self._fits_any_node()
+        n = len(self.jobs)
+        worker_ok = self._fits[self._wkey]
+        ps_ok = self._fits[self._pskey] | ~self._uses_ps
+        has = (self._w + self._ps) > 0
+        w_room = self._w < self._max_w
+        ps_room = (self._ps < self._max_ps) & self._uses_ps
+        per_job = np.zeros((self.window, 3), dtype=bool)
+        per_job[:n, WORKER] = has & w_room & worker_ok
+        per_job[:n, PS] = has & ps_room & ps_ok
+        # A job holding nothing may only start (its gang); a bundle needs both roles.
+        per_job[:n, BUNDLE] = np.where(has, w_room & ps_room & worker_ok & ps_ok, worker_ok & ps_ok)
+        m = np.empty(n_actions(self.window), dtype=bool)
+        m[: self.void] = per_job.reshape(-1)
         m[self.void] = True
-        p = self.packer
-        for i, job in enumerate(self.jobs):
-            worker_ok = self._fits(job, "worker")
-            ps_ok = (not job.uses_ps) or self._fits(job, "ps")
-            if not p.has_tasks(job):
-                m[3 * i + BUNDLE] = worker_ok and ps_ok
-                continue
-            w_room = not p.at_cap(job, "worker")
-            m[3 * i + WORKER] = w_room and worker_ok
-            if job.uses_ps:
-                ps_room = not p.at_cap(job, "ps")
-                m[3 * i + PS] = ps_room and ps_ok
-                m[3 * i + BUNDLE] = w_room and ps_room and worker_ok and ps_ok
         m &= ~self._failed
-        if m[: self.void].any() and not any(p.has_tasks(job) for job in self.jobs):
+        if not has.any() and m[: self.void].any():
             m[self.void] = False
         return m
 

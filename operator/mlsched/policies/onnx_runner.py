@@ -22,6 +22,9 @@ from mlsched.features import dl2_state
 from mlsched.workloads import catalog
 
 
+_OUTPUTS = ["probs"]
+
+
 class ModelLoadError(ValueError):
     pass
 
@@ -84,9 +87,8 @@ class LoadedModel:
     session: object  # onnxruntime.InferenceSession
 
     def probabilities(self, state: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        out = self.session.run(["probs"], {"state": state.astype(np.float32, copy=False),
-                                           "mask": mask.astype(np.float32, copy=False)})
-        return out[0]
+        return self.session.run(_OUTPUTS, {"state": state.astype(np.float32, copy=False),
+                                           "mask": mask.astype(np.float32, copy=False)})[0]
 
 
 def load_model(path: str | Path | None, kind: str, expected_sha256: str | None = None) -> LoadedModel:

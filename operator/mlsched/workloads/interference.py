@@ -47,14 +47,6 @@ SENSITIVITY: dict[str, np.ndarray] = {
 }
 
 
-def node_pressure(tasks: list[tuple[str, str]]) -> dict[str, np.ndarray]:
-    """Pressure each job puts on a node: {job: Σ intensity of its tasks there}."""
-    out: dict[str, np.ndarray] = {}
-    for job, model in tasks:
-        out[job] = out.get(job, 0.0) + INTENSITY[model]
-    return out
-
-
 def job_speed_factors(placements: dict[str, tuple[str, list[int]]]) -> dict[str, float]:
     """Speed multiplier (0, 1] per job from where every job's tasks are.
 

@@ -125,13 +125,3 @@ def table_speed(model: str, ps: int, workers: int) -> float:
         return 0.0
     t = speed_tables()[model]
     return float(t[min(ps, MAX_TASKS), min(workers, MAX_TASKS)])
-
-
-def mean_cpu_usage(model: str) -> tuple[float, float]:
-    """Mean measured CPU usage (fraction of cores given) of a PS task and of a worker task."""
-    ps, w = [], []
-    for m in load_measurements():
-        if m.model == model:
-            ps.extend(m.ps_cpu)
-            w.extend(m.worker_cpu)
-    return float(np.mean(ps)), float(np.mean(w))
