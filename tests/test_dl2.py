@@ -189,3 +189,21 @@ def test_supervised_warm_up_learns_to_imitate_drf():
     after = train.agreement(net, hs, hm, ha)
     assert after >= 0.9 and after > before + 0.5
     assert result["train_agreement"] >= 0.9
+
+
+def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
+    from mlsched.cli import main
+    from mlsched.policies.onnx_runner import default_model_path
+
+    path = default_model_path("dl2")
+    model = load_model(path, kind="dl2")  # digest, encoder version, catalog and shapes checked
+    card = model.card.raw
+    assert card["phase"] == "sl+rl" and card["window"] == 40
+    assert card["training"]["wall_time_s"] <= 30 * 60
+    assert card["validation"]["ratio_to_drf"] < 1.0
+    sl = load_model(path.with_name("dl2-sl.onnx"), kind="dl2")
+    assert sl.card.raw["phase"] == "sl"
+    # `mlsched simulate --policies dl2` uses it without being told where it is.
+    assert main(["simulate", "--policies", "drf,dl2", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
+    assert rows[1]["policy"] == "dl2" and rows[1]["completed"] == rows[1]["jobs"]

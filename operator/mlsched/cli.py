@@ -7,7 +7,7 @@ import json
 import sys
 from importlib import resources as importlib_resources
 
-DEFAULT_POLICIES = "drf,fifo,srtf,tetris,optimus,optimus-oracle"
+DEFAULT_POLICIES = "drf,fifo,srtf,tetris,optimus,optimus-oracle,dl2"
 DEFAULT_TRACE = "default-trace.csv"
 
 
