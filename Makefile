@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 OUT    ?= out
 
-.PHONY: demo test unit bench venv dev clean
+.PHONY: demo test e2e bench venv dev clean
 
 # A venv with the runtime only (no torch): enough for the simulator and the operator.
 $(BIN)/.installed: pyproject.toml
@@ -26,6 +26,12 @@ demo: $(BIN)/.installed
 
 test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -q tests
+
+# Builds etcd, kube-apiserver, KCM, kube-scheduler and kwok from the Go module proxy into
+# ~/.cache/mlsched-e2e on first use (about 13 minutes), then runs the operator against them.
+e2e: $(BIN)/.installed-dev
+	bash e2e/build_control_plane.sh
+	$(BIN)/python -m pytest -q e2e
 
 bench: $(BIN)/.installed-dev
 	$(BIN)/python bench/bench_simulator.py

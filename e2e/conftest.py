@@ -3,6 +3,10 @@
 A missing Go toolchain, a failed build or a component that will not start makes
 the tests error with what to install or which log to read; they never skip,
 because a skipped e2e tier would look like a passing one.
+
+The operator tests add (see operator_fixtures.py): the CRDs, an operator
+subprocess per test serving only that test's namespace, the workload emulator,
+and a DL² model.
 """
 
 from __future__ import annotations
@@ -15,6 +19,13 @@ import pytest
 from kubernetes import client
 
 from controlplane import ControlPlane, ControlPlaneError
+
+# The operator's fixtures live in their own module; importing them here registers
+# them (pytest_plugins is only allowed in a rootdir conftest).
+from operator_fixtures import (  # noqa: E402,F401
+    crds, dl2_files, emulator, mlsched, operator, operator_identity, pytest_runtest_makereport,
+    start_operator,
+)
 
 
 @dataclass(frozen=True)

@@ -156,7 +156,7 @@ async def run_policy_round(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         for job in schedulable))
 
     number = (previous.number + 1 if previous
-              else rewards.next_interval_number(status.get("rewards")))
+              else rewards.next_interval_number(status.get("rewards"), (j.history for j in jobs)))
     rt.intervals[key] = rewards.OpenInterval(number=number, start=rewards.utc(now), grants={
         j.name: rewards.Grant(targets[j.name].count("ps"), targets[j.name].count("worker"),
                               targets[j.name].placement(), rt.epochs_done(j), j.epochs)

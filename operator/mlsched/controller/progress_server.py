@@ -23,8 +23,8 @@ from typing import Any
 from aiohttp import web
 
 from mlsched.api import Progress
-from mlsched.controller.constants import EXTRA_POD_NAME, EXTRA_POD_UID
-from mlsched.controller.records import JobRecord
+from mlsched.controller.constants import EXTRA_POD_NAME, EXTRA_POD_UID, JOB_LABEL
+from mlsched.controller.records import JobRecord, job_record
 from mlsched.controller.rewards import utc
 from mlsched.controller.runtime import Runtime
 
@@ -62,9 +62,28 @@ async def authorize(rt: Runtime, token: str | None, namespace: str, job: str) ->
         raise Refused(403, "forbidden", f"the token's ServiceAccount is not in namespace {namespace}")
     indexes = rt.indexes
     pods = indexes.pods.get((namespace, job), ()) if indexes else ()
-    if not any(p.name == pod_name and p.uid == pod_uid for p in pods):
+    if not any(p.name == pod_name and p.uid == pod_uid for p in pods) and \
+            not await _pod_of_job(rt, namespace, pod_name, pod_uid, job):
         raise Refused(403, "forbidden", f"pod {pod_name} is not a pod of MLJob {namespace}/{job}")
     return pod_name
+
+
+async def _pod_of_job(rt: Runtime, namespace: str, pod_name: str, pod_uid: str, job: str) -> bool:
+    """The index is a cache that lags the API: right after an operator (re)start, before the
+    pod watch has listed everything, and for a pod created a moment ago. A miss is therefore
+    checked against the API server before a report of a legitimate pod is refused."""
+    body = await rt.api.get("Pod", namespace, pod_name)
+    meta = (body or {}).get("metadata") or {}
+    return meta.get("uid") == pod_uid and (meta.get("labels") or {}).get(JOB_LABEL) == job
+
+
+async def _job(rt: Runtime, namespace: str, name: str) -> JobRecord | None:
+    """The MLJob from the index, or (on a miss, see _pod_of_job) from the API server."""
+    job = rt.indexes.job(namespace, name) if rt.indexes else None
+    if job is None:
+        body = await rt.api.get("MLJob", namespace, name)
+        job = job_record(body) if body else None
+    return job
 
 
 def next_progress(job: JobRecord, last: tuple[float, float, float] | None, reported: float,
@@ -109,7 +128,7 @@ async def handle_progress(request: web.Request) -> web.Response:
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else None
         pod = await authorize(rt, token, namespace, job_name)
-        job = rt.indexes.job(namespace, job_name) if rt.indexes else None
+        job = await _job(rt, namespace, job_name)
         if job is None:
             raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
         progress = await record_progress(rt, job, epochs, speed)

@@ -8,7 +8,7 @@ is the sum over its jobs: DL²'s reward, and the one the simulator pays.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -64,9 +64,17 @@ def close(interval: OpenInterval, epochs_now: Mapping[str, float]) -> ClosedInte
     return ClosedInterval(history=history, reward=summary.to_k8s())
 
 
-def next_interval_number(rewards: list[Mapping[str, Any]] | None) -> int:
-    """Continue the numbering a previous operator run left in the policy's status."""
-    return int(rewards[-1].get("interval", -1)) + 1 if rewards else 0
+def next_interval_number(rewards: list[Mapping[str, Any]] | None,
+                         histories: Iterable[Sequence[Mapping[str, Any]]] = ()) -> int:
+    """Continue the numbering a previous operator run left in the policy's and its jobs'
+    status. The jobs' histories count too: a run killed while recording an interval may
+    have written it into some jobs' history but not yet into the policy's rewards, and
+    reusing its number would record that interval twice on those jobs."""
+    last = int(rewards[-1].get("interval", -1)) if rewards else -1
+    for history in histories:
+        if history:  # entries are appended in interval order: the newest is last
+            last = max(last, int(history[-1].get("interval", -1)))
+    return last + 1
 
 
 def utc(ts: float) -> datetime:

@@ -1,0 +1,112 @@
+"""Fixtures of the operator tests: CRDs, the operator subprocess, the workload emulator.
+
+Each test gets its own namespace (conftest.py) and its own operator serving only that
+namespace, so a test that kills or starves its operator cannot disturb another, and
+each operator's log is that test's alone. The log is attached to the report of a
+failed test.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from controlplane import ControlPlane
+from dl2_model import dl2_model_files
+from mlsched_objects import MLSched, install_crds
+from operator_identity import operator_kubeconfig
+from operator_process import OperatorProcess
+from waiting import wait_for
+from workload_emulator import WorkloadEmulator
+
+#: Multiplies every policy's interval: 1200 s become 6 s rounds. The emulator runs
+#: 1 / INTERVAL_SCALE simulated seconds per real second, so a round is one interval.
+INTERVAL_SCALE = 0.005
+TIME_SCALE = 1.0 / INTERVAL_SCALE
+OPERATORS = pytest.StashKey[list[OperatorProcess]]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        for number, operator in enumerate(item.stash.get(OPERATORS, [])):
+            report.sections.append((f"operator log #{number} ({operator.log_path})",
+                                    operator.log_tail(200)))
+
+
+@pytest.fixture(scope="session")
+def crds(api):
+    return install_crds(api)
+
+
+@pytest.fixture(scope="session")
+def operator_identity(control_plane: ControlPlane, api, tmp_path_factory) -> Path:
+    """The kubeconfig the operator runs with: its own ServiceAccount and shipped RBAC."""
+    return operator_kubeconfig(api, control_plane.apiserver_url, control_plane.ca_cert_path,
+                               tmp_path_factory.mktemp("operator") / "operator.kubeconfig")
+
+
+@pytest.fixture
+def mlsched(api, namespace, crds) -> MLSched:
+    return MLSched(api, namespace)
+
+
+@pytest.fixture(scope="session")
+def dl2_files(tmp_path_factory) -> tuple[Path, Path, str]:
+    return dl2_model_files(tmp_path_factory.mktemp("dl2"))
+
+
+@pytest.fixture
+def start_operator(request: pytest.FixtureRequest, operator_identity: Path,
+                   mlsched: MLSched, tmp_path: Path):
+    """start_operator(**OperatorProcess kwargs) → a running operator for this test's
+    namespace. At teardown the test's MLJobs and policies are deleted while it still
+    runs (it owns their finalizers) and their pods are waited out, so the next test
+    finds the nodes empty."""
+    started: list[OperatorProcess] = []
+    request.node.stash[OPERATORS] = started
+
+    def start(**kwargs) -> OperatorProcess:
+        kwargs.setdefault("interval_scale", INTERVAL_SCALE)
+        operator = OperatorProcess(operator_identity, tmp_path / f"operator-{len(started)}.log",
+                                   namespaces=[mlsched.namespace], **kwargs)
+        started.append(operator)
+        operator.start()
+        return operator
+
+    yield start
+
+    alive = [o for o in started if o.running()]
+    if not alive and started:
+        # The test left its operator dead: the finalizers need one to be removed.
+        started[-1].start()
+        alive = [started[-1]]
+    mlsched.delete_all()
+    try:
+        wait_for(lambda: not mlsched.remaining(), 60, "the operator to release its objects",
+                 describe=mlsched.remaining)
+    except AssertionError:
+        mlsched.strip_finalizers()
+    for operator in started:
+        operator.stop()
+    wait_for(lambda: not mlsched.pods(), 90, "the test's pods to be garbage-collected",
+             describe=lambda: [p.metadata.name for p in mlsched.pods()])
+
+
+@pytest.fixture
+def operator(start_operator) -> OperatorProcess:
+    return start_operator()
+
+
+@pytest.fixture
+def emulator(control_plane: ControlPlane, mlsched: MLSched, tmp_path: Path):
+    api_client = control_plane.api_client()
+    emulator = WorkloadEmulator(api_client, [mlsched.namespace], tmp_path / "tokens",
+                                time_scale=TIME_SCALE)
+    emulator.start()
+    yield emulator
+    emulator.stop()
+    api_client.close()

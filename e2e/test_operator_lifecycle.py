@@ -1,0 +1,117 @@
+"""The samples, applied as a user applies them, run from creation to TTL deletion.
+
+manifests/samples holds two policies (drf `default`, and `dl2` with its model in a
+ConfigMap) and two jobs (ResNet-50 with parameter servers under dl2, ResNeXt-110
+all-reduce under `default`). The jobs are only adjusted to run on kwok nodes
+(toleration), to finish within the test (epochs, TTL). Every step is checked on
+what the API server stores: children, replica counts, the node of every pod,
+progress, per-interval history and rewards, phase, and deletion.
+"""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from dl2_model import model_configmap
+from job_state import placed_as_decided, placement_problems
+from mlsched_objects import condition, for_kwok, phase, sample
+from waiting import wait_for
+
+# Enough epochs for a few rounds of training at the emulator's compressed speed
+# (ResNet-50 trains ~200-340 epochs per interval, ResNeXt-110 ~1500).
+EPOCHS = {"resnet50-ps": 900, "resnext110-allreduce": 6000}
+ROLES = {"resnet50-ps": ("ps", "worker"), "resnext110-allreduce": ("worker",)}
+POLICY = {"resnet50-ps": "dl2", "resnext110-allreduce": "default"}
+TTL_SECONDS = 3
+
+
+def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator, dl2_files):
+    core = client.CoreV1Api(api)
+    model, card, _ = dl2_files
+    core.create_namespaced_config_map(mlsched.namespace,
+                                      model_configmap("dl2-policy", model, card))
+    for policy in ("schedulingpolicy-drf.yaml", "schedulingpolicy-dl2.yaml"):
+        mlsched.create(sample(policy))
+    for name, file_name in (("resnet50-ps", "mljob-resnet50-ps.yaml"),
+                            ("resnext110-allreduce", "mljob-allreduce.yaml")):
+        job = for_kwok(sample(file_name), epochs=EPOCHS[name], ttl=TTL_SECONDS)
+        assert job["metadata"]["name"] == name
+        assert job["spec"].get("schedulingPolicy", "default") == POLICY[name]
+        mlsched.create(job)
+
+    # Children: a headless Service and one StatefulSet per role, owned by the MLJob.
+    for name, roles in ROLES.items():
+        sets = wait_for(lambda: (s := mlsched.statefulsets(name)) and set(s) == set(roles) and s,
+                        60, f"StatefulSets of {name}")
+        uid = mlsched.job(name)["metadata"]["uid"]
+        for role, sts in sets.items():
+            assert sts.metadata.name == f"{name}-{role}"
+            (owner,) = sts.metadata.owner_references
+            assert (owner.kind, owner.uid, owner.controller) == ("MLJob", uid, True)
+            # Pods start gated: kube-scheduler waits for the operator's placement.
+            gates = sts.spec.template.spec.scheduling_gates or []
+            assert [g.name for g in gates] == ["mlsched.io/placement"]
+        service = mlsched.service(name)
+        assert service is not None and service.spec.cluster_ip == "None"
+        assert service.metadata.owner_references[0].uid == uid
+
+    # Replicas as the policy decided, and every pod on the node the policy chose.
+    for name in ROLES:
+        wait_for(lambda: placed_as_decided(mlsched, name), 90,
+                 f"{name}'s pods to run where its policy placed them",
+                 describe=lambda: placement_problems(mlsched, name))
+        for pod in mlsched.pods(name):
+            # kube-scheduler bound it, and only the operator's pin made it eligible.
+            assert pod.spec.node_selector["kubernetes.io/hostname"] == pod.spec.node_name
+            assert not pod.spec.scheduling_gates
+        wait_for(lambda: phase(mlsched.job(name)) in ("Running", "Succeeded"), 60,
+                 f"{name} to be Running")
+
+    # Progress reported by the emulated training lands in status, intervals get closed.
+    for name in ROLES:
+        job = wait_for(lambda: (j := mlsched.job(name)) and any(
+            h["epochs"] > 0 for h in j["status"].get("history") or ()) and j, 120,
+            f"{name} to have a history entry with training in it",
+            describe=lambda: (mlsched.job(name) or {}).get("status"))
+        assert job["status"]["progress"]["epochsDone"] > 0
+        for entry in job["status"]["history"]:
+            # reward = epochs trained in the interval / epochs the job needs
+            assert abs(entry["reward"] - entry["epochs"] / EPOCHS[name]) < 1e-6
+            assert entry["workers"] == len(entry["placement"]["worker"])
+        numbers = [h["interval"] for h in job["status"]["history"]]
+        assert numbers == sorted(set(numbers))
+    for policy in ("default", "dl2"):
+        rewards = wait_for(lambda: [r for r in (mlsched.policy(policy)["status"].get("rewards")
+                                                or ()) if r["reward"] > 0], 60,
+                           f"a positive reward in SchedulingPolicy {policy}")
+        assert all(r["jobs"] >= 1 for r in rewards)
+    dl2 = mlsched.policy("dl2")["status"]
+    assert condition(mlsched.policy("dl2"), "ModelLoaded")["reason"] == "ModelVerified"
+    assert set(dl2["activeModels"]) == {"dl2"}
+
+    # Every job trains all its epochs and succeeds; its pods are cleaned up.
+    uids = {}
+    for name in ROLES:
+        job = wait_for(lambda: phase(j := mlsched.job(name)) == "Succeeded" and j, 180,
+                       f"{name} to succeed",
+                       describe=lambda: ((mlsched.job(name) or {}).get("status", {})
+                                         .get("progress"), emulator.speeds.get(name),
+                                         dict(emulator.reports), emulator.last_error))
+        uids[name] = job["metadata"]["uid"]
+        status = job["status"]
+        assert status["progress"]["epochsDone"] >= EPOCHS[name]
+        assert condition(job, "Succeeded")["status"] == "True"
+        assert status["completionTime"] >= status["startTime"]
+        reasons = {e.reason for e in mlsched.events(name, "MLJob")}
+        assert {"Created", "Scaled", "Running", "Succeeded"} <= reasons, reasons
+
+    # ttlSecondsAfterFinished: the MLJob is deleted, and its children go with it.
+    for name in ROLES:
+        wait_for(lambda: mlsched.job(name) is None, 60, f"{name} to be deleted by its TTL")
+        wait_for(lambda: not mlsched.statefulsets(name) and mlsched.service(name) is None
+                 and not mlsched.pods(name), 90, f"{name}'s children to be garbage-collected")
+        reasons = {e.reason for e in mlsched.events(name, "MLJob")
+                   if e.involved_object.uid == uids[name]}
+        assert "TTLExpired" in reasons
+    assert emulator.reports["accepted"] > 0
+    assert emulator.refusals == [], emulator.refusals

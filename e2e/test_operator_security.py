@@ -1,0 +1,166 @@
+"""What a training pod can and cannot do, checked with real tokens on the real API.
+
+Training pods run as the `mlsched-training` ServiceAccount (manifests/base/
+training-rbac, as docs/operator.md tells users) and report progress with a token
+bound to the pod. They must not be able to write MLJobs themselves, and one job's
+pod must not be able to report for another job.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+
+from mlsched import progress
+from mlsched_objects import (
+    GROUP, VERSION, apply_training_rbac, for_kwok, mljob, sample, scheduling_policy,
+)
+from pod_tokens import PROGRESS_AUDIENCE, request_token
+from waiting import wait_for
+
+TRAINING_SA = "mlsched-training"
+
+
+def running_pod(mlsched, job: str) -> client.V1Pod:
+    return wait_for(lambda: next((p for p in mlsched.pods(job) if p.status.phase == "Running"),
+                                 None), 90, f"a running pod of {job}")
+
+
+def client_with_token(control_plane, token: str) -> client.ApiClient:
+    configuration = client.Configuration()
+    configuration.host = control_plane.apiserver_url
+    configuration.ssl_ca_cert = str(control_plane.ca_cert_path)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(configuration)
+
+
+def post_progress(url: str, namespace: str, job: str, token_file: Path,
+                  epochs: float) -> tuple[int, dict]:
+    """The report training code sends (mlsched.progress), and the HTTP answer to it."""
+    reporter = progress.Reporter(url=url, namespace=namespace, job=job,
+                                 token_file=str(token_file))
+    try:
+        with urllib.request.urlopen(reporter.request(epochs), timeout=10) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+@pytest.fixture
+def training_jobs(api, mlsched, operator):
+    """Two running jobs whose pods run as the training ServiceAccount."""
+    apply_training_rbac(api, mlsched.namespace)
+    mlsched.create(scheduling_policy("default"))
+    mlsched.create(for_kwok(sample("mljob-allreduce.yaml"), service_account=TRAINING_SA))
+    mlsched.create(for_kwok(mljob("other", ps=None, workers=(1, 1)),
+                            service_account=TRAINING_SA))
+    return {name: running_pod(mlsched, name) for name in ("resnext110-allreduce", "other")}
+
+
+def test_training_pod_cannot_modify_mljobs(control_plane, api, mlsched, training_jobs):
+    pod = training_jobs["resnext110-allreduce"]
+    assert pod.spec.service_account_name == TRAINING_SA
+    namespace = mlsched.namespace
+    # The token a pod would use against the API server (default audience), bound to it.
+    token = request_token(client.CoreV1Api(api), pod, audience=None)
+    with client_with_token(control_plane, token) as as_pod:
+        reviews = client.AuthorizationV1Api(as_pod)
+        for verb, subresource in [("patch", ""), ("update", ""), ("delete", ""),
+                                  ("create", ""), ("patch", "status"), ("update", "status")]:
+            review = reviews.create_self_subject_access_review({
+                "apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                "spec": {"resourceAttributes": {"group": GROUP, "resource": "mljobs",
+                                                "subresource": subresource, "verb": verb,
+                                                "namespace": namespace}}})
+            assert review.status.allowed is False, (verb, subresource)
+
+        # And really trying: marking its own job done, or changing its spec.
+        custom = client.CustomObjectsApi(as_pod)
+        for attempt in (
+            lambda: custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, "mljobs", "resnext110-allreduce",
+                {"status": {"progress": {"epochsDone": 1e6}}}),
+            lambda: custom.patch_namespaced_custom_object(
+                GROUP, VERSION, namespace, "mljobs", "resnext110-allreduce",
+                {"spec": {"epochs": 1}}),
+        ):
+            with pytest.raises(ApiException) as refused:
+                attempt()
+            assert refused.value.status == 403
+            assert f"system:serviceaccount:{namespace}:{TRAINING_SA}" in refused.value.body
+
+    job = mlsched.job("resnext110-allreduce")
+    assert job["spec"]["epochs"] == 50
+    assert "progress" not in job.get("status", {})
+
+    # The token the pod reports progress with is useless against the API server.
+    progress_token = request_token(client.CoreV1Api(api), pod, audience=PROGRESS_AUDIENCE)
+    with client_with_token(control_plane, progress_token) as with_progress_token:
+        with pytest.raises(ApiException) as refused:
+            client.CustomObjectsApi(with_progress_token).list_namespaced_custom_object(
+                GROUP, VERSION, namespace, "mljobs")
+        assert refused.value.status == 401
+
+
+def test_progress_for_another_job_is_refused(api, mlsched, operator, training_jobs, tmp_path):
+    core = client.CoreV1Api(api)
+    pod = training_jobs["other"]
+    token_file = tmp_path / "token"
+    token_file.write_text(request_token(core, pod, audience=PROGRESS_AUDIENCE))
+    namespace = mlsched.namespace
+
+    # A pod of `other` claiming progress for resnext110-allreduce: 403, nothing recorded.
+    status, answer = post_progress(operator.progress_url, namespace, "resnext110-allreduce",
+                                   token_file, 49)
+    assert status == 403, answer
+    assert answer["accepted"] is False
+    assert "is not a pod of MLJob" in answer["error"]
+    assert "progress" not in mlsched.job("resnext110-allreduce").get("status", {})
+
+    # The same pod and token for its own job: accepted and recorded.
+    status, answer = post_progress(operator.progress_url, namespace, "other", token_file, 3)
+    assert status == 200, answer
+    wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
+             .get("epochsDone") == 3, 30, "the accepted report in the job's status")
+
+    # A token minted for the API server, not for the progress endpoint: 401.
+    token_file.write_text(request_token(core, pod, audience=None))
+    status, answer = post_progress(operator.progress_url, namespace, "other", token_file, 4)
+    assert status == 401, answer
+
+    # No token at all: 401.
+    request = urllib.request.Request(
+        operator.progress_url, method="POST", headers={"Content-Type": "application/json"},
+        data=json.dumps({"namespace": namespace, "job": "other", "epochsDone": 5}).encode())
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 401
+
+    assert mlsched.job("other")["status"]["progress"]["epochsDone"] == 3
+    metrics = operator.metrics()
+    assert re.search(r'mlsched_progress_reports_total\{result="forbidden"\} 1\.0', metrics)
+    assert re.search(r'mlsched_progress_reports_total\{result="accepted"\} 1\.0', metrics)
+    assert re.search(r'mlsched_progress_reports_total\{result="unauthenticated"\} 2\.0', metrics)
+
+
+def test_report_right_after_an_operator_restart_is_accepted(api, mlsched, operator,
+                                                             training_jobs, tmp_path):
+    # The endpoint answers as soon as the operator starts, before its watches have listed
+    # the pods: a pod of the job must not be refused then (its training would see a 403).
+    pod = training_jobs["other"]
+    token_file = tmp_path / "token"
+    token_file.write_text(request_token(client.CoreV1Api(api), pod, audience=PROGRESS_AUDIENCE))
+    operator.kill()
+    operator.start()
+    status, answer = post_progress(operator.progress_url, mlsched.namespace, "other",
+                                   token_file, 2)
+    assert status == 200, answer
+    wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
+             .get("epochsDone") == 2, 30, "the report in the job's status")

@@ -1,0 +1,94 @@
+"""Invalid MLJobs are refused by the API server itself, with the field named.
+
+The CRD's schema and CEL rules (generated from the pydantic models in
+mlsched/api) are the first line: a user sees the error at `kubectl apply`, before
+any operator runs. The last test covers what the schema cannot know, a pod
+template the API server refuses only when the operator renders it.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from kubernetes.client.exceptions import ApiException
+
+from mlsched_objects import condition, mljob, phase, scheduling_policy
+from waiting import wait_for
+
+
+def _min_above_max(job: dict) -> None:
+    job["spec"]["replicaSpecs"]["worker"].update(min=5, max=2)
+
+
+def _unknown_model(job: dict) -> None:
+    job["spec"]["modelType"] = "gpt-17"
+
+
+def _zero_epochs(job: dict) -> None:
+    job["spec"]["epochs"] = 0
+
+
+def _negative_epochs(job: dict) -> None:
+    job["spec"]["epochs"] = -3
+
+
+def _ps_for_allreduce(job: dict) -> None:
+    job["spec"]["architecture"] = "AllReduce"
+
+
+def _no_ps_for_parameter_server(job: dict) -> None:
+    del job["spec"]["replicaSpecs"]["ps"]
+
+
+# (what is wrong, the field the message must name, a phrase of the reason)
+CASES = [
+    (_min_above_max, "spec.replicaSpecs.worker.max", "must be >= min"),
+    (_unknown_model, "spec.modelType", 'Unsupported value: "gpt-17"'),
+    (_zero_epochs, "spec.epochs", "greater than 0"),
+    (_negative_epochs, "spec.epochs", "greater than 0"),
+    (_ps_for_allreduce, "spec.replicaSpecs.ps", "must not be set for AllReduce jobs"),
+    (_no_ps_for_parameter_server, "spec.replicaSpecs.ps",
+     "is required for ParameterServer jobs"),
+]
+
+
+@pytest.mark.parametrize(("break_it", "field", "reason"), CASES,
+                         ids=[c[0].__name__.strip("_") for c in CASES])
+def test_invalid_mljob_is_rejected_naming_the_field(mlsched, break_it, field, reason):
+    job = mljob("broken")
+    break_it(job)
+    with pytest.raises(ApiException) as refused:
+        mlsched.create(job)
+    assert refused.value.status == 422
+    message = json.loads(refused.value.body)["message"]
+    assert f"{field}: " in message, message
+    assert reason in message, message
+    assert mlsched.job("broken") is None
+
+
+def test_valid_mljob_is_accepted(mlsched):
+    # The same builder unbroken: the cases above fail for their one defect only.
+    created = mlsched.create(mljob("fine"))
+    assert created["spec"]["runPolicy"]["cleanPodPolicy"] == "Running"  # schema default
+
+
+def test_pod_template_the_apiserver_refuses_fails_the_job_only(mlsched, operator):
+    # A GPU request without a limit passes the MLJob schema (templates are kept as
+    # written) but the API server refuses such pods, so the StatefulSet.
+    mlsched.create(scheduling_policy("default"))
+    bad = mljob("gpu-no-limit")
+    container = bad["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"requests": {"nvidia.com/gpu": "1"}}
+    mlsched.create(bad)
+    mlsched.create(mljob("neighbour"))
+
+    job = wait_for(lambda: phase(j := mlsched.job("gpu-no-limit")) == "Failed" and j, 60,
+                   "the job to fail with InvalidSpec")
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert "resources.limits: Required value" in failed["message"], failed["message"]
+    assert any(e.type == "Warning" and e.reason == "InvalidSpec"
+               for e in mlsched.events("gpu-no-limit", "MLJob"))
+    # The other job of the namespace is scheduled as if nothing happened.
+    wait_for(lambda: phase(mlsched.job("neighbour")) == "Running", 90, "the neighbour to run")
