@@ -110,8 +110,9 @@ class WorkloadEmulator:
         self.speed = get_speed_model(speed_model)
         self.with_interference = with_interference
         self.jobs: dict[str, JobState] = {}  # MLJob uid -> state
-        self.reports: Counter[str] = Counter()  # accepted / refused / unreachable
-        self.refusals: list[str] = []  # why each refused report was refused
+        # accepted / unreachable / refused, pod gone / refused (a live pod: a bug)
+        self.reports: Counter[str] = Counter()
+        self.refusals: list[str] = []  # why live pods were refused
         self.last_error = ""
         self.speeds: dict[str, float] = {}  # job name -> epochs per simulated second, last tick
         self._last_tick: float | None = None
@@ -224,16 +225,29 @@ class WorkloadEmulator:
         try:
             reporter.report(state.epochs_done, strict=True)
         except progress.ProgressError as err:
-            # An HTTP answer is a refusal, which a legitimate pod must never get; anything
-            # else means the operator is not reachable (down, restarting), which happens.
-            refused = isinstance(err.__cause__, urllib.error.HTTPError)
-            self.reports["refused" if refused else "unreachable"] += 1
             self.last_error = str(err)
-            if refused:
+            if not isinstance(err.__cause__, urllib.error.HTTPError):
+                self.reports["unreachable"] += 1  # the operator is down or restarting
+            elif not self._still_running(pod):
+                # Replaced or scaled away since this tick listed it: its token is void now,
+                # and refusing it is right.
+                self.reports["refused, pod gone"] += 1
+            else:
+                # A live pod of the job refused: what a legitimate pod must never get.
+                self.reports["refused"] += 1
                 self.refusals.append(f"{job.name} by {pod.metadata.name}: {err}")
             return
         self.reports["accepted"] += 1
         state.reported = state.epochs_done
+
+    def _still_running(self, pod: client.V1Pod) -> bool:
+        try:
+            now = self.core.read_namespaced_pod(pod.metadata.name, pod.metadata.namespace)
+        except client.exceptions.ApiException as err:
+            if err.status == 404:
+                return False
+            raise
+        return now.metadata.uid == pod.metadata.uid and not now.metadata.deletion_timestamp
 
     # ------------------------------------------------------------------ reading
 

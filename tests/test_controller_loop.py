@@ -86,6 +86,24 @@ def test_editing_the_policy_takes_effect_at_the_next_round():
     assert kube.obj("SchedulingPolicy", NS, "default")["status"]["observedGeneration"] == 2
 
 
+def test_an_edit_landing_mid_round_is_not_reported_as_observed(monkeypatch):
+    """The body is kopf's live view: an edit arriving while the round decides belongs to the
+    next round, so this round must report the generation it decided with."""
+    rt, kube = setup(job_bodies=[ps_job("bert", max_workers=8)])
+    decide = loop._decide
+
+    async def edited_while_deciding(snapshot, resolved):
+        pol = kube.obj("SchedulingPolicy", NS, "default")
+        pol["spec"]["allocation"] = "fifo"
+        pol["metadata"]["generation"] = 2
+        return await decide(snapshot, resolved)
+
+    monkeypatch.setattr(loop, "_decide", edited_while_deciding)
+    report = round_(rt, kube)
+    assert report.allocation == "drf"
+    assert kube.obj("SchedulingPolicy", NS, "default")["status"]["observedGeneration"] == 1
+
+
 def test_interval_scale_speeds_the_loop_up():
     rt, kube = setup()
     rt.config = type(rt.config)(interval_scale=0.01)

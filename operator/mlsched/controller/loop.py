@@ -89,10 +89,22 @@ async def _decide(snapshot, resolved: ResolvedPolicy) -> tuple[Decision, str | N
         return decision, f"{type(err).__name__}: {err}"
 
 
-async def run_policy_round(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
+def frozen(value: Any) -> Any:
+    """A plain deep copy of a (kopf live-view) object, so a round sees one version of it."""
+    if isinstance(value, Mapping):
+        return {k: frozen(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [frozen(v) for v in value]
+    return value
+
+
+async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Indexes,
                            now: float | None = None) -> RoundReport | None:
     started = time.perf_counter()
     now = time.time() if now is None else now
+    # kopf updates the live view while the round awaits; an edit landing mid-round must not
+    # be reported as observed (its generation written next to the old spec's decision).
+    body = frozen(live_body)
     ref = ObjectRef.of({**body, "kind": "SchedulingPolicy"})
     key = (ref.namespace, ref.name)
     status = body.get("status") or {}
