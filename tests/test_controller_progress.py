@@ -61,6 +61,18 @@ def test_a_pod_of_the_job_is_accepted_and_progress_lands_in_status():
     assert rt.metrics.progress_reports.labels("accepted")._value.get() == 1
 
 
+def test_a_pod_the_index_has_not_seen_yet_is_checked_against_the_api():
+    """Right after a (re)start the pod index lags the API server: a legitimate pod must not
+    be refused for that."""
+    rt, kube = world()
+    kube.put(pod("bert", "worker", 1, node_name="node-0"))  # in the API, not in the index
+    kube.tokens["new-pod-token"] = review("bert-worker-1", "uid-bert-worker-1")
+    assert not any(p.name == "bert-worker-1" for p in rt.indexes.pods.get((NS, "bert"), ()))
+    status, body = asyncio.run(post(rt, report(epochs=4.0), "new-pod-token"))
+    assert status == 200 and body["accepted"]
+    assert kube.obj("MLJob", NS, "bert")["status"]["progress"]["epochsDone"] == 4.0
+
+
 @pytest.mark.parametrize("token, job, code", [
     (None, "bert", 401),                 # no token
     ("forged", "bert", 401),             # TokenReview says no

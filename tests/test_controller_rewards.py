@@ -36,6 +36,8 @@ def test_progress_never_earns_negative_reward():
 def test_numbering_continues_after_a_restart():
     assert rewards.next_interval_number(None) == 0
     assert rewards.next_interval_number([{"interval": 41}]) == 42
+    # Killed while recording: a job's history got interval 2, the policy's rewards did not.
+    assert rewards.next_interval_number([{"interval": 1}], [[{"interval": 2}]]) == 3
 
 
 def test_rewards_from_reports_between_rounds_land_in_history_and_policy_status():

@@ -178,8 +178,9 @@ def test_served_policy_is_deterministic_and_capacity_safe(tiny_model):
 
 
 def test_supervised_warm_up_learns_to_imitate_drf():
-    args = train.Args(window=J, hidden=(64, 64), sl_traces=6, sl_epochs=40, sl_lr=3e-3, sl_batch=64,
-                      train_nodes=(13,), max_slots_per_episode=10)
+    args = train.Args(window=J, hidden=(64, 64), teacher="drf", sl_traces=6, sl_epochs=40, sl_lr=3e-3, sl_batch=64,
+                      train_nodes=(13,), max_slots_per_episode=10, dagger_rounds=1, dagger_traces=2,
+                      dagger_epochs=5)
     torch.manual_seed(0)
     net = networks.build("shared", J, args.hidden)
     hs, hm, ha = train.collect_teacher_samples(args, range(20_000, 20_002))
@@ -189,6 +190,7 @@ def test_supervised_warm_up_learns_to_imitate_drf():
     after = train.agreement(net, hs, hm, ha)
     assert after >= 0.9 and after > before + 0.5
     assert result["train_agreement"] >= 0.9
+    assert result["samples"] > result["teacher_samples"]  # the DAgger round added the student's states
 
 
 def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
@@ -207,3 +209,66 @@ def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
     assert main(["simulate", "--policies", "drf,dl2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert rows[1]["policy"] == "dl2" and rows[1]["completed"] == rows[1]["jobs"]
+
+
+def test_relative_teacher_gain_ignores_job_length_where_optimus_favours_long_jobs():
+    short, long = job("short", epochs=10), job("long", epochs=100)
+    snap = make_snapshot([short, long], nodes=4)
+    packer = Packer(snap, LB)
+    assert packer.grow_bundle(short) and packer.grow_bundle(long)
+    total = snap.total_capacity
+    absolute, relative = train.OptimusOracleTeacher(), train.OptimusOracleTeacher(relative=True)
+    g_short, g_long = absolute._gain(short, packer, total)[0], absolute._gain(long, packer, total)[0]
+    assert g_long == pytest.approx(10 * g_short)  # seconds saved grow with the work left
+    r_short, r_long = relative._gain(short, packer, total)[0], relative._gain(long, packer, total)[0]
+    assert r_short == pytest.approx(r_long) and 0 < r_short
+
+
+def test_reserving_teacher_leaves_room_for_later_windows():
+    started = {}
+    for reserve in (False, True):
+        jobs = [job(f"j{i}", arrival=i, max_workers=8, max_ps=8, epochs=50 + 10 * i) for i in range(20)]
+        snap = make_snapshot(jobs, nodes=10)
+        packer = Packer(snap, LB)
+        teacher = train.OptimusOracleTeacher(relative=True, reserve=reserve)
+        DL2Policy(teacher, window=8).allocate(snap, packer)
+        started[reserve] = sum(packer.has_tasks(j) for j in jobs)
+    # Without the reserve the first window of 8 grows into everything.
+    assert started[False] == 8 and started[True] >= 15
+
+
+def test_dagger_labels_the_students_states_with_the_teachers_actions():
+    args = train.Args(window=J, hidden=(32, 32), teacher="drf", train_nodes=(13,), max_slots_per_episode=5)
+    torch.manual_seed(0)
+    student = networks.build("shared", J, args.hidden)  # untrained: it acts unlike DRF
+    s, m, a = train.collect_teacher_samples(args, range(3), student=student)
+    numpy_student = networks.NumpyPolicy(student)
+    chosen = [int(np.argmax(np.where(mk > 0, numpy_student.logits(st.numpy()), -np.inf)))
+              for st, mk in zip(s, m)]
+    # The labels are DRF's choices in the student's states, not the student's own choices.
+    assert np.mean(np.array(chosen) == a.numpy()) < 0.5
+    assert all(bool(mk[act]) for mk, act in zip(m, a))  # every label is an allowed action
+    # and DRF's kind of action: a bundle for some job, or stop.
+    assert all(int(act) % 3 == dl2_state.BUNDLE or int(act) == 3 * J for act in a)
+
+
+def test_train_command_runs_every_phase_and_writes_a_servable_model(tmp_path):
+    """`mlsched train dl2` end to end at toy size: SL, DAgger, RL, selection, export, plot."""
+    from mlsched.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "dl2", "--out", str(out), "--window", "8", "--hidden", "16", "16",
+            "--teacher", "drf", "--sl-traces", "2", "--sl-epochs", "2", "--dagger-rounds", "1",
+            "--dagger-traces", "1", "--dagger-epochs", "1", "--rl-episodes", "4", "--validate-every", "2",
+            "--critic-warmup-episodes", "1", "--max-slots-per-episode", "4", "--val-scenarios", "small",
+            "--train-nodes", "13"]
+    assert main(argv) == 0
+    model = load_model(out / "dl2.onnx", kind="dl2")  # digest, encoder, shapes checked
+    card = model.card.raw
+    assert card["phase"] == "sl+rl" and card["window"] == 8
+    assert card["training"]["rl"]["episodes"] == 4
+    assert card["training"]["sl"]["samples"] > card["training"]["sl"]["teacher_samples"]
+    assert card["training"]["command"].startswith("mlsched train dl2 --out")
+    assert set(card["validation"]["avg_jct_s"]) == {"small"}
+    assert load_model(out / "dl2-sl.onnx", kind="dl2").card.raw["phase"] == "sl"
+    assert (out / "learning-curve.png").stat().st_size > 10_000

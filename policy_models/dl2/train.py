@@ -40,7 +40,7 @@ class Args:
     seed: int = 1
     window: int = 40
     arch: str = "shared"  # shared | flat (the paper's)
-    hidden: tuple[int, ...] = (128, 128)
+    hidden: tuple[int, ...] = (64, 64)  # (128, 128): 63 µs per inference at J = 40, (64, 64): 27
     # workloads
     train_seed_base: int = 1_000
     val_seed_base: int = 50_000
@@ -48,19 +48,23 @@ class Args:
     val_scenarios: tuple[str, ...] = ("small", "medium", "large")
     train_nodes: tuple[int, ...] = (13, 30, 60, 200, 500)
     # supervised warm-up (DL² §3: DRF as teacher, cross-entropy)
-    teacher: str = "drf"  # drf (the paper's) | optimus-oracle (privileged: true speeds, training only)
-    sl_traces: int = 30
-    sl_epochs: int = 25
+    # drf (the paper's) | optimus-oracle | relative-oracle (privileged: true speeds, training only)
+    teacher: str = "relative-oracle"
+    sl_traces: int = 60
+    sl_epochs: int = 20
     sl_lr: float = 1e-3
     sl_batch: int = 256
+    dagger_rounds: int = 4  # DAgger rounds after plain imitation (0: the paper's warm-up only)
+    dagger_traces: int = 20  # student rollouts per round, labelled by the teacher
+    dagger_epochs: int = 8
     # reinforcement learning (actor-critic, entropy, job-aware exploration, replay)
     rl_episodes: int = 100_000  # the time budget usually ends training first
-    rl_lr: float = 1e-4
+    rl_lr: float = 3e-5  # 1e-4 drifted away from the warm-up within 100 episodes
     gamma: float = 0.9  # per slot
     gae_lambda: float = 0.95
-    entropy_start: float = 0.02
-    entropy_end: float = 0.002
-    explore_start: float = 0.1  # probability of a job-aware exploration step
+    entropy_start: float = 0.005
+    entropy_end: float = 0.001
+    explore_start: float = 0.05  # probability of a job-aware exploration step
     explore_end: float = 0.0
     random_start: float = 0.05  # probability of a uniformly random allowed action (stop included)
     random_end: float = 0.0
@@ -99,15 +103,44 @@ class OptimusOracleTeacher:
     windowed job that holds nothing (arrival order), then grant the task with the largest
     gain per dominant-resource share, and stop when no task shortens any job. A privileged
     teacher: it needs the speed function only during training, the network it teaches sees
-    only the state."""
+    only the state.
 
-    def __init__(self):
+    `relative`: the gain is the drop in remaining time as a fraction of the job's remaining
+    time (1 - speed before / speed after), not in seconds: Optimus's absolute gain grows with
+    the work left, so it hands tasks to the longest jobs, the opposite of what average JCT
+    wants; the relative gain is the speed-up per resource, whatever the job's length
+    (validation traces: 0.73 x DRF at 13 nodes where Optimus-oracle gives 0.80). `reserve`: while jobs of later windows still wait to start, a
+    window only grows its jobs into capacity their starting gangs do not need (windows of J
+    would otherwise let the first 40 jobs take everything)."""
+
+    def __init__(self, relative: bool = False, reserve: bool = False):
         from mlsched.policies.allocation.optimus import Optimus
         from mlsched.policies.speed_estimate import TrueSpeed
         from mlsched.workloads.speed_models import MeasuredSpeed
 
         self.estimator = TrueSpeed(MeasuredSpeed())
         self.optimus = Optimus(lambda snapshot: self.estimator)
+        self.relative, self.reserve = relative, reserve
+
+    def _gain(self, job, packer, total):
+        gain, role = self.optimus.best_gain(job, packer, self.estimator, total)
+        if self.relative and np.isfinite(gain):
+            now = self.optimus._time(job, self.estimator, packer.count(job, "ps"), packer.count(job, "worker"))
+            gain = gain / now if np.isfinite(now) and now > 0 else gain
+        return gain, role
+
+    def _reserved(self, state) -> np.ndarray:
+        """Summed starting-gang demand of the later windows' jobs that hold nothing yet."""
+        packer, mine = state.packer, {id(j) for j in state.jobs}
+        out = np.zeros(3)
+        for job in state.snapshot.jobs:
+            if id(job) in mine or packer.has_tasks(job):
+                continue
+            ps = max(job.min_ps, 1) if job.uses_ps else 0
+            out += max(job.min_workers, 1) * packer.demand(job, "worker")
+            if ps:
+                out += ps * packer.demand(job, "ps")
+        return out
 
     def act(self, state, mask):
         packer = state.packer
@@ -116,18 +149,25 @@ class OptimusOracleTeacher:
                 if mask[3 * i + dl2_state.BUNDLE]:
                     return 3 * i + dl2_state.BUNDLE
         total = np.where(state.snapshot.total_capacity > 0, state.snapshot.total_capacity, 1.0)
+        spare = packer.free.sum(axis=0) - self._reserved(state) if self.reserve and state.vector[-1] > 0 else None  # last global: backlog
         best, best_gain = state.void, 0.0
         for i, job in enumerate(state.jobs):
             if not packer.has_tasks(job):
                 continue
-            gain, role = self.optimus.best_gain(job, packer, self.estimator, total)
+            gain, role = self._gain(job, packer, total)
             a = 3 * i + (dl2_state.PS if role == "ps" else dl2_state.WORKER)
+            if spare is not None and (spare < packer.demand(job, role) - 1e-9).any():
+                continue
             if gain > best_gain and mask[a]:
                 best, best_gain = a, gain
         return best
 
 
-TEACHERS = {"drf": DRFTeacher, "optimus-oracle": OptimusOracleTeacher}
+TEACHERS = {
+    "drf": DRFTeacher,
+    "optimus-oracle": OptimusOracleTeacher,
+    "relative-oracle": lambda: OptimusOracleTeacher(relative=True, reserve=True),
+}
 
 
 class SamplingActor:
@@ -207,20 +247,42 @@ def avg_jct(result) -> float:
 
 
 # ---- supervised warm-up -----------------------------------------------------------------------
-def collect_teacher_samples(args: Args, traces: range):
+class LabelledByTeacher:
+    """DAgger: the student acts (greedily), the teacher says what it would have done in the
+    student's state; the labels are recorded, the student's action is taken. Plain imitation
+    only ever sees the teacher's own states, so the student's first mistake leads it where
+    it never learned what to do."""
+
+    def __init__(self, student, teacher):
+        self.student, self.teacher, self.label = student, teacher, None
+
+    def act(self, state, mask):
+        self.label = self.teacher.act(state, mask)
+        return self.student.act(state, mask)
+
+
+def make_teacher(args: Args):
+    if args.teacher not in TEACHERS:
+        raise ValueError(f"unknown teacher {args.teacher!r}; choose one of {', '.join(TEACHERS)}")
+    return TEACHERS[args.teacher]()
+
+
+def collect_teacher_samples(args: Args, traces: range, student=None):
+    """(state, mask, teacher's action) for every step of rollouts on `traces`: driven by the
+    teacher itself, or by `student` (a network) with the teacher's labels (DAgger)."""
     states, masks, actions = [], [], []
+    teacher = make_teacher(args)
+    actor = teacher if student is None else LabelledByTeacher(GreedyActor(networks.NumpyPolicy(student)), teacher)
 
     def record(vec, mask, action, granted):
         states.append(vec)
         masks.append(mask)
-        actions.append(action)
+        actions.append(action if student is None else actor.label)
 
-    if args.teacher not in TEACHERS:
-        raise ValueError(f"unknown teacher {args.teacher!r}; choose one of {', '.join(TEACHERS)}")
-    teacher = DL2Policy(TEACHERS[args.teacher](), window=args.window, on_step=record)
+    policy = DL2Policy(actor, window=args.window, on_step=record)
     for k in traces:
         trace, config = train_episode_setup(args, k)
-        simulate(trace, config, teacher, max_slots=args.max_slots_per_episode)
+        simulate(trace, config, policy, max_slots=args.max_slots_per_episode)
     return (torch.tensor(np.array(states)), torch.tensor(np.array(masks), dtype=torch.float32),
             torch.tensor(actions))
 
@@ -231,22 +293,38 @@ def agreement(net, states, masks, actions) -> float:
     return float((pred == actions).float().mean())
 
 
-def supervised(args: Args, net, log):
-    s, m, a = collect_teacher_samples(args, range(args.sl_traces))
-    hs, hm, ha = collect_teacher_samples(args, range(10_000, 10_004))  # held out
-    opt = torch.optim.Adam(net.parameters(), lr=args.sl_lr)
+def fit(net, opt, s, m, a, epochs: int, batch: int, desc: str) -> None:
     n = len(a)
-    for epoch in tqdm(range(args.sl_epochs), desc="SL warm-up", file=sys.stderr, disable=None, leave=False):
+    for _ in tqdm(range(epochs), desc=desc, file=sys.stderr, disable=None, leave=False):
         perm = torch.randperm(n)
-        for k in range(0, n, args.sl_batch):
-            idx = perm[k:k + args.sl_batch]
+        for k in range(0, n, batch):
+            idx = perm[k:k + batch]
             loss = torch.nn.functional.cross_entropy(networks.masked_logits(net.logits(s[idx]), m[idx]), a[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
-    result = {"samples": n, "train_agreement": agreement(net, s, m, a),
-              "heldout_agreement": agreement(net, hs, hm, ha)}
-    log(f"SL: {n} samples, agreement with {args.teacher} train {result['train_agreement']:.3f} "
+
+
+def supervised(args: Args, net, log):
+    """Imitate the teacher (cross-entropy), then `dagger_rounds` of DAgger: roll the student
+    out on fresh traces, label its states with the teacher's actions, refit on everything."""
+    s, m, a = collect_teacher_samples(args, range(args.sl_traces))
+    hs, hm, ha = collect_teacher_samples(args, range(10_000, 10_004))  # held out
+    opt = torch.optim.Adam(net.parameters(), lr=args.sl_lr)
+    fit(net, opt, s, m, a, args.sl_epochs, args.sl_batch, "SL warm-up")
+    result = {"teacher_samples": len(a)}
+    first = args.sl_traces
+    for r in range(args.dagger_rounds):
+        traces = range(first, first + args.dagger_traces)
+        first += args.dagger_traces
+        ds, dm, da = collect_teacher_samples(args, traces, student=net)
+        result.setdefault("dagger_agreement_before_refit", []).append(agreement(net, ds, dm, da))
+        s, m, a = torch.cat([s, ds]), torch.cat([m, dm]), torch.cat([a, da])
+        fit(net, opt, s, m, a, args.dagger_epochs, args.sl_batch, f"DAgger {r + 1}/{args.dagger_rounds}")
+    result.update(samples=len(a), train_agreement=agreement(net, s, m, a),
+                  heldout_agreement=agreement(net, hs, hm, ha))
+    log(f"SL: {len(a)} samples ({result['teacher_samples']} from the teacher, the rest DAgger), "
+        f"agreement with {args.teacher} train {result['train_agreement']:.3f} "
         f"held-out {result['heldout_agreement']:.3f}")
     return result
 
@@ -379,7 +457,8 @@ def score(val: dict[str, float], base: dict[str, dict[str, float]]) -> float:
 
 
 # ---- main ---------------------------------------------------------------------------------------
-def train(args: Args, log=print) -> dict:
+def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
+    """`argv`: the trainer's own arguments, recorded in the card as the command to rerun."""
     t0 = time.time()
     torch.manual_seed(args.seed)
     rng = np.random.default_rng(args.seed)
@@ -419,11 +498,11 @@ def train(args: Args, log=print) -> dict:
         explore = args.explore_start + frac * (args.explore_end - args.explore_start)
         beta = args.entropy_start + frac * (args.entropy_end - args.entropy_start)
         random = args.random_start + frac * (args.random_end - args.random_start)
-        samples, ep_reward = rl_episode(args, args.sl_traces + ep, net, rng, explore, random)
+        samples, ep_reward = rl_episode(args, args.sl_traces + args.dagger_rounds * args.dagger_traces + ep, net, rng, explore, random)
         for smp in samples:
             replay.add(*smp)
         warm = ep <= args.critic_warmup_episodes
-        for _ in range(args.updates_per_episode):
+        for _ in range(args.updates_per_episode if replay.size else 0):  # an episode may decide nothing
             rl_update(net, opt, replay.sample(rng, args.batch), beta, policy_weight=0.0 if warm else 1.0)
         episodes = ep
         bar.update(1)
@@ -441,7 +520,7 @@ def train(args: Args, log=print) -> dict:
     net.load_state_dict(best["state"])
     wall = time.time() - t0
     training = {
-        "command": "mlsched train dl2 " + " ".join(sys.argv[3:] if sys.argv[1:3] == ["train", "dl2"] else sys.argv[1:]),
+        "command": " ".join(["mlsched train dl2", *(sys.argv[1:] if argv is None else argv)]),
         "wall_time_s": round(wall, 1), "machine": f"{torch.get_num_threads()} torch thread(s), CPU",
         "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(args).items()},
         "sl": sl, "rl": {"episodes": episodes, "best_episode": best["episode"]},
@@ -471,7 +550,7 @@ def parse_args(argv: list[str] | None) -> Args:
 
 
 def main(argv: list[str] | None = None) -> int:
-    train(parse_args(argv))
+    train(parse_args(argv), argv=argv)
     return 0
 
 
