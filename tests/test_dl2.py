@@ -272,3 +272,25 @@ def test_train_command_runs_every_phase_and_writes_a_servable_model(tmp_path):
     assert set(card["validation"]["avg_jct_s"]) == {"small"}
     assert load_model(out / "dl2-sl.onnx", kind="dl2").card.raw["phase"] == "sl"
     assert (out / "learning-curve.png").stat().st_size > 10_000
+
+
+def test_incremental_state_and_mask_equal_a_fresh_encoding_after_every_grant():
+    """WindowState keeps its vector and mask incrementally (witness nodes for what still
+    fits); after any sequence of grants they must equal those of a state built from scratch."""
+    rng = np.random.default_rng(3)
+    models = list(dl2_state.catalog.MODEL_NAMES)
+    jobs = [job(f"j{i}", model=models[i % len(models)], arch="allreduce" if i % 3 == 0 else "ps",
+                arrival=i, max_workers=6, max_ps=4) for i in range(J)]
+    snap = make_snapshot(jobs, nodes=5)
+    packer = Packer(snap, LB)
+    st = WindowState(snap, packer, jobs, J)
+    for step in range(60):
+        mask = st.mask()
+        allowed = np.flatnonzero(mask[: st.void])
+        if not allowed.size:
+            break
+        st.apply(int(rng.choice(allowed)))
+        fresh = WindowState(snap, packer, jobs, J)
+        assert np.array_equal(st.vector, fresh.vector), step
+        assert np.array_equal(st.mask(), fresh.mask() & ~st._failed), step
+    assert step > 10 and not st.mask()[: st.void].any()  # ran until the cluster was full

@@ -73,11 +73,9 @@ class Packer:
         return catalog.MODELS[job.model].demand(role)
 
     def fits_mask(self, demand: np.ndarray, job: JobView | None = None) -> np.ndarray:
-        free = self._free_t
-        mask = np.ones(free.shape[1], dtype=bool)
-        for r in range(free.shape[0]):
-            if demand[r] > 0:
-                mask &= free[r] >= demand[r] - _EPS
+        # One comparison over all resources: a resource the task does not use (demand 0)
+        # compares free >= -eps, always true, so it needs no special case.
+        mask = (self._free_t >= (demand - _EPS)[:, None]).all(axis=0)
         if job is not None and job.pool is not None:
             mask &= self._pool_mask(job.pool)
         return mask

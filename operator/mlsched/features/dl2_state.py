@@ -62,7 +62,13 @@ def _reference_hours(job: JobView) -> float:
 
 
 class WindowState:
-    """The state vector and mask for one window, updated in place as tasks are granted."""
+    """The state vector and mask for one window, updated in place as tasks are granted.
+
+    A round asks for a mask and applies a grant a few hundred times, so both are kept
+    incremental: a grant changes one job's row, and capacity only on the nodes it used (it
+    never grows within a round). Which distinct task demands still fit somewhere is tracked
+    with a witness node per demand, rechecked only when a grant touched that node.
+    """
 
     def __init__(self, snapshot: Snapshot, packer: Packer, jobs: list[JobView], window: int,
                  backlog: int = 0):
@@ -72,9 +78,14 @@ class WindowState:
         self.void = 3 * window
         self._nodes = max(len(snapshot.node_names), 1)
         self._failed = np.zeros(n_actions(window), dtype=bool)  # tried this round and did not fit
+        self._any_failed = False
         self.vector = np.zeros(state_dim(window), dtype=np.float32)
         rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
         self._rows = rows
+        cap = snapshot.total_capacity
+        self._cap_or_inf = np.where(cap > 0, cap, np.inf)  # x / inf = 0 where a resource is absent
+        total = snapshot.total_capacity
+        self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
         self._index_demands()
         for i, job in enumerate(jobs):
             r = rows[i]
@@ -93,24 +104,28 @@ class WindowState:
         g[4] = len(jobs) / window
         g[5] = min(backlog / window, 4.0)
         self._refresh_free()
+        self._fits = self._fits_any_node()
 
     # ---- state updates --------------------------------------------------------------------
     def _refresh_job(self, i: int) -> None:
         job, r = self.jobs[i], self._rows[i]
-        w, ps = self.packer.count(job, "worker"), self.packer.count(job, "ps")
+        d = self.packer.jobs.get(job.name)
+        w, ps = (d.workers, d.ps) if d is not None else (0, 0)
         # Dominant share in units of 8 nodes' worth (16 GPU bundles): the raw share shrinks
         # with the cluster (one bundle is 4 % of 13 nodes, 0.1 % of 500) and would vanish.
-        r[_SHARE] = self.packer.dominant_share(job) * self._nodes / 8.0
+        # (Packer.dominant_share's arithmetic, on the demands cached for this window.)
+        share = float(((ps * self._ps_demand[i] + w * self._w_demand[i]) * self._inv_total).max())
+        r[_SHARE] = share * self._nodes / 8.0
         r[_WORKERS] = w / _COUNT_SCALE
         r[_PS] = ps / _COUNT_SCALE
         self._w[i], self._ps[i] = w, ps
+        self._has[i] = w + ps > 0
+        self._w_room[i] = w < self._max_w[i]
+        self._ps_room[i] = ps < self._max_ps[i] and self._uses_ps[i]
 
     def _refresh_free(self) -> None:
-        cap = self.snapshot.total_capacity
-        free = self.packer.free.sum(axis=0)
         g = self.vector[self.window * JOB_FEATURES:]
-        g[:3] = np.divide(free, cap, out=np.zeros(3), where=cap > 0)
-        self._fits = None  # per distinct demand; recomputed lazily after capacity changed
+        g[:3] = self.packer.free.sum(axis=0) / self._cap_or_inf
 
     # ---- masks ------------------------------------------------------------------------------
     def _index_demands(self) -> None:
@@ -130,38 +145,67 @@ class WindowState:
         n = len(self.jobs)
         self._w = np.zeros(n, dtype=np.int64)
         self._ps = np.zeros(n, dtype=np.int64)
+        self._has = np.zeros(n, dtype=bool)
+        self._w_room = np.zeros(n, dtype=bool)
+        self._ps_room = np.zeros(n, dtype=bool)
         self._max_w = np.array([j.bounds("worker")[1] for j in self.jobs], dtype=np.int64)
         self._max_ps = np.array([j.bounds("ps")[1] for j in self.jobs], dtype=np.int64)
         self._uses_ps = np.array([j.uses_ps for j in self.jobs], dtype=bool)
+        self._no_ps = ~self._uses_ps
+        self._w_demand = [self.packer.demand(j, "worker") for j in self.jobs]
+        self._ps_demand = [self.packer.demand(j, "ps") for j in self.jobs]
         self._wkey = np.array([key_of(j, "worker") for j in self.jobs], dtype=np.int64)
         self._pskey = np.array([key_of(j, "ps") for j in self.jobs], dtype=np.int64)
+        self._pooled = any(j.pool is not None for _, j in self._demands)
+        self._demand_matrix = np.array([d for d, _ in self._demands]).reshape(-1, 3)  # (K, 3)
 
     def _fits_any_node(self) -> np.ndarray:
-        """For each distinct demand: does any (allowed) node have room for it?"""
-        if any(j.pool is not None for _, j in self._demands):
-            return np.array([bool(self.packer.fits_mask(d, j).any()) for d, j in self._demands])
-        demands = np.array([d for d, _ in self._demands]).T  # (3, K)
-        room = self.packer.free.T[:, :, None] >= demands[:, None, :] - 1e-9  # (3, N, K)
-        return room.all(axis=0).any(axis=0)
+        """For each distinct demand: does any (allowed) node have room for it? Also records
+        a node with room (the witness) for each demand that fits."""
+        if self._pooled:
+            rooms = [self.packer.fits_mask(d, j) for d, j in self._demands]
+            self._witness = np.array([int(r.argmax()) if r.any() else -1 for r in rooms], dtype=np.int64)
+            return self._witness >= 0
+        demands = self._demand_matrix.T  # (3, K)
+        room = (self.packer.free.T[:, :, None] >= demands[:, None, :] - 1e-9).all(axis=0)  # (N, K)
+        fits = room.any(axis=0)
+        self._witness = np.where(fits, room.argmax(axis=0), -1)
+        return fits
+
+    def _recheck_fits(self, touched: list[int]) -> None:
+        """After a grant that used `touched` nodes: capacity fell there and nowhere else, so a
+        demand can stop fitting only if its witness was one of them."""
+        if self._pooled:
+            self._fits = self._fits_any_node()
+            return
+        free = self.packer.free
+        hit = self._witness == touched[0]  # a grant uses one or two nodes: cheaper than np.isin
+        for node in touched[1:]:
+            hit |= self._witness == node
+        for k in np.flatnonzero(hit):
+            n = self._witness[k]
+            demand = self._demand_matrix[k]
+            if (free[n] >= demand - 1e-9).all():
+                continue
+            room = (free >= demand - 1e-9).all(axis=1)
+            self._witness[k] = int(room.argmax()) if room.any() else -1
+            self._fits[k] = self._witness[k] >= 0
 
     def mask(self) -> np.ndarray:
-        if self._fits is None:
-            self._fits = self._fits_any_node()
         n = len(self.jobs)
         worker_ok = self._fits[self._wkey]
-        ps_ok = self._fits[self._pskey] | ~self._uses_ps
-        has = (self._w + self._ps) > 0
-        w_room = self._w < self._max_w
-        ps_room = (self._ps < self._max_ps) & self._uses_ps
-        per_job = np.zeros((self.window, 3), dtype=bool)
-        per_job[:n, WORKER] = has & w_room & worker_ok
-        per_job[:n, PS] = has & ps_room & ps_ok
+        ps_ok = self._fits[self._pskey] | self._no_ps
+        has, w_room, ps_room = self._has, self._w_room, self._ps_room
+        m = np.zeros(n_actions(self.window), dtype=bool)
+        per_job = m[: 3 * n].reshape(n, 3)
+        per_job[:, WORKER] = has & w_room & worker_ok
+        per_job[:, PS] = has & ps_room & ps_ok
         # A job holding nothing may only start (its gang); a bundle needs both roles.
-        per_job[:n, BUNDLE] = np.where(has, w_room & ps_room & worker_ok & ps_ok, worker_ok & ps_ok)
-        m = np.empty(n_actions(self.window), dtype=bool)
-        m[: self.void] = per_job.reshape(-1)
+        both = worker_ok & ps_ok
+        per_job[:, BUNDLE] = np.where(has, w_room & ps_room & both, both)
         m[self.void] = True
-        m &= ~self._failed
+        if self._any_failed:
+            m &= ~self._failed
         if not has.any() and m[: self.void].any():
             m[self.void] = False
         return m
@@ -175,15 +219,20 @@ class WindowState:
         if i >= len(self.jobs):
             raise ValueError(f"action {action} names empty job slot {i}")
         job = self.jobs[i]
+        d = self.packer.jobs.get(job.name)
+        held_ps, held_w = (len(d.ps_nodes), len(d.worker_nodes)) if d is not None else (0, 0)
         if kind == BUNDLE:
             ok = self.packer.grow_bundle(job)
         else:
             ok = self.packer.grow(job, "worker" if kind == WORKER else "ps")
         if ok:
+            d = self.packer.jobs[job.name]
             self._refresh_job(i)
             self._refresh_free()
+            self._recheck_fits(d.ps_nodes[held_ps:] + d.worker_nodes[held_w:])
         else:
             self._failed[action] = True
+            self._any_failed = True
         return ok
 
 
