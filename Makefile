@@ -29,9 +29,9 @@ test: $(BIN)/.installed-dev
 
 # Builds etcd, kube-apiserver, KCM, kube-scheduler and kwok from the Go module proxy into
 # ~/.cache/mlsched-e2e on first use (about 13 minutes), then runs the operator against them.
+# A hung test fails after 15 minutes with its stack instead of eating CI's 90.
 e2e: $(BIN)/.installed-dev
 	bash e2e/build_control_plane.sh
-	# A hung test fails after 15 minutes with its stack instead of eating CI's 90.
 	$(BIN)/python -m pytest -q e2e -o timeout_func_only=true --timeout=900
 
 # Operator latency and scale against the real control plane (several minutes).

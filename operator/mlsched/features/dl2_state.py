@@ -114,7 +114,7 @@ class WindowState:
         # Dominant share in units of 8 nodes' worth (16 GPU bundles): the raw share shrinks
         # with the cluster (one bundle is 4 % of 13 nodes, 0.1 % of 500) and would vanish.
         # (Packer.dominant_share's arithmetic, on the demands cached for this window.)
-        share = float(((ps * self._ps_demand[i] + w * self._w_demand[i]) * self._inv_total).max())
+        share = max((ps * p + w * q) * t for p, q, t in self._share_terms[i])  # plain floats: 3 values
         r[_SHARE] = share * self._nodes / 8.0
         r[_WORKERS] = w / _COUNT_SCALE
         r[_PS] = ps / _COUNT_SCALE
@@ -152,8 +152,10 @@ class WindowState:
         self._max_ps = np.array([j.bounds("ps")[1] for j in self.jobs], dtype=np.int64)
         self._uses_ps = np.array([j.uses_ps for j in self.jobs], dtype=bool)
         self._no_ps = ~self._uses_ps
-        self._w_demand = [self.packer.demand(j, "worker") for j in self.jobs]
-        self._ps_demand = [self.packer.demand(j, "ps") for j in self.jobs]
+        inv_total = self._inv_total.tolist()
+        self._share_terms = [list(zip(self.packer.demand(j, "ps").tolist(),
+                                      self.packer.demand(j, "worker").tolist(), inv_total))
+                             for j in self.jobs]
         self._wkey = np.array([key_of(j, "worker") for j in self.jobs], dtype=np.int64)
         self._pskey = np.array([key_of(j, "ps") for j in self.jobs], dtype=np.int64)
         self._pooled = any(j.pool is not None for _, j in self._demands)
