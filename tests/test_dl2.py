@@ -294,3 +294,73 @@ def test_incremental_state_and_mask_equal_a_fresh_encoding_after_every_grant():
         assert np.array_equal(st.vector, fresh.vector), step
         assert np.array_equal(st.mask(), fresh.mask() & ~st._failed), step
     assert step > 10 and not st.mask()[: st.void].any()  # ran until the cluster was full
+
+
+def test_greedy_action_is_the_first_most_probable_allowed_action():
+    from mlsched.policies.onnx_runner import greedy_action
+
+    def reference(probs, mask):
+        return int(np.argmax(np.where(mask, probs, -1.0)))
+
+    rng = np.random.default_rng(5)
+    for _ in range(500):
+        mask = rng.random(13) < 0.4
+        mask[rng.integers(13)] = True
+        probs = rng.choice([0.0, 0.25, 0.5], size=13).astype(np.float32)  # ties
+        if rng.random() < 0.5:
+            probs[~mask] = 0.0  # as the exported graph gives them
+        assert greedy_action(probs, mask) == reference(probs, mask)
+    # Every allowed probability 0 (underflow): the first allowed action, not a masked one.
+    probs = np.array([0.0, 0.0, 1.0, 0.0], dtype=np.float32)
+    assert greedy_action(probs, np.array([False, True, False, True])) == 1
+
+
+def test_the_onnx_actor_sees_the_state_as_it_is_updated_in_place(tiny_model):
+    """The actor binds the state vector to ONNX Runtime once per window; every answer must still
+    be the greedy choice on the current state."""
+    from mlsched.policies.onnx_runner import greedy_action
+
+    model = load_model(tiny_model[1], kind="dl2")
+    actor = GreedyOnnxActor(model)
+    jobs = [job(f"j{i}", model=m, arrival=i) for i, m in enumerate(["resnet-50", "dssm", "vgg-16", "wlm"])]
+    for _ in range(2):  # a second window on a new state rebinds
+        st, _ = window_state(jobs, nodes=3)
+        steps = 0
+        while st.can_grow():
+            mask = st.mask()
+            want = greedy_action(model.probabilities(st.vector[None, :], mask[None, :])[0], mask)
+            action = actor.act(st, mask)
+            assert action == want
+            if action == st.void:
+                break
+            st.apply(action)
+            steps += 1
+        assert steps > 3
+
+
+def test_incremental_mask_with_failed_grants_and_can_grow():
+    """Grants that fail (gangs and bundles that fit role by role but not together) are masked
+    from then on; the rest of the mask still equals a fresh encoding's, and can_grow() is
+    whether any job action is allowed."""
+    rng = np.random.default_rng(8)
+    models = list(dl2_state.catalog.MODEL_NAMES)
+    jobs = [job(f"j{i}", model=models[i % len(models)], arch="allreduce" if i % 4 == 0 else "ps",
+                arrival=i, min_workers=int(rng.integers(1, 4)), max_workers=5, max_ps=3) for i in range(J)]
+    snap = make_snapshot(jobs, nodes=3)
+    packer = Packer(snap, LB)
+    st = WindowState(snap, packer, jobs, J)
+    failures = 0
+    for step in range(200):
+        mask = st.mask()
+        assert st.can_grow() == mask[: st.void].any()
+        has_any = any(packer.has_tasks(j) for j in jobs)
+        assert mask[st.void] == (has_any or not mask[: st.void].any())
+        if not st.can_grow():
+            break
+        # Mostly allowed actions, sometimes any action of an occupied slot (masked ones too).
+        choices = np.flatnonzero(mask[: st.void]) if rng.random() < 0.7 else np.arange(3 * len(jobs))
+        failures += not st.apply(int(rng.choice(choices)))
+        fresh = WindowState(snap, packer, jobs, J)
+        assert np.array_equal(st.vector, fresh.vector), step
+        assert np.array_equal(st.mask()[: st.void], (fresh.mask() & ~st._failed)[: st.void]), step
+    assert failures > 0 and not st.can_grow()

@@ -202,3 +202,39 @@ def test_job_pools_restrict_placement():
         pass
     nodes = packer.jobs["p"].ps_nodes + packer.jobs["p"].worker_nodes
     assert set(nodes) <= {2, 3} and len(packer.jobs["p"].worker_nodes) == 4
+
+
+# ---- fast paths must give what the full scans give ------------------------------------------
+def _random_packer(rng, nodes: int, pooled: bool):
+    snap = make_snapshot([job("x", pool="a" if pooled else None)], nodes=nodes)
+    if pooled:
+        snap.node_pools = [str(p) for p in rng.choice(["a", "b"], size=nodes)]
+    packer = Packer(snap, LB, sticky=False)
+    # Free capacity on a coarse grid (so ties and exact fits happen), some of it exhausted.
+    packer._free_t[:] = rng.integers(0, 5, size=packer._free_t.shape) * np.array([[2.0], [0.5], [8.0]])
+    packer.load[:] = rng.integers(0, 3, size=nodes) / 2  # many ties for the least-loaded node
+    return snap, packer
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_fits_on_agrees_with_fits_mask_and_load_balance_with_its_full_scan(pooled):
+    from mlsched.policies.placement.heuristics import _pick
+
+    rng = np.random.default_rng(11)
+    demands = [catalog.MODELS[m].demand(r) for m in ("resnet-50", "dssm") for r in ("ps", "worker")]
+    for _ in range(200):
+        snap, packer = _random_packer(rng, int(rng.integers(1, 9)), pooled)
+        j = snap.jobs[0]
+        for demand in demands:
+            mask = packer.fits_mask(demand, j)
+            assert [packer.fits_on(demand, n, j) for n in range(len(mask))] == mask.tolist()
+            assert LB.choose_node(packer, j, "worker", demand) == _pick(packer, j, demand, packer.load)
+
+
+def test_a_resource_a_task_does_not_use_never_blocks_it():
+    snap = make_snapshot([job("x", model="dssm")], nodes=2)  # dssm workers need no GPU
+    packer = Packer(snap, LB, sticky=False)
+    packer._free_t[1, :] = -1.0  # both nodes overcommitted in GPUs
+    demand = catalog.MODELS["dssm"].demand("worker")
+    assert packer.fits_mask(demand).tolist() == [True, True] and packer.fits_on(demand, 1)
+    assert not packer.fits_on(catalog.MODELS["resnet-50"].demand("worker"), 1)

@@ -47,12 +47,23 @@ class Packer:
         self._pool_masks: dict[str, np.ndarray] = {}
         total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
+        # Per distinct demand (a round places hundreds of tasks of a handful of demands):
+        self._thresholds: dict[tuple, tuple[np.ndarray, tuple[float, ...]]] = {}  # see _threshold
+        self._load_steps: dict[tuple, float] = {}  # (demand, node) -> load one such task adds
 
     # ---- queries -------------------------------------------------------------------------
     @property
     def free(self) -> np.ndarray:
         """Free capacity per node, (N, 3) (a read-only view)."""
         view = self._free_t.T
+        view.flags.writeable = False
+        return view
+
+    @property
+    def free_by_resource(self) -> np.ndarray:
+        """Free capacity per resource, (3, N) (a read-only view, updated in place as tasks are
+        placed): the layout scans over nodes are fastest on."""
+        view = self._free_t[:]
         view.flags.writeable = False
         return view
 
@@ -73,12 +84,40 @@ class Packer:
         return catalog.MODELS[job.model].demand(role)
 
     def fits_mask(self, demand: np.ndarray, job: JobView | None = None) -> np.ndarray:
-        # One comparison over all resources: a resource the task does not use (demand 0)
-        # compares free >= -eps, always true, so it needs no special case.
-        mask = (self._free_t >= (demand - _EPS)[:, None]).all(axis=0)
+        column, _ = self._threshold(demand)
+        mask = np.logical_and.reduce(self._free_t >= column, axis=0)
         if job is not None and job.pool is not None:
             mask &= self._pool_mask(job.pool)
         return mask
+
+    def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None) -> bool:
+        """fits_mask(demand, job)[node], without comparing every node."""
+        _, need = self._threshold(demand)
+        free = self._free_t
+        for r, need_r in enumerate(need):
+            if not free[r, node] >= need_r:
+                return False
+        return job is None or job.pool is None or bool(self._pool_mask(job.pool)[node])
+
+    def _threshold(self, demand: np.ndarray) -> tuple[np.ndarray, tuple[float, ...]]:
+        """The free capacity a node needs for `demand`: the demand less a rounding tolerance,
+        and -inf for a resource the task does not use (that one never blocks it). As a (3, 1)
+        column to compare all nodes at once, and as plain floats to check one node."""
+        key = _demand_key(demand)
+        need = self._thresholds.get(key)
+        if need is None:
+            column = np.where(demand > 0, demand - _EPS, -np.inf)[:, None]
+            need = self._thresholds[key] = (column, tuple(column[:, 0].tolist()))
+        return need
+
+    def _load_step(self, demand: np.ndarray, node: int) -> float:
+        """The normalised load one task of `demand` adds on `node`: the dot product, computed
+        once per demand and node (placing and undoing a task add and subtract the same float)."""
+        key = (_demand_key(demand), node)
+        step = self._load_steps.get(key)
+        if step is None:
+            step = self._load_steps[key] = float(demand @ self._inv_cap[node])
+        return step
 
     def used_share(self, job: JobView) -> np.ndarray:
         """Share of the cluster's total of each resource that this round gives the job."""
@@ -126,24 +165,24 @@ class Packer:
     def _add_many(self, job: JobView, roles: list[Role]) -> bool:
         added: list[tuple[Role, int]] = []
         for role in roles:
-            lo, hi = job.bounds(role)
-            if self.count(job, role) >= hi:
+            held = self.count(job, role)
+            if held >= job.bounds(role)[1]:
                 self._undo(job, added)
                 return False
-            node = self._pick_node(job, role)
+            demand = self.demand(job, role)
+            node = self._pick_node(job, role, demand, held)
             if node is None:
                 self._undo(job, added)
                 return False
-            self._place(job, role, node)
+            self._place(job, role, node, demand)
             added.append((role, node))
         self.inferences += 1
         return True
 
-    def _pick_node(self, job: JobView, role: Role) -> int | None:
-        demand = self.demand(job, role)
+    def _pick_node(self, job: JobView, role: Role, demand: np.ndarray, ordinal: int) -> int | None:
+        """The node for task `ordinal` of `role` (the job holds `ordinal` such tasks so far)."""
         if self.sticky:
             previous = job.ps_nodes if role == "ps" else job.worker_nodes
-            ordinal = self.count(job, role)
             if ordinal < len(previous):
                 node = previous[ordinal]
                 free = self._free_t
@@ -152,10 +191,11 @@ class Packer:
                         return node
         return self.placement.choose_node(self, job, role, demand)
 
-    def _place(self, job: JobView, role: Role, node: int) -> None:
-        demand = self.demand(job, role)
+    def _place(self, job: JobView, role: Role, node: int, demand: np.ndarray | None = None) -> None:
+        if demand is None:
+            demand = self.demand(job, role)
         self._free_t[:, node] -= demand
-        self.load[node] += float(demand @ self._inv_cap[node])
+        self.load[node] += self._load_step(demand, node)
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
@@ -164,7 +204,7 @@ class Packer:
         for role, node in reversed(added):
             demand = self.demand(job, role)
             self._free_t[:, node] += demand
-            self.load[node] -= float(demand @ self._inv_cap[node])
+            self.load[node] -= self._load_step(demand, node)
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))
@@ -181,3 +221,7 @@ class Packer:
 
     def decision(self) -> Decision:
         return Decision(jobs=self.jobs, inferences=self.inferences)
+
+
+def _demand_key(demand: np.ndarray) -> tuple[str, bytes]:
+    return demand.dtype.str, demand.tobytes()

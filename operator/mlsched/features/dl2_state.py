@@ -65,9 +65,12 @@ class WindowState:
     """The state vector and mask for one window, updated in place as tasks are granted.
 
     A round asks for a mask and applies a grant a few hundred times, so both are kept
-    incremental: a grant changes one job's row, and capacity only on the nodes it used (it
-    never grows within a round). Which distinct task demands still fit somewhere is tracked
-    with a witness node per demand, rechecked only when a grant touched that node.
+    incremental: a grant changes one job's row and its three actions, and capacity only on the
+    nodes it used (it never grows within a round). Which distinct task demands still fit
+    somewhere is tracked with a witness node per demand, rechecked only when a grant touched
+    that node; only when a demand stops fitting anywhere are all jobs' actions recomputed.
+    Per-job bookkeeping is plain Python: a step touches a handful of scalars, for which numpy
+    calls cost more than they save.
     """
 
     def __init__(self, snapshot: Snapshot, packer: Packer, jobs: list[JobView], window: int,
@@ -82,6 +85,8 @@ class WindowState:
         self.vector = np.zeros(state_dim(window), dtype=np.float32)
         rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
         self._rows = rows
+        self._free_share = self.vector[window * JOB_FEATURES: window * JOB_FEATURES + 3]
+        self._free = packer.free_by_resource  # (3, N), a live view
         cap = snapshot.total_capacity
         self._cap_or_inf = np.where(cap > 0, cap, np.inf)  # x / inf = 0 where a resource is absent
         total = snapshot.total_capacity
@@ -105,6 +110,12 @@ class WindowState:
         g[5] = min(backlog / window, 4.0)
         self._refresh_free()
         self._fits = self._fits_any_node()
+        # The mask of job actions, kept in step with the flags it is built from.
+        self._mask = np.zeros(n_actions(window), dtype=bool)
+        self._allowed = [False] * (3 * len(jobs))
+        self._n_allowed = 0
+        for i in range(len(jobs)):
+            self._refresh_actions(i)
 
     # ---- state updates --------------------------------------------------------------------
     def _refresh_job(self, i: int) -> None:
@@ -118,14 +129,14 @@ class WindowState:
         r[_SHARE] = share * self._nodes / 8.0
         r[_WORKERS] = w / _COUNT_SCALE
         r[_PS] = ps / _COUNT_SCALE
-        self._w[i], self._ps[i] = w, ps
+        if w + ps > 0 and not self._has[i]:
+            self._n_has += 1
         self._has[i] = w + ps > 0
         self._w_room[i] = w < self._max_w[i]
         self._ps_room[i] = ps < self._max_ps[i] and self._uses_ps[i]
 
     def _refresh_free(self) -> None:
-        g = self.vector[self.window * JOB_FEATURES:]
-        g[:3] = self.packer.free.sum(axis=0) / self._cap_or_inf
+        self._free_share[:] = self._free.sum(axis=1) / self._cap_or_inf
 
     # ---- masks ------------------------------------------------------------------------------
     def _index_demands(self) -> None:
@@ -143,74 +154,81 @@ class WindowState:
             return keys[k]
 
         n = len(self.jobs)
-        self._w = np.zeros(n, dtype=np.int64)
-        self._ps = np.zeros(n, dtype=np.int64)
-        self._has = np.zeros(n, dtype=bool)
-        self._w_room = np.zeros(n, dtype=bool)
-        self._ps_room = np.zeros(n, dtype=bool)
-        self._max_w = np.array([j.bounds("worker")[1] for j in self.jobs], dtype=np.int64)
-        self._max_ps = np.array([j.bounds("ps")[1] for j in self.jobs], dtype=np.int64)
-        self._uses_ps = np.array([j.uses_ps for j in self.jobs], dtype=bool)
-        self._no_ps = ~self._uses_ps
+        self._has = [False] * n
+        self._n_has = 0
+        self._w_room = [False] * n
+        self._ps_room = [False] * n
+        self._max_w = [j.bounds("worker")[1] for j in self.jobs]
+        self._max_ps = [j.bounds("ps")[1] for j in self.jobs]
+        self._uses_ps = [j.uses_ps for j in self.jobs]
         inv_total = self._inv_total.tolist()
         self._share_terms = [list(zip(self.packer.demand(j, "ps").tolist(),
                                       self.packer.demand(j, "worker").tolist(), inv_total))
                              for j in self.jobs]
-        self._wkey = np.array([key_of(j, "worker") for j in self.jobs], dtype=np.int64)
-        self._pskey = np.array([key_of(j, "ps") for j in self.jobs], dtype=np.int64)
+        self._wkey = [key_of(j, "worker") for j in self.jobs]
+        self._pskey = [key_of(j, "ps") for j in self.jobs]
         self._pooled = any(j.pool is not None for _, j in self._demands)
         self._demand_matrix = np.array([d for d, _ in self._demands]).reshape(-1, 3)  # (K, 3)
+        # What a node's free capacity must reach, per distinct demand: as a (3, 1) column to
+        # scan all nodes at once, and as plain floats to check one node.
+        self._need = self._demand_matrix[:, :, None] - 1e-9  # (K, 3, 1)
+        self._need_floats = [tuple(t) for t in self._need[:, :, 0].tolist()]
 
-    def _fits_any_node(self) -> np.ndarray:
+    def _fits_any_node(self) -> list[bool]:
         """For each distinct demand: does any (allowed) node have room for it? Also records
         a node with room (the witness) for each demand that fits."""
         if self._pooled:
             rooms = [self.packer.fits_mask(d, j) for d, j in self._demands]
-            self._witness = np.array([int(r.argmax()) if r.any() else -1 for r in rooms], dtype=np.int64)
-            return self._witness >= 0
-        demands = self._demand_matrix.T  # (3, K)
-        room = (self.packer.free.T[:, :, None] >= demands[:, None, :] - 1e-9).all(axis=0)  # (N, K)
-        fits = room.any(axis=0)
-        self._witness = np.where(fits, room.argmax(axis=0), -1)
-        return fits
+            self._witness = [int(r.argmax()) if r.any() else -1 for r in rooms]
+        else:
+            room = (self._free[None, :, :] >= self._need).all(axis=1)  # (K, N)
+            self._witness = np.where(room.any(axis=1), room.argmax(axis=1), -1).tolist()
+        return [n >= 0 for n in self._witness]
 
-    def _recheck_fits(self, touched: list[int]) -> None:
+    def _recheck_fits(self, touched: list[int]) -> bool:
         """After a grant that used `touched` nodes: capacity fell there and nowhere else, so a
-        demand can stop fitting only if its witness was one of them."""
-        if self._pooled:
-            self._fits = self._fits_any_node()
-            return
-        free = self.packer.free
-        hit = self._witness == touched[0]  # a grant uses one or two nodes: cheaper than np.isin
-        for node in touched[1:]:
-            hit |= self._witness == node
-        for k in np.flatnonzero(hit):
-            n = self._witness[k]
-            demand = self._demand_matrix[k]
-            if (free[n] >= demand - 1e-9).all():
+        demand can stop fitting only if its witness was one of them. True if one stopped."""
+        if self._pooled:  # pools are rare: recompute
+            before, self._fits = self._fits, self._fits_any_node()
+            return before != self._fits
+        free, changed = self._free, False
+        for k, node in enumerate(self._witness):
+            if node not in touched:
                 continue
-            room = (free >= demand - 1e-9).all(axis=1)
+            c, g, m = self._need_floats[k]
+            if free[0, node] >= c and free[1, node] >= g and free[2, node] >= m:
+                continue
+            room = (free >= self._need[k]).all(axis=0)
             self._witness[k] = int(room.argmax()) if room.any() else -1
-            self._fits[k] = self._witness[k] >= 0
+            if self._witness[k] < 0:
+                self._fits[k], changed = False, True
+        return changed
+
+    def _refresh_actions(self, i: int) -> None:
+        """Job i's three actions: roles at their cap, PS actions of all-reduce jobs, tasks no
+        node can hold and failed grants are masked; a job holding nothing may only start (its
+        gang, the bundle action); a bundle needs both roles."""
+        worker_ok = self._fits[self._wkey[i]]
+        ps_ok = self._fits[self._pskey[i]] or not self._uses_ps[i]
+        has, w_room, ps_room = self._has[i], self._w_room[i], self._ps_room[i]
+        flags = (has and w_room and worker_ok,
+                 has and ps_room and ps_ok,
+                 (w_room and ps_room and worker_ok and ps_ok) if has else (worker_ok and ps_ok))
+        for a, ok in enumerate(flags, start=3 * i):
+            ok = ok and not (self._any_failed and self._failed[a])
+            if ok != self._allowed[a]:
+                self._allowed[a] = ok
+                self._mask[a] = ok
+                self._n_allowed += 1 if ok else -1
+
+    def can_grow(self) -> bool:
+        """Is any job action (not stopping) unmasked? (mask()[:void].any(), without the mask.)"""
+        return self._n_allowed > 0
 
     def mask(self) -> np.ndarray:
-        n = len(self.jobs)
-        worker_ok = self._fits[self._wkey]
-        ps_ok = self._fits[self._pskey] | self._no_ps
-        has, w_room, ps_room = self._has, self._w_room, self._ps_room
-        m = np.zeros(n_actions(self.window), dtype=bool)
-        per_job = m[: 3 * n].reshape(n, 3)
-        per_job[:, WORKER] = has & w_room & worker_ok
-        per_job[:, PS] = has & ps_room & ps_ok
-        # A job holding nothing may only start (its gang); a bundle needs both roles.
-        both = worker_ok & ps_ok
-        per_job[:, BUNDLE] = np.where(has, w_room & ps_room & both, both)
-        m[self.void] = True
-        if self._any_failed:
-            m &= ~self._failed
-        if not has.any() and m[: self.void].any():
-            m[self.void] = False
-        return m
+        # Stopping is masked while no job of the window holds a task and one could start.
+        self._mask[self.void] = self._n_has > 0 or self._n_allowed == 0
+        return self._mask.copy()  # the caller may keep it (training stores it per step)
 
     # ---- actions ------------------------------------------------------------------------------
     def apply(self, action: int) -> bool:
@@ -231,10 +249,14 @@ class WindowState:
             d = self.packer.jobs[job.name]
             self._refresh_job(i)
             self._refresh_free()
-            self._recheck_fits(d.ps_nodes[held_ps:] + d.worker_nodes[held_w:])
+            if self._recheck_fits(d.ps_nodes[held_ps:] + d.worker_nodes[held_w:]):
+                for j in range(len(self.jobs)):  # a demand fits nowhere any more: every job's actions
+                    self._refresh_actions(j)
+                return ok
         else:
             self._failed[action] = True
             self._any_failed = True
+        self._refresh_actions(i)
         return ok
 
 

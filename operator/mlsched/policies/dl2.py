@@ -50,9 +50,9 @@ class DL2Policy:
             backlog = sum(len(g) for g in groups[k + 1:])
             state = WindowState(snapshot, packer, jobs, self.window, backlog)
             for _ in range(MAX_STEPS_PER_WINDOW):
-                mask = state.mask()
-                if not mask[: state.void].any():
+                if not state.can_grow():
                     break
+                mask = state.mask()
                 before = state.vector.copy() if self.on_step else None
                 action = self.actor.act(state, mask)
                 granted = action != state.void and state.apply(action)

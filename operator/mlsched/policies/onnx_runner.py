@@ -148,7 +148,7 @@ class GreedyOnnxActor:
         self.model = model
         self._state = None  # the WindowState the binding reads from
         self._binding = None
-        self._mask = self._probs = None
+        self._mask = self._probs = self._probs_row = None
 
     def _bind(self, state) -> None:
         import onnxruntime as ort
@@ -156,6 +156,7 @@ class GreedyOnnxActor:
         vector = state.vector[None, :]  # float32, contiguous: bound without a copy
         self._mask = np.zeros((1, state.void + 1), dtype=np.float32)
         self._probs = np.zeros((1, state.void + 1), dtype=np.float32)
+        self._probs_row = self._probs[0]
         binding = self.model.session.io_binding()
         binding.bind_ortvalue_input("state", ort.OrtValue.ortvalue_from_numpy(vector))
         binding.bind_ortvalue_input("mask", ort.OrtValue.ortvalue_from_numpy(self._mask))
@@ -167,4 +168,15 @@ class GreedyOnnxActor:
             self._bind(state)
         self._mask[0] = mask
         self.model.session.run_with_iobinding(self._binding)
-        return int(np.argmax(np.where(mask, self._probs[0], -1.0)))
+        return greedy_action(self._probs_row, mask)
+
+
+def greedy_action(probs: np.ndarray, mask: np.ndarray) -> int:
+    """The first most probable allowed action, np.argmax(np.where(mask, probs, -1)) for
+    probabilities (>= 0), mostly without the where: when the first maximum over all actions is
+    allowed, it is that action. The graph gives masked actions probability exactly 0, so it is
+    allowed unless every allowed probability is 0 too; only then mask explicitly."""
+    best = int(probs.argmax())
+    if mask[best]:
+        return best
+    return int(np.where(mask, probs, -1.0).argmax())
