@@ -85,19 +85,25 @@ def speed(model_path: Path) -> None:
         t = time.perf_counter()
         model.probabilities(x, m)
         per_call.append(time.perf_counter() - t)
-    policy = DL2Policy.load(str(model_path))
-    rounds, decisions = [], 0
-    for _ in range(50):
+    policy, drf = DL2Policy.load(str(model_path)), registry.make_allocation("drf")
+    rounds, drf_rounds, decisions = [], [], 0
+    for _ in range(50):  # interleaved with DRF's round on the same snapshot: a same-process yardstick
         t = time.perf_counter()
         d = run_round(snap, policy, lb)
         rounds.append(time.perf_counter() - t)
         decisions = d.inferences
+        t = time.perf_counter()
+        run_round(snap, drf, lb)
+        drf_rounds.append(time.perf_counter() - t)
     inf_us = statistics.median(per_call) * 1e6
     round_ms = statistics.median(rounds) * 1e3
     print(f"speed: {len(snap.jobs)} active jobs, J = {window}, onnxruntime 1 thread")
     print(f"  one inference      median {inf_us:7.1f} µs   target 50 µs   ratio {inf_us / 50:.2f}x")
     print(f"  one round (40 jobs) median {round_ms:7.2f} ms   target 10 ms   ratio {round_ms / 10:.2f}x "
           f"({decisions} grants)")
+    drf_ms = statistics.median(drf_rounds) * 1e3
+    print(f"  DRF's round, same jobs median {drf_ms:7.2f} ms   dl2 / DRF {round_ms / drf_ms:.2f}x "
+          "(a yardstick measured in this process: this machine's speed varies between processes)")
 
 
 def main() -> None:
