@@ -103,6 +103,32 @@ def test_torch_and_onnx_runtime_give_the_same_probabilities(arch, tmp_path):
         np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-5)
 
 
+def test_exported_graph_is_lean_and_its_weights_read_back(tmp_path):
+    """The export keeps sizes as constants (no Shape op evaluated per call once ONNX Runtime
+    has folded the graph) and every weight whole under its name, so reexport.py can rebuild
+    the network from a shipped file and export it again to the same probabilities."""
+    import onnx
+    import onnxruntime as ort
+
+    from policy_models.dl2 import reexport
+
+    torch.manual_seed(2)
+    net = networks.build("shared", J, (32, 32))
+    path = tmp_path / "dl2.onnx"
+    export.export(net, train.Args(window=J, hidden=(32, 32), arch="shared"), path, "test", {}, {})
+    opts = ort.SessionOptions()
+    opts.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
+    assert not ops & {"Shape", "Gather", "Expand"}, ops
+    rebuilt = reexport.shared_from_onnx(path, J, (32, 32))
+    for name, value in net.state_dict().items():
+        if not name.startswith("value"):
+            assert torch.equal(rebuilt.state_dict()[name], value), name
+    assert reexport.main([str(path)]) == 0  # exports again, checks, replaces, updates the card
+    assert load_model(path, kind="dl2").card.raw["notes"]
+
+
 def test_numpy_rollout_copy_matches_torch(tiny_model):
     net, _ = tiny_model
     st, _ = window_state([job("a"), job("b", model="dssm"), job("c", model="seq2seq")])

@@ -24,9 +24,11 @@ def export_onnx(net: torch.nn.Module, window: int, path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # The TorchScript-based exporter: these small MLPs need nothing newer, and it does not
-        # need onnxscript at export time.
+        # need onnxscript at export time. No constant folding here: the file keeps every weight
+        # whole under its parameter name (reexport.py reads them back by name), and ONNX Runtime
+        # folds the slices of them once, when it loads the model.
         torch.onnx.export(module, (state, mask), str(path), input_names=["state", "mask"],
-                          output_names=["probs"], opset_version=OPSET, dynamo=False,
+                          output_names=["probs"], opset_version=OPSET, dynamo=False, do_constant_folding=False,
                           dynamic_axes={"state": {0: "batch"}, "mask": {0: "batch"}, "probs": {0: "batch"}})
 
 
