@@ -7,8 +7,10 @@ ratios the issue sets (DL² <= 0.70 x DRF, <= 0.90 x Optimus, <= 1.00 x Optimus-
 mean slowdown against each job's ideal.
 Speed: one ONNX inference at J = 40 (median over realistic states, one thread; target 50 µs)
 and a whole round of decisions for 40 jobs (median; target 10 ms).
+Ablation (--ablation): the same ratios at 13 nodes with the simulator's interference on and
+off, under load-balance and bin-pack placement: how much of the gap to DRF is allocation.
 
-    python bench/bench_dl2.py [--seeds 3] [--model policy_models/artifacts/dl2/dl2.onnx]
+    python bench/bench_dl2.py [--seeds 3] [--model policy_models/artifacts/dl2/dl2.onnx] [--ablation]
 """
 
 from __future__ import annotations
@@ -65,6 +67,25 @@ def quality(model: Path, seeds: int) -> None:
               f"SL+RL / DRF {dl2 / np.mean(jct['drf']):.3f}")
 
 
+def ablation(model: Path, seeds: int) -> None:
+    sc = SCENARIOS["small"]
+    print(f"ablation: {sc.name} ({sc.nodes} nodes), avg JCT (h) over {seeds} unseen trace(s)")
+    print(f"{'interference':<12} {'placement':<13} {'drf':>6} {'oracle':>7} {'dl2':>6} {'dl2/drf':>8} {'oracle/drf':>10}")
+    for interference in (True, False):
+        for placement in ("load-balance", "bin-pack"):
+            jct: dict[str, list[float]] = {}
+            for seed in list(BENCHMARK_SEEDS)[:seeds]:
+                sim = Simulator(sc.trace(seed), sc.config(seed, interference=interference))
+                ctx = registry.PolicyContext(speed_model=sim.speed)
+                for name in ("drf", "optimus-oracle", "dl2"):
+                    alloc = DL2Policy.load(str(model)) if name == "dl2" else registry.make_allocation(name, ctx)
+                    sim.reset()
+                    jct.setdefault(name, []).append(sim.run(alloc, registry.make_placement(placement)).summary()["avg_jct_s"])
+            drf, oracle, dl2 = (np.mean(jct[n]) for n in ("drf", "optimus-oracle", "dl2"))
+            print(f"{'on' if interference else 'off':<12} {placement:<13} {drf / 3600:>6.2f} {oracle / 3600:>7.2f} "
+                  f"{dl2 / 3600:>6.2f} {dl2 / drf:>8.3f} {oracle / drf:>10.3f}")
+
+
 def speed(model_path: Path) -> None:
     model = load_model(model_path, kind="dl2")
     window = model.card.window
@@ -111,11 +132,14 @@ def main() -> None:
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--ablation", action="store_true", help="also the 13-node interference/placement ablation")
     args = parser.parse_args()
     model = args.model or default_model_path("dl2")
     speed(model)
     if not args.skip_quality:
         quality(model, args.seeds)
+    if args.ablation:
+        ablation(model, args.seeds)
 
 
 if __name__ == "__main__":
