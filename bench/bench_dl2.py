@@ -10,7 +10,7 @@ and a whole round of decisions for 40 jobs (median; target 10 ms).
 Ablation (--ablation): the same ratios at 13 nodes with the simulator's interference on and
 off, under load-balance and bin-pack placement: how much of the gap to DRF is allocation.
 
-    python bench/bench_dl2.py [--seeds 3] [--model policy_models/artifacts/dl2/dl2.onnx] [--ablation]
+    python bench/bench_dl2.py [--seeds 3] [--first-seed 100000] [--model policy_models/artifacts/dl2/dl2.onnx] [--ablation]
 """
 
 from __future__ import annotations
@@ -38,14 +38,14 @@ from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
 TARGETS = {"drf": 0.70, "optimus": 0.90, "optimus-oracle": 1.00}
 
 
-def quality(model: Path, seeds: int) -> None:
+def quality(model: Path, seeds: list[int]) -> None:
     sl_model = model.with_name(model.stem + "-sl.onnx")
-    print(f"quality: avg JCT over {seeds} unseen trace(s) per size; model {model}")
+    print(f"quality: avg JCT over {len(seeds)} unseen trace(s) per size (seeds {seeds[0]}-{seeds[-1]}); model {model}")
     print(f"{'scenario':<8} {'nodes':>5} {'policy':<15} {'avg JCT h':>9} {'slowdown':>8}")
     for sc in SCENARIOS.values():
         jct: dict[str, list[float]] = {}
         slow: dict[str, list[float]] = {}
-        for seed in list(BENCHMARK_SEEDS)[:seeds]:
+        for seed in seeds:
             trace = sc.trace(seed)
             sim = Simulator(trace, sc.config(seed))
             ctx = registry.PolicyContext(speed_model=sim.speed)
@@ -67,14 +67,14 @@ def quality(model: Path, seeds: int) -> None:
               f"SL+RL / DRF {dl2 / np.mean(jct['drf']):.3f}")
 
 
-def ablation(model: Path, seeds: int) -> None:
+def ablation(model: Path, seeds: list[int]) -> None:
     sc = SCENARIOS["small"]
-    print(f"ablation: {sc.name} ({sc.nodes} nodes), avg JCT (h) over {seeds} unseen trace(s)")
+    print(f"ablation: {sc.name} ({sc.nodes} nodes), avg JCT (h) over {len(seeds)} unseen trace(s)")
     print(f"{'interference':<12} {'placement':<13} {'drf':>6} {'oracle':>7} {'dl2':>6} {'dl2/drf':>8} {'oracle/drf':>10}")
     for interference in (True, False):
         for placement in ("load-balance", "bin-pack"):
             jct: dict[str, list[float]] = {}
-            for seed in list(BENCHMARK_SEEDS)[:seeds]:
+            for seed in seeds:
                 sim = Simulator(sc.trace(seed), sc.config(seed, interference=interference))
                 ctx = registry.PolicyContext(speed_model=sim.speed)
                 for name in ("drf", "optimus-oracle", "dl2"):
@@ -131,15 +131,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", type=Path, default=None)
     parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--first-seed", type=int, default=BENCHMARK_SEEDS.start,
+                        help="trace seeds first-seed .. first-seed+seeds-1 (default: the benchmark seeds; "
+                             "training uses 1000+ and validation 50000+, so keep clear of those)")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--ablation", action="store_true", help="also the 13-node interference/placement ablation")
     args = parser.parse_args()
     model = args.model or default_model_path("dl2")
+    seeds = list(range(args.first_seed, args.first_seed + args.seeds))
+    if any(s < 100_000 for s in seeds):
+        parser.error("seeds below 100000 overlap training (1000+) or validation (50000+) traces")
     speed(model)
     if not args.skip_quality:
-        quality(model, args.seeds)
+        quality(model, seeds)
     if args.ablation:
-        ablation(model, args.seeds)
+        ablation(model, seeds)
 
 
 if __name__ == "__main__":
