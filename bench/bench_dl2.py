@@ -38,50 +38,50 @@ from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
 TARGETS = {"drf": 0.70, "optimus": 0.90, "optimus-oracle": 1.00}
 
 
+def mean_summaries(sc, seeds: list[int], learned: dict[str, DL2Policy], heuristics: tuple[str, ...],
+                   placement: str = "load-balance", **config) -> dict[str, dict[str, float]]:
+    """Each policy's avg JCT and slowdown on `sc` at these seeds, averaged over the seeds.
+    Learned policies are loaded once by the caller; heuristics are built per trace (Optimus
+    and the oracle need that trace's speed function)."""
+    runs: dict[str, list[dict]] = {}
+    for seed in seeds:
+        sim = Simulator(sc.trace(seed), sc.config(seed, **config))
+        ctx = registry.PolicyContext(speed_model=sim.speed)
+        policies = {name: registry.make_allocation(name, ctx) for name in heuristics} | learned
+        for name, alloc in policies.items():
+            sim.reset()
+            runs.setdefault(name, []).append(sim.run(alloc, registry.make_placement(placement)).summary())
+    return {name: {key: float(np.mean([r[key] for r in rs])) for key in ("avg_jct_s", "avg_slowdown")}
+            for name, rs in runs.items()}
+
+
 def quality(model: Path, seeds: list[int]) -> None:
-    sl_model = model.with_name(model.stem + "-sl.onnx")
+    learned = {"dl2": DL2Policy.load(str(model)),
+               "dl2 (SL only)": DL2Policy.load(str(model.with_name(model.stem + "-sl.onnx")))}
     print(f"quality: avg JCT over {len(seeds)} unseen trace(s) per size (seeds {seeds[0]}-{seeds[-1]}); model {model}")
     print(f"{'scenario':<8} {'nodes':>5} {'policy':<15} {'avg JCT h':>9} {'slowdown':>8}")
     for sc in SCENARIOS.values():
-        jct: dict[str, list[float]] = {}
-        slow: dict[str, list[float]] = {}
-        for seed in seeds:
-            trace = sc.trace(seed)
-            sim = Simulator(trace, sc.config(seed))
-            ctx = registry.PolicyContext(speed_model=sim.speed)
-            policies = {name: registry.make_allocation(name, ctx) for name in TARGETS} | {
-                "dl2": DL2Policy.load(str(model)), "dl2 (SL only)": DL2Policy.load(str(sl_model))}
-            for name, alloc in policies.items():
-                sim.reset()
-                s = sim.run(alloc, registry.make_placement("load-balance")).summary()
-                jct.setdefault(name, []).append(s["avg_jct_s"])
-                slow.setdefault(name, []).append(s["avg_slowdown"])
-        for name in jct:
-            print(f"{sc.name:<8} {sc.nodes:>5} {name:<15} {np.mean(jct[name]) / 3600:>9.2f} {np.mean(slow[name]):>8.2f}")
-        dl2 = np.mean(jct["dl2"])
+        res = mean_summaries(sc, seeds, learned, tuple(TARGETS))
+        jct = {name: r["avg_jct_s"] for name, r in res.items()}
+        for name, r in res.items():
+            print(f"{sc.name:<8} {sc.nodes:>5} {name:<15} {r['avg_jct_s'] / 3600:>9.2f} {r['avg_slowdown']:>8.2f}")
         for base, target in TARGETS.items():
-            ratio = dl2 / np.mean(jct[base])
+            ratio = jct["dl2"] / jct[base]
             verdict = "meets" if ratio <= target else "misses"
             print(f"{'':<8} {'':>5} dl2 / {base:<15} {ratio:.3f}  (target <= {target:.2f}: {verdict})")
-        print(f"{'':<8} {'':>5} Fig.10-style: SL only / DRF {np.mean(jct['dl2 (SL only)']) / np.mean(jct['drf']):.3f}, "
-              f"SL+RL / DRF {dl2 / np.mean(jct['drf']):.3f}")
+        print(f"{'':<8} {'':>5} Fig.10-style: SL only / DRF {jct['dl2 (SL only)'] / jct['drf']:.3f}, "
+              f"SL+RL / DRF {jct['dl2'] / jct['drf']:.3f}")
 
 
 def ablation(model: Path, seeds: list[int]) -> None:
     sc = SCENARIOS["small"]
+    learned = {"dl2": DL2Policy.load(str(model))}
     print(f"ablation: {sc.name} ({sc.nodes} nodes), avg JCT (h) over {len(seeds)} unseen trace(s)")
     print(f"{'interference':<12} {'placement':<13} {'drf':>6} {'oracle':>7} {'dl2':>6} {'dl2/drf':>8} {'oracle/drf':>10}")
     for interference in (True, False):
         for placement in ("load-balance", "bin-pack"):
-            jct: dict[str, list[float]] = {}
-            for seed in seeds:
-                sim = Simulator(sc.trace(seed), sc.config(seed, interference=interference))
-                ctx = registry.PolicyContext(speed_model=sim.speed)
-                for name in ("drf", "optimus-oracle", "dl2"):
-                    alloc = DL2Policy.load(str(model)) if name == "dl2" else registry.make_allocation(name, ctx)
-                    sim.reset()
-                    jct.setdefault(name, []).append(sim.run(alloc, registry.make_placement(placement)).summary()["avg_jct_s"])
-            drf, oracle, dl2 = (np.mean(jct[n]) for n in ("drf", "optimus-oracle", "dl2"))
+            res = mean_summaries(sc, seeds, learned, ("drf", "optimus-oracle"), placement, interference=interference)
+            drf, oracle, dl2 = (res[n]["avg_jct_s"] for n in ("drf", "optimus-oracle", "dl2"))
             print(f"{'on' if interference else 'off':<12} {placement:<13} {drf / 3600:>6.2f} {oracle / 3600:>7.2f} "
                   f"{dl2 / 3600:>6.2f} {dl2 / drf:>8.3f} {oracle / drf:>10.3f}")
 
@@ -138,9 +138,11 @@ def main() -> None:
     parser.add_argument("--ablation", action="store_true", help="also the 13-node interference/placement ablation")
     args = parser.parse_args()
     model = args.model or default_model_path("dl2")
+    if args.seeds < 1:
+        parser.error("--seeds must be at least 1")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
-    if any(s < 100_000 for s in seeds):
-        parser.error("seeds below 100000 overlap training (1000+) or validation (50000+) traces")
+    if seeds[0] < BENCHMARK_SEEDS.start:
+        parser.error(f"seeds below {BENCHMARK_SEEDS.start} may overlap training (1000+) or validation (50000+) traces")
     speed(model)
     if not args.skip_quality:
         quality(model, seeds)

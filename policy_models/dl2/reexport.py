@@ -5,8 +5,8 @@ the same function): the weights are read back from the ONNX initializers, the ne
 exported anew, and the new file must give the same most probable action as the old one on
 random states, with probabilities within TOLERANCE, before it replaces it. (The export parity
 bound between torch and ONNX Runtime for one graph is 1e-5; a new graph may also sum in another
-order, which on these random, far-from-realistic states moved probabilities by up to 1.5e-5.) The card keeps its training record and gets the new
-digest and a note.
+order, which on these random, far-from-realistic states moved probabilities by up to 1.5e-5.)
+The card keeps its training record and gets the new digest and a note.
 
     python -m policy_models.dl2.reexport policy_models/artifacts/dl2/dl2.onnx
 """
