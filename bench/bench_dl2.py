@@ -25,15 +25,15 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 
-from mlsched.cluster.packing import Packer  # noqa: E402
+from mlsched.cluster.ledger import Ledger  # noqa: E402
 from mlsched.features.dl2_state import WindowState, windows  # noqa: E402
 from mlsched.policies import registry  # noqa: E402
-from mlsched.policies.base import run_round  # noqa: E402
-from mlsched.policies.dl2 import DL2Policy  # noqa: E402
+from mlsched.policies.round import run_round  # noqa: E402
+from mlsched.policies.allocation.dl2 import DL2Policy  # noqa: E402
 from mlsched.policies.onnx_runner import default_model_path, load_model  # noqa: E402
 from mlsched.sim.simulator import Simulator  # noqa: E402
 from mlsched.workloads import generators  # noqa: E402
-from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
+from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
 
 TARGETS = {"drf": 0.70, "optimus": 0.90, "optimus-oracle": 1.00}
 
@@ -96,7 +96,7 @@ def speed(model_path: Path) -> None:
     lb = registry.make_placement("load-balance")
     snap = sim.snapshot()
     jobs = windows(snap.jobs, window)[0]
-    state = WindowState(snap, Packer(snap, lb), jobs, window)
+    state = WindowState(snap, Ledger(snap, lb), jobs, window)
     mask = state.mask()
     x, m = state.vector[None, :], mask[None, :]
     for _ in range(200):

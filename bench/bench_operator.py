@@ -35,7 +35,7 @@ from mlsched.controller.desired import (  # noqa: E402
 from mlsched.controller.records import job_record, node_record, pod_record, sts_record  # noqa: E402
 from mlsched.controller.snapshot import ClusterState, build_snapshot, held_elsewhere  # noqa: E402
 from mlsched.policies import registry  # noqa: E402
-from mlsched.policies.base import run_round  # noqa: E402
+from mlsched.policies.round import run_round  # noqa: E402
 from mlsched.workloads import catalog  # noqa: E402
 
 JOBS, NODES, NAMESPACE = 1000, 500, "bench"

@@ -49,7 +49,7 @@ def test_swapping_drf_to_dl2_and_back_changes_the_next_round(api, mlsched, opera
 
     # drf → dl2, as `kubectl edit` would: the next round loads the model and decides with it.
     generation = mlsched.patch_policy("swap", {"allocation": "dl2",
-                                              "models": {"dl2": configmap_ref("dl2-policy")}}
+                                              "models": {"allocation": {"dl2": configmap_ref("dl2-policy")}}}
                                       )["metadata"]["generation"]
     assert generation > policy["metadata"].get("generation", 1)
     swapped = round_of_generation(mlsched, "swap", generation)
@@ -83,7 +83,7 @@ def test_corrupt_model_is_reported_and_scheduling_falls_back(api, mlsched, opera
     core = client.CoreV1Api(api)
     core.create_namespaced_config_map(mlsched.namespace, corrupt_configmap("dl2-policy", card))
     mlsched.create(scheduling_policy("learned", allocation="dl2", fallback="drf",
-                                     models={"dl2": configmap_ref("dl2-policy")}))
+                                     models={"allocation": {"dl2": configmap_ref("dl2-policy")}}))
     mlsched.create(mljob("resnet", ps=(1, 2), workers=(1, 2), epochs=1e9, policy="learned"))
 
     policy = wait_for(lambda: (c := condition(p := mlsched.policy("learned"), "ModelLoaded"))

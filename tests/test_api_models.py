@@ -92,9 +92,18 @@ def test_min_above_max_names_the_field():
         "MLJob team-a/job: spec.replicaSpecs.worker.max: must be >= min")
 
 
-def test_unknown_model_names_the_field_and_lists_the_catalog():
-    message = rejection(MLJob, mljob(modelType="gpt-9"))
-    assert "spec.modelType:" in message and "resnet-50" in message and "ctc" in message
+def test_any_model_label_is_accepted_and_a_malformed_one_names_the_field():
+    # The catalog is a source of priors, not a closed list: any lowercase label schedules.
+    assert MLJob.from_k8s(mljob(modelType="gpt-9")).spec.model_type == "gpt-9"
+    assert MLJob.from_k8s(mljob(modelType=None)).spec.model_type is None
+    assert "spec.modelType:" in rejection(MLJob, mljob(modelType="GPT 9!"))
+
+
+def test_speed_prior_must_be_positive():
+    ok = MLJob.from_k8s(mljob(modelType="gpt-9", speedPrior={"referenceEpochsPerHour": 12.5}))
+    assert ok.spec.speed_prior.reference_epochs_per_hour == 12.5
+    assert "spec.speedPrior.referenceEpochsPerHour:" in rejection(
+        MLJob, mljob(speedPrior={"referenceEpochsPerHour": 0}))
 
 
 @pytest.mark.parametrize("epochs", [0, -1])
@@ -235,19 +244,19 @@ def test_empty_policy_is_the_heuristic_default():
 
 def test_model_reference_needs_exactly_one_source():
     cm = {"configMapKeyRef": {"name": "dl2-policy", "key": "policy.onnx"}}
-    ok = SchedulingPolicy.from_k8s(policy(allocation="dl2", models={"dl2": cm}))
-    assert ok.spec.models["dl2"].config_map_key_ref.key == "policy.onnx"
+    ok = SchedulingPolicy.from_k8s(policy(allocation="dl2", models={"allocation": {"dl2": cm}}))
+    assert ok.spec.models.allocation["dl2"].config_map_key_ref.key == "policy.onnx"
     both = {**cm, "path": "/models/dl2.onnx"}
     for ref in (both, {}):
-        assert rejection(SchedulingPolicy, policy(models={"dl2": ref})).endswith(
-            "spec.models.dl2: set exactly one of configMapKeyRef or path")
+        assert rejection(SchedulingPolicy, policy(models={"allocation": {"dl2": ref}})).endswith(
+            "spec.models.allocation.dl2: set exactly one of configMapKeyRef or path")
 
 
 def test_sha256_must_be_a_real_digest_not_a_placeholder():
     ref = {"path": "/models/dl2/policy.onnx", "sha256": "<sha256>"}
-    assert "spec.models.dl2.sha256:" in rejection(SchedulingPolicy, policy(models={"dl2": ref}))
+    assert "spec.models.allocation.dl2.sha256:" in rejection(SchedulingPolicy, policy(models={"allocation": {"dl2": ref}}))
     ref["sha256"] = "ab" * 32
-    SchedulingPolicy.from_k8s(policy(models={"dl2": ref}))
+    SchedulingPolicy.from_k8s(policy(models={"allocation": {"dl2": ref}}))
 
 
 @pytest.mark.parametrize("spec, field", [
@@ -255,7 +264,7 @@ def test_sha256_must_be_a_real_digest_not_a_placeholder():
     ({"historyLimit": 1001}, "historyLimit"),
     ({"exploration": {"epsilon": 1.5}}, "exploration.epsilon"),
     ({"allocation": "DL2"}, "allocation"),
-    ({"models": {"dl2": {"path": "relative.onnx"}}}, "models.dl2.path"),
+    ({"models": {"allocation": {"dl2": {"path": "relative.onnx"}}}}, "models.allocation.dl2.path"),
 ])
 def test_policy_bounds(spec, field):
     assert f"spec.{field}:" in rejection(SchedulingPolicy, policy(**spec))
@@ -287,8 +296,8 @@ def test_sample_policies_match_what_the_jobs_reference():
     samples = dict(load_samples())
     assert samples["schedulingpolicy-drf.yaml"]["metadata"]["name"] == "default"
     dl2 = SchedulingPolicy.from_k8s(samples["schedulingpolicy-dl2.yaml"]).spec
-    assert dl2.allocation == "dl2" and dl2.models["dl2"].config_map_key_ref is not None
-    assert dl2.models["dl2"].sha256 is None  # optional, and no placeholder digest
+    assert dl2.allocation == "dl2" and dl2.models.allocation["dl2"].config_map_key_ref is not None
+    assert dl2.models.allocation["dl2"].sha256 is None  # optional, and no placeholder digest
     ps_job = MLJob.from_k8s(samples["mljob-resnet50-ps.yaml"]).spec
     assert ps_job.architecture == "ParameterServer" and ps_job.scheduling_policy == "dl2"
     ar_job = MLJob.from_k8s(samples["mljob-allreduce.yaml"]).spec

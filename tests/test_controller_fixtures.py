@@ -16,7 +16,7 @@ import yaml
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.records import job_record, node_record
 from mlsched.controller.runtime import Runtime
-from mlsched.controller.testing import MemoryKube
+from memory_kube import MemoryKube
 
 SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples"
 NS = "team-a"

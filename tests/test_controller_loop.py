@@ -111,7 +111,7 @@ def test_interval_scale_speeds_the_loop_up():
 
 
 def test_missing_model_falls_back_warns_once_and_keeps_scheduling():
-    learned = policy("default", allocation="dl2", models={"dl2": {"configMapKeyRef": {"name": "m", "key": "k"}}})
+    learned = policy("default", allocation="dl2", models={"allocation": {"dl2": {"configMapKeyRef": {"name": "m", "key": "k"}}}})
     rt, kube = setup(policies=(learned,))
     report = round_(rt, kube)
     assert report.allocation == "drf" and report.targets["bert"].count("worker") > 0
@@ -131,10 +131,10 @@ def test_a_policy_that_raises_is_replaced_by_the_fallback(monkeypatch):
     class Broken:
         name = "broken"
 
-        def allocate(self, snapshot, packer):
+        def allocate(self, snapshot, ledger):
             raise RuntimeError("boom")
 
-    monkeypatch.setitem(registry.ALLOCATION, "broken", lambda ctx: Broken())
+    monkeypatch.setitem(registry.ALLOCATION, "broken", registry.Entry(lambda ctx: Broken()))
     rt, kube = setup(policies=(policy(allocation="broken"),))
     report = round_(rt, kube)
     assert report.targets["bert"].count("worker") > 0
@@ -234,3 +234,19 @@ def test_a_policy_schedules_only_jobs_of_its_namespace():
     theirs = run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", "team-b", "default"),
                                        kube.indexes(), now=NOW))
     assert set(theirs.targets) == {"theirs"}
+
+
+def test_a_job_of_any_model_is_planned_by_its_pod_requests():
+    """modelType is free-form and the pod templates' requests are what gets booked: workers
+    asking for 2 GPUs on 2-GPU nodes land one per node, never two (8 GPUs onto 4)."""
+    body = ps_job("llm", max_workers=4)
+    body["spec"]["modelType"] = "my-llm-7b"
+    body["spec"]["speedPrior"] = {"referenceEpochsPerHour": 3.0}
+    worker = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    worker["resources"] = {"requests": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "2"},
+                           "limits": {"nvidia.com/gpu": "2"}}
+    rt, kube = setup(nodes=2, job_bodies=[body])
+    report = round_(rt, kube)
+    workers = report.targets["llm"].nodes["worker"]
+    assert len(workers) == 2 and len(set(workers)) == 2  # 2 nodes x 2 GPUs = two such workers
+    assert kube.obj("MLJob", NS, "llm")["status"]["replicaStatuses"]["worker"]["desired"] == 2

@@ -28,13 +28,13 @@ class ToyLearned:
                 raise ValueError("not a toy model")
         ToyLearned.loads += 1
 
-    def allocate(self, snapshot, packer):
-        DRF().allocate(snapshot, packer)
+    def allocate(self, snapshot, ledger):
+        DRF().allocate(snapshot, ledger)
 
 
 @pytest.fixture
 def toy(monkeypatch):
-    monkeypatch.setitem(registry.ALLOCATION, "toy", lambda ctx: ToyLearned(ctx.model_path))
+    monkeypatch.setitem(registry.ALLOCATION, "toy", registry.Entry(lambda ctx: ToyLearned(ctx.model_path)))
     ToyLearned.loads = 0
     return ToyLearned
 
@@ -58,7 +58,7 @@ def test_heuristics_need_no_model(tmp_path):
 
 
 def test_missing_model_file_falls_back(tmp_path):
-    s = spec(allocation="dl2", models={"dl2": {"path": str(tmp_path / "nope.onnx")}}, fallback="fifo")
+    s = spec(allocation="dl2", models={"allocation": {"dl2": {"path": str(tmp_path / "nope.onnx")}}}, fallback="fifo")
     r = run(resolver(tmp_path).resolve(NS, s))
     assert (r.model_loaded.status, r.model_loaded.reason) == (False, "ModelNotFound")
     assert "nope.onnx" in r.model_loaded.message
@@ -75,7 +75,7 @@ def test_without_a_reference_the_shipped_model_serves(tmp_path, toy, monkeypatch
     shipped = tmp_path / "toy.onnx"
     shipped.write_bytes(b"TOY shipped with the image")
     monkeypatch.setattr(models, "shipped_model", lambda name: str(shipped))
-    monkeypatch.setattr(models, "LEARNED", models.LEARNED | {"toy"})
+    monkeypatch.setitem(registry.ALLOCATION, "toy", registry.Entry(lambda ctx: ToyLearned(ctx.model_path), learned=True))
     r = run(resolver(tmp_path).resolve(NS, spec(allocation="toy", models={})))
     assert r.model_loaded.status and r.allocation.name == "toy"
 
@@ -83,20 +83,20 @@ def test_without_a_reference_the_shipped_model_serves(tmp_path, toy, monkeypatch
 def test_corrupt_model_falls_back_with_a_clear_reason(tmp_path):
     garbage = tmp_path / "policy.onnx"
     garbage.write_bytes(b"\x00not an onnx graph\xff" * 10)
-    s = spec(allocation="dl2", models={"dl2": {"path": str(garbage)}})
+    s = spec(allocation="dl2", models={"allocation": {"dl2": {"path": str(garbage)}}})
     r = run(resolver(tmp_path).resolve(NS, s))
     # Without the DL² runner installed the import fails; with it the file is refused. Either
     # way the policy says why and schedules with drf.
     assert r.model_loaded.status is False
     assert r.model_loaded.reason in ("ModelInvalid", "RunnerUnavailable", "ModelLoadFailed")
-    assert r.model_loaded.message.startswith("dl2: ")
+    assert r.model_loaded.message.startswith("allocation/dl2: ")
     assert r.allocation.name == "drf"
 
 
 def test_sha256_mismatch_is_refused_before_loading(tmp_path, toy):
     model = tmp_path / "toy.onnx"
     model.write_bytes(b"TOY model v1")
-    s = spec(allocation="toy", models={"toy": {"path": str(model), "sha256": "0" * 64}})
+    s = spec(allocation="toy", models={"allocation": {"toy": {"path": str(model), "sha256": "0" * 64}}})
     r = run(resolver(tmp_path).resolve(NS, s))
     assert r.model_loaded.reason == "ModelDigestMismatch" and toy.loads == 0
     assert r.allocation.name == "drf"
@@ -107,15 +107,15 @@ def test_verified_model_is_served_and_cached_by_digest(tmp_path, toy):
     model.write_bytes(b"TOY model v1")
     digest = hashlib.sha256(b"TOY model v1").hexdigest()
     res = resolver(tmp_path)
-    s = spec(allocation="toy", models={"toy": {"path": str(model), "sha256": digest}})
+    s = spec(allocation="toy", models={"allocation": {"toy": {"path": str(model), "sha256": digest}}})
     first = run(res.resolve(NS, s))
     second = run(res.resolve(NS, s))
     assert first.allocation is second.allocation and toy.loads == 1
-    assert first.active_models == {"toy": digest}
+    assert first.active_models == {"allocation/toy": digest}
     assert (first.model_loaded.status, first.model_loaded.reason) == (True, "ModelVerified")
     # A new file is a new digest: loaded once more.
     model.write_bytes(b"TOY model v2")
-    third = run(res.resolve(NS, spec(allocation="toy", models={"toy": {"path": str(model)}})))
+    third = run(res.resolve(NS, spec(allocation="toy", models={"allocation": {"toy": {"path": str(model)}}})))
     assert third.allocation is not first.allocation and toy.loads == 2
 
 
@@ -123,7 +123,7 @@ def test_bad_file_is_remembered_not_reloaded_every_round(tmp_path, toy):
     model = tmp_path / "toy.onnx"
     model.write_bytes(b"garbage")
     res = resolver(tmp_path)
-    s = spec(allocation="toy", models={"toy": {"path": str(model)}})
+    s = spec(allocation="toy", models={"allocation": {"toy": {"path": str(model)}}})
     first, second = run(res.resolve(NS, s)), run(res.resolve(NS, s))
     assert first.model_loaded.reason == second.model_loaded.reason == "ModelInvalid"
     assert first.load_failed and not second.load_failed  # the metric counts attempts
@@ -133,10 +133,10 @@ def test_model_from_configmap_binary_data(tmp_path, toy):
     data = b"TOY from a ConfigMap"
     cms = {(NS, "toy-model"): {"binaryData": {"policy.onnx": base64.b64encode(data).decode()},
                                "data": {"card.json": "{}"}}}
-    s = spec(allocation="toy", models={"toy": {"configMapKeyRef": {"name": "toy-model", "key": "policy.onnx"}}})
+    s = spec(allocation="toy", models={"allocation": {"toy": {"configMapKeyRef": {"name": "toy-model", "key": "policy.onnx"}}}})
     r = run(resolver(tmp_path, cms).resolve(NS, s))
     digest = hashlib.sha256(data).hexdigest()
-    assert r.model_loaded.status and r.active_models == {"toy": digest}
+    assert r.model_loaded.status and r.active_models == {"allocation/toy": digest}
     # Every key lands in one folder, so a model card stored next to the model is found there.
     assert sorted(p.name for p in (tmp_path / "cache" / digest).iterdir()) == ["card.json", "policy.onnx"]
 
@@ -144,7 +144,7 @@ def test_model_from_configmap_binary_data(tmp_path, toy):
 @pytest.mark.parametrize("configmaps, reason", [({}, "ModelNotFound"),
                                                 ({(NS, "toy-model"): {"data": {"other": "x"}}}, "ModelNotFound")])
 def test_configmap_missing_or_without_key(tmp_path, toy, configmaps, reason):
-    s = spec(allocation="toy", models={"toy": {"configMapKeyRef": {"name": "toy-model", "key": "policy.onnx"}}})
+    s = spec(allocation="toy", models={"allocation": {"toy": {"configMapKeyRef": {"name": "toy-model", "key": "policy.onnx"}}}})
     r = run(resolver(tmp_path, configmaps).resolve(NS, s))
     assert r.model_loaded.reason == reason and r.allocation.name == "drf"
 

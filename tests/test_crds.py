@@ -254,7 +254,7 @@ def test_crd_defaults_equal_model_defaults(name, obj):
 
 BAD_JOBS = {
     "min above max": lambda s: s["replicaSpecs"]["worker"].update(min=9, max=2),
-    "unknown model": lambda s: s.update(modelType="gpt-9"),
+    "malformed model label": lambda s: s.update(modelType="GPT 9!"),
     "zero epochs": lambda s: s.update(epochs=0),
     "negative epochs": lambda s: s.update(epochs=-3),
     "ps on allreduce": lambda s: s.update(architecture="AllReduce"),

@@ -12,14 +12,14 @@ import pytest
 import torch
 
 from conftest import job, make_snapshot
-from mlsched.cluster.packing import Packer
+from mlsched.cluster.ledger import Ledger
 from mlsched.features import dl2_state
 from mlsched.features.dl2_state import WindowState
 from mlsched.policies import registry
-from mlsched.policies.dl2 import DL2Policy
-from mlsched.policies.onnx_runner import GreedyOnnxActor, ModelLoadError, load_model
+from mlsched.policies.allocation.dl2 import DL2Policy, GreedyOnnxActor
+from mlsched.policies.onnx_runner import ModelLoadError, load_model
 from mlsched.sim.simulator import SimConfig, Simulator
-from mlsched.workloads import generators
+from mlsched.workloads import catalog, generators
 from policy_models.dl2 import export, networks, train
 
 LB = registry.make_placement("load-balance")
@@ -28,14 +28,14 @@ J = 8
 
 def window_state(jobs, nodes=4):
     snap = make_snapshot(jobs, nodes=nodes)
-    packer = Packer(snap, LB)
-    return WindowState(snap, packer, jobs, J), packer
+    ledger = Ledger(snap, LB)
+    return WindowState(snap, ledger, jobs, J), ledger
 
 
 def test_state_layout_and_masks():
     new = job("new", model="vgg-16")
     ar = job("ar", model="wlm", arch="allreduce")
-    st, packer = window_state([new, ar])
+    st, ledger = window_state([new, ar])
     assert st.vector.shape == (dl2_state.state_dim(J),)
     m = st.mask()
     # A job holding nothing may only start (bundle); empty slots are masked; stopping is not
@@ -47,12 +47,14 @@ def test_state_layout_and_masks():
     assert m[0] and m[1] and m[2] and m[3 * J]  # vgg-16 may now grow either role; stop allowed
     assert m[3] and not m[4] and not m[5]  # all-reduce: no PS, no (duplicate) bundle
     row = st.vector[: dl2_state.JOB_FEATURES]
-    assert row[dl2_state.catalog.model_index("vgg-16")] == 1 and row[dl2_state._WORKERS] == 1 / 16
+    assert row[dl2_state._WORKERS] == 1 / 16 and row[dl2_state._VALID] == 1
+    # Model-agnostic: a worker asks for 2 of a node's 8 CPUs and 1 of its 2 GPUs.
+    assert row[dl2_state._W_DEMAND:dl2_state._W_DEMAND + 2].tolist() == [0.25, 0.5]
 
 
 def test_masks_follow_capacity_and_caps():
     j = job("j", max_workers=2, max_ps=1)
-    st, packer = window_state([j], nodes=1)
+    st, ledger = window_state([j], nodes=1)
     assert st.apply(dl2_state.BUNDLE)
     assert st.apply(dl2_state.WORKER)
     m = st.mask()
@@ -66,9 +68,9 @@ def test_more_jobs_than_the_window_are_scheduled_in_windows_by_arrival():
     assert groups[0][0].name == "j19"
     policy = DL2Policy(train.DRFTeacher(), window=8)
     snap = make_snapshot(jobs, nodes=40)
-    packer = Packer(snap, LB)
-    policy.allocate(snap, packer)
-    assert all(packer.has_tasks(j) for j in jobs)  # later windows got resources too
+    ledger = Ledger(snap, LB)
+    policy.allocate(snap, ledger)
+    assert all(ledger.has_tasks(j) for j in jobs)  # later windows got resources too
 
 
 @pytest.fixture(scope="module")
@@ -87,7 +89,7 @@ def test_torch_and_onnx_runtime_give_the_same_probabilities(arch, tmp_path):
     net = networks.build(arch, J, (32, 32))
     path = tmp_path / "dl2.onnx"
     export.export(net, train.Args(window=J, hidden=(32, 32), arch=arch), path, "test", {}, {})
-    model = load_model(path, kind="dl2")
+    model = load_model(path, "dl2", "allocation")
     rng = np.random.default_rng(0)
     for batch in (1, 7):
         state = rng.random((batch, dl2_state.state_dim(J)), dtype=np.float32)
@@ -97,20 +99,17 @@ def test_torch_and_onnx_runtime_give_the_same_probabilities(arch, tmp_path):
         mask[:, -1] = 1
         with torch.no_grad():
             expected = networks.ProbabilityModule(net)(torch.from_numpy(state), torch.from_numpy(mask)).numpy()
-        got = model.probabilities(state, mask)
+        got = model.run({"state": state, "mask": mask})["probs"]
         np.testing.assert_allclose(got, expected, atol=1e-5)
         assert (got[mask == 0] == 0).all()
         np.testing.assert_allclose(got.sum(axis=1), 1, atol=1e-5)
 
 
-def test_exported_graph_is_lean_and_its_weights_read_back(tmp_path):
-    """The export keeps sizes as constants (no Shape op evaluated per call once ONNX Runtime
-    has folded the graph) and every weight whole under its name, so reexport.py can rebuild
-    the network from a shipped file and export it again to the same probabilities."""
+def test_exported_graph_is_lean(tmp_path):
+    """The export keeps sizes as constants: no Shape op evaluated per call once ONNX Runtime
+    has folded the graph."""
     import onnx
     import onnxruntime as ort
-
-    from policy_models.dl2 import reexport
 
     torch.manual_seed(2)
     net = networks.build("shared", J, (32, 32))
@@ -121,12 +120,6 @@ def test_exported_graph_is_lean_and_its_weights_read_back(tmp_path):
     ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     ops = {n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node}
     assert not ops & {"Shape", "Gather", "Expand"}, ops
-    rebuilt = reexport.shared_from_onnx(path, J, (32, 32))
-    for name, value in net.state_dict().items():
-        if not name.startswith("value"):
-            assert torch.equal(rebuilt.state_dict()[name], value), name
-    assert reexport.main([str(path)]) == 0  # exports again, checks, replaces, updates the card
-    assert load_model(path, kind="dl2").card.raw["notes"]
 
 
 def test_numpy_rollout_copy_matches_torch(tiny_model):
@@ -152,7 +145,7 @@ def test_runner_refuses_a_corrupt_file(tiny_model, tmp_path):
     data[len(data) // 2] ^= 0xFF
     dst.write_bytes(bytes(data))
     with pytest.raises(ModelLoadError, match="does not match its card"):
-        load_model(dst, kind="dl2")
+        load_model(dst, "dl2", "allocation")
 
 
 def test_runner_refuses_garbage_even_with_a_matching_digest(tiny_model, tmp_path):
@@ -162,37 +155,41 @@ def test_runner_refuses_garbage_even_with_a_matching_digest(tiny_model, tmp_path
     card["onnx_sha256"] = __import__("hashlib").sha256(b"not an onnx model").hexdigest()
     (tmp_path / "dl2.card.json").write_text(json.dumps(card))
     with pytest.raises(ModelLoadError, match="not a loadable ONNX model"):
-        load_model(dst, kind="dl2")
+        load_model(dst, "dl2", "allocation")
 
 
-@pytest.mark.parametrize("field,value,message", [
-    ("encoder_version", "dl2-state-v0", "trained with state encoder 'dl2-state-v0'"),
-    ("model_types", ["resnet-50"], "knows model types"),
-    ("kind", "harmony", "is a 'harmony' model"),
-    ("window", 9, "card shapes do not match"),
+@pytest.mark.parametrize("edit,message", [
+    (lambda c: c["encoder"].update(version="dl2-state-v1"), "trained with state encoder 'dl2-state-v1'"),
+    (lambda c: c["encoder"].update(name="chic-state"), "unknown state encoder 'chic-state'"),
+    (lambda c: c.update(algorithm="harmony"), "the allocation model of 'harmony', not the allocation model of 'dl2'"),
+    (lambda c: c.update(phase="placement"), "is the placement model of 'dl2'"),
+    (lambda c: c["encoder"]["params"].update(window=9), "are not what encoder"),
+    (lambda c: c["inputs"][0].update(shape=[5]), "are not what encoder"),
+    (lambda c: c.pop("outputs"), "lacks field 'outputs'"),
+    (lambda c: c.update(phase="scoring"), "phase 'scoring' is not one of"),
 ])
-def test_runner_refuses_a_mismatched_card(tiny_model, tmp_path, field, value, message):
+def test_runner_refuses_a_mismatched_card(tiny_model, tmp_path, edit, message):
     dst = _copy(tiny_model[1], tmp_path)
     card = json.loads((tmp_path / "dl2.card.json").read_text())
-    card[field] = value
+    edit(card)
     (tmp_path / "dl2.card.json").write_text(json.dumps(card))
     with pytest.raises(ModelLoadError, match=message):
-        load_model(dst, kind="dl2")
+        load_model(dst, "dl2", "allocation")
 
 
 def test_runner_reports_missing_files_and_pinned_digests(tiny_model, tmp_path):
     with pytest.raises(ModelLoadError, match="does not exist"):
-        load_model(tmp_path / "nope.onnx", kind="dl2")
+        load_model(tmp_path / "nope.onnx", "dl2", "allocation")
     dst = _copy(tiny_model[1], tmp_path)
     with pytest.raises(ModelLoadError, match="is not the expected"):
-        load_model(dst, kind="dl2", expected_sha256="0" * 64)
+        load_model(dst, "dl2", "allocation", expected_sha256="0" * 64)
     (tmp_path / "dl2.card.json").unlink()
     with pytest.raises(ModelLoadError, match="model card"):
-        load_model(dst, kind="dl2")
+        load_model(dst, "dl2", "allocation")
 
 
 def test_served_policy_is_deterministic_and_capacity_safe(tiny_model):
-    model = load_model(tiny_model[1], kind="dl2")
+    model = load_model(tiny_model[1], "dl2", "allocation")
     policy = DL2Policy(GreedyOnnxActor(model), window=J)
     trace = generators.generate(jobs=15, seed=4, arch_mix=0.3)
     results = []
@@ -224,13 +221,13 @@ def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
     from mlsched.policies.onnx_runner import default_model_path
 
     path = default_model_path("dl2")
-    model = load_model(path, kind="dl2")  # digest, encoder version, catalog and shapes checked
-    card = model.card.raw
-    assert card["phase"] == "sl+rl" and card["window"] == 40
-    assert card["training"]["wall_time_s"] <= 30 * 60
-    assert card["validation"]["ratio_to_drf"] < 1.0
-    sl = load_model(path.with_name("dl2-sl.onnx"), kind="dl2")
-    assert sl.card.raw["phase"] == "sl"
+    model = load_model(path, "dl2", "allocation")  # digest, encoder version and tensors checked
+    card = model.card
+    assert card.training["stage"] == "sl+rl" and card.encoder_params["window"] == 40
+    assert card.training["wall_time_s"] <= 32 * 60
+    assert card.validation["ratio_to_drf"] < 1.0
+    sl = load_model(path.with_name("dl2-sl.onnx"), "dl2", "allocation")
+    assert sl.card.training["stage"] == "sl"
     # `mlsched simulate --policies dl2` uses it without being told where it is.
     assert main(["simulate", "--policies", "drf,dl2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
@@ -240,13 +237,13 @@ def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
 def test_relative_teacher_gain_ignores_job_length_where_optimus_favours_long_jobs():
     short, long = job("short", epochs=10), job("long", epochs=100)
     snap = make_snapshot([short, long], nodes=4)
-    packer = Packer(snap, LB)
-    assert packer.grow_bundle(short) and packer.grow_bundle(long)
+    ledger = Ledger(snap, LB)
+    assert ledger.grow_bundle(short) and ledger.grow_bundle(long)
     total = snap.total_capacity
     absolute, relative = train.OptimusOracleTeacher(), train.OptimusOracleTeacher(relative=True)
-    g_short, g_long = absolute._gain(short, packer, total)[0], absolute._gain(long, packer, total)[0]
+    g_short, g_long = absolute._gain(short, ledger, total)[0], absolute._gain(long, ledger, total)[0]
     assert g_long == pytest.approx(10 * g_short)  # seconds saved grow with the work left
-    r_short, r_long = relative._gain(short, packer, total)[0], relative._gain(long, packer, total)[0]
+    r_short, r_long = relative._gain(short, ledger, total)[0], relative._gain(long, ledger, total)[0]
     assert r_short == pytest.approx(r_long) and 0 < r_short
 
 
@@ -255,10 +252,10 @@ def test_reserving_teacher_leaves_room_for_later_windows():
     for reserve in (False, True):
         jobs = [job(f"j{i}", arrival=i, max_workers=8, max_ps=8, epochs=50 + 10 * i) for i in range(20)]
         snap = make_snapshot(jobs, nodes=10)
-        packer = Packer(snap, LB)
+        ledger = Ledger(snap, LB)
         teacher = train.OptimusOracleTeacher(relative=True, reserve=reserve)
-        DL2Policy(teacher, window=8).allocate(snap, packer)
-        started[reserve] = sum(packer.has_tasks(j) for j in jobs)
+        DL2Policy(teacher, window=8).allocate(snap, ledger)
+        started[reserve] = sum(ledger.has_tasks(j) for j in jobs)
     # Without the reserve the first window of 8 grows into everything.
     assert started[False] == 8 and started[True] >= 15
 
@@ -289,14 +286,15 @@ def test_train_command_runs_every_phase_and_writes_a_servable_model(tmp_path):
             "--critic-warmup-episodes", "1", "--max-slots-per-episode", "4", "--val-scenarios", "small",
             "--train-nodes", "13"]
     assert main(argv) == 0
-    model = load_model(out / "dl2.onnx", kind="dl2")  # digest, encoder, shapes checked
-    card = model.card.raw
-    assert card["phase"] == "sl+rl" and card["window"] == 8
-    assert card["training"]["rl"]["episodes"] == 4
-    assert card["training"]["sl"]["samples"] > card["training"]["sl"]["teacher_samples"]
-    assert card["training"]["command"].startswith("mlsched train dl2 --out")
-    assert set(card["validation"]["avg_jct_s"]) == {"small"}
-    assert load_model(out / "dl2-sl.onnx", kind="dl2").card.raw["phase"] == "sl"
+    model = load_model(out / "dl2.onnx", "dl2", "allocation")  # digest, encoder, tensors checked
+    card = model.card
+    assert card.training["stage"] == "sl+rl" and card.encoder_params["window"] == 8
+    assert card.training["rl"]["episodes"] == 4
+    assert card.training["sl"]["samples"] > card.training["sl"]["teacher_samples"]
+    assert card.training["command"].startswith("mlsched train dl2 --out")
+    assert card.training["simulator_version"] == "sim-1"
+    assert set(card.validation["avg_jct_s"]) == {"small"}
+    assert load_model(out / "dl2-sl.onnx", "dl2", "allocation").card.training["stage"] == "sl"
     assert (out / "learning-curve.png").stat().st_size > 10_000
 
 
@@ -304,19 +302,19 @@ def test_incremental_state_and_mask_equal_a_fresh_encoding_after_every_grant():
     """WindowState keeps its vector and mask incrementally (witness nodes for what still
     fits); after any sequence of grants they must equal those of a state built from scratch."""
     rng = np.random.default_rng(3)
-    models = list(dl2_state.catalog.MODEL_NAMES)
+    models = list(catalog.MODEL_NAMES)
     jobs = [job(f"j{i}", model=models[i % len(models)], arch="allreduce" if i % 3 == 0 else "ps",
                 arrival=i, max_workers=6, max_ps=4) for i in range(J)]
     snap = make_snapshot(jobs, nodes=5)
-    packer = Packer(snap, LB)
-    st = WindowState(snap, packer, jobs, J)
+    ledger = Ledger(snap, LB)
+    st = WindowState(snap, ledger, jobs, J)
     for step in range(60):
         mask = st.mask()
         allowed = np.flatnonzero(mask[: st.void])
         if not allowed.size:
             break
         st.apply(int(rng.choice(allowed)))
-        fresh = WindowState(snap, packer, jobs, J)
+        fresh = WindowState(snap, ledger, jobs, J)
         assert np.array_equal(st.vector, fresh.vector), step
         assert np.array_equal(st.mask(), fresh.mask() & ~st._failed), step
     assert step > 10 and not st.mask()[: st.void].any()  # ran until the cluster was full
@@ -346,7 +344,7 @@ def test_the_onnx_actor_sees_the_state_as_it_is_updated_in_place(tiny_model):
     be the greedy choice on the current state."""
     from mlsched.policies.onnx_runner import greedy_action
 
-    model = load_model(tiny_model[1], kind="dl2")
+    model = load_model(tiny_model[1], "dl2", "allocation")
     actor = GreedyOnnxActor(model)
     jobs = [job(f"j{i}", model=m, arrival=i) for i, m in enumerate(["resnet-50", "dssm", "vgg-16", "wlm"])]
     for _ in range(2):  # a second window on a new state rebinds
@@ -354,7 +352,8 @@ def test_the_onnx_actor_sees_the_state_as_it_is_updated_in_place(tiny_model):
         steps = 0
         while st.can_grow():
             mask = st.mask()
-            want = greedy_action(model.probabilities(st.vector[None, :], mask[None, :])[0], mask)
+            mask[st.void] = False  # keep growing whatever the random weights prefer
+            want = greedy_action(model.run({"state": st.vector[None, :], "mask": mask[None, :]})["probs"][0], mask)
             action = actor.act(st, mask)
             assert action == want
             if action == st.void:
@@ -369,24 +368,24 @@ def test_incremental_mask_with_failed_grants_and_can_grow():
     from then on; the rest of the mask still equals a fresh encoding's, and can_grow() is
     whether any job action is allowed."""
     rng = np.random.default_rng(8)
-    models = list(dl2_state.catalog.MODEL_NAMES)
+    models = list(catalog.MODEL_NAMES)
     jobs = [job(f"j{i}", model=models[i % len(models)], arch="allreduce" if i % 4 == 0 else "ps",
                 arrival=i, min_workers=int(rng.integers(1, 4)), max_workers=5, max_ps=3) for i in range(J)]
     snap = make_snapshot(jobs, nodes=3)
-    packer = Packer(snap, LB)
-    st = WindowState(snap, packer, jobs, J)
+    ledger = Ledger(snap, LB)
+    st = WindowState(snap, ledger, jobs, J)
     failures = 0
     for step in range(200):
         mask = st.mask()
         assert st.can_grow() == mask[: st.void].any()
-        has_any = any(packer.has_tasks(j) for j in jobs)
+        has_any = any(ledger.has_tasks(j) for j in jobs)
         assert mask[st.void] == (has_any or not mask[: st.void].any())
         if not st.can_grow():
             break
         # Mostly allowed actions, sometimes any action of an occupied slot (masked ones too).
         choices = np.flatnonzero(mask[: st.void]) if rng.random() < 0.7 else np.arange(3 * len(jobs))
         failures += not st.apply(int(rng.choice(choices)))
-        fresh = WindowState(snap, packer, jobs, J)
+        fresh = WindowState(snap, ledger, jobs, J)
         assert np.array_equal(st.vector, fresh.vector), step
         assert np.array_equal(st.mask()[: st.void], (fresh.mask() & ~st._failed)[: st.void]), step
     assert failures > 0 and not st.can_grow()

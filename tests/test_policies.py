@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from conftest import job, make_snapshot
-from mlsched.cluster.packing import Packer
+from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import SpeedObservation
 from mlsched.policies import registry
 from mlsched.policies.allocation.optimus import Optimus
-from mlsched.policies.base import run_round
+from mlsched.policies.round import run_round
 from mlsched.policies.speed_estimate import ObservedSpeed, TrueSpeed
 from mlsched.workloads import catalog
 from mlsched.workloads.speed_models import MeasuredSpeed
@@ -56,13 +56,13 @@ def test_drf_equalises_dominant_shares():
     gpu_job = job("gpu", model="resnet-50")  # dominant resource: GPU
     cpu_job = job("cpu", model="dssm")  # CPU-only workers: dominant resource CPU
     snap = make_snapshot([gpu_job, cpu_job], nodes=6)
-    packer = Packer(snap, LB)
-    registry.make_allocation("drf").allocate(snap, packer)
-    a, b = packer.dominant_share(gpu_job), packer.dominant_share(cpu_job)
+    ledger = Ledger(snap, LB)
+    registry.make_allocation("drf").allocate(snap, ledger)
+    a, b = ledger.dominant_share(gpu_job), ledger.dominant_share(cpu_job)
     bundle = max(np.max((catalog.MODELS[m].worker_demand + catalog.MODELS[m].ps_demand)
                         / snap.total_capacity) for m in ("resnet-50", "dssm"))
     assert abs(a - b) <= bundle + 1e-9
-    assert packer.count(gpu_job, "worker") > 0 and packer.count(cpu_job, "worker") > 0
+    assert ledger.count(gpu_job, "worker") > 0 and ledger.count(cpu_job, "worker") > 0
 
 
 def test_tetris_favours_the_shortest_remaining_work():
@@ -79,16 +79,16 @@ def test_optimus_grants_the_largest_marginal_gain_first():
     snap = make_snapshot(jobs, nodes=8)
     est = TrueSpeed(MeasuredSpeed())
     opt = Optimus(lambda s: est)
-    packer = Packer(snap, LB)
+    ledger = Ledger(snap, LB)
     # After the starting gangs, the first extra task must be the best (gain, role) over jobs.
     for j in jobs:
-        packer.grow_bundle(j)
+        ledger.grow_bundle(j)
     total = snap.total_capacity
-    gains = {j.name: opt.best_gain(j, packer, est, total) for j in jobs}
+    gains = {j.name: opt.best_gain(j, ledger, est, total) for j in jobs}
     best_job = max(gains, key=lambda n: gains[n][0])
     role = gains[best_job][1]
-    before = packer.count(jobs[[j.name for j in jobs].index(best_job)], role)
-    full = Packer(snap, LB)
+    before = ledger.count(jobs[[j.name for j in jobs].index(best_job)], role)
+    full = Ledger(snap, LB)
     opt.allocate(snap, full)
     assert full.count(jobs[[j.name for j in jobs].index(best_job)], role) > before
 
@@ -138,58 +138,58 @@ def test_unknown_policy_names_are_clear_errors():
 # ---- placement ----------------------------------------------------------------------------
 def _packer_with_load(placement: str):
     snap = make_snapshot([job("x"), job("y")], nodes=3)
-    packer = Packer(snap, registry.make_placement(placement), sticky=False)
+    ledger = Ledger(snap, registry.make_placement(placement, registry.PolicyContext(sticky=False)))
     # Preload node 1 with one worker of y (1 GPU, 2 CPU).
-    packer._place(snap.jobs[1], "worker", 1)
-    return snap, packer
+    ledger.book(snap.jobs[1], "worker", 1)
+    return snap, ledger
 
 
 @pytest.mark.parametrize("placement,expected", [
     ("load-balance", 0), ("bin-pack", 1), ("first-fit", 0), ("tetris", 0)])
 def test_placement_heuristics_pick_their_node(placement, expected):
-    snap, packer = _packer_with_load(placement)
-    node = packer.placement.choose_node(packer, snap.jobs[0], "worker", catalog.MODELS["resnet-50"].worker_demand)
+    snap, ledger = _packer_with_load(placement)
+    node = ledger.placer.choose_node(ledger, snap.jobs[0], "worker", catalog.MODELS["resnet-50"].worker_demand)
     assert node == expected
 
 
 @pytest.mark.parametrize("placement", ["load-balance", "bin-pack", "first-fit", "tetris"])
 def test_placement_tries_other_nodes_before_giving_up(placement):
     snap = make_snapshot([job("x")], nodes=3)
-    packer = Packer(snap, registry.make_placement(placement), sticky=False)
-    packer._free_t[:, 0] = 0  # nodes 0 and 1 are full
-    packer._free_t[:, 1] = 0
-    assert packer.placement.choose_node(packer, snap.jobs[0], "worker", catalog.MODELS["resnet-50"].worker_demand) == 2
-    packer._free_t[:, 2] = 0
-    assert packer.placement.choose_node(packer, snap.jobs[0], "worker", catalog.MODELS["resnet-50"].worker_demand) is None
+    ledger = Ledger(snap, registry.make_placement(placement, registry.PolicyContext(sticky=False)))
+    ledger._free_t[:, 0] = 0  # nodes 0 and 1 are full
+    ledger._free_t[:, 1] = 0
+    assert ledger.placer.choose_node(ledger, snap.jobs[0], "worker", catalog.MODELS["resnet-50"].worker_demand) == 2
+    ledger._free_t[:, 2] = 0
+    assert ledger.placer.choose_node(ledger, snap.jobs[0], "worker", catalog.MODELS["resnet-50"].worker_demand) is None
 
 
-# ---- packer rules ---------------------------------------------------------------------------
+# ---- ledger rules ---------------------------------------------------------------------------
 def test_packer_starts_jobs_with_their_minimum_gang_atomically():
     j = job("g", min_workers=3, max_workers=8)
     snap = make_snapshot([j], nodes=1)  # 2 GPUs: the 3-worker gang cannot fit
-    packer = Packer(snap, LB)
-    assert not packer.grow(j, "ps")
-    assert packer.jobs == {}
-    assert np.array_equal(packer.free, snap.capacity)
+    ledger = Ledger(snap, LB)
+    assert not ledger.grow(j, "ps")
+    assert ledger.jobs == {}
+    assert np.array_equal(ledger.free, snap.capacity)
 
 
 def test_packer_respects_caps_and_allreduce_has_no_ps():
     j = job("c", max_ps=1, max_workers=2)
-    packer = Packer(make_snapshot([j], nodes=4), LB)
-    assert packer.grow_bundle(j) and packer.grow(j, "worker")
-    assert not packer.grow(j, "worker") and not packer.grow(j, "ps")
+    ledger = Ledger(make_snapshot([j], nodes=4), LB)
+    assert ledger.grow_bundle(j) and ledger.grow(j, "worker")
+    assert not ledger.grow(j, "worker") and not ledger.grow(j, "ps")
     ar = job("ar", arch="allreduce")
-    packer2 = Packer(make_snapshot([ar], nodes=4), LB)
-    assert not packer2.grow(ar, "ps")
-    assert packer2.grow_bundle(ar) and packer2.count(ar, "ps") == 0
+    ledger2 = Ledger(make_snapshot([ar], nodes=4), LB)
+    assert not ledger2.grow(ar, "ps")
+    assert ledger2.grow_bundle(ar) and ledger2.count(ar, "ps") == 0
 
 
 def test_packer_keeps_tasks_on_their_previous_nodes():
     j = job("s", ps=1, workers=2, ps_nodes=(3,), worker_nodes=(2, 3))
-    packer = Packer(make_snapshot([j], nodes=4), LB)
-    packer.grow_bundle(j)
-    packer.grow(j, "worker")
-    d = packer.jobs["s"]
+    ledger = Ledger(make_snapshot([j], nodes=4), LB)
+    ledger.grow_bundle(j)
+    ledger.grow(j, "worker")
+    d = ledger.jobs["s"]
     assert d.ps_nodes == [3] and d.worker_nodes == [2, 3]
 
 
@@ -197,11 +197,11 @@ def test_job_pools_restrict_placement():
     j = job("p", pool="b")
     snap = make_snapshot([j], nodes=4)
     snap.node_pools = ["a", "a", "b", "b"]
-    packer = Packer(snap, LB)
-    while packer.grow_bundle(j):
+    ledger = Ledger(snap, LB)
+    while ledger.grow_bundle(j):
         pass
-    nodes = packer.jobs["p"].ps_nodes + packer.jobs["p"].worker_nodes
-    assert set(nodes) <= {2, 3} and len(packer.jobs["p"].worker_nodes) == 4
+    nodes = ledger.jobs["p"].ps_nodes + ledger.jobs["p"].worker_nodes
+    assert set(nodes) <= {2, 3} and len(ledger.jobs["p"].worker_nodes) == 4
 
 
 # ---- fast paths must give what the full scans give ------------------------------------------
@@ -209,11 +209,11 @@ def _random_packer(rng, nodes: int, pooled: bool):
     snap = make_snapshot([job("x", pool="a" if pooled else None)], nodes=nodes)
     if pooled:
         snap.node_pools = [str(p) for p in rng.choice(["a", "b"], size=nodes)]
-    packer = Packer(snap, LB, sticky=False)
+    ledger = Ledger(snap, LB)
     # Free capacity on a coarse grid (so ties and exact fits happen), some of it exhausted.
-    packer._free_t[:] = rng.integers(0, 5, size=packer._free_t.shape) * np.array([[2.0], [0.5], [8.0]])
-    packer.load[:] = rng.integers(0, 3, size=nodes) / 2  # many ties for the least-loaded node
-    return snap, packer
+    ledger._free_t[:] = rng.integers(0, 5, size=ledger._free_t.shape) * np.array([[2.0], [0.5], [8.0]])
+    ledger.load[:] = rng.integers(0, 3, size=nodes) / 2  # many ties for the least-loaded node
+    return snap, ledger
 
 
 @pytest.mark.parametrize("pooled", [False, True])
@@ -223,18 +223,18 @@ def test_fits_on_agrees_with_fits_mask_and_load_balance_with_its_full_scan(poole
     rng = np.random.default_rng(11)
     demands = [catalog.MODELS[m].demand(r) for m in ("resnet-50", "dssm") for r in ("ps", "worker")]
     for _ in range(200):
-        snap, packer = _random_packer(rng, int(rng.integers(1, 9)), pooled)
+        snap, ledger = _random_packer(rng, int(rng.integers(1, 9)), pooled)
         j = snap.jobs[0]
         for demand in demands:
-            mask = packer.fits_mask(demand, j)
-            assert [packer.fits_on(demand, n, j) for n in range(len(mask))] == mask.tolist()
-            assert LB.choose_node(packer, j, "worker", demand) == _pick(packer, j, demand, packer.load)
+            mask = ledger.fits_mask(demand, j)
+            assert [ledger.fits_on(demand, n, j) for n in range(len(mask))] == mask.tolist()
+            assert LB.choose_node(ledger, j, "worker", demand) == _pick(ledger, j, demand, ledger.load)
 
 
 def test_a_resource_a_task_does_not_use_never_blocks_it():
     snap = make_snapshot([job("x", model="dssm")], nodes=2)  # dssm workers need no GPU
-    packer = Packer(snap, LB, sticky=False)
-    packer._free_t[1, :] = -1.0  # both nodes overcommitted in GPUs
+    ledger = Ledger(snap, LB)
+    ledger._free_t[1, :] = -1.0  # both nodes overcommitted in GPUs
     demand = catalog.MODELS["dssm"].demand("worker")
-    assert packer.fits_mask(demand).tolist() == [True, True] and packer.fits_on(demand, 1)
-    assert not packer.fits_on(catalog.MODELS["resnet-50"].demand("worker"), 1)
+    assert ledger.fits_mask(demand).tolist() == [True, True] and ledger.fits_on(demand, 1)
+    assert not ledger.fits_on(catalog.MODELS["resnet-50"].demand("worker"), 1)

@@ -35,7 +35,7 @@ def test_scaling_cost_is_paid_only_when_tasks_change():
     sim = Simulator(trace, SimConfig(scaling_cost_s=100.0, interference=False))
     fixed = registry.make_allocation("fixed")
     lb = registry.make_placement("load-balance")
-    from mlsched.policies.base import run_round
+    from mlsched.policies.round import run_round
     rate = epochs_per_s(sim.speed, "resnet-50", "ps", 2, 2)
     r1 = sim.advance(run_round(sim.snapshot(), fixed, lb))
     r2 = sim.advance(run_round(sim.snapshot(), fixed, lb))
@@ -108,6 +108,6 @@ def test_a_job_that_can_never_fit_is_reported_up_front():
 def test_per_job_caps_are_configurable():
     trace = [TraceJob("a", 0.0, "resnet-50", 1e5)]
     sim = Simulator(trace, SimConfig(nodes=50, max_ps=3, max_workers=2))
-    from mlsched.policies.base import run_round
+    from mlsched.policies.round import run_round
     d = run_round(sim.snapshot(), registry.make_allocation("drf"), registry.make_placement("load-balance"))
     assert d.counts("a") == (2, 2)

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import warnings
 from pathlib import Path
 
 import torch
 
 from mlsched.features import dl2_state
-from mlsched.workloads import catalog
+from mlsched.features.card import ModelCard, card_path
+from mlsched.sim.simulator import SIMULATOR_VERSION
 from policy_models.dl2 import networks
+
+ACTIONS = ("3J+1 probabilities over J = window job slots (arrival order): action 3i grows job i "
+           "by one worker, 3i+1 by one PS, 3i+2 by a worker and a PS (its starting gang when it "
+           "holds nothing); action 3J stops the round. Masked actions have probability 0.")
 
 OPSET = 18
 
@@ -32,25 +36,23 @@ def export_onnx(net: torch.nn.Module, window: int, path: Path) -> None:
                           dynamic_axes={"state": {0: "batch"}, "mask": {0: "batch"}, "probs": {0: "batch"}})
 
 
-def export(net: torch.nn.Module, args, path: Path, phase: str, training: dict, validation: dict) -> dict:
+def export(net: torch.nn.Module, args, path: Path, phase: str, training: dict, validation: dict,
+           extras: dict | None = None) -> dict:
     export_onnx(net, args.window, path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    card = {
-        "kind": "dl2",
-        "phase": phase,
-        "encoder_version": dl2_state.ENCODER_VERSION,
-        "window": args.window,
-        "state_dim": dl2_state.state_dim(args.window),
-        "n_actions": dl2_state.n_actions(args.window),
-        "model_types": list(catalog.MODEL_NAMES),
-        "architecture": {"arch": args.arch, "hidden": list(args.hidden)},
-        "onnx_opset": OPSET,
-        "onnx_sha256": digest,
-        "training": training,
-        "validation": validation,
-    }
-    path.with_name(path.stem + ".card.json").write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
-    return card
+    params = {"window": args.window}
+    card = ModelCard(
+        algorithm="dl2", phase="allocation",
+        encoder_name=dl2_state.ENCODER.name, encoder_version=dl2_state.ENCODER.version,
+        encoder_params=params,
+        inputs=dl2_state.ENCODER.inputs(params), outputs=dl2_state.ENCODER.outputs(params),
+        actions=ACTIONS, onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
+        training={**training, "stage": phase, "simulator_version": SIMULATOR_VERSION},
+        validation=validation,
+        extras={"architecture": {"arch": args.arch, "hidden": list(args.hidden)},
+                "onnx_opset": OPSET, **(extras or {})},
+    )
+    card.write(card_path(path))
+    return card.to_json()
 
 
 def plot_curve(curve, baselines: dict, path: Path) -> None:

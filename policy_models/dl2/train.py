@@ -26,11 +26,11 @@ from tqdm import tqdm
 
 from mlsched.features import dl2_state
 from mlsched.policies import registry
-from mlsched.policies.base import run_round
-from mlsched.policies.dl2 import DL2Policy
+from mlsched.policies.round import run_round
+from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.sim.simulator import SimConfig, Simulator
-from mlsched.workloads import generators
-from mlsched.workloads.scenarios import BENCHMARK_SEEDS, SCENARIOS
+from mlsched.workloads import catalog, generators
+from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS
 from policy_models.dl2 import export, networks
 
 
@@ -47,6 +47,9 @@ class Args:
     val_traces: int = 1  # per validation scenario
     val_scenarios: tuple[str, ...] = ("small", "medium", "large")
     train_nodes: tuple[int, ...] = (13, 30, 60, 200, 500)
+    # model types kept out of training and validation traces (the generalisation experiment:
+    # the policy sees jobs only through model-agnostic features, so it should schedule these)
+    holdout_models: tuple[str, ...] = ()
     # supervised warm-up (DL² §3: DRF as teacher, cross-entropy)
     # drf (the paper's) | optimus-oracle | relative-oracle (privileged: true speeds, training only)
     teacher: str = "relative-oracle"
@@ -122,41 +125,41 @@ class OptimusOracleTeacher:
         self.optimus = Optimus(lambda snapshot: self.estimator)
         self.relative, self.reserve = relative, reserve
 
-    def _gain(self, job, packer, total):
-        gain, role = self.optimus.best_gain(job, packer, self.estimator, total)
+    def _gain(self, job, ledger, total):
+        gain, role = self.optimus.best_gain(job, ledger, self.estimator, total)
         if self.relative and np.isfinite(gain):
-            now = self.optimus._time(job, self.estimator, packer.count(job, "ps"), packer.count(job, "worker"))
+            now = self.optimus._time(job, self.estimator, ledger.count(job, "ps"), ledger.count(job, "worker"))
             gain = gain / now if np.isfinite(now) and now > 0 else gain
         return gain, role
 
     def _reserved(self, state) -> np.ndarray:
         """Summed starting-gang demand of the later windows' jobs that hold nothing yet."""
-        packer, mine = state.packer, {id(j) for j in state.jobs}
+        ledger, mine = state.ledger, {id(j) for j in state.jobs}
         out = np.zeros(3)
         for job in state.snapshot.jobs:
-            if id(job) in mine or packer.has_tasks(job):
+            if id(job) in mine or ledger.has_tasks(job):
                 continue
             ps = max(job.min_ps, 1) if job.uses_ps else 0
-            out += max(job.min_workers, 1) * packer.demand(job, "worker")
+            out += max(job.min_workers, 1) * ledger.demand(job, "worker")
             if ps:
-                out += ps * packer.demand(job, "ps")
+                out += ps * ledger.demand(job, "ps")
         return out
 
     def act(self, state, mask):
-        packer = state.packer
+        ledger = state.ledger
         for i, job in enumerate(state.jobs):
-            if not packer.has_tasks(job):
+            if not ledger.has_tasks(job):
                 if mask[3 * i + dl2_state.BUNDLE]:
                     return 3 * i + dl2_state.BUNDLE
         total = np.where(state.snapshot.total_capacity > 0, state.snapshot.total_capacity, 1.0)
-        spare = packer.free.sum(axis=0) - self._reserved(state) if self.reserve and state.vector[-1] > 0 else None  # last global: backlog
+        spare = ledger.free.sum(axis=0) - self._reserved(state) if self.reserve and state.vector[-1] > 0 else None  # last global: backlog
         best, best_gain = state.void, 0.0
         for i, job in enumerate(state.jobs):
-            if not packer.has_tasks(job):
+            if not ledger.has_tasks(job):
                 continue
-            gain, role = self._gain(job, packer, total)
+            gain, role = self._gain(job, ledger, total)
             a = 3 * i + (dl2_state.PS if role == "ps" else dl2_state.WORKER)
-            if spare is not None and (spare < packer.demand(job, role) - 1e-9).any():
+            if spare is not None and (spare < ledger.demand(job, role) - 1e-9).any():
                 continue
             if gain > best_gain and mask[a]:
                 best, best_gain = a, gain
@@ -192,9 +195,9 @@ class SamplingActor:
             return a
         if self.explore > 0 and self.rng.random() < self.explore:
             for i, job in enumerate(state.jobs):
-                if not job.uses_ps or not state.packer.has_tasks(job):
+                if not job.uses_ps or not state.ledger.has_tasks(job):
                     continue
-                w, u = state.packer.count(job, "worker"), state.packer.count(job, "ps")
+                w, u = state.ledger.count(job, "worker"), state.ledger.count(job, "ps")
                 want = dl2_state.PS if w > self.ratio * u else dl2_state.WORKER if u > self.ratio * w else None
                 if want is not None and mask[3 * i + want]:
                     a = 3 * i + want
@@ -219,7 +222,18 @@ def train_episode_setup(args: Args, k: int):
     jobs = int(rng.integers(30, 61))
     seed = args.train_seed_base + k
     assert seed not in BENCHMARK_SEEDS
-    return generators.generate(jobs=jobs, rate=rate, seed=seed), SimConfig(nodes=nodes, seed=seed)
+    trace = generators.generate(jobs=jobs, rate=rate, seed=seed, models=training_models(args))
+    return trace, SimConfig(nodes=nodes, seed=seed)
+
+
+def training_models(args: Args) -> tuple[str, ...] | None:
+    if not args.holdout_models:
+        return None
+    held = {catalog.canonical_name(m) for m in args.holdout_models}
+    kept = tuple(m for m in catalog.MODEL_NAMES if m not in held)
+    if not kept:
+        raise SystemExit("--holdout-models leaves no model to train on")
+    return kept
 
 
 def validation_sets(args: Args):
@@ -228,7 +242,7 @@ def validation_sets(args: Args):
         sc = SCENARIOS[name]
         for k in range(args.val_traces):
             seed = args.val_seed_base + k
-            out.append((name, sc.trace(seed), sc.config(seed)))
+            out.append((name, sc.trace(seed, training_models(args)), sc.config(seed)))
     return out
 
 

@@ -86,7 +86,7 @@ from mlsched.api.mljob import (
     RoleReplicas,
 )
 from mlsched.api.schedulingpolicy import (
-    ModelRef,
+    ModelRef, PhaseModels,
     PolicyConditionType,
     RewardEntry,
     SchedulingPolicy,
@@ -101,7 +101,7 @@ __all__ = [
     "API_VERSION", "GROUP", "KOPF_ANNOTATION_PREFIX", "MAX_HISTORY", "VERSION",
     "Architecture", "CleanPodPolicy", "Condition", "ConditionStatus", "HistoryEntry",
     "InvalidObject", "JobConditionType", "JobPhase", "MLJob", "MLJobSpec", "MLJobStatus",
-    "ModelRef", "Placement", "PolicyConditionType", "Progress", "ReplicaSpec", "RewardEntry",
+    "ModelRef", "PhaseModels", "Placement", "PolicyConditionType", "Progress", "ReplicaSpec", "RewardEntry",
     "RoleReplicas", "SchedulingPolicy", "SchedulingPolicySpec", "SchedulingPolicyStatus",
     "append_bounded", "describe_errors", "get_condition", "immutable_changes",
     "is_condition_true", "set_condition", "utcnow",

@@ -17,7 +17,6 @@ from pydantic import Field, StringConstraints
 from mlsched.api.base import IMMUTABLE, PRESERVE_UNKNOWN, ApiModel, CelRule, StatusModel
 from mlsched.api.common import MAX_HISTORY, Condition
 from mlsched.api.crdinfo import AGE, API_VERSION, CrdInfo, PrinterColumn
-from mlsched.workloads.catalog import ALIASES, MODEL_NAMES
 
 #: Upper bound of any replica count; also bounds the per-role placement lists in status.
 MAX_REPLICAS = 1000
@@ -30,8 +29,9 @@ DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?
 
 NodeName = Annotated[str, StringConstraints(max_length=253)]
 
-#: The catalog's canonical names plus its aliases, exactly as the apiserver's enum accepts them.
-ModelType = Literal[tuple(MODEL_NAMES) + tuple(ALIASES)]  # type: ignore[valid-type]
+#: A model label: free-form, lowercase. Catalog names (resnet-50, vgg-16, ...) give the
+#: scheduler measured priors for the job's speed; any other name is scheduled all the same.
+MODEL_TYPE_PATTERN = r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?$"
 
 
 class Architecture(StrEnum):
@@ -104,14 +104,27 @@ class RunPolicy(ApiModel):
         CleanPodPolicy.RUNNING, description="Pods deleted on completion: All, Running or None.")
 
 
+class SpeedPrior(ApiModel):
+    """The job's speed as its owner measured or estimated it."""
+
+    reference_epochs_per_hour: float = Field(
+        gt=0, le=1e6, description="Epochs per hour with one PS and one worker (one worker "
+                                  "for AllReduce).")
+
+
 class MLJobSpec(ApiModel):
     """What to train and within which bounds the scheduler may size it."""
 
-    # maxLength is redundant with the enum for validation but bounds the CEL cost estimate of
-    # the immutability rule (unbounded strings are costed at the request-size limit).
-    model_type: ModelType = Field(  # type: ignore[valid-type]
-        json_schema_extra={**IMMUTABLE, "maxLength": 64},
-        description="Model from the mlsched catalog; selects speed and interference profiles.")
+    # maxLength also bounds the CEL cost estimate of the immutability rule (unbounded strings
+    # are costed at the request-size limit).
+    model_type: str | None = Field(
+        None, pattern=MODEL_TYPE_PATTERN, max_length=63, json_schema_extra=IMMUTABLE,
+        description="What is trained, e.g. resnet-50: any name. A model from the mlsched "
+                    "catalog gives the scheduler measured speed priors; others start from "
+                    "speedPrior or a generic curve and are learned from observed progress.")
+    speed_prior: SpeedPrior | None = Field(
+        None, description="What the job's owner knows of its speed, used until progress is "
+                          "observed.")
     architecture: Architecture = Field(
         json_schema_extra={**IMMUTABLE, "maxLength": 32},
         description="ParameterServer or AllReduce; fixed at creation.")

@@ -71,6 +71,23 @@ class Exploration(ApiModel):
                                 "policy's records; not used when serving.")
 
 
+def _models_of(phase: str):
+    return Field(default_factory=dict, max_length=8, json_schema_extra={"default": {}},
+                 description=f"ONNX model per learned {phase} algorithm, keyed by its name.")
+
+
+class PhaseModels(ApiModel):
+    """Models keyed by phase, then algorithm: one name (e.g. tetris) may be an allocation
+    and a placement algorithm, so a bare algorithm name would be ambiguous."""
+
+    allocation: dict[str, ModelRef] = _models_of("allocation")
+    placement: dict[str, ModelRef] = _models_of("placement")
+    grouping: dict[str, ModelRef] = _models_of("grouping")
+
+    def for_phase(self, phase: str) -> dict[str, ModelRef]:
+        return getattr(self, phase)
+
+
 class SchedulingPolicySpec(ApiModel):
     """Algorithms for each decision kind, the models behind the learned ones, and bookkeeping."""
 
@@ -81,9 +98,11 @@ class SchedulingPolicySpec(ApiModel):
                            description="Which node each task lands on.")
     grouping: str = Field("none", pattern=ALGORITHM_NAME, max_length=63,
                           description="Which jobs share a node pool; none disables grouping.")
-    models: dict[str, ModelRef] = Field(
-        default_factory=dict, max_length=8, json_schema_extra={"default": {}},
-        description="ONNX model per learned algorithm, keyed by algorithm name (e.g. dl2).")
+    models: PhaseModels = Field(
+        default_factory=PhaseModels, json_schema_extra={"default": {}},
+        description="ONNX models of learned algorithms, by phase and algorithm, e.g. "
+                    "models.allocation.dl2. Learned algorithms without an entry use the model "
+                    "shipped with the operator.")
     exploration: Exploration = Field(default_factory=Exploration, json_schema_extra={"default": {}})
     fallback: str = Field("drf", pattern=ALGORITHM_NAME, max_length=63,
                           description="Allocation used while a learned model is unavailable.")
@@ -108,7 +127,8 @@ class SchedulingPolicyStatus(StatusModel):
 
     active_models: dict[str, Sha256] = Field(
         default_factory=dict, max_length=8,
-        description="Algorithm name to sha256 of the model file currently serving it.")
+        description="phase/algorithm (e.g. allocation/dl2) to sha256 of the model file "
+                    "currently serving it.")
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16,
         description="ModelLoaded and Ready, one entry per type.",

@@ -11,6 +11,9 @@ from typing import Literal
 
 import numpy as np
 
+from mlsched.workloads import catalog
+from mlsched.workloads.speed_curve import SpeedCurve, prior_curve
+
 Role = Literal["ps", "worker"]
 Arch = Literal["ps", "allreduce"]
 ROLES: tuple[Role, Role] = ("ps", "worker")
@@ -27,10 +30,17 @@ class SpeedObservation:
 
 @dataclass
 class JobView:
-    """One active (arrived, unfinished) job as a policy sees it."""
+    """One active (arrived, unfinished) job as a policy sees it.
+
+    Policies describe a job by what it asks for and how it runs: its demand per role (in the
+    cluster, the pod templates' requests), its speed curve (`prior`, refined online from
+    `observations`), its remaining work, age and architecture. `model` is a free-form label:
+    a catalog name gives the simulator its ground truth and the job a better prior, any
+    other name is scheduled all the same.
+    """
 
     name: str
-    model: str  # canonical catalog name
+    model: str  # free-form; canonical when it is a catalog model
     arch: Arch
     arrival_s: float
     total_epochs: float  # the user's estimate
@@ -48,6 +58,28 @@ class JobView:
     requested_workers: int | None = None
     observations: tuple[SpeedObservation, ...] = ()
     pool: str | None = None  # node pool chosen by a grouping policy
+    # (cpu, gpu, mem_gib) one task of each role requests; the catalog's when not given.
+    ps_demand: np.ndarray | None = None
+    worker_demand: np.ndarray | None = None
+    prior: SpeedCurve | None = None  # speed curve before observation; the catalog's when not given
+
+    def __post_init__(self) -> None:
+        if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
+            if not catalog.is_known(self.model):
+                raise ValueError(f"job {self.name}: model {self.model!r} is not in the catalog, "
+                                 "so its per-role demands must be given")
+            prof = catalog.get(self.model)
+            if self.worker_demand is None:
+                self.worker_demand = prof.worker_demand
+            if self.ps_demand is None:
+                self.ps_demand = prof.ps_demand
+        if self.ps_demand is None:
+            self.ps_demand = np.zeros(3)
+        if self.prior is None:
+            self.prior = prior_curve(self.model, self.arch)
+
+    def demand(self, role: Role) -> np.ndarray:
+        return self.ps_demand if role == "ps" else self.worker_demand  # type: ignore[return-value]
 
     @property
     def remaining_epochs(self) -> float:
@@ -84,6 +116,21 @@ class Snapshot:
         return self.capacity.sum(axis=0)
 
 
+@dataclass(frozen=True)
+class PoolPlan:
+    """The grouping phase's answer: which pool each job and each node belongs to.
+
+    A job absent from `job_pools` (or with pool None) may use every node; a node whose entry
+    in `node_pools` is None belongs to no pool. `PoolPlan()` is one shared cluster."""
+
+    job_pools: dict[str, str] = field(default_factory=dict)
+    node_pools: tuple[str | None, ...] | None = None  # one entry per snapshot node, or None
+
+    @property
+    def is_shared(self) -> bool:
+        return not self.job_pools
+
+
 @dataclass
 class JobDecision:
     ps_nodes: list[int] = field(default_factory=list)
@@ -104,6 +151,10 @@ class Decision:
 
     jobs: dict[str, JobDecision]
     inferences: int = 0  # how many single-task decisions were made (for throughput figures)
+    pools: PoolPlan = field(default_factory=PoolPlan)
+    # Tasks the allocation phase granted that the placement phase could not place (per job):
+    # a learned placement may pack differently from the fit checks allocation asked.
+    unplaced: dict[str, int] = field(default_factory=dict)
 
     def counts(self, name: str) -> tuple[int, int]:
         d = self.jobs.get(name)

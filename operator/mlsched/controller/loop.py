@@ -31,8 +31,7 @@ from mlsched.controller.records import JobRecord, Resources, add
 from mlsched.controller.runtime import Indexes, JobKey, Runtime
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.policies import registry
-from mlsched.policies.base import run_round
-from mlsched.workloads import catalog
+from mlsched.policies.round import run_round
 
 log = logging.getLogger("mlsched.controller.loop")
 INVALID_RETRY_SECONDS = 60.0
@@ -54,9 +53,8 @@ class RoundReport:
 
 def reservation(job: JobRecord, target: JobTarget) -> dict[str, Resources]:
     usage: dict[str, Resources] = {}
-    profile = catalog.MODELS[job.model]
     for role, nodes in target.nodes.items():
-        demand = tuple(float(x) for x in profile.demand(role))
+        demand = job.demands.get(role, (0.0, 0.0, 0.0))
         for node in nodes:
             usage[node] = add(usage.get(node, (0.0, 0.0, 0.0)), demand)  # type: ignore[arg-type]
     return usage
@@ -81,11 +79,9 @@ async def _decide(snapshot, resolved: ResolvedPolicy) -> tuple[Decision, str | N
                                        resolved.placement, resolved.grouping), None
     except Exception as err:  # noqa: BLE001 - a policy bug must not stop scheduling
         fallback = resolved.fallback
-        log.exception("allocation %s failed; deciding with %s", resolved.allocation.name, fallback)
-        for job in snapshot.jobs:
-            job.pool = None
+        log.exception("a learned phase failed; deciding with %s allocation and no grouping", fallback)
         decision = await asyncio.to_thread(run_round, snapshot, registry.make_allocation(fallback),
-                                           resolved.placement, None)
+                                           resolved.fallback_placement, None)
         return decision, f"{type(err).__name__}: {err}"
 
 

@@ -20,11 +20,11 @@ from mlsched.api import ModelRef, SchedulingPolicySpec
 from mlsched.policies import registry
 from mlsched.policies.base import AllocationPolicy, GroupingPolicy, PlacementPolicy
 
-#: Allocation algorithms that cannot run without a model file. Any algorithm named in
-#: spec.models is treated as learned too.
-LEARNED = frozenset({"dl2"})
-
 ReadConfigMap = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+
+#: What a phase runs when its configured algorithm is unknown or its model cannot serve
+#: (allocation uses spec.fallback instead).
+PHASE_DEFAULTS = {"grouping": "none", "placement": "load-balance"}
 
 
 class ModelLoadError(Exception):
@@ -49,14 +49,16 @@ class ResolvedPolicy:
     placement: PlacementPolicy
     grouping: GroupingPolicy
     fallback: str  # a heuristic allocation: what runs when the configured one cannot
-    active_models: dict[str, str] = field(default_factory=dict)  # algorithm → sha256
+    active_models: dict[str, str] = field(default_factory=dict)  # "phase/algorithm" → sha256
     model_loaded: Verdict = field(default_factory=lambda: Verdict(True, "NoModelNeeded"))
     ready: Verdict = field(default_factory=lambda: Verdict(True, "Scheduling"))
     load_failed: bool = False  # a load was attempted this round and failed (for the metric)
+    # Heuristic placement for a round that must be decided again after a learned phase raised.
+    fallback_placement: PlacementPolicy | None = None
 
 
-def needs_model(algorithm: str, spec: SchedulingPolicySpec) -> bool:
-    return algorithm in LEARNED or algorithm in spec.models
+def needs_model(phase: str, algorithm: str, spec: SchedulingPolicySpec) -> bool:
+    return registry.is_learned(phase, algorithm) or algorithm in spec.models.for_phase(phase)
 
 
 def shipped_model(algorithm: str) -> str | None:
@@ -72,51 +74,60 @@ def shipped_model(algorithm: str) -> str | None:
 
 
 class ModelResolver:
-    """Builds policy objects; caches learned ones by (algorithm, file digest)."""
+    """Builds policy objects; caches learned ones by (phase, algorithm, file digest)."""
 
     def __init__(self, cache_dir: str, read_configmap: ReadConfigMap):
         self.cache_dir = cache_dir
         self.read_configmap = read_configmap
-        self._loaded: dict[tuple[str, str], AllocationPolicy | ModelLoadError] = {}
+        self._loaded: dict[tuple[str, str, str], Any] = {}
 
     async def resolve(self, namespace: str, spec: SchedulingPolicySpec) -> ResolvedPolicy:
-        notes = []
-        placement = spec.placement if spec.placement in registry.PLACEMENT else "load-balance"
-        if placement != spec.placement:
-            notes.append(f"unknown placement {spec.placement!r}, using load-balance")
-        grouping = spec.grouping if spec.grouping in registry.GROUPING else "none"
-        if grouping != spec.grouping:
-            notes.append(f"unknown grouping {spec.grouping!r}, using none")
+        notes: list[str] = []
         fallback = spec.fallback
-        if fallback not in registry.ALLOCATION or needs_model(fallback, spec):
+        if not registry.known("allocation", fallback) or needs_model("allocation", fallback, spec):
             fallback = "drf"
             notes.append(f"fallback {spec.fallback!r} is unusable, the fallback is drf")
-
-        name, active, loaded, failed = spec.allocation, {}, Verdict(True, "NoModelNeeded"), False
-        if name not in registry.ALLOCATION:
-            notes.append(f"unknown allocation {name!r}, using {fallback}")
-            allocation = registry.make_allocation(fallback)
-        elif needs_model(name, spec):
-            try:
-                allocation, digest = await self._learned(namespace, name, spec.models.get(name))
-                active[name] = digest
-                loaded = Verdict(True, "ModelVerified", f"{name}: sha256 {digest}")
-            except ModelLoadError as err:
-                failed = err.attempted
-                loaded = Verdict(False, err.reason, f"{name}: {err}")
-                notes.append(f"{name} unavailable ({err.reason}), allocating with {fallback}")
-                allocation = registry.make_allocation(fallback)
+        defaults = {**PHASE_DEFAULTS, "allocation": fallback}
+        chosen = {"grouping": spec.grouping, "allocation": spec.allocation, "placement": spec.placement}
+        built: dict[str, Any] = {}
+        active: dict[str, str] = {}
+        loaded_notes: list[str] = []
+        failure: ModelLoadError | None = None
+        failed = False
+        for phase in ("grouping", "allocation", "placement"):
+            name, default = chosen[phase], defaults[phase]
+            if not registry.known(phase, name):
+                notes.append(f"unknown {phase} {name!r}, using {default}")
+                built[phase] = registry.make(phase, default)
+            elif needs_model(phase, name, spec):
+                try:
+                    built[phase], digest = await self._learned(
+                        namespace, phase, name, spec.models.for_phase(phase).get(name))
+                    active[f"{phase}/{name}"] = digest
+                    loaded_notes.append(f"{phase}/{name}: sha256 {digest}")
+                except ModelLoadError as err:
+                    failed = failed or err.attempted
+                    failure = failure or err
+                    loaded_notes.append(f"{phase}/{name}: {err}")
+                    notes.append(f"{phase}/{name} unavailable ({err.reason}), using {default}")
+                    built[phase] = registry.make(phase, default)
+            else:
+                built[phase] = registry.make(phase, name)
+        if failure is not None:
+            loaded = Verdict(False, failure.reason, "; ".join(loaded_notes))
+        elif active:
+            loaded = Verdict(True, "ModelVerified", "; ".join(loaded_notes))
         else:
-            allocation = registry.make_allocation(name)
-        ready = Verdict(True, "FallbackActive", "; ".join(notes)) if notes else \
-            Verdict(True, "Scheduling")
-        return ResolvedPolicy(allocation, registry.make_placement(placement),
-                              registry.make_grouping(grouping), fallback, active, loaded, ready,
-                              failed)
+            loaded = Verdict(True, "NoModelNeeded")
+        ready = Verdict(True, "FallbackActive", "; ".join(notes)) if notes else Verdict(True, "Scheduling")
+        placement_learned = f"placement/{spec.placement}" in active
+        fallback_placement = registry.make_placement("load-balance") if placement_learned else built["placement"]
+        return ResolvedPolicy(built["allocation"], built["placement"], built["grouping"], fallback,
+                              active, loaded, ready, failed, fallback_placement)
 
     # ---- learned models -------------------------------------------------------------------
-    async def _learned(self, namespace: str, name: str,
-                       ref: ModelRef | None) -> tuple[AllocationPolicy, str]:
+    async def _learned(self, namespace: str, phase: str, name: str,
+                       ref: ModelRef | None) -> tuple[Any, str]:
         if ref is None:
             path = shipped_model(name)
             if path is None:
@@ -129,13 +140,13 @@ class ModelResolver:
         if ref.sha256 and ref.sha256 != digest:
             raise ModelLoadError("ModelDigestMismatch",
                                  f"sha256 is {digest}, spec pins {ref.sha256}")
-        cached = self._loaded.get((name, digest))
+        cached = self._loaded.get((phase, name, digest))
         if isinstance(cached, ModelLoadError):
             raise ModelLoadError(cached.reason, str(cached), attempted=False)
         if cached is None:
             path = ref.path or await asyncio.to_thread(self._materialize, digest, files, key)
-            cached = await asyncio.to_thread(_load, name, path)
-            self._loaded[(name, digest)] = cached
+            cached = await asyncio.to_thread(_load, phase, name, path)
+            self._loaded[(phase, name, digest)] = cached
             if isinstance(cached, ModelLoadError):
                 raise cached
         return cached, digest
@@ -175,11 +186,11 @@ def _read_file(path: str) -> bytes:
         return f.read()
 
 
-def _load(name: str, path: str) -> AllocationPolicy | ModelLoadError:
+def _load(phase: str, name: str, path: str) -> Any:
     """Load through the registry; every way of failing becomes a ModelLoadError (returned,
     so that the cache remembers a bad file instead of retrying it every round)."""
     try:
-        return registry.make_allocation(name, registry.PolicyContext(model_path=path))
+        return registry.make(phase, name, registry.PolicyContext(model_path=path))
     except ImportError as err:
         return ModelLoadError("RunnerUnavailable", f"the {name} runner cannot be imported: {err}")
     except ValueError as err:  # the registry's contract for missing/corrupt/mismatched models

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -218,6 +218,10 @@ class JobRecord:
     # not a copy): rendering StatefulSets needs them when a round changes a job's counts.
     templates: Mapping[str, Mapping[str, Any]]
     error: str | None = None
+    # What one pod of each role requests (its template's containers), the truth for planning;
+    # the catalog's per-model demand only where the template requests nothing.
+    demands: Mapping[str, Resources] = field(default_factory=dict)
+    declared_epochs_per_hour: float | None = None  # spec.speedPrior
 
     @property
     def key(self) -> tuple[str, str]:
@@ -278,6 +282,27 @@ def parse_job(body: Mapping[str, Any]) -> MLJob:
                            "spec": body.get("spec") or {}})
 
 
+def model_label(model_type: str | None) -> str:
+    """The catalog's canonical name for a catalog model, the label as given otherwise."""
+    if not model_type:
+        return "unknown"
+    return catalog.canonical_name(model_type) if catalog.is_known(model_type) else model_type
+
+
+def role_demands(model: str, templates: Mapping[str, Mapping[str, Any]]) -> dict[str, Resources]:
+    """Per role: the template's requests; where it requests nothing, the catalog's demand
+    for a catalog model (a prior, as for speeds), else nothing."""
+    out: dict[str, Resources] = {}
+    for role in ("ps", "worker"):
+        template = templates.get(role) or {}
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        requested = pod_requests(spec) if isinstance(spec, Mapping) else NO_RESOURCES
+        if requested == NO_RESOURCES and catalog.is_known(model):
+            requested = tuple(float(x) for x in catalog.get(model).demand(role))  # type: ignore[assignment]
+        out[role] = requested
+    return out
+
+
 def job_record(body: Mapping[str, Any]) -> JobRecord:
     meta, spec = body.get("metadata", {}), body.get("spec") or {}
     status = body.get("status") or {}
@@ -307,8 +332,11 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         return JobRecord(**common, model="", arch="ps", epochs=0.0, min_ps=0, max_ps=0,
                          min_workers=0, max_workers=0, suspend=False, error=str(exc))
     rs = job.spec.replica_specs
+    model = model_label(job.spec.model_type)
     return JobRecord(
-        **common, model=catalog.canonical_name(job.spec.model_type),
+        **common, model=model, demands=role_demands(model, common["templates"]),
+        declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
+                                  if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",
         epochs=job.spec.epochs, min_ps=rs.ps.min if rs.ps else 0, max_ps=rs.ps.max if rs.ps else 0,
         min_workers=rs.worker.min, max_workers=rs.worker.max, suspend=job.spec.run_policy.suspend,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
+from mlsched.workloads.speed_curve import prior_curve
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
 )
@@ -102,6 +103,9 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         min_ps=min_ps, max_ps=max_ps, min_workers=job.min_workers, max_workers=job.max_workers,
         requested_ps=max_ps if job.arch == "ps" else None, requested_workers=job.max_workers,
         observations=observations(job.trained, interval_s),
+        ps_demand=np.array(job.demands.get("ps", (0.0, 0.0, 0.0)), dtype=float),
+        worker_demand=np.array(job.demands.get("worker", (0.0, 0.0, 0.0)), dtype=float),
+        prior=prior_curve(job.model, job.arch, job.declared_epochs_per_hour),
     )
 
 

@@ -1,13 +1,20 @@
 """DL²'s state, action space and masks, for one window of up to J jobs in one round.
 
 State (DL² §3.1, extended where noted), one row of JOB_FEATURES per job slot in arrival order,
-zero rows for empty slots, then GLOBAL_FEATURES:
-  job type one-hot over the catalog | all-reduce flag | slots run | remaining fraction of
-  epochs | remaining time at the reference speed (log hours) | dominant share granted so far
-  this round (scaled by the node count) | workers, PS granted so far this round | workers, PS held last interval |
-  arrival rank in the window | valid
-  The paper leaves cluster capacity out of the state; we add the free share of each resource,
-  the cluster size and the backlog beyond the window, so one model can serve 13 to 500 nodes.
+zero rows for empty slots, then GLOBAL_FEATURES. The paper describes a job by a one-hot of its
+model type; that cannot schedule a model it never saw, so (v2) a job is described by what it
+asks for and how it runs, model-agnostic:
+  static:  all-reduce flag | slots run | remaining fraction of epochs | remaining time at the
+           reference speed (log hours) | age (log hours) | worker and PS demand per resource
+           (over a mean node's capacity) | the speed curve's shape: log speed-ups from more
+           workers and more PS at six probe configurations (SpeedCurve.signature) | how far observation corrected the prior (log)
+  dynamic: dominant share granted so far this round (scaled by the node count) | workers, PS
+           granted so far | workers, PS held last interval | the speed-up one more worker, PS
+           or bundle would bring (1 - speed now / speed after, the curve's estimate) | speed
+           now over the best speed within the job's caps
+  then:    arrival rank in the window | valid
+The paper leaves cluster capacity out of the state; we add the free share of each resource,
+the cluster size and the backlog beyond the window, so one model can serve 13 to 500 nodes.
 Actions: 3J+1. Action 3i+k grows job i: k=0 one worker, k=1 one PS, k=2 one worker and one
 PS (a bundle); action 3J stops the round. Masked: empty slots, roles at their cap, PS actions
 for all-reduce jobs, tasks no node can hold, and for a job holding nothing yet everything but
@@ -19,33 +26,44 @@ no policy can starve the whole cluster.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 
-from mlsched.cluster.packing import Packer
+from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
-from mlsched.workloads import catalog, speed_table
+from mlsched.features.base import TensorSpec
+from mlsched.features.speed_fit import correction
 
-ENCODER_VERSION = "dl2-state-v1"
-N_TYPES = len(catalog.MODEL_NAMES)
-JOB_FEATURES = N_TYPES + 11
+ENCODER_VERSION = "dl2-state-v2"
+JOB_FEATURES = 29
 GLOBAL_FEATURES = 6
 WORKER, PS, BUNDLE = 0, 1, 2
 _COUNT_SCALE = 16.0
 _MAX_HOURS = math.log1p(48.0)
+_GRID = 32  # the best speed within caps is searched up to this many tasks per role
 
 # Column offsets inside a job row.
-_ALLREDUCE = N_TYPES
-_SLOTS = N_TYPES + 1
-_REMAIN_FRAC = N_TYPES + 2
-_REMAIN_TIME = N_TYPES + 3
-_SHARE = N_TYPES + 4
-_WORKERS = N_TYPES + 5
-_PS = N_TYPES + 6
-_PREV_WORKERS = N_TYPES + 7
-_PREV_PS = N_TYPES + 8
-_RANK = N_TYPES + 9
-_VALID = N_TYPES + 10  # always the last column: networks find occupied rows by it
+_ALLREDUCE = 0
+_SLOTS = 1
+_REMAIN_FRAC = 2
+_REMAIN_TIME = 3
+_AGE = 4
+_W_DEMAND = 5  # 3 columns: cpu, gpu, mem
+_PS_DEMAND = 8  # 3 columns
+_SHAPE = 11  # 6 columns
+_CORRECTION = 17
+_SHARE = 18
+_WORKERS = 19
+_PS = 20
+_PREV_WORKERS = 21
+_PREV_PS = 22
+_GAIN_WORKER = 23
+_GAIN_PS = 24
+_GAIN_BUNDLE = 25
+_SATURATION = 26
+_RANK = 27
+_VALID = 28  # always the last column: networks find occupied rows by it
 
 
 def state_dim(window: int) -> int:
@@ -56,9 +74,40 @@ def n_actions(window: int) -> int:
     return 3 * window + 1
 
 
-def _reference_hours(job: JobView) -> float:
-    rate = speed_table.table_speed(job.model, 1, 1) / catalog.MODELS[job.model].steps_per_epoch
-    return job.remaining_epochs / rate / 3600.0 if rate > 0 else 48.0
+class DL2Encoder:
+    name = "dl2-state"
+    version = ENCODER_VERSION
+
+    def inputs(self, params: dict[str, Any]) -> tuple[TensorSpec, ...]:
+        window = int(params["window"])
+        return (TensorSpec("state", (state_dim(window),)), TensorSpec("mask", (n_actions(window),)))
+
+    def outputs(self, params: dict[str, Any]) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("probs", (n_actions(int(params["window"])),)),)
+
+
+ENCODER = DL2Encoder()
+
+
+def _gain(before: float, after: float) -> float:
+    """1 - before/after: the fraction of the remaining time one more task saves (negative when
+    it slows the job down), clipped to [-1, 1]."""
+    if after <= 0:
+        return -1.0
+    return max(-1.0, 1.0 - before / after)
+
+
+def _best_speed(curve, job: JobView) -> float:
+    max_w = min(job.bounds("worker")[1], _GRID)
+    ws = np.arange(1, max(max_w, 1) + 1, dtype=float)
+    if job.uses_ps:
+        ps = np.arange(1, max(min(job.bounds("ps")[1], _GRID), 1) + 1, dtype=float)[:, None]
+    else:
+        ps = np.ones((1, 1))
+    t0, t1, t2, t3, t4, t5 = curve.theta
+    step = t0 * curve.global_batch / ws + t1 + t2 * ws / ps + t3 * ws + t4 * ps + t5 * 2 * (ws - 1) / ws
+    step = np.where(step > 0, step, np.inf)
+    return float(curve.scale / (step.min() * curve.steps_per_epoch))
 
 
 class WindowState:
@@ -73,11 +122,11 @@ class WindowState:
     calls cost more than they save.
     """
 
-    def __init__(self, snapshot: Snapshot, packer: Packer, jobs: list[JobView], window: int,
+    def __init__(self, snapshot: Snapshot, ledger: Ledger, jobs: list[JobView], window: int,
                  backlog: int = 0):
         if len(jobs) > window:
             raise ValueError(f"{len(jobs)} jobs do not fit a window of {window}")
-        self.snapshot, self.packer, self.jobs, self.window = snapshot, packer, jobs, window
+        self.snapshot, self.ledger, self.jobs, self.window = snapshot, ledger, jobs, window
         self.void = 3 * window
         self._nodes = max(len(snapshot.node_names), 1)
         self._failed = np.zeros(n_actions(window), dtype=bool)  # tried this round and did not fit
@@ -86,19 +135,31 @@ class WindowState:
         rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
         self._rows = rows
         self._free_share = self.vector[window * JOB_FEATURES: window * JOB_FEATURES + 3]
-        self._free = packer.free_by_resource  # (3, N), a live view
+        self._free = ledger.free_by_resource  # (3, N), a live view
         cap = snapshot.total_capacity
         self._cap_or_inf = np.where(cap > 0, cap, np.inf)  # x / inf = 0 where a resource is absent
         total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
         self._index_demands()
+        n = max(len(snapshot.node_names), 1)
+        mean_node = np.where(cap > 0, cap / n, np.inf)
+        corrections = [correction(job) for job in jobs]
+        self._curves = [job.prior if c == 1.0 else job.prior.scaled(c) for job, c in zip(jobs, corrections)]
+        self._best = [_best_speed(c, job) for c, job in zip(self._curves, jobs)]
         for i, job in enumerate(jobs):
-            r = rows[i]
-            r[catalog.model_index(job.model)] = 1.0
+            r, curve = rows[i], self._curves[i]
             r[_ALLREDUCE] = 0.0 if job.uses_ps else 1.0
             r[_SLOTS] = min(job.slots_run, 50) / 50.0
             r[_REMAIN_FRAC] = job.remaining_epochs / job.total_epochs if job.total_epochs > 0 else 0.0
-            r[_REMAIN_TIME] = min(math.log1p(_reference_hours(job)) / _MAX_HOURS, 1.5)
+            ref = curve.reference_epochs_per_s()
+            hours = job.remaining_epochs / ref / 3600.0 if ref > 0 else 48.0
+            r[_REMAIN_TIME] = min(math.log1p(hours) / _MAX_HOURS, 1.5)
+            age_h = max(snapshot.time_s - job.arrival_s, 0.0) / 3600.0
+            r[_AGE] = min(math.log1p(age_h) / _MAX_HOURS, 1.5)
+            r[_W_DEMAND:_W_DEMAND + 3] = np.minimum(job.worker_demand / mean_node, 2.0)
+            r[_PS_DEMAND:_PS_DEMAND + 3] = np.minimum(job.ps_demand / mean_node, 2.0) if job.uses_ps else 0.0
+            r[_SHAPE:_SHAPE + 6] = curve.signature()
+            r[_CORRECTION] = math.log(corrections[i]) / math.log(8.0)
             r[_PREV_WORKERS] = job.workers / _COUNT_SCALE
             r[_PREV_PS] = job.ps / _COUNT_SCALE
             r[_RANK] = i / window
@@ -120,15 +181,26 @@ class WindowState:
     # ---- state updates --------------------------------------------------------------------
     def _refresh_job(self, i: int) -> None:
         job, r = self.jobs[i], self._rows[i]
-        d = self.packer.jobs.get(job.name)
+        d = self.ledger.jobs.get(job.name)
         w, ps = (d.workers, d.ps) if d is not None else (0, 0)
         # Dominant share in units of 8 nodes' worth (16 GPU bundles): the raw share shrinks
         # with the cluster (one bundle is 4 % of 13 nodes, 0.1 % of 500) and would vanish.
-        # (Packer.dominant_share's arithmetic, on the demands cached for this window.)
+        # (Ledger.dominant_share's arithmetic, on the demands cached for this window.)
         share = max((ps * p + w * q) * t for p, q, t in self._share_terms[i])  # plain floats: 3 values
         r[_SHARE] = share * self._nodes / 8.0
         r[_WORKERS] = w / _COUNT_SCALE
         r[_PS] = ps / _COUNT_SCALE
+        curve = self._curves[i]
+        now = curve.epochs_per_s(ps, w)
+        if w + ps == 0:  # nothing yet: its first grant is the starting gang, a bundle
+            r[_GAIN_WORKER] = r[_GAIN_PS] = 0.0
+            r[_GAIN_BUNDLE] = 1.0
+        else:
+            r[_GAIN_WORKER] = _gain(now, curve.epochs_per_s(ps, w + 1))
+            r[_GAIN_PS] = _gain(now, curve.epochs_per_s(ps + 1, w)) if self._uses_ps[i] else 0.0
+            r[_GAIN_BUNDLE] = _gain(now, curve.epochs_per_s(ps + self._uses_ps[i], w + 1))
+        best = self._best[i]
+        r[_SATURATION] = min(now / best, 1.5) if best > 0 else 0.0
         if w + ps > 0 and not self._has[i]:
             self._n_has += 1
         self._has[i] = w + ps > 0
@@ -146,7 +218,7 @@ class WindowState:
         self._demands: list[tuple[np.ndarray, JobView]] = []
 
         def key_of(job: JobView, role: str) -> int:
-            demand = self.packer.demand(job, role)
+            demand = self.ledger.demand(job, role)
             k = (demand.tobytes(), job.pool)
             if k not in keys:
                 keys[k] = len(self._demands)
@@ -162,8 +234,8 @@ class WindowState:
         self._max_ps = [j.bounds("ps")[1] for j in self.jobs]
         self._uses_ps = [j.uses_ps for j in self.jobs]
         inv_total = self._inv_total.tolist()
-        self._share_terms = [list(zip(self.packer.demand(j, "ps").tolist(),
-                                      self.packer.demand(j, "worker").tolist(), inv_total))
+        self._share_terms = [list(zip(self.ledger.demand(j, "ps").tolist(),
+                                      self.ledger.demand(j, "worker").tolist(), inv_total))
                              for j in self.jobs]
         self._wkey = [key_of(j, "worker") for j in self.jobs]
         self._pskey = [key_of(j, "ps") for j in self.jobs]
@@ -178,7 +250,7 @@ class WindowState:
         """For each distinct demand: does any (allowed) node have room for it? Also records
         a node with room (the witness) for each demand that fits."""
         if self._pooled:
-            rooms = [self.packer.fits_mask(d, j) for d, j in self._demands]
+            rooms = [self.ledger.fits_mask(d, j) for d, j in self._demands]
             self._witness = [int(r.argmax()) if r.any() else -1 for r in rooms]
         else:
             room = (self._free[None, :, :] >= self._need).all(axis=1)  # (K, N)
@@ -239,14 +311,14 @@ class WindowState:
         if i >= len(self.jobs):
             raise ValueError(f"action {action} names empty job slot {i}")
         job = self.jobs[i]
-        d = self.packer.jobs.get(job.name)
+        d = self.ledger.jobs.get(job.name)
         held_ps, held_w = (len(d.ps_nodes), len(d.worker_nodes)) if d is not None else (0, 0)
         if kind == BUNDLE:
-            ok = self.packer.grow_bundle(job)
+            ok = self.ledger.grow_bundle(job)
         else:
-            ok = self.packer.grow(job, "worker" if kind == WORKER else "ps")
+            ok = self.ledger.grow(job, "worker" if kind == WORKER else "ps")
         if ok:
-            d = self.packer.jobs[job.name]
+            d = self.ledger.jobs[job.name]
             self._refresh_job(i)
             self._refresh_free()
             if self._recheck_fits(d.ps_nodes[held_ps:] + d.worker_nodes[held_w:]):

@@ -1,51 +1,98 @@
-"""The three decision kinds, as Protocols every policy (heuristic or learned) implements.
+"""The three phases of a scheduling round, as Protocols every policy (heuristic or learned)
+implements, and what flows between them.
 
-A round runs grouping -> allocation (which places each task through the Packer and hence the
-placement policy). The same objects are driven by the simulator and by the operator.
+    grouping   (Snapshot)                      -> PoolPlan   job -> pool, node -> pool
+    allocation (Snapshot, Ledger)              -> counts     grown through the ledger
+    placement  (PlacementRequest)              -> nodes      every granted task -> a node
+
+`policies/round.py` runs them in that order. The allocation phase grows jobs through the
+capacity `Ledger`, which asks the placement policy's per-task rule (`choose_node`) whether
+and where each task fits, so an allocation policy can grow one task at a time (DL²) and never
+grants what cannot be placed. The placement phase then decides the final node of every
+granted task; heuristics replay the grants through the same rule (`TaskByTaskPlacement`), a
+learned placement decides them all at once. The round checks the result against capacity
+and pools, whatever the placement policy returned.
+
+Admission between rounds (a job arrives or capacity frees up) will reuse the same phases with
+running jobs held where they are (`PlacementRequest.held`).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 
-from mlsched.cluster.packing import Packer
-from mlsched.cluster.types import Decision, JobView, Role, Snapshot
-
-
-class PlacementPolicy(Protocol):
-    """Chooses the node for one task; None when no allowed node fits it."""
-
-    name: str
-
-    def choose_node(self, packer: Packer, job: JobView, role: Role, demand: np.ndarray) -> int | None: ...
-
-
-class AllocationPolicy(Protocol):
-    """Decides how many PS and workers each job gets this interval by growing jobs in `packer`."""
-
-    name: str
-
-    def allocate(self, snapshot: Snapshot, packer: Packer) -> None: ...
+from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import JobDecision, JobView, PoolPlan, Role, Snapshot
 
 
 class GroupingPolicy(Protocol):
-    """Assigns jobs to node pools (Harmony co-location); an empty map means one shared pool."""
+    """Assigns jobs and nodes to pools (Harmony co-location); `PoolPlan()` is one shared pool."""
 
     name: str
 
-    def group(self, snapshot: Snapshot) -> dict[str, str]: ...
+    def group(self, snapshot: Snapshot) -> PoolPlan: ...
 
 
-def run_round(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
-              grouping: GroupingPolicy | None = None, sticky: bool = True) -> Decision:
-    """One scheduling decision: a pure function of the snapshot (policies may keep learned
-    parameters, never cluster state)."""
-    if grouping is not None:
-        pools = grouping.group(snapshot)
-        for job in snapshot.jobs:
-            job.pool = pools.get(job.name)
-    packer = Packer(snapshot, placement, sticky=sticky)
-    allocation.allocate(snapshot, packer)
-    return packer.decision()
+class AllocationPolicy(Protocol):
+    """Decides how many PS and workers each job gets this interval by growing jobs in the
+    ledger (`grow`, `grow_bundle`, `grant`; `fits_mask` to ask what would fit)."""
+
+    name: str
+
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None: ...
+
+
+@dataclass
+class PlacementRequest:
+    """What the placement phase is given: the jobs (with their pools), the counts the
+    allocation phase granted, the order it granted them in, and the tasks held in place."""
+
+    snapshot: Snapshot  # job views carry the pool the grouping phase chose
+    pools: PoolPlan
+    counts: dict[str, tuple[int, int]]  # job -> (ps, workers) granted
+    grants: list[tuple[JobView, tuple[Role, ...]]]  # in the order allocation made them
+    held: dict[str, JobDecision] = field(default_factory=dict)  # fixed before this phase (co-tenants)
+
+    def fresh_ledger(self, placer) -> Ledger:
+        """A ledger on the round's capacity with the held tasks already booked."""
+        ledger = Ledger(self.snapshot, placer, self.pools)
+        jobs = {j.name: j for j in self.snapshot.jobs}
+        for name, d in self.held.items():
+            for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
+                for node in nodes:
+                    ledger.book(jobs[name], role, node)  # type: ignore[arg-type]
+        return ledger
+
+
+class PlacementPolicy(Protocol):
+    """Chooses the node of every task.
+
+    `choose_node` is the per-task rule (None when no allowed node fits): the ledger asks it
+    during allocation, so allocation grants only what fits. `place` decides the final nodes
+    of every granted task."""
+
+    name: str
+
+    def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None: ...
+
+    def place(self, request: PlacementRequest) -> dict[str, JobDecision]: ...
+
+
+class TaskByTaskPlacement:
+    """Placement by a per-task rule: replays the allocation's grants, in order, through
+    `choose_node` on a fresh ledger. Deterministic rules give exactly the nodes the
+    allocation phase's fit checks found."""
+
+    name = "task-by-task"
+
+    def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
+        raise NotImplementedError
+
+    def place(self, request: PlacementRequest) -> dict[str, JobDecision]:
+        ledger = request.fresh_ledger(self)
+        for job, roles in request.grants:
+            ledger.grant_roles(job, roles)
+        return {name: d for name, d in ledger.jobs.items() if name not in request.held}

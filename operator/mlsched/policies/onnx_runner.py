@@ -1,83 +1,48 @@
-"""Serving learned policies with ONNX Runtime: load a model file and its card, check both.
+"""Serving learned policies with ONNX Runtime: load any card-described graph, check both.
 
-A model is `<name>.onnx` with `<name>.card.json` beside it. The card names the kind of policy,
-the state-encoder version and shape it was trained with, the model types it knows, how and on
-what it was trained, its validation results and the sha256 of the ONNX file. Every mismatch
-(missing file, corrupt bytes, wrong digest, other encoder version, other catalog) is a
-ModelLoadError with the reason, never a silently wrong answer.
+A model is `<name>.onnx` with `<name>.card.json` beside it (features/card.py). Loading checks,
+in order: the card parses; it is for the algorithm and phase asked for; the file's sha256 is
+the card's (and a pinned digest, if any); the card's encoder is one this mlsched has, at the
+same version, and declares the same input and output tensors as the card; the graph's inputs
+and outputs are the card's, by name and shape. Every mismatch is a ModelLoadError with the
+reason, never a silently wrong answer. Which algorithm runs the graph, and how it turns
+outputs into decisions, is the algorithm's business (e.g. policies/allocation/dl2.py).
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from mlsched.features import dl2_state
-from mlsched.workloads import catalog
-
-
-_OUTPUTS = ["probs"]
+from mlsched.features import registry as encoders
+from mlsched.features.base import TensorSpec
+from mlsched.features.card import CardError, ModelCard, card_path
 
 
 class ModelLoadError(ValueError):
     pass
 
 
-ENCODERS = {"dl2": dl2_state}
-
-
-@dataclass(frozen=True)
-class ModelCard:
-    kind: str
-    encoder_version: str
-    window: int
-    state_dim: int
-    n_actions: int
-    model_types: tuple[str, ...]
-    onnx_sha256: str
-    raw: dict
-
-    @classmethod
-    def read(cls, path: Path) -> "ModelCard":
-        try:
-            raw = json.loads(path.read_text())
-        except OSError as exc:
-            raise ModelLoadError(f"model card {path}: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise ModelLoadError(f"model card {path} is not valid JSON: {exc}") from None
-        try:
-            return cls(raw["kind"], raw["encoder_version"], int(raw["window"]), int(raw["state_dim"]),
-                       int(raw["n_actions"]), tuple(raw["model_types"]), raw["onnx_sha256"], raw)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise ModelLoadError(f"model card {path} lacks or mangles field {exc}") from None
-
-
-def card_path(model_path: Path) -> Path:
-    stem = model_path.stem if model_path.suffix == ".onnx" else model_path.name
-    return model_path.parent / f"{stem}.card.json"
-
-
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def default_model_path(kind: str) -> Path:
+def default_model_path(algorithm: str) -> Path:
     """The artifact shipped in policy_models/artifacts/ (found as a file, never imported), or
-    $MLSCHED_MODELS_DIR/<kind>/<kind>.onnx."""
+    $MLSCHED_MODELS_DIR/<algorithm>/<algorithm>.onnx."""
     env = os.environ.get("MLSCHED_MODELS_DIR")
     if env:
-        return Path(env) / kind / f"{kind}.onnx"
+        return Path(env) / algorithm / f"{algorithm}.onnx"
     spec = importlib.util.find_spec("policy_models")
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError("no model given and the policy_models artifacts are not installed; "
                              "pass --model PATH or set MLSCHED_MODELS_DIR")
-    return Path(list(spec.submodule_search_locations)[0]) / "artifacts" / kind / f"{kind}.onnx"
+    return Path(list(spec.submodule_search_locations)[0]) / "artifacts" / algorithm / f"{algorithm}.onnx"
 
 
 @dataclass
@@ -86,38 +51,85 @@ class LoadedModel:
     card: ModelCard
     session: object  # onnxruntime.InferenceSession
 
-    def probabilities(self, state: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return self.session.run(_OUTPUTS, {"state": state.astype(np.float32, copy=False),
-                                           "mask": mask.astype(np.float32, copy=False)})[0]
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = [t.name for t in self.card.outputs]
+        values = self.session.run(names, {k: v.astype(np.float32, copy=False) for k, v in feeds.items()})
+        return dict(zip(names, values))
+
+    def bind(self, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]):
+        """Bind numpy buffers (float32, contiguous, batch first) as the graph's inputs and
+        outputs once; `run_bound` then runs on whatever they hold, with no per-call copy."""
+        import onnxruntime as ort
+
+        binding = self.session.io_binding()
+        for name, array in inputs.items():
+            binding.bind_ortvalue_input(name, ort.OrtValue.ortvalue_from_numpy(array))
+        for name, array in outputs.items():
+            binding.bind_ortvalue_output(name, ort.OrtValue.ortvalue_from_numpy(array))
+        return binding
+
+    def run_bound(self, binding) -> None:
+        self.session.run_with_iobinding(binding)
 
 
-def load_model(path: str | Path | None, kind: str, expected_sha256: str | None = None) -> LoadedModel:
-    model_path = Path(path) if path else default_model_path(kind)
+def load_model(path: str | Path | None, algorithm: str, phase: str,
+               expected_sha256: str | None = None) -> LoadedModel:
+    model_path = Path(path) if path else default_model_path(algorithm)
     if not model_path.is_file():
         raise ModelLoadError(f"model file {model_path} does not exist")
-    card = ModelCard.read(card_path(model_path))
+    try:
+        card = ModelCard.read(card_path(model_path))
+    except CardError as exc:
+        raise ModelLoadError(str(exc)) from None
+    if (card.algorithm, card.phase) != (algorithm, phase):
+        raise ModelLoadError(f"{model_path} is the {card.phase} model of {card.algorithm!r}, "
+                             f"not the {phase} model of {algorithm!r}")
     digest = sha256_of(model_path)
-    if card.kind != kind:
-        raise ModelLoadError(f"{model_path} is a {card.kind!r} model, not {kind!r}")
     if digest != card.onnx_sha256:
         raise ModelLoadError(f"{model_path} sha256 {digest[:12]}… does not match its card ({card.onnx_sha256[:12]}…): "
                              "the file is corrupt or not the one the card describes")
     if expected_sha256 and digest != expected_sha256.lower():
         raise ModelLoadError(f"{model_path} sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…")
-    encoder = ENCODERS[kind]
-    if card.encoder_version != encoder.ENCODER_VERSION:
-        raise ModelLoadError(f"{model_path} was trained with state encoder {card.encoder_version!r}; "
-                             f"this mlsched has {encoder.ENCODER_VERSION!r}: retrain or use a matching release")
-    if card.model_types != catalog.MODEL_NAMES:
-        raise ModelLoadError(f"{model_path} knows model types {list(card.model_types)}, the catalog has "
-                             f"{list(catalog.MODEL_NAMES)}: retrain")
-    if card.state_dim != encoder.state_dim(card.window) or card.n_actions != encoder.n_actions(card.window):
-        raise ModelLoadError(f"{model_path}: card shapes do not match encoder at J={card.window}")
+    check_encoder(card, str(model_path))
     session = _session(model_path)
-    inputs = {i.name: i.shape for i in session.get_inputs()}
-    if set(inputs) != {"state", "mask"} or inputs["state"][-1] != card.state_dim or inputs["mask"][-1] != card.n_actions:
-        raise ModelLoadError(f"{model_path}: graph inputs {inputs} do not match the card")
+    _check_graph(session.get_inputs(), card.inputs, "inputs", model_path)
+    _check_graph(session.get_outputs(), card.outputs, "outputs", model_path)
     return LoadedModel(model_path, card, session)
+
+
+def check_encoder(card: ModelCard, where: str) -> None:
+    try:
+        encoder = encoders.get(card.encoder_name)
+    except ValueError as exc:
+        raise ModelLoadError(f"{where}: {exc}") from None
+    if card.encoder_version != encoder.version:
+        raise ModelLoadError(f"{where} was trained with state encoder {card.encoder_version!r}; "
+                             f"this mlsched has {encoder.version!r}: retrain or use a matching release")
+    try:
+        expected = (tuple(encoder.inputs(card.encoder_params)), tuple(encoder.outputs(card.encoder_params)))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ModelLoadError(f"{where}: encoder parameters {card.encoder_params} are unusable: {exc}") from None
+    if expected != (card.inputs, card.outputs):
+        raise ModelLoadError(f"{where}: the card's tensors {_names(card.inputs)} -> {_names(card.outputs)} "
+                             f"are not what encoder {encoder.version} produces with {card.encoder_params}: "
+                             f"{_names(expected[0])} -> {_names(expected[1])}")
+
+
+def _names(specs: tuple[TensorSpec, ...]) -> str:
+    return ", ".join(f"{t.name}{list(t.shape)}" for t in specs)
+
+
+def _check_graph(nodes, specs: tuple[TensorSpec, ...], what: str, path: Path) -> None:
+    """The graph's tensors by name, with a free (or 1) batch dimension and the card's shape."""
+    graph = {n.name: list(n.shape) for n in nodes}
+    wanted = {t.name: t for t in specs}
+    if set(graph) != set(wanted):
+        raise ModelLoadError(f"{path}: graph {what} {sorted(graph)} are not the card's {sorted(wanted)}")
+    for name, shape in graph.items():
+        if len(shape) != len(wanted[name].shape) + 1 or [
+                d for d in shape[1:]] != list(wanted[name].shape):
+            raise ModelLoadError(f"{path}: graph {what[:-1]} {name!r} has shape {shape}, "
+                                 f"the card says [batch, {', '.join(map(str, wanted[name].shape))}]")
 
 
 def _session(path: Path):
@@ -137,44 +149,10 @@ def _session(path: Path):
         raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from None
 
 
-class GreedyOnnxActor:
-    """Serving: the most probable unmasked action.
-
-    A round asks a few hundred times about one window whose state vector is updated in
-    place, so the inputs and the output are bound to ONNX Runtime once per window (IO
-    binding: no per-call dict, output allocation or input conversion)."""
-
-    def __init__(self, model: LoadedModel):
-        self.model = model
-        self._state = None  # the WindowState the binding reads from
-        self._binding = None
-        self._mask = self._probs = self._probs_row = None
-
-    def _bind(self, state) -> None:
-        import onnxruntime as ort
-
-        vector = state.vector[None, :]  # float32, contiguous: bound without a copy
-        self._mask = np.zeros((1, state.void + 1), dtype=np.float32)
-        self._probs = np.zeros((1, state.void + 1), dtype=np.float32)
-        self._probs_row = self._probs[0]
-        binding = self.model.session.io_binding()
-        binding.bind_ortvalue_input("state", ort.OrtValue.ortvalue_from_numpy(vector))
-        binding.bind_ortvalue_input("mask", ort.OrtValue.ortvalue_from_numpy(self._mask))
-        binding.bind_ortvalue_output("probs", ort.OrtValue.ortvalue_from_numpy(self._probs))
-        self._state, self._binding = state, binding
-
-    def act(self, state, mask: np.ndarray) -> int:
-        if state is not self._state:
-            self._bind(state)
-        self._mask[0] = mask
-        self.model.session.run_with_iobinding(self._binding)
-        return greedy_action(self._probs_row, mask)
-
-
 def greedy_action(probs: np.ndarray, mask: np.ndarray) -> int:
     """The first most probable allowed action, np.argmax(np.where(mask, probs, -1)) for
     probabilities (>= 0), mostly without the where: when the first maximum over all actions is
-    allowed, it is that action. The graph gives masked actions probability exactly 0, so it is
+    allowed, it is that action. Graphs give masked actions probability exactly 0, so it is
     allowed unless every allowed probability is 0 too; only then mask explicitly."""
     best = int(probs.argmax())
     if mask[best]:

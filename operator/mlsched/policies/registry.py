@@ -1,24 +1,29 @@
-"""Policy names -> implementations, for `mlsched simulate` and SchedulingPolicy objects alike.
+"""(phase, algorithm name) -> implementation, for `mlsched simulate` and SchedulingPolicy alike.
 
-Some policies need context: `optimus-oracle` needs the true speed function, which only the
-simulator has; learned policies need their model file. Asking for a policy that cannot be
-built in the caller's context is a clear error.
+Every phase's factory takes a PolicyContext, so any phase can have a learned policy that loads
+a model file. Some policies need what only one caller has: `optimus-oracle` needs the
+simulator's true speed function; learned policies need their model file (the shipped one when
+none is named). Asking for a policy that cannot be built in the caller's context is a clear
+error. Placement policies come wrapped in stickiness unless the context says otherwise.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from mlsched.policies.allocation.drf import DRF
 from mlsched.policies.allocation.optimus import Optimus
 from mlsched.policies.allocation.simple import FIFO, SRTF, Fixed
 from mlsched.policies.allocation.tetris import Tetris
 from mlsched.policies.base import AllocationPolicy, GroupingPolicy, PlacementPolicy
-from mlsched.policies.grouping import NoGrouping
+from mlsched.policies.grouping.none import NoGrouping
 from mlsched.policies.placement.heuristics import BinPack, FirstFit, LoadBalance, TetrisPlacement
+from mlsched.policies.placement.sticky import Sticky
 from mlsched.policies.speed_estimate import TrueSpeed
 from mlsched.workloads.speed_models import SpeedModel
+
+PHASES = ("grouping", "allocation", "placement")
 
 
 class UnknownPolicyError(ValueError):
@@ -29,6 +34,13 @@ class UnknownPolicyError(ValueError):
 class PolicyContext:
     speed_model: SpeedModel | None = None  # the simulator's true speed function
     model_path: str | None = None  # a learned policy's ONNX file (its card sits beside it)
+    sticky: bool = True  # placement: keep unchanged tasks where they ran
+
+
+@dataclass(frozen=True)
+class Entry:
+    build: Callable[[PolicyContext], Any]
+    learned: bool = False  # needs a model file (and so a card, a runner, a fallback)
 
 
 def _oracle(ctx: PolicyContext) -> AllocationPolicy:
@@ -39,49 +51,75 @@ def _oracle(ctx: PolicyContext) -> AllocationPolicy:
 
 
 def _dl2(ctx: PolicyContext) -> AllocationPolicy:
-    from mlsched.policies.dl2 import DL2Policy  # imported lazily: loads onnxruntime
+    from mlsched.policies.allocation.dl2 import DL2Policy  # imported lazily: loads onnxruntime
 
     return DL2Policy.load(ctx.model_path)
 
 
-ALLOCATION: dict[str, Callable[[PolicyContext], AllocationPolicy]] = {
-    "fixed": lambda ctx: Fixed(),
-    "fifo": lambda ctx: FIFO(),
-    "srtf": lambda ctx: SRTF(),
-    "drf": lambda ctx: DRF(),
-    "tetris": lambda ctx: Tetris(),
-    "optimus": lambda ctx: Optimus(),
-    "optimus-oracle": _oracle,
-    "dl2": _dl2,
+def _placement(cls) -> Entry:
+    return Entry(lambda ctx: Sticky(cls()) if ctx.sticky else cls())
+
+
+REGISTRY: dict[str, dict[str, Entry]] = {
+    "allocation": {
+        "fixed": Entry(lambda ctx: Fixed()),
+        "fifo": Entry(lambda ctx: FIFO()),
+        "srtf": Entry(lambda ctx: SRTF()),
+        "drf": Entry(lambda ctx: DRF()),
+        "tetris": Entry(lambda ctx: Tetris()),
+        "optimus": Entry(lambda ctx: Optimus()),
+        "optimus-oracle": Entry(_oracle),
+        "dl2": Entry(_dl2, learned=True),
+    },
+    "placement": {
+        "load-balance": _placement(LoadBalance),
+        "bin-pack": _placement(BinPack),
+        "first-fit": _placement(FirstFit),
+        "tetris": _placement(TetrisPlacement),
+    },
+    "grouping": {
+        "none": Entry(lambda ctx: NoGrouping()),
+    },
 }
 
-PLACEMENT: dict[str, Callable[[], PlacementPolicy]] = {
-    "load-balance": LoadBalance,
-    "bin-pack": BinPack,
-    "first-fit": FirstFit,
-    "tetris": TetrisPlacement,
-}
-
-GROUPING: dict[str, Callable[[], GroupingPolicy]] = {"none": NoGrouping}
+# Kept for callers that list one phase's names.
+ALLOCATION = REGISTRY["allocation"]
+PLACEMENT = REGISTRY["placement"]
+GROUPING = REGISTRY["grouping"]
 
 
-def _unknown(kind: str, name: str, known) -> UnknownPolicyError:
-    return UnknownPolicyError(f"unknown {kind} policy {name!r}; known: {', '.join(known)}")
+def register(phase: str, name: str, build: Callable[[PolicyContext], Any], learned: bool = False) -> None:
+    """Add a policy (docs/architecture.md has a worked example)."""
+    if phase not in REGISTRY:
+        raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+    REGISTRY[phase][name] = Entry(build, learned)
+
+
+def known(phase: str, name: str) -> bool:
+    return name in REGISTRY.get(phase, {})
+
+
+def is_learned(phase: str, name: str) -> bool:
+    entry = REGISTRY.get(phase, {}).get(name)
+    return bool(entry and entry.learned)
+
+
+def make(phase: str, name: str, ctx: PolicyContext | None = None) -> Any:
+    if phase not in REGISTRY:
+        raise ValueError(f"unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+    entries = REGISTRY[phase]
+    if name not in entries:
+        raise UnknownPolicyError(f"unknown {phase} policy {name!r}; known: {', '.join(entries)}")
+    return entries[name].build(ctx or PolicyContext())
 
 
 def make_allocation(name: str, ctx: PolicyContext | None = None) -> AllocationPolicy:
-    if name not in ALLOCATION:
-        raise _unknown("allocation", name, ALLOCATION)
-    return ALLOCATION[name](ctx or PolicyContext())
+    return make("allocation", name, ctx)
 
 
-def make_placement(name: str) -> PlacementPolicy:
-    if name not in PLACEMENT:
-        raise _unknown("placement", name, PLACEMENT)
-    return PLACEMENT[name]()
+def make_placement(name: str, ctx: PolicyContext | None = None) -> PlacementPolicy:
+    return make("placement", name, ctx)
 
 
-def make_grouping(name: str) -> GroupingPolicy:
-    if name not in GROUPING:
-        raise _unknown("grouping", name, GROUPING)
-    return GROUPING[name]()
+def make_grouping(name: str, ctx: PolicyContext | None = None) -> GroupingPolicy:
+    return make("grouping", name, ctx)

@@ -4,8 +4,9 @@
 snapshot (profiling runs and intervals actually trained, interference included), the way
 Optimus learns online. With too few distinct configurations for a model it falls back to
 scaling the job's latest observation, and with none at all to the catalog's reference speed
-of the model type at 1 PS + 1 worker (a profiling figure, flat in the counts), so estimates
-can be wrong, which is the point of comparing `optimus` with `optimus-oracle`.
+of the model type at 1 PS + 1 worker (a profiling figure, flat in the counts; for a model
+outside the catalog, its prior curve's), so estimates can be wrong, which is the point of
+comparing `optimus` with `optimus-oracle`. Observations are pooled per (model label, arch).
 """
 
 from __future__ import annotations
@@ -20,8 +21,10 @@ from mlsched.workloads.speed_models import SpeedModel, epochs_per_s
 
 
 
-def reference_epochs_per_s(model: str) -> float:
-    return speed_table.table_speed(model, 1, 1) / catalog.MODELS[model].steps_per_epoch
+def reference_epochs_per_s(job: JobView) -> float:
+    if catalog.is_known(job.model):
+        return speed_table.table_speed(job.model, 1, 1) / catalog.MODELS[job.model].steps_per_epoch
+    return job.prior.reference_epochs_per_s()
 
 
 class SpeedEstimator(Protocol):
@@ -43,7 +46,9 @@ class TrueSpeed:
 class ObservedSpeed:
     def __init__(self, snapshot: Snapshot):
         samples: dict[tuple[str, str], list] = {}
+        self._batch: dict[tuple[str, str], float] = {}
         for job in snapshot.jobs:
+            self._batch[(job.model, job.arch)] = job.prior.global_batch
             for o in job.observations:
                 if o.epochs_per_s > 0 and o.workers > 0:
                     samples.setdefault((job.model, job.arch), []).append(o)
@@ -52,11 +57,11 @@ class ObservedSpeed:
             configs = {(o.ps, o.workers) for o in obs}
             if len(configs) < 3:
                 continue
-            model, arch = key
+            arch = key[1]
             p = np.array([max(o.ps, 1) if arch == "ps" else 1 for o in obs])
             w = np.array([o.workers for o in obs])
             s = np.array([o.epochs_per_s for o in obs])
-            theta = optimus_model.fit(p, w, s, catalog.MODELS[model].global_batch)
+            theta = optimus_model.fit(p, w, s, self._batch[key])
             if arch != "ps":
                 theta[[2, 4]] = 0.0  # a ring has no PS terms
             self._theta[key] = theta
@@ -67,10 +72,10 @@ class ObservedSpeed:
         theta = self._theta.get((job.model, job.arch))
         if theta is not None:
             p = ps if job.uses_ps else 1
-            return float(optimus_model.predict(theta, p, workers, catalog.MODELS[job.model].global_batch))
+            return float(optimus_model.predict(theta, p, workers, job.prior.global_batch))
         if job.observations:
             last = job.observations[-1]
             tasks_then = last.ps + last.workers
             # Linear in the task count: crude, and knowingly so.
             return last.epochs_per_s * (ps + workers) / tasks_then if tasks_then else 0.0
-        return reference_epochs_per_s(job.model)
+        return reference_epochs_per_s(job)

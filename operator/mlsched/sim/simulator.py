@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlsched.cluster.resources import DEFAULT_NODE_CAPACITY
+from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobView, Snapshot, SpeedObservation
+from mlsched.policies.placement.heuristics import LoadBalance
+from mlsched.policies.round import run_round
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.speed_models import SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
@@ -23,6 +25,9 @@ from mlsched.workloads.traces import TraceJob
 PROFILE_CONFIGS_PS = ((1, 1), (1, 2), (2, 2), (2, 4))
 PROFILE_CONFIGS_ALLREDUCE = ((0, 1), (0, 2), (0, 4))
 MAX_OBSERVATIONS = 24  # per job; older ones fall off
+#: Changes whenever the simulated environment changes (speed, interference, scaling models):
+#: model cards record the version a policy was trained in.
+SIMULATOR_VERSION = "sim-1"
 
 
 class CapacityExceeded(RuntimeError):
@@ -199,8 +204,6 @@ class Simulator:
         return reward
 
     def run(self, allocation, placement, grouping=None, progress=None) -> SimResult:
-        from mlsched.policies.base import run_round
-
         while not self.done:
             decision = run_round(self.snapshot(), allocation, placement, grouping)
             self.advance(decision)
@@ -269,9 +272,6 @@ class Simulator:
         """Try configurations from the fastest down; the first that fits the empty cluster wins
         (an all-reduce ring inside one node can beat its inter-node estimate, so we also look
         at the next few)."""
-        from mlsched.cluster.packing import Packer
-        from mlsched.policies.placement.heuristics import LoadBalance
-
         cfg = self.config
         snap = Snapshot(0.0, cfg.interval_s, self.node_names, self.capacity, [])
         ps_range = range(1, cfg.max_ps + 1) if arch == "ps" else [0]
@@ -281,10 +281,10 @@ class Simulator:
         for _, ps, w in configs:
             job = JobView("ideal", model, arch, 0.0, 1.0, min_ps=ps, min_workers=w,
                           max_ps=max(ps, 1), max_workers=w)
-            packer = Packer(snap, LoadBalance(), sticky=False)
-            if not packer.grow(job, "worker"):
+            ledger = Ledger(snap, LoadBalance())
+            if not ledger.grow(job, "worker"):
                 continue
-            nodes = packer.jobs["ideal"].worker_nodes
+            nodes = ledger.jobs["ideal"].worker_nodes
             best = max(best, epochs_per_s(self.speed, model, arch, ps, w, len(set(nodes))))
             feasible_seen += 1
             if arch == "ps" or feasible_seen >= 8:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from mlsched.cluster.resources import resources
+from mlsched.workloads.resources import resources
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ MODELS: dict[str, ModelProfile] = {
 
 ALIASES = {"ctc": "cnn-text-classification"}
 
-#: Canonical model names in a fixed order: the one-hot job-type encoding follows it.
+#: Canonical model names in a fixed order.
 MODEL_NAMES: tuple[str, ...] = tuple(MODELS)
 
 
@@ -83,6 +83,13 @@ def canonical_name(name: str) -> str:
         known = ", ".join(list(MODELS) + list(ALIASES))
         raise UnknownModelError(f"unknown model {name!r}; known models: {known}")
     return key
+
+
+def is_known(name: str) -> bool:
+    """Is `name` (or an alias) a catalog model? Other names are fine for jobs; they just get
+    generic priors and cannot be simulated."""
+    key = name.strip().lower()
+    return ALIASES.get(key, key) in MODELS
 
 
 def get(name: str) -> ModelProfile:

@@ -10,18 +10,18 @@ from __future__ import annotations
 
 import heapq
 
-from mlsched.cluster.packing import Packer
+from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Snapshot
 
 
 class DRF:
     name = "drf"
 
-    def allocate(self, snapshot: Snapshot, packer: Packer) -> None:
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         heap = [(0.0, job.arrival_s, i) for i, job in enumerate(snapshot.jobs)]
         heapq.heapify(heap)
         while heap:
             _, arrival, i = heapq.heappop(heap)
             job = snapshot.jobs[i]
-            if packer.grow_bundle(job):
-                heapq.heappush(heap, (packer.dominant_share(job), arrival, i))
+            if ledger.grow_bundle(job):
+                heapq.heappush(heap, (ledger.dominant_share(job), arrival, i))

@@ -17,10 +17,9 @@ import heapq
 
 import numpy as np
 
-from mlsched.cluster.packing import Packer
+from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Role, Snapshot
 from mlsched.policies.speed_estimate import ObservedSpeed, SpeedEstimator
-from mlsched.workloads import catalog
 
 
 class Optimus:
@@ -36,38 +35,38 @@ class Optimus:
         f = est.epochs_per_s(job, ps, workers)
         return job.remaining_epochs / f if f > 0 else float("inf")
 
-    def best_gain(self, job: JobView, packer: Packer, est: SpeedEstimator,
+    def best_gain(self, job: JobView, ledger: Ledger, est: SpeedEstimator,
                   total: np.ndarray) -> tuple[float, Role]:
-        ps, w = packer.count(job, "ps"), packer.count(job, "worker")
+        ps, w = ledger.count(job, "ps"), ledger.count(job, "worker")
         now = self._time(job, est, ps, w)
         best: tuple[float, Role] = (-np.inf, "worker")
         roles: tuple[Role, ...] = ("worker", "ps") if job.uses_ps else ("worker",)
         for role in roles:
-            if packer.at_cap(job, role):
+            if ledger.at_cap(job, role):
                 continue
             after = self._time(job, est, ps + (role == "ps"), w + (role == "worker"))
             if not np.isfinite(after):
                 continue
             gain = (now - after) if np.isfinite(now) else np.inf
-            need = float(np.max(packer.demand(job, role) / total))
+            need = float(np.max(ledger.demand(job, role) / total))
             gain = gain / max(need, 1e-9)
             if gain > best[0]:
                 best = (gain, role)
         return best
 
-    def allocate(self, snapshot: Snapshot, packer: Packer) -> None:
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         est = self.estimator_factory(snapshot)
         total = np.where(snapshot.total_capacity > 0, snapshot.total_capacity, 1.0)
         heap = []
         for i, job in enumerate(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name))):
-            if packer.grow_bundle(job):
-                gain, role = self.best_gain(job, packer, est, total)
+            if ledger.grow_bundle(job):
+                gain, role = self.best_gain(job, ledger, est, total)
                 heap.append((-gain, job.arrival_s, i, role, job))
         heapq.heapify(heap)
         while heap:
             neg_gain, arrival, i, role, job = heapq.heappop(heap)
             if -neg_gain <= 0:
                 break
-            if packer.grow(job, role):
-                gain, role = self.best_gain(job, packer, est, total)
+            if ledger.grow(job, role):
+                gain, role = self.best_gain(job, ledger, est, total)
                 heapq.heappush(heap, (-gain, arrival, i, role, job))

@@ -9,14 +9,14 @@ the scheduling literature, not by the fraction of epochs left as the DL² code d
 
 from __future__ import annotations
 
-from mlsched.cluster.packing import Packer
+from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.policies.speed_estimate import ObservedSpeed, SpeedEstimator
 
 
-def fill_in_order(jobs: list[JobView], packer: Packer) -> None:
+def fill_in_order(jobs: list[JobView], ledger: Ledger) -> None:
     for job in jobs:
-        while packer.grow_bundle(job):
+        while ledger.grow_bundle(job):
             pass
 
 
@@ -25,18 +25,18 @@ class Fixed:
 
     name = "fixed"
 
-    def allocate(self, snapshot: Snapshot, packer: Packer) -> None:
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         for job in snapshot.jobs:
             workers = job.requested_workers or max(job.min_workers, 1)
             ps = (job.requested_ps if job.requested_ps is not None else max(job.min_ps, 1)) if job.uses_ps else 0
-            packer.grant(job, ps, workers)
+            ledger.grant(job, ps, workers)
 
 
 class FIFO:
     name = "fifo"
 
-    def allocate(self, snapshot: Snapshot, packer: Packer) -> None:
-        fill_in_order(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name)), packer)
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
+        fill_in_order(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name)), ledger)
 
 
 class SRTF:
@@ -51,7 +51,7 @@ class SRTF:
         speed = est.epochs_per_s(job, 1 if job.uses_ps else 0, 1)
         return job.remaining_epochs / speed if speed > 0 else float("inf")
 
-    def allocate(self, snapshot: Snapshot, packer: Packer) -> None:
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         est = self.estimator_factory(snapshot)
         order = sorted(snapshot.jobs, key=lambda j: (self.remaining_time(j, est), j.arrival_s, j.name))
-        fill_in_order(order, packer)
+        fill_in_order(order, ledger)

@@ -1,4 +1,4 @@
-"""An in-memory stand-in for the API server, for tests, benchmarks and dry runs.
+"""An in-memory stand-in for the API server, for the fast tests only (a test double).
 
 `MemoryKube` implements the KubeApi seam over a dict of objects with the patch semantics the
 operator relies on (JSON merge patch, the strategic-merge subset used for pods, JSON patch),

@@ -22,8 +22,8 @@ class Scenario:
     jobs: int
     rate: float  # mean arrivals per slot
 
-    def trace(self, seed: int) -> list[TraceJob]:
-        return generators.generate(jobs=self.jobs, rate=self.rate, seed=seed)
+    def trace(self, seed: int, models: tuple[str, ...] | None = None) -> list[TraceJob]:
+        return generators.generate(jobs=self.jobs, rate=self.rate, seed=seed, models=models)
 
     def config(self, seed: int = 0, **overrides) -> SimConfig:
         return SimConfig(nodes=self.nodes, seed=seed, **overrides)

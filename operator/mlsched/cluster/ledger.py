@@ -1,42 +1,51 @@
-"""Tentative packing of tasks onto nodes during one scheduling round.
+"""The capacity ledger of one scheduling round: free capacity per node, kept honest.
 
-Allocation policies grow jobs one task (or one bundle) at a time through a Packer; the Packer
-asks the placement policy for a node and keeps the free capacity honest, so no decision can
-overcommit a node. Three rules live here, not in every policy:
+A round's phases hand a ledger from one to the next (policies/round.py). The allocation phase
+grows jobs one task (or one gang, or one bundle) at a time through it: every grant asks a
+`TaskPlacer` (the placement phase's per-task rule) for a node and books the task there, so no
+allocation can overcommit a node. The placement phase books the final placement in a fresh
+ledger the same way. Two rules live here, not in every policy:
 
 - Gang start: a job with no tasks first receives its minimum gang (min PS and min workers,
   at least one of each its architecture needs) atomically, or nothing. A job never holds a
   partial set of tasks that cannot train.
 - Caps: a job never exceeds its max PS / max workers.
-- Stickiness: task ordinal k of a role goes back to the node it ran on last interval when that
-  node still has room, so an unchanged job keeps its pods where they are (StatefulSet ordinals
-  map to these task ordinals in the operator).
+
+Every grant is logged in order (`grants`): the placement phase may replay it.
+A ledger never changes the snapshot it was built from.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from mlsched.cluster.types import Decision, JobDecision, JobView, Role, Snapshot
-from mlsched.workloads import catalog
-
-if TYPE_CHECKING:  # pragma: no cover
-    from mlsched.policies.base import PlacementPolicy
+from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot
 
 _EPS = 1e-9
 
 
-class Packer:
-    def __init__(self, snapshot: Snapshot, placement: "PlacementPolicy", sticky: bool = True):
+class TaskPlacer(Protocol):
+    """Chooses a node for one task among those it fits on; None when none does. Placement
+    policies are TaskPlacers (policies/base.py); the ledger needs nothing else of them."""
+
+    def choose_node(self, ledger: "Ledger", job: JobView, role: Role, demand: np.ndarray) -> int | None: ...
+
+
+class Ledger:
+    def __init__(self, snapshot: Snapshot, placer: TaskPlacer, pools: PoolPlan | None = None):
         self.snapshot = snapshot
-        self.placement = placement
-        self.sticky = sticky
+        self.placer = placer
+        self.pools = pools or PoolPlan()
+        # (job, roles) of every successful grant, in order: what the placement phase replays.
+        self.grants: list[tuple[JobView, tuple[Role, ...]]] = []
         self.capacity = snapshot.capacity
         # Free capacity is stored resource-major (3, N) so that the per-resource comparisons in
         # fits_mask run over contiguous memory: it is the simulator's hottest loop.
-        self._free_t = np.ascontiguousarray(snapshot.capacity.T)
+        # A copy, always: with one node, capacity.T is already contiguous and
+        # ascontiguousarray would hand back a view, so booking tasks would change the snapshot.
+        self._free_t = np.array(snapshot.capacity.T, order="C", copy=True)
         # Normalised load per node (sum over resources of used/capacity); load-balancing
         # placement reads it, so it is kept incrementally rather than recomputed per task.
         self._inv_cap = np.where(self.capacity > 0, 1.0 / np.maximum(self.capacity, _EPS), 0.0)
@@ -81,7 +90,7 @@ class Packer:
         return self.count(job, role) >= job.bounds(role)[1]
 
     def demand(self, job: JobView, role: Role) -> np.ndarray:
-        return catalog.MODELS[job.model].demand(role)
+        return job.demand(role)
 
     def fits_mask(self, demand: np.ndarray, job: JobView | None = None) -> np.ndarray:
         column, _ = self._threshold(demand)
@@ -124,8 +133,7 @@ class Packer:
         d = self.jobs.get(job.name)
         if d is None:
             return np.zeros(3)
-        prof = catalog.MODELS[job.model]
-        return (d.ps * prof.ps_demand + d.workers * prof.worker_demand) * self._inv_total
+        return (d.ps * job.ps_demand + d.workers * job.worker_demand) * self._inv_total
 
     def dominant_share(self, job: JobView) -> float:
         return float(self.used_share(job).max())
@@ -157,6 +165,10 @@ class Packer:
         roles: list[Role] = ["ps"] * ps + ["worker"] * workers
         return self._add_many(job, roles)
 
+    def grant_roles(self, job: JobView, roles: tuple[Role, ...] | list[Role]) -> bool:
+        """Give a job these tasks atomically, or nothing (a grant of `grants`, replayed)."""
+        return self._add_many(job, list(roles))
+
     def _start_gang(self, job: JobView) -> bool:
         min_ps = max(job.min_ps, 1) if job.uses_ps else 0
         min_w = max(job.min_workers, 1)
@@ -167,31 +179,21 @@ class Packer:
         for role in roles:
             held = self.count(job, role)
             if held >= job.bounds(role)[1]:
-                self._undo(job, added)
+                self.release(job, added)
                 return False
             demand = self.demand(job, role)
-            node = self._pick_node(job, role, demand, held)
+            node = self.placer.choose_node(self, job, role, demand)
             if node is None:
-                self._undo(job, added)
+                self.release(job, added)
                 return False
-            self._place(job, role, node, demand)
+            self.book(job, role, node, demand)
             added.append((role, node))
         self.inferences += 1
+        self.grants.append((job, tuple(roles)))
         return True
 
-    def _pick_node(self, job: JobView, role: Role, demand: np.ndarray, ordinal: int) -> int | None:
-        """The node for task `ordinal` of `role` (the job holds `ordinal` such tasks so far)."""
-        if self.sticky:
-            previous = job.ps_nodes if role == "ps" else job.worker_nodes
-            if ordinal < len(previous):
-                node = previous[ordinal]
-                free = self._free_t
-                if node < free.shape[1] and all(free[r, node] >= demand[r] - _EPS for r in range(3)):
-                    if job.pool is None or self._pool_mask(job.pool)[node]:
-                        return node
-        return self.placement.choose_node(self, job, role, demand)
-
-    def _place(self, job: JobView, role: Role, node: int, demand: np.ndarray | None = None) -> None:
+    def book(self, job: JobView, role: Role, node: int, demand: np.ndarray | None = None) -> None:
+        """Record one task of `job` on `node` (the caller checked that it fits)."""
         if demand is None:
             demand = self.demand(job, role)
         self._free_t[:, node] -= demand
@@ -200,7 +202,8 @@ class Packer:
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
 
-    def _undo(self, job: JobView, added: list[tuple[Role, int]]) -> None:
+    def release(self, job: JobView, added: list[tuple[Role, int]]) -> None:
+        """Take these (role, node) tasks of `job` back out of the ledger, newest first."""
         for role, node in reversed(added):
             demand = self.demand(job, role)
             self._free_t[:, node] += demand
@@ -214,13 +217,14 @@ class Packer:
     def _pool_mask(self, pool: str) -> np.ndarray:
         mask = self._pool_masks.get(pool)
         if mask is None:
-            pools = self.snapshot.node_pools or [None] * self._free_t.shape[1]
+            pools = (self.pools.node_pools or self.snapshot.node_pools
+                     or [None] * self._free_t.shape[1])
             mask = np.array([p == pool for p in pools], dtype=bool)
             self._pool_masks[pool] = mask
         return mask
 
     def decision(self) -> Decision:
-        return Decision(jobs=self.jobs, inferences=self.inferences)
+        return Decision(jobs=self.jobs, inferences=self.inferences, pools=self.pools)
 
 
 def _demand_key(demand: np.ndarray) -> tuple[str, bytes]:

@@ -1,0 +1,38 @@
+"""A job's speed curve as the scheduler currently believes it: the prior, scaled online.
+
+The prior (workloads/speed_curve.py: the catalog's fit, a speed the user declared, or the
+generic curve) gives the shape; what the job really showed (`JobView.observations`, epochs/s
+at (ps, workers), interference included) corrects its scale. The correction is the geometric
+mean of observed / predicted over the latest observations: one number, robust to noise, and
+right after a single interval of training. A full refit of the shape needs several distinct
+configurations and is what the `optimus` heuristic does (policies/speed_estimate.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+from mlsched.cluster.types import JobView
+from mlsched.workloads.speed_curve import SpeedCurve
+
+RECENT = 8  # observations that count
+MAX_CORRECTION = 8.0  # a prior is never trusted less than 8x off (a bad observation is capped)
+
+
+def correction(job: JobView) -> float:
+    """observed / prior speed (geometric mean over recent observations); 1 without any."""
+    prior = job.prior
+    logs = []
+    for o in job.observations[-RECENT:]:
+        predicted = prior.epochs_per_s(o.ps, o.workers)
+        if o.epochs_per_s > 0 and predicted > 0:
+            logs.append(math.log(o.epochs_per_s / predicted))
+    if not logs:
+        return 1.0
+    c = math.exp(sum(logs) / len(logs))
+    return min(max(c, 1.0 / MAX_CORRECTION), MAX_CORRECTION)
+
+
+def job_curve(job: JobView) -> SpeedCurve:
+    c = correction(job)
+    return job.prior if c == 1.0 else job.prior.scaled(c)

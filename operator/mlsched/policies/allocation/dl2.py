@@ -1,0 +1,91 @@
+"""DL² allocation: a policy network grows jobs one task (or bundle) per inference.
+
+Per round and per window of J jobs (arrival order): encode the state, ask the actor for an
+action among the unmasked ones, grant it through the ledger (which asks the placement phase
+where the task fits), update the state and ask again, until the actor stops or nothing more
+fits. The actor is the ONNX runner when serving (greedy: the most probable action, so the same
+snapshot always gives the same decision) and a sampling numpy copy of the torch network in
+training; both see exactly the same states from this one loop.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Protocol
+
+import numpy as np
+
+from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import Snapshot
+from mlsched.features import dl2_state
+from mlsched.features.dl2_state import WindowState
+from mlsched.policies.onnx_runner import greedy_action, load_model  # onnxruntime itself loads lazily
+
+MAX_STEPS_PER_WINDOW = 4096  # a safety net; a window can never need more grants than this
+
+
+class Actor(Protocol):
+    def act(self, state: WindowState, mask: np.ndarray) -> int: ...
+
+
+class DL2Policy:
+    name = "dl2"
+
+    def __init__(self, actor: Actor, window: int = 40,
+                 on_step: Callable[[np.ndarray, np.ndarray, int, bool], None] | None = None):
+        self.actor = actor
+        self.window = window
+        self.on_step = on_step  # training hook: (state vector before, mask, action, granted)
+
+    @classmethod
+    def load(cls, model_path: str | None = None) -> "DL2Policy":
+        model = load_model(model_path, algorithm="dl2", phase="allocation")
+        return cls(GreedyOnnxActor(model), window=int(model.card.encoder_params["window"]))
+
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
+        groups = dl2_state.windows(snapshot.jobs, self.window)
+        for k, jobs in enumerate(groups):
+            if not jobs:
+                continue
+            backlog = sum(len(g) for g in groups[k + 1:])
+            state = WindowState(snapshot, ledger, jobs, self.window, backlog)
+            for _ in range(MAX_STEPS_PER_WINDOW):
+                if not state.can_grow():
+                    break
+                mask = state.mask()
+                before = state.vector.copy() if self.on_step else None
+                action = self.actor.act(state, mask)
+                granted = action != state.void and state.apply(action)
+                if self.on_step:
+                    self.on_step(before, mask, action, granted)
+                if action == state.void:
+                    break
+
+
+class GreedyOnnxActor:
+    """Serving: the most probable unmasked action.
+
+    A round asks a few hundred times about one window whose state vector is updated in
+    place, so the inputs and the output are bound to ONNX Runtime once per window (IO
+    binding: no per-call dict, output allocation or input conversion)."""
+
+    def __init__(self, model):
+        self.model = model  # onnx_runner.LoadedModel
+        self._state = None  # the WindowState the binding reads from
+        self._binding = None
+        self._mask = self._probs = self._probs_row = None
+
+    def _bind(self, state: WindowState) -> None:
+        self._mask = np.zeros((1, state.void + 1), dtype=np.float32)
+        self._probs = np.zeros((1, state.void + 1), dtype=np.float32)
+        self._probs_row = self._probs[0]
+        # The state vector is float32 and contiguous: bound without a copy.
+        self._binding = self.model.bind({"state": state.vector[None, :], "mask": self._mask},
+                                        {"probs": self._probs})
+        self._state = state
+
+    def act(self, state: WindowState, mask: np.ndarray) -> int:
+        if state is not self._state:
+            self._bind(state)
+        self._mask[0] = mask
+        self.model.run_bound(self._binding)
+        return greedy_action(self._probs_row, mask)

@@ -1,0 +1,1 @@
+"""Grouping policies (Harmony co-location): which jobs share which nodes."""

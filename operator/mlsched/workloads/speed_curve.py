@@ -1,0 +1,132 @@
+"""A job's speed curve: epochs per second as a function of its PS and worker counts.
+
+Policies see jobs through this curve, never through a model name: its shape is the Optimus
+form (optimus_model.py; θ ≥ 0, five terms for compute, overhead and PS communication) plus the
+ring all-reduce term 2(w-1)/w (which the Optimus form cannot express: a ring's step time
+grows with w and saturates), its scale is in epochs. Where a curve comes from:
+
+- the catalog (`catalog_curve`): θ fitted to the simulator's ground truth for a measured
+  model (the DL² table for PS jobs, the ring model for all-reduce) — the best prior there is;
+- the user (`declared_curve`): an MLJob may state its speed at one PS + one worker (one
+  worker for all-reduce), `spec.speedPrior.referenceEpochsPerHour`; the shape is then the
+  catalog's typical one (`GENERIC_SHAPE_MODEL`);
+- nothing at all (`generic_curve`): the typical model's curve.
+
+The online refinement from what a job has shown lives in features/speed_fit.py.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from mlsched.workloads import catalog, optimus_model
+from mlsched.workloads.speed_models import MeasuredSpeed  # the simulator's ground truth
+
+#: The catalog model whose fitted shape serves jobs that bring no better prior: resnet-50
+#: has the median reference speed and a middling compute/communication split of the eight.
+GENERIC_SHAPE_MODEL = "resnet-50"
+_MAX_FIT_COUNT = 16
+
+
+N_TERMS = 6
+
+
+def basis(ps, workers, global_batch: float) -> np.ndarray:
+    """The step-time terms [M/w, 1, w/p, w, p, 2(w-1)/w] (last axis)."""
+    p = np.asarray(ps, dtype=float)
+    w = np.asarray(workers, dtype=float)
+    return np.stack([global_batch / w, np.ones_like(w), w / p, w, p, 2.0 * (w - 1.0) / w], axis=-1)
+
+
+@dataclass(frozen=True)
+class SpeedCurve:
+    """steps/s = 1 / (θ · basis(p, w)); epochs/s = steps/s / steps_per_epoch.
+
+    `scale` multiplies the speed (an online correction that keeps the shape)."""
+
+    theta: tuple[float, ...]  # N_TERMS values, >= 0
+    global_batch: float
+    steps_per_epoch: float
+    uses_ps: bool = True
+    scale: float = 1.0
+
+    def epochs_per_s(self, ps: int, workers: int) -> float:
+        if workers <= 0 or (self.uses_ps and ps <= 0):
+            return 0.0
+        p = ps if self.uses_ps else 1
+        t0, t1, t2, t3, t4, t5 = self.theta
+        step = (t0 * self.global_batch / workers + t1 + t2 * workers / p + t3 * workers + t4 * p
+                + t5 * 2.0 * (workers - 1) / workers)
+        return self.scale / (step * self.steps_per_epoch) if step > 0 else 0.0
+
+    def reference_epochs_per_s(self) -> float:
+        return self.epochs_per_s(1, 1)
+
+    def scaled(self, factor: float) -> "SpeedCurve":
+        return SpeedCurve(self.theta, self.global_batch, self.steps_per_epoch, self.uses_ps,
+                          self.scale * factor)
+
+    #: (ps, workers) pairs whose speed ratios describe how a curve scales (see signature).
+    PROBES = (((1, 2), (1, 1)), ((1, 4), (1, 1)), ((1, 8), (1, 1)),
+              ((2, 4), (1, 4)), ((4, 8), (1, 8)), ((8, 16), (2, 16)))
+
+    def signature(self) -> tuple[float, ...]:
+        """How the curve scales, comparable across models whatever their θ: log2 of the
+        speed-up from more workers (1 -> 2, 4, 8 at one PS) and from more PS (at 4, 8 and 16
+        workers), over 2 and clipped to [-1, 1]. (θ itself is no description: its terms are
+        not independent, so two fits of one curve can differ.)"""
+        out = []
+        for (p1, w1), (p0, w0) in self.PROBES:
+            a, b = self.epochs_per_s(p1, w1), self.epochs_per_s(p0, w0)
+            r = math.log2(a / b) / 2.0 if a > 0 and b > 0 else -1.0
+            out.append(min(max(r, -1.0), 1.0))
+        return tuple(out)
+
+
+@lru_cache(maxsize=None)
+def catalog_curve(model: str, arch: str) -> SpeedCurve:
+    """θ fitted to the simulator's ground truth for a catalog model (NNLS on relative error)."""
+    prof = catalog.get(model)
+    truth = MeasuredSpeed()
+    ps_values = range(1, _MAX_FIT_COUNT + 1) if arch == "ps" else [1]
+    p, w, s = [], [], []
+    for ps in ps_values:
+        for workers in range(1, _MAX_FIT_COUNT + 1):
+            speed = truth.steps_per_s(prof.name, arch, ps if arch == "ps" else 0, workers)
+            if speed > 0:
+                p.append(ps), w.append(workers), s.append(speed)
+    speed = np.array(s)
+    # Relative step-time error, as optimus_model.fit: each row scaled by the measured speed.
+    x = basis(np.array(p), np.array(w), prof.global_batch) * speed[:, None]
+    if arch != "ps":
+        x[:, [2, 4]] = 0.0  # a ring has no PS terms
+    # Columns scaled to unit norm for the solver's sake (M/w dwarfs the others); θ scaled back.
+    norms = np.linalg.norm(x, axis=0)
+    norms = np.where(norms > 0, norms, 1.0)
+    theta = optimus_model.nnls(x / norms, np.ones_like(speed)) / norms
+    return SpeedCurve(tuple(float(x) for x in theta), float(prof.global_batch),
+                      float(prof.steps_per_epoch), uses_ps=arch == "ps")
+
+
+def generic_curve(arch: str, reference_epochs_per_s: float | None = None) -> SpeedCurve:
+    """The typical shape, at a stated speed at the reference config or, for a job nobody
+    knows anything about, at the typical model's (observation corrects it after the first
+    interval the job trains)."""
+    shape = catalog_curve(GENERIC_SHAPE_MODEL, arch)
+    if not reference_epochs_per_s:
+        return shape
+    return shape.scaled(reference_epochs_per_s / shape.reference_epochs_per_s())
+
+
+def prior_curve(model: str, arch: str, declared_epochs_per_hour: float | None = None) -> SpeedCurve:
+    """The best prior for a job: a declared speed wins (on the catalog's shape when the model
+    is known), then the catalog's fit, then the generic curve."""
+    known = catalog.is_known(model)
+    if declared_epochs_per_hour:
+        base = catalog_curve(model, arch) if known else generic_curve(arch)
+        return base.scaled(declared_epochs_per_hour / 3600.0 / base.reference_epochs_per_s())
+    return catalog_curve(model, arch) if known else generic_curve(arch)
