@@ -9,8 +9,12 @@ Speed: one ONNX inference at J = 40 (median over realistic states, one thread; t
 and a whole round of decisions for 40 jobs (median; target 10 ms).
 Ablation (--ablation): the same ratios at 13 nodes with the simulator's interference on and
 off, under load-balance and bin-pack placement: how much of the gap to DRF is allocation.
+Generalisation (--holdout-model M.onnx --holdout-models vgg-16 dssm): a model trained without
+those model types against the shipped one (trained on all eight), on the benchmark traces
+(which contain them) and on traces made of the held-out types only.
 
     python bench/bench_dl2.py [--seeds 3] [--first-seed 100000] [--model policy_models/artifacts/dl2/dl2.onnx] [--ablation]
+    python bench/bench_dl2.py --skip-speed --skip-quality --holdout-model runs/hold2/dl2.onnx --holdout-models vgg-16 dssm
 """
 
 from __future__ import annotations
@@ -39,13 +43,14 @@ TARGETS = {"drf": 0.70, "optimus": 0.90, "optimus-oracle": 1.00}
 
 
 def mean_summaries(sc, seeds: list[int], learned: dict[str, DL2Policy], heuristics: tuple[str, ...],
-                   placement: str = "load-balance", **config) -> dict[str, dict[str, float]]:
+                   placement: str = "load-balance", models: tuple[str, ...] | None = None,
+                   **config) -> dict[str, dict[str, float]]:
     """Each policy's avg JCT and slowdown on `sc` at these seeds, averaged over the seeds.
     Learned policies are loaded once by the caller; heuristics are built per trace (Optimus
     and the oracle need that trace's speed function)."""
     runs: dict[str, list[dict]] = {}
     for seed in seeds:
-        sim = Simulator(sc.trace(seed), sc.config(seed, **config))
+        sim = Simulator(sc.trace(seed, models), sc.config(seed, **config))
         ctx = registry.PolicyContext(speed_model=sim.speed)
         policies = {name: registry.make_allocation(name, ctx) for name in heuristics} | learned
         for name, alloc in policies.items():
@@ -86,9 +91,21 @@ def ablation(model: Path, seeds: list[int]) -> None:
                   f"{dl2 / 3600:>6.2f} {dl2 / drf:>8.3f} {oracle / drf:>10.3f}")
 
 
+def holdout(model: Path, holdout_model: Path, held: tuple[str, ...], seeds: list[int]) -> None:
+    learned = {"all eight": DL2Policy.load(str(model)), "held out": DL2Policy.load(str(holdout_model))}
+    print(f"generalisation: {holdout_model} was trained without {', '.join(held)}; {model} on all eight")
+    print(f"{'traces':<14} {'scenario':<8} {'nodes':>5} {'all8/drf':>9} {'held/drf':>9} {'held/all8':>10}")
+    for label, models in (("all models", None), ("held-out only", held)):
+        for sc in SCENARIOS.values():
+            res = mean_summaries(sc, seeds, learned, ("drf",), models=models)
+            drf, full, part = (res[n]["avg_jct_s"] for n in ("drf", "all eight", "held out"))
+            print(f"{label:<14} {sc.name:<8} {sc.nodes:>5} {full / drf:>9.3f} {part / drf:>9.3f} {part / full:>10.3f}"
+                  f"   (targets: held/all8 <= 1.05, held/drf <= 0.80)")
+
+
 def speed(model_path: Path) -> None:
-    model = load_model(model_path, kind="dl2")
-    window = model.card.window
+    model = load_model(model_path, "dl2", "allocation")
+    window = int(model.card.encoder_params["window"])
     # `window` jobs arriving together on the 60-node cluster: the first round sees all of them.
     sc = SCENARIOS["medium"]
     trace = generators.generate(jobs=window, rate=10 * window, seed=next(iter(BENCHMARK_SEEDS)))
@@ -99,12 +116,13 @@ def speed(model_path: Path) -> None:
     state = WindowState(snap, Ledger(snap, lb), jobs, window)
     mask = state.mask()
     x, m = state.vector[None, :], mask[None, :]
+    feeds = {"state": x, "mask": m.astype(np.float32)}
     for _ in range(200):
-        model.probabilities(x, m)
+        model.run(feeds)
     per_call = []
     for _ in range(2000):
         t = time.perf_counter()
-        model.probabilities(x, m)
+        model.run(feeds)
         per_call.append(time.perf_counter() - t)
     policy, drf = DL2Policy.load(str(model_path)), registry.make_allocation("drf")
     rounds, drf_rounds, decisions = [], [], 0
@@ -136,6 +154,9 @@ def main() -> None:
                              "training uses 1000+ and validation 50000+, so keep clear of those)")
     parser.add_argument("--skip-quality", action="store_true")
     parser.add_argument("--ablation", action="store_true", help="also the 13-node interference/placement ablation")
+    parser.add_argument("--skip-speed", action="store_true")
+    parser.add_argument("--holdout-model", type=Path, help="a model trained with --holdout-models")
+    parser.add_argument("--holdout-models", nargs="+", default=["vgg-16", "dssm"])
     args = parser.parse_args()
     model = args.model or default_model_path("dl2")
     if args.seeds < 1:
@@ -143,11 +164,14 @@ def main() -> None:
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     if seeds[0] < BENCHMARK_SEEDS.start:
         parser.error(f"seeds below {BENCHMARK_SEEDS.start} may overlap training (1000+) or validation (50000+) traces")
-    speed(model)
+    if not args.skip_speed:
+        speed(model)
     if not args.skip_quality:
         quality(model, seeds)
     if args.ablation:
         ablation(model, seeds)
+    if args.holdout_model:
+        holdout(model, args.holdout_model, tuple(args.holdout_models), seeds)
 
 
 if __name__ == "__main__":

@@ -87,7 +87,7 @@ def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator
         assert all(r["jobs"] >= 1 for r in rewards)
     dl2 = mlsched.policy("dl2")["status"]
     assert condition(mlsched.policy("dl2"), "ModelLoaded")["reason"] == "ModelVerified"
-    assert set(dl2["activeModels"]) == {"dl2"}
+    assert set(dl2["activeModels"]) == {"allocation/dl2"}
 
     # Every job trains all its epochs and succeeds; its pods are cleaned up.
     uids = {}

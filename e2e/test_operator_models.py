@@ -53,7 +53,7 @@ def test_swapping_drf_to_dl2_and_back_changes_the_next_round(api, mlsched, opera
                                       )["metadata"]["generation"]
     assert generation > policy["metadata"].get("generation", 1)
     swapped = round_of_generation(mlsched, "swap", generation)
-    assert swapped["status"]["activeModels"] == {"dl2": digest}, origin
+    assert swapped["status"]["activeModels"] == {"allocation/dl2": digest}, origin
     loaded = condition(swapped, "ModelLoaded")
     assert (loaded["status"], loaded["reason"]) == ("True", "ModelVerified")
     assert loaded["observedGeneration"] == generation
@@ -117,4 +117,4 @@ def test_corrupt_model_is_reported_and_scheduling_falls_back(api, mlsched, opera
                       and c["status"] == "True" and p, ROUND_TIMEOUT,
                       "ModelLoaded=True after the fix")
     assert condition(healed, "ModelLoaded")["reason"] == "ModelVerified"
-    assert set(healed["status"]["activeModels"]) == {"dl2"}
+    assert set(healed["status"]["activeModels"]) == {"allocation/dl2"}

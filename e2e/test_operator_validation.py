@@ -21,8 +21,8 @@ def _min_above_max(job: dict) -> None:
     job["spec"]["replicaSpecs"]["worker"].update(min=5, max=2)
 
 
-def _unknown_model(job: dict) -> None:
-    job["spec"]["modelType"] = "gpt-17"
+def _malformed_model_label(job: dict) -> None:
+    job["spec"]["modelType"] = "GPT 17!"  # any lowercase label is fine; this is not one
 
 
 def _zero_epochs(job: dict) -> None:
@@ -44,7 +44,7 @@ def _no_ps_for_parameter_server(job: dict) -> None:
 # (what is wrong, the field the message must name, a phrase of the reason)
 CASES = [
     (_min_above_max, "spec.replicaSpecs.worker.max", "must be >= min"),
-    (_unknown_model, "spec.modelType", 'Unsupported value: "gpt-17"'),
+    (_malformed_model_label, "spec.modelType", "should match"),
     (_zero_epochs, "spec.epochs", "greater than 0"),
     (_negative_epochs, "spec.epochs", "greater than 0"),
     (_ps_for_allreduce, "spec.replicaSpecs.ps", "must not be set for AllReduce jobs"),

@@ -38,6 +38,7 @@ from kubernetes import client
 
 from mlsched import progress
 from mlsched.workloads import catalog, interference
+from mlsched.workloads.speed_curve import prior_curve
 from mlsched.workloads.speed_models import epochs_per_s, get_speed_model
 from pod_tokens import TokenFiles
 
@@ -70,6 +71,13 @@ class Training:
     ps_nodes: list[str]
     worker_nodes: list[str]
     pods: list[client.V1Pod] = field(default_factory=list)
+    declared_epochs_per_hour: float | None = None  # spec.speedPrior, for models outside the catalog
+
+
+def _model(label: str | None) -> str:
+    if label and catalog.is_known(label):
+        return catalog.canonical_name(label)
+    return label or "unknown"
 
 
 def _is_training(pod: client.V1Pod) -> bool:
@@ -175,7 +183,8 @@ class WorkloadEmulator:
                     pod.spec.node_name)
             out.append(Training(
                 namespace=namespace, name=meta["name"], uid=meta["uid"],
-                model=catalog.canonical_name(spec["modelType"]),
+                model=_model(spec.get("modelType")),
+                declared_epochs_per_hour=(spec.get("speedPrior") or {}).get("referenceEpochsPerHour"),
                 arch="ps" if spec["architecture"] == "ParameterServer" else "allreduce",
                 epochs=float(spec["epochs"]), ps_nodes=role_nodes["ps"],
                 worker_nodes=role_nodes["worker"], pods=job_pods))
@@ -192,7 +201,7 @@ class WorkloadEmulator:
         placements = {}
         for job in training:
             nodes = [node_ids.setdefault(n, len(node_ids)) for n in job.ps_nodes + job.worker_nodes]
-            if job.worker_nodes:
+            if job.worker_nodes and catalog.is_known(job.model):  # no profile for other models
                 placements[job.uid] = (job.model, nodes)
         return interference.job_speed_factors(placements)
 
@@ -204,8 +213,12 @@ class WorkloadEmulator:
             if state.pod_uids:
                 state.restart_left_s = self.restart_cost_s
             state.pod_uids = uids
-        rate = epochs_per_s(self.speed, job.model, job.arch, len(job.ps_nodes),
-                            len(job.worker_nodes), len(set(job.worker_nodes))) * factor
+        if catalog.is_known(job.model):
+            rate = epochs_per_s(self.speed, job.model, job.arch, len(job.ps_nodes),
+                                len(job.worker_nodes), len(set(job.worker_nodes))) * factor
+        else:  # a model the catalog does not know trains as its declared (or the generic) curve says
+            curve = prior_curve(job.model, job.arch, job.declared_epochs_per_hour)
+            rate = curve.epochs_per_s(len(job.ps_nodes), len(job.worker_nodes)) * factor
         self.speeds[job.name] = rate
         paying = min(state.restart_left_s, simulated_s)
         state.restart_left_s -= paying
