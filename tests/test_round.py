@@ -167,3 +167,63 @@ def test_catalog_curves_follow_the_ground_truth(arch):
         errs = [abs(curve.epochs_per_s(p, w) / epochs_per_s(truth, model, arch, p, w) - 1)
                 for p in (range(1, 9) if arch == "ps" else [0]) for w in range(1, 9)]
         assert np.mean(errs) < 0.20, (model, np.mean(errs))
+
+
+def test_every_phase_has_a_registry_with_context_and_learned_flags():
+    assert registry.is_learned("allocation", "dl2") and not registry.is_learned("allocation", "drf")
+    assert registry.known("placement", "tetris") and registry.known("allocation", "tetris")
+    with pytest.raises(registry.UnknownPolicyError, match="unknown grouping policy 'harmony'"):
+        registry.make("grouping", "harmony")
+    with pytest.raises(ValueError, match="unknown phase 'scoring'"):
+        registry.make("scoring", "x")
+    seen = {}
+    registry.register("placement", "probe", lambda ctx: seen.setdefault("ctx", ctx) and TaskByTaskPlacement())
+    try:
+        registry.make("placement", "probe", registry.PolicyContext(model_path="/models/p.onnx"))
+        assert seen["ctx"].model_path == "/models/p.onnx"  # placement factories get the context too
+    finally:
+        del registry.REGISTRY["placement"]["probe"]
+
+
+# ---- admission between rounds ------------------------------------------------------------------
+from mlsched.policies.round import run_admission  # noqa: E402
+
+
+class Recording:
+    """Wraps an allocation policy and records which jobs it was shown."""
+
+    def __init__(self, inner):
+        self.inner, self.name, self.shown = inner, inner.name, []
+
+    def allocate(self, snapshot, ledger):
+        self.shown.append([j.name for j in snapshot.jobs])
+        self.inner.allocate(snapshot, ledger)
+
+
+@pytest.mark.parametrize("allocation", ["drf", "optimus", "fifo", "srtf", "tetris"])
+def test_admission_holds_running_jobs_and_fills_free_capacity_for_waiting_ones(allocation):
+    running = job("run", ps=1, workers=3, ps_nodes=(0,), worker_nodes=(0, 1, 1))
+    waiting = job("new", arrival=10)
+    snap = make_snapshot([running, waiting], nodes=3)
+    before = snapshot_state(snap)
+    policy = Recording(registry.make_allocation(allocation))
+    d = run_admission(snap, policy, registry.make_placement("load-balance"))
+    assert policy.shown == [["new"]]  # the policy decides for the waiting job only
+    assert (d.jobs["run"].ps_nodes, d.jobs["run"].worker_nodes) == ([0], [0, 1, 1])
+    assert d.jobs["new"].workers >= 1 and d.jobs["new"].ps >= 1
+    used = np.zeros_like(snap.capacity)
+    for name, jd in d.jobs.items():
+        j = running if name == "run" else waiting
+        for n in jd.ps_nodes:
+            used[n] += j.ps_demand
+        for n in jd.worker_nodes:
+            used[n] += j.worker_demand
+    assert (used <= snap.capacity + 1e-9).all()
+    assert same(before, snapshot_state(snap))
+
+
+def test_admission_on_a_full_cluster_admits_nothing_and_moves_nothing():
+    full = job("big", ps=2, workers=4, ps_nodes=(0, 1), worker_nodes=(0, 0, 1, 1))
+    d = run_admission(make_snapshot([full, job("late", arrival=5)], nodes=2),
+                      registry.make_allocation("drf"), registry.make_placement("load-balance"))
+    assert set(d.jobs) == {"big"} and d.jobs["big"].worker_nodes == [0, 0, 1, 1]

@@ -81,7 +81,7 @@ async def _decide(snapshot, resolved: ResolvedPolicy) -> tuple[Decision, str | N
         fallback = resolved.fallback
         log.exception("a learned phase failed; deciding with %s allocation and no grouping", fallback)
         decision = await asyncio.to_thread(run_round, snapshot, registry.make_allocation(fallback),
-                                           resolved.fallback_placement, None)
+                                           resolved.fallback_placement or resolved.placement, None)
         return decision, f"{type(err).__name__}: {err}"
 
 

@@ -13,8 +13,14 @@ granted task; heuristics replay the grants through the same rule (`TaskByTaskPla
 learned placement decides them all at once. The round checks the result against capacity
 and pools, whatever the placement policy returned.
 
-Admission between rounds (a job arrives or capacity frees up) will reuse the same phases with
-running jobs held where they are (`PlacementRequest.held`).
+Admission (`round.run_admission`), between rounds, when a job arrives or capacity frees up:
+the same three policies decide, but only for the waiting jobs (those holding no task). Every
+running job is held at its current counts and nodes: its tasks are booked in the ledger before
+allocation starts and are passed to placement as `held` co-tenants, and the allocation policy
+sees a snapshot whose jobs are the waiting ones. Any policy, heuristic or learned, therefore
+admits jobs with no code of its own: it only ever grows the jobs it is shown, into the capacity
+the ledger has left. Running jobs are re-decided only by the full round, at the interval, as in
+the papers.
 """
 
 from __future__ import annotations
@@ -54,17 +60,21 @@ class PlacementRequest:
     pools: PoolPlan
     counts: dict[str, tuple[int, int]]  # job -> (ps, workers) granted
     grants: list[tuple[JobView, tuple[Role, ...]]]  # in the order allocation made them
-    held: dict[str, JobDecision] = field(default_factory=dict)  # fixed before this phase (co-tenants)
+    # Tasks fixed before this phase (running jobs during admission): co-tenants, not decided.
+    held: list[tuple[JobView, JobDecision]] = field(default_factory=list)
 
     def fresh_ledger(self, placer) -> Ledger:
         """A ledger on the round's capacity with the held tasks already booked."""
         ledger = Ledger(self.snapshot, placer, self.pools)
-        jobs = {j.name: j for j in self.snapshot.jobs}
-        for name, d in self.held.items():
-            for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
-                for node in nodes:
-                    ledger.book(jobs[name], role, node)  # type: ignore[arg-type]
+        book_held(ledger, self.held)
         return ledger
+
+
+def book_held(ledger: Ledger, held: list[tuple[JobView, JobDecision]]) -> None:
+    for job, d in held:
+        for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
+            for node in nodes:
+                ledger.book(job, role, node)  # type: ignore[arg-type]
 
 
 class PlacementPolicy(Protocol):
@@ -95,4 +105,5 @@ class TaskByTaskPlacement:
         ledger = request.fresh_ledger(self)
         for job, roles in request.grants:
             ledger.grant_roles(job, roles)
-        return {name: d for name, d in ledger.jobs.items() if name not in request.held}
+        held = {job.name for job, _ in request.held}
+        return {name: d for name, d in ledger.jobs.items() if name not in held}

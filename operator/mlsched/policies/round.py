@@ -15,17 +15,44 @@ import numpy as np
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot
-from mlsched.policies.base import AllocationPolicy, GroupingPolicy, PlacementPolicy, PlacementRequest
+from mlsched.policies.base import (
+    AllocationPolicy, GroupingPolicy, PlacementPolicy, PlacementRequest, book_held,
+)
 
 
 def run_round(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
               grouping: GroupingPolicy | None = None) -> Decision:
+    """The full round: every job's counts and nodes are decided afresh."""
+    plan = grouping.group(snapshot) if grouping is not None else PoolPlan()
+    return _decide(with_pools(snapshot, plan), plan, allocation, placement, held=[])
+
+
+def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
+                  grouping: GroupingPolicy | None = None) -> Decision:
+    """Admission between rounds (policies/base.py): jobs holding no task are decided by the
+    same policies, with every running job held at its current counts and nodes. The Decision
+    lists every job that has tasks afterwards, the held ones unchanged."""
     plan = grouping.group(snapshot) if grouping is not None else PoolPlan()
     view = with_pools(snapshot, plan)
+    running = [j for j in view.jobs if j.workers > 0 and len(j.worker_nodes) == j.workers
+               and len(j.ps_nodes) == j.ps]
+    held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
+    names = {j.name for j in running}
+    waiting = Snapshot(view.time_s, view.interval_s, view.node_names, view.capacity,
+                       [j for j in view.jobs if j.name not in names], view.node_pools)
+    decision = _decide(waiting, plan, allocation, placement, held=held)
+    decision.jobs.update({j.name: d for j, d in held})
+    return decision
+
+
+def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
+            placement: PlacementPolicy, held: list[tuple[JobView, JobDecision]]) -> Decision:
     ledger = Ledger(view, placement, plan)
+    book_held(ledger, held)
     allocation.allocate(view, ledger)
-    counts = {name: (d.ps, d.workers) for name, d in ledger.jobs.items()}
-    request = PlacementRequest(view, plan, counts, ledger.grants)
+    held_names = {j.name for j, _ in held}
+    counts = {name: (d.ps, d.workers) for name, d in ledger.jobs.items() if name not in held_names}
+    request = PlacementRequest(view, plan, counts, ledger.grants, held)
     placed = placement.place(request)
     jobs, unplaced = checked(request, placed)
     return Decision(jobs=jobs, inferences=ledger.inferences, pools=plan, unplaced=unplaced)
@@ -52,6 +79,7 @@ def checked(request: PlacementRequest,
     """Book the placement task by task; keep what fits, drop what does not (see module doc)."""
     view = request.snapshot
     ledger = Ledger(view, _NoPlacer(), request.pools)
+    book_held(ledger, request.held)
     jobs = {j.name: j for j in view.jobs}
     n_nodes = len(view.node_names)
     out: dict[str, JobDecision] = {}
