@@ -154,19 +154,24 @@ def test_observed_progress_corrects_the_prior():
 
 
 @pytest.mark.parametrize("arch", ["ps", "allreduce"])
-def test_catalog_curves_follow_the_ground_truth(arch):
-    """The prior a catalog model gets: the Optimus form plus the ring term, fitted to the
-    simulator's truth; within 20 % on average over 1-8 PS x 1-8 workers (the measured table
-    is not monotone, which no smooth curve follows)."""
+def test_catalog_curves_are_the_ground_truth_and_their_fit_describes_it(arch):
+    """A catalog model's prior is its measured speeds (tabulated, exact); θ fitted to them is
+    within 20 % on average over 1-8 PS x 1-8 workers (the measured table is not monotone,
+    which no smooth curve follows) and serves where no table exists."""
     from mlsched.workloads import catalog
+    from mlsched.workloads.speed_curve import SpeedCurve
     from mlsched.workloads.speed_models import MeasuredSpeed, epochs_per_s
 
     truth = MeasuredSpeed()
+    configs = [(p, w) for p in (range(1, 9) if arch == "ps" else [0]) for w in range(1, 9)]
     for model in catalog.MODEL_NAMES:
         curve = catalog_curve(model, arch)
-        errs = [abs(curve.epochs_per_s(p, w) / epochs_per_s(truth, model, arch, p, w) - 1)
-                for p in (range(1, 9) if arch == "ps" else [0]) for w in range(1, 9)]
+        fit = SpeedCurve(curve.theta, curve.global_batch, curve.steps_per_epoch, curve.uses_ps)
+        exact = [epochs_per_s(truth, model, arch, p, w) for p, w in configs]
+        assert [curve.epochs_per_s(p, w) for p, w in configs] == pytest.approx(exact, rel=1e-12)
+        errs = [abs(fit.epochs_per_s(p, w) / e - 1) for (p, w), e in zip(configs, exact)]
         assert np.mean(errs) < 0.20, (model, np.mean(errs))
+        assert curve.best_epochs_per_s(8, 8) == pytest.approx(max(exact))
 
 
 def test_every_phase_has_a_registry_with_context_and_learned_flags():

@@ -41,7 +41,6 @@ GLOBAL_FEATURES = 6
 WORKER, PS, BUNDLE = 0, 1, 2
 _COUNT_SCALE = 16.0
 _MAX_HOURS = math.log1p(48.0)
-_GRID = 32  # the best speed within caps is searched up to this many tasks per role
 
 # Column offsets inside a job row.
 _ALLREDUCE = 0
@@ -98,16 +97,7 @@ def _gain(before: float, after: float) -> float:
 
 
 def _best_speed(curve, job: JobView) -> float:
-    max_w = min(job.bounds("worker")[1], _GRID)
-    ws = np.arange(1, max(max_w, 1) + 1, dtype=float)
-    if job.uses_ps:
-        ps = np.arange(1, max(min(job.bounds("ps")[1], _GRID), 1) + 1, dtype=float)[:, None]
-    else:
-        ps = np.ones((1, 1))
-    t0, t1, t2, t3, t4, t5 = curve.theta
-    step = t0 * curve.global_batch / ws + t1 + t2 * ws / ps + t3 * ws + t4 * ps + t5 * 2 * (ws - 1) / ws
-    step = np.where(step > 0, step, np.inf)
-    return float(curve.scale / (step.min() * curve.steps_per_epoch))
+    return curve.best_epochs_per_s(job.bounds("ps")[1], job.bounds("worker")[1])
 
 
 class WindowState:
