@@ -155,3 +155,32 @@ def test_unknown_algorithms_fall_back_and_say_so(tmp_path):
     assert r.allocation.name == "srtf" and r.placement.name == "load-balance" and r.grouping.name == "none"
     assert r.ready.status and r.ready.reason == "FallbackActive"
     assert "nope" in r.ready.message and "nope2" in r.ready.message
+
+
+def test_a_learned_placement_loads_its_model_by_phase_and_falls_back_to_load_balance(tmp_path, monkeypatch):
+    """Models are keyed by phase: a learned placement named like an allocation (tetris is
+    both) gets its own entry, and when its model cannot serve the placement phase falls back."""
+    from mlsched.policies.placement.heuristics import LoadBalance
+
+    built = []
+
+    def build(ctx):
+        built.append(ctx.model_path)
+        if not ctx.model_path or not open(ctx.model_path, "rb").read().startswith(b"TOY"):
+            raise ValueError("not a toy placement model")
+        return LoadBalance()
+
+    monkeypatch.setitem(registry.PLACEMENT, "toy-place", registry.Entry(build, learned=True))
+    good = tmp_path / "place.onnx"
+    good.write_bytes(b"TOY placement")
+    r = run(resolver(tmp_path).resolve(NS, spec(placement="toy-place",
+                                                 models={"placement": {"toy-place": {"path": str(good)}}})))
+    assert r.model_loaded.status and set(r.active_models) == {"placement/toy-place"}
+    assert built == [str(good)]
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"garbage")
+    r = run(resolver(tmp_path).resolve(NS, spec(placement="toy-place",
+                                                 models={"placement": {"toy-place": {"path": str(bad)}}})))
+    assert (r.model_loaded.status, r.model_loaded.reason) == (False, "ModelInvalid")
+    assert r.ready.reason == "FallbackActive" and "placing with load-balance" in r.ready.message
+    assert r.placement.name == "load-balance" and r.allocation.name == "drf"

@@ -25,6 +25,7 @@ ReadConfigMap = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 #: What a phase runs when its configured algorithm is unknown or its model cannot serve
 #: (allocation uses spec.fallback instead).
 PHASE_DEFAULTS = {"grouping": "none", "placement": "load-balance"}
+_VERB = {"grouping": "grouping", "allocation": "allocating", "placement": "placing"}
 
 
 class ModelLoadError(Exception):
@@ -97,7 +98,7 @@ class ModelResolver:
         for phase in ("grouping", "allocation", "placement"):
             name, default = chosen[phase], defaults[phase]
             if not registry.known(phase, name):
-                notes.append(f"unknown {phase} {name!r}, using {default}")
+                notes.append(f"unknown {phase} {name!r}, {_VERB[phase]} with {default}")
                 built[phase] = registry.make(phase, default)
             elif needs_model(phase, name, spec):
                 try:
@@ -109,7 +110,7 @@ class ModelResolver:
                     failed = failed or err.attempted
                     failure = failure or err
                     loaded_notes.append(f"{phase}/{name}: {err}")
-                    notes.append(f"{phase}/{name} unavailable ({err.reason}), using {default}")
+                    notes.append(f"{phase}/{name} unavailable ({err.reason}), {_VERB[phase]} with {default}")
                     built[phase] = registry.make(phase, default)
             else:
                 built[phase] = registry.make(phase, name)
