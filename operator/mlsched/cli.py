@@ -39,6 +39,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a job loses when its tasks change (checkpoint-restart ~30; hot scaling ~0.05)")
     p.add_argument("--speed-model", default="measured", choices=["measured", "optimus-fit"])
     p.add_argument("--no-interference", action="store_true", help="ignore co-location interference")
+    p.add_argument("--admission", default="interval", choices=["interval", "arrival"],
+                   help="interval: jobs get tasks only at slot starts (the papers' rule); arrival: also "
+                        "when a job arrives or one finishes, by an admission step (as the operator will)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -48,7 +51,8 @@ def _config(args):
     return SimConfig(nodes=args.nodes, node_cpus=args.node_cpus, node_gpus=args.node_gpus,
                      node_mem_gib=args.node_mem_gib, interval_s=args.interval, max_ps=args.max_ps,
                      max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
-                     speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed)
+                     speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
+                     admission=args.admission)
 
 
 def cmd_simulate(args) -> int:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobView, Snapshot, SpeedObservation
 from mlsched.policies.placement.heuristics import LoadBalance
-from mlsched.policies.round import run_round
+from mlsched.policies.round import run_admission, run_round
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.speed_models import SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
@@ -28,6 +29,11 @@ MAX_OBSERVATIONS = 24  # per job; older ones fall off
 #: Changes whenever the simulated environment changes (speed, interference, scaling models):
 #: model cards record the version a policy was trained in.
 SIMULATOR_VERSION = "sim-1"
+
+
+_EPS_S = 1e-9  # a job due to finish at a stretch's end finishes in it, whatever the rounding
+Admit = Callable[[Snapshot], Decision]
+ADMISSION = ("interval", "arrival")
 
 
 class CapacityExceeded(RuntimeError):
@@ -49,6 +55,11 @@ class SimConfig:
     profiling_noise: float = 0.05  # Optimus-style profiling runs, ±5 % measurement noise
     seed: int = 0
     max_slots: int = 20000
+    # 'interval': jobs get tasks only at slot starts (the papers' rule). 'arrival': also when
+    # a job arrives or one finishes, by an admission step (policies.round.run_admission), as
+    # the operator does; arrivals within admission_delay_s of the first are one step.
+    admission: str = "interval"
+    admission_delay_s: float = 1.0
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -104,6 +115,8 @@ class Simulator:
         if not trace:
             raise ValueError("the trace has no jobs")
         self.config = config or SimConfig()
+        if self.config.admission not in ADMISSION:
+            raise ValueError(f"unknown admission {self.config.admission!r}; choose one of {', '.join(ADMISSION)}")
         self.speed = speed_model or get_speed_model(self.config.speed_model)
         self.capacity = self.config.capacity()
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
@@ -147,55 +160,49 @@ class Simulator:
             ))
         return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs)
 
-    def advance(self, decision: Decision) -> float:
-        """Run one slot under `decision`; returns the slot reward Σ epochs trained / total."""
+    def advance(self, decision: Decision, admit: Admit | None = None) -> float:
+        """Run one slot under `decision`; returns the slot reward Σ epochs trained / total.
+
+        With `admit` (admission 'arrival', see `run`), the slot is cut at every arrival (after
+        `admission_delay_s`, which coalesces bursts) and every completion: there `admit` is
+        asked for a decision with running jobs held (policies.round.run_admission), and the
+        jobs it starts train from then on. Without it, or with no event inside the slot, the
+        slot is one stretch and the arithmetic is exactly the interval rule's."""
         cfg = self.config
         self._check_capacity(decision)
         self.inferences += decision.inferences
         start, interval = self.time_s, cfg.interval_s
-        placements = {}
-        for s in self.active:
-            d = decision.jobs.get(s.spec.name)
-            new_ps = tuple(d.ps_nodes) if d else ()
-            new_w = tuple(d.worker_nodes) if d else ()
-            s._changed = (new_ps, new_w) != (s.ps_nodes, s.worker_nodes)  # type: ignore[attr-defined]
-            s.ps_nodes, s.worker_nodes = new_ps, new_w
-            if new_w:
-                placements[s.spec.name] = (s.spec.model, list(new_ps) + list(new_w))
-        factors = interference.job_speed_factors(placements) if cfg.interference else {}
-        reward = 0.0
-        finished = []
-        for s in self.active:
-            j = s.spec
-            if j.name not in placements:
-                continue
-            ps, w = len(s.ps_nodes), len(s.worker_nodes)
-            base = epochs_per_s(self.speed, j.model, j.arch, ps, w, len(set(s.worker_nodes)))
-            rate = base * factors.get(j.name, 1.0)
-            cost = min(cfg.scaling_cost_s, interval) if s._changed else 0.0  # type: ignore[attr-defined]
-            usable = interval - cost
-            remaining = j.epochs - s.epochs_done
-            held = interval
-            if rate > 0 and remaining / rate <= usable:
-                trained = remaining
-                held = cost + remaining / rate
-                s.finish_s = start + held
-                finished.append(s)
-            else:
-                trained = rate * usable
-            s.epochs_done += trained
+        end = start + interval
+        self._apply(decision, cost_cap=interval, only_idle=False)
+        reward, t = 0.0, start
+        trained_in: dict[str, list[tuple[float, float, int, int]]] = {}  # job -> (rate, usable s, ps, w)
+        while True:
+            rates = self._rates()
+            cut = self._next_event(t, end, rates) if admit is not None else end
+            length = interval if (t == start and cut >= end) else min(cut, end) - t
+            reward += self._train(t, length, rates, trained_in)
+            if cut >= end:
+                break
+            t = cut
+            self._retire_finished()  # their nodes are free for the admission step
+            self.time_s = t  # jobs arriving by now join; the admission snapshot is taken now
+            self._admit()
+            if any(not s.worker_nodes for s in self.active):
+                step = admit(self.snapshot())
+                self._check_capacity(step)
+                self.inferences += step.inferences
+                self._apply(step, cost_cap=cfg.scaling_cost_s, only_idle=True)
+        for name, runs in trained_in.items():
+            s = self.states[name]
             s.slots_run += 1
-            reward += trained / j.epochs
-            prof = catalog.MODELS[j.model]
-            demand = ps * prof.ps_demand + w * prof.worker_demand
-            s.cpu_s += demand[0] * held
-            s.gpu_s += demand[1] * held
+            # The rate it trained at (interference included); time-weighted if it changed.
+            rate, _, ps, w = runs[-1]
+            if len(runs) > 1:
+                rate = sum(r * u for r, u, _, _ in runs) / max(sum(u for _, u, _, _ in runs), 1e-12)
             if rate > 0:
                 s.observations.append(SpeedObservation(ps, w, rate))
                 del s.observations[:-MAX_OBSERVATIONS]
-        for s in finished:
-            self.active.remove(s)
-            s.ps_nodes = s.worker_nodes = ()
+        self._retire_finished()
         self.total_reward += reward
         self.time_s = start + interval
         self.slot += 1
@@ -204,12 +211,90 @@ class Simulator:
         return reward
 
     def run(self, allocation, placement, grouping=None, progress=None) -> SimResult:
+        admit = None
+        if self.config.admission == "arrival":
+            def admit(snapshot: Snapshot) -> Decision:
+                return run_admission(snapshot, allocation, placement, grouping)
         while not self.done:
             decision = run_round(self.snapshot(), allocation, placement, grouping)
-            self.advance(decision)
+            self.advance(decision, admit)
             if progress is not None:
                 progress(len(self.trace) - len(self.active) - (len(self.trace) - self._next_arrival))
         return self.result()
+
+    # ---- one slot, stretch by stretch ----------------------------------------------------
+    def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
+        """Put the decided tasks in place; a job whose tasks changed pays the scaling cost.
+        `only_idle`: an admission step, which may only start jobs holding nothing."""
+        for s in self.active:
+            if only_idle and s.worker_nodes:
+                continue
+            d = decision.jobs.get(s.spec.name)
+            new_ps = tuple(d.ps_nodes) if d else ()
+            new_w = tuple(d.worker_nodes) if d else ()
+            changed = (new_ps, new_w) != (s.ps_nodes, s.worker_nodes)
+            s.ps_nodes, s.worker_nodes = new_ps, new_w
+            s._cost_left = min(self.config.scaling_cost_s, cost_cap) if changed else 0.0  # type: ignore[attr-defined]
+
+    def _rates(self) -> dict[str, float]:
+        """Epochs/s of every placed, unfinished job, interference included."""
+        placements = {s.spec.name: (s.spec.model, list(s.ps_nodes) + list(s.worker_nodes))
+                      for s in self.active if s.worker_nodes and s.finish_s is None}
+        factors = interference.job_speed_factors(placements) if self.config.interference else {}
+        rates = {}
+        for s in self.active:
+            if s.spec.name in placements:
+                j = s.spec
+                base = epochs_per_s(self.speed, j.model, j.arch, len(s.ps_nodes), len(s.worker_nodes),
+                                    len(set(s.worker_nodes)))
+                rates[j.name] = base * factors.get(j.name, 1.0)
+        return rates
+
+    def _next_event(self, t: float, end: float, rates: dict[str, float]) -> float:
+        """The next arrival (plus the debounce) or completion after t; `end` if none comes first."""
+        cut = end
+        if self._next_arrival < len(self.trace):
+            cut = min(cut, max(self.trace[self._next_arrival].arrival_s, t) + self.config.admission_delay_s)
+        for s in self.active:
+            rate = rates.get(s.spec.name, 0.0)
+            if rate > 0:
+                cut = min(cut, t + s._cost_left + (s.spec.epochs - s.epochs_done) / rate)  # type: ignore[attr-defined]
+        return cut
+
+    def _train(self, t: float, length: float, rates: dict[str, float],
+               trained_in: dict[str, list[tuple[float, float, int, int]]]) -> float:
+        """Every placed job trains for `length` seconds from `t`; returns Σ epochs / total."""
+        reward = 0.0
+        for s in self.active:
+            j = s.spec
+            if j.name not in rates:
+                continue
+            rate = rates[j.name]
+            ps, w = len(s.ps_nodes), len(s.worker_nodes)
+            cost = min(s._cost_left, length)  # type: ignore[attr-defined]
+            s._cost_left -= cost  # type: ignore[attr-defined]
+            usable = length - cost
+            remaining = j.epochs - s.epochs_done
+            held = length
+            if rate > 0 and remaining / rate <= usable + _EPS_S:
+                trained = remaining
+                held = cost + remaining / rate
+                s.finish_s = t + held
+            else:
+                trained = rate * usable
+            s.epochs_done += trained
+            reward += trained / j.epochs
+            prof = catalog.MODELS[j.model]
+            demand = ps * prof.ps_demand + w * prof.worker_demand
+            s.cpu_s += demand[0] * held
+            s.gpu_s += demand[1] * held
+            trained_in.setdefault(j.name, []).append((rate, usable, ps, w))
+        return reward
+
+    def _retire_finished(self) -> None:
+        for s in [s for s in self.active if s.finish_s is not None]:
+            self.active.remove(s)
+            s.ps_nodes = s.worker_nodes = ()
 
     def result(self) -> SimResult:
         done = [s for s in self.states.values() if s.finish_s is not None]
@@ -237,11 +322,17 @@ class Simulator:
             self._next_arrival += 1
 
     def _skip_idle(self) -> None:
-        """Jump over empty slots to the slot boundary where the next job is first seen."""
+        """Jump over empty slots: to the slot boundary where the next job is first seen, or
+        with admission on arrival to the start of the slot it arrives in."""
         if self.active or self._next_arrival >= len(self.trace):
             return
         nxt = self.trace[self._next_arrival].arrival_s
-        slots = max(1, math.ceil((nxt - self.time_s) / self.config.interval_s))
+        if self.config.admission == "arrival":
+            slots = math.floor((nxt - self.time_s) / self.config.interval_s)
+            if slots <= 0:
+                return
+        else:
+            slots = max(1, math.ceil((nxt - self.time_s) / self.config.interval_s))
         self.time_s += slots * self.config.interval_s
         self.slot += slots
         self._admit()
