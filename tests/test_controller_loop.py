@@ -250,3 +250,92 @@ def test_a_job_of_any_model_is_planned_by_its_pod_requests():
     workers = report.targets["llm"].nodes["worker"]
     assert len(workers) == 2 and len(set(workers)) == 2  # 2 nodes x 2 GPUs = two such workers
     assert kube.obj("MLJob", NS, "llm")["status"]["replicaStatuses"]["worker"]["desired"] == 2
+
+
+# ---- admission between rounds -------------------------------------------------------------------
+def admit(rt, kube, name="default", now=NOW + 30):
+    return run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, name), kube.indexes(), now=now))
+
+
+def test_a_job_arriving_between_rounds_is_admitted_without_touching_running_jobs():
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=4)])
+    first = round_(rt, kube)
+    settle(rt, kube)
+    bert_before = dict(first.targets["bert"].nodes)
+    run(create_jobs(rt, kube, ps_job("late", max_workers=4)))
+    report = admit(rt, kube)
+    assert set(report.targets) == {"late"} and report.targets["late"].count("worker") >= 1
+    # Only the newcomer's children change; the running job keeps its counts and nodes.
+    assert all("late" in a.name for a in report.actions), report.actions
+    assert rt.placements.of((NS, "bert")) == bert_before
+    sts = {s["metadata"]["name"]: s["spec"]["replicas"] for s in kube.of_kind("StatefulSet")}
+    assert sts["late-worker"] == report.targets["late"].count("worker") and sts["late-ps"] >= 1
+    late = kube.obj("MLJob", NS, "late")["status"]
+    assert late["replicaStatuses"]["worker"]["desired"] == report.targets["late"].count("worker")
+    # Its reward counts from now, in the open interval; both jobs' capacity is reserved.
+    assert "late" in rt.intervals[(NS, "default")].grants
+    assert set(rt.reservations.all()) == {(NS, "bert"), (NS, "late")}
+    settle(rt, kube)
+    gpus = {}
+    for p in kube.of_kind("Pod"):
+        if p["metadata"]["labels"]["mlsched.io/role"] == "worker":
+            gpus[p["spec"]["nodeName"]] = gpus.get(p["spec"]["nodeName"], 0) + 1
+    assert all(n <= 2 for n in gpus.values())  # 2 GPUs a node, never more
+
+
+def test_admission_with_nothing_waiting_does_nothing():
+    rt, kube = setup(nodes=4)
+    round_(rt, kube)
+    assert admit(rt, kube) is None
+
+
+def test_a_job_whose_statefulsets_do_not_exist_yet_waits_for_them():
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
+    round_(rt, kube)
+    kube.put(ps_job("early"))  # stored, but the create handler has not made its children yet
+    assert admit(rt, kube) is None
+    assert (NS, "early") not in rt.reservations.all()
+
+
+def test_an_edited_policy_or_an_arrival_wakes_the_loop_before_its_interval():
+    rt, kube = setup(nodes=6, policies=(policy(interval=86400),), job_bodies=[ps_job("bert", max_workers=2)])
+    rounds, admissions = [], []
+    original_round, original_admission = loop.run_policy_round, loop.run_policy_admission
+
+    async def scenario():
+        stop = asyncio.Event()
+
+        async def nap(seconds):  # kopf's DaemonStopped.wait: returns early when stopped
+            try:
+                await asyncio.wait_for(stop.wait(), seconds)
+            except TimeoutError:
+                pass
+
+        async def count_round(*a, **k):
+            rounds.append(1)
+            return await original_round(*a, **k)
+
+        async def count_admission(*a, **k):
+            admissions.append(1)
+            return await original_admission(*a, **k)
+
+        loop.run_policy_round, loop.run_policy_admission = count_round, count_admission
+        try:
+            body = kube.obj("SchedulingPolicy", NS, "default")
+            task = asyncio.ensure_future(loop.run_policy_forever(
+                rt, body, kube.indexes(), sleep=nap, stopped=stop.is_set))
+            await asyncio.sleep(0.5)
+            assert rounds == [1] and admissions == []
+            rt.wakeups.signal((NS, "default"), "admission")
+            rt.wakeups.signal((NS, "default"), "admission")  # a burst: one step
+            await asyncio.sleep(0.6)
+            assert admissions == [1] and rounds == [1]
+            rt.wakeups.signal((NS, "default"), "policy")
+            await asyncio.sleep(0.3)
+            assert rounds == [1, 1]
+            stop.set()
+            await asyncio.wait_for(task, 5)
+        finally:
+            loop.run_policy_round, loop.run_policy_admission = original_round, original_admission
+
+    run(scenario())

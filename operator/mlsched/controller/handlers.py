@@ -5,7 +5,9 @@ Run with `python -m mlsched.controller` (see __main__.py) or
 
 - Indexes keep compact records of nodes, our pods, other pods' requests per node, our
   StatefulSets, MLJobs and SchedulingPolicies: a round reads memory, never re-lists.
-- One daemon per SchedulingPolicy runs its scheduling loop.
+- One daemon per SchedulingPolicy runs its scheduling loop; it wakes early for an admission
+  step when a job's StatefulSets appear or one of our pods goes away (capacity freed), and
+  for a full round when the policy's spec is edited.
 - MLJobs: create/resume/spec-update handlers create the children; a timer keeps the lifecycle
   (phase, conditions, suspend, deadline, backoff, cleanup, TTL) current.
 - A pod event handler pins gated pods created between rounds.
@@ -127,6 +129,26 @@ async def policy_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStop
     await run_policy_forever(rt, body, rt.indexes, sleep=sleep, stopped=lambda: bool(stopped))
 
 
+@kopf.on.update(*POLICIES, field="spec")
+async def policy_edited(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+    """An edited algorithm, model or interval takes effect now, not after the old interval."""
+    runtime(memo).wakeups.signal((namespace, name), "policy")
+
+
+def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
+    job = rt.indexes.job(namespace, job_name) if rt.indexes else None
+    if job is not None:
+        rt.wakeups.signal((namespace, job.policy), "admission")
+
+
+@kopf.on.event("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
+async def statefulset_event(event: kopf.RawEvent, namespace: str, labels: kopf.Labels,
+                            memo: kopf.Memo, **_: Any) -> None:
+    # A new job can be admitted once its StatefulSets exist (they are created on arrival).
+    if event.get("type") == "ADDED":
+        wake_admission(runtime(memo), namespace, labels[JOB_LABEL])
+
+
 # ------------------------------------------------------------------------------ mljobs
 
 
@@ -146,7 +168,8 @@ async def mljob_lifecycle(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, *
 
 @kopf.on.delete(*MLJOBS, optional=True)
 async def mljob_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    # Children go with the owner references; only the in-memory books need forgetting.
+    # Children go with the owner references; only the in-memory books need forgetting. The
+    # capacity it held frees as its pods go (each pod's deletion wakes admission).
     runtime(memo).forget_job((namespace, name))
 
 
@@ -157,3 +180,6 @@ async def mljob_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) ->
 async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime(memo)
     await jobs.on_pod_event(rt, event.get("type"), body, rt.indexes)
+    if event.get("type") == "DELETED":  # capacity freed (a job finished, was deleted, shrank)
+        wake_admission(rt, body["metadata"].get("namespace", ""),
+                       body["metadata"].get("labels", {}).get(JOB_LABEL, ""))

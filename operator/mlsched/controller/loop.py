@@ -1,17 +1,22 @@
-"""One SchedulingPolicy's scheduling loop: every `spec.interval` seconds, one round.
+"""One SchedulingPolicy's scheduling loop: every `spec.interval` seconds a round, and in
+between an admission step whenever a job arrives or capacity frees up.
 
 A round: close the previous interval (rewards) → resolve the policy's algorithms and models →
 snapshot the cluster from the indexes → grouping, allocation, placement (`run_round`) →
 plan the smallest set of changes → apply them → record status, Events and metrics.
 
-The policy body is read afresh every round, so an edited SchedulingPolicy takes effect at the
-next interval without a restart. Nothing in a round may stop the loop: a failing round is logged
-and the next one runs on time.
+An admission step (`run_policy_admission`) decides for the policy's waiting jobs only, with
+every running job held at the counts and nodes the last decision gave it
+(policies.round.run_admission), and changes nothing for the running ones; running jobs are
+re-decided only at the interval, as in the papers. The policy body is read afresh every round;
+an edit of its spec wakes the loop for a full round at once. Nothing in a round may stop the
+loop: a failing round is logged and the next one runs on time.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
@@ -31,7 +36,7 @@ from mlsched.controller.records import JobRecord, Resources, add
 from mlsched.controller.runtime import Indexes, JobKey, Runtime
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.policies import registry
-from mlsched.policies.round import run_round
+from mlsched.policies.round import run_admission, run_round
 
 log = logging.getLogger("mlsched.controller.loop")
 INVALID_RETRY_SECONDS = 60.0
@@ -185,10 +190,110 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                        resolved.allocation.name, job_patches)
 
 
+async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: Indexes,
+                               now: float | None = None) -> RoundReport | None:
+    """Give waiting jobs tasks from free capacity now; None when there was nothing to admit."""
+    started = time.perf_counter()
+    now = time.time() if now is None else now
+    body = frozen(live_body)
+    ref = ObjectRef.of({**body, "kind": "SchedulingPolicy"})
+    key = (ref.namespace, ref.name)
+    try:
+        spec = SchedulingPolicy.from_k8s(body).spec
+    except InvalidObject:
+        return None  # the next round reports it
+    jobs = idx.jobs_of_policy(ref.namespace, ref.name)
+    # A job is held where the last decision put it; a job the last decision gave nothing is
+    # waiting once all its StatefulSets exist (admitting it earlier would reserve capacity for
+    # replicas that nothing can scale yet).
+    decided = {j.key: rt.placements.of(j.key) for j in jobs}
+    ready = {j.key for j in jobs
+             if {s.role for s in idx.statefulsets.get(j.key, ())} >= set(roles_of(j))}
+    schedulable = [j for j in jobs if j.schedulable
+                   and ((decided[j.key] or {}).get("worker") or j.key in ready)]
+    waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
+    if not waiting:
+        return None
+    resolved = await rt.models.resolve(ref.namespace, spec)
+    interval_s = rt.config.round_seconds(spec.interval)
+    async with rt.round_lock:
+        cluster = idx.cluster()
+        others = {k: v for k, v in rt.reservations.all().items() if k not in {j.key for j in jobs}}
+        held = held_elsewhere(cluster, {j.key for j in schedulable}, others)
+        snapshot = build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
+                                  node_selector=rt.config.node_selector,
+                                  tolerated_taints=rt.config.tolerated_taints)
+        snapshot = held_as_decided(snapshot, {j.name: decided[j.key] for j in schedulable})
+        try:
+            decision = await asyncio.to_thread(run_admission, snapshot, resolved.allocation,
+                                               resolved.placement, resolved.grouping)
+        except Exception:  # noqa: BLE001 - a policy bug must not stop admission
+            log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
+                          resolved.fallback)
+            decision = await asyncio.to_thread(run_admission, snapshot,
+                                               registry.make_allocation(resolved.fallback),
+                                               resolved.fallback_placement or resolved.placement, None)
+        targets = job_targets(decision, snapshot)
+        admitted = [j for j in waiting if targets[j.name].count("worker")]
+        rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
+    if not admitted:
+        return None
+    by_job = {j.key: plan_job(rt, j, targets[j.name], idx) for j in admitted}
+    for job in admitted:
+        rt.placements.set(job.key, targets[job.name].nodes)
+    actions = ordered(a for plan in by_job.values() for a in plan)
+    results = await execute_all(rt.api, actions)
+    failed = {id(a): r for a, r in zip(actions, results) if isinstance(r, BaseException)}
+    for kind, count in summarize([a for a in actions if id(a) not in failed]).items():
+        if count:
+            rt.metrics.decisions.labels(ref.namespace, ref.name, kind).inc(count)
+    await asyncio.gather(*(reporting.job_events(
+        rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed], {},
+        [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed]) for job in admitted))
+    open_interval = rt.intervals.get(key)
+    if open_interval is not None:  # the admitted jobs' rewards count from now, in this interval
+        for j in admitted:
+            open_interval.grants[j.name] = rewards.Grant(
+                targets[j.name].count("ps"), targets[j.name].count("worker"),
+                targets[j.name].placement(), rt.epochs_done(j), j.epochs)
+    job_patches = await reporting.write_job_status(rt, ref.namespace, admitted, admitted, targets,
+                                                   None, spec.history_limit)
+    duration = time.perf_counter() - started
+    log.info("policy %s/%s admission: %d of %d waiting jobs admitted, %d changes, %.0f ms",
+             ref.namespace, ref.name, len(admitted), len(waiting), len(actions), duration * 1000)
+    return RoundReport(open_interval.number if open_interval else 0, interval_s,
+                       {j.name: targets[j.name] for j in admitted}, actions, None, duration,
+                       resolved.allocation.name, job_patches)
+
+
+def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]] | None]):
+    """Job views whose counts and nodes are what the last decision gave them (the pods may not
+    all exist or be placed yet): what an admission step holds them at."""
+    index = {name: i for i, name in enumerate(snapshot.node_names)}
+    views = []
+    for view in snapshot.jobs:
+        nodes = decided.get(view.name) or {}
+        if nodes.get("worker"):
+            ps = tuple(index[n] for n in nodes.get("ps", ()) if n in index)
+            workers = tuple(index[n] for n in nodes["worker"] if n in index)
+            view = dataclasses.replace(view, ps=len(ps), workers=len(workers),
+                                       ps_nodes=ps, worker_nodes=workers)
+        views.append(view)
+    return dataclasses.replace(snapshot, jobs=views)
+
+
+#: Arrivals within this long of the first are admitted in one step.
+ADMISSION_DEBOUNCE_S = 0.25
+
+
 async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                              sleep: Callable[[float], Awaitable[Any]],
                              stopped: Callable[[], bool]) -> None:
-    """The daemon body: `body` is kopf's live view, so each round sees the latest spec."""
+    """The daemon body: `body` is kopf's live view, so each round sees the latest spec.
+
+    Between rounds the loop waits for its interval or a wake-up (runtime.Wakeups): `policy`
+    (the spec was edited) runs a full round at once; `admission` runs an admission step after
+    a short debounce, so a burst of arrivals is admitted together."""
     key = (body["metadata"].get("namespace"), body["metadata"]["name"])
     try:
         while not stopped():
@@ -199,7 +304,34 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                 log.exception("SchedulingPolicy %s/%s: round failed", *key)
                 report = None
             wait = report.interval_s if report else rt.config.round_seconds(INVALID_RETRY_SECONDS)
-            await sleep(max(0.0, wait - (time.monotonic() - began)))
+            while not stopped():
+                left = wait - (time.monotonic() - began)
+                if left <= 0:
+                    break
+                reasons = await _wake_or_sleep(rt, key, left, sleep)
+                if not reasons or "policy" in reasons:
+                    break
+                await sleep(ADMISSION_DEBOUNCE_S)
+                if "policy" in rt.wakeups.peek(key):
+                    break
+                rt.wakeups.drop(key, "admission")
+                try:
+                    await run_policy_admission(rt, body, idx)
+                except Exception:  # noqa: BLE001
+                    log.exception("SchedulingPolicy %s/%s: admission failed", *key)
     finally:
         rt.reservations.drop_policy(key)
         rt.intervals.pop(key, None)
+        rt.wakeups.forget(key)
+
+
+async def _wake_or_sleep(rt: Runtime, key, seconds: float, sleep) -> set[str]:
+    """Wait for a wake-up or `seconds`, whichever comes first; `sleep` also returns early when
+    the daemon is stopped. The reasons of the wake-up, or an empty set."""
+    wake = asyncio.ensure_future(rt.wakeups.wait(key, seconds))
+    nap = asyncio.ensure_future(sleep(seconds))
+    done, pending = await asyncio.wait({wake, nap}, return_when=asyncio.FIRST_COMPLETED)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return wake.result() if wake in done and not wake.cancelled() else set()

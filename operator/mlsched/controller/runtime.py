@@ -77,6 +77,9 @@ class PlacementBook:
     def forget(self, key: JobKey) -> None:
         self._nodes.pop(key, None)
 
+    def of(self, key: JobKey) -> Mapping[str, tuple[str, ...]] | None:
+        return self._nodes.get(key)
+
 
 class ReservationBook:
     """What each policy's latest round allotted, per job and node (catalog demands).
@@ -91,6 +94,10 @@ class ReservationBook:
     def set(self, policy: PolicyKey, usage: dict[JobKey, dict[str, Resources]]) -> None:
         self._by_policy[policy] = usage
 
+    def add(self, policy: PolicyKey, usage: dict[JobKey, dict[str, Resources]]) -> None:
+        """An admission step's grants, on top of the policy's latest round."""
+        self._by_policy.setdefault(policy, {}).update(usage)
+
     def all(self) -> dict[JobKey, dict[str, Resources]]:
         return {job: usage for usage_by_job in self._by_policy.values()
                 for job, usage in usage_by_job.items()}
@@ -101,6 +108,48 @@ class ReservationBook:
 
     def drop_policy(self, policy: PolicyKey) -> None:
         self._by_policy.pop(policy, None)
+
+
+class Wakeups:
+    """Why a policy's loop should act before its next interval: `admission` (a job arrived,
+    finished or got its StatefulSets) or `policy` (its spec was edited). Signals that arrive
+    while the loop is busy are kept, so none is lost, and a burst is answered once."""
+
+    def __init__(self) -> None:
+        self._events: dict[PolicyKey, asyncio.Event] = {}
+        self._reasons: dict[PolicyKey, set[str]] = {}
+
+    def _event(self, policy: PolicyKey) -> asyncio.Event:
+        return self._events.setdefault(policy, asyncio.Event())
+
+    def signal(self, policy: PolicyKey, reason: str) -> None:
+        self._reasons.setdefault(policy, set()).add(reason)
+        self._event(policy).set()
+
+    async def wait(self, policy: PolicyKey, timeout: float) -> set[str]:
+        """The reasons signalled (cleared on return); empty when `timeout` passed first."""
+        event = self._event(policy)
+        if not event.is_set():
+            try:
+                await asyncio.wait_for(event.wait(), timeout)
+            except TimeoutError:
+                return set()
+        event.clear()
+        return self._reasons.pop(policy, set())
+
+    def peek(self, policy: PolicyKey) -> set[str]:
+        return set(self._reasons.get(policy, ()))
+
+    def drop(self, policy: PolicyKey, reason: str) -> None:
+        """`reason` is being answered now; a signal after this wakes the loop again."""
+        reasons = self._reasons.get(policy, set())
+        reasons.discard(reason)
+        if not reasons:
+            self._event(policy).clear()
+
+    def forget(self, policy: PolicyKey) -> None:
+        self._events.pop(policy, None)
+        self._reasons.pop(policy, None)
 
 
 class FailureBook:
@@ -139,6 +188,7 @@ class Runtime:
     pinned: dict[str, str] = field(default_factory=dict)
     indexes: Indexes | None = None
     round_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    wakeups: Wakeups = field(default_factory=Wakeups)
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.api)
