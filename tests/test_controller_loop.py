@@ -339,3 +339,14 @@ def test_an_edited_policy_or_an_arrival_wakes_the_loop_before_its_interval():
             loop.run_policy_round, loop.run_policy_admission = original_round, original_admission
 
     run(scenario())
+
+
+def test_a_round_leaves_a_job_without_its_statefulsets_to_admission():
+    """Deciding a job before its children exist would record a placement and reserve capacity
+    for replicas nothing can scale, until the next round (with a long interval: for hours)."""
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
+    kube.put(ps_job("early"))  # stored; the create handler has not made its children yet
+    report = round_(rt, kube)
+    assert "early" not in report.targets and (NS, "early") not in rt.reservations.all()
+    run(create_jobs(rt, kube, ps_job("early")))  # now its StatefulSets exist
+    assert admit(rt, kube).targets["early"].count("worker") >= 1

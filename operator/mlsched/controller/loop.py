@@ -126,7 +126,10 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     closed = None
     if previous is not None:
         closed = rewards.close(previous, {j.name: rt.epochs_done(j) for j in jobs})
-    schedulable = [j for j in jobs if j.schedulable]
+    # A job whose StatefulSets do not all exist yet is left to the admission step that their
+    # creation triggers: deciding it now would reserve capacity and record a placement for
+    # replicas nothing can scale, until the next round.
+    schedulable = [j for j in jobs if j.schedulable and children_exist(j, idx)]
 
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
@@ -207,10 +210,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     # waiting once all its StatefulSets exist (admitting it earlier would reserve capacity for
     # replicas that nothing can scale yet).
     decided = {j.key: rt.placements.of(j.key) for j in jobs}
-    ready = {j.key for j in jobs
-             if {s.role for s in idx.statefulsets.get(j.key, ())} >= set(roles_of(j))}
     schedulable = [j for j in jobs if j.schedulable
-                   and ((decided[j.key] or {}).get("worker") or j.key in ready)]
+                   and ((decided[j.key] or {}).get("worker") or children_exist(j, idx))]
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting:
         return None
@@ -264,6 +265,10 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     return RoundReport(open_interval.number if open_interval else 0, interval_s,
                        {j.name: targets[j.name] for j in admitted}, actions, None, duration,
                        resolved.allocation.name, job_patches)
+
+
+def children_exist(job: JobRecord, idx: Indexes) -> bool:
+    return {s.role for s in idx.statefulsets.get(job.key, ())} >= set(roles_of(job))
 
 
 def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]] | None]):

@@ -1,0 +1,48 @@
+"""A job is admitted when it arrives, not at its policy's next round; an edited policy acts now.
+
+The policy's interval is a day (432 s at the tests' time scale), so nothing below can be the
+work of a scheduled round: a job created after the first round must be running within
+seconds, with the job that was already running left exactly where it was; lowering the
+interval must take effect at once.
+"""
+
+from __future__ import annotations
+
+import time
+
+from job_state import placed_as_decided, placement_problems
+from mlsched_objects import mljob, phase, scheduling_policy
+from waiting import wait_for
+
+DAY = 86400
+
+
+def test_a_job_arriving_between_rounds_runs_long_before_the_interval(mlsched, operator, emulator):
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    mlsched.create(mljob("first", ps=(1, 2), workers=(1, 2), epochs=1e9, policy="daily"))
+    first = wait_for(lambda: placed_as_decided(mlsched, "first"), 60, "the first job to be placed",
+                     describe=lambda: placement_problems(mlsched, "first"))
+    rounds_before = mlsched.policy("daily")["status"].get("lastRoundTime")
+
+    created = time.monotonic()
+    mlsched.create(mljob("second", ps=(1, 2), workers=(1, 2), epochs=1e9, policy="daily"))
+    wait_for(lambda: placed_as_decided(mlsched, "second"), 30,
+             "the second job to be placed by an admission step",
+             describe=lambda: placement_problems(mlsched, "second"))
+    wait_for(lambda: phase(mlsched.job("second")) == "Running", 30, "the second job to be Running")
+    waited = time.monotonic() - created
+    assert waited < 60, waited  # the next round is 432 s away
+    # No round ran in between, and the running job kept its pods where they were.
+    assert mlsched.policy("daily")["status"].get("lastRoundTime") == rounds_before
+    assert mlsched.job("first")["status"]["placement"] == first["placement"]
+
+
+def test_lowering_the_interval_takes_effect_at_once(mlsched, operator):
+    mlsched.create(scheduling_policy("slow", allocation="drf", interval=DAY))
+    wait_for(lambda: (mlsched.policy("slow").get("status") or {}).get("observedGeneration") == 1, 60,
+             "the first round of the slow policy")
+    generation = mlsched.patch_policy("slow", {"interval": 1200})["metadata"]["generation"]
+    edited = time.monotonic()
+    wait_for(lambda: (mlsched.policy("slow").get("status") or {}).get("observedGeneration") == generation, 20,
+             "a round with the edited spec", describe=lambda: mlsched.policy("slow").get("status"))
+    assert time.monotonic() - edited < 20
