@@ -62,16 +62,25 @@ def test_grouping_pools_confine_each_job_to_its_nodes():
         assert set(jd.ps_nodes + jd.worker_nodes) <= allowed and jd.workers > 0
 
 
-def test_heuristic_placement_replays_exactly_what_allocation_tentatively_placed():
-    jobs = [job(f"j{i}", model=m, arrival=i) for i, m in enumerate(["vgg-16", "dssm", "wlm", "resnet-50"])]
+@pytest.mark.parametrize("allocation", ["drf", "optimus", "tetris", "srtf"])
+def test_heuristic_placement_replays_exactly_what_allocation_tentatively_placed(allocation):
+    """Why the round may reuse the allocation phase's tentative placement for a per-task rule:
+    replaying the grants through the same rule on a fresh ledger gives the same nodes."""
+    jobs = [job(f"j{i}", model=m, arrival=i, ps=1, workers=2, ps_nodes=(i % 5,), worker_nodes=((i + 1) % 5, i % 5))
+            for i, m in enumerate(["vgg-16", "dssm", "wlm", "resnet-50", "seq2seq", "cnn-text-classification"])]
     snap = make_snapshot(jobs, nodes=5)
     for name in ("load-balance", "bin-pack", "first-fit", "tetris"):
         placement = registry.make_placement(name)
         ledger = Ledger(snap, placement)
-        registry.make_allocation("drf").allocate(snap, ledger)
-        decision = run_round(snap, registry.make_allocation("drf"), placement)
+        registry.make_allocation(allocation).allocate(snap, ledger)
+        request = PlacementRequest(snap, PoolPlan(), {n: (d.ps, d.workers) for n, d in ledger.jobs.items()},
+                                   ledger.grants)  # no tentative answer given: a real replay
+        replayed = placement.place(request)
         assert {n: (d.ps_nodes, d.worker_nodes) for n, d in ledger.jobs.items()} == \
-            {n: (d.ps_nodes, d.worker_nodes) for n, d in decision.jobs.items()}, name
+            {n: (d.ps_nodes, d.worker_nodes) for n, d in replayed.items()}, name
+        decision = run_round(snap, registry.make_allocation(allocation), placement)
+        assert {n: (d.ps_nodes, d.worker_nodes) for n, d in decision.jobs.items()} == \
+            {n: (d.ps_nodes, d.worker_nodes) for n, d in replayed.items()}, name
         assert not decision.unplaced
 
 

@@ -62,6 +62,10 @@ class PlacementRequest:
     grants: list[tuple[JobView, tuple[Role, ...]]]  # in the order allocation made them
     # Tasks fixed before this phase (running jobs during admission): co-tenants, not decided.
     held: list[tuple[JobView, JobDecision]] = field(default_factory=list)
+    # Where the allocation phase's fit checks put each task, and which rule chose: a
+    # per-task rule replaying the grants would choose exactly these nodes again.
+    tentative: dict[str, JobDecision] | None = None
+    tentative_placer: object | None = None
 
     def fresh_ledger(self, placer) -> Ledger:
         """A ledger on the round's capacity with the held tasks already booked."""
@@ -102,6 +106,8 @@ class TaskByTaskPlacement:
         raise NotImplementedError
 
     def place(self, request: PlacementRequest) -> dict[str, JobDecision]:
+        if request.tentative is not None and request.tentative_placer is self:
+            return request.tentative  # the replay's answer, already computed (tests check it)
         ledger = request.fresh_ledger(self)
         for job, roles in request.grants:
             ledger.grant_roles(job, roles)

@@ -51,9 +51,12 @@ def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
     book_held(ledger, held)
     allocation.allocate(view, ledger)
     held_names = {j.name for j, _ in held}
-    counts = {name: (d.ps, d.workers) for name, d in ledger.jobs.items() if name not in held_names}
-    request = PlacementRequest(view, plan, counts, ledger.grants, held)
+    tentative = {name: d for name, d in ledger.jobs.items() if name not in held_names}
+    counts = {name: (d.ps, d.workers) for name, d in tentative.items()}
+    request = PlacementRequest(view, plan, counts, ledger.grants, held, tentative, placement)
     placed = placement.place(request)
+    if placed is tentative:  # booked through the ledger, so capacity, pools and gangs hold
+        return Decision(jobs=tentative, inferences=ledger.inferences, pools=plan)
     jobs, unplaced = checked(request, placed)
     return Decision(jobs=jobs, inferences=ledger.inferences, pools=plan, unplaced=unplaced)
 
