@@ -241,3 +241,13 @@ def test_admission_on_a_full_cluster_admits_nothing_and_moves_nothing():
     d = run_admission(make_snapshot([full, job("late", arrival=5)], nodes=2),
                       registry.make_allocation("drf"), registry.make_placement("load-balance"))
     assert set(d.jobs) == {"big"} and d.jobs["big"].worker_nodes == [0, 0, 1, 1]
+
+
+def test_a_curves_fast_speed_function_is_exactly_its_epochs_per_s():
+    import itertools
+
+    for curve in (catalog_curve("resnet-50", "ps").scaled(0.7), catalog_curve("wlm", "allreduce"),
+                  prior_curve("my-llm-7b", "ps", 3.0), prior_curve("resnet-50", "ps", 3.0)):
+        fast = curve.speed_function()
+        for p, w in itertools.product(range(0, 70, 3), range(0, 70, 3)):
+            assert fast(p, w) == curve.epochs_per_s(p, w)

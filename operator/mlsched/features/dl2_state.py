@@ -135,6 +135,7 @@ class WindowState:
         mean_node = np.where(cap > 0, cap / n, np.inf)
         corrections = [correction(job) for job in jobs]
         self._curves = [job.prior if c == 1.0 else job.prior.scaled(c) for job, c in zip(jobs, corrections)]
+        self._speed = [c.speed_function() for c in self._curves]
         self._best = [_best_speed(c, job) for c, job in zip(self._curves, jobs)]
         for i, job in enumerate(jobs):
             r, curve = rows[i], self._curves[i]
@@ -180,15 +181,15 @@ class WindowState:
         r[_SHARE] = share * self._nodes / 8.0
         r[_WORKERS] = w / _COUNT_SCALE
         r[_PS] = ps / _COUNT_SCALE
-        curve = self._curves[i]
-        now = curve.epochs_per_s(ps, w)
+        speed = self._speed[i]
+        now = speed(ps, w)
         if w + ps == 0:  # nothing yet: its first grant is the starting gang, a bundle
             r[_GAIN_WORKER] = r[_GAIN_PS] = 0.0
             r[_GAIN_BUNDLE] = 1.0
         else:
-            r[_GAIN_WORKER] = _gain(now, curve.epochs_per_s(ps, w + 1))
-            r[_GAIN_PS] = _gain(now, curve.epochs_per_s(ps + 1, w)) if self._uses_ps[i] else 0.0
-            r[_GAIN_BUNDLE] = _gain(now, curve.epochs_per_s(ps + self._uses_ps[i], w + 1))
+            r[_GAIN_WORKER] = _gain(now, speed(ps, w + 1))
+            r[_GAIN_PS] = _gain(now, speed(ps + 1, w)) if self._uses_ps[i] else 0.0
+            r[_GAIN_BUNDLE] = _gain(now, speed(ps + self._uses_ps[i], w + 1))
         best = self._best[i]
         r[_SATURATION] = min(now / best, 1.5) if best > 0 else 0.0
         if w + ps > 0 and not self._has[i]:

@@ -73,6 +73,23 @@ class SpeedCurve:
                 + t5 * 2.0 * (workers - 1) / workers)
         return self.scale / (step * self.steps_per_epoch) if step > 0 else 0.0
 
+    def speed_function(self):
+        """`epochs_per_s` as a plain function of (ps, workers), for callers that ask hundreds
+        of times a round: a table-backed curve answers from nested lists (no numpy scalars)."""
+        if self.table is None:
+            return self.epochs_per_s
+        rows = _table_rows(self.table)
+        scale, steps = self.scale, self.steps_per_epoch
+        last_p, last_w = len(rows) - 1, len(rows[0]) - 1
+        uses_ps = self.uses_ps
+
+        def speed(ps: int, workers: int) -> float:
+            if workers <= 0 or (uses_ps and ps <= 0):
+                return 0.0
+            row = rows[min(ps, last_p) if uses_ps else 0]
+            return scale * row[min(workers, last_w)] / steps  # epochs_per_s's arithmetic
+        return speed
+
     def reference_epochs_per_s(self) -> float:
         return self.epochs_per_s(1, 1)
 
@@ -108,6 +125,17 @@ class SpeedCurve:
             r = math.log2(a / b) / 2.0 if a > 0 and b > 0 else -1.0
             out.append(min(max(r, -1.0), 1.0))
         return tuple(out)
+
+
+_ROWS: dict[int, tuple[np.ndarray, list[list[float]]]] = {}
+
+
+def _table_rows(table: np.ndarray) -> list[list[float]]:
+    """A (read-only, long-lived) table as nested lists, converted once per table."""
+    entry = _ROWS.get(id(table))
+    if entry is None or entry[0] is not table:
+        entry = _ROWS[id(table)] = (table, table.tolist())
+    return entry[1]
 
 
 @lru_cache(maxsize=None)
