@@ -46,3 +46,23 @@ def test_lowering_the_interval_takes_effect_at_once(mlsched, operator):
     wait_for(lambda: (mlsched.policy("slow").get("status") or {}).get("observedGeneration") == generation, 20,
              "a round with the edited spec", describe=lambda: mlsched.policy("slow").get("status"))
     assert time.monotonic() - edited < 20
+
+
+def test_a_statefulset_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsched, operator, emulator):
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    mlsched.create(mljob("steady", ps=(1, 2), workers=(1, 2), epochs=1e9, policy="daily"))
+    status = wait_for(lambda: placed_as_decided(mlsched, "steady"), 60, "the job to be placed",
+                      describe=lambda: placement_problems(mlsched, "steady"))
+    decided = status["replicaStatuses"]["worker"]["desired"]
+    name = "steady-worker"
+
+    mlsched.apps.patch_namespaced_stateful_set(name, mlsched.namespace, {"spec": {"replicas": 0}})
+    wait_for(lambda: mlsched.statefulsets("steady")["worker"].spec.replicas == decided, 15,
+             "the hand-scaled StatefulSet to be scaled back")
+
+    mlsched.apps.delete_namespaced_stateful_set(name, mlsched.namespace)
+    wait_for(lambda: (s := mlsched.statefulsets("steady").get("worker")) is not None
+             and s.spec.replicas == decided, 30, "the deleted StatefulSet to come back as decided")
+    wait_for(lambda: placed_as_decided(mlsched, "steady"), 60, "its pods to run where decided again",
+             describe=lambda: placement_problems(mlsched, "steady"))
+    assert "Restored" in {e.reason for e in mlsched.events("steady", "MLJob")}

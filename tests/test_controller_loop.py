@@ -350,3 +350,24 @@ def test_a_round_leaves_a_job_without_its_statefulsets_to_admission():
     assert "early" not in report.targets and (NS, "early") not in rt.reservations.all()
     run(create_jobs(rt, kube, ps_job("early")))  # now its StatefulSets exist
     assert admit(rt, kube).targets["early"].count("worker") >= 1
+
+
+def test_a_statefulset_scaled_by_hand_is_scaled_back_to_the_decision_at_once():
+    rt, kube = setup(nodes=4, job_bodies=[ps_job("bert", max_workers=4)])
+    decided = round_(rt, kube).targets["bert"].count("worker")
+    sts = kube.obj("StatefulSet", NS, "bert-worker")
+    sts["spec"]["replicas"] = 0  # kubectl scale --replicas 0
+    assert run(jobs.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
+    assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == decided
+    assert "Restored" in {e["reason"] for e in kube.events("bert")}
+    # As decided: nothing to do.
+    assert not run(jobs.restore_replicas(rt, "MODIFIED", kube.obj("StatefulSet", NS, "bert-worker"),
+                                         kube.indexes()))
+
+
+def test_a_suspended_job_is_not_scaled_back():
+    rt, kube = setup(nodes=4, job_bodies=[ps_job("bert", max_workers=4, run_policy={"suspend": True})])
+    round_(rt, kube)
+    rt.placements.set((NS, "bert"), {"ps": ("node-0",), "worker": ("node-0",)})  # a stale decision
+    sts = kube.obj("StatefulSet", NS, "bert-worker")
+    assert not run(jobs.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))

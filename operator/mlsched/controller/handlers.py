@@ -7,7 +7,8 @@ Run with `python -m mlsched.controller` (see __main__.py) or
   StatefulSets, MLJobs and SchedulingPolicies: a round reads memory, never re-lists.
 - One daemon per SchedulingPolicy runs its scheduling loop; it wakes early for an admission
   step when a job's StatefulSets appear or one of our pods goes away (capacity freed), and
-  for a full round when the policy's spec is edited.
+  for a full round when the policy's spec is edited. A StatefulSet scaled or recreated by
+  hand is scaled back to the decided replicas at once.
 - MLJobs: create/resume/spec-update handlers create the children; a timer keeps the lifecycle
   (phase, conditions, suspend, deadline, backoff, cleanup, TTL) current.
 - A pod event handler pins gated pods created between rounds.
@@ -142,11 +143,14 @@ def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
-async def statefulset_event(event: kopf.RawEvent, namespace: str, labels: kopf.Labels,
-                            memo: kopf.Memo, **_: Any) -> None:
+async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: str,
+                            labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
+    rt = runtime(memo)
+    # Scaled or recreated by hand: back to the decided replicas now, not at the next round.
+    await jobs.restore_replicas(rt, event.get("type"), body, rt.indexes)
     # A new job can be admitted once its StatefulSets exist (they are created on arrival).
     if event.get("type") == "ADDED":
-        wake_admission(runtime(memo), namespace, labels[JOB_LABEL])
+        wake_admission(rt, namespace, labels[JOB_LABEL])
 
 
 # ------------------------------------------------------------------------------ mljobs

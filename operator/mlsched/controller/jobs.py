@@ -20,7 +20,9 @@ from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.desired import DeletePod, PinPod, roles_of
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
-from mlsched.controller.records import JobRecord, StsRecord, job_record, parse_job, pod_record
+from mlsched.controller.records import (
+    JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
+)
 from mlsched.controller.runtime import Indexes, Runtime
 
 log = logging.getLogger("mlsched.controller.jobs")
@@ -157,3 +159,25 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
         raise
     log.info("MLJob %s/%s: %s %s on %s", namespace, job_name,
              "pinned" if isinstance(action, PinPod) else "recreating", pod.name, node)
+
+
+async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
+                           idx: Indexes) -> bool:
+    """A StatefulSet of ours whose replicas differ from the last decision (scaled by hand, or
+    recreated after a deletion) is scaled back at once, not at the next round. True if so."""
+    if event_type not in ("ADDED", "MODIFIED"):
+        return False
+    record = sts_record(body)
+    meta = body.get("metadata", {})
+    job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
+    decided = rt.placements.of(job.key) if job is not None else None
+    if job is None or decided is None or not job.schedulable or meta.get("deletionTimestamp"):
+        return False  # not decided by this operator yet, or suspended/finished: the lifecycle owns it
+    want = len(decided.get(record.role, ()))
+    if record.replicas == want:
+        return False
+    await rt.api.patch("StatefulSet", job.namespace, record.name, {"spec": {"replicas": want}})
+    await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal", "Restored",
+                           f"StatefulSet {record.name} had {record.replicas} replicas; "
+                           f"scaled back to the {want} its policy decided")
+    return True
