@@ -5,6 +5,12 @@ Snapshot; the policies return a Decision (counts and nodes per task); jobs then 
 slot at speed x interference factor, minus a scaling cost when their tasks changed, and a job
 that finishes inside the slot finishes at its fractional time. JCT runs from the true arrival
 time. Use it as an environment (snapshot() / advance(decision)) or call run(...).
+
+Event-driven rounds (`SimConfig.event_driven`, Chic §2.3; off by default): a decision then
+lasts until the first job finishes, or until a job arrives while fewer than
+`arrival_trigger_below` jobs are active (every arrival when None), and at most `interval_s`;
+a "slot" is one such period. An arrival that triggers nothing waits for the next round.
+`SimConfig.demands` overrides the catalog's per-task demands per model (the Chic paper's).
 """
 
 from __future__ import annotations
@@ -49,10 +55,20 @@ class SimConfig:
     profiling_noise: float = 0.05  # Optimus-style profiling runs, ±5 % measurement noise
     seed: int = 0
     max_slots: int = 20000
+    event_driven: bool = False  # rounds on finishes and arrivals (module doc), not every interval
+    arrival_trigger_below: int | None = None  # event-driven: an arrival starts a round only below this many jobs
+    # model -> (ps demand, worker demand), each (cpu, gpu, mem_gib): overrides the catalog's
+    demands: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
         return np.tile(row, (self.nodes, 1))
+
+    def demand(self, model: str, role: str) -> np.ndarray:
+        """(cpu, gpu, mem_gib) of one task of `model` in `role` in this simulated cluster."""
+        if self.demands and model in self.demands:
+            return np.asarray(self.demands[model][0 if role == "ps" else 1], dtype=float)
+        return catalog.MODELS[model].demand(role)
 
 
 @dataclass
@@ -144,6 +160,7 @@ class Simulator:
                 worker_nodes=s.worker_nodes, max_ps=cfg.max_ps, max_workers=cfg.max_workers,
                 min_ps=1 if j.arch == "ps" else 0,
                 requested_ps=j.ps, requested_workers=j.workers, observations=tuple(s.observations),
+                ps_demand=cfg.demand(j.model, "ps"), worker_demand=cfg.demand(j.model, "worker"),
             ))
         return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs)
 
@@ -163,20 +180,28 @@ class Simulator:
             if new_w:
                 placements[s.spec.name] = (s.spec.model, list(new_ps) + list(new_w))
         factors = interference.job_speed_factors(placements) if cfg.interference else {}
-        reward = 0.0
-        finished = []
+        # (state, epochs/s, seconds lost to rescaling) of every job that trains this period
+        running = []
         for s in self.active:
             j = s.spec
             if j.name not in placements:
                 continue
             ps, w = len(s.ps_nodes), len(s.worker_nodes)
             base = epochs_per_s(self.speed, j.model, j.arch, ps, w, len(set(s.worker_nodes)))
-            rate = base * factors.get(j.name, 1.0)
-            cost = min(cfg.scaling_cost_s, interval) if s._changed else 0.0  # type: ignore[attr-defined]
+            running.append((s, base * factors.get(j.name, 1.0), cfg.scaling_cost_s if s._changed else 0.0))  # type: ignore[attr-defined]
+        if cfg.event_driven:
+            interval = self._event_period(running)
+        reward = 0.0
+        finished = []
+        for s, rate, cost in running:
+            j = s.spec
+            ps, w = len(s.ps_nodes), len(s.worker_nodes)
+            cost = min(cost, interval)
             usable = interval - cost
             remaining = j.epochs - s.epochs_done
             held = interval
-            if rate > 0 and remaining / rate <= usable:
+            # (the tolerance: an event-driven period ends exactly at the first finish)
+            if rate > 0 and remaining / rate <= usable * (1 + 1e-12) + 1e-9:
                 trained = remaining
                 held = cost + remaining / rate
                 s.finish_s = start + held
@@ -186,8 +211,7 @@ class Simulator:
             s.epochs_done += trained
             s.slots_run += 1
             reward += trained / j.epochs
-            prof = catalog.MODELS[j.model]
-            demand = ps * prof.ps_demand + w * prof.worker_demand
+            demand = ps * cfg.demand(j.model, "ps") + w * cfg.demand(j.model, "worker")
             s.cpu_s += demand[0] * held
             s.gpu_s += demand[1] * held
             if rate > 0:
@@ -236,11 +260,30 @@ class Simulator:
             self.active.append(s)
             self._next_arrival += 1
 
+    def _event_period(self, running) -> float:
+        """How long an event-driven decision lasts: until the first job finishes, or the next
+        arrival if it triggers a round, and at most interval_s."""
+        period = self.config.interval_s
+        for s, rate, cost in running:
+            if rate > 0:
+                period = min(period, cost + (s.spec.epochs - s.epochs_done) / rate)
+        trigger = self.config.arrival_trigger_below
+        if self._next_arrival < len(self.trace) and (trigger is None or len(self.active) < trigger):
+            # Arrivals only add jobs, so if the next one does not trigger, none before a finish does.
+            period = min(period, self.trace[self._next_arrival].arrival_s - self.time_s)
+        return max(period, 0.0)
+
     def _skip_idle(self) -> None:
-        """Jump over empty slots to the slot boundary where the next job is first seen."""
+        """Jump over empty slots to the slot boundary where the next job is first seen (to the
+        arrival itself when event-driven)."""
         if self.active or self._next_arrival >= len(self.trace):
             return
         nxt = self.trace[self._next_arrival].arrival_s
+        if self.config.event_driven:
+            self.slot += 1
+            self.time_s = max(self.time_s, nxt)
+            self._admit()
+            return
         slots = max(1, math.ceil((nxt - self.time_s) / self.config.interval_s))
         self.time_s += slots * self.config.interval_s
         self.slot += slots
@@ -280,7 +323,8 @@ class Simulator:
         best, feasible_seen = 0.0, 0
         for _, ps, w in configs:
             job = JobView("ideal", model, arch, 0.0, 1.0, min_ps=ps, min_workers=w,
-                          max_ps=max(ps, 1), max_workers=w)
+                          max_ps=max(ps, 1), max_workers=w,
+                          ps_demand=cfg.demand(model, "ps"), worker_demand=cfg.demand(model, "worker"))
             ledger = Ledger(snap, LoadBalance())
             if not ledger.grow(job, "worker"):
                 continue
@@ -297,11 +341,11 @@ class Simulator:
         for name, d in decision.jobs.items():
             if name not in names:
                 raise ValueError(f"decision names job {name!r}, which is not active")
-            prof = catalog.MODELS[names[name].model]
+            model = names[name].model
             for n in d.ps_nodes:
-                used[n] += prof.ps_demand
+                used[n] += self.config.demand(model, "ps")
             for n in d.worker_nodes:
-                used[n] += prof.worker_demand
+                used[n] += self.config.demand(model, "worker")
         over = np.argwhere(used > self.capacity + 1e-9)
         if over.size:
             n, r = over[0]
