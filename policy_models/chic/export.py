@@ -71,7 +71,7 @@ def plot_curve(curve: list[dict], optimus_jct_s: float, algorithm: str, path: Pa
     ax1.legend(fontsize=8)
     val = [c for c in curve if "val_act_s" in c]
     ax2.plot([c["iteration"] for c in val], [c["val_act_s"] / 3600 for c in val], marker=".",
-             label=f"{algorithm} (greedy)")
+             label=f"{algorithm} (as served)")
     ax2.axhline(optimus_jct_s / 3600, color="tab:green", linestyle=":", label="Optimus (600 s interval)")
     ax2.set_xlabel("CEM iteration")
     ax2.set_ylabel("validation average JCT (hours)")

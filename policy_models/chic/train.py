@@ -4,11 +4,13 @@ One file, the loop in plain sight (CleanRL style); hyperparameters in the datacl
     mlsched train chic      [--time-budget-min 14] [--out policy_models/artifacts/chic]
     mlsched train chic-pair [--time-budget-min 14] [--out policy_models/artifacts/chic-pair]
 
-Per iteration: one training arrival sequence (its rate drawn from 0.9..2.7 jobs/h); N
+First (our addition, `--warm-start gain`; `none` is the paper's random start) the network
+imitates a teacher that grants the task with the largest relative speed-up. Then per
+iteration: one training arrival sequence (its rate drawn from 0.9..2.7 jobs/h); N
 episodes sampled from the current policy plus one with uniformly random allowed actions (the
 modification); the top `elite_fraction` of the N+1 by return (-Σ JCT / 20 min) are the elite;
 the network is fitted to their (state, action) pairs by cross-entropy (eq. 9 as NLL). Every
-`validate_every` iterations the greedy policy runs on the validation sequences; the policy
+`validate_every` iterations the policy as served (sampled, seeded per round) runs on the validation sequences; the policy
 with the lowest validation score is exported. Writes <out>/<algorithm>.onnx (+ card) and
 <out>/learning-curve.png.
 
@@ -32,7 +34,7 @@ from tqdm import tqdm
 
 from mlsched.features import chic_state
 from mlsched.policies import registry
-from mlsched.policies.allocation.chic import ChicPolicy
+from mlsched.policies.allocation.chic import ChicPolicy, greedy_decision, sample_action
 from mlsched.sim import chic_scenario
 from mlsched.sim.simulator import Simulator
 from policy_models.chic import export, networks
@@ -62,6 +64,12 @@ class Args:
     val_seed_base: int = 50_000
     val_sequences: int = 10  # the paper: 30; 10 keeps validation a fifth of an iteration
     validate_every: int = 2
+    # Warm start (our addition, as DL²'s supervised warm-up; the paper starts from random
+    # weights): imitate the largest-relative-gain teacher on these many sequences, then CEM.
+    warm_start: str = "gain"  # gain | none
+    warm_start_sequences: int = 30
+    warm_start_epochs: int = 20
+    greedy: bool = False  # validate (and select) the two-level mode instead of the served sampling policy
 
 
 def algorithm(args: Args) -> str:
@@ -87,12 +95,32 @@ class UniformActor:
         return int(self.rng.choice(np.flatnonzero(mask)))
 
 
-class GreedyActor:
-    def __init__(self, policy: networks.NumpyPolicy):
-        self.policy = policy
+class GainTeacher:
+    """The allowed task with the largest relative speed-up of its job (the state's gain
+    columns: a job holding nothing scores 1, so every window job starts first); it never stops
+    by choice, the round ends in S'. Sees only the state, so a network can imitate it."""
 
     def act(self, state, mask):
-        return int(np.argmax(np.where(mask, self.policy.logits(state.vector), -np.inf)))
+        rows = state.vector[: state.window * chic_state.JOB_FEATURES].reshape(state.window, -1)
+        best, best_gain = state.void, -np.inf
+        for a in np.flatnonzero(mask[: state.void]):
+            i, kind = divmod(int(a), state.per_job)
+            gain = rows[i, chic_state.GAIN_PAIR if state.pair else chic_state.GAIN_WORKER + kind]
+            if gain > best_gain:
+                best, best_gain = int(a), gain
+        return best
+
+
+class ServingActor:
+    """What serving does (policies/allocation/chic.py), on the numpy copy: sample with the
+    round's seeded generator (or, `greedy`, the two-level mode)."""
+
+    def __init__(self, policy: networks.NumpyPolicy, greedy: bool = False):
+        self.policy, self.greedy = policy, greedy
+
+    def act(self, state, mask):
+        probs = self.policy.probabilities(state.vector, mask)
+        return greedy_decision(probs, mask, state.void) if self.greedy else sample_action(probs, mask, state.rng)
 
 
 # ---- episodes -------------------------------------------------------------------------------
@@ -134,21 +162,21 @@ def optimus_act(val_sets) -> list[float]:
 
 
 def validate(args: Args, net, val_sets, optimus: list[float]) -> tuple[float, float]:
-    """(mean ACT ratio to Optimus, mean ACT) of the greedy policy over the validation sequences."""
-    actor = GreedyActor(networks.NumpyPolicy(net.eval()))
+    """(mean ACT ratio to Optimus, mean ACT) of the served policy over the validation sequences."""
+    actor = ServingActor(networks.NumpyPolicy(net.eval()), greedy=args.greedy)
     acts = [float(np.mean(run_episode(args, t, c, actor, record=False)[1])) for t, c in val_sets]
     return float(np.mean(np.array(acts) / np.array(optimus))), float(np.mean(acts))
 
 
 # ---- CEM --------------------------------------------------------------------------------------
-def fit_elite(args: Args, net, opt, states, masks, actions) -> float:
+def fit_elite(args: Args, net, opt, states, masks, actions, epochs: int | None = None) -> float:
     """Eq. (9) as cross-entropy: maximise Σ log π'(a|s) over the elite pairs (dropout on)."""
     s = torch.from_numpy(np.array(states, dtype=np.float32))
     m = torch.from_numpy(np.array(masks, dtype=np.float32))
     a = torch.tensor(actions)
     net.train()
     loss = torch.zeros(())
-    for _ in range(args.fit_epochs):
+    for _ in range(args.fit_epochs if epochs is None else epochs):
         perm = torch.randperm(len(a))
         for k in range(0, len(a), args.batch):
             idx = perm[k:k + args.batch]
@@ -158,6 +186,26 @@ def fit_elite(args: Args, net, opt, states, masks, actions) -> float:
             opt.step()
     net.eval()
     return float(loss.detach())
+
+
+def warm_start(args: Args, net, opt, log) -> dict:
+    """Cross-entropy on the teacher's (state, action) pairs from its own rollouts."""
+    states, masks, actions = [], [], []
+    rates = chic_scenario.RATES_PER_HOUR
+    for k in range(args.warm_start_sequences):
+        trace, config = sequence(args, args.train_seed_base + 20_000 + k, rates[k % len(rates)])
+        _, _, s, m, a = run_episode(args, trace, config, GainTeacher())
+        states += s
+        masks += m
+        actions += a
+    for _ in tqdm(range(args.warm_start_epochs), desc="warm start", file=sys.stderr, disable=None, leave=False):
+        fit_elite(args, net, opt, states, masks, actions, epochs=1)
+    with torch.no_grad():
+        pred = networks.masked_logits(net.logits(torch.from_numpy(np.array(states, dtype=np.float32))),
+                                      torch.from_numpy(np.array(masks, dtype=np.float32))).argmax(-1)
+    agreement = float((pred == torch.tensor(actions)).float().mean())
+    log(f"warm start: {len(actions)} teacher pairs, agreement {agreement:.3f}")
+    return {"teacher": "gain", "pairs": len(actions), "agreement": agreement}
 
 
 def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
@@ -173,8 +221,14 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
     val_sets = validation_sets(args)
     optimus = optimus_act(val_sets)
     log(f"{name}: validation Optimus mean ACT {np.mean(optimus) / 3600:.2f} h over {len(val_sets)} sequences")
+    warm = warm_start(args, net, opt, log) if args.warm_start == "gain" else {"teacher": "none"}
     best = {"score": np.inf, "state": None, "iteration": 0, "act_s": np.nan}
     curve: list[dict] = []
+    if args.warm_start != "none":  # iteration 0: the warm start alone is a candidate too
+        score, act = validate(args, net, val_sets, optimus)
+        best = {"score": score, "state": {n: v.clone() for n, v in net.state_dict().items()}, "iteration": 0,
+                "act_s": act}
+        log(f"iteration 0 (warm start only): validation ACT {act / 3600:.2f} h = {score:.3f} x Optimus")
     bar = tqdm(total=args.iterations, desc=f"CEM {name}", file=sys.stderr, disable=None)
     iterations = 0
     for k in range(1, args.iterations + 1):
@@ -212,7 +266,7 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
         "command": " ".join([f"mlsched train {name}", *(sys.argv[1:] if argv is None else argv)]),
         "wall_time_s": round(wall, 1), "machine": "1 torch thread, CPU (2 cores shared)",
         "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(args).items()},
-        "iterations": iterations, "best_iteration": best["iteration"],
+        "iterations": iterations, "best_iteration": best["iteration"], "warm_start": warm,
     }
     validation = {"sequences": len(val_sets), "seeds": [args.val_seed_base, args.val_seed_base + len(val_sets) - 1],
                   "avg_jct_s": best["act_s"], "ratio_to_optimus": best["score"],

@@ -15,11 +15,12 @@ Actions: Chic 2I+1 (2i: one more worker for job i, 2i+1: one more PS, 2I: stop);
 I+1 (i: a worker and a PS for job i, I: stop). Every round starts from nothing. A job's
 first grant is its starting gang (1 PS + 1 worker; the ledger's rule), whichever of its
 actions asked. Masked: empty slots, roles at their cap, PS actions of all-reduce jobs,
-tasks that do not fit (and grants that failed); stop, while no job holds a task and one
-could start (as DL²: no round leaves the cluster idle when it need not).
-Forced void (§2.4, the set S'): the round ends without asking the network when no job action
-is allowed (the cluster is full for these jobs: Cond. 1) or when no allowed action speeds its
-job up by the job's curve (Cond. 2; a job holding nothing counts as improvable).
+tasks that do not fit (and grants that failed), and tasks that would not speed their job up
+by the job's curve (Cond. 2 applied per action; starting a job always does); stop, while a
+job of the window holds nothing and could start (DL²'s rule that no round leaves the
+cluster idle, per job: a job inside the window is never starved by the stop action).
+Forced void (§2.4, the set S'): the round ends without asking the network when every task is
+masked: nothing fits (Cond. 1) or nothing speeds any job up (Cond. 2).
 Reward (§2.6): r1 = -(job-seconds in the system during the step) / 20 min, summed over an
 episode -(sum of JCTs) / 20 min (episode_return). The paper's r2 (an action on an empty slot)
 and r3 (a job left with workers but no PS) are 0 by construction here: empty slots are masked
@@ -46,6 +47,7 @@ _COUNT_SCALE = 16.0
 _MAX_HOURS = math.log1p(48.0)
 _GAIN_EPS = 1e-9  # a speed-up smaller than this is no speed-up (Cond. 2)
 _GRID = 32
+GAIN_WORKER, GAIN_PS, GAIN_PAIR = 19, 20, 21  # columns: what one more worker, PS, pair brings
 
 
 def state_dim(jobs: int) -> int:
@@ -107,6 +109,7 @@ class ChicState:
         self.per_job = 1 if pair else 2
         self.void = self.per_job * window
         self._failed = np.zeros(self.void + 1, dtype=bool)
+        self.rng: np.random.Generator | None = None  # the round's generator, for sampling actors
         total = snapshot.total_capacity
         self._share = np.divide(10.0, total, out=np.zeros(3), where=total > 0)
         self._curves = []
@@ -145,20 +148,18 @@ class ChicState:
         self.vector[self.window * JOB_FEATURES: self.window * JOB_FEATURES + 3] = np.divide(
             free, total, out=np.zeros(3), where=total > 0)
         self._mask = np.zeros(self.void + 1, dtype=bool)
-        self._improves = np.zeros(self.void, dtype=bool)
-        self._any_holds = False
+        startable = False
         for i, job in enumerate(self.jobs):
             ps, w = self.counts(i)
             curve, best = self._curves[i]
             now = curve.epochs_per_s(ps, w)
             holds = ps + w > 0
-            self._any_holds |= holds
             p1 = ps + 1 if job.uses_ps else ps
             gains = (_gain(now, curve.epochs_per_s(ps, w + 1)), _gain(now, curve.epochs_per_s(p1, w)),
                      _gain(now, curve.epochs_per_s(p1, w + 1)))
             r = self._rows[i]
             r[17], r[18] = w / _COUNT_SCALE, ps / _COUNT_SCALE
-            r[19:22] = gains if holds else (1.0, 1.0, 1.0)
+            r[GAIN_WORKER:GAIN_PAIR + 1] = gains if holds else (1.0, 1.0, 1.0)
             r[22] = min(now / best, 1.5) if best > 0 else 0.0
             w_fits = self.ledger.fits_mask(job.worker_demand, job).any()
             ps_fits = not job.uses_ps or self.ledger.fits_mask(job.ps_demand, job).any()
@@ -175,17 +176,17 @@ class ChicState:
                 up = [gains[0] > _GAIN_EPS, gains[1] > _GAIN_EPS]
             for k in range(self.per_job):
                 a = self.per_job * i + k
-                self._mask[a] = ok[k] and not self._failed[a]
-                self._improves[a] = up[k]
-        # Stop is masked while no job holds a task and one could start.
-        self._mask[self.void] = self._any_holds or not self._mask[:self.void].any()
+                self._mask[a] = ok[k] and up[k] and not self._failed[a]
+                startable |= ok[k] and not holds and not self._failed[a]
+        # Stop is masked while a job of the window holds nothing and could start.
+        self._mask[self.void] = not startable
 
     def mask(self) -> np.ndarray:
         return self._mask.copy()
 
     def forced_void(self) -> bool:
-        """In S': no job action allowed (Cond. 1), or none that speeds its job up (Cond. 2)."""
-        return not (self._mask[:self.void] & self._improves).any()
+        """In S': no task fits (Cond. 1) or none speeds its job up (Cond. 2): all are masked."""
+        return not self._mask[:self.void].any()
 
     # ---- actions --------------------------------------------------------------------------
     def apply(self, action: int) -> bool:
