@@ -12,7 +12,7 @@
    drf and optimus, each in the scenario's own slotted setting.
 3. Training wall time of each shipped model, from its card.
 
-    python bench/bench_chic.py [--sequences 30] [--dl2-seeds 2] [--skip-dl2]
+    python bench/bench_chic.py [--sequences 30] [--dl2-seeds 2] [--skip-dl2] [--skip-paper] [--dl2-model M.onnx]
 """
 
 from __future__ import annotations
@@ -74,8 +74,9 @@ def paper_setting(seeds: list[int]) -> None:
           + ("met" if not misses else "MISSED (" + "; ".join(misses) + ")"))
 
 
-def dl2_scenarios(seeds: list[int]) -> None:
-    learned = {name: registry.make_allocation(name) for name in LEARNED + ("dl2",)}
+def dl2_scenarios(seeds: list[int], dl2_model: str | None) -> None:
+    learned = {name: registry.make_allocation(name) for name in LEARNED}
+    learned["dl2"] = registry.make_allocation("dl2", registry.PolicyContext(model_path=dl2_model))
     lb = registry.make_placement("load-balance")
     print(f"\nDL² scenarios: avg JCT in hours over {len(seeds)} benchmark trace(s) (seeds {seeds[0]}-{seeds[-1]}), "
           "every policy in the scenario's slotted setting (1200 s rounds)")
@@ -108,11 +109,14 @@ def main() -> None:
     parser.add_argument("--sequences", type=int, default=30, help="test sequences per load (the paper: 30)")
     parser.add_argument("--dl2-seeds", type=int, default=2, help="benchmark traces per DL² scenario")
     parser.add_argument("--skip-dl2", action="store_true")
+    parser.add_argument("--skip-paper", action="store_true")
+    parser.add_argument("--dl2-model", help="DL² model for the comparison (default: the shipped one)")
     args = parser.parse_args()
     t0 = time.time()
-    paper_setting(list(chic_scenario.CHIC_TEST_SEEDS)[: args.sequences])
+    if not args.skip_paper:
+        paper_setting(list(chic_scenario.CHIC_TEST_SEEDS)[: args.sequences])
     if not args.skip_dl2:
-        dl2_scenarios(list(BENCHMARK_SEEDS)[: args.dl2_seeds])
+        dl2_scenarios(list(BENCHMARK_SEEDS)[: args.dl2_seeds], args.dl2_model)
     training_times()
     print(f"\nbenchmark wall time {(time.time() - t0) / 60:.1f} min")
 
