@@ -12,7 +12,7 @@
    drf and optimus, each in the scenario's own slotted setting.
 3. Training wall time of each shipped model, from its card.
 
-    python bench/bench_chic.py [--sequences 30] [--dl2-seeds 2] [--skip-dl2] [--skip-paper] [--dl2-model M.onnx]
+    python bench/bench_chic.py [--sequences 30] [--dl2-seeds 2] [--skip-dl2] [--skip-paper] [--dl2-model M.onnx] [--window-sweep 10]
 """
 
 from __future__ import annotations
@@ -74,6 +74,30 @@ def paper_setting(seeds: list[int]) -> None:
           + ("met" if not misses else "MISSED (" + "; ".join(misses) + ")"))
 
 
+def window_sweep(seeds: list[int], windows=(3, 5, 10)) -> None:
+    """How much the I-job window costs: the gain heuristic in Chic's loop (GainActor, the
+    trainer's warm-start teacher) at several windows I, against optimus."""
+    from mlsched.policies.allocation.chic import ChicPolicy, GainActor
+
+    lb = registry.make_placement("load-balance")
+    print(f"\nwindow sweep: avg JCT in hours of the gain heuristic in Chic's loop (event-driven) at window I, "
+          f"{len(seeds)} test sequences per load")
+    print(f"{'jobs/h':>6} {'optimus':>8} " + " ".join(f"{'I=' + str(i):>8}" for i in windows)
+          + "  " + " ".join(f"{'I=' + str(i) + '/opt':>9}" for i in windows))
+    for rate in chic_scenario.RATES_PER_HOUR:
+        jct: dict[str, list[float]] = {}
+        for seed in seeds:
+            trace = chic_scenario.trace(rate, seed)
+            for i in windows:
+                sim = Simulator(trace, chic_scenario.config(seed, window=i))
+                jct.setdefault(f"I={i}", []).append(sim.run(ChicPolicy(GainActor(), jobs=i), lb).summary()["avg_jct_s"])
+            sim = Simulator(trace, chic_scenario.config(seed, event_driven=False))
+            jct.setdefault("optimus", []).append(sim.run(registry.make_allocation("optimus"), lb).summary()["avg_jct_s"])
+        m = {k: float(np.mean(v)) for k, v in jct.items()}
+        print(f"{rate:>6.2f} {m['optimus'] / 3600:>8.3f} " + " ".join(f"{m[f'I={i}'] / 3600:>8.3f}" for i in windows)
+              + "  " + " ".join(f"{m[f'I={i}'] / m['optimus']:>9.3f}" for i in windows))
+
+
 def dl2_scenarios(seeds: list[int], dl2_model: str | None) -> None:
     learned = {name: registry.make_allocation(name) for name in LEARNED}
     learned["dl2"] = registry.make_allocation("dl2", registry.PolicyContext(model_path=dl2_model))
@@ -110,11 +134,15 @@ def main() -> None:
     parser.add_argument("--dl2-seeds", type=int, default=2, help="benchmark traces per DL² scenario")
     parser.add_argument("--skip-dl2", action="store_true")
     parser.add_argument("--skip-paper", action="store_true")
+    parser.add_argument("--window-sweep", type=int, default=0, metavar="N",
+                        help="also sweep the window I with the gain heuristic on N test sequences per load")
     parser.add_argument("--dl2-model", help="DL² model for the comparison (default: the shipped one)")
     args = parser.parse_args()
     t0 = time.time()
     if not args.skip_paper:
         paper_setting(list(chic_scenario.CHIC_TEST_SEEDS)[: args.sequences])
+    if args.window_sweep:
+        window_sweep(list(chic_scenario.CHIC_TEST_SEEDS)[: args.window_sweep])
     if not args.skip_dl2:
         dl2_scenarios(list(BENCHMARK_SEEDS)[: args.dl2_seeds], args.dl2_model)
     training_times()

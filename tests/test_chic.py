@@ -185,11 +185,12 @@ def test_torch_numpy_and_onnx_runtime_agree_masks_included(pair, tmp_path):
 
 def test_trainer_runs_cem_and_writes_a_servable_model(tmp_path):
     args = train.Args(out=str(tmp_path), episodes_per_iteration=3, iterations=2, val_sequences=1,
-                      jobs_per_episode=6, time_budget_min=5)
+                      jobs_per_episode=6, time_budget_min=5, warm_start_sequences=2, warm_start_epochs=2)
     result = train.train(args, log=lambda *_: None, argv=["--test"])
     card = json.loads((tmp_path / "chic.card.json").read_text())
     assert card["encoder"] == {"name": "chic-state", "version": chic_state.ENCODER_VERSION,
                                "params": {"jobs": 3, "pair": False}}
+    assert card["training"]["warm_start"]["teacher"] == "gain" and card["training"]["warm_start"]["pairs"] > 0
     assert card["training"]["iterations"] == 2 and (tmp_path / "learning-curve.png").stat().st_size > 0
     assert [p["iteration"] for p in result["curve"]] == [1, 2] and "val_act_s" in result["curve"][1]
     policy = ChicPolicy.load(str(tmp_path / "chic.onnx"))
@@ -241,3 +242,19 @@ def test_served_sampling_is_deterministic_per_snapshot_and_capacity_safe(tmp_pat
     counts = [{n: d.counts(n) for n in d.jobs} for d in decisions]
     assert counts[0] == counts[1] == counts[2] and set(counts[0]) <= {"j0", "j1", "j2"}
     assert all(c[0] >= 1 and c[1] >= 1 for c in counts[0].values()) and len(counts[0]) == 3  # all started
+
+
+def test_gain_actor_starts_every_window_job_then_takes_the_largest_speed_up():
+    from mlsched.policies.allocation.chic import GainActor
+
+    jobs = [job("a", model="vgg-16"), job("b", model="resnext-110", arrival=1.0)]
+    state, ledger = _state(jobs, cpu=120, gpu=10, mem=600)
+    first = GainActor().act(state, state.mask())
+    state.apply(first)
+    state.apply(GainActor().act(state, state.mask()))
+    assert ledger.has_tasks(jobs[0]) and ledger.has_tasks(jobs[1])
+    rows = state.vector[:3 * chic_state.JOB_FEATURES].reshape(3, -1)
+    a = GainActor().act(state, state.mask())
+    i, kind = divmod(a, 2)
+    gains = [rows[j, chic_state.GAIN_WORKER + k] for j in range(2) for k in range(2) if state.mask()[2 * j + k]]
+    assert rows[i, chic_state.GAIN_WORKER + kind] == max(gains) > 0

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from mlsched.features import chic_state
 from mlsched.policies import registry
-from mlsched.policies.allocation.chic import ChicPolicy, greedy_decision, sample_action
+from mlsched.policies.allocation.chic import ChicPolicy, GainActor, greedy_decision, sample_action
 from mlsched.sim import chic_scenario
 from mlsched.sim.simulator import Simulator
 from policy_models.chic import export, networks
@@ -93,22 +93,6 @@ class UniformActor:
 
     def act(self, state, mask):
         return int(self.rng.choice(np.flatnonzero(mask)))
-
-
-class GainTeacher:
-    """The allowed task with the largest relative speed-up of its job (the state's gain
-    columns: a job holding nothing scores 1, so every window job starts first); it never stops
-    by choice, the round ends in S'. Sees only the state, so a network can imitate it."""
-
-    def act(self, state, mask):
-        rows = state.vector[: state.window * chic_state.JOB_FEATURES].reshape(state.window, -1)
-        best, best_gain = state.void, -np.inf
-        for a in np.flatnonzero(mask[: state.void]):
-            i, kind = divmod(int(a), state.per_job)
-            gain = rows[i, chic_state.GAIN_PAIR if state.pair else chic_state.GAIN_WORKER + kind]
-            if gain > best_gain:
-                best, best_gain = int(a), gain
-        return best
 
 
 class ServingActor:
@@ -194,7 +178,7 @@ def warm_start(args: Args, net, opt, log) -> dict:
     rates = chic_scenario.RATES_PER_HOUR
     for k in range(args.warm_start_sequences):
         trace, config = sequence(args, args.train_seed_base + 20_000 + k, rates[k % len(rates)])
-        _, _, s, m, a = run_episode(args, trace, config, GainTeacher())
+        _, _, s, m, a = run_episode(args, trace, config, GainActor())
         states += s
         masks += m
         actions += a

@@ -22,6 +22,7 @@ import numpy as np
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Snapshot
+from mlsched.features import chic_state
 from mlsched.features.chic_state import ChicState, first_jobs
 from mlsched.policies.onnx_runner import greedy_action, load_model
 
@@ -105,3 +106,20 @@ class OnnxActor:
         if self.greedy:
             return greedy_decision(probs, mask, state.void)
         return sample_action(probs, mask, state.rng)
+
+
+class GainActor:
+    """A heuristic in Chic's loop: the allowed task with the largest relative speed-up of its
+    job (the state's gain columns; a job holding nothing scores 1, so every window job starts
+    first); it never stops by choice, the round ends in S'. It sees only the state: the
+    trainer's warm-start teacher, and the benchmark's reference for other windows I."""
+
+    def act(self, state: ChicState, mask: np.ndarray) -> int:
+        rows = state.vector[: state.window * chic_state.JOB_FEATURES].reshape(state.window, -1)
+        best, best_gain = state.void, -np.inf
+        for a in np.flatnonzero(mask[: state.void]):
+            i, kind = divmod(int(a), state.per_job)
+            gain = rows[i, chic_state.GAIN_PAIR if state.pair else chic_state.GAIN_WORKER + kind]
+            if gain > best_gain:
+                best, best_gain = int(a), gain
+        return best
