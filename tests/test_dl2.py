@@ -160,7 +160,7 @@ def test_runner_refuses_garbage_even_with_a_matching_digest(tiny_model, tmp_path
 
 @pytest.mark.parametrize("edit,message", [
     (lambda c: c["encoder"].update(version="dl2-state-v1"), "trained with state encoder 'dl2-state-v1'"),
-    (lambda c: c["encoder"].update(name="chic-state"), "unknown state encoder 'chic-state'"),
+    (lambda c: c["encoder"].update(name="no-such-state"), "unknown state encoder 'no-such-state'"),
     (lambda c: c.update(algorithm="harmony"), "the allocation model of 'harmony', not the allocation model of 'dl2'"),
     (lambda c: c.update(phase="placement"), "is the placement model of 'dl2'"),
     (lambda c: c["encoder"]["params"].update(window=9), "are not what encoder"),

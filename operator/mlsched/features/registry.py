@@ -10,6 +10,7 @@ from mlsched.features.base import Encoder
 # policy's dependencies can still list the others.
 _MODULES = {
     "dl2-state": "mlsched.features.dl2_state",
+    "chic-state": "mlsched.features.chic_state",
 }
 
 

@@ -56,6 +56,14 @@ def _dl2(ctx: PolicyContext) -> AllocationPolicy:
     return DL2Policy.load(ctx.model_path)
 
 
+def _chic(pair: bool):
+    def build(ctx: PolicyContext) -> AllocationPolicy:
+        from mlsched.policies.allocation.chic import ChicPolicy  # imported lazily: loads onnxruntime
+
+        return ChicPolicy.load(ctx.model_path, pair=pair)
+    return build
+
+
 def _placement(cls) -> Entry:
     return Entry(lambda ctx: Sticky(cls()) if ctx.sticky else cls())
 
@@ -70,6 +78,8 @@ REGISTRY: dict[str, dict[str, Entry]] = {
         "optimus": Entry(lambda ctx: Optimus()),
         "optimus-oracle": Entry(_oracle),
         "dl2": Entry(_dl2, learned=True),
+        "chic": Entry(_chic(pair=False), learned=True),
+        "chic-pair": Entry(_chic(pair=True), learned=True),
     },
     "placement": {
         "load-balance": _placement(LoadBalance),

@@ -5,6 +5,12 @@ Snapshot; the policies return a Decision (counts and nodes per task); jobs then 
 slot at speed x interference factor, minus a scaling cost when their tasks changed, and a job
 that finishes inside the slot finishes at its fractional time. JCT runs from the true arrival
 time. Use it as an environment (snapshot() / advance(decision)) or call run(...).
+
+Event-driven rounds (`SimConfig.event_driven`, Chic §2.3; off by default): a decision then
+lasts until the first job finishes, or until a job arrives while fewer than
+`arrival_trigger_below` jobs are active (every arrival when None), and at most `interval_s`;
+a "slot" is one such period. An arrival that triggers nothing waits for the next round.
+`SimConfig.demands` overrides the catalog's per-task demands per model (the Chic paper's).
 """
 
 from __future__ import annotations
@@ -60,10 +66,20 @@ class SimConfig:
     # the operator does; arrivals within admission_delay_s of the first are one step.
     admission: str = "interval"
     admission_delay_s: float = 1.0
+    event_driven: bool = False  # rounds on finishes and arrivals (module doc), not every interval
+    arrival_trigger_below: int | None = None  # event-driven: an arrival starts a round only below this many jobs
+    # model -> (ps demand, worker demand), each (cpu, gpu, mem_gib): overrides the catalog's
+    demands: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
         return np.tile(row, (self.nodes, 1))
+
+    def demand(self, model: str, role: str) -> np.ndarray:
+        """(cpu, gpu, mem_gib) of one task of `model` in `role` in this simulated cluster."""
+        if self.demands and model in self.demands:
+            return np.asarray(self.demands[model][0 if role == "ps" else 1], dtype=float)
+        return catalog.MODELS[model].demand(role)
 
 
 @dataclass
@@ -157,6 +173,7 @@ class Simulator:
                 worker_nodes=s.worker_nodes, max_ps=cfg.max_ps, max_workers=cfg.max_workers,
                 min_ps=1 if j.arch == "ps" else 0,
                 requested_ps=j.ps, requested_workers=j.workers, observations=tuple(s.observations),
+                ps_demand=cfg.demand(j.model, "ps"), worker_demand=cfg.demand(j.model, "worker"),
             ))
         return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs)
 
@@ -172,8 +189,10 @@ class Simulator:
         self._check_capacity(decision)
         self.inferences += decision.inferences
         start, interval = self.time_s, cfg.interval_s
-        end = start + interval
         self._apply(decision, cost_cap=interval, only_idle=False)
+        if cfg.event_driven:  # this decision lasts until the next event (module doc)
+            interval = self._event_period(self._rates())
+        end = start + interval
         reward, t = 0.0, start
         trained_in: dict[str, list[tuple[float, float, int, int]]] = {}  # job -> (rate, usable s, ps, w)
         while True:
@@ -276,7 +295,8 @@ class Simulator:
             usable = length - cost
             remaining = j.epochs - s.epochs_done
             held = length
-            if rate > 0 and remaining / rate <= usable + _EPS_S:
+            # (the tolerance: a stretch may end exactly at a job's finish, computed the other way)
+            if rate > 0 and remaining / rate <= usable * (1 + 1e-12) + _EPS_S:
                 trained = remaining
                 held = cost + remaining / rate
                 s.finish_s = t + held
@@ -284,8 +304,7 @@ class Simulator:
                 trained = rate * usable
             s.epochs_done += trained
             reward += trained / j.epochs
-            prof = catalog.MODELS[j.model]
-            demand = ps * prof.ps_demand + w * prof.worker_demand
+            demand = ps * self.config.demand(j.model, "ps") + w * self.config.demand(j.model, "worker")
             s.cpu_s += demand[0] * held
             s.gpu_s += demand[1] * held
             trained_in.setdefault(j.name, []).append((rate, usable, ps, w))
@@ -321,12 +340,32 @@ class Simulator:
             self.active.append(s)
             self._next_arrival += 1
 
+    def _event_period(self, rates: dict[str, float]) -> float:
+        """How long an event-driven decision lasts: until the first job finishes, or the next
+        arrival if it triggers a round, and at most interval_s."""
+        period = self.config.interval_s
+        for s in self.active:
+            rate = rates.get(s.spec.name, 0.0)
+            if rate > 0:
+                period = min(period, s._cost_left + (s.spec.epochs - s.epochs_done) / rate)  # type: ignore[attr-defined]
+        trigger = self.config.arrival_trigger_below
+        if self._next_arrival < len(self.trace) and (trigger is None or len(self.active) < trigger):
+            # Arrivals only add jobs, so if the next one does not trigger, none before a finish does.
+            period = min(period, self.trace[self._next_arrival].arrival_s - self.time_s)
+        return max(period, 0.0)
+
     def _skip_idle(self) -> None:
-        """Jump over empty slots: to the slot boundary where the next job is first seen, or
-        with admission on arrival to the start of the slot it arrives in."""
+        """Jump over empty slots: to the slot boundary where the next job is first seen; with
+        admission on arrival to the start of the slot it arrives in; event-driven, to the
+        arrival itself."""
         if self.active or self._next_arrival >= len(self.trace):
             return
         nxt = self.trace[self._next_arrival].arrival_s
+        if self.config.event_driven:
+            self.slot += 1
+            self.time_s = max(self.time_s, nxt)
+            self._admit()
+            return
         if self.config.admission == "arrival":
             slots = math.floor((nxt - self.time_s) / self.config.interval_s)
             if slots <= 0:
@@ -371,7 +410,8 @@ class Simulator:
         best, feasible_seen = 0.0, 0
         for _, ps, w in configs:
             job = JobView("ideal", model, arch, 0.0, 1.0, min_ps=ps, min_workers=w,
-                          max_ps=max(ps, 1), max_workers=w)
+                          max_ps=max(ps, 1), max_workers=w,
+                          ps_demand=cfg.demand(model, "ps"), worker_demand=cfg.demand(model, "worker"))
             ledger = Ledger(snap, LoadBalance())
             if not ledger.grow(job, "worker"):
                 continue
@@ -388,11 +428,11 @@ class Simulator:
         for name, d in decision.jobs.items():
             if name not in names:
                 raise ValueError(f"decision names job {name!r}, which is not active")
-            prof = catalog.MODELS[names[name].model]
+            model = names[name].model
             for n in d.ps_nodes:
-                used[n] += prof.ps_demand
+                used[n] += self.config.demand(model, "ps")
             for n in d.worker_nodes:
-                used[n] += prof.worker_demand
+                used[n] += self.config.demand(model, "worker")
         over = np.argwhere(used > self.capacity + 1e-9)
         if over.size:
             n, r = over[0]

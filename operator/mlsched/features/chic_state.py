@@ -1,0 +1,207 @@
+"""Chic's state, actions, masks and forced void, for the first I jobs of one round.
+
+State (Chic §2.1): one row per job slot, the first I jobs in arrival order, zero rows for
+empty slots, then the backlog N (jobs beyond the first I, which get nothing this round).
+The paper describes a job by {model type, remaining iterations, workers, PS}; a model-type id
+cannot describe a model never seen, so a job is described model-agnostically as DL²'s v2 does:
+  valid | all-reduce flag | remaining time at the reference speed (log hours) | remaining
+  fraction | age (log hours) | worker and PS demand per resource (share of the cluster, x10) |
+  the speed curve's shape (SpeedCurve.signature, 6) | workers, PS granted so far this round |
+  what one more worker, PS or pair would bring (1 - speed now / speed after, the job's curve
+  corrected by what it showed) | speed now over the best within its caps
+then: free share per resource | backlog / I | jobs present / I.
+
+Actions: Chic 2I+1 (2i: one more worker for job i, 2i+1: one more PS, 2I: stop); Chic-Pair
+I+1 (i: a worker and a PS for job i, I: stop). Every round starts from nothing. A job's
+first grant is its starting gang (1 PS + 1 worker; the ledger's rule), whichever of its
+actions asked. Masked: empty slots, roles at their cap, PS actions of all-reduce jobs,
+tasks that do not fit (and grants that failed), and tasks that would not speed their job up
+by the job's curve (Cond. 2 applied per action; starting a job always does); stop, while a
+job of the window holds nothing and could start (DL²'s rule that no round leaves the
+cluster idle, per job: a job inside the window is never starved by the stop action).
+Forced void (§2.4, the set S'): the round ends without asking the network when every task is
+masked: nothing fits (Cond. 1) or nothing speeds any job up (Cond. 2).
+Reward (§2.6): r1 = -(job-seconds in the system during the step) / 20 min, summed over an
+episode -(sum of JCTs) / 20 min (episode_return). The paper's r2 (an action on an empty slot)
+and r3 (a job left with workers but no PS) are 0 by construction here: empty slots are masked
+and the ledger's gang rule gives every job both roles.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import JobView, Snapshot
+from mlsched.features.base import TensorSpec
+from mlsched.features.speed_fit import correction
+
+ENCODER_VERSION = "chic-state-v1"
+JOB_FEATURES = 23
+GLOBAL_FEATURES = 5
+REWARD_UNIT_S = 1200.0  # the paper's 20 minutes
+_COUNT_SCALE = 16.0
+_MAX_HOURS = math.log1p(48.0)
+_GAIN_EPS = 1e-9  # a speed-up smaller than this is no speed-up (Cond. 2)
+_GRID = 32
+GAIN_WORKER, GAIN_PS, GAIN_PAIR = 19, 20, 21  # columns: what one more worker, PS, pair brings
+
+
+def state_dim(jobs: int) -> int:
+    return jobs * JOB_FEATURES + GLOBAL_FEATURES
+
+
+def n_actions(jobs: int, pair: bool) -> int:
+    return (jobs if pair else 2 * jobs) + 1
+
+
+class ChicEncoder:
+    """params: {"jobs": I, "pair": bool}."""
+
+    name = "chic-state"
+    version = ENCODER_VERSION
+
+    def inputs(self, params: dict[str, Any]) -> tuple[TensorSpec, ...]:
+        jobs, pair = int(params["jobs"]), bool(params["pair"])
+        return (TensorSpec("state", (state_dim(jobs),)), TensorSpec("mask", (n_actions(jobs, pair),)))
+
+    def outputs(self, params: dict[str, Any]) -> tuple[TensorSpec, ...]:
+        return (TensorSpec("probs", (n_actions(int(params["jobs"]), bool(params["pair"])),)),)
+
+
+ENCODER = ChicEncoder()
+
+
+def episode_return(jct_s: list[float] | np.ndarray) -> float:
+    """Σ_t r_t over an episode: -(Σ JCT) in units of 20 minutes (r2 = r3 = 0, module doc)."""
+    return -float(np.sum(jct_s)) / REWARD_UNIT_S
+
+
+def first_jobs(jobs: list[JobView], window: int) -> tuple[list[JobView], int]:
+    """The first I jobs in arrival order, and the backlog N beyond them."""
+    ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+    return ordered[:window], max(len(ordered) - window, 0)
+
+
+def _best_speed(curve, job: JobView) -> float:
+    ws = range(1, min(job.bounds("worker")[1], _GRID) + 1)
+    ps = range(1, min(job.bounds("ps")[1], _GRID) + 1) if job.uses_ps else [0]
+    return max((curve.epochs_per_s(p, w) for p in ps for w in ws), default=0.0)
+
+
+def _gain(now: float, after: float) -> float:
+    if after <= 0:
+        return -1.0
+    return max(-1.0, 1.0 - now / after) if now > 0 else 1.0
+
+
+class ChicState:
+    """State vector and mask for one round's first I jobs; `apply` grants through the ledger."""
+
+    def __init__(self, snapshot: Snapshot, ledger: Ledger, jobs: list[JobView], window: int,
+                 pair: bool, backlog: int = 0):
+        if len(jobs) > window:
+            raise ValueError(f"{len(jobs)} jobs do not fit a window of {window}")
+        self.snapshot, self.ledger, self.jobs, self.window, self.pair = snapshot, ledger, jobs, window, pair
+        self.per_job = 1 if pair else 2
+        self.void = self.per_job * window
+        self._failed = np.zeros(self.void + 1, dtype=bool)
+        self.rng: np.random.Generator | None = None  # the round's generator, for sampling actors
+        total = snapshot.total_capacity
+        self._share = np.divide(10.0, total, out=np.zeros(3), where=total > 0)
+        self._curves = []
+        self.vector = np.zeros(state_dim(window), dtype=np.float32)
+        self._rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
+        for i, job in enumerate(jobs):
+            c = correction(job)
+            curve = job.prior if c == 1.0 else job.prior.scaled(c)
+            self._curves.append((curve, _best_speed(curve, job)))
+            r = self._rows[i]
+            ref = curve.reference_epochs_per_s()
+            hours = job.remaining_epochs / ref / 3600.0 if ref > 0 else 48.0
+            age_h = max(snapshot.time_s - job.arrival_s, 0.0) / 3600.0
+            r[0] = 1.0
+            r[1] = 0.0 if job.uses_ps else 1.0
+            r[2] = min(math.log1p(hours) / _MAX_HOURS, 1.5)
+            r[3] = job.remaining_epochs / job.total_epochs if job.total_epochs > 0 else 0.0
+            r[4] = min(math.log1p(age_h) / _MAX_HOURS, 1.5)
+            r[5:8] = np.minimum(job.worker_demand * self._share, 2.0)
+            r[8:11] = np.minimum(job.ps_demand * self._share, 2.0) if job.uses_ps else 0.0
+            r[11:17] = curve.signature()
+        g = self.vector[window * JOB_FEATURES:]
+        g[3] = min(backlog / window, 4.0)
+        g[4] = len(jobs) / window
+        self.refresh()
+
+    # ---- state --------------------------------------------------------------------------
+    def counts(self, i: int) -> tuple[int, int]:
+        d = self.ledger.jobs.get(self.jobs[i].name)
+        return (d.ps, d.workers) if d is not None else (0, 0)
+
+    def refresh(self) -> None:
+        """Recompute the dynamic columns, the free share, the mask and the improving actions."""
+        total = self.snapshot.total_capacity
+        free = self.ledger.free.sum(axis=0)
+        self.vector[self.window * JOB_FEATURES: self.window * JOB_FEATURES + 3] = np.divide(
+            free, total, out=np.zeros(3), where=total > 0)
+        self._mask = np.zeros(self.void + 1, dtype=bool)
+        startable = False
+        for i, job in enumerate(self.jobs):
+            ps, w = self.counts(i)
+            curve, best = self._curves[i]
+            now = curve.epochs_per_s(ps, w)
+            holds = ps + w > 0
+            p1 = ps + 1 if job.uses_ps else ps
+            gains = (_gain(now, curve.epochs_per_s(ps, w + 1)), _gain(now, curve.epochs_per_s(p1, w)),
+                     _gain(now, curve.epochs_per_s(p1, w + 1)))
+            r = self._rows[i]
+            r[17], r[18] = w / _COUNT_SCALE, ps / _COUNT_SCALE
+            r[GAIN_WORKER:GAIN_PAIR + 1] = gains if holds else (1.0, 1.0, 1.0)
+            r[22] = min(now / best, 1.5) if best > 0 else 0.0
+            w_fits = self.ledger.fits_mask(job.worker_demand, job).any()
+            ps_fits = not job.uses_ps or self.ledger.fits_mask(job.ps_demand, job).any()
+            w_room = w < job.bounds("worker")[1]
+            ps_room = job.uses_ps and ps < job.bounds("ps")[1]
+            if not holds:  # any action starts the gang: both roles must fit
+                ok = [w_fits and ps_fits] * self.per_job
+                up = [True] * self.per_job
+            elif self.pair:
+                ok = [w_room and w_fits and (ps_fits and ps_room or not job.uses_ps)]
+                up = [gains[2] > _GAIN_EPS]
+            else:
+                ok = [w_room and w_fits, ps_room and ps_fits]
+                up = [gains[0] > _GAIN_EPS, gains[1] > _GAIN_EPS]
+            for k in range(self.per_job):
+                a = self.per_job * i + k
+                self._mask[a] = ok[k] and up[k] and not self._failed[a]
+                startable |= ok[k] and not holds and not self._failed[a]
+        # Stop is masked while a job of the window holds nothing and could start.
+        self._mask[self.void] = not startable
+
+    def mask(self) -> np.ndarray:
+        return self._mask.copy()
+
+    def forced_void(self) -> bool:
+        """In S': no task fits (Cond. 1) or none speeds its job up (Cond. 2): all are masked."""
+        return not self._mask[:self.void].any()
+
+    # ---- actions --------------------------------------------------------------------------
+    def apply(self, action: int) -> bool:
+        """Grant what `action` asks; False (and the action masked from now on) if it did not fit."""
+        if action == self.void:
+            return False
+        i, kind = divmod(action, self.per_job)
+        if i >= len(self.jobs):
+            raise ValueError(f"action {action} names empty job slot {i}")
+        job = self.jobs[i]
+        if self.pair:
+            ok = self.ledger.grow_bundle(job)
+        else:
+            ok = self.ledger.grow(job, "worker" if kind == 0 else "ps")
+        if not ok:
+            self._failed[action] = True
+        self.refresh()
+        return ok
