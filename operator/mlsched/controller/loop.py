@@ -90,6 +90,18 @@ async def _decide(snapshot, resolved: ResolvedPolicy) -> tuple[Decision, str | N
         return decision, f"{type(err).__name__}: {err}"
 
 
+def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulable: list[JobRecord],
+                    now: float, interval_s: float):
+    """What one policy may decide on: capacity less what other policies reserved and what
+    pods outside its schedulable jobs hold (controller/snapshot.py). Call under round_lock."""
+    cluster = idx.cluster()
+    others = {k: v for k, v in rt.reservations.all().items() if k not in {j.key for j in jobs}}
+    held = held_elsewhere(cluster, {j.key for j in schedulable}, others)
+    return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
+                          node_selector=rt.config.node_selector,
+                          tolerated_taints=rt.config.tolerated_taints)
+
+
 def frozen(value: Any) -> Any:
     """A plain deep copy of a (kopf live-view) object, so a round sees one version of it."""
     if isinstance(value, Mapping):
@@ -134,13 +146,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
     async with rt.round_lock:
-        cluster = idx.cluster()
-        others = {k: v for k, v in rt.reservations.all().items()
-                  if k not in {j.key for j in jobs}}
-        held = held_elsewhere(cluster, {j.key for j in schedulable}, others)
-        snapshot = build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
-                                  node_selector=rt.config.node_selector,
-                                  tolerated_taints=rt.config.tolerated_taints)
+        snapshot = policy_snapshot(rt, idx, jobs, schedulable, now, interval_s)
         decision, failure = await _decide(snapshot, resolved)
         targets = job_targets(decision, snapshot)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
@@ -218,13 +224,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     resolved = await rt.models.resolve(ref.namespace, spec)
     interval_s = rt.config.round_seconds(spec.interval)
     async with rt.round_lock:
-        cluster = idx.cluster()
-        others = {k: v for k, v in rt.reservations.all().items() if k not in {j.key for j in jobs}}
-        held = held_elsewhere(cluster, {j.key for j in schedulable}, others)
-        snapshot = build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
-                                  node_selector=rt.config.node_selector,
-                                  tolerated_taints=rt.config.tolerated_taints)
-        snapshot = held_as_decided(snapshot, {j.name: decided[j.key] for j in schedulable})
+        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
+                                   {j.name: decided[j.key] for j in schedulable})
         try:
             decision = await asyncio.to_thread(run_admission, snapshot, resolved.allocation,
                                                resolved.placement, resolved.grouping)
