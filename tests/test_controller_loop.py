@@ -371,3 +371,15 @@ def test_a_suspended_job_is_not_scaled_back():
     rt.placements.set((NS, "bert"), {"ps": ("node-0",), "worker": ("node-0",)})  # a stale decision
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert not run(jobs.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
+
+
+def test_a_round_right_after_an_admission_keeps_the_admitted_job_where_it_was_decided():
+    """Its pods are still gated (no node yet): stickiness must follow the decision, or the
+    round places the job anew and its decided nodes change twice within seconds."""
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
+    round_(rt, kube)
+    settle(rt, kube)
+    run(create_jobs(rt, kube, ps_job("late", max_workers=2)))
+    admitted = admit(rt, kube).targets["late"].nodes
+    again = round_(rt, kube, now=NOW + 1200)  # pods of `late` not created/pinned yet
+    assert again.targets["late"].nodes == admitted

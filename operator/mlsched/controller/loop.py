@@ -146,7 +146,10 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
     async with rt.round_lock:
-        snapshot = policy_snapshot(rt, idx, jobs, schedulable, now, interval_s)
+        # Sticky to the last decision, not only to pods that exist: a job admitted seconds ago
+        # has gated pods with no node yet, and must not be placed anew (and moved) by the round.
+        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
+                                   {j.name: rt.placements.of(j.key) for j in schedulable})
         decision, failure = await _decide(snapshot, resolved)
         targets = job_targets(decision, snapshot)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
@@ -274,14 +277,25 @@ def children_exist(job: JobRecord, idx: Indexes) -> bool:
 
 def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]] | None]):
     """Job views whose counts and nodes are what the last decision gave them (the pods may not
-    all exist or be placed yet): what an admission step holds them at."""
+    all exist or be placed yet): what an admission step holds them at, and where a round's
+    stickiness sends them back. Each role's nodes are cut at the first node no longer in the
+    snapshot (lost, cordoned), as the pod-derived prefix is: ordinal k keeps its node only if
+    every ordinal before it does."""
     index = {name: i for i, name in enumerate(snapshot.node_names)}
+
+    def prefix(names) -> tuple[int, ...]:
+        out = []
+        for name in names:
+            if name not in index:
+                break
+            out.append(index[name])
+        return tuple(out)
+
     views = []
     for view in snapshot.jobs:
         nodes = decided.get(view.name) or {}
         if nodes.get("worker"):
-            ps = tuple(index[n] for n in nodes.get("ps", ()) if n in index)
-            workers = tuple(index[n] for n in nodes["worker"] if n in index)
+            ps, workers = prefix(nodes.get("ps", ())), prefix(nodes["worker"])
             view = dataclasses.replace(view, ps=len(ps), workers=len(workers),
                                        ps_nodes=ps, worker_nodes=workers)
         views.append(view)
