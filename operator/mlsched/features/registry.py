@@ -25,6 +25,3 @@ def get(name: str) -> Encoder:
                                   f"{', '.join(sorted(_MODULES))}")
     return importlib.import_module(module).ENCODER
 
-
-def names() -> list[str]:
-    return sorted(_MODULES)

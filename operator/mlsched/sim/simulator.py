@@ -93,6 +93,7 @@ class JobState:
     finish_s: float | None = None
     gpu_s: float = 0.0
     cpu_s: float = 0.0
+    cost_left: float = 0.0  # seconds of scaling cost still to pay in this slot
 
 
 @dataclass
@@ -253,7 +254,7 @@ class Simulator:
             new_w = tuple(d.worker_nodes) if d else ()
             changed = (new_ps, new_w) != (s.ps_nodes, s.worker_nodes)
             s.ps_nodes, s.worker_nodes = new_ps, new_w
-            s._cost_left = min(self.config.scaling_cost_s, cost_cap) if changed else 0.0  # type: ignore[attr-defined]
+            s.cost_left = min(self.config.scaling_cost_s, cost_cap) if changed else 0.0
 
     def _rates(self) -> dict[str, float]:
         """Epochs/s of every placed, unfinished job, interference included."""
@@ -277,7 +278,7 @@ class Simulator:
         for s in self.active:
             rate = rates.get(s.spec.name, 0.0)
             if rate > 0:
-                cut = min(cut, t + s._cost_left + (s.spec.epochs - s.epochs_done) / rate)  # type: ignore[attr-defined]
+                cut = min(cut, t + s.cost_left + (s.spec.epochs - s.epochs_done) / rate)
         return cut
 
     def _train(self, t: float, length: float, rates: dict[str, float],
@@ -290,8 +291,8 @@ class Simulator:
                 continue
             rate = rates[j.name]
             ps, w = len(s.ps_nodes), len(s.worker_nodes)
-            cost = min(s._cost_left, length)  # type: ignore[attr-defined]
-            s._cost_left -= cost  # type: ignore[attr-defined]
+            cost = min(s.cost_left, length)
+            s.cost_left -= cost
             usable = length - cost
             remaining = j.epochs - s.epochs_done
             held = length
@@ -347,7 +348,7 @@ class Simulator:
         for s in self.active:
             rate = rates.get(s.spec.name, 0.0)
             if rate > 0:
-                period = min(period, s._cost_left + (s.spec.epochs - s.epochs_done) / rate)  # type: ignore[attr-defined]
+                period = min(period, s.cost_left + (s.spec.epochs - s.epochs_done) / rate)
         trigger = self.config.arrival_trigger_below
         if self._next_arrival < len(self.trace) and (trigger is None or len(self.active) < trigger):
             # Arrivals only add jobs, so if the next one does not trigger, none before a finish does.
