@@ -22,7 +22,7 @@ RECIPE=1
 CACHE_ROOT="${MLSCHED_E2E_CACHE:-$HOME/.cache/mlsched-e2e}"
 BUILD_ROOT="$CACHE_ROOT/k8s-$K8S_VERSION-etcd-$ETCD_VERSION-kwok-$KWOK_VERSION-r$RECIPE"
 BIN_DIR="$BUILD_ROOT/bin"
-BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kwok)
+BINARIES=(etcd kube-apiserver kube-controller-manager kube-scheduler kubectl kwok)
 
 all_built() {
   local b
@@ -86,6 +86,8 @@ PARALLEL=(-p 2)
 SRC_DIR="$BUILD_ROOT/src"
 LOG_DIR="$BUILD_ROOT/logs"
 STAGE_DIR="$BUILD_ROOT/bin.partial"
+# A cache built before a binary joined BINARIES: build only what is missing.
+if [[ -d "$BIN_DIR" && ! -d "$STAGE_DIR" ]]; then mv "$BIN_DIR" "$STAGE_DIR"; fi
 mkdir -p "$SRC_DIR" "$LOG_DIR" "$STAGE_DIR"
 
 CURRENT=""
@@ -191,7 +193,8 @@ build_kubernetes() {
   for godebug in $(sed -n 's/^godebug[[:space:]]\{1,\}\([^ ]*\)$/\1/p' "$upstream_mod"); do
     run "$GO" mod edit -godebug="$godebug"
   done
-  local cmds=(kube-apiserver kube-controller-manager kube-scheduler)
+  # kubectl: the e2e tests apply the samples with `kubectl apply -k`, as a user does.
+  local cmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
   for m in "${cmds[@]}"; do
     run "$GO" mod edit -tool="k8s.io/kubernetes/cmd/$m"
   done
@@ -233,7 +236,7 @@ build_kwok() {
 # A component already in bin.partial survived an earlier, interrupted run.
 if [[ ! -x "$STAGE_DIR/etcd" ]]; then build_etcd; fi
 if [[ ! -x "$STAGE_DIR/kube-apiserver" || ! -x "$STAGE_DIR/kube-controller-manager" ||
-  ! -x "$STAGE_DIR/kube-scheduler" ]]; then build_kubernetes; fi
+  ! -x "$STAGE_DIR/kube-scheduler" || ! -x "$STAGE_DIR/kubectl" ]]; then build_kubernetes; fi
 if [[ ! -x "$STAGE_DIR/kwok" ]]; then build_kwok; fi
 CURRENT=""
 

@@ -200,6 +200,18 @@ class ControlPlane:
         """A new kubernetes ApiClient authenticated as the cluster admin."""
         return config.new_client_from_config(config_file=str(self.kubeconfig_path))
 
+    def kubectl(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """kubectl (built with the control plane, same version) as the cluster admin, as a
+        user would run it; its output is returned as text."""
+        assert self.bin_dir is not None and self.kubeconfig_path is not None
+        result = subprocess.run([str(self.bin_dir / "kubectl"), "--kubeconfig",
+                                 str(self.kubeconfig_path), *args],
+                                capture_output=True, text=True, timeout=120)
+        if check and result.returncode != 0:
+            raise AssertionError(f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
+                                 f"{result.stdout}{result.stderr}")
+        return result
+
     # ----------------------------------------------------------------- nodes
 
     def create_nodes(self, count: int, cpu: int = 8, gpu: int = 2, memory_gib: int = 48,

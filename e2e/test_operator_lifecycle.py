@@ -1,20 +1,17 @@
 """The samples, applied as a user applies them, run from creation to TTL deletion.
 
-manifests/samples holds two policies (drf `default`, and `dl2` with its model in a
-ConfigMap) and two jobs (ResNet-50 with parameter servers under dl2, ResNeXt-110
-all-reduce under `default`). The jobs are only adjusted to run on kwok nodes
-(toleration), to finish within the test (epochs, TTL). Every step is checked on
+manifests/samples holds two policies (drf `default`, and `dl2` serving the model shipped
+with the operator) and two jobs (ResNet-50 with parameter servers under dl2, ResNeXt-110
+all-reduce under `default`). The first test applies them unchanged with `kubectl apply -k`;
+the second adjusts the jobs to finish within the test (epochs, TTL). Every step is checked on
 what the API server stores: children, replica counts, the node of every pod,
 progress, per-interval history and rewards, phase, and deletion.
 """
 
 from __future__ import annotations
 
-from kubernetes import client
-
-from dl2_model import model_configmap
 from job_state import placed_as_decided, placement_problems
-from mlsched_objects import condition, for_kwok, phase, sample
+from mlsched_objects import SAMPLES, condition, for_kwok, phase, sample
 from waiting import wait_for
 
 # Enough epochs for a few rounds of training at the emulator's compressed speed
@@ -25,11 +22,26 @@ POLICY = {"resnet50-ps": "dl2", "resnext110-allreduce": "default"}
 TTL_SECONDS = 3
 
 
-def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator, dl2_files):
-    core = client.CoreV1Api(api)
-    model, card, _ = dl2_files
-    core.create_namespaced_config_map(mlsched.namespace,
-                                      model_configmap("dl2-policy", model, card))
+def test_the_samples_run_as_shipped_with_kubectl_apply_k(control_plane, mlsched, operator):
+    # Unchanged: no toleration, epochs or TTL added for the test. The operator adds the
+    # tolerations of the taints it places on (kwok's here, nvidia.com/gpu in most clusters).
+    applied = control_plane.kubectl("apply", "-k", str(SAMPLES), "-n", mlsched.namespace).stdout
+    for kind_name in ("mljob.mlsched.io/resnet50-ps", "mljob.mlsched.io/resnext110-allreduce",
+                      "schedulingpolicy.mlsched.io/default", "schedulingpolicy.mlsched.io/dl2"):
+        assert f"{kind_name} created" in applied, applied
+    for name in ROLES:
+        wait_for(lambda: phase(mlsched.job(name)) == "Running", 90, f"{name} to be Running",
+                 describe=lambda: (mlsched.job(name) or {}).get("status"))
+    # The learned policy serves the model shipped with the operator.
+    wait_for(lambda: (c := condition(mlsched.policy("dl2"), "ModelLoaded")) and
+             c["reason"] == "ModelVerified", 30, "the dl2 sample to load its shipped model",
+             describe=lambda: condition(mlsched.policy("dl2"), "ModelLoaded"))
+    table = control_plane.kubectl("get", "mljobs", "-n", mlsched.namespace).stdout
+    lines = {line.split()[0]: line for line in table.splitlines()[1:]}
+    assert set(lines) == set(ROLES) and all("Running" in line for line in lines.values()), table
+
+
+def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator):
     for policy in ("schedulingpolicy-drf.yaml", "schedulingpolicy-dl2.yaml"):
         mlsched.create(sample(policy))
     for name, file_name in (("resnet50-ps", "mljob-resnet50-ps.yaml"),

@@ -41,6 +41,18 @@ def _no_ps_for_parameter_server(job: dict) -> None:
     del job["spec"]["replicaSpecs"]["ps"]
 
 
+def _template_without_containers(job: dict) -> None:
+    job["spec"]["replicaSpecs"]["worker"]["template"] = {"spec": {}}
+
+
+def _template_with_no_container(job: dict) -> None:
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"] = []
+
+
+def _template_without_spec(job: dict) -> None:
+    job["spec"]["replicaSpecs"]["worker"]["template"] = {"metadata": {"labels": {"a": "b"}}}
+
+
 # (what is wrong, the field the message must name, a phrase of the reason)
 CASES = [
     (_min_above_max, "spec.replicaSpecs.worker.max", "must be >= min"),
@@ -50,6 +62,11 @@ CASES = [
     (_ps_for_allreduce, "spec.replicaSpecs.ps", "must not be set for AllReduce jobs"),
     (_no_ps_for_parameter_server, "spec.replicaSpecs.ps",
      "is required for ParameterServer jobs"),
+    (_template_without_containers, "spec.replicaSpecs.worker.template.spec.containers",
+     "Required value"),
+    (_template_with_no_container, "spec.replicaSpecs.worker.template.spec.containers",
+     "should have at least 1 items"),
+    (_template_without_spec, "spec.replicaSpecs.worker.template.spec", "Required value"),
 ]
 
 
@@ -92,3 +109,41 @@ def test_pod_template_the_apiserver_refuses_fails_the_job_only(mlsched, operator
                for e in mlsched.events("gpu-no-limit", "MLJob"))
     # The other job of the namespace is scheduled as if nothing happened.
     wait_for(lambda: phase(mlsched.job("neighbour")) == "Running", 90, "the neighbour to run")
+
+
+def _typo_in_command(container: dict) -> None:
+    container["comand"] = ["python", "train.py"]
+
+
+def _unknown_resources_field(container: dict) -> None:
+    container["resources"]["request"] = {"cpu": "1"}  # `requests`, misspelt
+
+
+@pytest.mark.parametrize(("break_it", "named"), [
+    (_typo_in_command, 'unknown field "spec.template.spec.containers[0].comand"'),
+    (_unknown_resources_field, 'unknown field "spec.template.spec.containers[0].resources.request"'),
+], ids=["comand", "resources.request"])
+def test_a_typo_in_the_pod_template_fails_the_job_naming_the_field(mlsched, operator,
+                                                                   break_it, named):
+    # The MLJob schema keeps templates as written; the API server, asked to validate the
+    # StatefulSet strictly, names the field instead of dropping it (a job whose command was
+    # dropped would run the image's default entrypoint while holding its GPUs).
+    mlsched.create(scheduling_policy("default"))
+    bad = mljob("typo", ps=None)
+    break_it(bad["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0])
+    mlsched.create(bad)
+    job = wait_for(lambda: phase(j := mlsched.job("typo")) == "Failed" and j, 60,
+                   "the job to fail with InvalidSpec",
+                   describe=lambda: (mlsched.job("typo") or {}).get("status"))
+    failed = condition(job, "Failed")
+    assert failed["reason"] == "InvalidSpec"
+    assert named in failed["message"], failed["message"]
+    assert not mlsched.statefulsets("typo") and not mlsched.pods("typo")
+
+    # Fixing the spec clears the failure and the job runs.
+    fixed = mljob("typo", ps=None)
+    fixed["metadata"]["resourceVersion"] = job["metadata"]["resourceVersion"]
+    mlsched.custom.replace_namespaced_custom_object("mlsched.io", "v1alpha1", mlsched.namespace,
+                                                    "mljobs", "typo", fixed)
+    wait_for(lambda: phase(mlsched.job("typo")) == "Running", 90, "the fixed job to run",
+             describe=lambda: (mlsched.job("typo") or {}).get("status"))

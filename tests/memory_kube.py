@@ -67,7 +67,7 @@ def strategic_patch(target: Any, patch: Any) -> Any:
 
 
 def json_patch(target: dict, ops: list[dict]) -> dict:
-    """RFC 6902 add / replace / remove (what the operator sends)."""
+    """RFC 6902 add / replace / remove / test (what the operator sends)."""
     doc = copy.deepcopy(target)
     for op in ops:
         parts = [p.replace("~1", "/").replace("~0", "~") for p in op["path"].split("/")[1:]]
@@ -84,6 +84,13 @@ def json_patch(target: dict, ops: list[dict]) -> dict:
                 parent[last] = copy.deepcopy(op["value"])
         elif op["op"] == "remove":
             del parent[int(last) if isinstance(parent, list) else last]
+        elif op["op"] == "test":
+            try:
+                found = parent[int(last)] if isinstance(parent, list) else parent[last]
+            except (IndexError, KeyError):
+                found = None
+            if found != op["value"]:
+                raise KubeError(422, f"test of {op['path']} failed")
     return doc
 
 

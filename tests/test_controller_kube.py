@@ -83,8 +83,12 @@ def test_handlers_are_registered_for_the_right_resources():
     ids = {h.id for h in registry._indexing.get_all_handlers()}
     assert ids >= {"node_index", "pod_index", "foreign_pod_index", "statefulset_index",
                    "mljob_index", "policy_index"}
-    daemons = list(registry._spawning.get_all_handlers())
-    assert {h.id for h in daemons} >= {"policy_loop", "mljob_lifecycle"}
+    # No daemon, timer or change handler: kopf would put a finalizer (and the whole spec, as an
+    # annotation) on every MLJob and SchedulingPolicy (supervision.py says why).
+    assert not list(registry._spawning.get_all_handlers())
+    assert not list(registry._changing.get_all_handlers())
+    watching = {h.id for h in registry._watching.get_all_handlers()}
+    assert watching >= {"policy_event", "mljob_event", "statefulset_event", "pod_event"}
     # Index kwargs are named after the index functions: indexes_from must find every one.
     handlers.indexes_from({i: {} for i in ids})
 
@@ -98,3 +102,25 @@ def test_startup_settings_keep_kopf_state_in_our_annotations():
     diffbase = settings.persistence.diffbase_storage
     keys = list(diffbase.make_keys(diffbase.key, body=kopf.Body({"metadata": {"name": "x"}})))
     assert keys == ["mlsched.io/last-handled-configuration"]
+
+
+def test_create_sends_the_body_as_written_with_strict_field_validation(recorded):
+    # The typed client would refuse an unknown field itself (a pydantic error, before any
+    # request); the API server must see it, name it, and the job fail with its message.
+    api, requests, replies = recorded
+    body = {"apiVersion": "apps/v1", "kind": "StatefulSet",
+            "metadata": {"name": "s", "namespace": NS},
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "comand": ["x"]}]}}}}
+    replies.append((422, {"message": 'StatefulSet.apps "s" is invalid: unknown field '
+                                     '"spec.template.spec.containers[0].comand"'}))
+    with pytest.raises(Exception) as refused:
+        run(api.create(body))
+    assert refused.value.rejected and "comand" in refused.value.message
+    (sent,) = requests
+    assert sent["method"] == "POST"
+    assert sent["url"].split("?")[0].endswith(f"/apis/apps/v1/namespaces/{NS}/statefulsets")
+    assert "fieldValidation=Strict" in sent["url"] and "fieldManager=mlsched-operator" in sent["url"]
+    assert sent["body"]["spec"]["template"]["spec"]["containers"][0]["comand"] == ["x"]
+    replies.append((201, body))
+    assert run(api.create({**body, "kind": "Service", "apiVersion": "v1"})) is True
+    assert requests[-1]["url"].split("?")[0].endswith(f"/api/v1/namespaces/{NS}/services")

@@ -12,7 +12,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
 from mlsched.api.base import IMMUTABLE, PRESERVE_UNKNOWN, ApiModel, CelRule, StatusModel
 from mlsched.api.common import MAX_HISTORY, Condition
@@ -68,6 +68,26 @@ class JobConditionType(StrEnum):
 # ---------------------------------------------------------------------------------- spec
 
 
+#: A pod template as the API server checks it at admission: kept as written (unknown fields
+#: preserved), but with a spec that lists at least one container. CEL cannot see into
+#: preserved fields, so this is schema. The rest (field names, required fields, resources) is
+#: checked when the operator creates the StatefulSet with strict field validation; a template
+#: refused there fails the job with InvalidSpec and the server's message.
+POD_TEMPLATE_SCHEMA: dict[str, Any] = {
+    **PRESERVE_UNKNOWN, "required": ["spec"],
+    "properties": {"spec": {
+        "type": "object", **PRESERVE_UNKNOWN, "required": ["containers"],
+        "properties": {"containers": {
+            "type": "array", "minItems": 1,
+            "items": {"type": "object", **PRESERVE_UNKNOWN}}}}}}
+
+
+def _has_containers(template: dict[str, Any]) -> bool:
+    spec = template.get("spec")
+    containers = spec.get("containers") if isinstance(spec, dict) else None
+    return isinstance(containers, list) and len(containers) > 0
+
+
 class ReplicaSpec(ApiModel):
     """Bounds the scheduler may choose within, and the pod template of this role."""
 
@@ -75,11 +95,19 @@ class ReplicaSpec(ApiModel):
                      description="Fewest replicas the job can run with; admitted all at once.")
     max: int = Field(ge=1, le=MAX_REPLICAS, description="Most replicas the scheduler may give.")
     template: dict[str, Any] = Field(
-        min_length=1, json_schema_extra=PRESERVE_UNKNOWN,
+        min_length=1, json_schema_extra=POD_TEMPLATE_SCHEMA,
         description="A core/v1 PodTemplateSpec for this role's pods; stored as written.")
 
     cel_rules = (CelRule("self.min <= self.max", "must be >= min",
                          lambda s: s.min <= s.max, field_path=".max"),)
+
+    @field_validator("template")
+    @classmethod
+    def _template_has_containers(cls, template: dict[str, Any]) -> dict[str, Any]:
+        # The Python twin of POD_TEMPLATE_SCHEMA's `required` and `minItems`.
+        if not _has_containers(template):
+            raise ValueError("must list at least one container in spec.containers")
+        return template
 
 
 class ReplicaSpecs(ApiModel):

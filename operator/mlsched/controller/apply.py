@@ -6,20 +6,43 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from mlsched.controller.desired import (
     Action, DeletePod, PatchStatefulSet, PinPod, PodSettings, plan_statefulset, roles_of,
     service_manifest, statefulset_manifest,
 )
 from mlsched.controller.kube import KubeApi
-from mlsched.controller.records import JobRecord, StsRecord
+from mlsched.controller.records import JobRecord, StsRecord, controller_uid
 
 log = logging.getLogger("mlsched.controller.apply")
 
 
+class WaitingForOldChildren(Exception):
+    """A child's name is taken by an object another MLJob owns: an earlier job of the same
+    name, deleted, whose children the garbage collector has not removed yet. Never adopted."""
+
+    def __init__(self, kind: str, name: str, owner_uid: str | None):
+        super().__init__(f"{kind} {name} still belongs to an earlier MLJob of this name "
+                         f"(uid {owner_uid}); waiting for the garbage collector to delete it")
+
+
+async def _create_owned(api: KubeApi, job: JobRecord, body: dict[str, Any]) -> bool:
+    """Create a child; True if created now, False if this job already has it. A 409 is only
+    "already there" when the object found is this job's (checked by owner uid)."""
+    if await api.create(body):
+        return True
+    kind, name = body["kind"], body["metadata"]["name"]
+    found = await api.get(kind, job.namespace, name)
+    owner = controller_uid(found["metadata"]) if found else None
+    if found is not None and owner != job.uid:
+        raise WaitingForOldChildren(kind, name, owner)
+    return False
+
+
 async def ensure_service(api: KubeApi, job: JobRecord) -> bool:
     """Create the headless Service; True if it was created now."""
-    return await api.create(service_manifest(job))
+    return await _create_owned(api, job, service_manifest(job))
 
 
 async def ensure_statefulsets(api: KubeApi, job: JobRecord, existing: Iterable[StsRecord],
@@ -31,7 +54,7 @@ async def ensure_statefulsets(api: KubeApi, job: JobRecord, existing: Iterable[S
     for role in roles_of(job):
         if role not in have:
             manifest = statefulset_manifest(job, role, 0, {}, settings)
-            if await api.create(manifest):
+            if await _create_owned(api, job, manifest):
                 created.append(manifest["metadata"]["name"])
     return created
 
@@ -47,7 +70,8 @@ def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],
 
 
 def scale_to_zero_plan(existing: Iterable[StsRecord], namespace: str) -> list[PatchStatefulSet]:
-    return [PatchStatefulSet(namespace, s.name, 0) for s in existing if s.replicas > 0]
+    return [PatchStatefulSet(namespace, s.name, 0, uid=s.uid or None)
+            for s in existing if s.replicas > 0]
 
 
 async def execute(api: KubeApi, action: Action) -> bool:

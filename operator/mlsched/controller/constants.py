@@ -42,3 +42,9 @@ EXTRA_POD_UID = "authentication.kubernetes.io/pod-uid"
 COMPONENT = "mlsched-operator"
 
 ROLES = ("ps", "worker")
+
+#: What earlier versions of the operator left on objects through kopf (a finalizer; the last-handled spec
+#: and handler progress as annotations). Removed when seen: nothing needs them any more.
+LEGACY_FINALIZER = f"{GROUP}/finalizer"
+LEGACY_ANNOTATIONS = tuple(f"{GROUP}/{name}" for name in (
+    "last-handled-configuration", "mljob_children", "mljob_deleted", "policy_edited"))

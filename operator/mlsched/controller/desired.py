@@ -34,6 +34,9 @@ class PodSettings:
 
     progress_url: str
     token_audience: str = TOKEN_AUDIENCE
+    # Taint keys of the nodes the operator places tasks on (OperatorConfig.tolerated_taints):
+    # its pods must tolerate them, or a pod pinned to such a node could never start there.
+    tolerated_taints: tuple[str, ...] = ()
 
 
 def sts_name(job: str, role: str) -> str:
@@ -119,6 +122,13 @@ def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
         spec["nodeSelector"] = selector
     else:
         spec.pop("nodeSelector", None)
+    tolerations = list(spec.get("tolerations") or ())
+    tolerated = {t.get("key") for t in tolerations
+                 if t.get("operator") == "Exists" and not t.get("effect")}
+    tolerations += [{"key": key, "operator": "Exists"}
+                    for key in settings.tolerated_taints if key not in tolerated]
+    if tolerations:
+        spec["tolerations"] = tolerations
     gates = [g for g in spec.get("schedulingGates") or () if g.get("name") != PLACEMENT_GATE]
     spec["schedulingGates"] = [*gates, {"name": PLACEMENT_GATE}]
     volumes = [v for v in spec.get("volumes") or () if v.get("name") != TOKEN_VOLUME]
@@ -138,7 +148,7 @@ def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
 
 #: Bump when pod_template renders differently from the same inputs: running jobs then get
 #: the new template at their next round.
-RENDER_VERSION = 1
+RENDER_VERSION = 2  # 2: tolerations of the operator's tolerated taints
 _hashes: dict[tuple, str] = {}
 _HASH_CACHE_SIZE = 8192
 
@@ -153,7 +163,8 @@ def template_hash(job: JobRecord, role: str, counts: Mapping[str, int],
     digest = _hashes.get(key)
     if digest is None:
         source = [RENDER_VERSION, job.templates.get(role), job.namespace, job.name, job.model,
-                  job.epochs, role, ps, workers, settings.progress_url, settings.token_audience]
+                  job.epochs, role, ps, workers, settings.progress_url, settings.token_audience,
+                  list(settings.tolerated_taints)]
         digest = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
         if len(_hashes) >= _HASH_CACHE_SIZE:
             _hashes.clear()
@@ -250,11 +261,14 @@ class PatchStatefulSet:
     replicas: int
     template: dict | None = field(default=None, compare=False)  # None: template unchanged
     template_hash: str | None = None
+    uid: str | None = field(default=None, compare=False)  # the StatefulSet this was planned for
 
     def patch(self) -> list[dict]:
         """A JSON patch: `replace` swaps the template exactly, where a merge patch would keep
-        keys the user has since removed from the MLJob's template."""
-        ops = [{"op": "replace", "path": "/spec/replicas", "value": self.replicas}]
+        keys the user has since removed from the MLJob's template. With a uid, `test` makes it
+        fail (422) on a StatefulSet that was replaced since it was planned."""
+        ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid}] if self.uid else []
+        ops += [{"op": "replace", "path": "/spec/replicas", "value": self.replicas}]
         if self.template is not None:
             ops += [{"op": "replace", "path": "/spec/template", "value": self.template},
                     {"op": "add", "path": "/metadata/annotations/"
@@ -309,7 +323,8 @@ def plan_statefulset(job: JobRecord, role: str, current: StsRecord, counts: Mapp
             template, digest = pod_template(job, role, counts, settings), wanted
     if replicas == current.replicas and template is None:
         return None
-    return PatchStatefulSet(job.namespace, current.name, replicas, template, digest)
+    return PatchStatefulSet(job.namespace, current.name, replicas, template, digest,
+                            uid=current.uid or None)
 
 
 def plan_pods(namespace: str, pods: Iterable[PodRecord],

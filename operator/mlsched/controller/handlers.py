@@ -5,17 +5,21 @@ Run with `python -m mlsched.controller` (see __main__.py) or
 
 - Indexes keep compact records of nodes, our pods, other pods' requests per node, our
   StatefulSets, MLJobs and SchedulingPolicies: a round reads memory, never re-lists.
-- One daemon per SchedulingPolicy runs its scheduling loop; it wakes early for an admission
-  step when a job's StatefulSets appear or one of our pods goes away (capacity freed), and
-  for a full round when the policy's spec is edited. A StatefulSet scaled or recreated by
-  hand is scaled back to the decided replicas at once.
-- MLJobs: create/resume/spec-update handlers create the children; a timer keeps the lifecycle
-  (phase, conditions, suspend, deadline, backoff, cleanup, TTL) current.
+- One task per SchedulingPolicy runs its scheduling loop (supervision.py: started and stopped
+  from watch events, so no finalizer is needed); it wakes early for an admission step when a
+  job's StatefulSets appear or one of our pods goes away (capacity freed), and for a full
+  round when the policy's spec is edited (a new generation). A StatefulSet scaled or
+  recreated by hand is scaled back to the decided replicas at once.
+- MLJobs: a watch-event handler creates the children of each new generation; one sweep over
+  all jobs keeps the lifecycle (phase, conditions, suspend, deadline, backoff, cleanup, TTL)
+  current. No kopf change handler, timer or daemon: those need finalizers and annotations.
 - A pod event handler pins gated pods created between rounds.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from collections import Counter
 from typing import Any
@@ -32,6 +36,7 @@ from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
 )
 from mlsched.controller.runtime import Indexes, Runtime, flatten
+from mlsched.controller.supervision import LiveBody, PolicyLoops, sweep_forever
 
 MLJOBS = (GROUP, VERSION, "mljobs")
 POLICIES = (GROUP, VERSION, "schedulingpolicies")
@@ -67,6 +72,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     # An embedding program (or a test) may have put a Runtime with its own API into the memo.
     rt = memo.get("runtime") or Runtime.create(CONFIG, ClientKubeApi(concurrency=CONFIG.api_concurrency))
     rt.indexes = indexes_from(kwargs)
+    rt.policy_loops = policy_loops(rt)
+    memo["sweep_stopped"] = stopped = asyncio.Event()
+    memo["sweep"] = asyncio.create_task(
+        sweep_forever(lambda: jobs.sweep(rt, rt.indexes), CONFIG.job_sync_seconds, stopped),
+        name="mlsched-lifecycle-sweep")
     rt.metrics.watch_job_phases(
         lambda: Counter(j.phase or "Unknown" for j in flatten(rt.indexes.mljobs)))
     memo["runtime"] = rt
@@ -75,6 +85,10 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if "sweep" in memo:
+        memo["sweep_stopped"].set()
+        await asyncio.gather(memo["sweep"], return_exceptions=True)
+    await runtime(memo).policy_loops.stop_all()
     server = memo.get("server")
     if server is not None:
         await server.cleanup()
@@ -119,21 +133,29 @@ def policy_index(namespace: str, name: str, **_: Any):
 # ---------------------------------------------------------------------- scheduling loop
 
 
-@kopf.daemon(*POLICIES, cancellation_timeout=10)
-async def policy_loop(body: kopf.Body, memo: kopf.Memo, stopped: kopf.DaemonStopped,
-                      **_: Any) -> None:
+def policy_loops(rt: Runtime) -> PolicyLoops:
+    async def loop(body: LiveBody, stopped: asyncio.Event) -> None:
+        async def sleep(seconds: float) -> None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopped.wait(), seconds)
+
+        await run_policy_forever(rt, body, rt.indexes, sleep=sleep, stopped=stopped.is_set)
+
+    return PolicyLoops(loop)
+
+
+@kopf.on.event(*POLICIES)
+async def policy_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Start a policy's loop when it is first seen, stop it when it is deleted; an edited
+    algorithm, model or interval takes effect now, not after the old interval."""
     rt = runtime(memo)
-
-    async def sleep(seconds: float) -> None:
-        await stopped.wait(seconds)
-
-    await run_policy_forever(rt, body, rt.indexes, sleep=sleep, stopped=lambda: bool(stopped))
-
-
-@kopf.on.update(*POLICIES, field="spec")
-async def policy_edited(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    """An edited algorithm, model or interval takes effect now, not after the old interval."""
-    runtime(memo).wakeups.signal((namespace, name), "policy")
+    key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
+    if event.get("type") == "DELETED":
+        rt.policy_loops.stop(key)
+        return
+    await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
+    if rt.policy_loops.observe(body):
+        rt.wakeups.signal(key, "policy")
 
 
 def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
@@ -156,25 +178,12 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
 # ------------------------------------------------------------------------------ mljobs
 
 
-@kopf.on.resume(*MLJOBS)
-@kopf.on.create(*MLJOBS)
-@kopf.on.update(*MLJOBS, field="spec")
-async def mljob_children(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
+@kopf.on.event(*MLJOBS)
+async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Children for a new or edited job (a generation not reconciled yet); the lifecycle sweep
+    (started at startup) keeps phase and conditions current and retries what failed here."""
     rt = runtime(memo)
-    await jobs.reconcile_children(rt, body, rt.indexes, patch)
-
-
-@kopf.timer(*MLJOBS, interval=CONFIG.job_sync_seconds, initial_delay=CONFIG.job_sync_seconds)
-async def mljob_lifecycle(body: kopf.Body, memo: kopf.Memo, patch: kopf.Patch, **_: Any) -> None:
-    rt = runtime(memo)
-    await jobs.sync_lifecycle(rt, body, rt.indexes, patch)
-
-
-@kopf.on.delete(*MLJOBS, optional=True)
-async def mljob_deleted(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-    # Children go with the owner references; only the in-memory books need forgetting. The
-    # capacity it held frees as its pods go (each pod's deletion wakes admission).
-    runtime(memo).forget_job((namespace, name))
+    await jobs.on_job_event(rt, event.get("type"), body, rt.indexes)
 
 
 # -------------------------------------------------------------------------------- pods

@@ -6,6 +6,7 @@ fake API and plain dicts; handlers.py only wires them to kopf's decorators.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime
@@ -14,9 +15,9 @@ from typing import Any
 from mlsched.api import InvalidObject
 from mlsched.controller import lifecycle
 from mlsched.controller.apply import (
-    ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
+    WaitingForOldChildren, ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
 )
-from mlsched.controller.constants import JOB_LABEL
+from mlsched.controller.constants import JOB_LABEL, LEGACY_ANNOTATIONS, LEGACY_FINALIZER
 from mlsched.controller.desired import DeletePod, PinPod, roles_of
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
@@ -24,12 +25,112 @@ from mlsched.controller.records import (
     JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
 )
 from mlsched.controller.runtime import Indexes, Runtime
+from mlsched.controller.supervision import key_of, plain
 
 log = logging.getLogger("mlsched.controller.jobs")
 
 
 def _ref(body: Mapping[str, Any]) -> ObjectRef:
     return ObjectRef.of({**body, "kind": "MLJob"})
+
+
+async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
+                       idx: Indexes) -> None:
+    """Every watch event of an MLJob: keep its latest body for the sweep, and create or refresh
+    its children when this generation has not been reconciled yet."""
+    key = key_of(body)
+    if event_type == "DELETED":
+        # Children go with the owner references; only the in-memory books need forgetting. The
+        # capacity it held frees as its pods go (each pod's deletion wakes admission).
+        rt.forget_job(key)
+        return
+    body = plain(body)
+    rt.job_bodies[key] = body
+    await release_legacy_finalizer(rt, "MLJob", body)
+    if not body["metadata"].get("deletionTimestamp"):
+        try:
+            await reconcile_if_needed(rt, body, idx)
+        except Exception as err:  # noqa: BLE001 - reported on the job; the sweep retries
+            log.warning("MLJob %s/%s: %s", *key, err)
+
+
+async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -> None:
+    job = job_record(body)
+    if rt.reconciled.get(job.key) == (job.uid, job.generation):
+        return
+    patch: dict[str, Any] = {}
+    try:
+        await reconcile_children(rt, body, idx, patch)
+    except Exception as err:
+        # Transient (the API server unavailable, an earlier job's children still there): say
+        # so once, retry each sweep. The phase the lifecycle found is shown meanwhile.
+        await write_status(rt, body, patch)
+        if isinstance(err, WaitingForOldChildren):
+            type_, reason, message = "Normal", "WaitingForOldChildren", str(err)
+        else:
+            type_, reason = "Warning", "ChildrenNotCreated"
+            message = f"could not create the job's children, retrying every " \
+                      f"{rt.config.job_sync_seconds:g} s: {err}"
+        if rt.retrying.get(job.key) != message:
+            rt.retrying[job.key] = message
+            await rt.recorder.emit(_ref(body), type_, reason, message)
+        raise
+    rt.retrying.pop(job.key, None)
+    rt.reconciled[job.key] = (job.uid, job.generation)
+    await write_status(rt, body, patch)
+
+
+async def write_status(rt: Runtime, body: dict[str, Any], patch: Mapping[str, Any]) -> None:
+    """Patch what the lifecycle changed into the job's status, and into the kept body, so the
+    next sweep compares against what was written, not against the body before the write."""
+    status = patch.get("status")
+    if not status:
+        return
+    meta = body["metadata"]
+    await rt.api.patch("MLJob", meta["namespace"], meta["name"], {"status": status}, status=True)
+    body.setdefault("status", {}).update(status)
+
+
+async def sweep(rt: Runtime, idx: Indexes) -> None:
+    """Every job's lifecycle, and the children still to create after a transient error. One
+    job failing is logged and does not hold up the others."""
+
+    async def one(body: dict[str, Any]) -> None:
+        if body["metadata"].get("deletionTimestamp"):
+            return
+        job = job_record(body)
+        if rt.reconciled.get(job.key) != (job.uid, job.generation):
+            await reconcile_if_needed(rt, body, idx)
+            return
+        patch: dict[str, Any] = {}
+        await sync_lifecycle(rt, body, idx, patch)
+        await write_status(rt, body, patch)
+
+    bodies = list(rt.job_bodies.values())
+    results = await asyncio.gather(*(one(b) for b in bodies), return_exceptions=True)
+    for body, result in zip(bodies, results):
+        if isinstance(result, Exception):
+            log.warning("MLJob %s/%s: %s", body["metadata"].get("namespace"),
+                        body["metadata"].get("name"), result)
+
+
+async def release_legacy_finalizer(rt: Runtime, kind: str, body: Mapping[str, Any]) -> None:
+    """Objects made under an earlier operator carry kopf's finalizer (their deletion would hang
+    whenever no operator runs) and its annotations (the whole spec, once): remove them."""
+    meta = body["metadata"]
+    ops: list[dict[str, Any]] = []
+    finalizers = list(meta.get("finalizers") or ())
+    if LEGACY_FINALIZER in finalizers:
+        at = finalizers.index(LEGACY_FINALIZER)
+        # `test` first: if the list changed meanwhile, the patch fails instead of removing
+        # someone else's finalizer.
+        ops += [{"op": "test", "path": f"/metadata/finalizers/{at}", "value": LEGACY_FINALIZER},
+                {"op": "remove", "path": f"/metadata/finalizers/{at}"}]
+    for name in LEGACY_ANNOTATIONS:
+        if name in (meta.get("annotations") or {}):
+            ops.append({"op": "remove", "path": "/metadata/annotations/" + name.replace("/", "~1")})
+    if ops:
+        await rt.api.patch(kind, meta.get("namespace", ""), meta["name"], ops, patch_type="json")
 
 
 async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
@@ -41,7 +142,7 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
     server's message until the spec is fixed; kopf retries only transient errors.
     """
     job = job_record(body)
-    rejected = None
+    rejected, waiting = None, None
     if job.error is None:
         try:
             await _create_children(rt, body, job, list(idx.statefulsets.get(job.key, ())))
@@ -49,7 +150,11 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
             if not err.rejected:
                 raise
             rejected = err.message
+        except WaitingForOldChildren as err:
+            waiting = err  # the lifecycle still shows the job (Pending); then retried
     await sync_lifecycle(rt, body, idx, patch, rejected=rejected)
+    if waiting is not None:
+        raise waiting
 
 
 async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
@@ -112,12 +217,21 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
             if not err.rejected:
                 raise
             rejected = err.message
+        except WaitingForOldChildren:
+            pass  # reported by reconcile_if_needed, which the sweep retries
     if rejected is not None:
         return lifecycle.invalid(status, f"the API server refused the job's StatefulSet: "
                                  f"{rejected}", job.generation, seen.now)
-    for pod in idx.pods.get(job.key, ()):
-        rt.failures.observe(job.key, pod.uid, pod.restarts)
+    pods = list(idx.pods.get(job.key, ()))
+    for pod in pods:
+        rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
+    seen.unschedulable = sorted((p.name, p.unschedulable) for p in pods
+                                if p.unschedulable and not p.deleting)
+    if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
+        seen.cannot_fit = rt.cluster_fit(idx).why_not(job)
     seen.failures = rt.failures.total(job.key)
+    seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
+                                 and not p.deleting)
     seen.epochs_done = rt.epochs_done(job)
     seen.policy_exists = bool(list(idx.policies.get((job.namespace, job.policy), ())))
     return lifecycle.evaluate(spec, job.generation, status, seen)
@@ -133,7 +247,7 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     meta = body.get("metadata", {})
     namespace, job_name = meta.get("namespace", ""), meta["labels"][JOB_LABEL]
     key = (namespace, job_name)
-    rt.failures.observe(key, pod.uid, pod.restarts)
+    rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero)
     if event_type == "DELETED" or pod.deleting or not pod.gated:
         rt.pinned.pop(pod.uid, None)
         return

@@ -1,13 +1,15 @@
 """An MLJob's phase, conditions and run-policy actions, computed from what the indexes show. Pure.
 
-The lifecycle timer (handlers.py) calls `evaluate` for every job every few seconds and writes the
+The lifecycle sweep (jobs.sweep) calls `evaluate` for every job every few seconds and writes the
 result only when it differs from the current status. Phases:
 
-    Pending ──(≥ min of every role allocated and Ready)──▶ Running ──(epochs)──▶ Succeeded
+    Pending ──(≥ min of every role allocated and Ready)──▶ Running ──(epochs, or every worker exited 0)──▶ Succeeded
     Pending / Running ──(runPolicy.suspend)──▶ Suspended ──(resume)──▶ Pending
     any non-final phase ──(activeDeadlineSeconds, backoffLimit)──▶ Failed
 
-Succeeded and Failed are final (except a Failed for an invalid spec, which a fixed spec clears).
+Succeeded means the reported epochs reached spec.epochs, or every worker exited 0 (a restart
+after exit 0 is not a failure: StatefulSet pods restart whatever the exit code). Succeeded and
+Failed are final (except a Failed for an invalid spec, which a fixed spec clears).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ class Observed:
     failures: int = 0  # pod failures seen (container restarts, failed pods)
     epochs_done: float = 0.0
     policy_exists: bool = True
+    # (pod, kube-scheduler's message) for the job's pods the scheduler cannot place
+    unschedulable: list[tuple[str, str]] = field(default_factory=list)
+    cannot_fit: str | None = None  # why the job's minimum can never fit the cluster, if so
+    workers_completed: int = 0  # worker pods whose every container has exited 0
     now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
 
 
@@ -96,6 +102,10 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     elif seen.epochs_done >= spec.epochs:
         phase, reason, message = JobPhase.SUCCEEDED, "EpochsReached", \
             f"trained {seen.epochs_done:g} of {spec.epochs:g} epochs"
+    elif desired["worker"] >= minimum["worker"] and seen.workers_completed >= desired["worker"]:
+        # Training code that does not report progress ends by exiting 0 on every worker.
+        phase, reason, message = JobPhase.SUCCEEDED, "WorkersCompleted", \
+            f"all {desired['worker']} workers exited 0"
     elif (run.active_deadline_seconds and start
           and now.timestamp() - start > run.active_deadline_seconds):
         phase, reason, message = JobPhase.FAILED, "DeadlineExceeded", \
@@ -113,9 +123,16 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         if not seen.policy_exists:
             reason, message = "PolicyNotFound", \
                 f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this namespace"
+        elif admitted and seen.unschedulable:
+            pod, why = seen.unschedulable[0]
+            more = len(seen.unschedulable) - 1
+            reason, message = "Unschedulable", f"pod {pod} cannot be scheduled: {why}" + (
+                f" (and {more} more pod{'s' * (more > 1)})" if more else "")
         elif admitted:
             reason, message = "PodsStarting", ", ".join(f"{ready[r]}/{desired[r]} {r} ready"
                                                         for r in roles)
+        elif seen.cannot_fit:
+            reason, message = "CannotFit", seen.cannot_fit
         else:
             reason, message = "WaitingForAllocation", \
                 "the scheduling policy has not allocated the minimum of every role yet"
@@ -148,6 +165,11 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         new["completionTime"] = _time(now)
 
     out = Outcome(new, new != _owned(status))
+    # Stuck for a reason the user must act on: say so once, when it starts.
+    old_running = get_condition(status.get("conditions"), C.RUNNING)
+    if reason in ("Unschedulable", "CannotFit") and (
+            old_running is None or old_running.reason != reason):
+        out.events.append(("Warning", reason, message))
     if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):
         failed = phase == JobPhase.FAILED
         text = f"{old_phase or 'New'} → {phase.value}" + (f": {message}" if message else "")

@@ -128,6 +128,15 @@ class PodRecord:
     restarts: int  # container restarts plus one if the pod itself failed
     deleting: bool
     requests: Resources
+    owner_uid: str | None = None  # its StatefulSet's uid (None: no owner reference)
+    # kube-scheduler's reason when it cannot place the pod (PodScheduled=False, Unschedulable):
+    # "0/13 nodes are available: 1 node(s) had untolerated taint ...".
+    unschedulable: str | None = None
+    # StatefulSet pods restart whatever the exit code (restartPolicy Always): a restart after
+    # exit 0 is the program finishing, not a failure (backoffLimit), and a pod whose every
+    # container has exited 0 has completed its work.
+    last_exit_zero: bool = False  # the latest restart followed an exit 0
+    completed: bool = False
 
     @property
     def gated(self) -> bool:
@@ -144,8 +153,11 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
     name = meta.get("name", "")
     if not job or not role or not name.startswith(prefix) or not name[len(prefix):].isdigit():
         return None
-    restarts = sum(int(c.get("restartCount") or 0) for c in status.get("containerStatuses") or ())
+    containers = status.get("containerStatuses") or ()
+    restarts = sum(int(c.get("restartCount") or 0) for c in containers)
     phase = status.get("phase") or "Pending"
+    last_exits = [_exit_code(c.get("lastState")) for c in containers]
+    exits = [(_exit_code(c.get("state")), _exit_code(c.get("lastState"))) for c in containers]
     return PodRecord(
         name=name, uid=meta.get("uid", ""), role=role, ordinal=int(name[len(prefix):]),
         node=pod_node(spec), bound=bool(spec.get("nodeName")),
@@ -153,7 +165,24 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         gates=tuple(g.get("name", "") for g in spec.get("schedulingGates") or ()),
         phase=phase, restarts=restarts + (1 if phase == "Failed" else 0),
         deleting=bool(meta.get("deletionTimestamp")), requests=pod_requests(spec),
+        owner_uid=controller_uid(meta), unschedulable=unschedulable_reason(status),
+        last_exit_zero=bool(restarts) and all(e in (0, None) for e in last_exits)
+        and 0 in last_exits,
+        completed=bool(exits) and all(0 in pair for pair in exits),
     )
+
+
+def _exit_code(state: Mapping[str, Any] | None) -> int | None:
+    terminated = (state or {}).get("terminated")
+    return None if terminated is None else int(terminated.get("exitCode") or 0)
+
+
+def unschedulable_reason(status: Mapping[str, Any]) -> str | None:
+    for c in status.get("conditions") or ():
+        if c.get("type") == "PodScheduled" and c.get("status") == "False" \
+                and c.get("reason") == "Unschedulable":
+            return c.get("message") or "Unschedulable"
+    return None
 
 
 # ------------------------------------------------------------------------------ statefulsets
@@ -166,6 +195,18 @@ class StsRecord:
     replicas: int  # spec: what the operator last asked for
     ready: int  # status.readyReplicas
     template_hash: str | None
+    uid: str = ""
+    # The MLJob that owns it. A job deleted and recreated under the same name leaves children
+    # owned by the old uid until the garbage collector removes them: never the new job's.
+    owner_uid: str | None = None
+
+
+def controller_uid(meta: Mapping[str, Any]) -> str | None:
+    """The uid of the object's controlling owner, None when it has none."""
+    for ref in meta.get("ownerReferences") or ():
+        if ref.get("controller"):
+            return ref.get("uid")
+    return None
 
 
 def sts_record(body: Mapping[str, Any]) -> StsRecord:
@@ -173,7 +214,8 @@ def sts_record(body: Mapping[str, Any]) -> StsRecord:
     return StsRecord(name=meta["name"], role=(meta.get("labels") or {}).get(ROLE_LABEL, ""),
                      replicas=int(spec.get("replicas") or 0),
                      ready=int(status.get("readyReplicas") or 0),
-                     template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION))
+                     template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
+                     uid=meta.get("uid", ""), owner_uid=controller_uid(meta))
 
 
 # ------------------------------------------------------------------------------------ mljobs

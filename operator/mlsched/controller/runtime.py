@@ -7,6 +7,7 @@ small in-memory books; each says below what is lost on an operator restart and w
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,7 +20,7 @@ from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
 from mlsched.controller.rewards import OpenInterval
-from mlsched.controller.snapshot import ClusterState
+from mlsched.controller.snapshot import ClusterFit, ClusterState
 
 JobKey = tuple[str, str]
 PolicyKey = tuple[str, str]
@@ -34,9 +35,39 @@ def flatten(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
     return [v for store in index.values() for v in store]
 
 
+class Owned(Mapping[JobKey, list]):
+    """A children index (keyed by job name) seen through the MLJobs that have those names now:
+    only the children of the job with that name today. A job deleted and recreated under the
+    same name leaves children owned by the old uid until the garbage collector removes them;
+    counting them as the new job's would show its pods as ready and scale them."""
+
+    def __init__(self, raw: Mapping[JobKey, Iterable[Any]], keep: Any):
+        self.raw = raw
+        self._keep = keep  # (key, record) -> bool
+
+    def __getitem__(self, key: JobKey) -> list:
+        if key not in self.raw:
+            raise KeyError(key)
+        return [r for r in self.raw[key] if self._keep(key, r)]
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def strays(self) -> list:
+        """The records the view hides (children of an earlier job of the same name)."""
+        return [r for key, records in self.raw.items() for r in records
+                if not self._keep(key, r)]
+
+
 @dataclass
 class Indexes:
-    """kopf's in-memory indexes (live objects: they update as watch events arrive)."""
+    """kopf's in-memory indexes (live objects: they update as watch events arrive).
+
+    `statefulsets` and `pods` only show the children of the MLJob that has the name now
+    (Owned); everything that reads them per job gets that rule for free."""
 
     nodes: Mapping[str, Iterable[NodeRecord]]
     pods: Mapping[JobKey, Iterable[PodRecord]]
@@ -45,9 +76,25 @@ class Indexes:
     mljobs: Mapping[JobKey, Iterable[JobRecord]]
     policies: Mapping[PolicyKey, Iterable[Any]]
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.statefulsets, Owned):
+            self.statefulsets = Owned(self.statefulsets, self._owns_statefulset)
+        if not isinstance(self.pods, Owned):
+            self.pods = Owned(self.pods, self._owns_pod)
+
+    def _owns_statefulset(self, key: JobKey, sts: StsRecord) -> bool:
+        job = self.job(*key)
+        return job is None or sts.owner_uid in (None, job.uid)
+
+    def _owns_pod(self, key: JobKey, pod: PodRecord) -> bool:
+        if pod.owner_uid is None:
+            return True
+        return any(s.uid == pod.owner_uid for s in self.statefulsets.get(key, ()))
+
     def cluster(self) -> ClusterState:
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
-                            statefulsets=self.statefulsets, foreign=self.foreign)
+                            statefulsets=self.statefulsets, foreign=self.foreign,
+                            strays=self.pods.strays())
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))
@@ -153,18 +200,23 @@ class Wakeups:
 
 
 class FailureBook:
-    """Pod failures per job for backoffLimit: the highest restart count seen per pod uid, so
-    pods that were replaced still count. Lost on restart (then only live pods count)."""
+    """Pod failures per job for backoffLimit, counted from each pod's restarts as they grow: a
+    restart that followed an exit 0 is not one (StatefulSet pods restart whatever the exit
+    code). Per pod uid, so pods that were replaced still count. Lost on restart (then only live
+    pods count, each restart seen then as a failure unless the latest followed an exit 0)."""
 
     def __init__(self) -> None:
-        self._seen: dict[JobKey, dict[str, int]] = {}
+        self._seen: dict[JobKey, dict[str, tuple[int, int]]] = {}  # uid → (restarts, failures)
 
-    def observe(self, job: JobKey, uid: str, failures: int) -> None:
+    def observe(self, job: JobKey, uid: str, restarts: int, last_exit_zero: bool = False) -> None:
         pods = self._seen.setdefault(job, {})
-        pods[uid] = max(pods.get(uid, 0), failures)
+        seen, failures = pods.get(uid, (0, 0))
+        if restarts > seen:
+            failures += restarts - seen - (1 if last_exit_zero else 0)
+        pods[uid] = (max(seen, restarts), failures)
 
     def total(self, job: JobKey) -> int:
-        return sum(self._seen.get(job, {}).values())
+        return sum(failures for _, failures in self._seen.get(job, {}).values())
 
     def forget(self, job: JobKey) -> None:
         self._seen.pop(job, None)
@@ -189,10 +241,20 @@ class Runtime:
     indexes: Indexes | None = None
     round_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # The latest body of each MLJob (from its watch events), for the lifecycle sweep.
+    job_bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # (uid, generation) whose children were created and templates refreshed: a watch event
+    # of another generation (an edit) reconciles again. Lost on restart: all are, once.
+    reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
+    # The last transient error creating a job's children (reported once, retried each sweep).
+    retrying: dict[JobKey, str] = field(default_factory=dict)
+    policy_loops: Any = None  # supervision.PolicyLoops, made at startup
+    _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.api)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
+                                        tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
                                         token_audience=self.config.token_audience)
 
     @classmethod
@@ -203,12 +265,24 @@ class Runtime:
         return cls(config=config, api=api,
                    models=ModelResolver(config.model_cache_dir, read_configmap))
 
+    def cluster_fit(self, idx: Indexes) -> ClusterFit:
+        """The schedulable nodes summed, at most once a second (a sweep asks once per job)."""
+        now = time.monotonic()
+        if self._fit is None or self._fit[1] is not idx.nodes or now - self._fit[0] > 1.0:
+            fit = ClusterFit.of(flatten(idx.nodes), node_selector=self.config.node_selector,
+                                tolerated_taints=self.config.tolerated_taints)
+            self._fit = (now, idx.nodes, fit)
+        return self._fit[2]
+
     def epochs_done(self, job: JobRecord) -> float:
         """The newest progress known: the index, or a report whose status write is in flight."""
         cached = self.progress.get(job.key)
         return max(job.epochs_done, cached[0] if cached else 0.0)
 
     def forget_job(self, key: JobKey) -> None:
+        self.job_bodies.pop(key, None)
+        self.reconciled.pop(key, None)
+        self.retrying.pop(key, None)
         self.placements.forget(key)
         self.reservations.release(key)
         self.failures.forget(key)

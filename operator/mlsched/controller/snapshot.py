@@ -30,6 +30,9 @@ class ClusterState:
     pods: Mapping[JobKey, Iterable[PodRecord]] = field(default_factory=dict)
     statefulsets: Mapping[JobKey, Iterable[StsRecord]] = field(default_factory=dict)
     foreign: Mapping[str, Iterable[Resources]] = field(default_factory=dict)  # node → requests
+    # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
+    # occupy their nodes until they are gone.
+    strays: Iterable[PodRecord] = ()
 
 
 def eligible(node: NodeRecord, node_selector: Mapping[str, str],
@@ -51,12 +54,11 @@ def held_elsewhere(cluster: ClusterState, own_jobs: set[JobKey],
         if key not in own_jobs:
             for node, r in usage.items():
                 held[node] = add(held.get(node, NO_RESOURCES), r)
-    for key, pods in cluster.pods.items():
-        if key in own_jobs or key in reserved:
-            continue
-        for pod in pods:
-            if pod.node and pod.phase not in ("Succeeded", "Failed"):
-                held[pod.node] = add(held.get(pod.node, NO_RESOURCES), pod.requests)
+    others = [pod for key, pods in cluster.pods.items()
+              if key not in own_jobs and key not in reserved for pod in pods]
+    for pod in [*others, *cluster.strays]:
+        if pod.node and pod.phase not in ("Succeeded", "Failed"):
+            held[pod.node] = add(held.get(pod.node, NO_RESOURCES), pod.requests)
     return held
 
 
@@ -131,3 +133,45 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None)
+
+
+def _describe(r: Resources) -> str:
+    cpu, gpu, mem = r
+    return f"{cpu:g} CPU, {gpu:g} GPU, {mem:g} GiB"
+
+
+@dataclass(frozen=True)
+class ClusterFit:
+    """The nodes the operator places on, summed once, to tell jobs that can never fit."""
+
+    nodes: tuple[NodeRecord, ...]
+    total: Resources
+
+    @classmethod
+    def of(cls, nodes: Iterable[NodeRecord], *, node_selector: Mapping[str, str] | None = None,
+           tolerated_taints: frozenset[str] = frozenset()) -> ClusterFit:
+        usable = tuple(n for n in nodes if eligible(n, node_selector or {}, tolerated_taints))
+        total = NO_RESOURCES
+        for n in usable:
+            total = add(total, n.allocatable)
+        return cls(usable, total)
+
+    def why_not(self, job: JobRecord) -> str | None:
+        """Why the job's minimum (`min` of every role, admitted together) cannot run even on
+        an empty cluster; None when it can. A job that only waits for others to finish is
+        never told this (Kueue's "inadmissible" as against "pending")."""
+        roles = [("ps", job.bounds("ps")[0])] if job.arch == "ps" else []
+        roles.append(("worker", job.min_workers))
+        need = NO_RESOURCES
+        for role, count in roles:
+            demand = tuple(job.demands.get(role, NO_RESOURCES))
+            if not any(all(d <= a for d, a in zip(demand, n.allocatable)) for n in self.nodes):
+                return (f"one {role} asks for {_describe(demand)} and none of the cluster's "
+                        f"{len(self.nodes)} schedulable nodes has that much allocatable")
+            need = add(need, tuple(count * d for d in demand))
+        if any(n > h for n, h in zip(need, self.total)):
+            wanted = " and ".join(f"{count} {role}" for role, count in roles)
+            return (f"its minimum ({wanted}) needs {_describe(need)}; the cluster's "
+                    f"{len(self.nodes)} schedulable nodes have {_describe(self.total)} "
+                    f"allocatable in all")
+        return None

@@ -1,0 +1,62 @@
+"""Pods that cannot start say why: the scheduler's reason and jobs that can never fit reach
+the MLJob's conditions, Events and `kubectl get`."""
+
+from __future__ import annotations
+
+from mlsched_objects import condition, mljob, scheduling_policy
+from waiting import wait_for
+
+
+def _reason(mlsched, name: str) -> tuple[str, str] | None:
+    running = condition(mlsched.job(name), "Running")
+    return (running["reason"], running.get("message", "")) if running else None
+
+
+def _warnings(mlsched, name: str) -> list[tuple[str, str]]:
+    return [(e.reason, e.message) for e in mlsched.events(name, "MLJob") if e.type == "Warning"]
+
+
+def test_a_pod_the_scheduler_refuses_shows_the_schedulers_reason(control_plane, mlsched,
+                                                                 operator):
+    mlsched.create(scheduling_policy("default", interval=600))
+    picky = mljob("picky", ps=None)
+    # No node has this label: every pod stays Pending whichever node it is pinned to.
+    picky["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {
+        "example.com/gpu-model": "h200"}
+    mlsched.create(picky)
+
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "picky")) and
+                               r[0] == "Unschedulable" and r, 60,
+                               "the job to say its pods cannot be scheduled",
+                               describe=lambda: _reason(mlsched, "picky"))
+    assert "picky-worker-0" in message and "nodes are available" in message, message
+    assert "node affinity/selector" in message, message
+    assert any(r == "Unschedulable" for r, _ in _warnings(mlsched, "picky"))
+    # What `kubectl describe` shows a user, not only the API.
+    described = control_plane.kubectl("describe", "mljob", "picky", "-n", mlsched.namespace).stdout
+    assert "Unschedulable" in described and "nodes are available" in described
+
+
+def test_a_job_that_can_never_fit_says_so(mlsched, operator):
+    mlsched.create(scheduling_policy("default", interval=600))
+    mlsched.create(mljob("huge-gang", ps=None, workers=(1000, 1000)))
+    greedy = mljob("greedy-worker", ps=None)
+    container = greedy["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    container["resources"] = {"requests": {"cpu": "2", "nvidia.com/gpu": "16"},
+                              "limits": {"cpu": "2", "nvidia.com/gpu": "16"}}
+    mlsched.create(greedy)
+    mlsched.create(mljob("fits", ps=None))
+
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "huge-gang")) and
+                               r[0] == "CannotFit" and r, 60, "the gang to be reported",
+                               describe=lambda: _reason(mlsched, "huge-gang"))
+    # 13 nodes x (8 CPU, 2 GPU): the minimum of 1000 workers needs 1000 GPUs, there are 26.
+    assert "1000 worker" in message and "1000 GPU" in message and "26 GPU" in message, message
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "greedy-worker")) and
+                               r[0] == "CannotFit" and r, 60, "the greedy worker to be reported",
+                               describe=lambda: _reason(mlsched, "greedy-worker"))
+    assert "one worker asks for 2 CPU, 16 GPU" in message, message
+    assert any(r == "CannotFit" for r, _ in _warnings(mlsched, "huge-gang"))
+    # A job that fits is not told so, and runs beside them.
+    wait_for(lambda: (_reason(mlsched, "fits") or ("",))[0] == "AllRolesReady", 90,
+             "the job that fits to run", describe=lambda: _reason(mlsched, "fits"))

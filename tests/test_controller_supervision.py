@@ -1,0 +1,132 @@
+"""Policy loops and the MLJob lifecycle run from watch events, with no finalizer or kopf
+annotation on the objects (supervision.py says why)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from mlsched.controller import jobs
+from mlsched.controller.constants import LEGACY_FINALIZER
+from mlsched.controller.supervision import PolicyLoops
+from test_controller_fixtures import NS, cluster, make_runtime, policy, ps_job, run
+
+
+def _policy(name="p", generation=1, uid="u1", deleting=False):
+    meta = {"name": name, "namespace": NS, "uid": uid, "generation": generation,
+            "managedFields": [{"manager": "kubectl"}]}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    return {"metadata": meta, "spec": {"interval": generation}}
+
+
+def test_a_loop_runs_per_policy_sees_edits_and_stops_on_deletion():
+    async def scenario():
+        seen: list[int] = []
+        finished: list[str] = []
+
+        async def loop(body, stopped):
+            while not stopped.is_set():
+                seen.append(body["spec"]["interval"])
+                await asyncio.sleep(0.01)
+            finished.append(body["metadata"]["name"])
+
+        loops = PolicyLoops(loop)
+        assert loops.observe(_policy()) is False  # first sight starts it, it is no edit
+        await asyncio.sleep(0.03)
+        assert loops.running() == [(NS, "p")]
+        assert loops.observe(_policy()) is False  # the same generation: a status write, say
+        assert loops.observe(_policy(generation=2)) is True
+        await asyncio.sleep(0.03)
+        assert seen[0] == 1 and seen[-1] == 2  # the running loop reads the latest body
+        assert "managedFields" not in str(seen)
+        loops.observe(_policy(generation=2, deleting=True))
+        await asyncio.sleep(0.03)
+        assert finished == ["p"] and loops.running() == []
+
+    run(scenario())
+
+
+def test_a_policy_recreated_under_its_name_gets_a_new_loop():
+    async def scenario():
+        uids: list[str] = []
+
+        async def loop(body, stopped):
+            uids.append(body["metadata"]["uid"])
+            await stopped.wait()
+
+        loops = PolicyLoops(loop)
+        loops.observe(_policy(uid="u1"))
+        await asyncio.sleep(0.01)
+        loops.observe(_policy(uid="u2"))
+        await asyncio.sleep(0.01)
+        assert uids == ["u1", "u2"] and loops.running() == [(NS, "p")]
+        await loops.stop_all()
+        assert loops.running() == []
+
+    run(scenario())
+
+
+def test_a_crashing_loop_is_logged_and_restarted_by_the_next_event():
+    async def scenario():
+        calls = []
+
+        async def loop(body, stopped):
+            calls.append(1)
+            raise RuntimeError("boom")
+
+        loops = PolicyLoops(loop)
+        loops.observe(_policy())
+        await asyncio.sleep(0.01)
+        assert loops.running() == []
+        loops.observe(_policy())
+        await asyncio.sleep(0.01)
+        assert len(calls) == 2
+
+    run(scenario())
+
+
+def test_a_job_is_reconciled_once_per_generation_and_its_lifecycle_swept():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    body = kube.put(ps_job("bert"))
+    run(jobs.on_job_event(rt, "ADDED", body, kube.indexes()))
+    assert sorted(s["metadata"]["name"] for s in kube.of_kind("StatefulSet")) == \
+        ["bert-ps", "bert-worker"]
+    assert kube.obj("MLJob", NS, "bert")["status"]["phase"] == "Pending"
+    creates = [c for c in kube.calls if c[0] == "create"]
+    # The watch event of our own status write is no new generation: no second reconcile.
+    run(jobs.on_job_event(rt, "MODIFIED", kube.obj("MLJob", NS, "bert"), kube.indexes()))
+    run(jobs.sweep(rt, kube.indexes()))
+    assert [c for c in kube.calls if c[0] == "create"] == creates
+    run(jobs.on_job_event(rt, "DELETED", body, kube.indexes()))
+    assert rt.job_bodies == {} and rt.reconciled == {}
+
+
+def test_a_transient_error_is_reported_once_and_retried_by_the_sweep():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    body = kube.put(ps_job("bert"))
+    kube.failing[("create", "bert-ps")] = 503
+    for _ in range(2):
+        try:
+            run(jobs.on_job_event(rt, "ADDED", body, kube.indexes()))
+        except Exception:  # noqa: BLE001 - kopf logs it; the sweep retries
+            pass
+    warnings = [e for e in kube.events("bert") if e["reason"] == "ChildrenNotCreated"]
+    assert len(warnings) == 1 and "retrying" in warnings[0]["message"]
+    del kube.failing[("create", "bert-ps")]
+    run(jobs.sweep(rt, kube.indexes()))
+    assert {s["metadata"]["name"] for s in kube.of_kind("StatefulSet")} >= {"bert-ps"}
+
+
+def test_objects_of_an_earlier_operator_lose_kopfs_finalizer_and_annotations():
+    rt, kube = make_runtime(cluster(2))
+    job = ps_job("old")
+    job["metadata"]["finalizers"] = ["example.com/keep", LEGACY_FINALIZER]
+    job["metadata"]["annotations"] = {"mlsched.io/last-handled-configuration": "{}",
+                                      "team": "a"}
+    body = kube.put(job)
+    run(jobs.release_legacy_finalizer(rt, "MLJob", body))
+    meta = kube.obj("MLJob", NS, "old")["metadata"]
+    assert meta["finalizers"] == ["example.com/keep"]
+    assert meta["annotations"] == {"team": "a"}

@@ -1,0 +1,121 @@
+"""What a user sees when things cannot go as asked: unschedulable pods, jobs that can never
+fit, workers that finish by exiting 0, children of an earlier job of the same name."""
+
+from __future__ import annotations
+
+from mlsched.api import get_condition
+from mlsched.controller import jobs
+from mlsched.controller.desired import PodSettings, pod_template
+from mlsched.controller.records import job_record, pod_record, sts_record
+from mlsched.controller.runtime import FailureBook
+from mlsched.controller.snapshot import ClusterFit
+from mlsched.controller.records import node_record
+from test_controller_fixtures import NS, cluster, create_jobs, make_runtime, node, pod, policy, ps_job, run
+
+
+def _sync(rt, kube, name):
+    patch: dict = {}
+    outcome = run(jobs.sync_lifecycle(rt, kube.obj("MLJob", NS, name), kube.indexes(), patch))
+    if patch:
+        run(kube.patch("MLJob", NS, name, patch, status=True))
+    return outcome
+
+
+def _running(kube, name):
+    return get_condition(kube.obj("MLJob", NS, name)["status"]["conditions"], "Running")
+
+
+def test_pods_get_the_tolerations_of_the_taints_the_operator_places_on():
+    job = job_record(ps_job("bert"))
+    settings = PodSettings("http://op/v1/progress", tolerated_taints=("kwok.x-k8s.io/node",
+                                                                      "nvidia.com/gpu"))
+    spec = pod_template(job, "worker", {"ps": 1, "worker": 1}, settings)["spec"]
+    assert {"key": "nvidia.com/gpu", "operator": "Exists"} in spec["tolerations"]
+    assert {"key": "kwok.x-k8s.io/node", "operator": "Exists"} in spec["tolerations"]
+    # A template that already tolerates a key keeps its own toleration, not a second one.
+    body = ps_job("bert")
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["tolerations"] = [
+        {"key": "nvidia.com/gpu", "operator": "Exists"}]
+    spec = pod_template(job_record(body), "worker", {"worker": 1}, settings)["spec"]
+    assert [t["key"] for t in spec["tolerations"]].count("nvidia.com/gpu") == 1
+
+
+def test_the_schedulers_reason_reaches_the_job_once():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    for sts in kube.of_kind("StatefulSet"):
+        sts["spec"]["replicas"] = 1
+    stuck = pod("bert", "worker", 0, phase="Pending", pinned="node-0")
+    stuck["status"]["conditions"] = [{"type": "PodScheduled", "status": "False",
+                                      "reason": "Unschedulable",
+                                      "message": "0/2 nodes are available: 2 node(s) had "
+                                                 "untolerated taint {x: y}."}]
+    kube.put(stuck)
+    _sync(rt, kube, "bert")
+    running = _running(kube, "bert")
+    assert running.reason == "Unschedulable"
+    assert "bert-worker-0" in running.message and "untolerated taint" in running.message
+    _sync(rt, kube, "bert")
+    assert [e["reason"] for e in kube.events("bert")].count("Unschedulable") == 1
+
+
+def test_a_job_whose_minimum_exceeds_the_cluster_is_told_so():
+    nodes = [node_record(node(f"n{i}")) for i in range(3)]
+    fit = ClusterFit.of(nodes)
+    gang = ps_job("gang")
+    gang["spec"]["replicaSpecs"]["worker"].update(min=500, max=500)
+    why = fit.why_not(job_record(gang))
+    assert why and "1 ps and 500 worker" in why and "500 GPU" in why
+    assert fit.why_not(job_record(ps_job("small"))) is None
+    # Nodes the operator does not place on (a taint it does not tolerate) do not count.
+    tainted = node("t0")
+    tainted["spec"]["taints"] = [{"key": "dedicated", "value": "x", "effect": "NoSchedule"}]
+    why = ClusterFit.of([node_record(tainted)]).why_not(job_record(ps_job("small")))
+    assert why and "none of the cluster's 0 schedulable nodes" in why
+
+
+def test_a_restart_after_exit_0_is_no_failure():
+    book = FailureBook()
+    key = (NS, "j")
+    book.observe(key, "p", restarts=1, last_exit_zero=False)  # crashed once
+    book.observe(key, "p", restarts=2, last_exit_zero=True)  # then finished
+    book.observe(key, "p", restarts=3, last_exit_zero=True)  # and finished again
+    assert book.total(key) == 1
+
+
+def test_a_pod_whose_containers_exited_0_has_completed():
+    body = pod("j", "worker", 0)
+    body["status"]["containerStatuses"] = [{
+        "name": "worker", "restartCount": 1, "state": {"running": {}},
+        "lastState": {"terminated": {"exitCode": 0, "reason": "Completed"}}}]
+    record = pod_record(body)
+    assert record.completed and record.last_exit_zero
+    body["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 137
+    record = pod_record(body)
+    assert not record.completed and not record.last_exit_zero
+
+
+def test_children_of_an_earlier_job_of_the_same_name_are_not_the_new_jobs():
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    old = kube.obj("MLJob", NS, "bert")
+    old_uid = old["metadata"]["uid"]
+    # The job is deleted and recreated; its StatefulSets still wait for the garbage collector.
+    del kube.objects[("MLJob", NS, "bert")]
+    new = ps_job("bert")
+    new["metadata"]["uid"] = "uid-bert-2"
+    kube.put(new)
+    idx = kube.indexes()
+    assert {s.owner_uid for s in idx.statefulsets.raw[(NS, "bert")]} == {old_uid}
+    assert idx.statefulsets.get((NS, "bert")) == []
+    try:
+        run(jobs.reconcile_if_needed(rt, kube.obj("MLJob", NS, "bert"), idx))
+    except jobs.WaitingForOldChildren:
+        pass
+    reasons = [e["reason"] for e in kube.events("bert")]
+    assert "WaitingForOldChildren" in reasons
+    # Nothing was adopted: the StatefulSets are still the old job's.
+    assert {s["metadata"]["ownerReferences"][0]["uid"] for s in kube.of_kind("StatefulSet")} \
+        == {old_uid}
