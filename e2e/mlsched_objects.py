@@ -185,16 +185,6 @@ class MLSched:
             out += [f"{plural}/{i['metadata']['name']}" for i in items]
         return out
 
-    def strip_finalizers(self) -> None:
-        """For objects left behind when no operator runs to remove its finalizer."""
-        for plural in ("mljobs", "schedulingpolicies"):
-            for item in self.custom.list_namespaced_custom_object(
-                    GROUP, VERSION, self.namespace, plural)["items"]:
-                if item["metadata"].get("finalizers"):
-                    self.custom.patch_namespaced_custom_object(
-                        GROUP, VERSION, self.namespace, plural, item["metadata"]["name"],
-                        {"metadata": {"finalizers": None}})
-
     # -- children
     def statefulsets(self, job: str) -> dict[str, client.V1StatefulSet]:
         items = self.apps.list_namespaced_stateful_set(

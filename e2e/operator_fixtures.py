@@ -63,9 +63,8 @@ def dl2_files(tmp_path_factory) -> tuple[Path, Path, str]:
 def start_operator(request: pytest.FixtureRequest, operator_identity: Path,
                    mlsched: MLSched, tmp_path: Path):
     """start_operator(**OperatorProcess kwargs) → a running operator for this test's
-    namespace. At teardown the test's MLJobs and policies are deleted while it still
-    runs (it owns their finalizers) and their pods are waited out, so the next test
-    finds the nodes empty."""
+    namespace. At teardown the test's MLJobs and policies are deleted and their pods are
+    waited out, so the next test finds the nodes empty."""
     started: list[OperatorProcess] = []
     request.node.stash[OPERATORS] = started
 
@@ -79,17 +78,10 @@ def start_operator(request: pytest.FixtureRequest, operator_identity: Path,
 
     yield start
 
-    alive = [o for o in started if o.running()]
-    if not alive and started:
-        # The test left its operator dead: the finalizers need one to be removed.
-        started[-1].start()
-        alive = [started[-1]]
     mlsched.delete_all()
-    try:
-        wait_for(lambda: not mlsched.remaining(), 60, "the operator to release its objects",
-                 describe=mlsched.remaining)
-    except AssertionError:
-        mlsched.strip_finalizers()
+    # Nothing holds them (no finalizer), running operator or not.
+    wait_for(lambda: not mlsched.remaining(), 30, "the test's objects to be deleted",
+             describe=mlsched.remaining)
     for operator in started:
         operator.stop()
     wait_for(lambda: not mlsched.pods(), 90, "the test's pods to be garbage-collected",

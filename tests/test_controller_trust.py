@@ -119,3 +119,36 @@ def test_children_of_an_earlier_job_of_the_same_name_are_not_the_new_jobs():
     # Nothing was adopted: the StatefulSets are still the old job's.
     assert {s["metadata"]["ownerReferences"][0]["uid"] for s in kube.of_kind("StatefulSet")} \
         == {old_uid}
+
+
+def test_pods_of_other_namespaces_hold_their_nodes_in_namespaced_mode():
+    from mlsched.controller.cluster_pods import OtherNamespacePods
+
+    other = OtherNamespacePods(["team-a", "ml-*"])
+    busy = pod("x", "worker", 0, node_name="node-1", namespace="team-b")
+    other.replace([busy, pod("y", "worker", 0, node_name="node-2", namespace="ml-prod")])
+    # Served namespaces are kopf's to index; only the others are kept here.
+    assert set(other.requests_by_node()) == {"node-1"}
+    done = pod("x", "worker", 0, node_name="node-1", namespace="team-b", phase="Succeeded")
+    other.apply("MODIFIED", done)
+    assert other.requests_by_node() == {}
+    other.apply("ADDED", busy)
+
+    rt, kube = make_runtime(cluster(2))
+    idx = kube.indexes()
+    idx.other_namespaces = other
+    held = idx.cluster().foreign
+    assert list(held["node-1"]) == [(2.0, 1.0, 8.0)]
+
+
+def test_pod_requests_count_limits_init_containers_and_overhead_as_the_scheduler_does():
+    from mlsched.controller.records import pod_requests
+
+    spec = {"containers": [
+        # A GPU limit next to a CPU request: the GPU is requested too (defaulted from the limit).
+        {"name": "a", "resources": {"requests": {"cpu": "1"},
+                                    "limits": {"cpu": "2", "nvidia.com/gpu": "1"}}},
+        {"name": "b", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"}}}],
+        "initContainers": [{"name": "fetch", "resources": {"requests": {"memory": "8Gi"}}}],
+        "overhead": {"cpu": "250m"}}
+    assert pod_requests(spec) == (1.75, 1.0, 8.0)

@@ -25,11 +25,13 @@ from collections import Counter
 from typing import Any
 
 import kopf
+import kubernetes.watch
 
 from mlsched.api import GROUP, VERSION
 from mlsched.controller import jobs, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
+from mlsched.controller.cluster_pods import OtherNamespacePods
 from mlsched.controller.kube import ClientKubeApi
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.records import (
@@ -72,6 +74,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     # An embedding program (or a test) may have put a Runtime with its own API into the memo.
     rt = memo.get("runtime") or Runtime.create(CONFIG, ClientKubeApi(concurrency=CONFIG.api_concurrency))
     rt.indexes = indexes_from(kwargs)
+    if CONFIG.namespaces and isinstance(rt.api, ClientKubeApi):
+        # Nodes are shared: count what other namespaces run on them (cluster_pods.py).
+        rt.indexes.other_namespaces = other = OtherNamespacePods(CONFIG.namespaces)
+        other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
+        memo["other_namespaces"] = other
     rt.policy_loops = policy_loops(rt)
     memo["sweep_stopped"] = stopped = asyncio.Event()
     memo["sweep"] = asyncio.create_task(
@@ -85,6 +92,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
+    if "other_namespaces" in memo:
+        memo["other_namespaces"].stop()
     if "sweep" in memo:
         memo["sweep_stopped"].set()
         await asyncio.gather(memo["sweep"], return_exceptions=True)

@@ -102,6 +102,7 @@ class ClientKubeApi:
 
         self._client = api_client or load_api_client(pool_size=concurrency)
         self._core = client.CoreV1Api(self._client)
+        self.core = self._core  # for the one watch the operator runs itself (cluster_pods.py)
         self._apps = client.AppsV1Api(self._client)
         self._custom = client.CustomObjectsApi(self._client)
         self._auth = client.AuthenticationV1Api(self._client)

@@ -93,14 +93,24 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
 # ------------------------------------------------------------------------------------- pods
 
 
+def container_requests(container: Mapping[str, Any]) -> Resources:
+    """A container's requests; a resource with a limit and no request requests its limit (the
+    API server defaults it so, per resource: a GPU limit next to a CPU request counts)."""
+    res = container.get("resources") or {}
+    return resources_of({**(res.get("limits") or {}), **(res.get("requests") or {})})
+
+
 def pod_requests(spec: Mapping[str, Any]) -> Resources:
-    """What the scheduler reserves for a pod: the sum of its containers' requests (or limits,
-    which the apiserver copies into requests when only limits are given)."""
+    """What kube-scheduler reserves for a pod: per resource, the larger of the sum over its
+    containers and the largest init container (init containers run one at a time, before the
+    others), plus the pod overhead of its RuntimeClass."""
     total = NO_RESOURCES
     for c in spec.get("containers") or ():
-        res = c.get("resources") or {}
-        total = add(total, resources_of(res.get("requests") or res.get("limits")))
-    return total
+        total = add(total, container_requests(c))
+    for c in spec.get("initContainers") or ():
+        init = container_requests(c)
+        total = (max(total[0], init[0]), max(total[1], init[1]), max(total[2], init[2]))
+    return add(total, resources_of(spec.get("overhead")))
 
 
 def pod_node(spec: Mapping[str, Any]) -> str | None:

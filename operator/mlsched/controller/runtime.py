@@ -75,6 +75,8 @@ class Indexes:
     foreign: Mapping[str, Iterable[Resources]]
     mljobs: Mapping[JobKey, Iterable[JobRecord]]
     policies: Mapping[PolicyKey, Iterable[Any]]
+    # With --namespace: pods of the other namespaces (cluster_pods.OtherNamespacePods).
+    other_namespaces: Any = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.statefulsets, Owned):
@@ -92,8 +94,14 @@ class Indexes:
         return any(s.uid == pod.owner_uid for s in self.statefulsets.get(key, ()))
 
     def cluster(self) -> ClusterState:
+        foreign: Mapping[str, Iterable[Resources]] = self.foreign
+        if self.other_namespaces is not None:
+            merged = {node: list(requests) for node, requests in self.foreign.items()}
+            for node, requests in self.other_namespaces.requests_by_node().items():
+                merged.setdefault(node, []).extend(requests)
+            foreign = merged
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
-                            statefulsets=self.statefulsets, foreign=self.foreign,
+                            statefulsets=self.statefulsets, foreign=foreign,
                             strays=self.pods.strays())
 
     def job(self, namespace: str, name: str) -> JobRecord | None:

@@ -1,0 +1,117 @@
+"""Pods outside the served namespaces, for the capacity view of an operator run with
+`--namespace`.
+
+kopf watches only the served namespaces then, so without this the pods of every other
+namespace were invisible and the nodes they use looked free: a round could pin a task to a
+node whose GPUs another team's pods already hold. Nodes are shared by all namespaces; what
+runs on them must be counted whoever owns it. This needs only read access to pods cluster-wide
+(list, watch); every write stays in the served namespaces.
+
+A thread runs the `kubernetes` client's list+watch (the client is synchronous; one thread for
+the whole cluster is cheaper than kopf watching every namespace with handlers on each pod) and
+keeps {pod uid: (node, requests)} for bound, non-terminal pods. The scheduling loop reads it as
+one more source of foreign requests (`requests_by_node`).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import threading
+from collections import defaultdict
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from mlsched.controller.records import Resources, pod_requests
+
+log = logging.getLogger("mlsched.controller.cluster_pods")
+
+TERMINAL = ("Succeeded", "Failed")
+
+
+def served(namespace: str, patterns: Iterable[str]) -> bool:
+    return any(fnmatch.fnmatchcase(namespace, p) for p in patterns)
+
+
+class OtherNamespacePods:
+    """Requests of bound, non-terminal pods in namespaces the operator does not serve."""
+
+    def __init__(self, patterns: Iterable[str]):
+        self.patterns = tuple(patterns)
+        self._pods: dict[str, tuple[str, Resources]] = {}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()  # the first list has been read
+
+    # -- what the watch feeds
+    def apply(self, event_type: str, pod: dict[str, Any]) -> None:
+        meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+        uid, node = meta.get("uid", ""), spec.get("nodeName")
+        phase = (pod.get("status") or {}).get("phase")
+        with self._lock:
+            if event_type == "DELETED" or not node or phase in TERMINAL \
+                    or served(meta.get("namespace", ""), self.patterns):
+                self._pods.pop(uid, None)
+            else:
+                self._pods[uid] = (node, pod_requests(spec))
+
+    def replace(self, pods: Iterable[dict[str, Any]]) -> None:
+        """A fresh list: forget what the watch said before."""
+        with self._lock:
+            self._pods.clear()
+        for pod in pods:
+            self.apply("ADDED", pod)
+
+    # -- what the scheduling loop reads
+    def requests_by_node(self) -> dict[str, list[Resources]]:
+        with self._lock:
+            pods = list(self._pods.values())
+        out: dict[str, list[Resources]] = defaultdict(list)
+        for node, requests in pods:
+            out[node].append(requests)
+        return dict(out)
+
+    # -- the watch thread
+    def start(self, list_pods: Callable[..., Any], watch_factory: Callable[[], Any]) -> None:
+        self._thread = threading.Thread(target=self._run, args=(list_pods, watch_factory),
+                                        name="mlsched-other-namespace-pods", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self, list_pods, watch_factory) -> None:
+        version = None  # None: list first
+        while not self._stop.is_set():
+            try:
+                if version is None:
+                    body = _json(list_pods(field_selector="spec.nodeName!=",
+                                           _preload_content=False))
+                    self.replace(body.get("items") or ())
+                    self.synced.set()
+                    version = (body.get("metadata") or {}).get("resourceVersion")
+                watch = watch_factory()
+                for event in watch.stream(list_pods, field_selector="spec.nodeName!=",
+                                          resource_version=version, timeout_seconds=300,
+                                          deserialize=False):
+                    if self._stop.is_set():
+                        watch.stop()
+                        return
+                    obj = event.get("raw_object") or {}
+                    if event.get("type") == "ERROR":  # 410 Gone: too old to resume, list again
+                        version = None
+                        break
+                    self.apply(event.get("type"), obj)
+                    version = (obj.get("metadata") or {}).get("resourceVersion") or version
+            except Exception as err:  # noqa: BLE001 - a lost watch is re-listed, never fatal
+                log.warning("watching pods in other namespaces failed (%s); listing again", err)
+                version = None
+                self._stop.wait(2.0)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    import json
+
+    data = response.data if hasattr(response, "data") else response
+    return json.loads(data) if isinstance(data, bytes | str) else data
