@@ -152,3 +152,39 @@ def test_pod_requests_count_limits_init_containers_and_overhead_as_the_scheduler
         "initContainers": [{"name": "fetch", "resources": {"requests": {"memory": "8Gi"}}}],
         "overhead": {"cpu": "250m"}}
     assert pod_requests(spec) == (1.75, 1.0, 8.0)
+
+
+def test_the_other_namespace_watch_lists_then_follows_events():
+    import threading
+
+    from mlsched.controller.cluster_pods import OtherNamespacePods
+
+    busy = pod("x", "worker", 0, node_name="node-1", namespace="team-b")
+    later = pod("y", "worker", 0, node_name="node-2", namespace="team-b")
+    done = threading.Event()
+
+    class Listed:
+        data = b'{"metadata": {"resourceVersion": "7"}, "items": []}'
+
+    def list_pods(**kwargs):
+        return Listed()
+
+    class FakeWatch:
+        def stream(self, func, **kwargs):
+            assert kwargs["resource_version"] == "7" and kwargs["deserialize"] is False
+            # What the client yields with deserialize=False: the dict under "object" only.
+            yield {"type": "ADDED", "object": busy}
+            yield {"type": "ADDED", "object": later}
+            yield {"type": "DELETED", "object": busy}
+            done.set()
+            other.stop()
+            yield {"type": "ADDED", "object": busy}
+
+        def stop(self):
+            pass
+
+    other = OtherNamespacePods(["mine"])
+    other.start(list_pods, FakeWatch)
+    assert done.wait(5)
+    other._thread.join(5)
+    assert set(other.requests_by_node()) == {"node-2"}

@@ -98,7 +98,9 @@ class OtherNamespacePods:
                     if self._stop.is_set():
                         watch.stop()
                         return
-                    obj = event.get("raw_object") or {}
+                    # deserialize=False: the plain dict is under "object" (the client's models
+                    # would cost a pydantic validation per event, for fields never read).
+                    obj = event.get("raw_object") or event.get("object") or {}
                     if event.get("type") == "ERROR":  # 410 Gone: too old to resume, list again
                         version = None
                         break
