@@ -193,7 +193,8 @@ class Runtime:
     def __post_init__(self) -> None:
         self.recorder = Recorder(self.api)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
-                                        token_audience=self.config.token_audience)
+                                        token_audience=self.config.token_audience,
+                                        service_account=self.config.training_service_account)
 
     @classmethod
     def create(cls, config: OperatorConfig, api: KubeApi) -> Runtime:
