@@ -3,7 +3,8 @@
 Training pods run as the `mlsched-training` ServiceAccount (manifests/base/
 training-rbac, as docs/operator.md tells users) and report progress with a token
 bound to the pod. They must not be able to write MLJobs themselves, and one job's
-pod must not be able to report for another job.
+pod must not be able to report for another job. Whoever reaches the endpoint cannot
+make it flood the API server with TokenReviews.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import json
 import re
 import threading
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,6 +23,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlsched import progress
+from mlsched.controller.config import OperatorConfig
 from mlsched_objects import (
     GROUP, VERSION, apply_training_rbac, for_kwok, mljob, sample, scheduling_policy,
 )
@@ -181,3 +184,53 @@ def test_report_right_after_an_operator_restart_is_accepted(api, mlsched, operat
     assert status == 200, answer
     wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
              .get("epochsDone") == 2, 30, "the report in the job's status")
+
+
+def metric(text: str, name: str, labels: str) -> float:
+    found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def post_with_token(url: str, token: str, namespace: str, job: str) -> int:
+    request = urllib.request.Request(
+        url, method="POST", data=json.dumps({"namespace": namespace, "job": job,
+                                             "epochsDone": 1}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_junk_tokens_cost_a_bounded_number_of_token_reviews(api, mlsched, operator,
+                                                            training_jobs, tmp_path):
+    limits = OperatorConfig()  # the operator runs with the defaults, as the Deployment does
+    namespace = mlsched.namespace
+    started = time.monotonic()
+    answers = [post_with_token(operator.progress_url, f"junk-{i}.{uuid.uuid4().hex}", namespace,
+                               "other") for i in range(1000)]
+    elapsed = time.monotonic() - started
+    reviews = metric(operator.metrics(), "mlsched_token_reviews_total",
+                     'result="unauthenticated"')
+    # A burst, then the rate: not one review per junk token.
+    bound = limits.token_review_burst + limits.token_review_rate * elapsed + 1
+    assert 0 < reviews <= bound, (reviews, bound, elapsed)
+    assert answers.count(401) == reviews and answers.count(429) == 1000 - reviews
+
+    # One junk token sent again and again is reviewed once (its refusal is cached).
+    time.sleep(1.0 / limits.token_review_rate + 0.1)
+    repeated = [post_with_token(operator.progress_url, "same-junk", namespace, "other")
+                for _ in range(100)]
+    assert set(repeated) == {401}
+    after = metric(operator.metrics(), "mlsched_token_reviews_total", 'result="unauthenticated"')
+    assert after - reviews == 1  # reviewed once, then answered from the cache
+
+    # A valid report still gets through once the limit lets a review through.
+    token_file = tmp_path / "token"
+    token_file.write_text(request_token(client.CoreV1Api(api), training_jobs["other"],
+                                        audience=PROGRESS_AUDIENCE))
+    status, answer = post_progress(operator.progress_url, namespace, "other", token_file, 3)
+    assert status == 200, answer
+    wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
+             .get("epochsDone") == 3, 30, "the valid report in the job's status")
