@@ -9,6 +9,7 @@ make it flood the API server with TokenReviews.
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
@@ -23,10 +24,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlsched import progress
+from mlsched.controller.__main__ import parse_args
 from mlsched.controller.config import OperatorConfig
 from mlsched_objects import (
-    GROUP, VERSION, apply_training_rbac, for_kwok, mljob, sample, scheduling_policy,
+    GROUP, REPO, VERSION, apply_training_rbac, for_kwok, load_yaml, mljob, sample,
+    scheduling_policy,
 )
+from operator_fixtures import INTERVAL_SCALE
 from pod_tokens import PROGRESS_AUDIENCE, request_token
 from waiting import wait_for
 
@@ -234,3 +238,55 @@ def test_junk_tokens_cost_a_bounded_number_of_token_reviews(api, mlsched, operat
     assert status == 200, answer
     wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
              .get("epochsDone") == 3, 30, "the valid report in the job's status")
+
+
+def shipped_operator_args():
+    """The flags manifests/base/deployment.yaml starts the operator with."""
+    (deployment,) = load_yaml(REPO / "manifests" / "base" / "deployment.yaml")
+    return parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_the_endpoint_serves_https_as_shipped(api, mlsched, start_operator, tmp_path):
+    shipped = shipped_operator_args()
+    assert shipped.progress_url.startswith("https://") and shipped.tls_secret
+    # The shipped TLS settings; the URL is this host's, where the endpoint listens in the tier.
+    operator = start_operator(tls_secret=shipped.tls_secret)
+    mlsched.create(scheduling_policy("default"))
+    mlsched.create(for_kwok(mljob("other", ps=None, workers=(1, 1))))
+    pod = running_pod(mlsched, "other")
+
+    # What the pod is told: an https URL and the CA to check it with, the one in the Secret.
+    env = {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
+    url, ca = env["MLSCHED_PROGRESS_URL"], env["MLSCHED_PROGRESS_CA"]
+    assert url == operator.progress_url and url.startswith("https://")
+    secret_ns, secret_name = shipped.tls_secret.split("/")
+    stored = client.CoreV1Api(api).read_namespaced_secret(secret_name, secret_ns)
+    assert base64.b64decode(stored.data["ca.crt"]).decode() == ca
+
+    # Plain HTTP gets no answer at all: the port speaks TLS only.
+    token_file = tmp_path / "token"
+    token_file.write_text(request_token(client.CoreV1Api(api), pod, audience=PROGRESS_AUDIENCE))
+    with pytest.raises(OSError) as no_answer:
+        post_progress(url.replace("https://", "http://"), mlsched.namespace, "other",
+                      token_file, 9)
+    assert not isinstance(no_answer.value, urllib.error.HTTPError)
+
+    # The report as training code sends it, from the pod's environment: verified, accepted.
+    reporter = progress.Reporter.from_env({**env, "MLSCHED_NAMESPACE": mlsched.namespace,
+                                           "MLSCHED_TOKEN_FILE": str(token_file)})
+    assert reporter.report(4, strict=True) is True
+    wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
+             .get("epochsDone") == 4, 30, "the report over HTTPS in the job's status")
+    # A client that does not trust that CA does not talk to the endpoint.
+    stranger = progress.Reporter(url=url, namespace=mlsched.namespace, job="other",
+                                 token_file=str(token_file))
+    with pytest.raises(progress.ProgressError, match="CERTIFICATE_VERIFY_FAILED"):
+        stranger.report(5, strict=True)
+
+    # A restarted operator keeps the CA: the job's pods are not re-rendered (not restarted).
+    template_hash = mlsched.statefulsets("other")["worker"].metadata.annotations
+    operator.stop()
+    operator.start()
+    time.sleep(3 * 1200 * INTERVAL_SCALE)  # a few rounds
+    assert mlsched.statefulsets("other")["worker"].metadata.annotations == template_hash
+    assert pod.metadata.uid in {p.metadata.uid for p in mlsched.pods("other")}

@@ -142,8 +142,18 @@ def test_deployment_service_and_cli_agree():
     assert container["image"] == "mlsched-operator:latest"
     args = parse_args(container["args"])
     assert args.port == container["ports"][0]["containerPort"] == service["spec"]["ports"][0]["port"]
-    assert args.progress_url == f"http://{service['metadata']['name']}.mlsched-system.svc:{args.port}/v1/progress"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # HTTPS with the operator's own CA, kept in a Secret only it may read (docs/operator.md).
+    assert args.progress_url == f"https://{service['metadata']['name']}.mlsched-system.svc:{args.port}/v1/progress"
+    assert args.tls_secret == "mlsched-system/mlsched-operator-tls"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    secret_ns, secret_name = args.tls_secret.split("/")
+    tls_role = next(d for d in docs(BASE / "rbac.yaml") if d["kind"] == "Role")
+    assert tls_role["metadata"]["namespace"] == secret_ns
+    for rule in tls_role["rules"]:
+        assert rule["resources"] == ["secrets"]
+        assert rule.get("resourceNames") == [secret_name] or rule["verbs"] == ["create"]
     assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -157,5 +167,6 @@ def test_kustomization_references_the_generated_crds():
 def test_dockerfile_runs_the_operator_as_non_root():
     text = (ROOT / "Dockerfile").read_text()
     assert text.startswith("#") and "FROM python:3.11-slim" in text
+    assert "install -y --no-install-recommends openssl" in text  # serving_tls.py uses it
     assert "USER 10001" in text and "RUN pip install . " in text and "[train]" not in text
     assert 'ENTRYPOINT ["python", "-m", "mlsched.controller"]' in text

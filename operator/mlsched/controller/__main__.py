@@ -52,6 +52,13 @@ def export(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     export(args)
+    from mlsched.controller.config import OperatorConfig
+
+    problems = OperatorConfig.from_env().problems()
+    if problems:  # before kopf starts: a pod in CrashLoopBackOff whose log says why
+        for problem in problems:
+            print(f"python -m mlsched.controller: {problem}", file=sys.stderr)
+        return 2
     import kopf
 
     from mlsched.controller import handlers  # registers the handlers  # noqa: F401

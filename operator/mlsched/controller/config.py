@@ -91,6 +91,23 @@ class OperatorConfig:
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
         )
 
+    def problems(self) -> list[str]:
+        """Settings that cannot work together; the CLI refuses to start with any."""
+        out = []
+        https = self.progress_url.startswith("https://")
+        tls = bool(self.tls_secret or (self.tls_cert and self.tls_key))
+        if bool(self.tls_cert) != bool(self.tls_key):
+            out.append("--tls-cert and --tls-key go together")
+        if self.tls_secret and self.tls_cert:
+            out.append("--tls-secret and --tls-cert are two sources of one certificate: pick one")
+        if tls and not https:
+            out.append(f"the endpoint serves HTTPS but pods are told {self.progress_url}: "
+                       "make --progress-url https://")
+        if https and not tls:
+            out.append(f"pods are told {self.progress_url} but the endpoint serves plain HTTP: "
+                       "add --tls-secret (or --tls-cert/--tls-key)")
+        return out
+
     def round_seconds(self, spec_interval: float) -> float:
         """Wall-clock seconds between two rounds of a policy with this spec.interval."""
         return max(0.05, spec_interval * self.interval_scale)

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
+from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
@@ -29,6 +32,7 @@ from mlsched.controller.kube import KubeError
 from mlsched.controller.records import JobRecord, job_record
 from mlsched.controller.rewards import utc
 from mlsched.controller.runtime import Runtime
+from mlsched.controller.serving_tls import ensure_serving_tls
 from mlsched.controller.token_reviews import Throttled, TokenReviews, retry_after_header
 
 log = logging.getLogger("mlsched.controller.progress")
@@ -189,15 +193,32 @@ def make_app(rt: Runtime) -> web.Application:
     return app
 
 
+async def serving_context(rt: Runtime) -> ssl.SSLContext | None:
+    """The TLS context to serve with (None: plain HTTP). The CA that signed the certificate,
+    when known, becomes part of every pod template (PodSettings.progress_ca), so this runs
+    before any handler renders one."""
+    config = rt.config
+    cert, key, ca_pem = config.tls_cert, config.tls_key, None
+    if config.tls_secret:
+        host = urlsplit(config.progress_url).hostname or ""
+        tls = await ensure_serving_tls(rt.api, config.tls_secret, host)
+        cert, key, ca_pem = tls.cert_file, tls.key_file, tls.ca_pem
+    elif config.tls_ca:
+        with open(config.tls_ca, encoding="utf-8") as f:
+            ca_pem = f.read()
+    if not (cert and key):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if ca_pem:
+        rt.pod_settings = replace(rt.pod_settings, progress_ca=ca_pem)
+    return context
+
+
 async def start(rt: Runtime) -> web.AppRunner:
+    ssl_context = await serving_context(rt)
     runner = web.AppRunner(make_app(rt), access_log=None)
     await runner.setup()
-    ssl_context = None
-    if rt.config.tls_cert and rt.config.tls_key:
-        import ssl
-
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(rt.config.tls_cert, rt.config.tls_key)
     await web.TCPSite(runner, "0.0.0.0", rt.config.port, ssl_context=ssl_context).start()
     log.info("progress endpoint, /metrics and /healthz on port %d%s", rt.config.port,
              " (TLS)" if ssl_context else "")
