@@ -15,6 +15,11 @@ COPY operator ./operator
 # policy whose SchedulingPolicy names no file. Its torch code is never imported at runtime.
 COPY policy_models ./policy_models
 RUN pip install . && rm -rf /build
+# openssl makes the progress endpoint's CA and certificate (--tls-secret; see
+# mlsched/controller/serving_tls.py for why not a Python package). Debian's ca-certificates
+# already pulls it in; named here so that the image does not depend on that.
+RUN apt-get update && apt-get install -y --no-install-recommends openssl \
+ && rm -rf /var/lib/apt/lists/*
 
 # A fixed non-root uid, matching runAsUser in manifests/base/deployment.yaml.
 RUN groupadd --system --gid 10001 mlsched \

@@ -15,7 +15,7 @@ import pytest
 from controlplane import ControlPlane
 from dl2_model import dl2_model_files
 from mlsched_objects import MLSched, install_crds
-from operator_identity import operator_kubeconfig
+from operator_identity import operator_kubeconfig, serve_namespace
 from operator_process import OperatorProcess
 from waiting import wait_for
 from workload_emulator import WorkloadEmulator
@@ -60,13 +60,16 @@ def dl2_files(tmp_path_factory) -> tuple[Path, Path, str]:
 
 
 @pytest.fixture
-def start_operator(request: pytest.FixtureRequest, operator_identity: Path,
+def start_operator(request: pytest.FixtureRequest, api, operator_identity: Path,
                    mlsched: MLSched, tmp_path: Path):
     """start_operator(**OperatorProcess kwargs) → a running operator for this test's
-    namespace. At teardown the test's MLJobs and policies are deleted and their pods are
-    waited out, so the next test finds the nodes empty."""
+    namespace, which is set up as a served namespace of the namespaced install (the
+    operator's RoleBinding, the training ServiceAccount). At teardown the test's MLJobs and
+    policies are deleted and their pods are waited out, so the next test finds the nodes
+    empty."""
     started: list[OperatorProcess] = []
     request.node.stash[OPERATORS] = started
+    serve_namespace(api, mlsched.namespace)
 
     def start(**kwargs) -> OperatorProcess:
         kwargs.setdefault("interval_scale", INTERVAL_SCALE)

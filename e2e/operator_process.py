@@ -16,6 +16,7 @@ import ctypes
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -44,7 +45,8 @@ class OperatorError(RuntimeError):
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, *, namespaces: list[str],
                  interval_scale: float, job_sync_seconds: float = 1.0,
-                 model_cache_dir: Path | None = None, extra_env: dict[str, str] | None = None):
+                 model_cache_dir: Path | None = None, extra_env: dict[str, str] | None = None,
+                 tls_secret: str | None = None):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.namespaces = namespaces
@@ -52,13 +54,21 @@ class OperatorProcess:
         self.job_sync_seconds = job_sync_seconds
         self.model_cache_dir = model_cache_dir or log_path.parent / "operator-models"
         self.extra_env = extra_env or {}
+        # `namespace/name`: serve HTTPS as the Deployment does (--tls-secret).
+        self.tls_secret = tls_secret
         self.port = free_port()  # kept across restarts: pods were told this URL
         self.process: subprocess.Popen | None = None
         self.starts = 0
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls_secret else 'http'}://127.0.0.1:{self.port}"
+
+    def _open(self, path: str, timeout: float):
+        # The harness's own calls (/healthz, /metrics) do not check the certificate, as the
+        # kubelet's probes do not; tests that do check it use the CA the pods are given.
+        context = ssl._create_unverified_context() if self.tls_secret else None
+        return urllib.request.urlopen(f"{self.base_url}{path}", timeout=timeout, context=context)
 
     @property
     def progress_url(self) -> str:
@@ -76,6 +86,8 @@ class OperatorProcess:
                 "--job-sync-seconds", str(self.job_sync_seconds)]
         for namespace in self.namespaces:
             args += ["--namespace", namespace]
+        if self.tls_secret:
+            args += ["--tls-secret", self.tls_secret]
         return args
 
     def start(self, timeout: float = 120.0) -> None:
@@ -101,7 +113,7 @@ class OperatorProcess:
                 raise OperatorError(f"the operator exited with code {self.process.returncode} "
                                     f"while starting\n{self.log_tail()}")
             try:
-                with urllib.request.urlopen(f"{self.base_url}/healthz", timeout=5) as answer:
+                with self._open("/healthz", timeout=5) as answer:
                     if answer.status == 200:
                         return
             except (urllib.error.URLError, OSError) as err:
@@ -141,7 +153,7 @@ class OperatorProcess:
         raise OperatorError(f"no VmRSS in /proc/{self.pid}/status")
 
     def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.base_url}/metrics", timeout=10) as answer:
+        with self._open("/metrics", timeout=10) as answer:
             return answer.read().decode()
 
     def log_text(self) -> str:

@@ -3,15 +3,18 @@
 Training pods run as the `mlsched-training` ServiceAccount (manifests/base/
 training-rbac, as docs/operator.md tells users) and report progress with a token
 bound to the pod. They must not be able to write MLJobs themselves, and one job's
-pod must not be able to report for another job.
+pod must not be able to report for another job. Whoever reaches the endpoint cannot
+make it flood the API server with TokenReviews.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import threading
 import time
+import uuid
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -21,9 +24,13 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlsched import progress
+from mlsched.controller.__main__ import parse_args
+from mlsched.controller.config import OperatorConfig
 from mlsched_objects import (
-    GROUP, VERSION, apply_training_rbac, for_kwok, mljob, sample, scheduling_policy,
+    GROUP, REPO, VERSION, apply_training_rbac, for_kwok, load_yaml, mljob, sample,
+    scheduling_policy,
 )
+from operator_fixtures import INTERVAL_SCALE
 from pod_tokens import PROGRESS_AUDIENCE, request_token
 from waiting import wait_for
 
@@ -181,3 +188,105 @@ def test_report_right_after_an_operator_restart_is_accepted(api, mlsched, operat
     assert status == 200, answer
     wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
              .get("epochsDone") == 2, 30, "the report in the job's status")
+
+
+def metric(text: str, name: str, labels: str) -> float:
+    found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
+    return float(found.group(1)) if found else 0.0
+
+
+def post_with_token(url: str, token: str, namespace: str, job: str) -> int:
+    request = urllib.request.Request(
+        url, method="POST", data=json.dumps({"namespace": namespace, "job": job,
+                                             "epochsDone": 1}).encode(),
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    try:
+        with urllib.request.urlopen(request, timeout=10) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_junk_tokens_cost_a_bounded_number_of_token_reviews(api, mlsched, operator,
+                                                            training_jobs, tmp_path):
+    limits = OperatorConfig()  # the operator runs with the defaults, as the Deployment does
+    namespace = mlsched.namespace
+    started = time.monotonic()
+    answers = [post_with_token(operator.progress_url, f"junk-{i}.{uuid.uuid4().hex}", namespace,
+                               "other") for i in range(1000)]
+    elapsed = time.monotonic() - started
+    reviews = metric(operator.metrics(), "mlsched_token_reviews_total",
+                     'result="unauthenticated"')
+    # A burst, then the rate: not one review per junk token.
+    bound = limits.token_review_burst + limits.token_review_rate * elapsed + 1
+    assert 0 < reviews <= bound, (reviews, bound, elapsed)
+    assert answers.count(401) == reviews and answers.count(429) == 1000 - reviews
+
+    # One junk token sent again and again is reviewed once (its refusal is cached).
+    time.sleep(1.0 / limits.token_review_rate + 0.1)
+    repeated = [post_with_token(operator.progress_url, "same-junk", namespace, "other")
+                for _ in range(100)]
+    assert set(repeated) == {401}
+    after = metric(operator.metrics(), "mlsched_token_reviews_total", 'result="unauthenticated"')
+    assert after - reviews == 1  # reviewed once, then answered from the cache
+
+    # A valid report still gets through once the limit lets a review through.
+    token_file = tmp_path / "token"
+    token_file.write_text(request_token(client.CoreV1Api(api), training_jobs["other"],
+                                        audience=PROGRESS_AUDIENCE))
+    status, answer = post_progress(operator.progress_url, namespace, "other", token_file, 3)
+    assert status == 200, answer
+    wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
+             .get("epochsDone") == 3, 30, "the valid report in the job's status")
+
+
+def shipped_operator_args():
+    """The flags manifests/base/deployment.yaml starts the operator with."""
+    (deployment,) = load_yaml(REPO / "manifests" / "base" / "deployment.yaml")
+    return parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
+
+
+def test_the_endpoint_serves_https_as_shipped(api, mlsched, start_operator, tmp_path):
+    shipped = shipped_operator_args()
+    assert shipped.progress_url.startswith("https://") and shipped.tls_secret
+    # The shipped TLS settings; the URL is this host's, where the endpoint listens in the tier.
+    operator = start_operator(tls_secret=shipped.tls_secret)
+    mlsched.create(scheduling_policy("default"))
+    mlsched.create(for_kwok(mljob("other", ps=None, workers=(1, 1))))
+    pod = running_pod(mlsched, "other")
+
+    # What the pod is told: an https URL and the CA to check it with, the one in the Secret.
+    env = {e.name: e.value for e in pod.spec.containers[0].env if e.value is not None}
+    url, ca = env["MLSCHED_PROGRESS_URL"], env["MLSCHED_PROGRESS_CA"]
+    assert url == operator.progress_url and url.startswith("https://")
+    secret_ns, secret_name = shipped.tls_secret.split("/")
+    stored = client.CoreV1Api(api).read_namespaced_secret(secret_name, secret_ns)
+    assert base64.b64decode(stored.data["ca.crt"]).decode() == ca
+
+    # Plain HTTP gets no answer at all: the port speaks TLS only.
+    token_file = tmp_path / "token"
+    token_file.write_text(request_token(client.CoreV1Api(api), pod, audience=PROGRESS_AUDIENCE))
+    with pytest.raises(OSError) as no_answer:
+        post_progress(url.replace("https://", "http://"), mlsched.namespace, "other",
+                      token_file, 9)
+    assert not isinstance(no_answer.value, urllib.error.HTTPError)
+
+    # The report as training code sends it, from the pod's environment: verified, accepted.
+    reporter = progress.Reporter.from_env({**env, "MLSCHED_NAMESPACE": mlsched.namespace,
+                                           "MLSCHED_TOKEN_FILE": str(token_file)})
+    assert reporter.report(4, strict=True) is True
+    wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
+             .get("epochsDone") == 4, 30, "the report over HTTPS in the job's status")
+    # A client that does not trust that CA does not talk to the endpoint.
+    stranger = progress.Reporter(url=url, namespace=mlsched.namespace, job="other",
+                                 token_file=str(token_file))
+    with pytest.raises(progress.ProgressError, match="CERTIFICATE_VERIFY_FAILED"):
+        stranger.report(5, strict=True)
+
+    # A restarted operator keeps the CA: the job's pods are not re-rendered (not restarted).
+    template_hash = mlsched.statefulsets("other")["worker"].metadata.annotations
+    operator.stop()
+    operator.start()
+    time.sleep(3 * 1200 * INTERVAL_SCALE)  # a few rounds
+    assert mlsched.statefulsets("other")["worker"].metadata.annotations == template_hash
+    assert pod.metadata.uid in {p.metadata.uid for p in mlsched.pods("other")}

@@ -149,3 +149,31 @@ def test_applying_the_same_decision_twice_plans_nothing():
     assert plan_pods(NS, settled, {"worker": ("n2", "n1")}) == []
     pinned_not_bound = [pod_record(pod("bert", "worker", 0, pinned="n2", phase="Pending"))]
     assert plan_pods(NS, pinned_not_bound, {"worker": ("n2",)}) == []
+
+
+def test_pods_run_as_the_training_service_account_unless_the_template_names_one():
+    from dataclasses import replace
+
+    settings = replace(SETTINGS, service_account="mlsched-training")
+    counts = {"ps": 1, "worker": 1}
+    assert pod_template(record(), "worker", counts, settings)["spec"]["serviceAccountName"] == \
+        "mlsched-training"
+    assert "serviceAccountName" not in pod_template(record(), "worker", counts, SETTINGS)["spec"]
+    body = ps_job("bert")
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["serviceAccountName"] = "reader"
+    body["metadata"].update(uid="uid-bert", generation=1)
+    own = pod_template(job_record(body), "worker", counts, settings)
+    assert own["spec"]["serviceAccountName"] == "reader"
+    # Changing the default re-renders running jobs (it is part of what the hash covers).
+    assert template_hash(record(), "worker", counts, settings) != \
+        template_hash(record(), "worker", counts, SETTINGS)
+
+
+def test_the_endpoints_ca_is_passed_to_pods_when_there_is_one():
+    from dataclasses import replace
+
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    tpl = pod_template(record(), "worker", {"ps": 1, "worker": 1}, replace(SETTINGS, progress_ca=pem))
+    assert env_of(tpl, "MLSCHED_PROGRESS_CA") == pem
+    plain = pod_template(record(), "worker", {"ps": 1, "worker": 1}, SETTINGS)
+    assert "MLSCHED_PROGRESS_CA" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}

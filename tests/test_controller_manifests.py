@@ -1,5 +1,7 @@
-"""The deployable pieces agree with the code: RBAC covers every call the operator makes and
-nothing for training pods on mlsched.io; Deployment, Service and CLI agree on the port."""
+"""The deployable pieces agree with the code: RBAC covers every call the operator makes, writes
+only where it is bound (everywhere in the base, served namespaces in the namespaced overlay),
+nothing for training pods on mlsched.io, user roles aggregate into view/edit/admin;
+Deployment, Service and CLI agree on the port."""
 
 from __future__ import annotations
 
@@ -41,14 +43,87 @@ NEEDED = [
 ]
 
 
+OPERATOR_SA = {"kind": "ServiceAccount", "name": "mlsched-operator", "namespace": "mlsched-system"}
+NAMESPACED = ROOT / "manifests" / "overlays" / "namespaced"
+READ = {"get", "list", "watch"}
+
+
+def cluster_roles(directory: Path = BASE) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for f in directory.glob("*.yaml") for d in docs(f)
+            if d.get("kind") == "ClusterRole"}
+
+
+def bound_cluster_roles(files: list[Path]) -> set[str]:
+    """ClusterRoles bound to the operator's ServiceAccount by the bindings in these files."""
+    return {d["roleRef"]["name"] for f in files for d in docs(f)
+            if d.get("kind") in ("ClusterRoleBinding", "RoleBinding")
+            and OPERATOR_SA in d.get("subjects", []) and d["roleRef"]["kind"] == "ClusterRole"}
+
+
 def test_operator_role_covers_every_call_and_no_more_than_needed():
-    rules = rules_of("ClusterRole")
+    roles = cluster_roles()
+    rules = [r for name in bound_cluster_roles(list(BASE.glob("*.yaml")))
+             for r in roles[name]["rules"]]
     missing = [n for n in NEEDED if not allowed(rules, *n)]
     assert not missing
     # Least privilege: nothing on secrets, no wildcards, no deleting what GC deletes.
     assert not any("*" in r["verbs"] or "*" in r["resources"] for r in rules)
     assert not allowed(rules, "", "secrets", "get")
     assert not allowed(rules, "apps", "statefulsets", "delete")
+
+
+def test_cluster_wide_the_operator_only_reads_and_reviews_tokens():
+    """What is bound cluster-wide in both modes: reads (and TokenReviews, which change
+    nothing); no ConfigMaps at all, so kube-system's are out of reach in namespaced mode."""
+    (always,) = bound_cluster_roles([BASE / "rbac.yaml"])
+    rules = cluster_roles()[always]["rules"]
+    for rule in rules:
+        if rule["resources"] != ["tokenreviews"]:
+            assert set(rule["verbs"]) <= READ, rule
+    assert not allowed(rules, "", "configmaps", "get")
+    assert not allowed(rules, "apps", "statefulsets", "list")
+
+
+def test_namespaced_overlay_binds_the_writes_in_served_namespaces_only():
+    # The base binds the operator's namespaced rights cluster-wide in one file, and the
+    # overlay deletes exactly the objects of that file.
+    (clusterwide,) = docs(BASE / "rbac-all-namespaces.yaml")
+    assert clusterwide["kind"] == "ClusterRoleBinding" and OPERATOR_SA in clusterwide["subjects"]
+    (kustomization,) = docs(NAMESPACED / "kustomization.yaml")
+    assert kustomization["resources"] == ["../../base"]
+    deleted = [yaml.safe_load(p["patch"]) for p in kustomization["patches"]
+               if "$patch: delete" in p["patch"]]
+    assert [(d["kind"], d["metadata"]["name"]) for d in deleted] == [
+        (clusterwide["kind"], clusterwide["metadata"]["name"])]
+    env = [yaml.safe_load(p["patch"]) for p in kustomization["patches"]
+           if "Deployment" in p["patch"]][0]["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert any(e["name"] == "MLSCHED_NAMESPACES" and e["value"] for e in env)
+    # Per served namespace: a RoleBinding (namespaced, so it grants nothing elsewhere) of the
+    # same ClusterRole, and the training ServiceAccount.
+    served = NAMESPACED / "served-namespace"
+    (kust,) = docs(served / "kustomization.yaml")
+    assert "namespace" not in kust  # `kubectl apply -n <namespace> -k` decides where
+    assert "../../../base/training-rbac" in kust["resources"]
+    (binding,) = docs(served / "operator-rolebinding.yaml")
+    assert binding["kind"] == "RoleBinding" and OPERATOR_SA in binding["subjects"]
+    assert binding["roleRef"] == clusterwide["roleRef"]
+
+
+def test_user_roles_aggregate_into_view_edit_and_admin_and_never_write_status():
+    roles = cluster_roles()
+    view, edit = roles["mlsched-view"], roles["mlsched-edit"]
+    label = "rbac.authorization.k8s.io/aggregate-to-{}"
+    assert all(view["metadata"]["labels"][label.format(r)] == "true" for r in ("view", "edit", "admin"))
+    assert all(edit["metadata"]["labels"][label.format(r)] == "true" for r in ("edit", "admin"))
+    assert label.format("view") not in edit["metadata"]["labels"]
+    for kind in ("mljobs", "schedulingpolicies"):
+        assert allowed(view["rules"], "mlsched.io", kind, "list")
+        assert allowed(view["rules"], "mlsched.io", f"{kind}/status", "get")
+        assert not allowed(view["rules"], "mlsched.io", kind, "create")
+        assert allowed(edit["rules"], "mlsched.io", kind, "create")
+        assert allowed(edit["rules"], "mlsched.io", kind, "delete")
+        for verb in ("patch", "update"):
+            assert not allowed(edit["rules"] + view["rules"], "mlsched.io", f"{kind}/status", verb)
 
 
 def test_training_pods_get_nothing_on_mlsched_io():
@@ -67,8 +142,18 @@ def test_deployment_service_and_cli_agree():
     assert container["image"] == "mlsched-operator:latest"
     args = parse_args(container["args"])
     assert args.port == container["ports"][0]["containerPort"] == service["spec"]["ports"][0]["port"]
-    assert args.progress_url == f"http://{service['metadata']['name']}.mlsched-system.svc:{args.port}/v1/progress"
-    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    # HTTPS with the operator's own CA, kept in a Secret only it may read (docs/operator.md).
+    assert args.progress_url == f"https://{service['metadata']['name']}.mlsched-system.svc:{args.port}/v1/progress"
+    assert args.tls_secret == "mlsched-system/mlsched-operator-tls"
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/healthz"
+        assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    secret_ns, secret_name = args.tls_secret.split("/")
+    tls_role = next(d for d in docs(BASE / "rbac.yaml") if d["kind"] == "Role")
+    assert tls_role["metadata"]["namespace"] == secret_ns
+    for rule in tls_role["rules"]:
+        assert rule["resources"] == ["secrets"]
+        assert rule.get("resourceNames") == [secret_name] or rule["verbs"] == ["create"]
     assert spec["template"]["spec"]["securityContext"]["runAsNonRoot"] is True
 
 
@@ -82,5 +167,6 @@ def test_kustomization_references_the_generated_crds():
 def test_dockerfile_runs_the_operator_as_non_root():
     text = (ROOT / "Dockerfile").read_text()
     assert text.startswith("#") and "FROM python:3.11-slim" in text
+    assert "install -y --no-install-recommends openssl" in text  # serving_tls.py uses it
     assert "USER 10001" in text and "RUN pip install . " in text and "[train]" not in text
     assert 'ENTRYPOINT ["python", "-m", "mlsched.controller"]' in text

@@ -161,3 +161,85 @@ def test_client_round_trip_against_the_endpoint(tmp_path):
     asyncio.run(serve())
     assert results == {"ok": True, "refused": False}
     assert kube.obj("MLJob", NS, "bert")["status"]["progress"]["epochsDone"] == 7.0
+
+
+# ---- TokenReviews: cached, limited in rate ----------------------------------------------------
+
+
+def test_junk_tokens_cost_a_bounded_number_of_token_reviews():
+    rt, kube = world()
+
+    async def flood():
+        async with TestClient(TestServer(progress_server.make_app(rt))) as http:
+            answers = []
+            for i in range(1000):
+                resp = await http.post("/v1/progress", data=json.dumps(report()),
+                                       headers={"Authorization": f"Bearer junk-{i}"})
+                answers.append((resp.status, resp.headers.get("Retry-After")))
+            return answers
+
+    answers = asyncio.run(flood())
+    reviews = sum(1 for c in kube.calls if c[1] == "TokenReview")
+    # The burst, plus what the rate refills while the flood lasts (well under a second here).
+    assert rt.config.token_review_burst <= reviews <= rt.config.token_review_burst + 20
+    assert sum(status == 401 for status, _ in answers) == reviews
+    throttled = [retry for status, retry in answers if status == 429]
+    assert len(throttled) == 1000 - reviews and all(int(r) >= 1 for r in throttled)
+    assert rt.metrics.token_reviews.labels("unauthenticated")._value.get() == reviews
+    assert rt.metrics.progress_reports.labels("throttled")._value.get() == len(throttled)
+
+
+def test_a_token_is_reviewed_once_while_cached_and_never_stored_raw():
+    rt, kube = world()
+
+    async def reports():
+        async with TestClient(TestServer(progress_server.make_app(rt))) as http:
+            out = []
+            for token, epochs in [("bert-token", 1), ("bert-token", 2), ("junk", 1), ("junk", 1)]:
+                resp = await http.post("/v1/progress", data=json.dumps(report(epochs=epochs)),
+                                       headers={"Authorization": f"Bearer {token}"})
+                out.append(resp.status)
+            reviews = http.server.app[progress_server.REVIEWS]
+            return out, list(reviews._cache)
+
+    statuses, keys = asyncio.run(reports())
+    assert statuses == [200, 200, 401, 401]
+    assert sum(1 for c in kube.calls if c[1] == "TokenReview") == 2
+    assert len(keys) == 2 and not any("bert-token" in k or "junk" in k for k in keys)
+
+
+def test_cache_expiry_lru_bound_and_shared_in_flight_reviews():
+    from mlsched.controller.token_reviews import Throttled, TokenReviews
+
+    now = [0.0]
+    sent: list[str] = []
+
+    async def review(token, audiences):
+        sent.append(token)
+        await asyncio.sleep(0.01)
+        return {"authenticated": token.startswith("good")}
+
+    reviews = TokenReviews(review, rate=1.0, burst=3, ok_ttl=60, refused_ttl=10, max_entries=2,
+                           clock=lambda: now[0])
+
+    async def scenario():
+        # Ten concurrent reports with one token: one review.
+        await asyncio.gather(*(reviews("good-1", [AUD]) for _ in range(10)))
+        assert sent == ["good-1"]
+        await reviews("bad", [AUD])
+        now[0] = 11.0   # the refusal expired, the valid answer did not
+        await reviews("bad", [AUD])
+        await reviews("good-1", [AUD])
+        assert sent == ["good-1", "bad", "bad"]
+        await reviews("good-2", [AUD])  # LRU of two entries: good-1 ("bad" was older) stays
+        assert len(reviews) == 2
+        await reviews("good-3", [AUD])  # the third review since the bucket refilled at 11 s
+        with pytest.raises(Throttled) as throttled:  # burst spent, 1/s refill: 1 s to wait
+            await reviews("good-4", [AUD])
+        assert throttled.value.retry_after == pytest.approx(1.0)
+        assert sent[-1] == "good-3"
+        now[0] = 12.0
+        await reviews("good-4", [AUD])
+        assert sent[-1] == "good-4"
+
+    asyncio.run(scenario())

@@ -6,7 +6,8 @@
         progress.report(epoch + 1)
 
 Everything it needs is in the environment the operator gives every training pod
-(MLSCHED_PROGRESS_URL, MLSCHED_NAMESPACE, MLSCHED_JOB_NAME, MLSCHED_TOKEN_FILE). The token is the
+(MLSCHED_PROGRESS_URL, MLSCHED_NAMESPACE, MLSCHED_JOB_NAME, MLSCHED_TOKEN_FILE, and for an HTTPS
+endpoint MLSCHED_PROGRESS_CA, the CA to verify it with). The token is the
 pod's own audience-bound ServiceAccount token, re-read on every call because the kubelet
 rotates it. Report from one process per job (e.g. worker 0); reports from several are
 harmless, the operator keeps the highest count.
@@ -42,6 +43,9 @@ class Reporter:
     token_file: str = DEFAULT_TOKEN_FILE
     timeout_s: float = 5.0
     ca_file: str | None = None  # for an HTTPS endpoint with a private CA
+    # The same as PEM text: what the operator puts into MLSCHED_PROGRESS_CA when it serves
+    # HTTPS with its own CA (no file to mount, no ConfigMap to copy into every namespace).
+    ca_pem: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Reporter:
@@ -53,7 +57,15 @@ class Reporter:
         return cls(url=env["MLSCHED_PROGRESS_URL"], namespace=env["MLSCHED_NAMESPACE"],
                    job=env["MLSCHED_JOB_NAME"],
                    token_file=env.get("MLSCHED_TOKEN_FILE") or DEFAULT_TOKEN_FILE,
-                   ca_file=env.get("MLSCHED_PROGRESS_CA_FILE") or None)
+                   ca_file=env.get("MLSCHED_PROGRESS_CA_FILE") or None,
+                   ca_pem=env.get("MLSCHED_PROGRESS_CA") or None)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """Verifies the endpoint against the given CA only (not the system's): a private CA
+        is what signs it. None for plain HTTP or a publicly trusted endpoint."""
+        if not (self.ca_file or self.ca_pem):
+            return None
+        return ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_pem)
 
     def request(self, epochs_done: float, speed: float | None = None) -> urllib.request.Request:
         with open(self.token_file, encoding="utf-8") as f:
@@ -67,9 +79,8 @@ class Reporter:
 
     def report(self, epochs_done: float, speed: float | None = None, *, strict: bool = False) -> bool:
         try:
-            context = ssl.create_default_context(cafile=self.ca_file) if self.ca_file else None
             with urllib.request.urlopen(self.request(epochs_done, speed), timeout=self.timeout_s,
-                                        context=context) as response:
+                                        context=self.ssl_context()) as response:
                 return 200 <= response.status < 300
         except (OSError, urllib.error.URLError) as err:
             detail = err.read().decode(errors="replace") if isinstance(err, urllib.error.HTTPError) else err

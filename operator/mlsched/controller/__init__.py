@@ -13,6 +13,8 @@ Data flows one way, and only the last two modules know about kopf or the network
     loop.py       one scheduling round, and the loop around it
     jobs.py       MLJob children/lifecycle and late pod pinning
     progress_server.py  /v1/progress (TokenReview-authenticated), /metrics, /healthz
+    token_reviews.py    TokenReviews cached by token hash and limited in rate
+    serving_tls.py      the endpoint's CA and certificate, kept in a Secret
     handlers.py   kopf decorators only
 
 Entry point: `python -m mlsched.controller` (docs/operator.md).

@@ -28,6 +28,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--progress-url", help="URL training pods report progress to")
     p.add_argument("--tls-cert", help="serve the endpoint over HTTPS with this certificate")
     p.add_argument("--tls-key", help="... and this key")
+    p.add_argument("--tls-ca", help="the CA that signed --tls-cert, passed on to training pods")
+    p.add_argument("--tls-secret", metavar="NAMESPACE/NAME",
+                   help="serve HTTPS with the CA and certificate in this Secret, made if missing")
+    p.add_argument("--training-service-account",
+                   help="ServiceAccount of pods whose template names none (mlsched-training)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -37,7 +42,8 @@ def export(args: argparse.Namespace) -> None:
     flags = {"NAMESPACES": ",".join(args.namespace) or None, "PORT": args.port,
              "INTERVAL_SCALE": args.interval_scale, "JOB_SYNC_SECONDS": args.job_sync_seconds,
              "OPERATOR_PROGRESS_URL": args.progress_url, "TLS_CERT": args.tls_cert,
-             "TLS_KEY": args.tls_key}
+             "TLS_KEY": args.tls_key, "TLS_CA": args.tls_ca, "TLS_SECRET": args.tls_secret,
+             "TRAINING_SERVICE_ACCOUNT": args.training_service_account}
     for name, value in flags.items():
         if value is not None:
             os.environ[f"MLSCHED_{name}"] = str(value)
@@ -46,6 +52,13 @@ def export(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     export(args)
+    from mlsched.controller.config import OperatorConfig
+
+    problems = OperatorConfig.from_env().problems()
+    if problems:  # before kopf starts: a pod in CrashLoopBackOff whose log says why
+        for problem in problems:
+            print(f"python -m mlsched.controller: {problem}", file=sys.stderr)
+        return 2
     import kopf
 
     from mlsched.controller import handlers  # registers the handlers  # noqa: F401

@@ -38,6 +38,19 @@ class OperatorConfig:
     token_audience: str = TOKEN_AUDIENCE
     tls_cert: str | None = None  # serve the endpoint over HTTPS when both are set
     tls_key: str | None = None
+    # The CA (PEM file) that signed tls_cert, told to training pods so they can verify it.
+    tls_ca: str | None = None
+    # `namespace/name` of a Secret holding a CA and the endpoint's serving certificate, made
+    # by the operator when missing (controller/serving_tls.py): HTTPS with no cert-manager.
+    tls_secret: str | None = None
+    # Pods whose template names no ServiceAccount run as this one (manifests/base/training-rbac:
+    # no API rights, no API token). `default` keeps the namespace's default account.
+    training_service_account: str = "mlsched-training"
+    # TokenReviews the progress endpoint may send: `rate` per second, bursts of `burst`. Each
+    # answer is cached per token (controller/token_reviews.py), so a reporting pod needs about
+    # one a minute; beyond the limit a report is answered 429, never with a TokenReview.
+    token_review_rate: float = 10.0
+    token_review_burst: int = 50
     model_cache_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(),
                                                                       "mlsched-models"))
     # Nodes the operator places tasks on: label selector, and NoSchedule/NoExecute taint keys
@@ -65,12 +78,35 @@ class OperatorConfig:
             token_audience=get("TOKEN_AUDIENCE") or defaults.token_audience,
             tls_cert=get("TLS_CERT"),
             tls_key=get("TLS_KEY"),
+            tls_ca=get("TLS_CA"),
+            tls_secret=get("TLS_SECRET"),
+            training_service_account=get("TRAINING_SERVICE_ACCOUNT")
+            or defaults.training_service_account,
+            token_review_rate=float(get("TOKEN_REVIEW_RATE") or defaults.token_review_rate),
+            token_review_burst=int(get("TOKEN_REVIEW_BURST") or defaults.token_review_burst),
             model_cache_dir=get("MODEL_CACHE_DIR") or defaults.model_cache_dir,
             node_selector=_selector(get("NODE_SELECTOR")),
             tolerated_taints=frozenset(_csv(taints)) if taints is not None
             else defaults.tolerated_taints,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
         )
+
+    def problems(self) -> list[str]:
+        """Settings that cannot work together; the CLI refuses to start with any."""
+        out = []
+        https = self.progress_url.startswith("https://")
+        tls = bool(self.tls_secret or (self.tls_cert and self.tls_key))
+        if bool(self.tls_cert) != bool(self.tls_key):
+            out.append("--tls-cert and --tls-key go together")
+        if self.tls_secret and self.tls_cert:
+            out.append("--tls-secret and --tls-cert are two sources of one certificate: pick one")
+        if tls and not https:
+            out.append(f"the endpoint serves HTTPS but pods are told {self.progress_url}: "
+                       "make --progress-url https://")
+        if https and not tls:
+            out.append(f"pods are told {self.progress_url} but the endpoint serves plain HTTP: "
+                       "add --tls-secret (or --tls-cert/--tls-key)")
+        return out
 
     def round_seconds(self, spec_interval: float) -> float:
         """Wall-clock seconds between two rounds of a policy with this spec.interval."""

@@ -37,6 +37,12 @@ class PodSettings:
     # Taint keys of the nodes the operator places tasks on (OperatorConfig.tolerated_taints):
     # its pods must tolerate them, or a pod pinned to such a node could never start there.
     tolerated_taints: tuple[str, ...] = ()
+    # The ServiceAccount pods run as when their template names none (None: the namespace's
+    # `default`): the training one has no API rights and mounts no API token.
+    service_account: str | None = None
+    # PEM of the CA that signed the endpoint's certificate (None: the endpoint is plain HTTP or
+    # signed by a CA the pods already trust). mlsched.progress verifies the endpoint with it.
+    progress_ca: str | None = None
 
 
 def sts_name(job: str, role: str) -> str:
@@ -98,6 +104,8 @@ def environment(job: JobRecord, role: str, counts: Mapping[str, int],
         "MLSCHED_PROGRESS_URL": settings.progress_url,
         "MLSCHED_TOKEN_FILE": TOKEN_PATH,
     }
+    if settings.progress_ca:
+        plain["MLSCHED_PROGRESS_CA"] = settings.progress_ca
     env = [{"name": k, "value": v} for k, v in plain.items()]
     env += [{"name": "MLSCHED_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
             {"name": "MLSCHED_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -114,6 +122,9 @@ def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
     meta["labels"] = {**(meta.get("labels") or {}), **labels(job, role)}
     spec = tpl.setdefault("spec", {})
     spec["restartPolicy"] = "Always"  # the only policy StatefulSets accept
+    if settings.service_account and not spec.get("serviceAccountName") \
+            and not spec.get("serviceAccount"):  # the deprecated alias counts as naming one
+        spec["serviceAccountName"] = settings.service_account
     # The operator owns placement: a user pin would fight it (and cannot be changed on a
     # gated pod once set), so it is dropped.
     spec.pop("nodeName", None)
@@ -164,7 +175,7 @@ def template_hash(job: JobRecord, role: str, counts: Mapping[str, int],
     if digest is None:
         source = [RENDER_VERSION, job.templates.get(role), job.namespace, job.name, job.model,
                   job.epochs, role, ps, workers, settings.progress_url, settings.token_audience,
-                  list(settings.tolerated_taints)]
+                  list(settings.tolerated_taints), settings.service_account, settings.progress_ca]
         digest = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
         if len(_hashes) >= _HASH_CACHE_SIZE:
             _hashes.clear()

@@ -131,6 +131,7 @@ class ClientKubeApi:
             "Pod": (c, "namespaced_pod"),
             "ConfigMap": (c, "namespaced_config_map"),
             "Event": (c, "namespaced_event"),
+            "Secret": (c, "namespaced_secret"),  # the endpoint's own TLS (serving_tls.py)
         }
         if kind in CUSTOM_PLURALS:
             return {}

@@ -46,7 +46,11 @@ class Metrics:
             ["namespace", "policy", "reason"], registry=r)
         self.progress_reports = Counter(
             "mlsched_progress_reports_total", "Progress reports received, by outcome",
-            ["result"], registry=r)  # accepted | unauthenticated | forbidden | invalid
+            ["result"], registry=r)  # accepted | unauthenticated | forbidden | invalid | throttled
+        # | unavailable. TokenReviews the endpoint actually sent (cache misses within the rate):
+        self.token_reviews = Counter(
+            "mlsched_token_reviews_total", "TokenReviews sent to the API server, by answer",
+            ["result"], registry=r)  # authenticated | unauthenticated | error
         self.api_errors = Counter("mlsched_api_errors_total", "API calls that failed",
                                   ["action"], registry=r)
 

@@ -10,33 +10,42 @@ Progress reports are authenticated with the reporting pod's own ServiceAccount t
    exist in the job's namespace with the same uid and carry `mlsched.io/job-name: <job>`.
 
 So a pod can report progress for its own job only, and training pods never need (nor get) any
-permission on MLJob objects: the operator writes the status.
+permission on MLJob objects: the operator writes the status. TokenReviews are cached and limited
+in rate (token_reviews.py): junk tokens cost the API server a bounded number of reviews.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import ssl
 import time
+from dataclasses import replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from aiohttp import web
 
 from mlsched.api import Progress
 from mlsched.controller.constants import EXTRA_POD_NAME, EXTRA_POD_UID, JOB_LABEL
+from mlsched.controller.kube import KubeError
 from mlsched.controller.records import JobRecord, job_record
 from mlsched.controller.rewards import utc
 from mlsched.controller.runtime import Runtime
+from mlsched.controller.serving_tls import ensure_serving_tls
+from mlsched.controller.token_reviews import Throttled, TokenReviews, retry_after_header
 
 log = logging.getLogger("mlsched.controller.progress")
 SPEED_SMOOTHING = 0.5  # weight of the newest measurement in the running speed average
 RUNTIME = web.AppKey("runtime", Runtime)
+REVIEWS = web.AppKey("token_reviews", TokenReviews)
 
 
 class Refused(Exception):
-    def __init__(self, status: int, result: str, message: str):
+    def __init__(self, status: int, result: str, message: str,
+                 headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.result = status, result
+        self.status, self.result, self.headers = status, result, headers
 
 
 def _first(extra: dict[str, Any], key: str) -> str | None:
@@ -46,11 +55,24 @@ def _first(extra: dict[str, Any], key: str) -> str | None:
     return value
 
 
-async def authorize(rt: Runtime, token: str | None, namespace: str, job: str) -> str:
+def token_reviews(rt: Runtime) -> TokenReviews:
+    return TokenReviews(rt.api.review_token, rate=rt.config.token_review_rate,
+                        burst=rt.config.token_review_burst,
+                        on_review=lambda result: rt.metrics.token_reviews.labels(result).inc())
+
+
+async def authorize(rt: Runtime, reviews: TokenReviews, token: str | None, namespace: str,
+                    job: str) -> str:
     """The reporting pod's name, or Refused."""
     if not token:
         raise Refused(401, "unauthenticated", "missing bearer token")
-    review = await rt.api.review_token(token, [rt.config.token_audience])
+    try:
+        review = await reviews(token, [rt.config.token_audience])
+    except Throttled as err:
+        raise Refused(429, "throttled", str(err),
+                      {"Retry-After": retry_after_header(err.retry_after)}) from None
+    except KubeError as err:
+        raise Refused(503, "unavailable", f"TokenReview failed: {err}") from None
     if not review.get("authenticated"):
         raise Refused(401, "unauthenticated", review.get("error") or "token not authenticated")
     user = review.get("user") or {}
@@ -72,7 +94,14 @@ async def _pod_of_job(rt: Runtime, namespace: str, pod_name: str, pod_uid: str, 
     """The index is a cache that lags the API: right after an operator (re)start, before the
     pod watch has listed everything, and for a pod created a moment ago. A miss is therefore
     checked against the API server before a report of a legitimate pod is refused."""
-    body = await rt.api.get("Pod", namespace, pod_name)
+    try:
+        body = await rt.api.get("Pod", namespace, pod_name)
+    except KubeError as err:
+        if err.status != 403:
+            raise Refused(503, "unavailable", f"reading pod {namespace}/{pod_name}: {err}") from None
+        # A namespaced install may read pods only where it serves: a report from elsewhere.
+        raise Refused(403, "forbidden", f"namespace {namespace} is not served by this operator") \
+            from None
     meta = (body or {}).get("metadata") or {}
     return meta.get("uid") == pod_uid and (meta.get("labels") or {}).get(JOB_LABEL) == job
 
@@ -127,15 +156,19 @@ async def handle_progress(request: web.Request) -> web.Response:
             raise Refused(400, "invalid", "epochsDone and speed must be finite and >= 0")
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else None
-        pod = await authorize(rt, token, namespace, job_name)
+        pod = await authorize(rt, request.app[REVIEWS], token, namespace, job_name)
         job = await _job(rt, namespace, job_name)
         if job is None:
             raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
         progress = await record_progress(rt, job, epochs, speed)
     except Refused as err:
         rt.metrics.progress_reports.labels(err.result).inc()
-        log.warning("progress report refused (%d): %s", err.status, err)
-        return web.json_response({"accepted": False, "error": str(err)}, status=err.status)
+        # A flood is counted in the metrics; one warning per throttled request would be a
+        # second flood, in the log.
+        log.log(logging.DEBUG if err.status == 429 else logging.WARNING,
+                "progress report refused (%d): %s", err.status, err)
+        return web.json_response({"accepted": False, "error": str(err)}, status=err.status,
+                                 headers=err.headers)
     rt.metrics.progress_reports.labels("accepted").inc()
     log.debug("MLJob %s/%s: pod %s reported %s epochs", namespace, job_name, pod, epochs)
     return web.json_response({"accepted": True, "progress": progress})
@@ -153,21 +186,39 @@ async def handle_health(request: web.Request) -> web.Response:
 def make_app(rt: Runtime) -> web.Application:
     app = web.Application(client_max_size=64 * 1024)
     app[RUNTIME] = rt
+    app[REVIEWS] = token_reviews(rt)
     app.router.add_post("/v1/progress", handle_progress)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/healthz", handle_health)
     return app
 
 
+async def serving_context(rt: Runtime) -> ssl.SSLContext | None:
+    """The TLS context to serve with (None: plain HTTP). The CA that signed the certificate,
+    when known, becomes part of every pod template (PodSettings.progress_ca), so this runs
+    before any handler renders one."""
+    config = rt.config
+    cert, key, ca_pem = config.tls_cert, config.tls_key, None
+    if config.tls_secret:
+        host = urlsplit(config.progress_url).hostname or ""
+        tls = await ensure_serving_tls(rt.api, config.tls_secret, host)
+        cert, key, ca_pem = tls.cert_file, tls.key_file, tls.ca_pem
+    elif config.tls_ca:
+        with open(config.tls_ca, encoding="utf-8") as f:
+            ca_pem = f.read()
+    if not (cert and key):
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert, key)
+    if ca_pem:
+        rt.pod_settings = replace(rt.pod_settings, progress_ca=ca_pem)
+    return context
+
+
 async def start(rt: Runtime) -> web.AppRunner:
+    ssl_context = await serving_context(rt)
     runner = web.AppRunner(make_app(rt), access_log=None)
     await runner.setup()
-    ssl_context = None
-    if rt.config.tls_cert and rt.config.tls_key:
-        import ssl
-
-        ssl_context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        ssl_context.load_cert_chain(rt.config.tls_cert, rt.config.tls_key)
     await web.TCPSite(runner, "0.0.0.0", rt.config.port, ssl_context=ssl_context).start()
     log.info("progress endpoint, /metrics and /healthz on port %d%s", rt.config.port,
              " (TLS)" if ssl_context else "")

@@ -263,7 +263,8 @@ class Runtime:
         self.recorder = Recorder(self.api)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
                                         tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
-                                        token_audience=self.config.token_audience)
+                                        token_audience=self.config.token_audience,
+                                        service_account=self.config.training_service_account)
 
     @classmethod
     def create(cls, config: OperatorConfig, api: KubeApi) -> Runtime:
