@@ -46,7 +46,7 @@ class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, *, namespaces: list[str],
                  interval_scale: float, job_sync_seconds: float = 1.0,
                  model_cache_dir: Path | None = None, extra_env: dict[str, str] | None = None,
-                 tls_secret: str | None = None):
+                 tls_secret: str | None = None, extra_args: list[str] | None = None):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
         self.namespaces = namespaces
@@ -56,6 +56,7 @@ class OperatorProcess:
         self.extra_env = extra_env or {}
         # `namespace/name`: serve HTTPS as the Deployment does (--tls-secret).
         self.tls_secret = tls_secret
+        self.extra_args = extra_args or []  # after the defaults: a repeated flag wins
         self.port = free_port()  # kept across restarts: pods were told this URL
         self.process: subprocess.Popen | None = None
         self.starts = 0
@@ -88,7 +89,7 @@ class OperatorProcess:
             args += ["--namespace", namespace]
         if self.tls_secret:
             args += ["--tls-secret", self.tls_secret]
-        return args
+        return args + self.extra_args
 
     def start(self, timeout: float = 120.0) -> None:
         """Starts the operator and returns once its endpoint answers /healthz."""

@@ -137,7 +137,8 @@ def test_deployment_service_and_cli_agree():
     deployment = docs(BASE / "deployment.yaml")[0]
     service = docs(BASE / "service.yaml")[0]
     spec = deployment["spec"]
-    assert spec["replicas"] == 1 and spec["strategy"]["type"] == "Recreate"
+    # Active/standby: two replicas elect a leader with a Lease; only the leader is Ready.
+    assert spec["replicas"] == 2 and spec["strategy"]["type"] == "RollingUpdate"
     container = spec["template"]["spec"]["containers"][0]
     assert container["image"] == "mlsched-operator:latest"
     args = parse_args(container["args"])
@@ -145,11 +146,22 @@ def test_deployment_service_and_cli_agree():
     # HTTPS with the operator's own CA, kept in a Secret only it may read (docs/operator.md).
     assert args.progress_url == f"https://{service['metadata']['name']}.mlsched-system.svc:{args.port}/v1/progress"
     assert args.tls_secret == "mlsched-system/mlsched-operator-tls"
-    for probe in ("livenessProbe", "readinessProbe"):
-        assert container[probe]["httpGet"]["path"] == "/healthz"
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        assert container[probe]["httpGet"]["path"] == path
         assert container[probe]["httpGet"]["scheme"] == "HTTPS"
+    lease_ns, lease_name = args.leader_election.split("/")
+    assert args.leader_identity == "$(POD_NAME)"
+    assert {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}} \
+        in container["env"]
+    election = next(d for d in docs(BASE / "rbac.yaml") if d["kind"] == "Role"
+                    and d["metadata"]["name"] == "mlsched-operator-leader-election")
+    assert election["metadata"]["namespace"] == lease_ns
+    for rule in election["rules"]:
+        assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
+        assert rule.get("resourceNames") == [lease_name] or rule["verbs"] == ["create"]
     secret_ns, secret_name = args.tls_secret.split("/")
-    tls_role = next(d for d in docs(BASE / "rbac.yaml") if d["kind"] == "Role")
+    tls_role = next(d for d in docs(BASE / "rbac.yaml") if d["kind"] == "Role"
+                    and d["metadata"]["name"] == "mlsched-operator-tls")
     assert tls_role["metadata"]["namespace"] == secret_ns
     for rule in tls_role["rules"]:
         assert rule["resources"] == ["secrets"]

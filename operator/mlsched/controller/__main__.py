@@ -3,8 +3,9 @@
     python -m mlsched.controller [--namespace NS ...] [--port 8080] [--interval-scale 0.01]
 
 Flags are also read from MLSCHED_* variables (see config.py); a flag wins. Without
---namespace the operator serves every namespace. It runs standalone (no kopf peering): the
-Deployment has one replica and the Recreate strategy, so two operators never run at once.
+--namespace the operator serves every namespace. With --leader-election, several replicas run
+and only the holder of the Lease writes anything (controller/leadership.py); kopf peering is
+not used (it pauses operators, it elects no leader).
 """
 
 from __future__ import annotations
@@ -33,6 +34,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="serve HTTPS with the CA and certificate in this Secret, made if missing")
     p.add_argument("--training-service-account",
                    help="ServiceAccount of pods whose template names none (mlsched-training)")
+    p.add_argument("--leader-election", metavar="NAMESPACE/NAME",
+                   help="run as one of several replicas: only the holder of this Lease "
+                        "schedules, the others stand by with warm caches")
+    p.add_argument("--leader-identity",
+                   help="this replica's name in the Lease (default: hostname and a random tag)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -43,7 +49,8 @@ def export(args: argparse.Namespace) -> None:
              "INTERVAL_SCALE": args.interval_scale, "JOB_SYNC_SECONDS": args.job_sync_seconds,
              "OPERATOR_PROGRESS_URL": args.progress_url, "TLS_CERT": args.tls_cert,
              "TLS_KEY": args.tls_key, "TLS_CA": args.tls_ca, "TLS_SECRET": args.tls_secret,
-             "TRAINING_SERVICE_ACCOUNT": args.training_service_account}
+             "TRAINING_SERVICE_ACCOUNT": args.training_service_account,
+             "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity}
     for name, value in flags.items():
         if value is not None:
             os.environ[f"MLSCHED_{name}"] = str(value)

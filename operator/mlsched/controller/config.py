@@ -4,6 +4,8 @@ from its flags, so that `kopf run -m mlsched.controller.handlers` sees the same 
 from __future__ import annotations
 
 import os
+import socket
+import uuid
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -58,6 +60,12 @@ class OperatorConfig:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerated_taints: frozenset[str] = frozenset({"nvidia.com/gpu", "kwok.x-k8s.io/node"})
     api_concurrency: int = 16  # API calls in flight during one round
+    # `namespace/name` of the coordination.k8s.io Lease replicas elect a leader with
+    # (controller/leadership.py); None: this process leads alone (one replica).
+    leader_election: str | None = None
+    # This replica's name in the Lease: the pod's name in a cluster, unique per process.
+    leader_identity: str = field(default_factory=lambda: f"{socket.gethostname()}-"
+                                                         f"{uuid.uuid4().hex[:8]}")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
@@ -89,6 +97,8 @@ class OperatorConfig:
             tolerated_taints=frozenset(_csv(taints)) if taints is not None
             else defaults.tolerated_taints,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
+            leader_election=get("LEADER_ELECTION"),
+            leader_identity=get("LEADER_IDENTITY") or defaults.leader_identity,
         )
 
     def problems(self) -> list[str]:
@@ -103,6 +113,9 @@ class OperatorConfig:
         if tls and not https:
             out.append(f"the endpoint serves HTTPS but pods are told {self.progress_url}: "
                        "make --progress-url https://")
+        if self.leader_election and self.leader_election.count("/") != 1:
+            out.append(f"--leader-election {self.leader_election!r}: expected NAMESPACE/NAME "
+                       "of a Lease")
         if https and not tls:
             out.append(f"pods are told {self.progress_url} but the endpoint serves plain HTTP: "
                        "add --tls-secret (or --tls-cert/--tls-key)")

@@ -33,6 +33,7 @@ from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespacePods
 from mlsched.controller.kube import ClientKubeApi
+from mlsched.controller.leadership import Leadership, elect
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
@@ -79,15 +80,31 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         rt.indexes.other_namespaces = other = OtherNamespacePods(CONFIG.namespaces)
         other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
         memo["other_namespaces"] = other
-    rt.policy_loops = policy_loops(rt)
-    memo["sweep_stopped"] = stopped = asyncio.Event()
-    memo["sweep"] = asyncio.create_task(
-        sweep_forever(lambda: jobs.sweep(rt, rt.indexes), CONFIG.job_sync_seconds, stopped),
-        name="mlsched-lifecycle-sweep")
     rt.metrics.watch_job_phases(
         lambda: Counter(j.phase or "Unknown" for j in flatten(rt.indexes.mljobs)))
+    rt.policy_loops = policy_loops(rt)
+    if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
+        rt.leadership = Leadership(leading=False)
+        rt.policy_loops.active = False
     memo["runtime"] = rt
+    # Before anything renders a pod template: the endpoint's CA becomes part of them.
     memo["server"] = await progress_server.start(rt)
+    rt.leadership.on_leading(lambda: start_leading(rt, memo))
+    if CONFIG.leader_election:
+        elect(rt.leadership, CONFIG.leader_election, CONFIG.leader_identity,
+              asyncio.get_running_loop())
+
+
+def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
+    """What only the leader runs: the scheduling loops and the lifecycle sweep."""
+    rt.policy_loops.activate()
+    memo["sweep_stopped"] = stopped = asyncio.Event()
+    # A replica that just won the Lease sweeps at once: jobs created while it stood by have no
+    # children yet (at startup, each job's first watch event does that instead).
+    memo["sweep"] = asyncio.create_task(
+        sweep_forever(lambda: jobs.sweep(rt, rt.indexes), CONFIG.job_sync_seconds, stopped,
+                      first_after_s=0.0 if CONFIG.leader_election else None),
+        name="mlsched-lifecycle-sweep")
 
 
 @kopf.on.cleanup()
@@ -162,7 +179,8 @@ async def policy_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
     if event.get("type") == "DELETED":
         rt.policy_loops.stop(key)
         return
-    await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
+    if rt.leadership.leading:
+        await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
     if rt.policy_loops.observe(body):
         rt.wakeups.signal(key, "policy")
 
@@ -177,6 +195,8 @@ def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
 async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: str,
                             labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime(memo)
+    if not rt.leadership.leading:
+        return
     # Scaled or recreated by hand: back to the decided replicas now, not at the next round.
     await jobs.restore_replicas(rt, event.get("type"), body, rt.indexes)
     # A new job can be admitted once its StatefulSets exist (they are created on arrival).

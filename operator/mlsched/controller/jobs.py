@@ -46,6 +46,8 @@ async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
         return
     body = plain(body)
     rt.job_bodies[key] = body
+    if not rt.leadership.leading:
+        return  # a standby writes nothing; when it leads, the sweep reconciles every job
     await release_legacy_finalizer(rt, "MLJob", body)
     if not body["metadata"].get("deletionTimestamp"):
         try:
@@ -248,6 +250,8 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     namespace, job_name = meta.get("namespace", ""), meta["labels"][JOB_LABEL]
     key = (namespace, job_name)
     rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero)
+    if not rt.leadership.leading:
+        return  # the leader's first round pins what is gated
     if event_type == "DELETED" or pod.deleting or not pod.gated:
         rt.pinned.pop(pod.uid, None)
         return

@@ -144,6 +144,11 @@ async def record_progress(rt: Runtime, job: JobRecord, reported: float, speed: f
 async def handle_progress(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     try:
+        if not rt.leadership.leading:
+            # A standby writes nothing; its /readyz fails, so the Service should not have
+            # sent this. The client retries with its next (cumulative) report.
+            raise Refused(503, "standby", "this replica is standing by; report to the leader",
+                          headers={"Retry-After": "1"})
         try:
             payload = await request.json()
             namespace, job_name = str(payload["namespace"]), str(payload["job"])
@@ -180,7 +185,14 @@ async def handle_metrics(request: web.Request) -> web.Response:
 
 
 async def handle_health(request: web.Request) -> web.Response:
+    """Liveness: the process answers (a standby replica too)."""
     return web.json_response({"ok": True})
+
+
+async def handle_ready(request: web.Request) -> web.Response:
+    """Readiness: only the leader takes reports, so the Service sends them to it alone."""
+    leading = request.app[RUNTIME].leadership.leading
+    return web.json_response({"leading": leading}, status=200 if leading else 503)
 
 
 def make_app(rt: Runtime) -> web.Application:
@@ -190,6 +202,7 @@ def make_app(rt: Runtime) -> web.Application:
     app.router.add_post("/v1/progress", handle_progress)
     app.router.add_get("/metrics", handle_metrics)
     app.router.add_get("/healthz", handle_health)
+    app.router.add_get("/readyz", handle_ready)
     return app
 
 

@@ -16,6 +16,7 @@ from mlsched.controller.config import OperatorConfig
 from mlsched.controller.desired import PodSettings
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
+from mlsched.controller.leadership import Leadership
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
@@ -257,6 +258,8 @@ class Runtime:
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
+    # Whether this replica may write (controller/leadership.py); it does unless it stands by.
+    leadership: Leadership = field(default_factory=Leadership)
     _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:

@@ -59,8 +59,10 @@ class PolicyLoops:
     """One task per SchedulingPolicy running `loop(body, stopped)`, from its first watch event
     until it is deleted (or the operator stops)."""
 
-    def __init__(self, loop: LoopBody):
+    def __init__(self, loop: LoopBody, active: bool = True):
         self._loop = loop
+        # A standby replica keeps the bodies but runs no loop until it leads (activate).
+        self.active = active
         self._bodies: dict[Key, LiveBody] = {}
         self._stopped: dict[Key, asyncio.Event] = {}
         self._tasks: dict[Key, asyncio.Task] = {}
@@ -79,7 +81,8 @@ class PolicyLoops:
             live = None
         if live is None:
             live = self._bodies[key] = LiveBody(body)
-            self._start(key, live)
+            if self.active:
+                self._start(key, live)
             return False
         edited = live.current["metadata"].get("generation") != body["metadata"].get("generation")
         live.current = body
@@ -101,6 +104,13 @@ class PolicyLoops:
 
         task = self._tasks[key] = asyncio.get_running_loop().create_task(
             run(), name=f"policy-loop/{key[0]}/{key[1]}")
+
+    def activate(self) -> None:
+        """Start a loop for every policy seen so far (a standby has become the leader)."""
+        self.active = True
+        for key, live in list(self._bodies.items()):
+            if key not in self._tasks:
+                self._start(key, live)
 
     def _forget(self, key: Key) -> None:
         self._bodies.pop(key, None)
@@ -129,15 +139,18 @@ class PolicyLoops:
 
 
 async def sweep_forever(step: Callable[[], Awaitable[None]], every_s: float,
-                        stopped: asyncio.Event) -> None:
-    """Run `step` every `every_s` seconds until `stopped`; a failing step is logged and the
-    sweep goes on (one bad object must not stop the lifecycle of all the others)."""
+                        stopped: asyncio.Event, first_after_s: float | None = None) -> None:
+    """Run `step` every `every_s` seconds (the first after `first_after_s`, default `every_s`)
+    until `stopped`; a failing step is logged and the sweep goes on (one bad object must not
+    stop the lifecycle of all the others)."""
+    wait = every_s if first_after_s is None else first_after_s
     while not stopped.is_set():
         try:
-            await asyncio.wait_for(stopped.wait(), every_s)
+            await asyncio.wait_for(stopped.wait(), wait)
             return
         except TimeoutError:
             pass
+        wait = every_s
         try:
             await step()
         except Exception:  # noqa: BLE001
