@@ -243,3 +243,22 @@ def test_cache_expiry_lru_bound_and_shared_in_flight_reviews():
         assert sent[-1] == "good-4"
 
     asyncio.run(scenario())
+
+
+def test_a_standby_replica_takes_no_report_and_is_not_ready():
+    from mlsched.controller.leadership import Leadership
+
+    rt, kube = world()
+    rt.leadership = Leadership(leading=False)
+    status, body = asyncio.run(post(rt, report(epochs=5.0), "bert-token"))
+    assert status == 503 and not body["accepted"]
+    assert "progress" not in (kube.obj("MLJob", NS, "bert").get("status") or {})
+
+    async def probe(path):
+        async with TestClient(TestServer(progress_server.make_app(rt))) as http:
+            return (await http.get(path)).status
+
+    assert asyncio.run(probe("/healthz")) == 200 and asyncio.run(probe("/readyz")) == 503
+    rt.leadership.become_leader()
+    assert asyncio.run(probe("/readyz")) == 200
+    assert asyncio.run(post(rt, report(epochs=5.0), "bert-token"))[0] == 200
