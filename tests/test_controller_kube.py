@@ -124,3 +124,19 @@ def test_create_sends_the_body_as_written_with_strict_field_validation(recorded)
     replies.append((201, body))
     assert run(api.create({**body, "kind": "Service", "apiVersion": "v1"})) is True
     assert requests[-1]["url"].split("?")[0].endswith(f"/api/v1/namespaces/{NS}/services")
+
+
+def test_every_request_is_counted_by_verb_and_resource(recorded):
+    from mlsched.controller.runtime import Runtime
+    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.models import ModelResolver
+
+    api, requests, replies = recorded
+    rt = Runtime(config=OperatorConfig(), api=api, models=ModelResolver("/tmp/x", None))
+    run(api.patch("StatefulSet", NS, "s", [], patch_type="json"))
+    run(api.patch("MLJob", NS, "j", {"status": {}}, status=True))
+    run(api.get("Pod", NS, "p"))
+    text = rt.metrics.render().decode()
+    assert 'mlsched_api_requests_total{resource="statefulsets",verb="patch"} 1.0' in text
+    assert 'mlsched_api_requests_total{resource="mljobs/status",verb="patch"} 1.0' in text
+    assert 'mlsched_api_requests_total{resource="pods",verb="get"} 1.0' in text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, Protocol
 
@@ -20,6 +21,10 @@ CONTENT_TYPES = {"merge": "application/merge-patch+json",
                  "strategic": "application/strategic-merge-patch+json",
                  "json": "application/json-patch+json"}
 CUSTOM_PLURALS = {"MLJob": "mljobs", "SchedulingPolicy": "schedulingpolicies"}
+#: Resource names for the request metric (plurals as in the API paths).
+RESOURCES = {**CUSTOM_PLURALS, "StatefulSet": "statefulsets", "Pod": "pods",
+             "Service": "services", "ConfigMap": "configmaps", "Event": "events",
+             "Secret": "secrets", "TokenReview": "tokenreviews"}
 #: Collection paths of the built-in kinds the operator creates.
 CREATE_PATHS = {"Service": "/api/v1/namespaces/{namespace}/services",
                 "StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets",
@@ -107,6 +112,8 @@ class ClientKubeApi:
         self._custom = client.CustomObjectsApi(self._client)
         self._auth = client.AuthenticationV1Api(self._client)
         self._slots = asyncio.Semaphore(concurrency)
+        # Called with (verb, resource) for every request sent (the Runtime counts them).
+        self.on_request: Callable[[str, str], None] | None = None
         # Its own threads, as many as calls may be in flight: the loop's default executor has
         # min(32, CPUs + 4) threads (6 on 2 cores) and also runs the policies' decisions.
         self._threads = ThreadPoolExecutor(max_workers=concurrency,
@@ -161,8 +168,14 @@ class ClientKubeApi:
                                body=(response.data or b"").decode(errors="replace"))
         return response
 
+    def _count(self, verb: str, kind: str, status: bool = False) -> None:
+        if self.on_request is not None:
+            resource = RESOURCES.get(kind, kind.lower() + "s")
+            self.on_request(verb, f"{resource}/status" if status else resource)
+
     async def create(self, body: dict[str, Any]) -> bool:
         kind, ns = body["kind"], body["metadata"]["namespace"]
+        self._count("create", kind)
         # Strict: a field the server does not know (a typo in a user's pod template, `comand`)
         # is an error naming it, not a warning while the field is silently dropped.
         query = [("fieldManager", COMPONENT), ("fieldValidation", "Strict")]
@@ -180,6 +193,7 @@ class ClientKubeApi:
         return True
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
+        self._count("get", kind)
         try:
             if kind in CUSTOM_PLURALS:
                 return await self._call(self._custom.get_namespaced_custom_object, GROUP, VERSION,
@@ -192,6 +206,7 @@ class ClientKubeApi:
 
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
                     patch_type: PatchType = "merge", status: bool = False) -> bool:
+        self._count("patch", kind, status)
         options = {"_content_type": CONTENT_TYPES[patch_type], "field_manager": COMPONENT,
                    "field_validation": "Strict"}
         try:
@@ -209,6 +224,7 @@ class ClientKubeApi:
         return True
 
     async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
+        self._count("delete", kind)
         body = {"preconditions": {"uid": uid}} if uid else {}
         try:
             if kind in CUSTOM_PLURALS:
@@ -224,6 +240,7 @@ class ClientKubeApi:
         return True
 
     async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
+        self._count("create", "TokenReview")
         body = {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
                 "spec": {"token": token, "audiences": audiences}}
         result = await self._call(self._auth.create_token_review, body)

@@ -53,6 +53,11 @@ class Metrics:
             ["result"], registry=r)  # authenticated | unauthenticated | error
         self.api_errors = Counter("mlsched_api_errors_total", "API calls that failed",
                                   ["action"], registry=r)
+        # Every call the operator's KubeApi sends (kopf's own watches excepted): what a round,
+        # a sweep or a report costs the API server. verb: create | get | patch | delete |
+        # review; resource: the kind (statefulsets, pods, mljobs/status, ...).
+        self.api_requests = Counter("mlsched_api_requests_total", "Requests sent to the API server",
+                                    ["verb", "resource"], registry=r)
 
     def watch_job_phases(self, count: Callable[[], Mapping[str, int]]) -> None:
         self.registry.register(_JobsByPhase(count))

@@ -263,6 +263,9 @@ class Runtime:
     _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:
+        if hasattr(self.api, "on_request"):  # the production KubeApi: count what it sends
+            self.api.on_request = lambda verb, resource: \
+                self.metrics.api_requests.labels(verb, resource).inc()
         self.recorder = Recorder(self.api)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
                                         tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
