@@ -30,7 +30,8 @@ CREATE_PATHS = {"Service": "/api/v1/namespaces/{namespace}/services",
                 "StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets",
                 "Pod": "/api/v1/namespaces/{namespace}/pods",
                 "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
-                "Event": "/api/v1/namespaces/{namespace}/events"}
+                "Event": "/api/v1/namespaces/{namespace}/events",
+                "Secret": "/api/v1/namespaces/{namespace}/secrets"}
 
 
 class KubeError(RuntimeError):
