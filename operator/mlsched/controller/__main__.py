@@ -15,6 +15,16 @@ import os
 import sys
 
 
+def _byte_count(text: str) -> str:
+    from mlsched.controller.config import parse_bytes
+
+    try:
+        parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text  # exported as written; config.py parses MLSCHED_MAX_MODEL_BYTES
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlsched.controller", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -28,6 +38,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--progress-url", help="URL training pods report progress to")
     p.add_argument("--tls-cert", help="serve the endpoint over HTTPS with this certificate")
     p.add_argument("--tls-key", help="... and this key")
+    p.add_argument("--allowed-model-dir", action="append", default=[], metavar="DIR",
+                   help="a directory SchedulingPolicy model paths may name files in (repeatable; "
+                        "default: the models shipped with the operator)")
+    p.add_argument("--max-model-bytes", metavar="BYTES", type=_byte_count,
+                   help="largest model file, ConfigMap value or model card read, e.g. 64Mi (64Mi)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -37,7 +52,8 @@ def export(args: argparse.Namespace) -> None:
     flags = {"NAMESPACES": ",".join(args.namespace) or None, "PORT": args.port,
              "INTERVAL_SCALE": args.interval_scale, "JOB_SYNC_SECONDS": args.job_sync_seconds,
              "OPERATOR_PROGRESS_URL": args.progress_url, "TLS_CERT": args.tls_cert,
-             "TLS_KEY": args.tls_key}
+             "TLS_KEY": args.tls_key, "MAX_MODEL_BYTES": args.max_model_bytes,
+             "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None}
     for name, value in flags.items():
         if value is not None:
             os.environ[f"MLSCHED_{name}"] = str(value)

@@ -201,7 +201,8 @@ class Runtime:
             return await api.get("ConfigMap", namespace, name)
 
         return cls(config=config, api=api,
-                   models=ModelResolver(config.model_cache_dir, read_configmap))
+                   models=ModelResolver(config.model_cache_dir, read_configmap, config.model_dirs,
+                                        config.max_model_bytes))
 
     def epochs_done(self, job: JobRecord) -> float:
         """The newest progress known: the index, or a report whose status write is in flight."""
