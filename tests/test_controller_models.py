@@ -323,10 +323,13 @@ def test_only_regular_files_are_read(tmp_path, toy):
     fifo = tmp_path / "fifo.onnx"
     os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
     (tmp_path / "folder.onnx").mkdir()
+    (tmp_path / "loop.onnx").symlink_to("loop.onnx")
     res = resolver(tmp_path)
     for path in (fifo, tmp_path / "folder.onnx"):
         r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", path))))
         assert r.model_loaded.reason == "ModelPathNotAllowed" and "is not a regular file" in r.model_loaded.message
+    r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", tmp_path / "loop.onnx"))))
+    assert r.model_loaded.reason == "ModelPathNotAllowed" and "does not resolve (a loop)" in r.model_loaded.message
 
 
 def test_no_model_dirs_configured_refuses_every_path(tmp_path, toy):

@@ -60,16 +60,16 @@ class ModelBundle:
         return hashlib.sha256(self.card).hexdigest() if self.card is not None else None
 
 
-def size_text(limit: int) -> str:
+def _size_text(limit: int) -> str:
     for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if limit % size == 0:
             return f"{limit // size} {unit}"
     return f"{limit} bytes"
 
 
-def too_large(what: str, limit: int) -> ModelLoadError:
+def _too_large(what: str, limit: int) -> ModelLoadError:
     return ModelLoadError("ModelTooLarge", f"{what} is larger than the model size limit of "
-                                           f"{size_text(limit)} (--max-model-bytes)")
+                                           f"{_size_text(limit)} (--max-model-bytes)")
 
 
 class ModelDirs:
@@ -114,7 +114,7 @@ def read_bounded(real: str, name: str, limit: int) -> bytes:
         if not stat.S_ISREG(info.st_mode):
             raise ModelLoadError("ModelPathNotAllowed", f"{name} is not a regular file")
         if info.st_size > limit:
-            raise too_large(name, limit)
+            raise _too_large(name, limit)
         chunks, total = [], 0
         while total <= limit:  # the size may have grown since fstat
             chunk = os.read(fd, min(1 << 20, limit + 1 - total))
@@ -123,7 +123,7 @@ def read_bounded(real: str, name: str, limit: int) -> bytes:
             chunks.append(chunk)
             total += len(chunk)
         if total > limit:
-            raise too_large(name, limit)
+            raise _too_large(name, limit)
         return b"".join(chunks)
     finally:
         os.close(fd)
@@ -135,8 +135,8 @@ def _read_allowed(path: str, dirs: ModelDirs | None, limit: int) -> bytes:
         return read_bounded(real, path, limit)
     except OSError as err:
         if err.errno == errno.ELOOP:
-            raise ModelLoadError("ModelPathNotAllowed", f"{path} changed into a symlink while "
-                                                        "being read") from None
+            raise ModelLoadError("ModelPathNotAllowed", f"{path} is a symlink that does not "
+                                 "resolve (a loop), or one swapped in after the check") from None
         raise
 
 
@@ -181,7 +181,7 @@ def _configmap_value(body: Mapping[str, Any], key: str, what: str, limit: int) -
         # Decoded size from the text's length: nothing bigger than the limit is decoded.
         text = str(binary).strip()
         if len(text) // 4 * 3 - text[-2:].count("=") > limit:
-            raise too_large(what, limit)
+            raise _too_large(what, limit)
         try:
             return base64.b64decode(text, validate=True)
         except (binascii.Error, ValueError):
@@ -191,5 +191,5 @@ def _configmap_value(body: Mapping[str, Any], key: str, what: str, limit: int) -
         return None
     data = str(text).encode()
     if len(data) > limit:
-        raise too_large(what, limit)
+        raise _too_large(what, limit)
     return data
