@@ -492,10 +492,11 @@ def test_a_failed_verdict_is_evicted_too_so_a_fix_elsewhere_is_not_needed(tmp_pa
     assert res.cached() == set()
 
 
-def test_load_folders_left_by_a_killed_operator_are_removed(tmp_path):
+def test_folders_left_by_a_killed_operator_or_an_older_release_are_removed(tmp_path):
     cache = tmp_path / "cache"
-    (cache / "load-abc123").mkdir(parents=True)
-    (cache / "load-abc123" / "model.onnx").write_bytes(b"half written")
+    for folder in ("load-abc123", "ab" * 32):  # a load in progress; the old <sha256>/ layout
+        (cache / folder).mkdir(parents=True)
+        (cache / folder / "model.onnx").write_bytes(b"left behind")
     (cache / "someone-else").mkdir()
     resolver(tmp_path)
     assert [p.name for p in cache.iterdir()] == ["someone-else"]

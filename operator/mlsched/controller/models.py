@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import re
 import shutil
 import tempfile
 from collections.abc import Sequence
@@ -101,7 +102,7 @@ class ModelResolver:
         # Entries resolutions in progress are using, so that another policy's eviction keeps them.
         self._in_flight: dict[int, set[CacheKey]] = {}
         self._tickets = itertools.count()
-        _remove_load_folders(cache_dir)
+        _remove_our_folders(cache_dir)
 
     async def resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec) -> ResolvedPolicy:
         ticket, used = next(self._tickets), set()
@@ -246,15 +247,20 @@ class _Failure:
         return ModelLoadError(self.reason, text, attempted)
 
 
-def _remove_load_folders(cache_dir: str) -> None:
-    """Load folders left by an operator killed mid-load (the cache dir may outlive it, e.g. an
-    emptyDir across container restarts). Only our own prefix: the directory is configurable."""
+#: What this cache writes: load folders, and the `<sha256>/` folders releases before them kept.
+_OUR_FOLDERS = re.compile(rf"{LOAD_FOLDER_PREFIX}.*|[0-9a-f]{{64}}")
+
+
+def _remove_our_folders(cache_dir: str) -> None:
+    """Folders left by an operator killed mid-load or by an older release (the cache dir may
+    outlive it, e.g. an emptyDir across container restarts, or /tmp outside a cluster). Only
+    names we write: the directory is configurable and may hold other things."""
     try:
         names = os.listdir(cache_dir)
     except OSError:
         return
     for entry in names:
-        if entry.startswith(LOAD_FOLDER_PREFIX):
+        if _OUR_FOLDERS.fullmatch(entry):
             shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
 
 
