@@ -12,19 +12,19 @@ and a DL² model.
 from __future__ import annotations
 
 import contextlib
-import uuid
 from dataclasses import dataclass
 
 import pytest
 from kubernetes import client
 
 from controlplane import ControlPlane, ControlPlaneError
+from mlsched_objects import fresh_namespace
 
 # The operator's fixtures live in their own module; importing them here registers
 # them (pytest_plugins is only allowed in a rootdir conftest).
 from operator_fixtures import (  # noqa: E402,F401
     crds, dl2_files, emulator, mlsched, operator, operator_identity, pytest_runtest_makereport,
-    start_operator,
+    second_tenant, start_operator,
 )
 
 
@@ -79,9 +79,5 @@ def api(control_plane: ControlPlane):
 @pytest.fixture
 def namespace(api: client.ApiClient):
     """A fresh namespace per test, so tests cannot see each other's objects."""
-    core = client.CoreV1Api(api)
-    name = f"e2e-{uuid.uuid4().hex[:8]}"
-    core.create_namespace({"apiVersion": "v1", "kind": "Namespace",
-                           "metadata": {"name": name}})
-    yield name
-    core.delete_namespace(name)
+    with fresh_namespace(api) as name:
+        yield name

@@ -1,4 +1,4 @@
-"""A real DL² ONNX model with its model card, and the ConfigMap that serves it.
+"""A real DL² ONNX model with its model card, and the ConfigMap or directory that serves it.
 
 The shipped artifact (policy_models/artifacts/dl2/) is used when it exists. A fresh
 checkout may not have one (training it takes hours), so otherwise a small untrained
@@ -10,6 +10,7 @@ of its decisions. The seed makes its decisions the same on every run.
 from __future__ import annotations
 
 import base64
+import json
 import shutil
 from pathlib import Path
 
@@ -63,5 +64,26 @@ def corrupt_configmap(name: str, card: Path) -> dict:
             "data": {CARD_KEY: card.read_text()}}
 
 
+def stale_card_configmap(name: str, model: Path, card: Path) -> dict:
+    """The genuine model next to a card that says it was trained with an older state
+    encoder: a card the operator must refuse, for bytes another tenant serves fine."""
+    stale = json.loads(card.read_text())
+    stale["encoder"]["version"] = "dl2-state-v0"
+    return {**model_configmap(name, model, card), "data": {CARD_KEY: json.dumps(stale)}}
+
+
 def configmap_ref(name: str) -> dict:
     return {"configMapKeyRef": {"name": name, "key": MODEL_KEY}}
+
+
+def path_ref(path: Path | str) -> dict:
+    return {"path": str(path)}
+
+
+def model_directory(directory: Path, model: Path, card: Path) -> Path:
+    """A model directory for the operator (--allowed-model-dir) holding the model and its
+    card, as a volume mounted into its pod would; returns the model's path there."""
+    directory.mkdir(parents=True, exist_ok=True)
+    shutil.copy(model, directory / model.name)
+    shutil.copy(card, card_of(directory / model.name))
+    return directory / model.name

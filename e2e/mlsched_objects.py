@@ -7,8 +7,11 @@ API server stores.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
+import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,6 +137,18 @@ def scheduling_policy(name: str = "default", *, allocation: str = "drf", interva
             "metadata": {"name": name},
             "spec": {"interval": interval, "allocation": allocation, "models": models or {},
                      **spec}}
+
+
+@contextlib.contextmanager
+def fresh_namespace(api: client.ApiClient) -> Iterator[str]:
+    """A namespace of its own, deleted afterwards."""
+    core = client.CoreV1Api(api)
+    name = f"e2e-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}})
+    try:
+        yield name
+    finally:
+        core.delete_namespace(name)
 
 
 # ------------------------------------------------------------------ reading and writing

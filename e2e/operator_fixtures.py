@@ -14,7 +14,7 @@ import pytest
 
 from controlplane import ControlPlane
 from dl2_model import dl2_model_files
-from mlsched_objects import MLSched, install_crds
+from mlsched_objects import MLSched, fresh_namespace, install_crds
 from operator_identity import operator_kubeconfig, serve_namespace
 from operator_process import OperatorProcess
 from waiting import wait_for
@@ -73,22 +73,46 @@ def start_operator(request: pytest.FixtureRequest, api, operator_identity: Path,
 
     def start(**kwargs) -> OperatorProcess:
         kwargs.setdefault("interval_scale", INTERVAL_SCALE)
+        kwargs.setdefault("namespaces", [mlsched.namespace])
         operator = OperatorProcess(operator_identity, tmp_path / f"operator-{len(started)}.log",
-                                   namespaces=[mlsched.namespace], **kwargs)
+                                   **kwargs)
         started.append(operator)
         operator.start()
         return operator
 
     yield start
 
-    mlsched.delete_all()
-    # Nothing holds them (no finalizer), running operator or not.
-    wait_for(lambda: not mlsched.remaining(), 30, "the test's objects to be deleted",
-             describe=mlsched.remaining)
+    release(mlsched)
     for operator in started:
         operator.stop()
+    wait_pods_gone(mlsched)
+
+
+def release(mlsched: MLSched) -> None:
+    """Deletes a namespace's MLJobs and policies. Nothing holds them (no finalizer), whether
+    an operator runs or not."""
+    mlsched.delete_all()
+    wait_for(lambda: not mlsched.remaining(), 30, "the test's objects to be deleted",
+             describe=mlsched.remaining)
+
+
+def wait_pods_gone(mlsched: MLSched) -> None:
     wait_for(lambda: not mlsched.pods(), 90, "the test's pods to be garbage-collected",
              describe=lambda: [p.metadata.name for p in mlsched.pods()])
+
+
+@pytest.fixture
+def second_tenant(api, crds, start_operator) -> MLSched:
+    """A second namespace, for what one tenant's objects may do to another's. It depends on
+    start_operator so that its objects are released before the operator stops; the test
+    starts an operator serving both: start_operator(namespaces=[mlsched.namespace,
+    second_tenant.namespace])."""
+    with fresh_namespace(api) as name:
+        serve_namespace(api, name)
+        tenant = MLSched(api, name)
+        yield tenant
+        release(tenant)
+        wait_pods_gone(tenant)
 
 
 @pytest.fixture

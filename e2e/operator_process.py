@@ -45,7 +45,8 @@ class OperatorError(RuntimeError):
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, *, namespaces: list[str],
                  interval_scale: float, job_sync_seconds: float = 1.0,
-                 model_cache_dir: Path | None = None, extra_env: dict[str, str] | None = None,
+                 model_cache_dir: Path | None = None, model_dirs: list[Path] | None = None,
+                 max_model_bytes: str | None = None, extra_env: dict[str, str] | None = None,
                  tls_secret: str | None = None, extra_args: list[str] | None = None):
         self.kubeconfig = kubeconfig
         self.log_path = log_path
@@ -53,6 +54,8 @@ class OperatorProcess:
         self.interval_scale = interval_scale
         self.job_sync_seconds = job_sync_seconds
         self.model_cache_dir = model_cache_dir or log_path.parent / "operator-models"
+        self.model_dirs = model_dirs or []  # none: the operator's default (the shipped models)
+        self.max_model_bytes = max_model_bytes
         self.extra_env = extra_env or {}
         # `namespace/name`: serve HTTPS as the Deployment does (--tls-secret).
         self.tls_secret = tls_secret
@@ -89,6 +92,10 @@ class OperatorProcess:
             args += ["--namespace", namespace]
         if self.tls_secret:
             args += ["--tls-secret", self.tls_secret]
+        for directory in self.model_dirs:
+            args += ["--allowed-model-dir", str(directory)]
+        if self.max_model_bytes:
+            args += ["--max-model-bytes", self.max_model_bytes]
         return args + self.extra_args
 
     def start(self, timeout: float = 120.0) -> None:

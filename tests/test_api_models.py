@@ -270,6 +270,19 @@ def test_policy_bounds(spec, field):
     assert f"spec.{field}:" in rejection(SchedulingPolicy, policy(**spec))
 
 
+@pytest.mark.parametrize("path, refused", [
+    ("/models/../etc/passwd", True), ("/models/dl2/..", True), ("/../x.onnx", True),
+    ("/models/..dl2/x.onnx", False), ("/models/dl2..onnx", False), ("/models/dl2/x.onnx", False),
+])
+def test_model_paths_with_parent_segments_are_refused_at_admission(path, refused):
+    body = policy(allocation="dl2", models={"allocation": {"dl2": {"path": path}}})
+    if refused:
+        assert rejection(SchedulingPolicy, body).endswith(
+            "spec.models.allocation.dl2.path: path must not contain '..' segments")
+    else:
+        SchedulingPolicy.from_k8s(body)
+
+
 # --------------------------------------------------------------------------- samples
 
 

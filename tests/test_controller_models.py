@@ -1,19 +1,30 @@
 """Model loading for SchedulingPolicies: missing, corrupt and mismatched models fall back,
-a verified model is served, and an unchanged model is not loaded again."""
+a verified model is served, and an unchanged model is not loaded again. A tenant's policy
+reads nothing outside the model directories, nothing unbounded, and cannot change what
+another tenant's policy is told about its own model and card."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import json
+import os
+import re
+import shutil
+from pathlib import Path
 
 import pytest
 
 from mlsched.api import SchedulingPolicySpec
 from mlsched.controller import models
+from mlsched.controller.model_sources import ModelDirs, ModelLoadError, read_bounded
 from mlsched.controller.models import ModelResolver
+from mlsched.features.card import card_path
 from mlsched.policies import registry
 from mlsched.policies.allocation.drf import DRF
 from test_controller_fixtures import NS, run
+
+POLICY = (NS, "default")
 
 
 class ToyLearned:
@@ -39,19 +50,64 @@ def toy(monkeypatch):
     return ToyLearned
 
 
+GOOD_CARD, BAD_CARD = b"card: for carded", b"card: for something else"
+
+
+class CardedLearned:
+    """A stand-in learned allocation that, like the ONNX runner, reads the card beside its
+    model (`<stem>.card.json`) and refuses one that is not GOOD_CARD."""
+
+    name = "carded"
+    cards: list[bytes] = []
+
+    def __init__(self, path: str):
+        card = card_path(Path(path))
+        if not card.is_file():
+            raise ValueError(f"model card {card}: No such file")
+        CardedLearned.cards.append(card.read_bytes())
+        if card.read_bytes() != GOOD_CARD:
+            raise ValueError(f"model card {card} is not the card of {path}")
+
+    def allocate(self, snapshot, ledger):
+        DRF().allocate(snapshot, ledger)
+
+
+@pytest.fixture
+def carded(monkeypatch):
+    monkeypatch.setitem(registry.ALLOCATION, "carded",
+                        registry.Entry(lambda ctx: CardedLearned(ctx.model_path), learned=True))
+    CardedLearned.cards = []
+    return CardedLearned
+
+
+def toy_configmap(model: bytes, card: bytes | None) -> dict:
+    return {"binaryData": {"policy.onnx": base64.b64encode(model).decode()},
+            "data": {"policy.card.json": card.decode()} if card is not None else {}}
+
+
+def cm_model(algorithm: str, name: str = "toy-model") -> dict:
+    return {"allocation": {algorithm: {"configMapKeyRef": {"name": name, "key": "policy.onnx"}}}}
+
+
+def path_model(algorithm: str, path) -> dict:
+    return {"allocation": {algorithm: {"path": str(path)}}}
+
+
 def spec(**kw) -> SchedulingPolicySpec:
     return SchedulingPolicySpec.model_validate(kw)
 
 
-def resolver(tmp_path, configmaps=None) -> ModelResolver:
+def resolver(tmp_path, configmaps=None, model_dirs=None, **kw) -> ModelResolver:
+    """A resolver whose model directory is tmp_path (where most tests write their files)."""
     async def read(namespace, name):
         return (configmaps or {}).get((namespace, name))
 
-    return ModelResolver(str(tmp_path / "cache"), read)
+    return ModelResolver(str(tmp_path / "cache"), read,
+                         [str(tmp_path)] if model_dirs is None else model_dirs, **kw)
 
 
 def test_heuristics_need_no_model(tmp_path):
-    r = run(resolver(tmp_path).resolve(NS, spec(allocation="srtf", placement="bin-pack")))
+    r = run(resolver(tmp_path).resolve(POLICY, spec(allocation="srtf", placement="bin-pack")))
     assert r.allocation.name == "srtf" and r.placement.name == "bin-pack"
     assert (r.model_loaded.status, r.model_loaded.reason) == (True, "NoModelNeeded")
     assert r.ready.reason == "Scheduling" and not r.load_failed
@@ -59,7 +115,7 @@ def test_heuristics_need_no_model(tmp_path):
 
 def test_missing_model_file_falls_back(tmp_path):
     s = spec(allocation="dl2", models={"allocation": {"dl2": {"path": str(tmp_path / "nope.onnx")}}}, fallback="fifo")
-    r = run(resolver(tmp_path).resolve(NS, s))
+    r = run(resolver(tmp_path).resolve(POLICY, s))
     assert (r.model_loaded.status, r.model_loaded.reason) == (False, "ModelNotFound")
     assert "nope.onnx" in r.model_loaded.message
     assert r.allocation.name == "fifo" and r.ready.reason == "FallbackActive" and r.load_failed
@@ -67,7 +123,7 @@ def test_missing_model_file_falls_back(tmp_path):
 
 def test_no_model_reference_and_none_shipped(tmp_path, monkeypatch):
     monkeypatch.setattr(models, "shipped_model", lambda name: None)
-    r = run(resolver(tmp_path).resolve(NS, spec(allocation="dl2")))
+    r = run(resolver(tmp_path).resolve(POLICY, spec(allocation="dl2")))
     assert r.model_loaded.reason == "NoModelReference" and r.allocation.name == "drf"
 
 
@@ -76,7 +132,7 @@ def test_without_a_reference_the_shipped_model_serves(tmp_path, toy, monkeypatch
     shipped.write_bytes(b"TOY shipped with the image")
     monkeypatch.setattr(models, "shipped_model", lambda name: str(shipped))
     monkeypatch.setitem(registry.ALLOCATION, "toy", registry.Entry(lambda ctx: ToyLearned(ctx.model_path), learned=True))
-    r = run(resolver(tmp_path).resolve(NS, spec(allocation="toy", models={})))
+    r = run(resolver(tmp_path).resolve(POLICY, spec(allocation="toy", models={})))
     assert r.model_loaded.status and r.allocation.name == "toy"
 
 
@@ -84,7 +140,7 @@ def test_corrupt_model_falls_back_with_a_clear_reason(tmp_path):
     garbage = tmp_path / "policy.onnx"
     garbage.write_bytes(b"\x00not an onnx graph\xff" * 10)
     s = spec(allocation="dl2", models={"allocation": {"dl2": {"path": str(garbage)}}})
-    r = run(resolver(tmp_path).resolve(NS, s))
+    r = run(resolver(tmp_path).resolve(POLICY, s))
     # Without the DL² runner installed the import fails; with it the file is refused. Either
     # way the policy says why and schedules with drf.
     assert r.model_loaded.status is False
@@ -97,7 +153,7 @@ def test_sha256_mismatch_is_refused_before_loading(tmp_path, toy):
     model = tmp_path / "toy.onnx"
     model.write_bytes(b"TOY model v1")
     s = spec(allocation="toy", models={"allocation": {"toy": {"path": str(model), "sha256": "0" * 64}}})
-    r = run(resolver(tmp_path).resolve(NS, s))
+    r = run(resolver(tmp_path).resolve(POLICY, s))
     assert r.model_loaded.reason == "ModelDigestMismatch" and toy.loads == 0
     assert r.allocation.name == "drf"
 
@@ -108,14 +164,14 @@ def test_verified_model_is_served_and_cached_by_digest(tmp_path, toy):
     digest = hashlib.sha256(b"TOY model v1").hexdigest()
     res = resolver(tmp_path)
     s = spec(allocation="toy", models={"allocation": {"toy": {"path": str(model), "sha256": digest}}})
-    first = run(res.resolve(NS, s))
-    second = run(res.resolve(NS, s))
+    first = run(res.resolve(POLICY, s))
+    second = run(res.resolve(POLICY, s))
     assert first.allocation is second.allocation and toy.loads == 1
     assert first.active_models == {"allocation/toy": digest}
     assert (first.model_loaded.status, first.model_loaded.reason) == (True, "ModelVerified")
     # A new file is a new digest: loaded once more.
     model.write_bytes(b"TOY model v2")
-    third = run(res.resolve(NS, spec(allocation="toy", models={"allocation": {"toy": {"path": str(model)}}})))
+    third = run(res.resolve(POLICY, spec(allocation="toy", models={"allocation": {"toy": {"path": str(model)}}})))
     assert third.allocation is not first.allocation and toy.loads == 2
 
 
@@ -124,33 +180,31 @@ def test_bad_file_is_remembered_not_reloaded_every_round(tmp_path, toy):
     model.write_bytes(b"garbage")
     res = resolver(tmp_path)
     s = spec(allocation="toy", models={"allocation": {"toy": {"path": str(model)}}})
-    first, second = run(res.resolve(NS, s)), run(res.resolve(NS, s))
+    first, second = run(res.resolve(POLICY, s)), run(res.resolve(POLICY, s))
     assert first.model_loaded.reason == second.model_loaded.reason == "ModelInvalid"
     assert first.load_failed and not second.load_failed  # the metric counts attempts
 
 
-def test_model_from_configmap_binary_data(tmp_path, toy):
+def test_model_from_configmap_binary_data_with_its_card_beside_it(tmp_path, carded):
     data = b"TOY from a ConfigMap"
-    cms = {(NS, "toy-model"): {"binaryData": {"policy.onnx": base64.b64encode(data).decode()},
-                               "data": {"card.json": "{}"}}}
-    s = spec(allocation="toy", models={"allocation": {"toy": {"configMapKeyRef": {"name": "toy-model", "key": "policy.onnx"}}}})
-    r = run(resolver(tmp_path, cms).resolve(NS, s))
-    digest = hashlib.sha256(data).hexdigest()
-    assert r.model_loaded.status and r.active_models == {"allocation/toy": digest}
-    # Every key lands in one folder, so a model card stored next to the model is found there.
-    assert sorted(p.name for p in (tmp_path / "cache" / digest).iterdir()) == ["card.json", "policy.onnx"]
+    cms = {(NS, "toy-model"): toy_configmap(data, GOOD_CARD) | {"data": {
+        "policy.card.json": GOOD_CARD.decode(), "notes.txt": "not read"}}}
+    r = run(resolver(tmp_path, cms).resolve(POLICY, spec(allocation="carded", models=cm_model("carded"))))
+    assert r.model_loaded.status and r.active_models == {"allocation/carded": hashlib.sha256(data).hexdigest()}
+    # The card reached the loader beside the model, and the load left no file behind.
+    assert carded.cards == [GOOD_CARD] and list((tmp_path / "cache").iterdir()) == []
 
 
 @pytest.mark.parametrize("configmaps, reason", [({}, "ModelNotFound"),
                                                 ({(NS, "toy-model"): {"data": {"other": "x"}}}, "ModelNotFound")])
 def test_configmap_missing_or_without_key(tmp_path, toy, configmaps, reason):
     s = spec(allocation="toy", models={"allocation": {"toy": {"configMapKeyRef": {"name": "toy-model", "key": "policy.onnx"}}}})
-    r = run(resolver(tmp_path, configmaps).resolve(NS, s))
+    r = run(resolver(tmp_path, configmaps).resolve(POLICY, s))
     assert r.model_loaded.reason == reason and r.allocation.name == "drf"
 
 
 def test_unknown_algorithms_fall_back_and_say_so(tmp_path):
-    r = run(resolver(tmp_path).resolve(NS, spec(allocation="nope", placement="nope2", grouping="x",
+    r = run(resolver(tmp_path).resolve(POLICY, spec(allocation="nope", placement="nope2", grouping="x",
                                                 fallback="srtf")))
     assert r.allocation.name == "srtf" and r.placement.name == "load-balance" and r.grouping.name == "none"
     assert r.ready.status and r.ready.reason == "FallbackActive"
@@ -165,22 +219,306 @@ def test_a_learned_placement_loads_its_model_by_phase_and_falls_back_to_load_bal
     built = []
 
     def build(ctx):
-        built.append(ctx.model_path)
-        if not ctx.model_path or not open(ctx.model_path, "rb").read().startswith(b"TOY"):
+        with open(ctx.model_path, "rb") as f:
+            built.append(f.read())  # a copy of what was hashed, in a folder of its own
+        if not built[-1].startswith(b"TOY"):
             raise ValueError("not a toy placement model")
         return LoadBalance()
 
     monkeypatch.setitem(registry.PLACEMENT, "toy-place", registry.Entry(build, learned=True))
     good = tmp_path / "place.onnx"
     good.write_bytes(b"TOY placement")
-    r = run(resolver(tmp_path).resolve(NS, spec(placement="toy-place",
+    r = run(resolver(tmp_path).resolve(POLICY, spec(placement="toy-place",
                                                  models={"placement": {"toy-place": {"path": str(good)}}})))
     assert r.model_loaded.status and set(r.active_models) == {"placement/toy-place"}
-    assert built == [str(good)]
+    assert built == [b"TOY placement"]
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"garbage")
-    r = run(resolver(tmp_path).resolve(NS, spec(placement="toy-place",
+    r = run(resolver(tmp_path).resolve(POLICY, spec(placement="toy-place",
                                                  models={"placement": {"toy-place": {"path": str(bad)}}})))
     assert (r.model_loaded.status, r.model_loaded.reason) == (False, "ModelInvalid")
     assert r.ready.reason == "FallbackActive" and "placing with load-balance" in r.ready.message
     assert r.placement.name == "load-balance" and r.allocation.name == "drf"
+
+
+# ---- paths: only inside the configured model directories ----------------------------------
+
+HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def test_paths_outside_the_model_dirs_are_refused_without_being_touched(tmp_path, toy, monkeypatch):
+    models_dir = tmp_path / "models"
+    models_dir.mkdir()
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "toy.onnx").write_bytes(b"TOY but not in a model directory")
+    touched = []
+    for name in ("open", "stat", "lstat"):
+        real = getattr(os, name)
+
+        def spy(path, *args, _real=real, **kwargs):
+            touched.append(os.fspath(path)) if isinstance(path, (str, os.PathLike)) else None
+            return _real(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, name, spy)
+    res = resolver(tmp_path, model_dirs=[str(models_dir)])
+    refused = {}
+    for path in ("/etc/passwd", "/dev/zero", "/etc/no-such-file", str(outside / "toy.onnx"),
+                 str(outside / "absent.onnx"), str(tmp_path / "models-evil" / "toy.onnx")):
+        r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", path))))
+        assert (r.model_loaded.status, r.model_loaded.reason) == (False, "ModelPathNotAllowed"), path
+        assert f"configured model directories ({models_dir})" in r.model_loaded.message
+        assert not HEX64.search(r.model_loaded.message) and r.active_models == {}
+        assert r.allocation.name == "drf" and r.ready.reason == "FallbackActive"
+        refused[path] = r.model_loaded.message.replace(repr(path), "PATH")
+    # Existing or not, the answer is the same: status tells a tenant nothing about the file.
+    assert len(set(refused.values())) == 1, refused
+    assert not [p for p in touched if "elsewhere" in p or p.startswith(("/etc", "/dev"))], touched
+    assert toy.loads == 0
+    # The spies do see what is read: a path inside the directory is looked at.
+    run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", models_dir / "absent.onnx"))))
+    assert any(p.endswith("models/absent.onnx") for p in touched), touched
+
+
+def test_dot_dot_is_resolved_as_text_before_anything_is_touched(tmp_path):
+    """The CRD refuses '..' (CEL); an older CRD does not, and the check does not rely on it."""
+    dirs = ModelDirs([str(tmp_path / "models")])
+    with pytest.raises(ModelLoadError, match="is not$") as refused:
+        dirs.check(f"{tmp_path}/models/../elsewhere/toy.onnx")
+    assert refused.value.reason == "ModelPathNotAllowed"
+    assert dirs.check(f"{tmp_path}/models/sub/../toy.onnx") == f"{tmp_path}/models/toy.onnx"
+    with pytest.raises(ModelLoadError, match="is not$"):
+        dirs.check("models/toy.onnx")  # relative: not inside anything
+
+
+def test_a_symlink_out_of_a_model_dir_is_refused(tmp_path, toy):
+    models_dir, outside = tmp_path / "models", tmp_path / "elsewhere"
+    models_dir.mkdir(), outside.mkdir()
+    (outside / "toy.onnx").write_bytes(b"TOY outside")
+    (models_dir / "link.onnx").symlink_to(outside / "toy.onnx")
+    (models_dir / "linked-dir").symlink_to(outside)
+    (models_dir / "passwd.onnx").symlink_to("/etc/passwd")
+    res = resolver(tmp_path, model_dirs=[str(models_dir)])
+    for name in ("link.onnx", "linked-dir/toy.onnx", "passwd.onnx"):
+        r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", models_dir / name))))
+        assert r.model_loaded.reason == "ModelPathNotAllowed", name
+        assert "resolves (through a symlink) outside them" in r.model_loaded.message
+    assert toy.loads == 0
+
+
+def test_a_symlink_inside_a_model_dir_and_a_symlinked_model_dir_serve(tmp_path, toy):
+    """Kubernetes mounts ConfigMap volumes as symlinks into a ..data folder: that stays inside."""
+    real_dir = tmp_path / "volume"
+    (real_dir / "..data").mkdir(parents=True)
+    (real_dir / "..data" / "toy.onnx").write_bytes(b"TOY from a volume")
+    (real_dir / "toy.onnx").symlink_to("..data/toy.onnx")
+    (tmp_path / "models").symlink_to(real_dir)
+    res = resolver(tmp_path, model_dirs=[str(tmp_path / "models")])
+    for path in (tmp_path / "models" / "toy.onnx", real_dir / "toy.onnx"):
+        r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", path))))
+        assert (r.model_loaded.status, r.model_loaded.reason) == (True, "ModelVerified"), r.model_loaded
+
+
+def test_only_regular_files_are_read(tmp_path, toy):
+    fifo = tmp_path / "fifo.onnx"
+    os.mkfifo(fifo)  # opening it for reading would wait for a writer forever
+    (tmp_path / "folder.onnx").mkdir()
+    (tmp_path / "loop.onnx").symlink_to("loop.onnx")
+    res = resolver(tmp_path)
+    for path in (fifo, tmp_path / "folder.onnx"):
+        r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", path))))
+        assert r.model_loaded.reason == "ModelPathNotAllowed" and "is not a regular file" in r.model_loaded.message
+    r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", tmp_path / "loop.onnx"))))
+    assert r.model_loaded.reason == "ModelPathNotAllowed" and "does not resolve (a loop)" in r.model_loaded.message
+
+
+def test_no_model_dirs_configured_refuses_every_path(tmp_path, toy):
+    (tmp_path / "toy.onnx").write_bytes(b"TOY")
+    r = run(resolver(tmp_path, model_dirs=[]).resolve(POLICY, spec(
+        allocation="toy", models=path_model("toy", tmp_path / "toy.onnx"))))
+    assert r.model_loaded.reason == "ModelPathNotAllowed" and "none are configured" in r.model_loaded.message
+
+
+# ---- bounded reads ------------------------------------------------------------------------
+
+
+def test_a_model_over_the_size_limit_is_refused(tmp_path, toy):
+    (tmp_path / "big.onnx").write_bytes(b"TOY" + b"x" * 2048)
+    (tmp_path / "fits.onnx").write_bytes(b"TOY" + b"x" * (1024 - 3))  # exactly the limit
+    res = resolver(tmp_path, max_model_bytes=1024)
+    r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", tmp_path / "big.onnx"))))
+    assert (r.model_loaded.reason, r.allocation.name) == ("ModelTooLarge", "drf") and toy.loads == 0
+    assert r.model_loaded.message.endswith("big.onnx is larger than the model size limit of 1 KiB "
+                                           "(--max-model-bytes)")
+    r = run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", tmp_path / "fits.onnx"))))
+    assert r.model_loaded.reason == "ModelVerified"
+
+
+def test_a_card_over_the_size_limit_is_refused(tmp_path, carded):
+    (tmp_path / "m.onnx").write_bytes(b"TOY")
+    (tmp_path / "m.card.json").write_bytes(b" " * 2048)
+    r = run(resolver(tmp_path, max_model_bytes=1024).resolve(POLICY, spec(
+        allocation="carded", models=path_model("carded", tmp_path / "m.onnx"))))
+    assert r.model_loaded.reason == "ModelTooLarge" and "m.card.json is larger" in r.model_loaded.message
+
+
+def test_reads_stop_at_the_limit_even_when_the_size_is_unknown():
+    """/proc files say they are empty (st_size 0) and are not: the read itself is bounded."""
+    assert os.stat("/proc/self/maps").st_size == 0
+    with pytest.raises(ModelLoadError, match="larger than the model size limit of 64 bytes"):
+        read_bounded("/proc/self/maps", "/proc/self/maps", 64)
+    assert len(read_bounded("/proc/self/maps", "maps", 1 << 20)) > 64
+
+
+@pytest.mark.parametrize("where", ["binaryData", "data"])
+def test_a_configmap_value_over_the_size_limit_is_refused(tmp_path, toy, where):
+    model = b"TOY" + b"x" * 2048
+    value = base64.b64encode(model).decode() if where == "binaryData" else model.decode()
+    cms = {(NS, "toy-model"): {where: {"policy.onnx": value}}}
+    r = run(resolver(tmp_path, cms, max_model_bytes=1024).resolve(POLICY, spec(
+        allocation="toy", models=cm_model("toy"))))
+    assert r.model_loaded.reason == "ModelTooLarge" and toy.loads == 0
+    assert f"ConfigMap {NS}/toy-model key policy.onnx is larger than" in r.model_loaded.message
+
+
+# ---- the cache: keyed by model and card, shared only where the verdict is the same --------
+
+
+def test_a_bad_card_in_one_namespace_does_not_poison_another(tmp_path, carded):
+    model = b"TOY the same bytes in both namespaces"
+    cms = {("team-b", "toy-model"): toy_configmap(model, BAD_CARD),
+           (NS, "toy-model"): toy_configmap(model, GOOD_CARD)}
+    res = resolver(tmp_path, cms)
+    s = spec(allocation="carded", models=cm_model("carded"))
+    bad = run(res.resolve(("team-b", "default"), s))
+    assert (bad.model_loaded.status, bad.model_loaded.reason) == (False, "ModelInvalid")
+    good = run(res.resolve((NS, "default"), s))
+    assert (good.model_loaded.status, good.model_loaded.reason) == (True, "ModelVerified")
+    assert good.allocation.name == "carded"
+    # ... and the good card's success is not lent to the bad one either.
+    again = run(res.resolve(("team-b", "default"), s))
+    assert again.model_loaded.reason == "ModelInvalid" and again.allocation.name == "drf"
+
+
+def test_a_cache_hit_never_skips_the_card_check(tmp_path, carded):
+    model = b"TOY the same bytes in both namespaces"
+    cms = {(NS, "toy-model"): toy_configmap(model, GOOD_CARD),
+           ("team-b", "toy-model"): toy_configmap(model, BAD_CARD),
+           ("team-c", "toy-model"): toy_configmap(model, None)}
+    res = resolver(tmp_path, cms)
+    s = spec(allocation="carded", models=cm_model("carded"))
+    assert run(res.resolve((NS, "default"), s)).model_loaded.reason == "ModelVerified"
+    for namespace in ("team-b", "team-c"):
+        r = run(res.resolve((namespace, "default"), s))
+        assert (r.model_loaded.status, r.model_loaded.reason) == (False, "ModelInvalid"), namespace
+    # Same model and same card: the verdict is the same, so it is shared, not loaded again.
+    run(res.resolve((NS, "second"), s))
+    assert carded.cards == [GOOD_CARD, BAD_CARD]
+
+
+def test_a_card_edited_next_to_an_unchanged_model_is_checked_again(tmp_path, carded):
+    (tmp_path / "m.onnx").write_bytes(b"TOY")
+    (tmp_path / "m.card.json").write_bytes(GOOD_CARD)
+    res = resolver(tmp_path)
+    s = spec(allocation="carded", models=path_model("carded", tmp_path / "m.onnx"))
+    assert run(res.resolve(POLICY, s)).model_loaded.reason == "ModelVerified"
+    (tmp_path / "m.card.json").write_bytes(BAD_CARD)
+    assert run(res.resolve(POLICY, s)).model_loaded.reason == "ModelInvalid"
+
+
+@pytest.fixture
+def dl2_artifact() -> tuple[bytes, dict]:
+    shipped = models.shipped_model("dl2")
+    if shipped is None:
+        pytest.fail("the shipped DL² artifact (policy_models/artifacts/dl2/) is missing")
+    return Path(shipped).read_bytes(), json.loads(card_path(Path(shipped)).read_text())
+
+
+def test_the_onnx_runner_checks_each_namespace_card_for_the_same_graph(tmp_path, dl2_artifact):
+    """The real runner and model: a card naming another encoder version, in one namespace,
+    next to the genuine card for the very same graph in another, in both orders."""
+    model, card = dl2_artifact
+    stale = {**card, "encoder": {**card["encoder"], "version": "dl2-state-v0"}}
+    cms = {(ns, "dl2-policy"): {"binaryData": {"policy.onnx": base64.b64encode(model).decode()},
+                                "data": {"policy.card.json": json.dumps(c)}}
+           for ns, c in (("team-good", card), ("team-stale", stale))}
+    s = spec(allocation="dl2", models=cm_model("dl2", "dl2-policy"))
+    for order in (("team-stale", "team-good"), ("team-good", "team-stale")):
+        res = resolver(tmp_path, cms)
+        verdicts = {ns: run(res.resolve((ns, "default"), s)).model_loaded for ns in order}
+        assert verdicts["team-good"].reason == "ModelVerified", order
+        assert verdicts["team-stale"].reason == "ModelInvalid", order
+        assert "trained with state encoder 'dl2-state-v0'" in verdicts["team-stale"].message
+        # The message names the policy's own ConfigMap, not a cache file or another namespace.
+        assert "ConfigMap team-stale/dl2-policy key policy.onnx" in verdicts["team-stale"].message
+        assert "team-good" not in verdicts["team-stale"].message
+
+
+def test_a_shared_failure_names_each_policy_own_source_and_counts_once_per_policy(tmp_path, toy):
+    cms = {(ns, "toy-model"): toy_configmap(b"garbage", None) for ns in (NS, "team-b")}
+    res = resolver(tmp_path, cms)
+    s = spec(allocation="toy", models=cm_model("toy"))
+    a, b = run(res.resolve((NS, "default"), s)), run(res.resolve(("team-b", "default"), s))
+    assert a.model_loaded.reason == b.model_loaded.reason == "ModelInvalid"
+    assert a.load_failed and b.load_failed  # each policy's metric counts its own failure once
+    assert not run(res.resolve(("team-b", "default"), s)).load_failed
+
+
+def test_unused_entries_are_evicted(tmp_path, toy):
+    (tmp_path / "v1.onnx").write_bytes(b"TOY v1")
+    (tmp_path / "v2.onnx").write_bytes(b"TOY v2")
+    v1, v2 = (spec(allocation="toy", models=path_model("toy", tmp_path / f"{v}.onnx")) for v in ("v1", "v2"))
+    res = resolver(tmp_path)
+    digest = {v: hashlib.sha256(f"TOY {v}".encode()).hexdigest() for v in ("v1", "v2")}
+    run(res.resolve((NS, "a"), v1))
+    run(res.resolve((NS, "b"), v1))
+    assert {k[2] for k in res.cached()} == {digest["v1"]}
+    run(res.resolve((NS, "a"), v2))  # a changed model; b still uses v1
+    assert {k[2] for k in res.cached()} == {digest["v1"], digest["v2"]}
+    run(res.resolve((NS, "b"), spec(allocation="drf")))  # b no longer needs a model
+    assert {k[2] for k in res.cached()} == {digest["v2"]}
+    res.forget((NS, "a"))  # a deleted
+    assert res.cached() == set()
+    run(res.resolve((NS, "a"), v2))  # gone means loaded afresh
+    assert toy.loads == 3
+
+
+def test_a_failed_verdict_is_evicted_too_so_a_fix_elsewhere_is_not_needed(tmp_path, toy):
+    (tmp_path / "bad.onnx").write_bytes(b"garbage")
+    res = resolver(tmp_path)
+    run(res.resolve(POLICY, spec(allocation="toy", models=path_model("toy", tmp_path / "bad.onnx"))))
+    assert len(res.cached()) == 1
+    res.forget(POLICY)
+    assert res.cached() == set()
+
+
+def test_folders_left_by_a_killed_operator_or_an_older_release_are_removed(tmp_path):
+    cache = tmp_path / "cache"
+    for folder in ("load-abc123", "ab" * 32):  # a load in progress; the old <sha256>/ layout
+        (cache / folder).mkdir(parents=True)
+        (cache / folder / "model.onnx").write_bytes(b"left behind")
+    (cache / "someone-else").mkdir()
+    resolver(tmp_path)
+    assert [p.name for p in cache.iterdir()] == ["someone-else"]
+
+
+# ---- settings ------------------------------------------------------------------------------
+
+
+def test_model_dirs_and_size_limit_from_flags_and_environment(monkeypatch):
+    from mlsched.controller.__main__ import export, parse_args
+    from mlsched.controller.config import OperatorConfig, shipped_model_dirs
+
+    default = OperatorConfig.from_env({})
+    assert default.model_dirs == shipped_model_dirs() and default.max_model_bytes == 64 * 2**20
+    assert default.model_dirs and default.model_dirs[0].endswith(os.path.join("policy_models", "artifacts"))
+    for name in ("MLSCHED_ALLOWED_MODEL_DIRS", "MLSCHED_MAX_MODEL_BYTES"):
+        monkeypatch.setenv(name, "")  # so that what export() writes is undone after the test
+    export(parse_args(["--allowed-model-dir", "/models", "--allowed-model-dir", "/srv/a,b",
+                       "--max-model-bytes", "2Mi"]))
+    config = OperatorConfig.from_env()
+    assert config.model_dirs == ("/models", "/srv/a,b") and config.max_model_bytes == 2 * 2**20
+    with pytest.raises(SystemExit):
+        parse_args(["--max-model-bytes", "lots"])
+    with pytest.raises(ValueError, match="'0' is not a positive byte count"):
+        OperatorConfig.from_env({"MLSCHED_MAX_MODEL_BYTES": "0"})

@@ -8,6 +8,7 @@ so adding an algorithm never needs a CRD change.
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -22,6 +23,7 @@ ALGORITHM_NAME = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 CONFIGMAP_KEY = r"^[-._a-zA-Z0-9]+$"
 SHA256_HEX = r"^[a-f0-9]{64}$"
+PARENT_SEGMENT = r"(^|/)[.][.](/|$)"  # in CEL (RE2) and Python alike
 Sha256 = Annotated[str, StringConstraints(pattern=SHA256_HEX)]
 
 
@@ -48,8 +50,11 @@ class ModelRef(ApiModel):
 
     config_map_key_ref: ConfigMapKeyRef | None = Field(
         None, description="ONNX file in a ConfigMap (binaryData; ConfigMaps hold up to 1 MiB).")
-    path: str | None = Field(None, pattern=r"^/", max_length=4096,
-                             description="Absolute path of an ONNX file inside the operator pod.")
+    path: str | None = Field(
+        None, pattern=r"^/", max_length=4096,
+        description="Absolute path of an ONNX file inside the operator pod, in one of the "
+                    "directories the operator allows (--allowed-model-dir; by default the "
+                    "models it ships); its model card <stem>.card.json beside it.")
     sha256: str | None = Field(
         None, pattern=SHA256_HEX,
         description="Optional pin: lowercase hex digest the file must have, else it is refused.")
@@ -58,6 +63,12 @@ class ModelRef(ApiModel):
         CelRule("has(self.configMapKeyRef) != has(self.path)",
                 "set exactly one of configMapKeyRef or path",
                 lambda s: (s.config_map_key_ref is None) != (s.path is None)),
+        # The operator resolves paths itself and refuses any outside its model directories;
+        # a '..' is refused here too, so that the mistake shows at `kubectl apply`.
+        CelRule(f"!has(self.path) || !self.path.matches('{PARENT_SEGMENT}')",
+                "path must not contain '..' segments",
+                lambda s: s.path is None or not re.search(PARENT_SEGMENT, s.path),
+                field_path=".path"),
     )
 
 

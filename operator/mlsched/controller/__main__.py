@@ -16,6 +16,16 @@ import os
 import sys
 
 
+def _byte_count(text: str) -> str:
+    from mlsched.controller.config import parse_bytes
+
+    try:
+        parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    return text  # exported as written; config.py parses MLSCHED_MAX_MODEL_BYTES
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m mlsched.controller", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -39,6 +49,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "schedules, the others stand by with warm caches")
     p.add_argument("--leader-identity",
                    help="this replica's name in the Lease (default: hostname and a random tag)")
+    p.add_argument("--allowed-model-dir", action="append", default=[], metavar="DIR",
+                   help="a directory SchedulingPolicy model paths may name files in (repeatable; "
+                        "default: the models shipped with the operator)")
+    p.add_argument("--max-model-bytes", metavar="BYTES", type=_byte_count,
+                   help="largest model file, ConfigMap value or model card read, e.g. 64Mi (64Mi)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -50,7 +65,9 @@ def export(args: argparse.Namespace) -> None:
              "OPERATOR_PROGRESS_URL": args.progress_url, "TLS_CERT": args.tls_cert,
              "TLS_KEY": args.tls_key, "TLS_CA": args.tls_ca, "TLS_SECRET": args.tls_secret,
              "TRAINING_SERVICE_ACCOUNT": args.training_service_account,
-             "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity}
+             "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity,
+             "MAX_MODEL_BYTES": args.max_model_bytes,
+             "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None}
     for name, value in flags.items():
         if value is not None:
             os.environ[f"MLSCHED_{name}"] = str(value)

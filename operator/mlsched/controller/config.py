@@ -4,6 +4,7 @@ from its flags, so that `kopf run -m mlsched.controller.handlers` sees the same 
 from __future__ import annotations
 
 import os
+import re
 import socket
 import uuid
 import tempfile
@@ -11,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from mlsched.controller.constants import TOKEN_AUDIENCE
+from mlsched.controller.model_sources import DEFAULT_MAX_MODEL_BYTES
 
 ENV_PREFIX = "MLSCHED_"
 
@@ -26,6 +28,33 @@ def _selector(text: str | None) -> dict[str, str]:
         key, _, value = item.partition("=")
         out[key.strip()] = value.strip()
     return out
+
+
+def _paths(text: str | None) -> tuple[str, ...]:
+    """A PATH-style list (`/a:/b`): directory names may hold commas, not the path separator."""
+    return tuple(t for t in (text or "").split(os.pathsep) if t.strip())
+
+
+_BINARY_SUFFIX = {"": 1, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30}
+
+
+def parse_bytes(text: str) -> int:
+    """`67108864` or `64Mi` (Ki, Mi, Gi); anything else is a ValueError saying so."""
+    match = re.fullmatch(r"\s*([0-9]+)\s*(Ki|Mi|Gi)?\s*", text)
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"{text!r} is not a positive byte count such as 67108864 or 64Mi")
+    return int(match.group(1)) * _BINARY_SUFFIX[match.group(2) or ""]
+
+
+def shipped_model_dirs() -> tuple[str, ...]:
+    """The directory of the models installed with the operator (policy_models/artifacts in the
+    image, or $MLSCHED_MODELS_DIR); none when they are not installed."""
+    from mlsched.policies.onnx_runner import ModelLoadError, shipped_models_dir
+
+    try:
+        return (str(shipped_models_dir()),)
+    except ModelLoadError:
+        return ()
 
 
 @dataclass(frozen=True)
@@ -55,6 +84,12 @@ class OperatorConfig:
     token_review_burst: int = 50
     model_cache_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(),
                                                                       "mlsched-models"))
+    # The only directories a SchedulingPolicy's spec.models.*.path may name a file in (checked
+    # after symlinks): any tenant can write that field, and the operator's container holds its
+    # service-account token and devices such as /dev/zero.
+    model_dirs: tuple[str, ...] = field(default_factory=shipped_model_dirs)
+    # Largest model file, ConfigMap value or model card read: a bigger one is refused unread.
+    max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES
     # Nodes the operator places tasks on: label selector, and NoSchedule/NoExecute taint keys
     # training pods are expected to tolerate (nodes with other such taints are left out).
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -76,7 +111,7 @@ class OperatorConfig:
             return value if value not in (None, "") else None
 
         defaults = cls()
-        taints = get("TOLERATED_TAINTS")
+        taints, max_bytes = get("TOLERATED_TAINTS"), get("MAX_MODEL_BYTES")
         return cls(
             namespaces=_csv(get("NAMESPACES")),
             port=int(get("PORT") or defaults.port),
@@ -93,6 +128,8 @@ class OperatorConfig:
             token_review_rate=float(get("TOKEN_REVIEW_RATE") or defaults.token_review_rate),
             token_review_burst=int(get("TOKEN_REVIEW_BURST") or defaults.token_review_burst),
             model_cache_dir=get("MODEL_CACHE_DIR") or defaults.model_cache_dir,
+            model_dirs=_paths(get("ALLOWED_MODEL_DIRS")) or defaults.model_dirs,
+            max_model_bytes=parse_bytes(max_bytes) if max_bytes else defaults.max_model_bytes,
             node_selector=_selector(get("NODE_SELECTOR")),
             tolerated_taints=frozenset(_csv(taints)) if taints is not None
             else defaults.tolerated_taints,

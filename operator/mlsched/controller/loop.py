@@ -128,7 +128,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         return None
     spec = policy.spec
     interval_s = rt.config.round_seconds(spec.interval)
-    resolved = await rt.models.resolve(ref.namespace, spec)
+    resolved = await rt.models.resolve(key, spec)
     if resolved.load_failed:
         rt.metrics.model_load_failures.labels(ref.namespace, ref.name,
                                               resolved.model_loaded.reason).inc()
@@ -224,7 +224,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting:
         return None
-    resolved = await rt.models.resolve(ref.namespace, spec)
+    resolved = await rt.models.resolve(key, spec)
     interval_s = rt.config.round_seconds(spec.interval)
     async with rt.round_lock:
         snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
@@ -343,6 +343,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.reservations.drop_policy(key)
         rt.intervals.pop(key, None)
         rt.wakeups.forget(key)
+        rt.models.forget(key)  # its models stay loaded only if another policy uses them
 
 
 async def _wake_or_sleep(rt: Runtime, key, seconds: float, sleep) -> set[str]:

@@ -1,40 +1,54 @@
 """A SchedulingPolicy's spec → the policy objects a round runs, with learned models loaded.
 
-Model files are read every round (a file or a ConfigMap key) and hashed; a digest already
-loaded reuses the loaded policy, so only a changed model is loaded again. A missing, corrupt,
-mismatched or unloadable model never stops scheduling: the round runs `spec.fallback` and the
-reason lands in the `ModelLoaded` condition (and, when it changes, in a Warning Event).
+Every round a policy's model and its card are read (model_sources.py: only from allowed
+directories or the policy's own ConfigMap, never more than --max-model-bytes) and hashed. The
+spec's `sha256` pin is checked every round. Loads are cached by (phase, algorithm, model sha256,
+card sha256): everything a load checks (the card is for this algorithm and phase, the graph is
+the card's digest, the encoder, the graph's tensors) is a function of that key, so a hit gives
+the very verdict a new load would, whichever policy or namespace loaded it first, and the same
+model with another card is another entry. An entry that no policy used in its latest
+resolution is evicted (a policy that changed model, or was deleted).
+
+A missing, corrupt, mismatched, refused or unloadable model never stops scheduling: the round
+runs `spec.fallback` and the reason lands in the `ModelLoaded` condition (and, when it changes,
+in a Warning Event).
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
-import hashlib
+import itertools
 import os
-from collections.abc import Awaitable, Callable, Mapping
+import re
+import shutil
+import tempfile
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from mlsched.api import ModelRef, SchedulingPolicySpec
+from mlsched.controller.model_sources import (
+    DEFAULT_MAX_MODEL_BYTES, ModelBundle, ModelDirs, ModelLoadError, ReadConfigMap,
+    read_configmap_model, read_path,
+)
 from mlsched.policies import registry
 from mlsched.policies.base import AllocationPolicy, GroupingPolicy, PlacementPolicy
 
-ReadConfigMap = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
+__all__ = ["ModelLoadError", "ModelResolver", "ResolvedPolicy", "Verdict"]
+
+PolicyKey = tuple[str, str]  # (namespace, name)
+CacheKey = tuple[str, str, str, str | None]  # phase, algorithm, model sha256, card sha256
 
 #: What a phase runs when its configured algorithm is unknown or its model cannot serve
 #: (allocation uses spec.fallback instead).
 PHASE_DEFAULTS = {"grouping": "none", "placement": "load-balance"}
 _VERB = {"grouping": "grouping", "allocation": "allocating", "placement": "placing"}
-
-
-class ModelLoadError(Exception):
-    """A model that cannot serve; `reason` is the CamelCase condition reason."""
-
-    def __init__(self, reason: str, message: str, attempted: bool = True):
-        super().__init__(message)
-        self.reason = reason
-        self.attempted = attempted  # False when the verdict came from the cache
+#: A load's files: the runner finds the card as <stem>.card.json beside the model.
+MODEL_FILE, CARD_FILE = "model.onnx", "model.card.json"
+LOAD_FOLDER_PREFIX = "load-"
+# Stand-ins for the load folder's files in a cached failure's message: one entry may serve
+# several policies, and each is told the names it knows (its path or its ConfigMap key).
+_MODEL_MARK, _CARD_MARK = "\x00model\x00", "\x00card\x00"
 
 
 @dataclass
@@ -75,14 +89,46 @@ def shipped_model(algorithm: str) -> str | None:
 
 
 class ModelResolver:
-    """Builds policy objects; caches learned ones by (phase, algorithm, file digest)."""
+    """Builds policy objects; caches learned ones by (phase, algorithm, model and card digest)."""
 
-    def __init__(self, cache_dir: str, read_configmap: ReadConfigMap):
+    def __init__(self, cache_dir: str, read_configmap: ReadConfigMap, model_dirs: Sequence[str] = (),
+                 max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES):
         self.cache_dir = cache_dir
         self.read_configmap = read_configmap
-        self._loaded: dict[tuple[str, str, str], Any] = {}
+        self.model_dirs = ModelDirs(model_dirs)
+        self.max_model_bytes = max_model_bytes
+        self._loaded: dict[CacheKey, Any] = {}  # a loaded policy, or a _Failure
+        self._uses: dict[PolicyKey, frozenset[CacheKey]] = {}  # per policy, its latest resolution
+        # Entries resolutions in progress are using, so that another policy's eviction keeps them.
+        self._in_flight: dict[int, set[CacheKey]] = {}
+        self._tickets = itertools.count()
+        _remove_our_folders(cache_dir)
 
-    async def resolve(self, namespace: str, spec: SchedulingPolicySpec) -> ResolvedPolicy:
+    async def resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec) -> ResolvedPolicy:
+        ticket, used = next(self._tickets), set()
+        self._in_flight[ticket] = used
+        try:
+            return await self._resolve(policy, spec, used)
+        finally:
+            del self._in_flight[ticket]
+            self._uses[policy] = frozenset(used)
+            self._evict()
+
+    def forget(self, policy: PolicyKey) -> None:
+        """The policy is gone (or its daemon stopped): its entries go unless another uses them."""
+        self._uses.pop(policy, None)
+        self._evict()
+
+    def cached(self) -> set[CacheKey]:
+        return set(self._loaded)
+
+    def _evict(self) -> None:
+        live = set().union(*self._uses.values(), *self._in_flight.values())
+        for key in self._loaded.keys() - live:
+            del self._loaded[key]
+
+    async def _resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec,
+                       used: set[CacheKey]) -> ResolvedPolicy:
         notes: list[str] = []
         fallback = spec.fallback
         if not registry.known("allocation", fallback) or needs_model("allocation", fallback, spec):
@@ -103,7 +149,7 @@ class ModelResolver:
             elif needs_model(phase, name, spec):
                 try:
                     built[phase], digest = await self._learned(
-                        namespace, phase, name, spec.models.for_phase(phase).get(name))
+                        policy, phase, name, spec.models.for_phase(phase).get(name), used)
                     active[f"{phase}/{name}"] = digest
                     loaded_notes.append(f"{phase}/{name}: sha256 {digest}")
                 except ModelLoadError as err:
@@ -127,64 +173,95 @@ class ModelResolver:
                               active, loaded, ready, failed, fallback_placement)
 
     # ---- learned models -------------------------------------------------------------------
-    async def _learned(self, namespace: str, phase: str, name: str,
-                       ref: ModelRef | None) -> tuple[Any, str]:
+    async def _learned(self, policy: PolicyKey, phase: str, name: str, ref: ModelRef | None,
+                       used: set[CacheKey]) -> tuple[Any, str]:
+        bundle = await self._read(policy[0], name, ref)
+        digest = bundle.digest
+        if ref is not None and ref.sha256 and ref.sha256 != digest:
+            raise ModelLoadError("ModelDigestMismatch",
+                                 f"sha256 is {digest}, spec pins {ref.sha256}")
+        key = (phase, name, digest, bundle.card_digest)
+        used.add(key)  # before any await: a concurrent eviction must keep it
+        cached = self._loaded.get(key)
+        if cached is None:
+            cached = await asyncio.to_thread(self._load_bundle, phase, name, bundle)
+            if isinstance(cached, ModelLoadError):  # the cache dir failed: retried next round
+                raise cached
+            self._loaded[key] = cached
+        if isinstance(cached, _Failure):
+            # Counted (the metric) the first time this policy meets the verdict, not every round.
+            raise cached.error(bundle, attempted=key not in self._uses.get(policy, ()))
+        return cached, digest
+
+    async def _read(self, namespace: str, name: str, ref: ModelRef | None) -> ModelBundle:
+        limit = self.max_model_bytes
         if ref is None:
             path = shipped_model(name)
             if path is None:
                 raise ModelLoadError("NoModelReference", f"spec.models has no entry for {name!r} "
                                      "and the operator ships no model for it")
-            ref = ModelRef(path=path)
-        files = await self._read(namespace, ref)
-        key = ref.config_map_key_ref.key if ref.config_map_key_ref else os.path.basename(ref.path)
-        digest = hashlib.sha256(files[key]).hexdigest()
-        if ref.sha256 and ref.sha256 != digest:
-            raise ModelLoadError("ModelDigestMismatch",
-                                 f"sha256 is {digest}, spec pins {ref.sha256}")
-        cached = self._loaded.get((phase, name, digest))
-        if isinstance(cached, ModelLoadError):
-            raise ModelLoadError(cached.reason, str(cached), attempted=False)
-        if cached is None:
-            path = ref.path or await asyncio.to_thread(self._materialize, digest, files, key)
-            cached = await asyncio.to_thread(_load, phase, name, path)
-            self._loaded[(phase, name, digest)] = cached
-            if isinstance(cached, ModelLoadError):
-                raise cached
-        return cached, digest
-
-    async def _read(self, namespace: str, ref: ModelRef) -> dict[str, bytes]:
-        """The model file's bytes under its key; for a ConfigMap, every key (a model card kept
-        next to the model in the same ConfigMap must land next to it on disk)."""
+            # Chosen by the operator, not named by a tenant: no allow-list, still bounded.
+            return await asyncio.to_thread(read_path, path, None, limit)
         if ref.path:
-            try:
-                data = await asyncio.to_thread(_read_file, ref.path)
-            except FileNotFoundError:
-                raise ModelLoadError("ModelNotFound", f"no file {ref.path}") from None
-            except OSError as err:
-                raise ModelLoadError("ModelNotFound", f"cannot read {ref.path}: {err}") from None
-            return {os.path.basename(ref.path): data}
+            return await asyncio.to_thread(read_path, ref.path, self.model_dirs, limit)
         cm = ref.config_map_key_ref
-        body = await self.read_configmap(namespace, cm.name)
-        if body is None:
-            raise ModelLoadError("ModelNotFound", f"ConfigMap {namespace}/{cm.name} not found")
-        files = {k: v.encode() for k, v in (body.get("data") or {}).items()}
-        files.update({k: base64.b64decode(v) for k, v in (body.get("binaryData") or {}).items()})
-        if cm.key not in files:
-            raise ModelLoadError("ModelNotFound", f"ConfigMap {namespace}/{cm.name} has no key {cm.key!r}")
-        return files
+        return await read_configmap_model(self.read_configmap, namespace, cm.name, cm.key, limit)
 
-    def _materialize(self, digest: str, files: Mapping[str, bytes], key: str) -> str:
-        folder = os.path.join(self.cache_dir, digest)
-        os.makedirs(folder, exist_ok=True)
-        for name, data in files.items():
-            with open(os.path.join(folder, name), "wb") as out:
-                out.write(data)
-        return os.path.join(folder, key)
+    def _load_bundle(self, phase: str, name: str, bundle: ModelBundle) -> Any:
+        """Load from a folder of its own holding just the hashed model and card (the runner
+        reads files), removed as soon as the model is loaded: concurrent loads never share
+        files, and nothing is left to evict. A _Failure when the model is refused."""
+        try:
+            os.makedirs(self.cache_dir, exist_ok=True)
+            folder = tempfile.mkdtemp(prefix=LOAD_FOLDER_PREFIX, dir=self.cache_dir)
+        except OSError as err:
+            return ModelLoadError("ModelLoadFailed", f"cannot write the model cache directory "
+                                                     f"{self.cache_dir}: {err.strerror}")
+        model, card = os.path.join(folder, MODEL_FILE), os.path.join(folder, CARD_FILE)
+        try:
+            with open(model, "wb") as out:
+                out.write(bundle.model)
+            if bundle.card is not None:
+                with open(card, "wb") as out:
+                    out.write(bundle.card)
+            loaded = _load(phase, name, model)
+        except OSError as err:
+            return ModelLoadError("ModelLoadFailed", f"cannot write {model}: {err.strerror}")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+        if isinstance(loaded, ModelLoadError):
+            return _Failure(loaded.reason, str(loaded).replace(card, _CARD_MARK)
+                            .replace(model, _MODEL_MARK))
+        return loaded
 
 
-def _read_file(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read()
+@dataclass(frozen=True)
+class _Failure:
+    """A cached refusal, its message naming the model and card by marks."""
+
+    reason: str
+    message: str
+
+    def error(self, bundle: ModelBundle, attempted: bool) -> ModelLoadError:
+        text = self.message.replace(_MODEL_MARK, bundle.model_name).replace(_CARD_MARK, bundle.card_name)
+        return ModelLoadError(self.reason, text, attempted)
+
+
+#: What this cache writes: load folders, and the `<sha256>/` folders releases before them kept.
+_OUR_FOLDERS = re.compile(rf"{LOAD_FOLDER_PREFIX}.*|[0-9a-f]{{64}}")
+
+
+def _remove_our_folders(cache_dir: str) -> None:
+    """Folders left by an operator killed mid-load or by an older release (the cache dir may
+    outlive it, e.g. an emptyDir across container restarts, or /tmp outside a cluster). Only
+    names we write: the directory is configurable and may hold other things."""
+    try:
+        names = os.listdir(cache_dir)
+    except OSError:
+        return
+    for entry in names:
+        if _OUR_FOLDERS.fullmatch(entry):
+            shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
 
 
 def _load(phase: str, name: str, path: str) -> Any:

@@ -278,7 +278,8 @@ class Runtime:
             return await api.get("ConfigMap", namespace, name)
 
         return cls(config=config, api=api,
-                   models=ModelResolver(config.model_cache_dir, read_configmap))
+                   models=ModelResolver(config.model_cache_dir, read_configmap, config.model_dirs,
+                                        config.max_model_bytes))
 
     def cluster_fit(self, idx: Indexes) -> ClusterFit:
         """The schedulable nodes summed, at most once a second (a sweep asks once per job)."""

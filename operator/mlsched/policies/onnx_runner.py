@@ -32,17 +32,22 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def default_model_path(algorithm: str) -> Path:
-    """The artifact shipped in policy_models/artifacts/ (found as a file, never imported), or
-    $MLSCHED_MODELS_DIR/<algorithm>/<algorithm>.onnx."""
+def shipped_models_dir() -> Path:
+    """Where the shipped artifacts are: $MLSCHED_MODELS_DIR, or policy_models/artifacts/ (found
+    as files, never imported)."""
     env = os.environ.get("MLSCHED_MODELS_DIR")
     if env:
-        return Path(env) / algorithm / f"{algorithm}.onnx"
+        return Path(env)
     spec = importlib.util.find_spec("policy_models")
     if spec is None or not spec.submodule_search_locations:
         raise ModelLoadError("no model given and the policy_models artifacts are not installed; "
                              "pass --model PATH or set MLSCHED_MODELS_DIR")
-    return Path(list(spec.submodule_search_locations)[0]) / "artifacts" / algorithm / f"{algorithm}.onnx"
+    return Path(list(spec.submodule_search_locations)[0]) / "artifacts"
+
+
+def default_model_path(algorithm: str) -> Path:
+    """The shipped model of a learned algorithm: <shipped_models_dir>/<algorithm>/<algorithm>.onnx."""
+    return shipped_models_dir() / algorithm / f"{algorithm}.onnx"
 
 
 @dataclass
