@@ -27,7 +27,7 @@ demo: $(BIN)/.installed
 test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -q tests
 
-# Builds etcd, kube-apiserver, KCM, kube-scheduler and kwok from the Go module proxy into
+# Builds etcd, kube-apiserver, KCM, kube-scheduler, kubectl and kwok from the Go module proxy into
 # ~/.cache/mlsched-e2e on first use (about 13 minutes), then runs the operator against them.
 # A hung test fails after 15 minutes with its stack instead of eating CI's 90.
 e2e: $(BIN)/.installed-dev
