@@ -66,3 +66,38 @@ def test_a_statefulset_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsc
     wait_for(lambda: placed_as_decided(mlsched, "steady"), 60, "its pods to run where decided again",
              describe=lambda: placement_problems(mlsched, "steady"))
     assert "Restored" in {e.reason for e in mlsched.events("steady", "MLJob")}
+
+
+def _small(name: str) -> dict:
+    """A one-worker all-reduce job asking for little: 50 of them fit the 13 nodes."""
+    job = mljob(name, ps=None, workers=(1, 1), epochs=1e9, policy="daily")
+    small = {"cpu": "100m", "memory": "256Mi"}
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": small, "limits": small}
+    return job
+
+
+def test_a_burst_of_50_arrivals_is_admitted_in_one_coalesced_step(mlsched, operator):
+    from concurrent.futures import ThreadPoolExecutor
+
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    wait_for(lambda: (mlsched.policy("daily").get("status") or {}).get("observedGeneration") == 1,
+             60, "the policy's first round")
+    names = [f"burst-{i:02d}" for i in range(50)]
+    created = time.monotonic()
+    with ThreadPoolExecutor(8) as pool:  # as fast as a CI pipeline would apply them
+        list(pool.map(lambda n: mlsched.create(_small(n)), names))
+
+    def scaled() -> int:
+        return sum(bool(s.spec.replicas) for n in names for s in mlsched.statefulsets(n).values())
+
+    wait_for(lambda: scaled() == len(names), 60, "every job of the burst to be given its worker",
+             describe=scaled)
+    print(f"50 arrivals: all StatefulSets scaled {time.monotonic() - created:.1f} s after the "
+          f"first create")
+    steps = [line for line in operator.log_path.read_text().splitlines()
+             if "admission:" in line and "daily" in line]
+    admitted = [int(line.split("admission: ")[1].split(" of ")[0]) for line in steps]
+    print(f"admission steps: {admitted}")
+    assert sum(admitted) == len(names), steps
+    assert len([a for a in admitted if a]) == 1, steps

@@ -130,3 +130,35 @@ def test_objects_of_an_earlier_operator_lose_kopfs_finalizer_and_annotations():
     meta = kube.obj("MLJob", NS, "old")["metadata"]
     assert meta["finalizers"] == ["example.com/keep"]
     assert meta["annotations"] == {"team": "a"}
+
+
+def test_an_admission_step_waits_for_a_burst_to_end_but_not_forever():
+    from mlsched.controller import loop
+    from mlsched.controller.runtime import Wakeups
+
+    class Clock:
+        def __init__(self):
+            self.t = 0.0
+
+    async def scenario(arrivals_every, arrivals_for):
+        wakeups, clock = Wakeups(), Clock()
+        key = (NS, "p")
+
+        async def sleep(seconds):
+            # Simulated time: arrivals keep coming every `arrivals_every` s for `arrivals_for` s.
+            end = clock.t + seconds
+            while clock.t + arrivals_every <= min(end, arrivals_for):
+                clock.t += arrivals_every
+                wakeups.signal(key, "admission")
+            clock.t = end
+
+        rt = type("Rt", (), {"wakeups": wakeups})()
+        await loop._quiet(rt, key, sleep, clock=lambda: clock.t)
+        return clock.t
+
+    # Arrivals every 0.1 s for 1 s: the step waits for the burst to end, then a quiet 0.25 s.
+    assert 1.0 <= run(scenario(0.1, 1.0)) <= 1.0 + 2 * loop.ADMISSION_QUIET_S
+    # A stream that never pauses: admitted after at most ADMISSION_MAX_WAIT_S anyway.
+    assert run(scenario(0.1, 60.0)) <= loop.ADMISSION_MAX_WAIT_S + loop.ADMISSION_QUIET_S
+    # No burst: one quiet period.
+    assert run(scenario(10.0, 0.0)) == loop.ADMISSION_QUIET_S

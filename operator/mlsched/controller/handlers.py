@@ -212,6 +212,12 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     """Children for a new or edited job (a generation not reconciled yet); the lifecycle sweep
     (started at startup) keeps phase and conditions current and retries what failed here."""
     rt = runtime(memo)
+    if event.get("type") == "ADDED":
+        # Wake the policy now: its admission step then waits for the burst this job may be
+        # part of, and for the children of every job in it (loop._quiet).
+        rt.wakeups.signal((body["metadata"].get("namespace", ""),
+                           (body.get("spec") or {}).get("schedulingPolicy") or "default"),
+                          "admission")
     await jobs.on_job_event(rt, event.get("type"), body, rt.indexes)
 
 

@@ -302,8 +302,12 @@ def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]
     return dataclasses.replace(snapshot, jobs=views)
 
 
-#: Arrivals within this long of the first are admitted in one step.
-ADMISSION_DEBOUNCE_S = 0.25
+#: A burst of arrivals is admitted in one step: the step waits until no arrival has come for
+#: ADMISSION_QUIET_S and every arrived job has its StatefulSets (a trailing debounce), but
+#: never longer than ADMISSION_MAX_WAIT_S after the first, so a steady stream of arrivals is
+#: still admitted every few seconds.
+ADMISSION_QUIET_S = 0.25
+ADMISSION_MAX_WAIT_S = 5.0
 
 
 async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
@@ -331,7 +335,8 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                 reasons = await _wake_or_sleep(rt, key, left, sleep)
                 if not reasons or "policy" in reasons:
                     break
-                await sleep(ADMISSION_DEBOUNCE_S)
+                await _quiet(rt, key, sleep,
+                             pending=lambda: children_pending(idx, key[0], key[1]))
                 if "policy" in rt.wakeups.peek(key):
                     break
                 rt.wakeups.drop(key, "admission")
@@ -344,6 +349,26 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.intervals.pop(key, None)
         rt.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
+
+
+async def _quiet(rt: Runtime, key, sleep, clock: Callable[[], float] = time.monotonic,
+                 pending: Callable[[], bool] = lambda: False) -> None:
+    """Wait until the wake-ups stop and nothing is `pending` (a burst has ended and its jobs'
+    children exist), at most ADMISSION_MAX_WAIT_S."""
+    first = clock()
+    seen = rt.wakeups.signals(key)
+    while True:
+        await sleep(ADMISSION_QUIET_S)
+        now = rt.wakeups.signals(key)
+        if (now == seen and not pending()) or clock() - first >= ADMISSION_MAX_WAIT_S:
+            return
+        seen = now
+
+
+def children_pending(idx: Indexes, namespace: str, policy: str) -> bool:
+    """A job of the policy has arrived whose StatefulSets are still being created."""
+    return any(j.schedulable and not children_exist(j, idx)
+               for j in idx.jobs_of_policy(namespace, policy))
 
 
 async def _wake_or_sleep(rt: Runtime, key, seconds: float, sleep) -> set[str]:

@@ -174,13 +174,19 @@ class Wakeups:
     def __init__(self) -> None:
         self._events: dict[PolicyKey, asyncio.Event] = {}
         self._reasons: dict[PolicyKey, set[str]] = {}
+        self._count: dict[PolicyKey, int] = {}  # signals so far: has another come since?
 
     def _event(self, policy: PolicyKey) -> asyncio.Event:
         return self._events.setdefault(policy, asyncio.Event())
 
     def signal(self, policy: PolicyKey, reason: str) -> None:
         self._reasons.setdefault(policy, set()).add(reason)
+        self._count[policy] = self._count.get(policy, 0) + 1
         self._event(policy).set()
+
+    def signals(self, policy: PolicyKey) -> int:
+        """How many signals the policy has had: unchanged over a pause means a burst ended."""
+        return self._count.get(policy, 0)
 
     async def wait(self, policy: PolicyKey, timeout: float) -> set[str]:
         """The reasons signalled (cleared on return); empty when `timeout` passed first."""
@@ -206,6 +212,7 @@ class Wakeups:
     def forget(self, policy: PolicyKey) -> None:
         self._events.pop(policy, None)
         self._reasons.pop(policy, None)
+        self._count.pop(policy, None)
 
 
 class FailureBook:
