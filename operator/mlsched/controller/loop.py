@@ -140,10 +140,17 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # in between must count in one of them, not in neither.
     epochs_now = {j.name: rt.epochs_done(j) for j in jobs}
     previous = rt.intervals.get(key)
-    # The first round of this process: the intervals a previous run left open (status.openInterval)
-    # are closed with the progress shown now, instead of being lost.
-    opened_before = [previous] if previous is not None else rewards.restore(jobs)
-    closings = [rewards.close(interval, epochs_now) for interval in opened_before]
+    if previous is not None:
+        to_close, continuing = [previous], None
+    else:
+        # The first round of this process: the intervals a previous run left open
+        # (status.openInterval) are not lost. The newest goes on to the next round, which
+        # closes it with all the progress made in it: what the jobs trained while no operator
+        # ran is reported only after this restart. Older ones (jobs whose latest record the
+        # previous run did not get written) are closed now.
+        restored = rewards.restore(jobs)
+        to_close, continuing = restored[:-1], (restored[-1] if restored else None)
+    closings = [rewards.close(interval, epochs_now) for interval in to_close]
     closed = closings[-1] if closings else None
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
@@ -187,14 +194,19 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         before[job.key], [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed])
         for job in schedulable))
 
-    number = (previous.number + 1 if previous
-              else max([rewards.next_interval_number(status.get("rewards"),
-                                                     (j.history for j in jobs)),
-                        *(i.number + 1 for i in opened_before)]))
-    opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants={
-        j.name: rewards.Grant(targets[j.name].count("ps"), targets[j.name].count("worker"),
-                              targets[j.name].placement(), epochs_now[j.name], j.epochs)
-        for j in schedulable})
+    grants = {j.name: rewards.Grant(targets[j.name].count("ps"), targets[j.name].count("worker"),
+                                    targets[j.name].placement(), epochs_now[j.name], j.epochs)
+              for j in schedulable}
+    if continuing is not None:  # a job it did not cover counts from now, as when admitted
+        opening, number = continuing, continuing.number
+        for name, grant in grants.items():
+            opening.grants.setdefault(name, grant)
+    else:
+        number = (previous.number + 1 if previous
+                  else max([rewards.next_interval_number(status.get("rewards"),
+                                                         (j.history for j in jobs)),
+                            *(i.number + 1 for i in to_close)]))
+        opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants)
     rt.intervals[key] = opening
 
     # Queued, not awaited: the records are written in the background (rt.records).
