@@ -6,7 +6,11 @@
    cluster already runs the previous decision) and cold (every job new), and once more including
    turning the raw Kubernetes dicts into index records, which the operator does per watch event
    rather than per round.
-2. Process RSS while the indexes hold 1,000 MLJobs (and their bodies, which kopf keeps for the
+2. API calls per round (mlsched_api_requests_total, counted as the operator counts them, by
+   verb and resource) when the real `loop.run_policy_round` runs against an API that accepts
+   every call at once: a busy round (1,000 new jobs scaled and placed) and a steady round
+   (nothing changed: only each job's interval record and the policy's are written).
+3. Process RSS while the indexes hold 1,000 MLJobs (and their bodies, which kopf keeps for the
    per-job timers), 500 nodes and every pod of the running jobs (target <= 300 MB), with the
    operator's imports loaded.
 
@@ -20,6 +24,7 @@ import os
 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
+import asyncio  # noqa: E402
 import gc  # noqa: E402
 import random  # noqa: E402
 import resource  # noqa: E402
@@ -28,6 +33,10 @@ import time  # noqa: E402
 from collections import defaultdict  # noqa: E402
 
 from mlsched.controller import handlers  # noqa: E402,F401 - the operator's import footprint
+from mlsched.controller import loop  # noqa: E402
+from mlsched.controller.config import OperatorConfig  # noqa: E402
+from mlsched.controller.kube import RESOURCES  # noqa: E402
+from mlsched.controller.runtime import Indexes, Runtime  # noqa: E402
 from mlsched.controller.desired import (  # noqa: E402
     PodSettings, clear_hash_cache, job_targets, plan_pods, plan_statefulset, roles_of,
     statefulset_manifest,
@@ -189,6 +198,95 @@ def measure_rounds(jobs: list[dict]) -> tuple[list[tuple], tuple]:
     ], indexes
 
 
+class AcceptingApi:
+    """The KubeApi seam answering every call at once, as if the API server accepted it. Each
+    call is reported through `on_request`, which the Runtime counts in
+    mlsched_api_requests_total, as it does for the production KubeApi."""
+
+    def __init__(self) -> None:
+        self.on_request = None
+
+    def _count(self, verb: str, kind: str, status: bool = False) -> None:
+        resource = RESOURCES.get(kind, kind.lower() + "s")
+        self.on_request(verb, f"{resource}/status" if status else resource)
+
+    async def create(self, body):
+        self._count("create", body["kind"])
+        return True
+
+    async def get(self, kind, namespace, name):
+        self._count("get", kind)
+        return None
+
+    async def patch(self, kind, namespace, name, patch, *, patch_type="merge", status=False):
+        self._count("patch", kind, status)
+        return True
+
+    async def delete(self, kind, namespace, name, *, uid=None):
+        self._count("delete", kind)
+        return True
+
+    async def review_token(self, token, audiences):
+        self._count("create", "TokenReview")
+        return {}
+
+
+def request_counts(rt: Runtime) -> dict[tuple[str, str], float]:
+    return {(s.labels["verb"], s.labels["resource"]): s.value
+            for metric in rt.metrics.registry.collect() if metric.name == "mlsched_api_requests"
+            for s in metric.samples if s.name.endswith("_total")}
+
+
+def counted_round(rt: Runtime, policy: dict, indexes: tuple, now: float):
+    """One real round and the writing of its status records; the API calls it made."""
+    before = request_counts(rt)
+    node_index, job_index, pod_index, sts_index = indexes
+    idx = Indexes(nodes=node_index, pods=pod_index, statefulsets=sts_index, foreign={},
+                  mljobs=job_index, policies={(NAMESPACE, "default"): [True]})
+    rt.indexes = idx
+
+    async def round_and_records():
+        report = await loop.run_policy_round(rt, policy, idx, now=now)
+        await rt.records.flush()
+        return report
+
+    report = asyncio.run(round_and_records())
+    after = request_counts(rt)
+    return report, {k: after[k] - before.get(k, 0) for k in after if after[k] > before.get(k, 0)}
+
+
+def measure_api_calls(jobs: list[dict]) -> list[tuple[str, dict]]:
+    """API calls of a busy round (every job new) and of the steady round after it."""
+    rt = Runtime.create(OperatorConfig(record_rate=0), AcceptingApi())
+    policy = {"apiVersion": "mlsched.io/v1alpha1", "kind": "SchedulingPolicy",
+              "metadata": {"name": "default", "namespace": NAMESPACE, "uid": "policy-uid",
+                           "generation": 1},
+              "spec": {"allocation": "drf", "placement": "load-balance"}}
+    nodes = [node_body(i) for i in range(NODES)]
+    zero_sts = []
+    for j in jobs:
+        rec = job_record(j)
+        zero_sts += [statefulset_manifest(rec, role, 0, {}, rt.pod_settings)
+                     for role in roles_of(rec)]
+    now = time.time()
+    busy, busy_calls = counted_round(rt, policy, build_indexes(nodes, jobs, [], zero_sts), now)
+
+    # The decision runs and is recorded (as the watch would show it by the next round).
+    running_sts, pods, recorded = [], [], []
+    for j in jobs:
+        rec = job_record(j)
+        target = busy.targets[rec.name]
+        for role in roles_of(rec):
+            running_sts.append(statefulset_manifest(rec, role, target.count(role), target.counts,
+                                                    rt.pod_settings))
+            pods += [pod_body(j, role, k, node) for k, node in enumerate(target.nodes.get(role, ()))]
+        recorded.append({**j, "status": {**j["status"], **busy.job_patches.get(rec.name, {})}})
+    steady_idx = build_indexes(nodes, recorded, pods, running_sts)
+    _, steady_calls = counted_round(rt, policy, steady_idx, now + 1200)
+    return [("busy round: 1000 new jobs scaled and placed", busy_calls),
+            ("steady round: nothing changed", steady_calls)]
+
+
 def main() -> None:
     rng = random.Random(7)
     base_rss = rss_mb()
@@ -198,6 +296,11 @@ def main() -> None:
     for label, best, median, note in rows:
         print(f"  {label:<52} {best:>8.1f} {ROUND_TARGET_MS:>7.0f} {best / ROUND_TARGET_MS:>6.2f}x  "
               f"[{median:.1f}]  {note}")
+
+    print(f"API calls per round (mlsched_api_requests_total), {JOBS} jobs, records included:")
+    for label, calls in measure_api_calls(jobs):
+        detail = ", ".join(f"{verb} {resource} {n:.0f}" for (verb, resource), n in sorted(calls.items()))
+        print(f"  {label:<52} {sum(calls.values()):>8.0f}  ({detail})")
 
     # Memory: what the running operator holds, `indexes` and the MLJob bodies in `jobs` (kopf
     # keeps those for the per-job timers). Raw pod/node/StatefulSet bodies are garbage by now:

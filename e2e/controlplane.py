@@ -172,14 +172,17 @@ class ControlPlane:
         for component in reversed(list(self._components.values())):
             component.stop()
 
-    def restart_apiserver(self, *, crash: bool = False) -> None:
+    def restart_apiserver(self, *, crash: bool = False, down_s: float = 0.0) -> None:
         """Stops kube-apiserver and starts it again with the same flags and port.
 
         By default it is stopped gracefully (SIGTERM), as in a rolling restart;
-        crash=True kills it with SIGKILL instead. Returns once /readyz is ok.
+        crash=True kills it with SIGKILL instead. It stays down at least `down_s`
+        seconds (an outage long enough for a round to fall in it). Returns once
+        /readyz is ok.
         """
         apiserver = self._components["kube-apiserver"]
         apiserver.stop(kill=crash)
+        time.sleep(down_s)
         apiserver.start()
         try:
             self._wait_apiserver()

@@ -112,6 +112,17 @@ def run(coro):
     return asyncio.run(coro)
 
 
+def recorded(rt: Runtime, coro, timeout: float = 10.0):
+    """Run a round (or an admission step) and wait until the status records it queued in the
+    background are written, as they are by the time anyone reads them in a cluster."""
+    async def then_flush():
+        result = await coro
+        await rt.records.flush(timeout)
+        return result
+
+    return run(then_flush())
+
+
 # ---- the builders are what the parsers expect ------------------------------------------------
 
 

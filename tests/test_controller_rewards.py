@@ -8,7 +8,7 @@ import pytest
 
 from mlsched.controller import loop, rewards
 from mlsched.controller.progress_server import record_progress
-from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
+from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
 
 START = datetime(2024, 1, 1, tzinfo=UTC)
 
@@ -46,12 +46,12 @@ def test_rewards_from_reports_between_rounds_land_in_history_and_policy_status()
     run(create_jobs(rt, kube, ps_job("a", epochs=100), ps_job("b", epochs=40)))
     rt.indexes = kube.indexes()
     pol = lambda: kube.obj("SchedulingPolicy", NS, "default")  # noqa: E731
-    run(loop.run_policy_round(rt, pol(), kube.indexes(), now=NOW))
+    recorded(rt, loop.run_policy_round(rt, pol(), kube.indexes(), now=NOW))
     for interval in range(3):
         # Reports arrive during the interval (the index lags: the runtime's book is newer).
         run(record_progress(rt, kube.indexes().job(NS, "a"), 10.0 * (interval + 1), None, now=NOW + 10))
         run(record_progress(rt, kube.indexes().job(NS, "b"), 2.0 * (interval + 1), None, now=NOW + 10))
-        report = run(loop.run_policy_round(rt, pol(), kube.indexes(), now=NOW + 1200 * (interval + 1)))
+        report = recorded(rt, loop.run_policy_round(rt, pol(), kube.indexes(), now=NOW + 1200 * (interval + 1)))
         assert report.closed.reward["reward"] == pytest.approx(10 / 100 + 2 / 40)
     history = kube.obj("MLJob", NS, "a")["status"]["history"]
     assert [h["interval"] for h in history] == [1, 2]  # historyLimit keeps the newest two

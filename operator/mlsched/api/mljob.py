@@ -235,6 +235,20 @@ class HistoryEntry(StatusModel):
     reward: float
 
 
+# Kept in status so that an operator restarted mid-interval closes this interval with the
+# progress reported since (a history entry) instead of losing it; written in the same patch
+# as the previous interval's history entry, so it costs no extra call.
+class OpenInterval(StatusModel):
+    """The interval now running: what the latest round gave the job, and its progress then."""
+
+    interval: int = Field(ge=0, description="Scheduling round number.")
+    start: datetime
+    ps: int = Field(ge=0)
+    workers: int = Field(ge=0)
+    placement: Placement | None = None
+    epochs_at_start: float = Field(ge=0, description="status.progress.epochsDone when it began.")
+
+
 class MLJobStatus(StatusModel):
     """Written by the operator only (status subresource)."""
 
@@ -252,6 +266,7 @@ class MLJobStatus(StatusModel):
     history: list[HistoryEntry] = Field(
         default_factory=list, max_length=MAX_HISTORY,
         description="Newest last; trimmed to the policy's historyLimit.")
+    open_interval: OpenInterval | None = None
 
 
 # ---------------------------------------------------------------------------------- root

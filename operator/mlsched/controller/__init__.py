@@ -10,6 +10,7 @@ Data flows one way, and only the last two modules know about kopf or the network
     models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
     kube.py       the API seam (kubernetes client in threads; a fake in tests)
     apply.py      executes actions idempotently
+    status_writer.py  status records written in the background, retried, never dropped
     loop.py       one scheduling round, and the loop around it
     jobs.py       MLJob children/lifecycle and late pod pinning
     progress_server.py  /v1/progress (TokenReview-authenticated), /metrics, /healthz

@@ -95,6 +95,12 @@ class OperatorConfig:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     tolerated_taints: frozenset[str] = frozenset({"nvidia.com/gpu", "kwok.x-k8s.io/node"})
     api_concurrency: int = 16  # API calls in flight during one round
+    # Status records (controller/status_writer.py: interval records, placement): written in
+    # the background, this many at a time, at most `record_rate` a second (bursts of
+    # `record_burst`); 0 is no rate limit.
+    record_concurrency: int = 8
+    record_rate: float = 50.0
+    record_burst: int = 100
     # `namespace/name` of the coordination.k8s.io Lease replicas elect a leader with
     # (controller/leadership.py); None: this process leads alone (one replica).
     leader_election: str | None = None
@@ -134,6 +140,9 @@ class OperatorConfig:
             tolerated_taints=frozenset(_csv(taints)) if taints is not None
             else defaults.tolerated_taints,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
+            record_concurrency=int(get("RECORD_CONCURRENCY") or defaults.record_concurrency),
+            record_rate=float(get("RECORD_RATE") or defaults.record_rate),
+            record_burst=int(get("RECORD_BURST") or defaults.record_burst),
             leader_election=get("LEADER_ELECTION"),
             leader_identity=get("LEADER_IDENTITY") or defaults.leader_identity,
         )

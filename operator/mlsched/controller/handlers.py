@@ -115,6 +115,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo["sweep_stopped"].set()
         await asyncio.gather(memo["sweep"], return_exceptions=True)
     await runtime(memo).policy_loops.stop_all()
+    # Status records still queued get a few seconds; what is left is not lost: each job's
+    # status.openInterval lets the next operator close the interval open now.
+    await runtime(memo).records.flush(timeout=5.0)
     server = memo.get("server")
     if server is not None:
         await server.cleanup()

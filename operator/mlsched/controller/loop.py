@@ -3,7 +3,9 @@ between an admission step whenever a job arrives or capacity frees up.
 
 A round: close the previous interval (rewards) → resolve the policy's algorithms and models →
 snapshot the cluster from the indexes → grouping, allocation, placement (`run_round`) →
-plan the smallest set of changes → apply them → record status, Events and metrics.
+plan the smallest set of changes → apply them → record status, Events and metrics. Status
+records are queued in the runtime's StatusWriter and written in the background: deciding and
+scaling never wait for them, and a record that cannot be written now is retried, not lost.
 
 An admission step (`run_policy_admission`) decides for the policy's waiting jobs only, with
 every running job held at the counts and nodes the last decision gave it
@@ -134,10 +136,22 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                               resolved.model_loaded.reason).inc()
 
     jobs = idx.jobs_of_policy(ref.namespace, ref.name)
+    # One reading of progress closes the old interval and opens the new one: a report landing
+    # in between must count in one of them, not in neither.
+    epochs_now = {j.name: rt.epochs_done(j) for j in jobs}
     previous = rt.intervals.get(key)
-    closed = None
     if previous is not None:
-        closed = rewards.close(previous, {j.name: rt.epochs_done(j) for j in jobs})
+        to_close, continuing = [previous], None
+    else:
+        # The first round of this process: the intervals a previous run left open
+        # (status.openInterval) are not lost. The newest goes on to the next round, which
+        # closes it with all the progress made in it: what the jobs trained while no operator
+        # ran is reported only after this restart. Older ones (jobs whose latest record the
+        # previous run did not get written) are closed now.
+        restored = rewards.restore(jobs)
+        to_close, continuing = restored[:-1], (restored[-1] if restored else None)
+    closings = [rewards.close(interval, epochs_now) for interval in to_close]
+    closed = closings[-1] if closings else None
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
     # replicas nothing can scale, until the next round.
@@ -180,18 +194,30 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         before[job.key], [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed])
         for job in schedulable))
 
-    number = (previous.number + 1 if previous
-              else rewards.next_interval_number(status.get("rewards"), (j.history for j in jobs)))
-    rt.intervals[key] = rewards.OpenInterval(number=number, start=rewards.utc(now), grants={
-        j.name: rewards.Grant(targets[j.name].count("ps"), targets[j.name].count("worker"),
-                              targets[j.name].placement(), rt.epochs_done(j), j.epochs)
-        for j in schedulable})
+    grants = {j.name: rewards.Grant(targets[j.name].count("ps"), targets[j.name].count("worker"),
+                                    targets[j.name].placement(), epochs_now[j.name], j.epochs)
+              for j in schedulable}
+    if continuing is not None:  # a job it did not cover counts from now, as when admitted
+        opening, number = continuing, continuing.number
+        for name, grant in grants.items():
+            opening.grants.setdefault(name, grant)
+    else:
+        number = (previous.number + 1 if previous
+                  else max([rewards.next_interval_number(status.get("rewards"),
+                                                         (j.history for j in jobs)),
+                            *(i.number + 1 for i in to_close)]))
+        opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants)
+    rt.intervals[key] = opening
 
-    job_patches = await reporting.write_job_status(rt, ref.namespace, jobs, schedulable, targets,
-                                                   closed, spec.history_limit)
+    # Queued, not awaited: the records are written in the background (rt.records).
+    job_patches = reporting.record_job_status(
+        rt, ref.namespace, jobs, schedulable, targets, closings,
+        {j.name: (rewards.open_status(number, opening.start, opening.grants[j.name])
+                  if j.name in opening.grants else None) for j in jobs},
+        spec.history_limit)
     duration = time.perf_counter() - started
-    await reporting.write_policy_status(rt, body, ref, resolved, decision, closed, now, duration,
-                               spec.history_limit)
+    await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
+                                         duration, spec.history_limit)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
         rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
@@ -256,13 +282,15 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed], {},
         [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed]) for job in admitted))
     open_interval = rt.intervals.get(key)
+    opened = {}
     if open_interval is not None:  # the admitted jobs' rewards count from now, in this interval
         for j in admitted:
-            open_interval.grants[j.name] = rewards.Grant(
+            grant = open_interval.grants[j.name] = rewards.Grant(
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
                 targets[j.name].placement(), rt.epochs_done(j), j.epochs)
-    job_patches = await reporting.write_job_status(rt, ref.namespace, admitted, admitted, targets,
-                                                   None, spec.history_limit)
+            opened[j.name] = rewards.open_status(open_interval.number, open_interval.start, grant)
+    job_patches = reporting.record_job_status(rt, ref.namespace, admitted, admitted, targets, [],
+                                              opened, spec.history_limit)
     duration = time.perf_counter() - started
     log.info("policy %s/%s admission: %d of %d waiting jobs admitted, %d changes, %.0f ms",
              ref.namespace, ref.name, len(admitted), len(waiting), len(actions), duration * 1000)

@@ -274,6 +274,9 @@ class JobRecord:
     # the catalog's per-model demand only where the template requests nothing.
     demands: Mapping[str, Resources] = field(default_factory=dict)
     declared_epochs_per_hour: float | None = None  # spec.speedPrior
+    # status.openInterval: the interval a round opened for this job and no round closed yet
+    # (rewards.restore closes it after an operator restart).
+    open_interval: Mapping[str, Any] | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -372,6 +375,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         history=tuple(status.get("history") or ()),
         trained=trained, slots_run=slots_run,
         placement=status.get("placement"),
+        open_interval=status.get("openInterval"),
         desired={role: int((rs or {}).get("desired") or 0)
                  for role, rs in (status.get("replicaStatuses") or {}).items()},
         templates={role: (rs or {}).get("template") or {}

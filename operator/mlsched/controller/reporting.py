@@ -1,18 +1,17 @@
 """What a scheduling round tells the world: Events and status writes.
 
-Status writes are merge patches of only the fields that changed; Events are posted when
-something changed (a scale, a move, a condition), so a quiet cluster stays quiet.
-A failed write is logged and the round goes on: the next round writes again.
+Status writes are merge patches of only the fields that changed, queued in the runtime's
+StatusWriter (status_writer.py), which writes them in the background and retries them until
+they are written; Events are posted when something changed (a scale, a move, a condition), so
+a quiet cluster stays quiet.
 """
 
 from __future__ import annotations
 
-import asyncio
-import logging
 from collections.abc import Mapping
 from typing import Any
 
-from mlsched.api import PolicyConditionType as P, append_bounded, get_condition, set_condition
+from mlsched.api import PolicyConditionType as P, get_condition, set_condition
 from mlsched.controller import rewards
 from mlsched.controller.desired import (
     Action, DeletePod, JobTarget, PatchStatefulSet, PinPod, roles_of,
@@ -20,8 +19,6 @@ from mlsched.controller.desired import (
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.records import JobRecord
 from mlsched.controller.runtime import Runtime
-
-log = logging.getLogger("mlsched.controller.reporting")
 
 
 def wire(conditions) -> list[dict]:
@@ -69,38 +66,42 @@ async def job_events(rt: Runtime, job: JobRecord, target: JobTarget, actions: li
         await rt.recorder.emit(ref, "Normal", "Placed", text + more)
 
 
-async def write_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
-                            schedulable: list[JobRecord],
-                            targets: dict[str, JobTarget], closed: rewards.ClosedInterval | None,
-                            history_limit: int) -> dict[str, dict]:
+def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
+                      schedulable: list[JobRecord], targets: dict[str, JobTarget],
+                      closings: list[rewards.ClosedInterval], opened: Mapping[str, Any],
+                      history_limit: int) -> dict[str, dict]:
+    """Queue each job's status record (rt.records writes it in the background): the history
+    entries of the intervals closed, `status.openInterval` for the jobs in `opened` (None
+    clears it), and placement and desired counts where they changed. One patch per job."""
     patches: dict[str, dict] = {}
     decided = {j.name for j in schedulable}
     for job in jobs:
-        patch: dict[str, Any] = {}
+        fields: dict[str, Any] = {}
         if job.name in decided:
             target = targets[job.name]
             placement = target.placement()
             if placement != job.placement:
-                patch["placement"] = placement
+                fields["placement"] = placement
             desired = {r: target.count(r) for r in roles_of(job)}
             if desired != {r: job.desired.get(r, 0) for r in roles_of(job)}:
-                patch["replicaStatuses"] = {r: {"desired": n} for r, n in desired.items()}
-        if closed and job.name in closed.history:
-            patch["history"] = append_bounded(list(job.history), closed.history[job.name],
-                                              history_limit)
-        if patch:
-            patches[job.name] = patch
-    results = await asyncio.gather(*(rt.api.patch("MLJob", namespace, name, {"status": patch},
-                                                  status=True)
-                                     for name, patch in patches.items()), return_exceptions=True)
-    for name, result in zip(patches, results):
-        if isinstance(result, BaseException):
-            log.warning("MLJob %s/%s: status not written: %s", namespace, name, result)
+                fields["replicaStatuses"] = {r: {"desired": n} for r, n in desired.items()}
+        if job.name in opened and opened[job.name] != job.open_interval:
+            fields["openInterval"] = opened[job.name]
+        entries = [c.history[job.name] for c in closings if job.name in c.history]
+        if not fields and not entries:
+            continue
+        rt.records.enqueue("MLJob", namespace, job.name, uid=job.uid, fields=fields,
+                           append={"history": entries} if entries else None,
+                           base={"history": job.history}, limit=history_limit)
+        patches[job.name] = {**fields, **({"history": entries} if entries else {})}
     return patches
 
 
-async def write_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resolved, decision,
-                               closed, now: float, duration: float, history_limit: int) -> None:
+async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resolved, decision,
+                               closings: list[rewards.ClosedInterval], now: float,
+                               duration: float, history_limit: int) -> None:
+    """Events for condition changes now; the status patch (round summary, conditions and
+    models where they changed, the rewards of the intervals closed) queued in rt.records."""
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
     old = status.get("conditions")
@@ -117,22 +118,23 @@ async def write_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resolv
     if condition_changed(old, conds, P.READY) and ready.reason == "FallbackActive":
         await rt.recorder.emit(ref, "Warning", "FallbackActive", ready.message)
 
-    models = {k: None for k in status.get("activeModels") or {}}  # merge patch: null removes
+    old_models = status.get("activeModels") or {}
+    models = {k: None for k in old_models}  # merge patch: null removes
     models.update(resolved.active_models)
     same_generation = status.get("observedGeneration") == generation
     decisions = (status.get("decisions") or 0) if same_generation else 0
     patch: dict[str, Any] = {
-        "activeModels": models,
-        "conditions": wire(conds),
         "lastRoundTime": rewards.utc(now).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "lastRoundDurationSeconds": round(duration, 6),
         "decisions": decisions + decision.inferences,
         "observedGeneration": generation,
     }
-    if closed:
-        patch["rewards"] = append_bounded(status.get("rewards"), closed.reward, history_limit)
-    try:
-        await rt.api.patch("SchedulingPolicy", ref.namespace, ref.name, {"status": patch},
-                           status=True)
-    except Exception as err:  # noqa: BLE001
-        log.warning("SchedulingPolicy %s/%s: status not written: %s", ref.namespace, ref.name, err)
+    if dict(resolved.active_models) != dict(old_models):
+        patch["activeModels"] = models
+    if wire(conds) != list(old or ()):
+        patch["conditions"] = wire(conds)
+    # In the background, like the jobs' records (the policy's reward is the interval's too).
+    rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                       uid=body["metadata"].get("uid"), fields=patch,
+                       append={"rewards": [c.reward for c in closings]} if closings else None,
+                       base={"rewards": status.get("rewards") or ()}, limit=history_limit)

@@ -1,7 +1,9 @@
 """The per-interval record: what each job was given and what it earned. Pure.
 
 A round opens an interval for every job it decided on, remembering the job's epochs at that
-moment; the next round closes it with the epochs reported since. The reward of one job is
+moment; the next round closes it with the epochs reported since. The open interval is also
+written into each job's `status.openInterval` (`open_status`), so that the first round after
+an operator restart closes it (`restore`) instead of losing its reward. The reward of one job is
 (epochs trained in the interval) / (its total epochs), and the policy's reward for the interval
 is the sum over its jobs: DL²'s reward, and the one the simulator pays.
 """
@@ -13,7 +15,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from mlsched.api import HistoryEntry, Placement, RewardEntry
+from mlsched.api import HistoryEntry, InvalidObject, Placement, RewardEntry
+from mlsched.api import OpenInterval as OpenIntervalStatus
 
 
 @dataclass(frozen=True)
@@ -62,6 +65,37 @@ def close(interval: OpenInterval, epochs_now: Mapping[str, float]) -> ClosedInte
     summary = RewardEntry(interval=interval.number, start=interval.start, reward=total,
                           jobs=scheduled)
     return ClosedInterval(history=history, reward=summary.to_k8s())
+
+
+def open_status(number: int, start: datetime, grant: Grant) -> dict[str, Any]:
+    """`status.openInterval` of a job granted `grant` in interval `number` (wire form)."""
+    return OpenIntervalStatus(interval=number, start=start, ps=grant.ps, workers=grant.workers,
+                              placement=Placement(**grant.placement),
+                              epochs_at_start=grant.epochs_at_start).to_k8s()
+
+
+def restore(jobs: Iterable[Any]) -> list[OpenInterval]:
+    """The intervals a previous operator run opened and never closed, from the jobs'
+    `status.openInterval` (records.JobRecord), oldest first. One per interval number: a run
+    killed while recording may have left some jobs one interval behind the others. An
+    interval a job's history already holds is closed already and not restored."""
+    restored: dict[int, OpenInterval] = {}
+    for job in jobs:
+        saved = job.open_interval
+        if not saved:
+            continue
+        try:
+            status = OpenIntervalStatus.model_validate(saved)
+        except (ValueError, InvalidObject):  # unreadable: nothing to close it with
+            continue
+        if any(h.get("interval") == status.interval for h in job.history):
+            continue
+        interval = restored.setdefault(status.interval, OpenInterval(status.interval,
+                                                                     status.start))
+        placement = status.placement.to_k8s() if status.placement else {}
+        interval.grants[job.name] = Grant(status.ps, status.workers, placement,
+                                          status.epochs_at_start, job.epochs)
+    return [restored[n] for n in sorted(restored)]
 
 
 def next_interval_number(rewards: list[Mapping[str, Any]] | None,

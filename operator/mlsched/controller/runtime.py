@@ -22,6 +22,7 @@ from mlsched.controller.models import ModelResolver
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
 from mlsched.controller.rewards import OpenInterval
 from mlsched.controller.snapshot import ClusterFit, ClusterState
+from mlsched.controller.status_writer import Seen, StatusWriter
 
 JobKey = tuple[str, str]
 PolicyKey = tuple[str, str]
@@ -274,6 +275,12 @@ class Runtime:
             self.api.on_request = lambda verb, resource: \
                 self.metrics.api_requests.labels(verb, resource).inc()
         self.recorder = Recorder(self.api)
+        # Status records go out in the background (status_writer.py); what is written is
+        # merged with what the MLJob index shows then.
+        self.records = StatusWriter(
+            self.api, concurrency=self.config.record_concurrency, rate=self.config.record_rate,
+            burst=self.config.record_burst, lookup=self._seen,
+            on_failure=self.metrics.api_errors.labels("record").inc)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
                                         tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
                                         token_audience=self.config.token_audience,
@@ -296,6 +303,10 @@ class Runtime:
                                 tolerated_taints=self.config.tolerated_taints)
             self._fit = (now, idx.nodes, fit)
         return self._fit[2]
+
+    def _seen(self, kind: str, namespace: str, name: str) -> Seen | None:
+        job = self.indexes.job(namespace, name) if self.indexes and kind == "MLJob" else None
+        return Seen(job.uid, {"history": job.history}) if job else None
 
     def epochs_done(self, job: JobRecord) -> float:
         """The newest progress known: the index, or a report whose status write is in flight."""

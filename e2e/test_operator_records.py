@@ -1,0 +1,93 @@
+"""Interval records survive faults: an API server outage during a round, and the operator
+SIGKILLed in the middle of an interval.
+
+Each job's `status.history` has one entry per interval it ran in: no gap, none twice, and,
+because every epoch trained belongs to exactly one interval, the entries' epochs add up to
+the progress at the start of the interval now open (`status.openInterval.epochsAtStart`).
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from mlsched_objects import mljob, scheduling_policy
+from waiting import wait_for
+
+JOBS = [f"rec-{i}" for i in range(6)]
+SETTLE = 120  # seconds
+
+
+def status(mlsched, name: str) -> dict:
+    return (mlsched.job(name) or {}).get("status") or {}
+
+
+def history(mlsched, name: str) -> list[dict]:
+    return status(mlsched, name).get("history") or []
+
+
+def start_jobs(mlsched) -> None:
+    mlsched.create(scheduling_policy("default"))
+    for name in JOBS:
+        mlsched.create(mljob(name, ps=(1, 1), workers=(1, 2), epochs=1e9))
+    wait_for(lambda: all(len(history(mlsched, n)) >= 2 for n in JOBS), SETTLE,
+             "every job to have two intervals recorded",
+             describe=lambda: {n: len(history(mlsched, n)) for n in JOBS})
+
+
+def assert_every_interval_recorded_once(mlsched) -> None:
+    for name in JOBS:
+        job = status(mlsched, name)
+        numbers = [h["interval"] for h in job["history"]]
+        assert numbers == list(range(numbers[0], numbers[0] + len(numbers))), (name, numbers)
+        # No epoch lost or counted twice (the jobs started at 0 and historyLimit keeps all).
+        assert sum(h["epochs"] for h in job["history"]) == pytest.approx(
+            job["openInterval"]["epochsAtStart"], rel=1e-9), (name, job["history"])
+    rewards = [r["interval"] for r in mlsched.policy("default")["status"]["rewards"]]
+    assert rewards == list(range(rewards[0], rewards[0] + len(rewards))), rewards
+
+
+def test_an_apiserver_outage_during_a_round_loses_no_interval_record(control_plane, mlsched,
+                                                                     start_operator, emulator):
+    operator = start_operator()
+    start_jobs(mlsched)
+    before = {n: len(history(mlsched, n)) for n in JOBS}
+    # Down for longer than a round's interval (6 s): at least one round closes its interval
+    # while no status write can get through.
+    control_plane.restart_apiserver(down_s=8.0)
+    wait_for(lambda: all(len(history(mlsched, n)) >= before[n] + 3 for n in JOBS), SETTLE,
+             "three more intervals recorded for every job after the outage",
+             describe=lambda: {n: [h["interval"] for h in history(mlsched, n)] for n in JOBS})
+    assert_every_interval_recorded_once(mlsched)
+    assert operator.running()
+
+
+def test_the_interval_open_when_the_operator_is_killed_is_closed_after_the_restart(
+        mlsched, start_operator, emulator):
+    operator = start_operator()
+    start_jobs(mlsched)
+    # Just after a round: the interval it opened runs for a few seconds more.
+    last_round = mlsched.policy("default")["status"]["lastRoundTime"]
+    wait_for(lambda: mlsched.policy("default")["status"]["lastRoundTime"] != last_round, 30,
+             "the next round")
+    time.sleep(2.0)
+    policy = mlsched.policy("default")["status"]
+    opened_at, open_number = policy["lastRoundTime"], policy["rewards"][-1]["interval"] + 1
+    trained = {n: (status(mlsched, n).get("progress") or {}).get("epochsDone", 0) for n in JOBS}
+    operator.kill()
+    time.sleep(4.0)  # jobs train on while no operator runs
+    operator.start()
+
+    wait_for(lambda: all(any(h["interval"] > open_number for h in history(mlsched, n))
+                         for n in JOBS), SETTLE,
+             f"the intervals after {open_number} recorded for every job",
+             describe=lambda: {n: [h["interval"] for h in history(mlsched, n)] for n in JOBS})
+    for name in JOBS:
+        entry = next((h for h in history(mlsched, name) if h["interval"] == open_number), None)
+        assert entry is not None, (name, history(mlsched, name))
+        # The interval that was open is closed as it began (not restarted at the restart),
+        # with the epochs trained in it, before and after the kill.
+        assert entry["start"] == opened_at, (name, entry)
+        assert entry["epochs"] > 0, (name, entry, trained[name])
+    assert_every_interval_recorded_once(mlsched)
