@@ -129,7 +129,8 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
         "decisions": decisions + decision.inferences,
         "observedGeneration": generation,
     }
-    if dict(resolved.active_models) != dict(old_models):
+    # Written once even when empty, so `kubectl get -o yaml` always shows what is serving.
+    if "activeModels" not in status or dict(resolved.active_models) != dict(old_models):
         patch["activeModels"] = models
     if wire(conds) != list(old or ()):
         patch["conditions"] = wire(conds)
