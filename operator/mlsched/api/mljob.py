@@ -223,14 +223,19 @@ class Progress(StatusModel):
                    summary=f"{epochs_done:.1f}/{total}")
 
 
-class HistoryEntry(StatusModel):
-    """What the scheduler gave this job in one interval and what it earned."""
+class IntervalGrant(StatusModel):
+    """What the scheduler gave this job for one interval."""
 
     interval: int = Field(ge=0, description="Scheduling round number.")
     start: datetime
     ps: int = Field(ge=0)
     workers: int = Field(ge=0)
     placement: Placement | None = None
+
+
+class HistoryEntry(IntervalGrant):
+    """What the scheduler gave this job in one interval and what it earned."""
+
     epochs: float = Field(ge=0, description="Epochs completed during the interval.")
     reward: float
 
@@ -238,14 +243,9 @@ class HistoryEntry(StatusModel):
 # Kept in status so that an operator restarted mid-interval closes this interval with the
 # progress reported since (a history entry) instead of losing it; written in the same patch
 # as the previous interval's history entry, so it costs no extra call.
-class OpenInterval(StatusModel):
+class OpenInterval(IntervalGrant):
     """The interval now running: what the latest round gave the job, and its progress then."""
 
-    interval: int = Field(ge=0, description="Scheduling round number.")
-    start: datetime
-    ps: int = Field(ge=0)
-    workers: int = Field(ge=0)
-    placement: Placement | None = None
     epochs_at_start: float = Field(ge=0, description="status.progress.epochsDone when it began.")
 
 
