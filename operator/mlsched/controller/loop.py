@@ -37,6 +37,7 @@ from mlsched.controller.models import ResolvedPolicy
 from mlsched.controller.records import JobRecord, Resources, add
 from mlsched.controller.runtime import Indexes, JobKey, Runtime
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
+from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round
 
@@ -104,23 +105,19 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           tolerated_taints=rt.config.tolerated_taints)
 
 
-def frozen(value: Any) -> Any:
-    """A plain deep copy of a (kopf live-view) object, so a round sees one version of it."""
-    if isinstance(value, Mapping):
-        return {k: frozen(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [frozen(v) for v in value]
-    return value
+def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:
+    """The policy as it is now, copied, and its reference: the live view is replaced while a
+    step awaits, and an edit landing mid-step must not be reported as observed (its generation
+    written next to the old spec's decision)."""
+    body = plain(live_body)
+    return body, ObjectRef.of({**body, "kind": "SchedulingPolicy"})
 
 
 async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Indexes,
                            now: float | None = None) -> RoundReport | None:
     started = time.perf_counter()
     now = time.time() if now is None else now
-    # kopf updates the live view while the round awaits; an edit landing mid-round must not
-    # be reported as observed (its generation written next to the old spec's decision).
-    body = frozen(live_body)
-    ref = ObjectRef.of({**body, "kind": "SchedulingPolicy"})
+    body, ref = one_version(live_body)
     key = (ref.namespace, ref.name)
     status = body.get("status") or {}
     try:
@@ -233,8 +230,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     """Give waiting jobs tasks from free capacity now; None when there was nothing to admit."""
     started = time.perf_counter()
     now = time.time() if now is None else now
-    body = frozen(live_body)
-    ref = ObjectRef.of({**body, "kind": "SchedulingPolicy"})
+    body, ref = one_version(live_body)
     key = (ref.namespace, ref.name)
     try:
         spec = SchedulingPolicy.from_k8s(body).spec
