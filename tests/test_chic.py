@@ -63,9 +63,9 @@ def test_an_arrival_at_or_above_the_trigger_waits_for_the_next_event():
     assert result.jct_s["b"] > result.jct_s["a"] - 100.0
 
 
-def test_interval_mode_is_unchanged_by_default():
+def test_interval_mode_decides_at_slot_starts_only():
     fifo = RecordingFIFO()
-    Simulator(_two_jobs(), SimConfig(nodes=2)).run(fifo, LoadBalance())
+    Simulator(_two_jobs(), SimConfig(nodes=2, admission="interval")).run(fifo, LoadBalance())
     assert all(t % 1200.0 == 0 for t in fifo.times)
 
 

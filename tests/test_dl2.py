@@ -261,7 +261,10 @@ def test_reserving_teacher_leaves_room_for_later_windows():
 
 
 def test_dagger_labels_the_students_states_with_the_teachers_actions():
-    args = train.Args(window=J, hidden=(32, 32), teacher="drf", train_nodes=(13,), max_slots_per_episode=5)
+    # (Interval admission: admission steps for one waiting job allow one action, on which
+    # student and teacher agree whatever the student is.)
+    args = train.Args(window=J, hidden=(32, 32), teacher="drf", train_nodes=(13,), max_slots_per_episode=5,
+                      admission="interval")
     torch.manual_seed(0)
     student = networks.build("shared", J, args.hidden)  # untrained: it acts unlike DRF
     s, m, a = train.collect_teacher_samples(args, range(3), student=student)
@@ -273,6 +276,20 @@ def test_dagger_labels_the_students_states_with_the_teachers_actions():
     assert all(bool(mk[act]) for mk, act in zip(m, a))  # every label is an allowed action
     # and DRF's kind of action: a bundle for some job, or stop.
     assert all(int(act) % 3 == dl2_state.BUNDLE or int(act) == 3 * J for act in a)
+
+
+def test_training_decides_admission_steps_when_the_simulator_admits_on_arrival():
+    """The network is trained on the steps the operator takes: with admission on arrival (the
+    default) rollouts include admission steps between rounds, so more states are labelled
+    on the same traces than with admission at slot starts only."""
+    steps = {}
+    for admission in ("interval", "arrival"):
+        args = train.Args(window=J, teacher="drf", train_nodes=(13,), max_slots_per_episode=5,
+                          admission=admission)
+        states, _, _ = train.collect_teacher_samples(args, range(2))
+        steps[admission] = len(states)
+    assert train.Args().admission == "arrival"
+    assert steps["arrival"] > steps["interval"]
 
 
 def test_train_command_runs_every_phase_and_writes_a_servable_model(tmp_path):

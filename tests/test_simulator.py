@@ -24,7 +24,7 @@ def test_one_job_jct_counts_waiting_from_its_true_arrival_and_finishes_fractiona
     rate = epochs_per_s(speed, "resnet-50", "ps", 3, 3)
     epochs = rate * 600  # 600 s of work at (3, 3)
     trace = [TraceJob("a", 100.0, "resnet-50", epochs, "ps", 3, 3)]
-    sim, r = run(trace, "fixed", scaling_cost_s=30.0, interference=False)
+    sim, r = run(trace, "fixed", scaling_cost_s=30.0, interference=False, admission="interval")
     # Seen at the slot boundary 1200 s, loses 30 s to start, trains 600 s.
     assert r.jct_s["a"] == pytest.approx(1200 - 100 + 30 + 600)
     assert r.completed == 1 and r.slots == 2
@@ -93,7 +93,7 @@ def test_interference_slows_co_located_jobs():
 
 def test_idle_gaps_are_skipped_without_changing_results():
     trace = [TraceJob("a", 0.0, "wlm", 50.0), TraceJob("b", 1e6, "wlm", 50.0)]
-    sim, r = run(trace, "drf")
+    sim, r = run(trace, "drf", admission="interval")
     assert r.completed == 2
     assert r.jct_s["a"] == pytest.approx(r.jct_s["b"] - (math.ceil(1e6 / 1200) * 1200 - 1e6), rel=1e-9)
     assert r.slots < 1000  # the gap was jumped, not stepped through

@@ -39,9 +39,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="seconds a job loses when its tasks change (checkpoint-restart ~30; hot scaling ~0.05)")
     p.add_argument("--speed-model", default="measured", choices=["measured", "optimus-fit"])
     p.add_argument("--no-interference", action="store_true", help="ignore co-location interference")
-    p.add_argument("--admission", default="interval", choices=["interval", "arrival"],
-                   help="interval: jobs get tasks only at slot starts (the papers' rule); arrival: also "
-                        "when a job arrives or one finishes, by an admission step (as the operator will)")
+    p.add_argument("--admission", default="arrival", choices=["interval", "arrival"],
+                   help="arrival (default): jobs get tasks at slot starts and also when a job arrives "
+                        "or one finishes, by an admission step, as the operator does; interval: only "
+                        "at slot starts (the papers' rule)")
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -26,7 +26,7 @@ from tqdm import tqdm
 
 from mlsched.features import dl2_state
 from mlsched.policies import registry
-from mlsched.policies.round import run_round
+from mlsched.policies.round import run_admission, run_round
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog, generators
@@ -81,6 +81,9 @@ class Args:
     anneal_episodes: int = 600
     critic_warmup_episodes: int = 40  # fit the value network before the policy moves
     init_sl: str = ""  # a dl2-sl.pt from an earlier run: skip the supervised phase
+    # As the operator admits: 'arrival' adds admission steps (waiting jobs only, running ones
+    # held) at arrivals and completions between rounds, and the network decides those too.
+    admission: str = "arrival"
 
 
 VALIDATION_MAX_SLOTS = 3000
@@ -223,7 +226,7 @@ def train_episode_setup(args: Args, k: int):
     seed = args.train_seed_base + k
     assert seed not in BENCHMARK_SEEDS
     trace = generators.generate(jobs=jobs, rate=rate, seed=seed, models=training_models(args))
-    return trace, SimConfig(nodes=nodes, seed=seed)
+    return trace, SimConfig(nodes=nodes, seed=seed, admission=args.admission)
 
 
 def training_models(args: Args) -> tuple[str, ...] | None:
@@ -242,15 +245,19 @@ def validation_sets(args: Args):
         sc = SCENARIOS[name]
         for k in range(args.val_traces):
             seed = args.val_seed_base + k
-            out.append((name, sc.trace(seed, training_models(args)), sc.config(seed)))
+            out.append((name, sc.trace(seed, training_models(args)), sc.config(seed, admission=args.admission)))
     return out
 
 
 def simulate(trace, config, allocation, on_slot=None, max_slots=None):
     sim = Simulator(trace, config)
     lb = registry.make_placement("load-balance")
+    admit = None
+    if config.admission == "arrival":  # the same steps Simulator.run takes (and the operator)
+        def admit(snapshot):
+            return run_admission(snapshot, allocation, lb)
     while not sim.done and (max_slots is None or sim.slot < max_slots):
-        reward = sim.advance(run_round(sim.snapshot(), allocation, lb))
+        reward = sim.advance(run_round(sim.snapshot(), allocation, lb), admit)
         if on_slot:
             on_slot(reward)
     return sim.result()
