@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -122,6 +123,14 @@ def test_metrics_and_health_endpoints():
                  "mlsched_model_load_failures_total", "mlsched_progress_reports_total"):
         assert f"# TYPE {name.removesuffix('_total')}" in metrics
     assert 'mlsched_jobs{phase="Running"} 2.0' in metrics
+    assert "mlsched_status_records_pending 0.0" in metrics
+
+
+def test_pending_records_gauge_counts_what_is_queued():
+    rt, _ = world()
+    rt.records.enqueue("MLJob", NS, "bert", fields={"phase": "Running"})
+    rt.records.enqueue("MLJob", NS, "gpt", fields={"phase": "Running"})
+    assert b"mlsched_status_records_pending 2.0" in rt.metrics.render()
 
 
 # ---- the client -------------------------------------------------------------------------------
@@ -178,10 +187,15 @@ def test_junk_tokens_cost_a_bounded_number_of_token_reviews():
                 answers.append((resp.status, resp.headers.get("Retry-After")))
             return answers
 
+    started = time.monotonic()
     answers = asyncio.run(flood())
+    elapsed = time.monotonic() - started
     reviews = sum(1 for c in kube.calls if c[1] == "TokenReview")
-    # The burst, plus what the rate refills while the flood lasts (well under a second here).
-    assert rt.config.token_review_burst <= reviews <= rt.config.token_review_burst + 20
+    # The burst, plus what the rate refills while the flood lasts (about a second; more on a
+    # loaded machine, so the bound is computed from the time it really took).
+    refill = rt.config.token_review_rate * elapsed
+    assert rt.config.token_review_burst <= reviews <= rt.config.token_review_burst + refill + 1
+    assert reviews < 1000 / 2  # most of the flood never reached the API server
     assert sum(status == 401 for status, _ in answers) == reviews
     throttled = [retry for status, retry in answers if status == 429]
     assert len(throttled) == 1000 - reviews and all(int(r) >= 1 for r in throttled)

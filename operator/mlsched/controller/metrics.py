@@ -62,5 +62,12 @@ class Metrics:
     def watch_job_phases(self, count: Callable[[], Mapping[str, int]]) -> None:
         self.registry.register(_JobsByPhase(count))
 
+    def watch_pending_records(self, pending: Callable[[], int]) -> None:
+        """Status records queued or in flight (status_writer.py): 0 soon after each round;
+        one that stays up means the API server refuses or throttles the writes."""
+        gauge = Gauge("mlsched_status_records_pending",
+                      "Objects with a status record not yet written", registry=self.registry)
+        gauge.set_function(pending)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -281,6 +281,7 @@ class Runtime:
             self.api, concurrency=self.config.record_concurrency, rate=self.config.record_rate,
             burst=self.config.record_burst, lookup=self._seen,
             on_failure=self.metrics.api_errors.labels("record").inc)
+        self.metrics.watch_pending_records(self.records.pending)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
                                         tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
                                         token_audience=self.config.token_audience,
