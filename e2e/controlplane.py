@@ -91,8 +91,12 @@ def _free_ports(count: int) -> list[int]:
 
 
 class ControlPlane:
-    def __init__(self, *, startup_timeout: float = 120.0):
+    def __init__(self, *, startup_timeout: float = 120.0,
+                 extra_flags: dict[str, list[str]] | None = None):
         self.startup_timeout = startup_timeout
+        # Per component, flags added to its defaults (flags.py): the benchmark raises KCM's and
+        # the scheduler's client rates as a cluster sized for thousands of pods would.
+        self.extra_flags = extra_flags or {}
         self.workdir: Path | None = None
         self.kubeconfig_path: Path | None = None
         self.bin_dir: Path | None = None
@@ -143,8 +147,9 @@ class ControlPlane:
         self._add("kube-apiserver", flags.apiserver(layout))
         self._wait_apiserver()
 
-        self._add("kube-controller-manager", flags.controller_manager(layout))
-        self._add("kube-scheduler", flags.scheduler(layout))
+        self._add("kube-controller-manager", flags.controller_manager(layout)
+                  + self.extra_flags.get("kube-controller-manager", []))
+        self._add("kube-scheduler", flags.scheduler(layout) + self.extra_flags.get("kube-scheduler", []))
         self._add("kwok", flags.kwok(layout))
         for name, url in [
             ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),

@@ -183,6 +183,25 @@ def test_catalog_curves_are_the_ground_truth_and_their_fit_describes_it(arch):
         assert curve.best_epochs_per_s(8, 8) == pytest.approx(max(exact))
 
 
+@pytest.mark.parametrize("table", [True, False])
+def test_signature_and_best_speed_are_cached_per_shape_and_scale_with_the_curve(table):
+    """Cached per shape (a round asks for thousands of jobs): a scaled curve has its prior's
+    signature and a scaled best speed, whatever was asked before, as if computed directly."""
+    from mlsched.workloads.speed_curve import SpeedCurve
+
+    curve = catalog_curve("vgg-16", "ps")
+    if not table:
+        curve = SpeedCurve(curve.theta, curve.global_batch, curve.steps_per_epoch, curve.uses_ps)
+    for factor in (1.0, 0.37, 2.5, 0.37):
+        scaled = curve.scaled(factor)
+        assert scaled.signature() == pytest.approx(scaled._signature(), abs=1e-12)
+        for caps in ((1, 1), (2, 8), (8, 2), (16, 16)):
+            assert scaled.best_epochs_per_s(*caps) == pytest.approx(
+                scaled._best_epochs_per_s(*caps), rel=1e-12)
+            assert scaled.best_epochs_per_s(*caps) == pytest.approx(
+                factor * curve.best_epochs_per_s(*caps), rel=1e-12)
+
+
 def test_every_phase_has_a_registry_with_context_and_learned_flags():
     assert registry.is_learned("allocation", "dl2") and not registry.is_learned("allocation", "drf")
     assert registry.known("placement", "tetris") and registry.known("allocation", "tetris")

@@ -21,10 +21,10 @@ MAX_CORRECTION = 8.0  # a prior is never trusted less than 8x off (a bad observa
 
 def correction(job: JobView) -> float:
     """observed / prior speed (geometric mean over recent observations); 1 without any."""
-    prior = job.prior
+    speed = job.prior.speed_function()
     logs = []
     for o in job.observations[-RECENT:]:
-        predicted = prior.epochs_per_s(o.ps, o.workers)
+        predicted = speed(o.ps, o.workers)
         if o.epochs_per_s > 0 and predicted > 0:
             logs.append(math.log(o.epochs_per_s / predicted))
     if not logs:

@@ -98,7 +98,23 @@ class SpeedCurve:
                           self.scale * factor, self.table)
 
     def best_epochs_per_s(self, max_ps: int, max_workers: int) -> float:
-        """The highest speed with at most these counts (at least one of each role it needs)."""
+        """The highest speed with at most these counts (at least one of each role it needs).
+        Searched once per shape and caps (a round asks for every job), then scaled."""
+        if self.scale <= 0:
+            return self._best_epochs_per_s(max_ps, max_workers)
+        key = (self._shape_key(), max_ps, max_workers)
+        best = _SHAPE_CACHE.get(key)
+        if best is None:
+            best = _remember(key, self._unscaled()._best_epochs_per_s(max_ps, max_workers))
+        return self.scale * best
+
+    def _shape_key(self) -> tuple:
+        """What the curve's shape depends on (everything but `scale`); a table is long-lived
+        (catalog_curve caches it), so its identity stands for its contents."""
+        return (self.theta, self.global_batch, self.steps_per_epoch, self.uses_ps,
+                id(self.table) if self.table is not None else None)
+
+    def _best_epochs_per_s(self, max_ps: int, max_workers: int) -> float:
         max_w = max(min(max_workers, _BEST_GRID), 1)
         max_p = max(min(max_ps, _BEST_GRID), 1) if self.uses_ps else 1
         if self.table is not None:
@@ -118,7 +134,21 @@ class SpeedCurve:
         """How the curve scales, comparable across models whatever their θ: log2 of the
         speed-up from more workers (1 -> 2, 4, 8 at one PS) and from more PS (at 4, 8 and 16
         workers), over 2 and clipped to [-1, 1]. (θ itself is no description: its terms are
-        not independent, so two fits of one curve can differ.)"""
+        not independent, so two fits of one curve can differ.) Ratios do not depend on
+        `scale`: computed once per shape, on the unscaled curve."""
+        if self.scale <= 0:
+            return self._signature()
+        key = ("signature", self._shape_key())
+        found = _SHAPE_CACHE.get(key)
+        if found is None:
+            found = _remember(key, self._unscaled()._signature())
+        return found
+
+    def _unscaled(self) -> "SpeedCurve":
+        return self if self.scale == 1.0 else SpeedCurve(
+            self.theta, self.global_batch, self.steps_per_epoch, self.uses_ps, 1.0, self.table)
+
+    def _signature(self) -> tuple[float, ...]:
         out = []
         for (p1, w1), (p0, w0) in self.PROBES:
             a, b = self.epochs_per_s(p1, w1), self.epochs_per_s(p0, w0)
@@ -128,6 +158,17 @@ class SpeedCurve:
 
 
 _ROWS: dict[int, tuple[np.ndarray, list[list[float]]]] = {}
+# Per-shape answers (signature, best speed within caps): a round asks for each of thousands of
+# jobs, which share a handful of shapes. Bounded: shapes fitted online could be many.
+_SHAPE_CACHE: dict[tuple, object] = {}
+_SHAPE_CACHE_MAX = 4096
+
+
+def _remember(key: tuple, value):
+    if len(_SHAPE_CACHE) >= _SHAPE_CACHE_MAX:
+        _SHAPE_CACHE.clear()
+    _SHAPE_CACHE[key] = value
+    return value
 
 
 def _table_rows(table: np.ndarray) -> list[list[float]]:
