@@ -175,10 +175,3 @@ def test_kustomization_references_the_generated_crds():
     for name in kustomization["resources"]:
         assert (BASE / name).exists()
 
-
-def test_dockerfile_runs_the_operator_as_non_root():
-    text = (ROOT / "Dockerfile").read_text()
-    assert text.startswith("#") and "FROM python:3.11-slim" in text
-    assert "install -y --no-install-recommends openssl" in text  # serving_tls.py uses it
-    assert "USER 10001" in text and "RUN pip install . " in text and "[train]" not in text
-    assert 'ENTRYPOINT ["python", "-m", "mlsched.controller"]' in text
