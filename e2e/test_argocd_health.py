@@ -67,3 +67,31 @@ def test_argocd_reports_no_check_for_kinds_the_file_does_not_cover(argocd, tmp_p
                                      "metadata": {"name": "x"}}))
     with pytest.raises(AssertionError, match="Health script is not configured"):
         assess_health(argocd, other, ARGOCD_CM)
+
+
+def strict(schema: dict) -> dict:
+    """The schema with unknown fields forbidden where it lists fields (the API server would
+    prune them silently; here they are errors)."""
+    if "properties" in schema and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        schema.setdefault("additionalProperties", False)
+    for sub in schema.get("properties", {}).values():
+        strict(sub)
+    if isinstance(schema.get("items"), dict):
+        strict(schema["items"])
+    if isinstance(schema.get("additionalProperties"), dict):
+        strict(schema["additionalProperties"])
+    return schema
+
+
+@pytest.mark.parametrize("name,crd", [("application.yaml", "application-crd.yaml"),
+                                      ("appproject.yaml", "appproject-crd.yaml")])
+def test_application_and_project_are_valid_for_argo_cd(argocd, name, crd):
+    """Against Argo CD's own CRDs of the version built (copied beside the binary)."""
+    import jsonschema  # dev extra
+
+    definition = yaml.safe_load((argocd.parent / crd).read_text())
+    (version,) = [v for v in definition["spec"]["versions"] if v["served"]]
+    obj = yaml.safe_load((ARGOCD / name).read_text())
+    assert obj["apiVersion"] == f"{definition['spec']['group']}/{version['name']}"
+    assert obj["kind"] == definition["spec"]["names"]["kind"]
+    jsonschema.Draft4Validator(strict(version["schema"]["openAPIV3Schema"])).validate(obj)

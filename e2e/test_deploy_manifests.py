@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -36,6 +34,7 @@ import yaml
 from kubernetes import client
 
 from controlplane import ControlPlane, ControlPlaneError
+from mlsched.controller.constants import LEGACY_FINALIZER
 from mlsched_objects import MLSched, condition, for_kwok, phase, sample, scheduling_policy
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
 from operator_process import OperatorProcess
@@ -290,9 +289,22 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
     jobs = MLSched(api, DEV_NAMESPACE)
     emulator = WorkloadEmulator(api, [DEV_NAMESPACE], tmp_path / "tokens",
                                 time_scale=1 / INTERVAL_SCALE)
+    # Objects an earlier version left with kopf's finalizer (an upgrade): the operator patches
+    # it away, which is what its patch rights on both kinds are for.
+    legacy = {"finalizers": [LEGACY_FINALIZER]}
+    upgraded_policy = scheduling_policy("upgraded")
+    upgraded_policy["metadata"].update(legacy)
+    jobs.create(upgraded_policy)
+    upgraded_job = for_kwok(sample("mljob-allreduce.yaml"))
+    upgraded_job["metadata"] = {"name": "upgraded", **legacy}
+    upgraded_job["spec"]["schedulingPolicy"] = "upgraded"
+    jobs.create(upgraded_job)
     operator.start()
     emulator.start()
     try:
+        wait_for(lambda: not jobs.job("upgraded")["metadata"].get("finalizers")
+                 and not jobs.policy("upgraded")["metadata"].get("finalizers"), 60,
+                 "the operator to remove the earlier version's finalizer")
         # A job under the overlay's `default` policy runs; a short one finishes and its TTL
         # deletes it.
         jobs.create(for_kwok(sample("mljob-allreduce.yaml")))

@@ -34,8 +34,8 @@ def allowed(rules: list[dict], group: str, resource: str, verb: str) -> bool:
 # rarer cases (a 409, an index miss). That test compares the audit log with the rules both
 # ways; this one is the quick check.
 NEEDED = [
-    ("mlsched.io", "mljobs", v) for v in ("get", "list", "watch", "delete")] + [
-    ("mlsched.io", "schedulingpolicies", v) for v in ("list", "watch")] + [
+    ("mlsched.io", "mljobs", v) for v in ("get", "list", "watch", "patch", "delete")] + [
+    ("mlsched.io", "schedulingpolicies", v) for v in ("list", "watch", "patch")] + [
     ("mlsched.io", "mljobs/status", "patch"), ("mlsched.io", "schedulingpolicies/status", "patch"),
     ("mlsched.io", "mljobs/finalizers", "update"),
     ("apps", "statefulsets", "create"), ("apps", "statefulsets", "patch"), ("apps", "statefulsets", "watch"),
