@@ -29,7 +29,7 @@ test: $(BIN)/.installed-dev
 
 # Builds etcd, kube-apiserver, KCM, kube-scheduler, kubectl and kwok from the Go module proxy into
 # ~/.cache/mlsched-e2e on first use (about 13 minutes), and Argo CD's CLI for the health checks
-# of manifests/argocd (about 16 minutes), then runs the operator against them.
+# of manifests/argocd (about 15 minutes), then runs the operator against them.
 # A hung test fails after 15 minutes with its stack instead of eating CI's 90.
 e2e: $(BIN)/.installed-dev
 	bash e2e/build_control_plane.sh

@@ -17,7 +17,7 @@ class ArgoCDBuildError(RuntimeError):
 
 
 def build_argocd() -> Path:
-    """Runs the build script (instant when cached; about 25 minutes cold on 2 cores, with its
+    """Runs the build script (instant when cached; about 15 minutes cold on 2 cores, with its
     progress passed on) and returns the binary's path."""
     messages: collections.deque[str] = collections.deque(maxlen=40)
     with subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,

@@ -114,7 +114,7 @@ ldflags="-s -w -X $pkg.version=${ARGOCD_VERSION#v} -X $pkg.buildDate=${build_dat
 ldflags+=" -X $pkg.gitTag=$ARGOCD_VERSION -X $pkg.gitTreeState=clean"
 
 log "compiling ./cmd (every Argo CD component is one binary that picks its command by"
-log "the name it is called with; 'argocd' is the CLI). About 20-30 min cold on 2 cores."
+log "the name it is called with; 'argocd' is the CLI). About 15 min cold on 2 cores."
 mkdir -p "$BUILD_ROOT/bin.partial"
 # Two compile jobs at a time keep memory and load sane on two cores.
 run "$GO" build -p 2 -trimpath -ldflags "$ldflags" -o "$BUILD_ROOT/bin.partial/argocd" ./cmd

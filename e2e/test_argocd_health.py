@@ -8,7 +8,7 @@ message must be exactly what the test file says. tests/test_argocd_manifests.py 
 argocd-cm.yaml holds exactly the health.lua files and that every test object is valid
 against the CRDs.
 
-The CLI is built from the Go module proxy on first use (build_argocd.sh, about 25 minutes
+The CLI is built from the Go module proxy on first use (build_argocd.sh, about 15 minutes
 cold, cached after). A failed build fails these tests with what to run; nothing is skipped.
 """
 
