@@ -73,8 +73,6 @@ NOT_EXERCISED = {
     # blockOwnerDeletion owner references; it is not a request, and this apiserver does not
     # enable that plugin.
     ("mlsched.io", "mljobs/finalizers", "update"),
-    # Only after a 409 on create: a Service of the job's name already exists.
-    ("", "services", "get"),
     # The progress endpoint reads the reporting pod and its MLJob only when its indexes have
     # not seen them yet (a report right after a start); here the indexes are warm.
     ("", "pods", "get"), ("mlsched.io", "mljobs", "get"),
@@ -86,6 +84,11 @@ NOT_EXERCISED = {
     # nodes stay Ready, and rounds keep jobs where they are.
     ("", "pods", "delete"),
 }
+
+#: Reads that follow a 409 on create (whose is the object of the job's name?): whether a run
+#: makes one depends on timing (two handlers creating a job's children at once), so these
+#: may or may not show up.
+AFTER_A_CONFLICT = {("", "services", "get"), ("apps", "statefulsets", "get")}
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -358,7 +361,8 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
                            "verbs": [verb]}, where, r) for r in requests)}
     granted = {(group, resource, verb) for rule, _ in rules for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
-    assert granted - used == NOT_EXERCISED, (
+    assert granted - used - AFTER_A_CONFLICT == NOT_EXERCISED, (
         f"granted but never requested: {sorted(granted - used - NOT_EXERCISED)}; "
         f"listed as not exercised but requested: {sorted(NOT_EXERCISED & used)}")
-    print(f"\n{len(requests)} requests by the operator; rules used: {len(used)} of {len(granted)}")
+    print(f"\n{len(requests)} requests by the operator; rules used: {len(used)} of {len(granted)}"
+          f" (after a conflict: {sorted(AFTER_A_CONFLICT & used)})")
