@@ -1,29 +1,83 @@
-# The mlsched operator image: the runtime package only (no torch; learned policies are served
-# with onnxruntime). Build from the repository root:
+# The mlsched operator image: the runtime package and the shipped ONNX models, no torch
+# (learned policies are served with onnxruntime). Build from the repository root:
+#
 #   docker build -t mlsched-operator:latest .
-FROM python:3.11-slim
+#
+# For NVIDIA GPUs (onnxruntime-gpu, the package the model cards name for CUDA, on a CUDA
+# runtime base whose Python is 3.12):
+#
+#   docker build -t mlsched-operator:latest-cuda \
+#     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
+#     --build-arg ONNXRUNTIME=onnxruntime-gpu .
+#
+# Both stages start from BASE_IMAGE, so the virtual environment built in the first stage
+# finds the same Python at the same path in the second. The result runs as uid 10001 with a
+# read-only root filesystem: nothing is written outside /tmp (an emptyDir in the Deployment).
 
-ENV PYTHONDONTWRITEBYTECODE=1 \
-    PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
+# Pinned to a patch release and a Debian release, so a rebuild gets the same Python.
+ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+
+# ---------------------------------------------------------------------------- build stage
+FROM ${BASE_IMAGE} AS build
+ARG ONNXRUNTIME=onnxruntime
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+
+# The python images have python3 and venv; a CUDA base has neither.
+# hadolint ignore=DL3008
+RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3 python3-venv \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
 
 WORKDIR /build
 COPY pyproject.toml README.md ./
 COPY operator ./operator
-# For the ONNX artifacts it ships (policy_models/artifacts): the default model of a learned
-# policy whose SchedulingPolicy names no file. Its torch code is never imported at runtime.
+# policy_models carries the shipped ONNX artifacts and their model cards: the default model of
+# a learned policy whose SchedulingPolicy names no file. Its torch code is never imported.
 COPY policy_models ./policy_models
-RUN pip install . && rm -rf /build
+# The CPU onnxruntime is a dependency of mlsched; the GPU build swaps it for onnxruntime-gpu
+# of the same version (both install the module `onnxruntime`, so they must not coexist).
+# Bytecode is compiled here because the running container cannot write it.
+RUN python3 -m venv /opt/mlsched \
+ && /opt/mlsched/bin/pip install . \
+ && if [ "$ONNXRUNTIME" != onnxruntime ]; then \
+      version="$(/opt/mlsched/bin/pip show onnxruntime | sed -n 's/^Version: //p')" \
+      && /opt/mlsched/bin/pip uninstall -y onnxruntime \
+      && /opt/mlsched/bin/pip install "$ONNXRUNTIME==$version"; \
+    fi \
+ && /opt/mlsched/bin/python -c "import onnxruntime, mlsched.controller" \
+ && ! /opt/mlsched/bin/python -c "import torch" 2>/dev/null \
+ && /opt/mlsched/bin/python -m compileall -q /opt/mlsched
+
+# -------------------------------------------------------------------------- runtime stage
+FROM ${BASE_IMAGE}
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+
 # openssl makes the progress endpoint's CA and certificate (--tls-secret; see
-# mlsched/controller/serving_tls.py for why not a Python package). Debian's ca-certificates
-# already pulls it in; named here so that the image does not depend on that.
-RUN apt-get update && apt-get install -y --no-install-recommends openssl \
+# mlsched/controller/serving_tls.py for why not a Python package); a CUDA base also needs
+# Python itself.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends openssl ca-certificates \
+ && if ! command -v python3 >/dev/null; then \
+      apt-get install -y --no-install-recommends python3; \
+    fi \
  && rm -rf /var/lib/apt/lists/*
 
-# A fixed non-root uid, matching runAsUser in manifests/base/deployment.yaml.
+COPY --from=build /opt/mlsched /opt/mlsched
+
+# A fixed non-root uid, matching runAsUser in manifests/base/deployment.yaml. No home: HOME
+# points at /tmp, the only writable place.
 RUN groupadd --system --gid 10001 mlsched \
- && useradd --system --uid 10001 --gid 10001 --no-create-home --shell /usr/sbin/nologin mlsched
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin mlsched
+ENV PATH=/opt/mlsched/bin:$PATH \
+    HOME=/tmp \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
 USER 10001:10001
 WORKDIR /tmp
 

@@ -91,9 +91,12 @@ def _free_ports(count: int) -> list[int]:
 
 
 class ControlPlane:
-    def __init__(self, *, startup_timeout: float = 120.0,
+    def __init__(self, *, startup_timeout: float = 120.0, audit_policy: dict | None = None,
                  extra_flags: dict[str, list[str]] | None = None):
         self.startup_timeout = startup_timeout
+        # An audit policy (audit.k8s.io/v1 Policy) makes the apiserver log the requests it
+        # selects, as JSON lines, to audit_log_path: who asked for what, and the answer.
+        self.audit_policy = audit_policy
         # Per component, flags added to its defaults (flags.py): the benchmark raises KCM's and
         # the scheduler's client rates as a cluster sized for thousands of pods would.
         self.extra_flags = extra_flags or {}
@@ -144,7 +147,10 @@ class ControlPlane:
             f"{self.etcd_url}/health", timeout=self.startup_timeout,
             expect='"health":"true"')
 
-        self._add("kube-apiserver", flags.apiserver(layout))
+        apiserver_flags = flags.apiserver(layout)
+        if self.audit_policy is not None:
+            apiserver_flags += flags.audit(layout, self.audit_policy)
+        self._add("kube-apiserver", apiserver_flags)
         self._wait_apiserver()
 
         self._add("kube-controller-manager", flags.controller_manager(layout)
@@ -193,6 +199,12 @@ class ControlPlane:
             self._wait_apiserver()
         except ComponentError as err:
             raise ControlPlaneError(str(err)) from None
+
+    @property
+    def audit_log_path(self) -> Path:
+        """The apiserver's audit log (JSON lines), when started with an audit_policy."""
+        assert self.workdir is not None and self.audit_policy is not None
+        return flags.audit_log_path(self._layout)
 
     @property
     def ca_cert_path(self) -> Path:

@@ -7,6 +7,7 @@ controller and no leader election.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +83,23 @@ def apiserver(layout: Layout) -> list[str]:
         # then give open watches 2 s. Without it the HTTP server waits up to
         # --request-timeout (60 s) for watch connections to go idle.
         "--shutdown-send-retry-after=true",
+    ]
+
+
+def audit_log_path(layout: Layout) -> Path:
+    return layout.workdir / "logs" / "audit.log"
+
+
+def audit(layout: Layout, policy: dict) -> list[str]:
+    """Audit logging to a file, for the requests `policy` selects (ControlPlane(audit_policy=))."""
+    policy_file = layout.workdir / "audit-policy.yaml"
+    policy_file.write_text(json.dumps(policy))  # JSON is YAML
+    return [
+        f"--audit-policy-file={policy_file}",
+        f"--audit-log-path={audit_log_path(layout)}",
+        "--audit-log-format=json",
+        # Written before the response is sent, so the log is complete when a test reads it.
+        "--audit-log-mode=blocking",
     ]
 
 

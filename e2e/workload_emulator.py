@@ -233,8 +233,11 @@ class WorkloadEmulator:
             self.reports["unreachable"] += 1
             self.last_error = f"pod {pod.metadata.name} has no MLSCHED_PROGRESS_URL"
             return
+        # As the pod's own Reporter.from_env would: with the CA the operator put into the pod
+        # when it serves HTTPS (--tls-secret).
         reporter = progress.Reporter(url=url, namespace=job.namespace, job=job.name,
-                                     token_file=str(self.tokens.path_for(pod)))
+                                     token_file=str(self.tokens.path_for(pod)),
+                                     ca_pem=_pod_env(pod, "MLSCHED_PROGRESS_CA"))
         try:
             reporter.report(state.epochs_done, strict=True)
         except progress.ProgressError as err:

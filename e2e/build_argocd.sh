@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# Builds Argo CD's own `argocd` CLI from the Go module proxy, so that the health checks in
+# manifests/argocd/ are tested with Argo CD's Lua code rather than a re-implementation
+# (tests/test_argocd_health.py runs `argocd admin settings resource-overrides health`).
+#
+# Nothing lands in the repo: the source copy, Go's caches and the binary live in
+#   ${MLSCHED_E2E_CACHE:-$HOME/.cache/mlsched-e2e}/argocd-<version>-r<recipe>/
+# next to the control plane's binaries (build_control_plane.sh). The binary's path is printed
+# as the last line of stdout; progress and errors go to stderr. When the binary is already
+# there the script prints its path and exits at once.
+#
+# Override the version with MLSCHED_ARGOCD_VERSION (each version gets its own dir).
+set -Eeuo pipefail
+
+# v3.2 is the newest line whose go.mod takes gitops-engine from the module proxy: from v3.3
+# on it is replaced by ./gitops-engine, a nested module that module zips leave out and the
+# proxy does not serve, so those versions cannot be built from the proxy alone. (v3.2.12
+# does not compile: controller/cache calls a settings function the tag lacks.)
+ARGOCD_VERSION="${MLSCHED_ARGOCD_VERSION:-v3.2.11}"
+MODULE="github.com/argoproj/argo-cd/v3"
+# Bump when the way the binary is built changes, so stale caches are not reused.
+RECIPE=1
+
+# MLSCHED_ARGOCD_CACHE moves only this build (e.g. to time a cold one).
+CACHE_ROOT="${MLSCHED_ARGOCD_CACHE:-${MLSCHED_E2E_CACHE:-$HOME/.cache/mlsched-e2e}}"
+BUILD_ROOT="$CACHE_ROOT/argocd-$ARGOCD_VERSION-r$RECIPE"
+BIN="$BUILD_ROOT/bin/argocd"
+# Argo CD's own CRDs of Application and AppProject, beside the binary: the e2e tests validate
+# manifests/argocd/ against them.
+CRDS=(application-crd.yaml appproject-crd.yaml)
+
+built() {
+  local crd
+  [[ -x "$BIN" ]] || return 1
+  for crd in "${CRDS[@]}"; do [[ -f "$BUILD_ROOT/bin/$crd" ]] || return 1; done
+}
+
+# Fast path: a warm cache costs a few stats.
+if built; then
+  echo "$BIN"
+  exit 0
+fi
+
+log() { echo "[build_argocd] $*" >&2; }
+die() {
+  log "ERROR: $*"
+  exit 1
+}
+
+GO="${GO:-}"
+if [[ -z "$GO" ]]; then
+  GO="$(command -v go || true)"
+  [[ -z "$GO" && -x /usr/local/go/bin/go ]] && GO=/usr/local/go/bin/go
+fi
+[[ -n "$GO" && -x "$GO" ]] || die "no Go toolchain found. Install Go >= 1.26 and put it on
+  PATH, or point GO=/path/to/bin/go at it. The Go module proxy must be reachable."
+
+mkdir -p "$CACHE_ROOT"
+# Two sessions starting at once must not build into the same dirs.
+exec 9>"$CACHE_ROOT/build-argocd.lock"
+if command -v flock >/dev/null; then flock 9; fi
+if built; then # someone else finished the build while we waited
+  echo "$BIN"
+  exit 0
+fi
+
+# The same Go caches as the control plane: Kubernetes' client packages are compiled once.
+export GOMODCACHE="$CACHE_ROOT/go/mod"
+export GOCACHE="$CACHE_ROOT/go/build"
+export GOFLAGS="-modcacherw -buildvcs=false"
+export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
+export GOWORK=off GO111MODULE=on
+# Upstream ships the CLI statically linked.
+export CGO_ENABLED=0
+
+LOG="$BUILD_ROOT/build.log"
+SRC="$BUILD_ROOT/src"
+mkdir -p "$BUILD_ROOT"
+: >"$LOG"
+on_error() {
+  local rc=$?
+  [[ "$BASHPID" == "$$" ]] || exit "$rc"
+  log "ERROR: building argocd $ARGOCD_VERSION failed (exit $rc). Last lines of $LOG:"
+  tail -n 30 "$LOG" >&2 || true
+  log "What to do: check that the Go module proxy is reachable ('$GO env GOPROXY'), that"
+  log "$MODULE@$ARGOCD_VERSION exists there ('$GO list -m -versions $MODULE') and that its"
+  log "go.mod's 'go' line is not newer than $("$GO" env GOVERSION); then rerun $0."
+  exit "$rc"
+}
+trap on_error ERR
+
+run() {
+  echo "+ $*" >>"$LOG"
+  "$@" >>"$LOG" 2>&1
+}
+
+START=$SECONDS
+log "downloading $MODULE@$ARGOCD_VERSION from the module proxy (log: $LOG)"
+run "$GO" mod download "$MODULE@$ARGOCD_VERSION"
+# The module's go.mod has replace directives, which 'go install module@version' refuses; they
+# only apply to a main module. So build inside (a writable copy of) the module's own source.
+dir="$("$GO" mod download -json "$MODULE@$ARGOCD_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+[[ -d "$dir" ]] || die "no source directory for $MODULE@$ARGOCD_VERSION"
+rm -rf "$SRC"
+cp -r "$dir" "$SRC"
+chmod -R u+w "$SRC"
+cd "$SRC"
+
+# The proxy's .info carries the tag's time: a reproducible build date.
+info="$("$GO" mod download -json "$MODULE@$ARGOCD_VERSION" | sed -n 's/^\t"Info": "\(.*\)",\{0,1\}$/\1/p')"
+build_date="$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")"
+pkg="$MODULE/common"
+ldflags="-s -w -X $pkg.version=${ARGOCD_VERSION#v} -X $pkg.buildDate=${build_date:-1970-01-01T00:00:00Z}"
+ldflags+=" -X $pkg.gitTag=$ARGOCD_VERSION -X $pkg.gitTreeState=clean"
+
+log "compiling ./cmd (every Argo CD component is one binary that picks its command by"
+log "the name it is called with; 'argocd' is the CLI). About 15 min cold on 2 cores."
+mkdir -p "$BUILD_ROOT/bin.partial"
+# Two compile jobs at a time keep memory and load sane on two cores.
+run "$GO" build -p 2 -trimpath -ldflags "$ldflags" -o "$BUILD_ROOT/bin.partial/argocd" ./cmd
+
+for crd in "${CRDS[@]}"; do cp "$SRC/manifests/crds/$crd" "$BUILD_ROOT/bin.partial/"; done
+reported="$("$BUILD_ROOT/bin.partial/argocd" version --client --short)"
+echo "$reported" >>"$LOG"
+[[ "$reported" == *"${ARGOCD_VERSION#v}"* ]] || die "the built CLI reports '$reported'"
+# The source copy (70 MB) is only needed to build; Go's caches keep what a rebuild reuses.
+rm -rf "$SRC"
+# Publish at once, so a half-finished build never looks complete.
+rm -rf "$BUILD_ROOT/bin"
+mv "$BUILD_ROOT/bin.partial" "$BUILD_ROOT/bin"
+log "built argocd $ARGOCD_VERSION in $((SECONDS - START)) s"
+echo "$BIN"

@@ -1,0 +1,368 @@
+"""The shipped manifests on a fresh cluster, as a user installs them, and the operator under
+the permissions they give it.
+
+This module starts a control plane of its own (the session's is shared with tests that
+assume the namespaced install, and the dev overlay binds the operator cluster-wide), with an
+audit policy that logs every request of the operator's ServiceAccount.
+
+1. `kubectl apply --server-side` of the rendered `dev` overlay (CRDs, RBAC, the model
+   ConfigMaps, the Deployment, the namespace mlsched-dev with its `default` policy), a second
+   time if the first came too early for the SchedulingPolicy's CRD, as the README says.
+2. Every overlay, the samples and the per-namespace kustomizations, rendered and sent as a
+   server-side dry run with strict field validation: the built-in kinds against the API
+   server's own schemas of the Kubernetes version we test on (1.34), the custom resources
+   against the installed CRDs. Unknown fields are errors, not silently pruned.
+3. The operator runs with the Deployment's flags and a token of the ServiceAccount the
+   overlay made (not the admin), and its model directory holds exactly what the model
+   ConfigMaps hold, laid out as the Deployment mounts them: jobs run under the overlay's
+   `default` policy, learned policies load the ConfigMaps' models, a job finishes and is
+   deleted after its TTL.
+4. The audit log then says what the operator asked for: every request is allowed by the
+   overlay's RBAC (nothing missing), and every rule was used (nothing unused), except a
+   short list of rules this run cannot reach, each with its reason.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from controlplane import ControlPlane, ControlPlaneError
+from mlsched.controller.constants import LEGACY_FINALIZER
+from mlsched_objects import MLSched, condition, for_kwok, phase, sample, scheduling_policy
+from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
+from operator_process import OperatorProcess
+from waiting import wait_for
+from workload_emulator import WorkloadEmulator
+
+REPO = Path(__file__).resolve().parent.parent
+MANIFESTS = REPO / "manifests"
+DEV_NAMESPACE = "mlsched-dev"
+INTERVAL_SCALE = 0.005  # 1200 s rounds every 6 s, as in operator_fixtures.py
+
+#: Log every request of the operator's ServiceAccount (metadata only: who, what, the answer),
+#: nothing else.
+AUDIT_POLICY = {
+    "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
+    "omitStages": ["RequestReceived"],
+    "rules": [{"level": "Metadata", "users": [USER]}, {"level": "None"}],
+}
+
+#: Every kustomization a user applies, and the namespace `-n` names for those without one.
+RENDERED = {
+    "manifests": (MANIFESTS, None),
+    "overlays/dev": (MANIFESTS / "overlays" / "dev", None),
+    "overlays/prod": (MANIFESTS / "overlays" / "prod", None),
+    "overlays/namespaced": (MANIFESTS / "overlays" / "namespaced", None),
+    "overlays/namespaced/served-namespace":
+        (MANIFESTS / "overlays" / "namespaced" / "served-namespace", DEV_NAMESPACE),
+    "base/training-namespace": (MANIFESTS / "base" / "training-namespace", DEV_NAMESPACE),
+    "samples": (MANIFESTS / "samples", DEV_NAMESPACE),
+}
+
+#: Rules of the dev overlay's RBAC that this run does not exercise, and why. Everything else
+#: the overlay grants must show up in the audit log.
+NOT_EXERCISED = {
+    # Checked by the OwnerReferencesPermissionEnforcement admission plugin when children get
+    # blockOwnerDeletion owner references; it is not a request, and this apiserver does not
+    # enable that plugin.
+    ("mlsched.io", "mljobs/finalizers", "update"),
+    # The progress endpoint reads the reporting pod and its MLJob only when its indexes have
+    # not seen them yet (a report right after a start); here the indexes are warm.
+    ("", "pods", "get"), ("mlsched.io", "mljobs", "get"),
+    # Renewing the progress endpoint's certificate (within 30 days of expiry).
+    ("", "secrets", "patch"),
+    # Namespace globs (-n 'team-*'); the dev overlay serves every namespace.
+    ("", "namespaces", "list"), ("", "namespaces", "watch"),
+    # Deleting a pod whose decided node changed (a node lost, a new placement): this run's
+    # nodes stay Ready, and rounds keep jobs where they are.
+    ("", "pods", "delete"),
+}
+
+#: Reads that follow a 409 on create (whose is the object of the job's name?): whether a run
+#: makes one depends on timing (two handlers creating a job's children at once), so these
+#: may or may not show up.
+AFTER_A_CONFLICT = {("", "services", "get"), ("apps", "statefulsets", "get")}
+
+
+# ---------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    plane = ControlPlane(audit_policy=AUDIT_POLICY)
+    failure = None
+    try:
+        plane.start()
+        plane.create_nodes(6)
+    except ControlPlaneError as err:
+        plane.stop()
+        failure = str(err)
+    if failure:
+        pytest.fail(f"the control plane did not come up:\n{failure}", pytrace=False)
+    yield plane
+    plane.stop()
+
+
+@pytest.fixture(scope="module")
+def api(cluster):
+    api_client = cluster.api_client()
+    yield api_client
+    api_client.close()
+
+
+def render(cluster: ControlPlane, directory: Path) -> list[dict]:
+    """`kubectl kustomize` with the kubectl of the Kubernetes version under test."""
+    text = cluster.kubectl("kustomize", str(directory)).stdout
+    return [d for d in yaml.safe_load_all(text) if d]
+
+
+@pytest.fixture(scope="module")
+def dev(cluster, api, tmp_path_factory) -> list[dict]:
+    """The dev overlay, installed as the README says: server-side apply, again if the first
+    came before the CRDs were served."""
+    objects = render(cluster, MANIFESTS / "overlays" / "dev")
+    path = tmp_path_factory.mktemp("dev") / "dev.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    first = cluster.kubectl("apply", "--server-side", "-f", str(path), check=False)
+    if first.returncode != 0:
+        # The only acceptable failure: custom resources sent before their CRD was served.
+        assert 'no matches for kind "SchedulingPolicy"' in first.stderr, first.stderr
+        print("\nfirst apply came before the CRDs were served; applying again:\n" + first.stderr)
+        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                        "crd/mljobs.mlsched.io", "crd/schedulingpolicies.mlsched.io")
+        cluster.kubectl("apply", "--server-side", "-f", str(path))
+    return objects
+
+
+def find(objects: list[dict], kind: str, name: str) -> dict:
+    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    return found
+
+
+# ------------------------------------------------------------------------------ tests
+
+
+def test_dev_overlay_installs_on_a_fresh_cluster(cluster, api, dev):
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    deployment = apps.read_namespaced_deployment("mlsched-operator", NAMESPACE)
+    container = deployment.spec.template.spec.containers[0]
+    assert deployment.spec.replicas == 1 and container.image == "mlsched-operator:dev"
+    assert "--verbose" in container.args
+    # The policy MLJobs without one use, in the namespace made for jobs.
+    policy = MLSched(api, DEV_NAMESPACE).policy("default")
+    assert policy["spec"]["allocation"] == "drf"
+    # The model ConfigMaps hold the shipped files byte for byte.
+    for volume in deployment.spec.template.spec.volumes:
+        for source in (volume.projected.sources if volume.projected else ()):
+            config_map = core.read_namespaced_config_map(source.config_map.name, NAMESPACE)
+            folder = volume.name.removeprefix("models-")
+            for key, value in (config_map.binary_data or {}).items():
+                shipped = REPO / "policy_models" / "artifacts" / folder / key
+                assert base64.b64decode(value) == shipped.read_bytes(), key
+            for key, value in (config_map.data or {}).items():
+                assert value == (REPO / "policy_models" / "artifacts" / folder / key).read_text()
+
+
+@pytest.mark.parametrize("name", RENDERED)
+def test_every_kustomization_validates_strictly_on_the_apiserver(cluster, dev, name, tmp_path):
+    directory, namespace = RENDERED[name]
+    path = tmp_path / "rendered.yaml"
+    path.write_text(yaml.safe_dump_all(render(cluster, directory)))
+    args = ["apply", "--server-side", "--force-conflicts", "--dry-run=server",
+            "--validate=strict", "-f", str(path)]
+    result = cluster.kubectl(*args, *(["-n", namespace] if namespace else []), check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(server dry run)" in result.stdout
+
+
+def test_strict_validation_refuses_an_unknown_field(cluster, dev, tmp_path):
+    """The check above can fail: a misspelt field in a built-in kind and in a custom resource."""
+    objects = render(cluster, MANIFESTS / "overlays" / "prod")
+    deployment = find(objects, "Deployment", "mlsched-operator")
+    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    policy = sample("schedulingpolicy-drf.yaml")
+    policy["spec"]["alocation"] = "drf"
+    for obj, namespace, field in ((deployment, NAMESPACE, "imagePullPolicyy"),
+                                  (policy, DEV_NAMESPACE, "spec.alocation")):
+        path = tmp_path / f"{obj['kind']}.yaml"
+        path.write_text(yaml.safe_dump(obj))
+        result = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict",
+                                 "-n", namespace, "-f", str(path), check=False)
+        assert result.returncode != 0, result.stdout
+        assert f"{field}: field not declared in schema" in result.stderr, result.stderr
+
+
+def mounted_models(api: client.ApiClient, deployment: dict, root: Path) -> Path:
+    """What the kubelet would mount at /etc/mlsched/models: each projected volume's
+    ConfigMaps (as stored in the API server) as files under the volume's mount path."""
+    core = client.CoreV1Api(api)
+    pod = deployment["spec"]["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    models_dir = env["MLSCHED_MODELS_DIR"]
+    assert env["MLSCHED_ALLOWED_MODEL_DIRS"] == models_dir
+    mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+    for volume in pod["volumes"]:
+        if "projected" not in volume:
+            continue
+        target = root / Path(mounts[volume["name"]]).relative_to(models_dir)
+        target.mkdir(parents=True)
+        for source in volume["projected"]["sources"]:
+            config_map = core.read_namespaced_config_map(source["configMap"]["name"], NAMESPACE)
+            for key, value in (config_map.binary_data or {}).items():
+                (target / key).write_bytes(base64.b64decode(value))
+            for key, value in (config_map.data or {}).items():
+                (target / key).write_text(value)
+    return root
+
+
+def operator_as_its_service_account(cluster, api, deployment: dict, tmp_path: Path,
+                                    models: Path) -> OperatorProcess:
+    """The Deployment's container, run here: its flags and environment, but a token of the
+    ServiceAccount the overlay made (TokenRequest, as the kubelet mints it) and the models
+    directory above; the progress endpoint on 127.0.0.1, where the emulated pods report."""
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        SERVICE_ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 3600}}).status.token
+    kubeconfig = tmp_path / "operator.kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "e2e",
+        "clusters": [{"name": "e2e", "cluster": {"server": cluster.apiserver_url,
+                                                 "certificate-authority": str(cluster.ca_cert_path)}}],
+        "users": [{"name": USER, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": USER}}]}))
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    # The pod's own settings, minus the ones about where it runs.
+    args = [a.replace("$(POD_NAME)", "mlsched-operator-e2e") for a in container["args"]
+            if not a.startswith(("--port=", "--progress-url=", "--tls-secret="))]
+    tls_secret = next(a.split("=", 1)[1] for a in container["args"]
+                      if a.startswith("--tls-secret="))
+    env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    env.update(MLSCHED_MODELS_DIR=str(models), MLSCHED_ALLOWED_MODEL_DIRS=str(models),
+               MLSCHED_MODEL_CACHE_DIR=str(tmp_path / "model-cache"))
+    assert env.pop("MLSCHED_NAMESPACES") == ""  # every namespace, as OperatorProcess([]) does
+    return OperatorProcess(kubeconfig, tmp_path / "operator.log", namespaces=[],
+                           interval_scale=INTERVAL_SCALE, tls_secret=tls_secret,
+                           extra_args=args, extra_env=env)
+
+
+def audited_requests(cluster: ControlPlane) -> list[dict]:
+    events = [json.loads(line) for line in cluster.audit_log_path.read_text().splitlines()]
+    return [e for e in events if e["user"]["username"] == USER
+            and e.get("stage") == "ResponseComplete" and "objectRef" in e]
+
+
+def bound_rules(objects: list[dict]) -> list[tuple[dict, str | None]]:
+    """(rule, namespace it applies in, None for everywhere) of every role the overlay binds to
+    the operator's ServiceAccount."""
+    subject = {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT, "namespace": NAMESPACE}
+    roles = {(o["kind"], o["metadata"].get("namespace"), o["metadata"]["name"]): o
+             for o in objects if o["kind"] in ("ClusterRole", "Role")}
+    found = []
+    for binding in objects:
+        if binding["kind"] not in ("ClusterRoleBinding", "RoleBinding") or \
+                subject not in binding.get("subjects", []):
+            continue
+        where = binding["metadata"].get("namespace")
+        ref = binding["roleRef"]
+        role = roles[(ref["kind"], where if ref["kind"] == "Role" else None, ref["name"])]
+        found += [(rule, where) for rule in role["rules"]]
+    return found
+
+
+def allows(rule: dict, where: str | None, request: dict) -> bool:
+    ref = request["objectRef"]
+    resource = ref["resource"] + (f"/{ref['subresource']}" if ref.get("subresource") else "")
+    return (ref.get("apiGroup", "") in rule["apiGroups"] and resource in rule["resources"]
+            and request["verb"] in rule["verbs"]
+            and (where is None or ref.get("namespace") == where)
+            and (not rule.get("resourceNames") or ref.get("name") in rule["resourceNames"]))
+
+
+def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, dev, tmp_path):
+    deployment = find(dev, "Deployment", "mlsched-operator")
+    models = mounted_models(api, deployment, tmp_path / "models")
+    operator = operator_as_its_service_account(cluster, api, deployment, tmp_path, models)
+    jobs = MLSched(api, DEV_NAMESPACE)
+    emulator = WorkloadEmulator(api, [DEV_NAMESPACE], tmp_path / "tokens",
+                                time_scale=1 / INTERVAL_SCALE)
+    # Objects an earlier version left with kopf's finalizer (an upgrade): the operator patches
+    # it away, which is what its patch rights on both kinds are for.
+    legacy = {"finalizers": [LEGACY_FINALIZER]}
+    upgraded_policy = scheduling_policy("upgraded")
+    upgraded_policy["metadata"].update(legacy)
+    jobs.create(upgraded_policy)
+    upgraded_job = for_kwok(sample("mljob-allreduce.yaml"))
+    upgraded_job["metadata"] = {"name": "upgraded", **legacy}
+    upgraded_job["spec"]["schedulingPolicy"] = "upgraded"
+    jobs.create(upgraded_job)
+    operator.start()
+    emulator.start()
+    try:
+        wait_for(lambda: not jobs.job("upgraded")["metadata"].get("finalizers")
+                 and not jobs.policy("upgraded")["metadata"].get("finalizers"), 60,
+                 "the operator to remove the earlier version's finalizer")
+        # A job under the overlay's `default` policy runs; a short one finishes and its TTL
+        # deletes it.
+        jobs.create(for_kwok(sample("mljob-allreduce.yaml")))
+        jobs.create(for_kwok(sample("mljob-resnet50-ps.yaml"), epochs=300, ttl=2))
+        # The learned policies: the dl2 sample (no model named: the default from the model
+        # directory, i.e. the ConfigMap), one naming a file of another ConfigMap by path, and
+        # one naming a ConfigMap that is not there (refused, the fallback schedules).
+        jobs.create(sample("schedulingpolicy-dl2.yaml"))
+        path = str(models / "dl2" / "dl2-sl.onnx")
+        jobs.create(scheduling_policy("dl2-sl", allocation="dl2", models={
+            "allocation": {"dl2": {"path": path}}}))
+        jobs.create(scheduling_policy("missing", allocation="dl2", models={
+            "allocation": {"dl2": {"configMapKeyRef": {"name": "absent", "key": "m.onnx"}}}}))
+
+        wait_for(lambda: phase(jobs.job("resnext110-allreduce")) == "Running", 90,
+                 "the all-reduce sample to run under the overlay's default policy",
+                 describe=lambda: (jobs.job("resnext110-allreduce") or {}).get("status"))
+        for name in ("dl2", "dl2-sl"):
+            loaded = wait_for(lambda: (c := condition(jobs.policy(name), "ModelLoaded"))
+                              and c["status"] == "True" and c, 60,
+                              f"policy {name} to load its model from the ConfigMaps",
+                              describe=lambda: condition(jobs.policy(name), "ModelLoaded"))
+            assert loaded["reason"] == "ModelVerified", loaded
+        refused = wait_for(lambda: condition(jobs.policy("missing"), "ModelLoaded"), 60,
+                           "the policy with a missing ConfigMap to be judged")
+        assert (refused["status"], refused["reason"]) == ("False", "ModelNotFound")
+        wait_for(lambda: jobs.job("resnet50-ps") is None, 180,
+                 "the short job to finish and be deleted after its TTL",
+                 describe=lambda: (emulator.reports, emulator.last_error,
+                                   phase(jobs.job("resnet50-ps"))))
+        assert operator.running(), operator.log_tail()
+    finally:
+        emulator.stop()
+        operator.stop()
+
+    requests = audited_requests(cluster)
+    rules = bound_rules(dev)
+    # Nothing missing: the API server refused nothing, and every request is one the rules allow.
+    refused = Counter((r["verb"], r["objectRef"]["resource"]) for r in requests
+                      if r["responseStatus"]["code"] == 403)
+    assert not refused, refused
+    unexplained = {(r["verb"], r["objectRef"].get("apiGroup", ""), r["objectRef"]["resource"],
+                    r["objectRef"].get("subresource", ""), r["objectRef"].get("namespace"))
+                   for r in requests if not any(allows(rule, where, r) for rule, where in rules)}
+    assert not unexplained, unexplained
+    # Nothing unused: every (group, resource, verb) the rules grant was requested.
+    used = {(group, resource, verb)
+            for rule, where in rules for group in rule["apiGroups"]
+            for resource in rule["resources"] for verb in rule["verbs"]
+            if any(allows({**rule, "apiGroups": [group], "resources": [resource],
+                           "verbs": [verb]}, where, r) for r in requests)}
+    granted = {(group, resource, verb) for rule, _ in rules for group in rule["apiGroups"]
+               for resource in rule["resources"] for verb in rule["verbs"]}
+    assert granted - used - AFTER_A_CONFLICT == NOT_EXERCISED, (
+        f"granted but never requested: {sorted(granted - used - NOT_EXERCISED)}; "
+        f"listed as not exercised but requested: {sorted(NOT_EXERCISED & used)}")
+    print(f"\n{len(requests)} requests by the operator; rules used: {len(used)} of {len(granted)}"
+          f" (after a conflict: {sorted(AFTER_A_CONFLICT & used)})")

