@@ -104,6 +104,20 @@ def test_startup_settings_keep_kopf_state_in_our_annotations():
     assert keys == ["mlsched.io/last-handled-configuration"]
 
 
+def test_no_diff_base_is_built_for_watch_events():
+    """Only change handlers read kopf's diff base and we have none: building it (a deep copy of
+    every watched body) would be wasted on every pod, StatefulSet and MLJob event."""
+    settings = kopf.OperatorSettings()
+    handlers.configure(settings)
+    diffbase = settings.persistence.diffbase_storage
+    history = [{"interval": k, "epochs": 0.5} for k in range(50)]
+    body = kopf.Body({"metadata": {"name": "x", "annotations": {
+        "mlsched.io/last-handled-configuration": '{"spec": {}}'}},
+        "spec": {"epochs": 3}, "status": {"history": history}})
+    assert diffbase.build(body=body) == {}
+    assert diffbase.fetch(body=body) is None
+
+
 def test_create_sends_the_body_as_written_with_strict_field_validation(recorded):
     # The typed client would refuse an unknown field itself (a pydantic error, before any
     # request); the API server must see it, name it, and the job fail with its message.
@@ -140,3 +154,38 @@ def test_every_request_is_counted_by_verb_and_resource(recorded):
     assert 'mlsched_api_requests_total{resource="statefulsets",verb="patch"} 1.0' in text
     assert 'mlsched_api_requests_total{resource="mljobs/status",verb="patch"} 1.0' in text
     assert 'mlsched_api_requests_total{resource="pods",verb="get"} 1.0' in text
+
+
+def test_a_flood_of_creates_leaves_slots_for_scaling_and_pinning():
+    """Creating children may hold at most half of the API slots: the patches that admit jobs
+    already waiting are sent while thousands of new jobs' children are still being created."""
+    import asyncio
+    import threading
+
+    api_client = client.ApiClient(client.Configuration(host="https://apiserver.invalid"))
+    release = threading.Event()
+    in_flight = {"POST": 0, "PATCH": 0}
+    lock = threading.Lock()
+
+    def request(method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+        with lock:
+            in_flight[method] += 1
+        if method == "POST":
+            release.wait(10)  # an API server slow to create
+        return RESTResponse(Raw(200, {}))
+
+    api_client.rest_client.request = request
+    api = ClientKubeApi(api_client, concurrency=4)
+
+    async def scenario():
+        creates = [asyncio.create_task(api.create(
+            {"kind": "Service", "metadata": {"namespace": NS, "name": f"s{i}"}})) for i in range(20)]
+        await asyncio.sleep(0.2)
+        patched = await asyncio.wait_for(api.patch("StatefulSet", NS, "s", {"spec": {"replicas": 1}}), 5)
+        posts_meanwhile = in_flight["POST"]
+        release.set()
+        await asyncio.gather(*creates)
+        return patched, posts_meanwhile
+
+    patched, posts_meanwhile = asyncio.run(scenario())
+    assert patched and posts_meanwhile == 2  # half of the 4 slots, the rest free for the patch
