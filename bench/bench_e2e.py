@@ -25,7 +25,7 @@ operator can beat.
     operator's RSS (VmRSS now, VmHWM peak; target <= 500 MB).
 
 Run: `.venv/bin/python bench/bench_e2e.py` (about 20 minutes on 2 cores; progress is printed).
-Smaller: `--jobs 500 --nodes 250 --burst 100 --burst-nodes 200`. `--keep` keeps the control
+Smaller: `--jobs 500 --nodes 250 --burst 100 --burst-nodes 200`; (a) alone: `--admission-only`. `--keep` keeps the control
 plane's temp dir.
 """
 
@@ -259,13 +259,21 @@ class RoundLog:
         self.peak_kib = 0
         self._last = None
         self._lag_from: float | None = None
+        # /metrics not answered within 10 s: the operator's event loop was blocked that long
+        # (a liveness probe would have restarted it); counted, and the poll goes on.
+        self.stalls = 0
 
     def poll(self) -> bool:
         """Reads the policy once; True if a round finished since the previous poll."""
         status = (self.mlsched.policy("default") or {}).get("status") or {}
         stamp = (status.get("lastRoundTime"), status.get("lastRoundDurationSeconds"))
         self.peak_kib = max(self.peak_kib, self.operator.rss_kib())
-        metrics = self.operator.metrics()
+        try:
+            metrics = self.operator.metrics()
+        except OSError as err:  # a timeout, or the connection refused while it is blocked
+            self.stalls += 1
+            log(f"  /metrics unanswered ({err}): the operator's event loop is blocked")
+            return False
         if self._lag_from is not None and float(PENDING.search(metrics).group(1)) == 0:
             self.record_lag_s.append(time.monotonic() - self._lag_from)
             self._lag_from = None
@@ -308,8 +316,24 @@ def vm_hwm_kib(pid: int) -> int:
     return 0
 
 
-def admission_phase(args, api, seen: Seen, jobs: list[dict]) -> None:
+APISERVER_REQUESTS = re.compile(
+    r'^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<n>\S+)$', re.M)
+
+
+def apiserver_writes(plane: ControlPlane) -> dict[str, float]:
+    """The API server's own count of the write requests it served, by resource."""
+    out: dict[str, float] = {}
+    for match in APISERVER_REQUESTS.finditer(plane.kubectl("get", "--raw", "/metrics").stdout):
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', match.group("labels")))
+        if labels.get("verb") in ("POST", "PUT", "PATCH", "DELETE", "APPLY", "CREATE", "UPDATE"):
+            resource = labels.get("resource", "") + (f"/{labels['subresource']}" if labels.get("subresource") else "")
+            out[resource] = out.get(resource, 0.0) + float(match.group("n"))
+    return out
+
+
+def admission_phase(args, api, plane, seen: Seen, jobs: list[dict]) -> None:
     log(f"(a) submitting {len(jobs)} MLJobs at once")
+    writes_before, started = apiserver_writes(plane), time.monotonic()
     began = submit(api, jobs)
 
     def all_pinned():
@@ -318,7 +342,13 @@ def admission_phase(args, api, seen: Seen, jobs: list[dict]) -> None:
         return done == len(jobs), f"{done}/{len(jobs)} jobs have every pod pinned"
     wait_until("admission", all_pinned, 300)
     time.sleep(3)  # the last binds
+    elapsed = time.monotonic() - started
+    writes = {k: v - writes_before.get(k, 0.0) for k, v in apiserver_writes(plane).items()}
     latency_table(began, seen)
+    total = sum(writes.values())
+    print(f"    the API server served {total:.0f} writes in those {elapsed:.0f} s "
+          f"({total / elapsed:.0f}/s): " + ", ".join(
+              f"{r} {n:.0f}" for r, n in sorted(writes.items(), key=lambda kv: -kv[1]) if n >= 1))
 
 
 def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict]) -> None:
@@ -385,6 +415,7 @@ def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict
           f"{rss_mb / RSS_TARGET_MB:>6.2f}x")
     print(f"    {'operator RSS peak, VmHWM (MB)':<52} {hwm_mb:>9.0f} {RSS_TARGET_MB:>8.0f} "
           f"{hwm_mb / RSS_TARGET_MB:>6.2f}x")
+    print(f"    /metrics unanswered for 10 s (event loop blocked): {rounds.stalls} time(s)")
     print("    rounds until settled: " + ", ".join(
         f"{d * 1000:.0f} ms/{c} changes" for d, _, c, _ in busy))
     if len(sts) != expected:
@@ -416,9 +447,10 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
         jobs = [job_manifest(i, rng) for i in range(args.jobs)]
         statefulsets.start()
         pods.start()
-        admission_phase(args, api, seen, jobs[:args.burst])
+        admission_phase(args, api, plane, seen, jobs[:args.burst])
         pods.stop()  # (b) needs StatefulSets only
-        scale_phase(args, api, plane, mlsched, operator, seen, jobs)
+        if not args.admission_only:
+            scale_phase(args, api, plane, mlsched, operator, seen, jobs)
     finally:
         statefulsets.stop()
         pods.stop()
@@ -435,6 +467,7 @@ def main() -> None:
     parser.add_argument("--burst-nodes", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval-scale", type=float, default=0.1)
+    parser.add_argument("--admission-only", action="store_true", help="(a) only")
     parser.add_argument("--keep", action="store_true", help="keep the control plane's temp dir")
     args = parser.parse_args()
     if args.keep:
