@@ -4,10 +4,10 @@ manifests/argocd/ with Argo CD's Lua code."""
 
 from __future__ import annotations
 
-import collections
 import subprocess
-import sys
 from pathlib import Path
+
+from build_scripts import BuildScriptError, run_build_script
 
 BUILD_SCRIPT = Path(__file__).resolve().parent / "build_argocd.sh"
 
@@ -19,20 +19,10 @@ class ArgoCDBuildError(RuntimeError):
 def build_argocd() -> Path:
     """Runs the build script (instant when cached; about 15 minutes cold on 2 cores, with its
     progress passed on) and returns the binary's path."""
-    messages: collections.deque[str] = collections.deque(maxlen=40)
-    with subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as script:
-        for line in script.stderr:
-            sys.stderr.write(line)
-            messages.append(line)
-        stdout = script.stdout.read()
-    lines = stdout.strip().splitlines()
-    if script.returncode != 0 or not lines or not Path(lines[-1]).is_file():
-        raise ArgoCDBuildError(
-            f"the argocd CLI is not built: `bash {BUILD_SCRIPT}` failed (exit "
-            f"{script.returncode}). It needs Go >= 1.26 (on PATH, or GO=/path/to/go) and the Go "
-            "module proxy. Its messages:\n" + "".join(messages))
-    return Path(lines[-1])
+    try:
+        return run_build_script(BUILD_SCRIPT, "the argocd CLI")
+    except BuildScriptError as err:
+        raise ArgoCDBuildError(str(err)) from None
 
 
 def assess_health(argocd: Path, resource: Path, argocd_cm: Path) -> tuple[str, str]:

@@ -64,14 +64,8 @@ if built; then # someone else finished the build while we waited
   exit 0
 fi
 
-# The same Go caches as the control plane: Kubernetes' client packages are compiled once.
-export GOMODCACHE="$CACHE_ROOT/go/mod"
-export GOCACHE="$CACHE_ROOT/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export GOWORK=off GO111MODULE=on
-# Upstream ships the CLI statically linked.
-export CGO_ENABLED=0
+# shellcheck source=go_env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/go_env.sh"
 
 LOG="$BUILD_ROOT/build.log"
 SRC="$BUILD_ROOT/src"

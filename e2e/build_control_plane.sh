@@ -70,15 +70,8 @@ if all_built; then # someone else finished the build while we waited
   exit 0
 fi
 
-# Keep every Go cache inside the cache dir (deleting it resets everything) and
-# keep the module cache writable so that 'rm -rf' works on it.
-export GOMODCACHE="$CACHE_ROOT/go/mod"
-export GOCACHE="$CACHE_ROOT/go/build"
-export GOFLAGS="-modcacherw -buildvcs=false"
-export GOTOOLCHAIN="${GOTOOLCHAIN:-local}"
-export GOWORK=off GO111MODULE=on
-# Upstream ships these binaries statically linked.
-export CGO_ENABLED=0
+# shellcheck source=go_env.sh
+. "$(dirname "${BASH_SOURCE[0]}")/go_env.sh"
 # Two cores: two compile jobs at a time keep memory (linking kube-apiserver
 # takes a few GiB) and load sane.
 PARALLEL=(-p 2)

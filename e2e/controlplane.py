@@ -22,12 +22,10 @@ Logs, certificates, kubeconfigs and etcd's data live in one temp dir
 from __future__ import annotations
 
 import atexit
-import collections
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -37,6 +35,7 @@ from kubernetes import client, config
 import credentials
 import fake_nodes
 import flags
+from build_scripts import BuildScriptError, run_build_script
 from credentials import Credentials
 from pki import make_pki
 from processes import Component, ComponentError
@@ -50,24 +49,10 @@ class ControlPlaneError(RuntimeError):
 
 def build_binaries() -> Path:
     """Runs the build script (instant when cached) and returns its bin dir."""
-    if shutil.which("bash") is None:
-        raise ControlPlaneError("bash is needed to run e2e/build_control_plane.sh")
-    # The script's stderr is passed on line by line, so a cold build's progress
-    # shows as it happens, and its last lines also go into the error.
-    messages: collections.deque[str] = collections.deque(maxlen=40)
-    with subprocess.Popen(["bash", str(BUILD_SCRIPT)], stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True) as script:
-        for line in script.stderr:
-            sys.stderr.write(line)
-            messages.append(line)
-        stdout = script.stdout.read()
-    lines = stdout.strip().splitlines()
-    if script.returncode != 0 or not lines:
-        raise ControlPlaneError(
-            f"{BUILD_SCRIPT} failed (exit {script.returncode}). It needs Go >= 1.26 "
-            "(on PATH, or GO=/path/to/go) and the Go module proxy. Its messages:\n"
-            + "".join(messages))
-    return Path(lines[-1])
+    try:
+        return run_build_script(BUILD_SCRIPT, "the control plane")
+    except BuildScriptError as err:
+        raise ControlPlaneError(str(err)) from None
 
 
 def read_versions(bin_dir: Path) -> dict[str, str]:

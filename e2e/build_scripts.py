@@ -1,0 +1,35 @@
+"""Running one of the e2e build scripts (build_control_plane.sh, build_argocd.sh): instant when
+their output is cached, minutes when cold. Their stderr is passed on line by line, so a cold
+build's progress shows as it happens, and the last lines also go into the error."""
+
+from __future__ import annotations
+
+import collections
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+
+class BuildScriptError(RuntimeError):
+    pass
+
+
+def run_build_script(script: Path, what: str) -> Path:
+    """Runs `bash script` and returns the path it prints last (what it built)."""
+    if shutil.which("bash") is None:
+        raise BuildScriptError(f"bash is needed to run {script}")
+    messages: collections.deque[str] = collections.deque(maxlen=40)
+    with subprocess.Popen(["bash", str(script)], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True) as process:
+        for line in process.stderr:
+            sys.stderr.write(line)
+            messages.append(line)
+        stdout = process.stdout.read()
+    lines = stdout.strip().splitlines()
+    if process.returncode != 0 or not lines or not Path(lines[-1]).exists():
+        raise BuildScriptError(
+            f"{what} is not built: `bash {script}` failed (exit {process.returncode}). It needs "
+            "Go >= 1.26 (on PATH, or GO=/path/to/go) and the Go module proxy. Its messages:\n"
+            + "".join(messages))
+    return Path(lines[-1])
