@@ -10,6 +10,8 @@
 --                refuses (Unschedulable)
 --   Progressing  everything else: not evaluated yet, an edit not yet seen, waiting for an
 --                allocation or for pods to start
+-- (Argo CD runs each health.lua on its own, with no way to share code between them: the
+-- condition lookup below is repeated in the other kind's script on purpose.)
 local hs = {}
 
 local function condition(type)

@@ -6,6 +6,8 @@
 --                algorithm name the operator does not know)
 --   Healthy      Ready=True and the models it needs loaded (ModelLoaded=True)
 --   Progressing  no round yet, or an edit the latest round has not seen
+-- (Argo CD runs each health.lua on its own, with no way to share code between them: the
+-- condition lookup below is repeated in the other kind's script on purpose.)
 local hs = {}
 
 local function condition(type)
