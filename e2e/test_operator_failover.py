@@ -1,6 +1,9 @@
 """Two replicas, one active: the holder of a coordination.k8s.io Lease schedules; on SIGKILL
 of the leader mid-round the standby takes over within seconds, with no duplicate
-StatefulSet, no lost or repeated history entry and no capacity handed out twice."""
+StatefulSet, no lost or repeated history entry and no capacity handed out twice. Both
+replicas are Ready; the leader's pod carries mlsched.io/leader=true, which the Service
+selects (each replica runs as if in a pod of its own: POD_NAME/POD_NAMESPACE name a Pod
+object made for it)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from job_state import placed_as_decided, placement_problems
+from mlsched.controller.constants import LEADER_LABEL
 from mlsched_objects import JOB_LABEL, mljob, scheduling_policy
 from operator_identity import NAMESPACE as OPERATOR_NAMESPACE
 from waiting import wait_for
@@ -32,8 +36,28 @@ def _history(job: dict) -> list[dict]:
     return (job.get("status") or {}).get("history") or []
 
 
+def _replica_pod(core: client.CoreV1Api, name: str) -> None:
+    """The Pod object a replica labels (never scheduled: it tolerates no kwok taint)."""
+    try:
+        core.delete_namespaced_pod(name, OPERATOR_NAMESPACE, grace_period_seconds=0)
+    except ApiException as err:
+        if err.status != 404:
+            raise
+    wait_for(lambda: not any(p.metadata.name == name for p in core.list_namespaced_pod(
+        OPERATOR_NAMESPACE).items), 30, f"an earlier pod {name} to go")
+    core.create_namespaced_pod(OPERATOR_NAMESPACE, {
+        "metadata": {"name": name, "labels": {"app.kubernetes.io/name": "mlsched-operator"}},
+        "spec": {"containers": [{"name": "operator", "image": "mlsched-operator:e2e"}]}})
+
+
+def _is_leader_pod(core: client.CoreV1Api, name: str) -> bool:
+    labels = core.read_namespaced_pod(name, OPERATOR_NAMESPACE).metadata.labels or {}
+    return labels.get(LEADER_LABEL) == "true"
+
+
 def test_the_standby_takes_over_a_killed_leader(api, node_shape, mlsched, start_operator):
     coordination = client.CoordinationV1Api(api)
+    core = client.CoreV1Api(api)
     try:  # a Lease left by an earlier test would only delay the election by its duration
         coordination.delete_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
     except ApiException as err:
@@ -42,9 +66,12 @@ def test_the_standby_takes_over_a_killed_leader(api, node_shape, mlsched, start_
     replicas = {}
     shared_url: list[str] = []
     for name in ("replica-a", "replica-b"):
+        _replica_pod(core, name)
         # Both replicas tell pods the same URL (as the Deployment's do: the Service's), so a
         # takeover does not re-render every pod template.
-        replicas[name] = start_operator(extra_args=[
+        replicas[name] = start_operator(extra_env={"POD_NAME": name,
+                                                   "POD_NAMESPACE": OPERATOR_NAMESPACE},
+                                        extra_args=[
             "--leader-election", f"{OPERATOR_NAMESPACE}/{LEASE}", "--leader-identity", name,
             *(["--progress-url", shared_url[0]] if shared_url else [])])
         shared_url.append(replicas[name].progress_url)
@@ -59,7 +86,10 @@ def test_the_standby_takes_over_a_killed_leader(api, node_shape, mlsched, start_
         except Exception as err:  # noqa: BLE001 - urllib raises on 503
             return getattr(err, "code", 0)
 
-    assert ready(leader) == 200 and ready(standby) == 503
+    # Both Ready (a PodDisruptionBudget may evict either); the Service's label on the leader only.
+    assert ready(leader) == 200 and ready(standby) == 200
+    wait_for(lambda: _is_leader_pod(core, leader_name), 10, "the leader to label its pod")
+    assert not _is_leader_pod(core, standby_name)
 
     mlsched.create(scheduling_policy("default"))
     first = [f"first-{i}" for i in range(4)]
@@ -86,7 +116,7 @@ def test_the_standby_takes_over_a_killed_leader(api, node_shape, mlsched, start_
     took_over = time.monotonic() - killed
     print(f"standby {standby_name} took the Lease {took_over:.1f} s after the SIGKILL")
     assert took_over <= TAKEOVER_S
-    wait_for(lambda: ready(standby) == 200, 10, "the new leader to be Ready")
+    wait_for(lambda: _is_leader_pod(core, standby_name), 10, "the new leader to label its pod")
 
     everyone = first + second
     wait_for(lambda: all(placed_as_decided(mlsched, n) for n in everyone), 120,
@@ -114,3 +144,5 @@ def test_the_standby_takes_over_a_killed_leader(api, node_shape, mlsched, start_
     live = [p for p in mlsched.pods() if not p.metadata.deletion_timestamp
             and p.metadata.labels.get(JOB_LABEL) in everyone]
     assert len(live) == decided
+    for name in replicas:
+        core.delete_namespaced_pod(name, OPERATOR_NAMESPACE, grace_period_seconds=0)

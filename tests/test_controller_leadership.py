@@ -55,3 +55,30 @@ def test_a_standby_creates_no_children_and_pins_nothing():
     run(jobs.sweep(rt, kube.indexes()))
     assert sorted(s["metadata"]["name"] for s in kube.of_kind("StatefulSet")) == \
         ["bert-ps", "bert-worker"]
+
+
+def test_the_leader_labels_its_own_pod_and_a_starting_replica_unlabels_it(monkeypatch):
+    """The Service selects the leader's pod by mlsched.io/leader=true, so both replicas can be
+    Ready (a PodDisruptionBudget counts Ready pods) while reports reach the leader only."""
+    from mlsched.controller.leadership import label_own_pod
+
+    rt, kube = make_runtime(cluster(2))
+    kube.put({"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "mlsched-operator-abc", "namespace": "mlsched-system",
+                           "labels": {"app.kubernetes.io/name": "mlsched-operator"}},
+              "spec": {"containers": [{"name": "operator"}]}})
+
+    def labels() -> dict:
+        (pod,) = kube.of_kind("Pod")
+        return pod["metadata"]["labels"]
+
+    monkeypatch.delenv("POD_NAME", raising=False)
+    assert run(label_own_pod(rt.api, True)) is False  # not in a pod: nothing to label
+    monkeypatch.setenv("POD_NAME", "mlsched-operator-abc")
+    monkeypatch.setenv("POD_NAMESPACE", "mlsched-system")
+    assert run(label_own_pod(rt.api, True)) is True
+    assert labels() == {"app.kubernetes.io/name": "mlsched-operator", "mlsched.io/leader": "true"}
+    assert run(label_own_pod(rt.api, False)) is True  # restarted in the same pod: a standby again
+    assert labels() == {"app.kubernetes.io/name": "mlsched-operator"}
+    monkeypatch.setenv("POD_NAME", "gone")
+    assert run(label_own_pod(rt.api, True, attempts=1, backoff_s=0)) is False

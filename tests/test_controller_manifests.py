@@ -167,8 +167,13 @@ def test_deployment_service_and_cli_agree():
                     and d["metadata"]["name"] == "mlsched-operator-leader-election")
     assert election["metadata"]["namespace"] == lease_ns
     for rule in election["rules"]:
+        if rule["resources"] == ["pods"]:  # the leader label on its own pod: patch, nothing else
+            assert rule["apiGroups"] == [""] and rule["verbs"] == ["patch"]
+            continue
         assert rule["apiGroups"] == ["coordination.k8s.io"] and rule["resources"] == ["leases"]
         assert rule.get("resourceNames") == [lease_name] or rule["verbs"] == ["create"]
+    assert {"name": "POD_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}} in container["env"]
     secret_ns, secret_name = args.tls_secret.split("/")
     tls_role = next(d for d in docs(BASE / "rbac.yaml") if d["kind"] == "Role"
                     and d["metadata"]["name"] == "mlsched-operator-tls")

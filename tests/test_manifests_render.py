@@ -17,6 +17,7 @@ import yaml
 
 from mlsched.controller.__main__ import parse_args
 from mlsched.controller.config import OperatorConfig
+from mlsched.controller.constants import LEADER_LABEL
 from dev_tools import dev_tool
 from test_crds import strict_validator
 
@@ -96,7 +97,12 @@ def test_base_deployment_is_probed_bounded_and_locked_down():
     # The metrics Service reaches the pod's port.
     service = the(objects, "Service", "mlsched-operator")
     assert service["spec"]["ports"][0]["targetPort"] == operator["ports"][0]["name"]
-    assert service["spec"]["selector"].items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    # ...of the leader only: the label it puts on its own pod (leadership.label_own_pod).
+    selector = dict(service["spec"]["selector"])
+    assert selector.pop(LEADER_LABEL) == "true"
+    assert selector.items() <= deployment["spec"]["template"]["metadata"]["labels"].items()
+    probe = operator["readinessProbe"]["httpGet"]["path"]
+    assert probe == "/readyz"  # 200 on leader and standby alike (both count for a PDB)
 
 
 def test_every_shipped_model_is_a_configmap_mounted_where_the_operator_reads_models():
@@ -160,7 +166,9 @@ def test_prod_is_two_spread_replicas_with_a_disruption_budget():
     assert image.rsplit(":", 1)[1] not in ("latest", "dev")
     pdb = the(objects, "PodDisruptionBudget", "mlsched-operator")
     assert pdb["spec"]["minAvailable"] == 1
-    # The standby is never Ready (only the leader is): it must stay evictable.
+    # Both replicas are Ready, so a drain evicts one at a time; a replica that is not Ready
+    # (crash-looping, say) must stay evictable.
+    assert pdb["spec"]["minAvailable"] == 1
     assert pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
     labels = deployment["spec"]["template"]["metadata"]["labels"]
     assert pdb["spec"]["selector"]["matchLabels"].items() <= labels.items()

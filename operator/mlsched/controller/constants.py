@@ -13,6 +13,10 @@ ROLE_LABEL = f"{GROUP}/role"
 #: Pods are created with this scheduling gate and stay unschedulable until the operator has
 #: pinned them to the node the policy chose (see docs/operator.md, "Placement").
 PLACEMENT_GATE = f"{GROUP}/placement"
+# On the operator's own pod while it leads: the Service selects it, so progress reports (and
+# Prometheus) reach the leader, while both replicas stay Ready (a PodDisruptionBudget counts
+# Ready pods; with only the leader Ready, no drain could ever evict it).
+LEADER_LABEL = f"{GROUP}/leader"
 
 #: The well-known label every kubelet sets to its node name; the pin is a nodeSelector on it.
 HOSTNAME_LABEL = "kubernetes.io/hostname"

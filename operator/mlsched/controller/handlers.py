@@ -33,7 +33,7 @@ from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespacePods
 from mlsched.controller.kube import ClientKubeApi
-from mlsched.controller.leadership import Leadership, elect
+from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
@@ -99,6 +99,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     rt.policy_loops = policy_loops(rt)
     if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
         rt.leadership = Leadership(leading=False)
+        await label_own_pod(rt.api, False, attempts=1)  # a restarted container: not yet
         rt.policy_loops.active = False
     memo["runtime"] = rt
     # Before anything renders a pod template: the endpoint's CA becomes part of them.
@@ -111,6 +112,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
 
 def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
     """What only the leader runs: the scheduling loops and the lifecycle sweep."""
+    memo["leader_label"] = asyncio.create_task(label_own_pod(rt.api, True),
+                                               name="mlsched-leader-label")
     rt.policy_loops.activate()
     memo["sweep_stopped"] = stopped = asyncio.Event()
     # A replica that just won the Lease sweeps at once: jobs created while it stood by have no

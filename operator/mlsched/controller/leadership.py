@@ -7,7 +7,10 @@ in a thread: the client is synchronous.
 Every replica runs kopf, so its watches and indexes are warm: a standby that wins the Lease
 starts scheduling at once, with no relisting. Until then it writes nothing: no scheduling loop,
 no lifecycle sweep, no child creation, no pinning, no status (handlers ask `Leadership.leading`),
-its progress endpoint answers 503 and /readyz fails, so the Service sends reports to the leader.
+its progress endpoint answers 503. Both replicas are Ready; the leader labels its own pod
+`mlsched.io/leader=true` (`label_own_pod`, from the downward API's POD_NAME/POD_NAMESPACE) and
+the Service selects that label, so reports go to the leader; a replica that starts (a container
+restarted in the same pod, say) first removes the label from its pod.
 
 A leader that cannot renew the Lease exits at once (code 3): by then another replica may hold
 it, and two writers must never act on the same cluster. Kubernetes restarts the pod, as a
@@ -31,6 +34,31 @@ LEASE_S = 8  # how long a Lease stays valid without renewal
 RENEW_DEADLINE_S = 6  # a leader that has not renewed for this long gives up (and exits)
 RETRY_S = 1  # how often leaders renew and standbys try
 EXIT_LOST = 3
+
+
+async def label_own_pod(api, leading: bool, *, attempts: int = 5, backoff_s: float = 1.0) -> bool:
+    """Put LEADER_LABEL on this replica's pod (or take it off). True when done; False when
+    not in a pod (no POD_NAME/POD_NAMESPACE: a test, a developer's shell) or after
+    `attempts` failures, each logged: the Service then has no endpoint until it succeeds."""
+    from mlsched.controller.constants import LEADER_LABEL
+
+    name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
+    if not name or not namespace:
+        return False
+    patch = {"metadata": {"labels": {LEADER_LABEL: "true" if leading else None}}}
+    for attempt in range(attempts):
+        try:
+            if await api.patch("Pod", namespace, name, patch):
+                log.info("pod %s/%s %s", namespace, name,
+                         "labelled the leader" if leading else "not labelled the leader")
+                return True
+            log.warning("pod %s/%s (POD_NAME/POD_NAMESPACE) does not exist", namespace, name)
+            return False
+        except Exception as err:  # noqa: BLE001 - retried, then reported
+            log.warning("labelling pod %s/%s failed (%s); attempt %d of %d", namespace, name,
+                        err, attempt + 1, attempts)
+            await asyncio.sleep(backoff_s * 2 ** attempt)
+    return False
 
 
 class Leadership:

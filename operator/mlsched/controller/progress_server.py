@@ -145,8 +145,8 @@ async def handle_progress(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     try:
         if not rt.leadership.leading:
-            # A standby writes nothing; its /readyz fails, so the Service should not have
-            # sent this. The client retries with its next (cumulative) report.
+            # A standby writes nothing; the Service selects the leader's pod, so only a stale
+            # endpoint sends this here. The client retries with its next (cumulative) report.
             raise Refused(503, "standby", "this replica is standing by; report to the leader",
                           headers={"Retry-After": "1"})
         try:
@@ -190,9 +190,11 @@ async def handle_health(request: web.Request) -> web.Response:
 
 
 async def handle_ready(request: web.Request) -> web.Response:
-    """Readiness: only the leader takes reports, so the Service sends them to it alone."""
+    """Readiness: serving, leader or standby (a warm standby is what a PodDisruptionBudget
+    should count). Reports reach the leader because the Service selects its label
+    (leadership.label_own_pod), not by readiness."""
     leading = request.app[RUNTIME].leadership.leading
-    return web.json_response({"leading": leading}, status=200 if leading else 503)
+    return web.json_response({"leading": leading}, status=200)
 
 
 def make_app(rt: Runtime) -> web.Application:
