@@ -26,6 +26,7 @@ import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 from mlsched.controller.kube import KubeApi, KubeError
@@ -192,13 +193,20 @@ class StatusWriter:
             while self._pending or self._inflight:
                 now = self.clock()
                 free = self.concurrency - len(self._inflight)
-                for key in [k for k, p in self._pending.items()
-                            if k not in self._inflight and p.not_before <= now][:max(0, free)]:
+                # Only as far into the queue as there are free slots: this runs each time a
+                # write completes, and a round queues one record per job (thousands), so a
+                # full scan each time cost O(jobs²) per round (py-spy: 10 % of the operator
+                # at 2,000 jobs).
+                due = (k for k, p in self._pending.items()
+                       if k not in self._inflight and p.not_before <= now)
+                for key in list(islice(due, max(0, free))):
                     record = self._pending.pop(key)
                     self._inflight[key] = (record, loop.create_task(self._write(key, record)))
-                waiting = [p.not_before for k, p in self._pending.items()
-                           if k not in self._inflight]
-                timeout = max(0.0, min(waiting) - now) if waiting else None
+                timeout = None
+                if len(self._inflight) < self.concurrency:  # a slot is free: wake for a backoff
+                    waiting = [p.not_before for k, p in self._pending.items()
+                               if k not in self._inflight]
+                    timeout = max(0.0, min(waiting) - now) if waiting else None
                 self._kick = loop.create_future()
                 await asyncio.wait({self._kick, *(t for _, t in self._inflight.values())},
                                    timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
