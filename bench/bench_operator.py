@@ -138,15 +138,26 @@ def build_indexes(nodes, jobs, pods, statefulsets):
     return node_index, job_index, dict(pod_index), dict(sts_index)
 
 
-def one_round(node_index, job_index, pod_index, sts_index):
-    """Snapshot → run_round → targets → actions: the CPU part of loop.run_policy_round."""
+def cold_indexes(nodes, jobs, settings: PodSettings = SETTINGS):
+    """Every job new: its StatefulSets at zero replicas, no pods."""
+    zero_sts = []
+    for j in jobs:
+        rec = job_record(j)
+        zero_sts += [statefulset_manifest(rec, role, 0, {}, settings) for role in roles_of(rec)]
+    return build_indexes(nodes, jobs, [], zero_sts)
+
+
+def snapshot_of(node_index, job_index, pod_index, sts_index):
+    """The schedulable jobs and the snapshot a round decides on."""
     jobs = [j for store in job_index.values() for j in store if j.schedulable]
     state = ClusterState(nodes=[n for s in node_index.values() for n in s], pods=pod_index,
                          statefulsets=sts_index)
     held = held_elsewhere(state, {j.key for j in jobs}, {})
-    snap = build_snapshot(jobs, state, now_s=time.time(), interval_s=1200.0, held=held)
-    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("load-balance"))
-    targets = job_targets(decision, snap)
+    return jobs, build_snapshot(jobs, state, now_s=time.time(), interval_s=1200.0, held=held)
+
+
+def plan_all(jobs, targets, pod_index, sts_index):
+    """The desired-state diff: StatefulSet and pod actions for every job."""
     actions = []
     for job in jobs:
         current = {s.role: s for s in sts_index.get(job.key, ())}
@@ -157,7 +168,15 @@ def one_round(node_index, job_index, pod_index, sts_index):
                 if plan:
                     actions.append(plan)
         actions += plan_pods(job.namespace, pod_index.get(job.key, ()), target.nodes)
-    return targets, actions
+    return actions
+
+
+def one_round(node_index, job_index, pod_index, sts_index):
+    """Snapshot → run_round → targets → actions: the CPU part of loop.run_policy_round."""
+    jobs, snap = snapshot_of(node_index, job_index, pod_index, sts_index)
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("load-balance"))
+    targets = job_targets(decision, snap)
+    return targets, plan_all(jobs, targets, pod_index, sts_index)
 
 
 def timed(fn, repeats=REPEATS):
@@ -172,12 +191,7 @@ def timed(fn, repeats=REPEATS):
 def measure_rounds(jobs: list[dict]) -> tuple[list[tuple], tuple]:
     """Timings of the rounds, and the steady-state indexes (what the operator then holds)."""
     nodes = [node_body(i) for i in range(NODES)]
-    # Cold: every job new, StatefulSets at zero replicas, no pods.
-    zero_sts = []
-    for j in jobs:
-        rec = job_record(j)
-        zero_sts += [statefulset_manifest(rec, role, 0, {}, SETTINGS) for role in roles_of(rec)]
-    cold_idx = build_indexes(nodes, jobs, [], zero_sts)
+    cold_idx = cold_indexes(nodes, jobs)
     clear_hash_cache()  # cold: nothing hashed or rendered before; one run
     cold_ms, _, (targets, cold_actions) = timed(lambda: one_round(*cold_idx), 1)
 
@@ -271,13 +285,8 @@ def measure_api_calls(jobs: list[dict]) -> list[tuple[str, dict]]:
                            "generation": 1},
               "spec": {"allocation": "drf", "placement": "load-balance"}}
     nodes = [node_body(i) for i in range(NODES)]
-    zero_sts = []
-    for j in jobs:
-        rec = job_record(j)
-        zero_sts += [statefulset_manifest(rec, role, 0, {}, rt.pod_settings)
-                     for role in roles_of(rec)]
     now = time.time()
-    busy, busy_calls = counted_round(rt, policy, build_indexes(nodes, jobs, [], zero_sts), now)
+    busy, busy_calls = counted_round(rt, policy, cold_indexes(nodes, jobs, rt.pod_settings), now)
 
     # The decision runs and is recorded (as the watch would show it by the next round).
     running_sts, pods, recorded = [], [], []
@@ -302,11 +311,8 @@ def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3) -> None:
     rng = random.Random(11)
     jobs = [job_body(i, rng) for i in range(n_jobs)]
     nodes = [node_body(i) for i in range(n_nodes)]
-    zero_sts = []
-    for j in jobs:
-        rec = job_record(j)
-        zero_sts += [statefulset_manifest(rec, role, 0, {}, SETTINGS) for role in roles_of(rec)]
-    node_index, job_index, pod_index, sts_index = build_indexes(nodes, jobs, [], zero_sts)
+    indexes = cold_indexes(nodes, jobs)
+    pod_index, sts_index = indexes[2], indexes[3]
     placement = registry.make_placement("load-balance")
     print(f"Decision round at scale: {n_jobs} MLJobs (all new) on {n_nodes} nodes, load-balance "
           f"placement; best of {repeats} [median]")
@@ -317,21 +323,11 @@ def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3) -> None:
         for _ in range(repeats):
             clear_hash_cache()
             t0 = time.perf_counter()
-            js = [j for store in job_index.values() for j in store if j.schedulable]
-            state = ClusterState(nodes=[n for s in node_index.values() for n in s], pods=pod_index,
-                                 statefulsets=sts_index)
-            snap = build_snapshot(js, state, now_s=time.time(), interval_s=1200.0,
-                                  held=held_elsewhere(state, {j.key for j in js}, {}))
+            js, snap = snapshot_of(*indexes)
             t1 = time.perf_counter()
             decision = run_round(snap, allocation, placement)
             t2 = time.perf_counter()
-            targets = job_targets(decision, snap)
-            plans = 0
-            for job in js:
-                current = {s.role: s for s in sts_index.get(job.key, ())}
-                for role in roles_of(job):
-                    plans += plan_statefulset(job, role, current[role], targets[job.name].counts,
-                                              SETTINGS) is not None
+            plan_all(js, job_targets(decision, snap), pod_index, sts_index)
             t3 = time.perf_counter()
             tasks = sum(d.ps + d.workers for d in decision.jobs.values())
             rows.append(((t1 - t0) * 1000, (t2 - t1) * 1000, (t2 - t0) * 1000, (t3 - t2) * 1000,

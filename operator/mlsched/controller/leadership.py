@@ -28,6 +28,8 @@ import os
 import threading
 from collections.abc import Callable
 
+from mlsched.controller.constants import LEADER_LABEL
+
 log = logging.getLogger("mlsched.controller.leadership")
 
 LEASE_S = 8  # how long a Lease stays valid without renewal
@@ -40,8 +42,6 @@ async def label_own_pod(api, leading: bool, *, attempts: int = 5, backoff_s: flo
     """Put LEADER_LABEL on this replica's pod (or take it off). True when done; False when
     not in a pod (no POD_NAME/POD_NAMESPACE: a test, a developer's shell) or after
     `attempts` failures, each logged: the Service then has no endpoint until it succeeds."""
-    from mlsched.controller.constants import LEADER_LABEL
-
     name, namespace = os.environ.get("POD_NAME"), os.environ.get("POD_NAMESPACE")
     if not name or not namespace:
         return False

@@ -20,7 +20,7 @@ The online refinement from what a job has shown lives in features/speed_fit.py.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 
 import numpy as np
@@ -102,11 +102,8 @@ class SpeedCurve:
         Searched once per shape and caps (a round asks for every job), then scaled."""
         if self.scale <= 0:
             return self._best_epochs_per_s(max_ps, max_workers)
-        key = (self._shape_key(), max_ps, max_workers)
-        best = _SHAPE_CACHE.get(key)
-        if best is None:
-            best = _remember(key, self._unscaled()._best_epochs_per_s(max_ps, max_workers))
-        return self.scale * best
+        return self.scale * _per_shape((self._shape_key(), max_ps, max_workers),
+                                       lambda: self._unscaled()._best_epochs_per_s(max_ps, max_workers))
 
     def _shape_key(self) -> tuple:
         """What the curve's shape depends on (everything but `scale`); a table is long-lived
@@ -138,15 +135,10 @@ class SpeedCurve:
         `scale`: computed once per shape, on the unscaled curve."""
         if self.scale <= 0:
             return self._signature()
-        key = ("signature", self._shape_key())
-        found = _SHAPE_CACHE.get(key)
-        if found is None:
-            found = _remember(key, self._unscaled()._signature())
-        return found
+        return _per_shape(("signature", self._shape_key()), lambda: self._unscaled()._signature())
 
     def _unscaled(self) -> "SpeedCurve":
-        return self if self.scale == 1.0 else SpeedCurve(
-            self.theta, self.global_batch, self.steps_per_epoch, self.uses_ps, 1.0, self.table)
+        return self if self.scale == 1.0 else replace(self, scale=1.0)
 
     def _signature(self) -> tuple[float, ...]:
         out = []
@@ -164,11 +156,13 @@ _SHAPE_CACHE: dict[tuple, object] = {}
 _SHAPE_CACHE_MAX = 4096
 
 
-def _remember(key: tuple, value):
-    if len(_SHAPE_CACHE) >= _SHAPE_CACHE_MAX:
-        _SHAPE_CACHE.clear()
-    _SHAPE_CACHE[key] = value
-    return value
+def _per_shape(key: tuple, compute):
+    """The cached answer for `key`, computed on first use."""
+    if key not in _SHAPE_CACHE:
+        if len(_SHAPE_CACHE) >= _SHAPE_CACHE_MAX:
+            _SHAPE_CACHE.clear()
+        _SHAPE_CACHE[key] = compute()
+    return _SHAPE_CACHE[key]
 
 
 def _table_rows(table: np.ndarray) -> list[list[float]]:
