@@ -258,7 +258,7 @@ class RoundLog:
         self.record_lag_s: list[float] = []  # round seen -> no record pending
         self.peak_kib = 0
         self._last = None
-        self._lag_from: float | None = None
+        self.lag_from: float | None = None
         # /metrics not answered within 10 s: the operator's event loop was blocked that long
         # (a liveness probe would have restarted it); counted, and the poll goes on.
         self.stalls = 0
@@ -274,9 +274,9 @@ class RoundLog:
             self.stalls += 1
             log(f"  /metrics unanswered ({err}): the operator's event loop is blocked")
             return False
-        if self._lag_from is not None and float(PENDING.search(metrics).group(1)) == 0:
-            self.record_lag_s.append(time.monotonic() - self._lag_from)
-            self._lag_from = None
+        if self.lag_from is not None and float(PENDING.search(metrics).group(1)) == 0:
+            self.record_lag_s.append(time.monotonic() - self.lag_from)
+            self.lag_from = None
         if not stamp[0] or stamp == self._last:
             return False
         first = self._last is None
@@ -286,7 +286,7 @@ class RoundLog:
         summaries = ROUND_LINE.findall(self.operator.log_text())
         _, jobs, changes, _ = summaries[-1] if summaries else ("", 0, -1, 0)
         self.rounds.append((float(stamp[1]), int(jobs), int(changes), requests(metrics)))
-        self._lag_from = time.monotonic()
+        self.lag_from = time.monotonic()
         log(f"  round at {stamp[0]}: {stamp[1] * 1000:.0f} ms, {jobs} jobs, {changes} changes, "
             f"operator RSS {self.operator.rss_kib() / 1024:.0f} MB")
         return True
@@ -380,7 +380,7 @@ def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict
     busy = list(rounds.rounds)
     interval_s = 1200 * args.interval_scale
     log(f"timing {args.rounds} steady rounds (one every {interval_s:.0f} s)")
-    while len(rounds.rounds) < len(busy) + args.rounds + 1 or rounds._lag_from is not None:
+    while len(rounds.rounds) < len(busy) + args.rounds + 1 or rounds.lag_from is not None:
         rounds.poll()
         time.sleep(0.5)
     steady = rounds.rounds[len(busy):]

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client
 
-from controlplane import ControlPlane, ControlPlaneError
+from controlplane import ControlPlane
+from plane_fixture import running_plane
 from mlsched_objects import fresh_namespace
 
 # The operator's fixtures live in their own module; importing them here registers
@@ -52,20 +53,9 @@ def control_plane(request: pytest.FixtureRequest):
     # of letting pytest swallow it.
     capture = request.config.pluginmanager.getplugin("capturemanager")
     live_output = capture.global_and_fixture_disabled() if capture else contextlib.nullcontext()
-    failure = None
-    try:
-        with live_output:
-            plane.start()
-        plane.create_nodes(SESSION_NODES.count, cpu=SESSION_NODES.cpu, gpu=SESSION_NODES.gpu,
-                           memory_gib=SESSION_NODES.memory_gib)
-    except ControlPlaneError as err:
-        plane.stop()
-        failure = str(err)
-    if failure:
-        # Outside the except block, so pytest shows the message without a chain.
-        pytest.fail(f"the e2e control plane did not come up:\n{failure}", pytrace=False)
-    yield plane
-    plane.stop()
+    yield from running_plane(plane, lambda p: p.create_nodes(
+        SESSION_NODES.count, cpu=SESSION_NODES.cpu, gpu=SESSION_NODES.gpu,
+        memory_gib=SESSION_NODES.memory_gib), live_output)
 
 
 @pytest.fixture(scope="session")

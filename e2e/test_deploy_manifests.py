@@ -33,7 +33,8 @@ import pytest
 import yaml
 from kubernetes import client
 
-from controlplane import ControlPlane, ControlPlaneError
+from controlplane import ControlPlane
+from plane_fixture import running_plane
 from mlsched.controller.constants import LEGACY_FINALIZER
 from mlsched_objects import MLSched, condition, for_kwok, phase, sample, scheduling_policy
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
@@ -96,18 +97,7 @@ AFTER_A_CONFLICT = {("", "services", "get"), ("apps", "statefulsets", "get")}
 
 @pytest.fixture(scope="module")
 def cluster():
-    plane = ControlPlane(audit_policy=AUDIT_POLICY)
-    failure = None
-    try:
-        plane.start()
-        plane.create_nodes(6)
-    except ControlPlaneError as err:
-        plane.stop()
-        failure = str(err)
-    if failure:
-        pytest.fail(f"the control plane did not come up:\n{failure}", pytrace=False)
-    yield plane
-    plane.stop()
+    yield from running_plane(ControlPlane(audit_policy=AUDIT_POLICY), lambda p: p.create_nodes(6))
 
 
 @pytest.fixture(scope="module")
