@@ -188,6 +188,12 @@ class MLSched:
         return self.custom.list_namespaced_custom_object(GROUP, VERSION, self.namespace,
                                                          "mljobs")["items"]
 
+    def patch_job(self, name: str, spec: dict) -> dict:
+        """A merge patch of the job's spec: unlike a replace, it carries no resourceVersion, so
+        it cannot lose a race with the operator's status writes (409 Conflict)."""
+        return self.custom.patch_namespaced_custom_object(
+            GROUP, VERSION, self.namespace, "mljobs", name, {"spec": spec})
+
     def patch_policy(self, name: str, spec: dict) -> dict:
         return self.custom.patch_namespaced_custom_object(
             GROUP, VERSION, self.namespace, "schedulingpolicies", name, {"spec": spec})

@@ -62,8 +62,7 @@ def test_a_spec_over_256_kib_runs_is_edited_and_deleted(mlsched, operator):
     edited = mlsched.job("big")
     edited["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["env"] = [
         {"name": "CONFIG", "value": "y" * 300_000}]
-    mlsched.custom.replace_namespaced_custom_object(GROUP, VERSION, mlsched.namespace, "mljobs",
-                                                    "big", edited)
+    mlsched.patch_job("big", edited["spec"])
 
     def template_value():
         sts = mlsched.statefulsets("big")["worker"]

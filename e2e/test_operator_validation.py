@@ -141,9 +141,6 @@ def test_a_typo_in_the_pod_template_fails_the_job_naming_the_field(mlsched, oper
     assert not mlsched.statefulsets("typo") and not mlsched.pods("typo")
 
     # Fixing the spec clears the failure and the job runs.
-    fixed = mljob("typo", ps=None)
-    fixed["metadata"]["resourceVersion"] = job["metadata"]["resourceVersion"]
-    mlsched.custom.replace_namespaced_custom_object("mlsched.io", "v1alpha1", mlsched.namespace,
-                                                    "mljobs", "typo", fixed)
+    mlsched.patch_job("typo", mljob("typo", ps=None)["spec"])
     wait_for(lambda: phase(mlsched.job("typo")) == "Running", 90, "the fixed job to run",
              describe=lambda: (mlsched.job("typo") or {}).get("status"))
