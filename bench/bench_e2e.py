@@ -22,7 +22,9 @@ operator can beat.
     mlsched_api_requests_total (target: nothing but one MLJob status record per job and the
     policy's); each round's records must all be written (mlsched_status_records_pending back
     to 0) well within the interval. Also the busiest round (target <= 10 s) and the
-    operator's RSS (VmRSS now, VmHWM peak; target <= 500 MB).
+    operator's RSS (VmRSS now, VmHWM peak; target <= 500 MB), and the operator's account of
+    its event loop: the worst lag and the garbage collections by generation
+    (controller/loop_health.py; `--no-gc-tuning` runs it with CPython's collector defaults).
 
 Run: `.venv/bin/python bench/bench_e2e.py` (about 20 minutes on 2 cores; progress is printed).
 Smaller: `--jobs 500 --nodes 250 --burst 100 --burst-nodes 200`; (a) alone: `--admission-only`. `--keep` keeps the control
@@ -292,6 +294,18 @@ class RoundLog:
         return True
 
 
+def loop_health_line(metrics: str) -> str:
+    """The operator's own account of its event loop (controller/loop_health.py)."""
+    def value(name: str, labels: str = "") -> float:
+        match = re.search(rf"^{name}{re.escape(labels)} (\S+)$", metrics, re.M)
+        return float(match.group(1)) if match else float("nan")
+    counts = [value("mlsched_gc_pause_seconds_count", f'{{generation="{g}"}}') for g in range(3)]
+    sums = [value("mlsched_gc_pause_seconds_sum", f'{{generation="{g}"}}') for g in range(3)]
+    pauses = ", ".join(f"gen{g} {n:.0f} ({t:.2f} s)" for g, (n, t) in enumerate(zip(counts, sums)))
+    return (f"worst event-loop lag {value('mlsched_event_loop_lag_worst_seconds'):.2f} s; "
+            f"collections: {pauses}")
+
+
 def requests(metrics: str) -> dict[tuple[str, str], float]:
     out = {}
     for line in metrics.splitlines():
@@ -416,6 +430,7 @@ def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict
     print(f"    {'operator RSS peak, VmHWM (MB)':<52} {hwm_mb:>9.0f} {RSS_TARGET_MB:>8.0f} "
           f"{hwm_mb / RSS_TARGET_MB:>6.2f}x")
     print(f"    /metrics unanswered for 10 s (event loop blocked): {rounds.stalls} time(s)")
+    print("    " + loop_health_line(operator.metrics()))
     print("    rounds until settled: " + ", ".join(
         f"{d * 1000:.0f} ms/{c} changes" for d, _, c, _ in busy))
     if len(sts) != expected:
@@ -436,7 +451,8 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
                                      workdir / "operator.kubeconfig")
     serve_namespace(api, NAMESPACE)  # the namespaced overlay's RoleBinding, as the e2e tests do
     operator = OperatorProcess(kubeconfig, workdir / "operator.log", namespaces=[NAMESPACE],
-                               interval_scale=args.interval_scale, job_sync_seconds=10)
+                               interval_scale=args.interval_scale, job_sync_seconds=10,
+                               extra_env={"MLSCHED_GC_TUNING": "0"} if args.no_gc_tuning else None)
     operator.start()
     log(f"operator running (pid {operator.pid}, log {operator.log_path})")
     seen = Seen()
@@ -468,6 +484,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval-scale", type=float, default=0.1)
     parser.add_argument("--admission-only", action="store_true", help="(a) only")
+    parser.add_argument("--no-gc-tuning", action="store_true",
+                        help="run the operator with CPython's collector defaults (MLSCHED_GC_TUNING=0)")
     parser.add_argument("--keep", action="store_true", help="keep the control plane's temp dir")
     args = parser.parse_args()
     if args.keep:

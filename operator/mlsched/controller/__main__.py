@@ -94,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
         # drowns the operator's own lines (which name the job), so only its problems show.
         logging.getLogger("kopf.objects").setLevel(logging.WARNING)
     namespaces = handlers.CONFIG.namespaces
+    if os.environ.get("MLSCHED_GC_TUNING", "1") != "0":  # "0": CPython's defaults (loop_health.py)
+        from mlsched.controller.loop_health import tune_collector
+        tune_collector()  # after the imports, which it freezes out of every later collection
     kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces)
     return 0
 

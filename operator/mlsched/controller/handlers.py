@@ -35,6 +35,7 @@ from mlsched.controller.cluster_pods import OtherNamespacePods
 from mlsched.controller.kube import ClientKubeApi
 from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
+from mlsched.controller.loop_health import LoopHealth
 from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
 )
@@ -102,6 +103,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         await label_own_pod(rt.api, False, attempts=1)  # a restarted container: not yet
         rt.policy_loops.active = False
     memo["runtime"] = rt
+    memo["loop_health_stopped"] = health_stopped = asyncio.Event()
+    memo["loop_health"] = asyncio.create_task(LoopHealth(rt.metrics.registry).watch(health_stopped),
+                                              name="mlsched-loop-health")
     # Before anything renders a pod template: the endpoint's CA becomes part of them.
     memo["server"] = await progress_server.start(rt)
     rt.leadership.on_leading(lambda: start_leading(rt, memo))
@@ -138,6 +142,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     server = memo.get("server")
     if server is not None:
         await server.cleanup()
+    if "loop_health" in memo:
+        memo["loop_health_stopped"].set()
+        await asyncio.gather(memo["loop_health"], return_exceptions=True)
 
 
 # ----------------------------------------------------------------------------- indexes

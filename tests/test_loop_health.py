@@ -1,0 +1,120 @@
+"""The event-loop lag probe, the collector's timer and the freeze-after-full-collection rule."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import time
+import weakref
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from mlsched.controller import loop_health
+from mlsched.controller.loop_health import LoopHealth
+
+
+def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels or None)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture
+def collector_restored():
+    threshold = gc.get_threshold()
+    yield
+    gc.unfreeze()
+    gc.set_threshold(*threshold)
+    loop_health._tuned = False
+
+
+def test_a_blocked_loop_is_measured_and_logged(caplog):
+    registry = CollectorRegistry()
+    health = LoopHealth(registry)
+
+    async def scenario():
+        stopped = asyncio.Event()
+        task = asyncio.create_task(health.watch(stopped))
+        await asyncio.sleep(0.3)
+        time.sleep(1.4)  # what a long synchronous step does to every other task
+        await asyncio.sleep(0.3)
+        stopped.set()
+        await task
+
+    with caplog.at_level(logging.WARNING, logger="mlsched.controller.loop_health"):
+        asyncio.run(scenario())
+    assert health.worst_s > 1.0
+    assert _sample(registry, "mlsched_event_loop_lag_seconds_count") >= 2
+    assert _sample(registry, "mlsched_event_loop_lag_seconds_bucket", le="1.0") < \
+        _sample(registry, "mlsched_event_loop_lag_seconds_count")
+    assert any("event loop was blocked for 1." in r.getMessage() for r in caplog.records)
+    assert health.gc not in gc.callbacks  # removed when the watcher stops
+
+
+def test_every_collection_is_timed_by_generation():
+    registry = CollectorRegistry()
+    health = LoopHealth(registry)
+    health.gc.install()
+    try:
+        gc.collect(0)
+        gc.collect(2)
+    finally:
+        health.gc.remove()
+    assert _sample(registry, "mlsched_gc_pause_seconds_count", generation="0") >= 1
+    assert _sample(registry, "mlsched_gc_pause_seconds_count", generation="2") >= 1
+    assert health.gc.full_collections >= 1 and health.gc.paused_s > 0
+
+
+def test_survivors_of_a_full_collection_are_frozen_once_tuned(collector_restored):
+    loop_health.tune_collector()
+    assert gc.get_threshold()[0] == loop_health.GEN0_THRESHOLD
+    frozen_at_start = gc.get_freeze_count()
+    assert frozen_at_start > 0  # the imports
+    health = LoopHealth(CollectorRegistry())
+    kept = [{"job": i, "history": [{"interval": k} for k in range(5)]} for i in range(5000)]
+
+    async def scenario():
+        stopped = asyncio.Event()
+        task = asyncio.create_task(health.watch(stopped))
+        await asyncio.sleep(0.05)
+        gc.collect()  # as CPython starts one when the long-lived objects grew by a quarter
+        await asyncio.sleep(loop_health.PERIOD_S * 2)
+        stopped.set()
+        await task
+
+    asyncio.run(scenario())
+    assert gc.get_freeze_count() >= frozen_at_start + len(kept)
+
+
+def test_untuned_processes_are_never_frozen(collector_restored):
+    # Tests, and programs embedding the operator, keep the collector as they set it.
+    health = LoopHealth(CollectorRegistry())
+
+    async def scenario():
+        stopped = asyncio.Event()
+        task = asyncio.create_task(health.watch(stopped))
+        await asyncio.sleep(0.05)
+        gc.collect()
+        await asyncio.sleep(loop_health.PERIOD_S * 2)
+        stopped.set()
+        await task
+
+    asyncio.run(scenario())
+    assert gc.get_freeze_count() == 0
+
+
+def test_refreeze_reclaims_cycles_that_died_while_frozen(collector_restored):
+    class Node:
+        pass
+
+    a, b = Node(), Node()
+    a.other, b.other = b, a  # a cycle: only the collector frees it
+    alive = weakref.ref(a)
+    gc.collect()
+    gc.freeze()
+    del a, b
+    gc.collect()
+    assert alive() is not None  # frozen: the collector does not look at it
+    loop_health.refreeze()
+    assert alive() is None
