@@ -1,0 +1,147 @@
+"""Published model versions: the ConfigMaps retraining writes and the operator adopts (issue 17).
+
+A retraining Job never edits a SchedulingPolicy (Argo CD owns its spec); it publishes a
+candidate as a new ConfigMap in the policy's namespace, and the policy's `updatePolicy` says
+whether the operator adopts it (Auto) or only reports it (Manual). One ConfigMap per version:
+
+    name    <policy>-<algorithm>-v<version>          (version 1, 2, ...; shortened with a hash
+                                                      when the policy's name is long)
+    labels  mlsched.io/model-of: <policy>
+            mlsched.io/phase: allocation | placement | grouping
+            mlsched.io/algorithm: dl2 | chic | ...
+            mlsched.io/model-version: "<version>"
+    binaryData <algorithm>.onnx                      the graph
+    data       <algorithm>.card.json                 its model card (the key beside the graph,
+                                                      which is where the operator's ConfigMap
+                                                      model reader looks for it)
+    annotations mlsched.io/sha256: <hex of the graph>
+                mlsched.io/evaluation: JSON          how it was judged (retrain.py writes it)
+
+Because the keys follow the ConfigMap model convention, a version is also an ordinary
+`models.<phase>.<algorithm>.configMapKeyRef`: pinning one (a rollback) is one edit of the spec.
+Pure: building and parsing manifests; the operator and `mlsched retrain` do their own I/O.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlsched.api import GROUP
+
+MODEL_OF = f"{GROUP}/model-of"
+PHASE = f"{GROUP}/phase"
+ALGORITHM = f"{GROUP}/algorithm"
+VERSION = f"{GROUP}/model-version"
+SHA256 = f"{GROUP}/sha256"
+EVALUATION = f"{GROUP}/evaluation"
+MAX_NAME = 253
+
+
+def configmap_name(policy: str, algorithm: str, version: int) -> str:
+    name = f"{policy}-{algorithm}-v{version}"
+    if len(name) <= MAX_NAME:
+        return name
+    digest = hashlib.sha256(policy.encode()).hexdigest()[:10]
+    keep = MAX_NAME - len(f"-{digest}-{algorithm}-v{version}")
+    return f"{policy[:keep].rstrip('-.')}-{digest}-{algorithm}-v{version}"
+
+
+def selector(policy: str, phase: str | None = None, algorithm: str | None = None) -> str:
+    """Label selector for a policy's published versions (optionally one phase/algorithm)."""
+    parts = [f"{MODEL_OF}={policy}"]
+    if phase:
+        parts.append(f"{PHASE}={phase}")
+    if algorithm:
+        parts.append(f"{ALGORITHM}={algorithm}")
+    return ",".join(parts)
+
+
+def model_key(algorithm: str) -> str:
+    return f"{algorithm}.onnx"
+
+
+def card_key(algorithm: str) -> str:
+    return f"{algorithm}.card.json"
+
+
+@dataclass(frozen=True)
+class PublishedVersion:
+    policy: str
+    phase: str
+    algorithm: str
+    version: int
+    configmap: str
+    sha256: str
+    evaluation: dict[str, Any]
+
+    @property
+    def model_ref(self) -> dict[str, Any]:
+        """The spec entry that pins this version (`models.<phase>.<algorithm>`)."""
+        return {"configMapKeyRef": {"name": self.configmap, "key": model_key(self.algorithm)},
+                "sha256": self.sha256}
+
+
+def manifest(namespace: str, policy: str, phase: str, algorithm: str, version: int,
+             onnx: bytes, card_json: str, evaluation: Mapping[str, Any]) -> dict[str, Any]:
+    digest = hashlib.sha256(onnx).hexdigest()
+    return {
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": configmap_name(policy, algorithm, version), "namespace": namespace,
+            "labels": {MODEL_OF: policy, PHASE: phase, ALGORITHM: algorithm, VERSION: str(version),
+                       "app.kubernetes.io/managed-by": "mlsched-retrain"},
+            "annotations": {SHA256: digest, EVALUATION: json.dumps(dict(evaluation), sort_keys=True)},
+        },
+        "binaryData": {model_key(algorithm): base64.b64encode(onnx).decode("ascii")},
+        "data": {card_key(algorithm): card_json},
+    }
+
+
+_VERSION_TEXT = re.compile(r"^[1-9][0-9]{0,8}$")
+
+
+def parse(configmap: Mapping[str, Any]) -> PublishedVersion | None:
+    """A published version from a ConfigMap body (dict form), or None if it is not a well-formed
+    one (a tenant can label any ConfigMap: such a one is ignored, never adopted)."""
+    meta = configmap.get("metadata") or {}
+    labels, notes = meta.get("labels") or {}, meta.get("annotations") or {}
+    version_text = str(labels.get(VERSION, ""))
+    algorithm = labels.get(ALGORITHM)
+    if not (labels.get(MODEL_OF) and labels.get(PHASE) and algorithm
+            and _VERSION_TEXT.match(version_text)):
+        return None
+    if not re.fullmatch(r"[0-9a-f]{64}", str(notes.get(SHA256, ""))):
+        return None
+    if model_key(algorithm) not in (configmap.get("binaryData") or {}):
+        return None
+    try:
+        evaluation = json.loads(notes.get(EVALUATION) or "{}")
+    except ValueError:
+        evaluation = {}
+    return PublishedVersion(labels[MODEL_OF], labels[PHASE], algorithm, int(version_text),
+                            meta.get("name", ""), notes[SHA256],
+                            evaluation if isinstance(evaluation, dict) else {})
+
+
+def newest(versions: Iterable[PublishedVersion], phase: str, algorithm: str) -> PublishedVersion | None:
+    mine = [v for v in versions if (v.phase, v.algorithm) == (phase, algorithm)]
+    return max(mine, key=lambda v: v.version, default=None)
+
+
+def next_version(versions: Iterable[PublishedVersion], phase: str, algorithm: str) -> int:
+    top = newest(versions, phase, algorithm)
+    return 1 if top is None else top.version + 1
+
+
+def already_published(versions: Iterable[PublishedVersion], phase: str, algorithm: str,
+                      onnx: bytes) -> PublishedVersion | None:
+    """The version holding exactly these bytes, if any: a rerun Job publishes nothing twice."""
+    digest = hashlib.sha256(onnx).hexdigest()
+    return next((v for v in versions if (v.phase, v.algorithm, v.sha256) == (phase, algorithm, digest)),
+                None)
