@@ -49,7 +49,6 @@ from mlsched.controller.desired import (  # noqa: E402
     statefulset_manifest,
 )
 from mlsched.controller.records import job_record, node_record, pod_record, sts_record  # noqa: E402
-from mlsched.controller.snapshot import ClusterState, build_snapshot, held_elsewhere  # noqa: E402
 from mlsched.policies import registry  # noqa: E402
 from mlsched.policies.round import run_round  # noqa: E402
 from mlsched.workloads import catalog  # noqa: E402
@@ -148,12 +147,14 @@ def cold_indexes(nodes, jobs, settings: PodSettings = SETTINGS):
 
 
 def snapshot_of(node_index, job_index, pod_index, sts_index):
-    """The schedulable jobs and the snapshot a round decides on."""
+    """The schedulable jobs and the snapshot a round decides on, built by the operator's own
+    `loop.policy_snapshot`, with every job holding a reservation (as after any round)."""
     jobs = [j for store in job_index.values() for j in store if j.schedulable]
-    state = ClusterState(nodes=[n for s in node_index.values() for n in s], pods=pod_index,
-                         statefulsets=sts_index)
-    held = held_elsewhere(state, {j.key for j in jobs}, {})
-    return jobs, build_snapshot(jobs, state, now_s=time.time(), interval_s=1200.0, held=held)
+    rt = Runtime.create(OperatorConfig(), AcceptingApi())
+    rt.reservations.set((NAMESPACE, "default"), {j.key: {} for j in jobs})
+    idx = Indexes(nodes=node_index, pods=pod_index, statefulsets=sts_index, foreign={},
+                  mljobs=job_index, policies={(NAMESPACE, "default"): [True]})
+    return jobs, loop.policy_snapshot(rt, idx, jobs, jobs, now=time.time(), interval_s=1200.0)
 
 
 def plan_all(jobs, targets, pod_index, sts_index):

@@ -390,3 +390,22 @@ def test_a_round_right_after_an_admission_keeps_the_admitted_job_where_it_was_de
     admitted = admit(rt, kube).targets["late"].nodes
     again = round_(rt, kube, now=NOW + 1200)  # pods of `late` not created/pinned yet
     assert again.targets["late"].nodes == admitted
+
+
+def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
+    # At 2,000 jobs a snapshot that compared every reservation with every job (O(jobs²))
+    # held the event loop for 8-15 s per admission step. Count the work, not the time.
+    from mlsched.controller.records import JobRecord
+
+    jobs_n = 60
+    rt, kube = setup(nodes=8, job_bodies=[ps_job(f"j{k}") for k in range(jobs_n)])
+    idx = kube.indexes()
+    jobs_ = idx.jobs_of_policy(NS, "default")
+    rt.reservations.set((NS, "default"), {j.key: {} for j in jobs_})
+    rt.reservations.set((NS, "other"), {(NS, f"elsewhere{k}"): {} for k in range(jobs_n)})
+    reads = []
+    real = JobRecord.key
+    monkeypatch.setattr(JobRecord, "key", property(lambda self: reads.append(1) or real.fget(self)))
+    snapshot = loop.policy_snapshot(rt, idx, jobs_, jobs_, NOW, 1200.0)
+    assert len(snapshot.jobs) == jobs_n
+    assert len(reads) <= 20 * jobs_n, f"{len(reads)} key reads for {jobs_n} jobs"
