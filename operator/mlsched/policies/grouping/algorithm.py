@@ -24,18 +24,10 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
 from mlsched.policies.grouping.model import cluster_score, group_time, imbalance, throughput
-
-
-@dataclass
-class Grouping:
-    groups: list[list[int]]  # job indices per group
-    machines: np.ndarray  # per group
-    dop: np.ndarray  # the DoP each group's profile is read at: min(machines, max_dop)
 
 
 def dop_of(machines: np.ndarray, max_dop: int) -> np.ndarray:
