@@ -205,8 +205,8 @@ def test_signature_and_best_speed_are_cached_per_shape_and_scale_with_the_curve(
 def test_every_phase_has_a_registry_with_context_and_learned_flags():
     assert registry.is_learned("allocation", "dl2") and not registry.is_learned("allocation", "drf")
     assert registry.known("placement", "tetris") and registry.known("allocation", "tetris")
-    with pytest.raises(registry.UnknownPolicyError, match="unknown grouping policy 'harmony'"):
-        registry.make("grouping", "harmony")
+    with pytest.raises(registry.UnknownPolicyError, match="unknown grouping policy 'magic'"):
+        registry.make("grouping", "magic")
     with pytest.raises(ValueError, match="unknown phase 'scoring'"):
         registry.make("scoring", "x")
     seen = {}

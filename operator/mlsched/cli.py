@@ -70,10 +70,10 @@ def cmd_simulate(args) -> int:
         trace = traces.parse(text, f"<built-in {DEFAULT_TRACE}>")
         source = f"built-in {DEFAULT_TRACE}"
     config = _config(args)
-    total = len(trace) * len(args.policies) * len(args.placement)
+    total = len(trace) * len(args.policies) * len(args.placement) * len(args.grouping)
     with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         runs = compare.run_pairs(trace, config, args.policies, args.placement,
-                                 model_path=args.model, progress=bar.update)
+                                 model_path=args.model, progress=bar.update, groupings=args.grouping)
     if args.plot:
         from mlsched.sim.plot import plot_jct
 
@@ -133,6 +133,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help=f"allocation policies, comma-separated (default {DEFAULT_POLICIES})")
     sim.add_argument("--placement", type=_csv, default=["load-balance"],
                      help="placement policies, comma-separated (load-balance, bin-pack, first-fit, tetris)")
+    sim.add_argument("--grouping", type=_csv, default=["none"],
+                     help="grouping policies, comma-separated (none, isolated, naive, harmony; "
+                          "docs/grouping.md); every one runs with every allocation and placement")
     sim.add_argument("--model", help="ONNX model for learned policies (default: the shipped artifact)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")

@@ -60,6 +60,10 @@ class JobView:
     requested_workers: int | None = None
     observations: tuple[SpeedObservation, ...] = ()
     pool: str | None = None  # node pool chosen by a grouping policy
+    pool_since_s: float | None = None  # when the job entered `pool` (a grouping's minimum stay)
+    # Measured seconds of one iteration's (compute, communication) at (ps, workers), a moving
+    # average (Harmony's per-subtask profile); None until the job has run.
+    phase_s: tuple[float, float] | None = None
     # (cpu, gpu, mem_gib) one task of each role requests; the catalog's when not given.
     ps_demand: np.ndarray | None = None
     worker_demand: np.ndarray | None = None
@@ -107,6 +111,8 @@ class Snapshot:
     capacity: np.ndarray  # (N, 3) cpu, gpu, mem_gib
     jobs: list[JobView]  # arrival order
     node_pools: list[str] | None = None  # pool label per node, for grouping
+    # Pools whose nodes' compute (cpu, gpu) is time-shared by this many jobs (PoolPlan.shares)
+    pool_shares: dict[str, int] | None = None
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)
@@ -118,19 +124,65 @@ class Snapshot:
         return self.capacity.sum(axis=0)
 
 
+#: The pool of jobs a grouping holds back: no node belongs to it, so they get no tasks.
+WAITING_POOL = "mlsched-waiting"
+_COMPUTE = slice(0, 2)  # (cpu, gpu) of a (cpu, gpu, mem_gib) vector: what time-sharing divides
+
+
+def shared_demand(demand: np.ndarray, share: int) -> np.ndarray:
+    """A task's request in a pool whose compute `share` jobs time-share: compute / share,
+    memory whole (co-located jobs' data and models stay in memory)."""
+    if share <= 1:
+        return demand
+    out = np.array(demand, dtype=float, copy=True)
+    out[_COMPUTE] /= share
+    return out
+
+
+@dataclass(frozen=True)
+class PoolForecast:
+    """What a grouping policy predicts for one pool (docs/grouping.md): for display."""
+
+    iteration_s: float  # the group's iteration time (Harmony eq. 1)
+    cpu_util: float  # Σ compute / iteration time
+    net_util: float  # Σ communication / iteration time
+    jobs: int
+    nodes: int
+
+
 @dataclass(frozen=True)
 class PoolPlan:
     """The grouping phase's answer: which pool each job and each node belongs to.
 
     A job absent from `job_pools` (or with pool None) may use every node; a node whose entry
-    in `node_pools` is None belongs to no pool. `PoolPlan()` is one shared cluster."""
+    in `node_pools` is None belongs to no pool. `PoolPlan()` is one shared cluster.
+
+    Co-location (docs/grouping.md): a pool in `shares` has its nodes' compute (cpu, gpu)
+    time-shared by up to that many jobs, so each member's tasks request 1/share of their
+    compute (memory is never shared); `coordinated` says the members interleave their compute
+    and communication phases (Harmony's subtasks) instead of contending freely. The rest
+    describes the decision for display: per-pool forecasts, the predicted gain of the chosen
+    grouping over keeping the previous one, whether this plan regrouped and whom it moved."""
 
     job_pools: dict[str, str] = field(default_factory=dict)
     node_pools: tuple[str | None, ...] | None = None  # one entry per snapshot node, or None
+    shares: dict[str, int] = field(default_factory=dict)
+    coordinated: bool = False
+    forecasts: dict[str, PoolForecast] = field(default_factory=dict)
+    predicted_gain: float = 0.0  # relative, e.g. 0.07 = 7 % better than keeping the groups
+    regrouped: bool = False
+    moved: tuple[str, ...] = ()  # running jobs this plan moves to another pool
 
     @property
     def is_shared(self) -> bool:
         return not self.job_pools
+
+    @property
+    def timeshared(self) -> bool:
+        return bool(self.shares)
+
+    def share_of(self, job_pool: str | None) -> int:
+        return self.shares.get(job_pool, 1) if job_pool is not None else 1
 
 
 @dataclass

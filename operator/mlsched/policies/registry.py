@@ -17,7 +17,9 @@ from mlsched.policies.allocation.optimus import Optimus
 from mlsched.policies.allocation.simple import FIFO, SRTF, Fixed
 from mlsched.policies.allocation.tetris import Tetris
 from mlsched.policies.base import AllocationPolicy, GroupingPolicy, PlacementPolicy
+from mlsched.policies.grouping.harmony import Harmony
 from mlsched.policies.grouping.none import NoGrouping
+from mlsched.policies.grouping.partitions import isolated, naive
 from mlsched.policies.placement.heuristics import BinPack, FirstFit, LoadBalance, TetrisPlacement
 from mlsched.policies.placement.sticky import Sticky
 from mlsched.policies.speed_estimate import TrueSpeed
@@ -89,6 +91,9 @@ REGISTRY: dict[str, dict[str, Entry]] = {
     },
     "grouping": {
         "none": Entry(lambda ctx: NoGrouping()),
+        "isolated": Entry(lambda ctx: isolated()),
+        "naive": Entry(lambda ctx: naive()),
+        "harmony": Entry(lambda ctx: Harmony()),
     },
 }
 

@@ -14,7 +14,9 @@ import dataclasses
 import numpy as np
 
 from mlsched.cluster.ledger import Ledger
-from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot
+from mlsched.cluster.types import (
+    WAITING_POOL, Decision, JobDecision, JobView, PoolPlan, Role, Snapshot, shared_demand,
+)
 from mlsched.policies.base import (
     AllocationPolicy, GroupingPolicy, PlacementPolicy, PlacementRequest, book_held,
 )
@@ -33,16 +35,53 @@ def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: P
     same policies, with every running job held at its current counts and nodes. The Decision
     lists every job that has tasks afterwards, the held ones unchanged."""
     plan = grouping.group(snapshot) if grouping is not None else PoolPlan()
+    if not plan.is_shared or snapshot.node_pools is not None:
+        plan = admissible(snapshot, plan)
     view = with_pools(snapshot, plan)
-    running = [j for j in view.jobs if j.workers > 0 and len(j.worker_nodes) == j.workers
-               and len(j.ps_nodes) == j.ps]
+    running = [j for j in view.jobs if _running(j)]
     held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
     names = {j.name for j in running}
     waiting = Snapshot(view.time_s, view.interval_s, view.node_names, view.capacity,
-                       [j for j in view.jobs if j.name not in names], view.node_pools)
+                       [j for j in view.jobs if j.name not in names], view.node_pools, view.pool_shares)
     decision = _decide(waiting, plan, allocation, placement, held=held)
     decision.jobs.update({j.name: d for j, d in held})
     return decision
+
+
+def _running(j: JobView) -> bool:
+    return j.workers > 0 and len(j.worker_nodes) == j.workers and len(j.ps_nodes) == j.ps
+
+
+def admissible(snapshot: Snapshot, plan: PoolPlan) -> PoolPlan:
+    """The plan an admission step may use. Admission holds running jobs where they are, so a
+    plan that moves a running job, relabels a node holding one, or changes a pool's share
+    under one waits for the next full round: until then the pools in force stay (the
+    snapshot's), and jobs with no pool in them wait."""
+    now = snapshot.node_pools
+    shares_now = snapshot.pool_shares or {}
+    ok = True
+    for j in snapshot.jobs:
+        if not _running(j):
+            continue
+        pool = plan.job_pools.get(j.name)
+        share_now = shares_now.get(pool, 1) if pool is not None else 1
+        if pool != j.pool or plan.share_of(pool) != share_now:
+            ok = False
+            break
+        nodes = (*j.ps_nodes, *j.worker_nodes)
+        if any(_label(plan.node_pools, n) != _label(now, n) for n in nodes):
+            ok = False
+            break
+    if ok:
+        return plan
+    if now is None:
+        return PoolPlan()
+    return PoolPlan({j.name: j.pool or WAITING_POOL for j in snapshot.jobs}, tuple(now),
+                    dict(shares_now), plan.coordinated)
+
+
+def _label(pools, node: int) -> str | None:
+    return pools[node] if pools is not None else None
 
 
 def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
@@ -66,10 +105,21 @@ def with_pools(snapshot: Snapshot, plan: PoolPlan) -> Snapshot:
     if plan.is_shared and all(j.pool is None for j in snapshot.jobs):
         jobs = list(snapshot.jobs)  # nothing to copy: the views are read, never written
     else:
-        jobs = [dataclasses.replace(j, pool=plan.job_pools.get(j.name)) for j in snapshot.jobs]
+        jobs = [_in_pool(j, plan) for j in snapshot.jobs]
     node_pools = list(plan.node_pools) if plan.node_pools is not None else snapshot.node_pools
+    shares = dict(plan.shares) if not plan.is_shared else snapshot.pool_shares
     return Snapshot(snapshot.time_s, snapshot.interval_s, snapshot.node_names, snapshot.capacity,
-                    jobs, node_pools)
+                    jobs, node_pools, shares or None)
+
+
+def _in_pool(j: JobView, plan: PoolPlan) -> JobView:
+    """The job in its pool; in a time-shared pool its tasks request a share of the compute."""
+    pool = plan.job_pools.get(j.name)
+    share = plan.share_of(pool)
+    if share <= 1:
+        return dataclasses.replace(j, pool=pool)
+    return dataclasses.replace(j, pool=pool, ps_demand=shared_demand(j.ps_demand, share),
+                               worker_demand=shared_demand(j.worker_demand, share))
 
 
 class _NoPlacer:

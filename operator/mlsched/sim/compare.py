@@ -14,46 +14,53 @@ class Run:
     policy: str
     placement: str
     result: SimResult
+    grouping: str = "none"
 
     def row(self) -> dict:
-        return {"policy": self.policy, "placement": self.placement, **self.result.summary()}
+        return {"policy": self.policy, "placement": self.placement, **self.result.summary(),
+                "grouping": self.grouping}
 
 
 def run_pairs(trace: list[TraceJob], config: SimConfig, policies: list[str], placements: list[str],
-              model_path: str | None = None, progress=None) -> list[Run]:
+              model_path: str | None = None, progress=None,
+              groupings: list[str] | None = None) -> list[Run]:
     # Build every policy before running any, so a bad name fails at once, not after minutes.
     sim = Simulator(trace, config)
     ctx = registry.PolicyContext(speed_model=sim.speed, model_path=model_path)
     allocs = [(p, registry.make_allocation(p, ctx)) for p in policies]
     places = [(p, registry.make_placement(p)) for p in placements]
+    groups = [(g, registry.make_grouping(g, ctx)) for g in (groupings or ["none"])]
     runs = []
-    for pname, alloc in allocs:
-        for lname, place in places:
-            sim.reset()
-            before = [0]
+    for (pname, alloc), (lname, place), (gname, grouping) in (
+            (a, p, g) for a in allocs for p in places for g in groups):
+        sim.reset()
+        before = [0]
 
-            def tick(done: int) -> None:
-                if progress is not None:
-                    progress(done - before[0])
-                before[0] = done
-
-            result = sim.run(alloc, place, progress=tick)
+        def tick(done: int) -> None:
             if progress is not None:
-                progress(len(trace) - before[0])
-            runs.append(Run(pname, lname, result))
+                progress(done - before[0])
+            before[0] = done
+
+        # `none` runs with no grouping at all: exactly the results of before grouping existed
+        result = sim.run(alloc, place, grouping if gname != "none" else None, progress=tick)
+        if progress is not None:
+            progress(len(trace) - before[0])
+        runs.append(Run(pname, lname, result, gname))
     return runs
 
 
 def format_table(runs: list[Run]) -> str:
     rows = [r.row() for r in runs]
     base = rows[0]
-    head = (f"{'policy':<15} {'placement':<13} {'avg JCT':>9} {'p50':>9} {'p95':>9} {'makespan':>9} "
+    grouped = any(r["grouping"] != "none" for r in rows)
+    gcol = (lambda r: f"{r['grouping']:<9} ") if grouped else (lambda r: "")
+    head = (f"{'policy':<15} {'placement':<13} {gcol({'grouping': 'grouping'})}{'avg JCT':>9} {'p50':>9} {'p95':>9} {'makespan':>9} "
             f"{'GPU':>5} {'CPU':>5} {'slowdn':>7} {'done':>7} {'vs first':>9}")
     lines = [head, "-" * len(head)]
     for r in rows:
         ratio = r["avg_jct_s"] / base["avg_jct_s"] if base["avg_jct_s"] else float("nan")
         lines.append(
-            f"{r['policy']:<15} {r['placement']:<13} {_dur(r['avg_jct_s']):>9} {_dur(r['p50_jct_s']):>9} "
+            f"{r['policy']:<15} {r['placement']:<13} {gcol(r)}{_dur(r['avg_jct_s']):>9} {_dur(r['p50_jct_s']):>9} "
             f"{_dur(r['p95_jct_s']):>9} {_dur(r['makespan_s']):>9} {r['gpu_util']:>5.0%} "
             f"{r['cpu_util']:>5.0%} {r['avg_slowdown']:>7.2f} {r['completed']:>3}/{r['jobs']:<3} {ratio:>8.2f}x")
     lines.append(f"JCT in hours (h) or minutes (m); slowdn = mean JCT / ideal JCT "

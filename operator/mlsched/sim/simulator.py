@@ -11,6 +11,14 @@ lasts until the first job finishes, or until a job arrives while fewer than
 `arrival_trigger_below` jobs are active (every arrival when None), and at most `interval_s`;
 a "slot" is one such period. An arrival that triggers nothing waits for the next round.
 `SimConfig.demands` overrides the catalog's per-task demands per model (the Chic paper's).
+
+Co-location (docs/grouping.md): when the pool plan in force time-shares pools
+(`PoolPlan.shares`, from the isolated/naive/harmony groupings), jobs in those pools also
+progress by Harmony's group model (sim/colocation.py), a job that changes pool pays the
+scaling cost, and in coordinated pools the interference model leaves co-members out. With
+no grouping, or `none`, nothing of this applies and results are exactly as before. Every
+run also records busy compute and network time (a job's iteration split into its phases,
+workloads/phases.py) for the utilisation figures Harmony reports.
 """
 
 from __future__ import annotations
@@ -22,10 +30,12 @@ from typing import Callable
 import numpy as np
 
 from mlsched.cluster.ledger import Ledger
-from mlsched.cluster.types import Decision, JobView, Snapshot, SpeedObservation
+from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation, shared_demand
 from mlsched.policies.placement.heuristics import LoadBalance
 from mlsched.policies.round import run_admission, run_round
+from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.workloads import catalog, interference
+from mlsched.workloads.phases import phase_times
 from mlsched.workloads.speed_models import SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
 
@@ -71,6 +81,10 @@ class SimConfig:
     arrival_trigger_below: int | None = None  # event-driven: an arrival starts a round only below this many jobs
     # model -> (ps demand, worker demand), each (cpu, gpu, mem_gib): overrides the catalog's
     demands: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] | None = None
+    # Harmony's profile: each slot a job's measured (compute, communication) per iteration
+    # joins a moving average with this weight (the paper gives none), measured with ±noise.
+    phase_ema_weight: float = 0.5
+    phase_noise: float = 0.05
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -95,6 +109,12 @@ class JobState:
     gpu_s: float = 0.0
     cpu_s: float = 0.0
     cost_left: float = 0.0  # seconds of scaling cost still to pay in this slot
+    pool: str | None = None  # the pool it is in (grouping)
+    pool_since_s: float | None = None
+    phase_s: tuple[float, float] | None = None  # moving average of measured (compute, comm)
+    phase_at: tuple[int, int] | None = None  # the (ps, workers) phase_s was measured at
+    busy_compute_s: float = 0.0  # node-seconds of compute its iterations kept busy
+    busy_net_s: float = 0.0  # node-seconds of NIC time
 
 
 @dataclass
@@ -109,6 +129,8 @@ class SimResult:
     slots: int
     inferences: int
     total_reward: float
+    compute_util: float = 0.0  # busy compute (cpu/gpu) node-seconds / (nodes x makespan)
+    net_util: float = 0.0  # busy NIC node-seconds / (nodes x makespan)
 
     def summary(self) -> dict:
         jct = np.array(list(self.jct_s.values())) if self.jct_s else np.array([np.nan])
@@ -124,6 +146,8 @@ class SimResult:
             "ideal_avg_jct_s": float(ideal.mean()),
             "jobs": self.jobs,
             "completed": self.completed,
+            "compute_util": self.compute_util,
+            "net_util": self.net_util,
         }
 
 
@@ -149,6 +173,10 @@ class Simulator:
     # ---- environment API ----------------------------------------------------------------
     def reset(self) -> None:
         self.rng = np.random.default_rng(self.config.seed)
+        # Phase measurements draw from their own stream, so runs without grouping stay as
+        # they were (their profiling noise comes from self.rng in the same order).
+        self.phase_rng = np.random.default_rng([self.config.seed, 17])
+        self.plan = PoolPlan()  # the pools in force
         self.time_s = 0.0
         self.slot = 0
         self.states = {j.name: JobState(j) for j in self.trace}
@@ -176,8 +204,12 @@ class Simulator:
                 min_ps=1 if j.arch == "ps" else 0,
                 requested_ps=j.ps, requested_workers=j.workers, observations=tuple(s.observations),
                 ps_demand=cfg.demand(j.model, "ps"), worker_demand=cfg.demand(j.model, "worker"),
+                pool=s.pool, pool_since_s=s.pool_since_s, phase_s=s.phase_s,
             ))
-        return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs)
+        plan = self.plan
+        node_pools = list(plan.node_pools) if plan.node_pools is not None else None
+        return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs,
+                        node_pools, dict(plan.shares) or None)
 
     def advance(self, decision: Decision, admit: Admit | None = None) -> float:
         """Run one slot under `decision`; returns the slot reward Σ epochs trained / total.
@@ -191,6 +223,7 @@ class Simulator:
         self._check_capacity(decision)
         self.inferences += decision.inferences
         start, interval = self.time_s, cfg.interval_s
+        self.plan = decision.pools
         self._apply(decision, cost_cap=interval, only_idle=False)
         if cfg.event_driven:  # this decision lasts until the next event (module doc)
             interval = self._event_period(self._rates())
@@ -212,6 +245,7 @@ class Simulator:
                 step = admit(self.snapshot())
                 self._check_capacity(step)
                 self.inferences += step.inferences
+                self.plan = step.pools  # run_admission keeps running jobs' pools (round.admissible)
                 self._apply(step, cost_cap=cfg.scaling_cost_s, only_idle=True)
         for name, runs in trained_in.items():
             s = self.states[name]
@@ -223,6 +257,7 @@ class Simulator:
             if rate > 0:
                 s.observations.append(SpeedObservation(ps, w, rate))
                 del s.observations[:-MAX_OBSERVATIONS]
+            self._measure_phases(s, ps, w)
         self._retire_finished()
         self.total_reward += reward
         self.time_s = start + interval
@@ -254,6 +289,12 @@ class Simulator:
             new_ps = tuple(d.ps_nodes) if d else ()
             new_w = tuple(d.worker_nodes) if d else ()
             changed = (new_ps, new_w) != (s.ps_nodes, s.worker_nodes)
+            pool = decision.pools.job_pools.get(s.spec.name)
+            if pool != s.pool:
+                # Moving to another group is a checkpoint-restart (Harmony §IV-B4), whether
+                # or not the node indices happen to match.
+                changed = changed or bool(new_w and s.worker_nodes)
+                s.pool, s.pool_since_s = pool, self.time_s
             s.ps_nodes, s.worker_nodes = new_ps, new_w
             s.cost_left = min(self.config.scaling_cost_s, cost_cap) if changed else 0.0
 
@@ -261,15 +302,50 @@ class Simulator:
         """Epochs/s of every placed, unfinished job, interference included."""
         placements = {s.spec.name: (s.spec.model, list(s.ps_nodes) + list(s.worker_nodes))
                       for s in self.active if s.worker_nodes and s.finish_s is None}
-        factors = interference.job_speed_factors(placements) if self.config.interference else {}
+        shared = self._timeshared(placements)
+        groups = shared if self.plan.coordinated else None
+        factors = interference.job_speed_factors(placements, groups) if self.config.interference else {}
+        coloc = colocation_factors({n: self._phased(self.states[n]) for n in shared}, self.capacity) if shared else {}
         rates = {}
         for s in self.active:
             if s.spec.name in placements:
                 j = s.spec
                 base = epochs_per_s(self.speed, j.model, j.arch, len(s.ps_nodes), len(s.worker_nodes),
                                     len(set(s.worker_nodes)))
-                rates[j.name] = base * factors.get(j.name, 1.0)
+                rates[j.name] = base * factors.get(j.name, 1.0) * coloc.get(j.name, 1.0)
         return rates
+
+    def _timeshared(self, placements: dict) -> dict[str, str]:
+        """job -> pool for the placed jobs in time-shared pools of the plan in force."""
+        shares = self.plan.shares
+        if not shares:
+            return {}
+        return {s.spec.name: s.pool for s in self.active
+                if s.spec.name in placements and s.pool in shares}
+
+    def _phased(self, s: JobState) -> PhasedJob:
+        j = s.spec
+        t, c, n = phase_times(self.speed, j.model, j.arch, len(s.ps_nodes), len(s.worker_nodes),
+                              len(set(s.worker_nodes)))
+        return PhasedJob(t, c, n, s.worker_nodes, s.ps_nodes + s.worker_nodes,
+                         self.config.demand(j.model, "worker"))
+
+    def _measure_phases(self, s: JobState, ps: int, w: int) -> None:
+        """Fold this slot's measured (compute, comm) per iteration into the job's moving average;
+        a new (ps, workers) starts it afresh (the old one was measured at other counts)."""
+        j = s.spec
+        _, c, n = phase_times(self.speed, j.model, j.arch, ps, w, len(set(s.worker_nodes)) or 2)
+        if not math.isfinite(c):
+            return
+        noise = self.config.phase_noise
+        c *= 1 + noise * self.phase_rng.uniform(-1, 1)
+        n *= 1 + noise * self.phase_rng.uniform(-1, 1)
+        a = self.config.phase_ema_weight
+        if s.phase_s is None or s.phase_at != (ps, w):
+            s.phase_s = (c, n)
+        else:
+            s.phase_s = (a * c + (1 - a) * s.phase_s[0], a * n + (1 - a) * s.phase_s[1])
+        s.phase_at = (ps, w)
 
     def _next_event(self, t: float, end: float, rates: dict[str, float]) -> float:
         """The next arrival (plus the debounce) or completion after t; `end` if none comes first."""
@@ -306,11 +382,29 @@ class Simulator:
                 trained = rate * usable
             s.epochs_done += trained
             reward += trained / j.epochs
-            demand = ps * self.config.demand(j.model, "ps") + w * self.config.demand(j.model, "worker")
+            self._count_busy(s, trained)
+            share = self.plan.share_of(s.pool) if self.plan.shares else 1
+            demand = (ps * shared_demand(self.config.demand(j.model, "ps"), share)
+                      + w * shared_demand(self.config.demand(j.model, "worker"), share))
             s.cpu_s += demand[0] * held
             s.gpu_s += demand[1] * held
             trained_in.setdefault(j.name, []).append((rate, usable, ps, w))
         return reward
+
+    def _count_busy(self, s: JobState, epochs: float) -> None:
+        """Busy node-seconds of the iterations just trained: compute on each worker's share
+        of its node, communication on the NIC of every node the job uses."""
+        if epochs <= 0:
+            return
+        j = s.spec
+        phased = self._phased(s)
+        if not math.isfinite(phased.iteration_s):
+            return
+        steps = epochs * catalog.MODELS[j.model].steps_per_epoch
+        demand = phased.worker_demand
+        shares = sum(worker_compute_share(demand, self.capacity[n]) for n in s.worker_nodes)
+        s.busy_compute_s += steps * phased.compute_s * shares
+        s.busy_net_s += steps * phased.comm_s * len(set(phased.nodes))
 
     def _retire_finished(self) -> None:
         for s in [s for s in self.active if s.finish_s is not None]:
@@ -326,12 +420,15 @@ class Simulator:
         total = self.capacity.sum(axis=0)
         gpu_s = sum(s.gpu_s for s in self.states.values())
         cpu_s = sum(s.cpu_s for s in self.states.values())
+        node_s = len(self.node_names) * makespan
         return SimResult(
             jct_s=jct, ideal_s=self.ideal_s, makespan_s=makespan,
             gpu_util=gpu_s / (total[1] * makespan) if total[1] > 0 else 0.0,
             cpu_util=cpu_s / (total[0] * makespan) if total[0] > 0 else 0.0,
             jobs=len(self.trace), completed=len(done), slots=self.slot,
             inferences=self.inferences, total_reward=self.total_reward,
+            compute_util=sum(s.busy_compute_s for s in self.states.values()) / node_s,
+            net_util=sum(s.busy_net_s for s in self.states.values()) / node_s,
         )
 
     # ---- internals ----------------------------------------------------------------------
@@ -431,10 +528,11 @@ class Simulator:
             if name not in names:
                 raise ValueError(f"decision names job {name!r}, which is not active")
             model = names[name].model
+            share = decision.pools.share_of(decision.pools.job_pools.get(name))
             for n in d.ps_nodes:
-                used[n] += self.config.demand(model, "ps")
+                used[n] += shared_demand(self.config.demand(model, "ps"), share)
             for n in d.worker_nodes:
-                used[n] += self.config.demand(model, "worker")
+                used[n] += shared_demand(self.config.demand(model, "worker"), share)
         over = np.argwhere(used > self.capacity + 1e-9)
         if over.size:
             n, r = over[0]

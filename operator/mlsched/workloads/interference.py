@@ -47,11 +47,18 @@ SENSITIVITY: dict[str, np.ndarray] = {
 }
 
 
-def job_speed_factors(placements: dict[str, tuple[str, list[int]]]) -> dict[str, float]:
+def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
+                      groups: dict[str, str] | None = None) -> dict[str, float]:
     """Speed multiplier (0, 1] per job from where every job's tasks are.
 
-    `placements` maps job -> (model, node index of each of its tasks).
+    `placements` maps job -> (model, node index of each of its tasks). `groups` maps jobs to
+    a coordinated co-location group (Harmony): members of one group do not count against each
+    other, like tasks of one job, because their phases are serialised and the simulator's
+    co-location model (sim/colocation.py) charges that queueing instead; charging the
+    contention as well would count the same sharing twice (docs/grouping.md).
     """
+    if groups:
+        return _grouped_factors(placements, groups)
     per_node: dict[int, dict[str, np.ndarray]] = {}
     for job, (model, nodes) in placements.items():
         for n in nodes:
@@ -68,6 +75,27 @@ def job_speed_factors(placements: dict[str, tuple[str, list[int]]]) -> dict[str,
             total = sum(jobs_here.values())
             others = total - jobs_here[job]
             worst = max(worst, float(sens @ others))
+        factors[job] = 1.0 / (1.0 + worst)
+    return factors
+
+
+def _grouped_factors(placements: dict[str, tuple[str, list[int]]],
+                     groups: dict[str, str]) -> dict[str, float]:
+    per_node: dict[int, dict[str, np.ndarray]] = {}
+    for job, (model, nodes) in placements.items():
+        for n in nodes:
+            d = per_node.setdefault(n, {})
+            d[job] = d.get(job, 0.0) + INTENSITY[model]
+    factors = {}
+    for job, (model, nodes) in placements.items():
+        worst = 0.0
+        sens = SENSITIVITY[model]
+        mine = groups.get(job)
+        for n in set(nodes):
+            others = [p for other, p in per_node[n].items()
+                      if other != job and (mine is None or groups.get(other) != mine)]
+            if others:
+                worst = max(worst, float(sens @ sum(others)))
         factors[job] = 1.0 / (1.0 + worst)
     return factors
 
