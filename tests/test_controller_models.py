@@ -241,6 +241,17 @@ def test_a_learned_placement_loads_its_model_by_phase_and_falls_back_to_load_bal
     assert r.placement.name == "load-balance" and r.allocation.name == "drf"
 
 
+@pytest.mark.parametrize("grouping", ["harmony", "isolated", "naive"])
+def test_a_simulator_only_grouping_is_reported_and_the_cluster_groups_with_none(tmp_path, grouping):
+    # Their time-shared pools divide pod requests, which the operator does not render yet:
+    # scheduling by them would place more pods on a node than kube-scheduler can bind.
+    assert registry.known("grouping", grouping)
+    r = run(resolver(tmp_path).resolve(POLICY, spec(grouping=grouping)))
+    assert r.grouping.name == "none"
+    assert r.ready.reason == "FallbackActive"
+    assert f"grouping {grouping!r} runs in the simulator only" in r.ready.message
+
+
 # ---- paths: only inside the configured model directories ----------------------------------
 
 HEX64 = re.compile(r"[0-9a-f]{64}")

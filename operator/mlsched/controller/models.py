@@ -42,6 +42,10 @@ CacheKey = tuple[str, str, str, str | None]  # phase, algorithm, model sha256, c
 #: What a phase runs when its configured algorithm is unknown or its model cannot serve
 #: (allocation uses spec.fallback instead).
 PHASE_DEFAULTS = {"grouping": "none", "placement": "load-balance"}
+#: Groupings the operator can carry out. The others (docs/grouping.md) decide time-shared pools
+#: whose pods would request a fraction of a node's CPU: the simulator models that, the operator
+#: does not yet render it (pool labels, affinity, divided requests), so it groups with none.
+CLUSTER_GROUPINGS = frozenset({"none"})
 _VERB = {"grouping": "grouping", "allocation": "allocating", "placement": "placing"}
 #: A load's files: the runner finds the card as <stem>.card.json beside the model.
 MODEL_FILE, CARD_FILE = "model.onnx", "model.card.json"
@@ -145,6 +149,10 @@ class ModelResolver:
             name, default = chosen[phase], defaults[phase]
             if not registry.known(phase, name):
                 notes.append(f"unknown {phase} {name!r}, {_VERB[phase]} with {default}")
+                built[phase] = registry.make(phase, default)
+            elif phase == "grouping" and name not in CLUSTER_GROUPINGS:
+                notes.append(f"grouping {name!r} runs in the simulator only so far, grouping with "
+                             f"{default}")
                 built[phase] = registry.make(phase, default)
             elif needs_model(phase, name, spec):
                 try:
