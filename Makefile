@@ -45,6 +45,7 @@ bench-e2e: $(BIN)/.installed-dev
 bench: $(BIN)/.installed-dev
 	$(BIN)/python bench/bench_simulator.py
 	$(BIN)/python bench/bench_operator.py
+	$(BIN)/python bench/bench_gc.py
 	$(BIN)/python bench/bench_dl2.py
 
 clean:
