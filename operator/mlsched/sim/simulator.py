@@ -26,7 +26,7 @@ from mlsched.cluster.types import Decision, JobView, Snapshot, SpeedObservation
 from mlsched.policies.placement.heuristics import LoadBalance
 from mlsched.policies.round import run_admission, run_round
 from mlsched.workloads import catalog, interference
-from mlsched.workloads.speed_models import SpeedModel, epochs_per_s, get_speed_model
+from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
 
 PROFILE_CONFIGS_PS = ((1, 1), (1, 2), (2, 2), (2, 4))
@@ -71,6 +71,9 @@ class SimConfig:
     arrival_trigger_below: int | None = None  # event-driven: an arrival starts a round only below this many jobs
     # model -> (ps demand, worker demand), each (cpu, gpu, mem_gib): overrides the catalog's
     demands: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] | None = None
+    # model -> factor on its speed (speed_models.ScaledSpeed): a calibration to a real cluster
+    # (`mlsched retrain`), or a benchmark's "cluster" that differs from the catalog. None: off.
+    speed_factors: dict[str, float] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -136,6 +139,8 @@ class Simulator:
         if self.config.admission not in ADMISSION:
             raise ValueError(f"unknown admission {self.config.admission!r}; choose one of {', '.join(ADMISSION)}")
         self.speed = speed_model or get_speed_model(self.config.speed_model)
+        if self.config.speed_factors:
+            self.speed = ScaledSpeed(self.speed, self.config.speed_factors)
         self.capacity = self.config.capacity()
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.name))
