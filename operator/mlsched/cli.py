@@ -1,4 +1,4 @@
-"""`mlsched` command line: simulate, train, trace generate."""
+"""`mlsched` command line: simulate, train, retrain, trace generate."""
 
 from __future__ import annotations
 
@@ -105,14 +105,15 @@ def cmd_trace_generate(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    """Dispatch to a trainer registered under the `mlsched.trainers` entry-point group."""
+def cmd_train(args, group: str = "mlsched.trainers", what: str = "trainer") -> int:
+    """Dispatch to a trainer registered under the `mlsched.trainers` entry-point group (or a
+    retrainer under `mlsched.retrainers`: `mlsched retrain dl2`)."""
     import os
     from importlib.metadata import entry_points
 
-    trainers = {e.name: e for e in entry_points(group="mlsched.trainers")}
+    trainers = {e.name: e for e in entry_points(group=group)}
     if args.policy not in trainers:
-        raise ValueError(f"no trainer for {args.policy!r}; available: {', '.join(sorted(trainers)) or 'none'}")
+        raise ValueError(f"no {what} for {args.policy!r}; available: {', '.join(sorted(trainers)) or 'none'}")
     # Rollouts run many tiny matrix products: one BLAS thread is faster than several.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
@@ -144,6 +145,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("policy", help="which policy to train, e.g. dl2")
     train.add_argument("trainer_args", nargs=argparse.REMAINDER, help="options of that trainer (--help lists them)")
     train.set_defaults(func=cmd_train)
+
+    retrain = sub.add_parser("retrain", add_help=False,
+                             help="improve a learned policy from the cluster's interval records and publish it "
+                                  "if it wins (needs the train extra; docs/retraining.md)")
+    retrain.add_argument("policy", help="which learned algorithm to retrain, e.g. dl2")
+    retrain.add_argument("trainer_args", nargs=argparse.REMAINDER, help="its options (--help lists them)")
+    retrain.set_defaults(func=lambda a: cmd_train(a, "mlsched.retrainers", "retrainer"))
 
     trace = sub.add_parser("trace", help="work with trace files")
     tsub = trace.add_subparsers(dest="trace_command", required=True)

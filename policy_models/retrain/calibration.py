@@ -9,10 +9,11 @@ is one sample of that model's speed factor; the factor is the median of the samp
 
 What is left out, and why: jobs that finished inside the interval (they trained less than
 the interval allowed), jobs that held nothing in the previous interval (an admission step
-may have started them part-way through) and grants of zero workers. The median, not the
-mean, because co-tenants that arrive or finish inside an interval change the interference a
-job saw for part of it; those samples are off in either direction and the median ignores
-them as long as most intervals are steady.
+may have started them part-way through) and grants of zero workers. Co-tenants that start,
+move or finish inside an interval change the interference a job saw for part of it, by an
+amount the records cannot tell: samples from jobs none of whose nodes saw such a change
+("calm") are used when a model has enough of them, all samples otherwise. The median, not
+the mean, so that the remaining odd samples (and measurement noise) do not pull it.
 
 Models with fewer than `min_samples` samples keep the prior (1, or an earlier calibration's
 factor), and model types outside the catalog cannot be simulated at all: both are reported.
@@ -66,10 +67,12 @@ def _grant(job) -> tuple:
 
 
 def speed_samples(records: list[IntervalRecord], scaling_cost_s: float = 30.0, with_interference: bool = True,
-                  speed_model: str = "measured") -> dict[str, list[float]]:
-    """Observed / predicted epochs, per catalog model, over the steady job-intervals."""
+                  speed_model: str = "measured") -> dict[str, list[tuple[float, bool]]]:
+    """(observed / predicted epochs, calm) per catalog model, over the steady job-intervals;
+    `calm`: no job on the job's nodes started, moved or finished in the interval either, so
+    the interference it saw was the same all interval long."""
     speed = get_speed_model(speed_model)
-    out: dict[str, list[float]] = {}
+    out: dict[str, list[tuple[float, bool]]] = {}
     previous: dict[str, tuple] = {}  # job uid -> grant in the previous interval of the history
     last_interval = None
     for rec in sorted(records, key=lambda r: r.interval):
@@ -83,6 +86,8 @@ def speed_samples(records: list[IntervalRecord], scaling_cost_s: float = 30.0, w
                 nodes = [index.setdefault(n, len(index)) for n in j.placement.get("ps", []) + j.placement.get("worker", [])]
                 placements[j.uid] = (catalog.canonical_name(j.model_type), nodes)
         factors = interference.job_speed_factors(placements) if with_interference else {}
+        unsettled = {n for j in rec.jobs if j.workers > 0 and (j.finished or previous.get(j.uid) != _grant(j))
+                     for n in j.placement.get("ps", []) + j.placement.get("worker", [])}
         now: dict[str, tuple] = {}
         for j in rec.jobs:
             if j.workers <= 0:
@@ -98,7 +103,8 @@ def speed_samples(records: list[IntervalRecord], scaling_cost_s: float = 30.0, w
             usable = rec.length_s - (scaling_cost_s if held_before != grant else 0.0)
             predicted = rate * factors.get(j.uid, 1.0) * usable
             if predicted > 0 and j.epochs > 0:
-                out.setdefault(model, []).append(j.epochs / predicted)
+                calm = not unsettled.intersection(grant[0] + grant[1])
+                out.setdefault(model, []).append((j.epochs / predicted, calm))
         previous = now
     return out
 
@@ -109,7 +115,11 @@ def calibrate(records: list[IntervalRecord], prior: dict[str, float] | None = No
     factors = dict(prior or {})
     counts, spread, kept = {}, {}, []
     for model in catalog.MODEL_NAMES:
-        ratios = np.array(samples.get(model, []))
+        pairs = samples.get(model, [])
+        calm = [r for r, c in pairs if c]
+        # Calm samples when there are enough of them: a neighbour that finished part-way
+        # through sped the job up for the rest of the interval, one that started slowed it.
+        ratios = np.array(calm if len(calm) >= min_samples else [r for r, _ in pairs])
         counts[model] = int(ratios.size)
         if ratios.size < min_samples:
             kept.append(model)

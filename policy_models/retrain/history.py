@@ -140,13 +140,13 @@ class HistoryRecorder:
             seen.update(dict.fromkeys(grants))
             jobs = [self._job(sim, name, grants.get(name), before.get(name, 0.0), trace_seed, offset_s, start)
                     for name in seen]
+            self.end_s = offset_s + sim.time_s  # where the next trace may start, even if this one is cut short
             yield IntervalRecord(
                 namespace=self.namespace, policy=self.name, policy_uid=f"uid-{self.name}", interval=number,
                 start=rfc3339(offset_s + start), end=rfc3339(offset_s + start + config.interval_s),
                 length_s=config.interval_s, algorithms={"allocation": self.policy, "placement": "load-balance"},
                 nodes=self.nodes, reward=float(reward), jobs=jobs, decisions=decisions)
             number += 1
-        self.end_s = offset_s + sim.time_s
 
     def _job(self, sim, name, grant, at_start, trace_seed, offset_s, start) -> JobInterval:
         state = sim.states[name]
