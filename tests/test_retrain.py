@@ -266,3 +266,19 @@ def test_mlsched_retrain_is_an_entry_point_of_the_retrain_cli():
     module, _, func = target.partition(":")
     assert getattr(importlib.import_module(module), func) is cli.main
     assert mlsched_cli.main(["retrain", "no-such-algorithm"]) == 2
+
+
+def test_mlsched_simulate_applies_a_calibration(tmp_path, capsys):
+    from mlsched import cli as mlsched_cli
+
+    def avg_jct(*extra):
+        assert mlsched_cli.main(["simulate", "--policies", "drf", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["results"][0]
+
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({"speed_factors": {m: 1.5 for m in history.catalog.MODEL_NAMES}}))
+    plain, faster = avg_jct(), avg_jct("--speed-calibration", str(cal))
+    key = next(k for k in plain if "jct" in k)
+    assert faster[key] < plain[key]
+    cal.write_text("{}")
+    assert mlsched_cli.main(["simulate", "--speed-calibration", str(cal)]) == 2

@@ -43,7 +43,21 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="arrival (default): jobs get tasks at slot starts and also when a job arrives "
                         "or one finishes, by an admission step, as the operator does; interval: only "
                         "at slot starts (the papers' rule)")
+    p.add_argument("--speed-calibration", metavar="FILE",
+                   help="scale each model's speed by a calibration's factors (the JSON `mlsched retrain` "
+                        "writes: {\"speed_factors\": {model: factor}}); default: the catalog's speeds")
     p.add_argument("--seed", type=int, default=0)
+
+
+def _speed_factors(path: str | None) -> dict[str, float] | None:
+    if not path:
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    factors = doc.get("speed_factors") if isinstance(doc, dict) else None
+    if not isinstance(factors, dict):
+        raise ValueError(f"{path}: no speed_factors object (a calibration from `mlsched retrain` expected)")
+    return {str(m): float(v) for m, v in factors.items()}
 
 
 def _config(args):
@@ -53,7 +67,7 @@ def _config(args):
                      node_mem_gib=args.node_mem_gib, interval_s=args.interval, max_ps=args.max_ps,
                      max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
                      speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
-                     admission=args.admission)
+                     admission=args.admission, speed_factors=_speed_factors(args.speed_calibration))
 
 
 def cmd_simulate(args) -> int:
