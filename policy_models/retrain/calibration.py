@@ -85,7 +85,17 @@ def speed_samples(records: list[IntervalRecord], scaling_cost_s: float = 30.0, w
             if j.workers > 0 and catalog.is_known(j.model_type):
                 nodes = [index.setdefault(n, len(index)) for n in j.placement.get("ps", []) + j.placement.get("worker", [])]
                 placements[j.uid] = (catalog.canonical_name(j.model_type), nodes)
+        # Jobs that finished, or held nothing before (an admission step may have started them),
+        # may have been on their nodes for part of the interval only: interference with them (the records cannot say
+        # for how long) brackets the truth between "all interval" and "not at all".
+        partial = {j.uid for j in rec.jobs if j.uid in placements and (j.finished or j.uid not in previous)}
         factors = interference.job_speed_factors(placements) if with_interference else {}
+        settled = {u: p for u, p in placements.items() if u not in partial}
+
+        def without_partial(uid: str) -> float:  # the job itself stays, whatever it is
+            if not with_interference or not partial:
+                return factors.get(uid, 1.0)
+            return interference.job_speed_factors({**settled, uid: placements[uid]})[uid]
         unsettled = {n for j in rec.jobs if j.workers > 0 and (j.finished or previous.get(j.uid) != _grant(j))
                      for n in j.placement.get("ps", []) + j.placement.get("worker", [])}
         now: dict[str, tuple] = {}
@@ -101,7 +111,8 @@ def speed_samples(records: list[IntervalRecord], scaling_cost_s: float = 30.0, w
             rate = epochs_per_s(speed, model, ARCH.get(j.architecture, "ps"), j.ps, j.workers,
                                 len(set(grant[1])))
             usable = rec.length_s - (scaling_cost_s if held_before != grant else 0.0)
-            predicted = rate * factors.get(j.uid, 1.0) * usable
+            # the geometric middle of the bracket (exact when no neighbour was partial)
+            predicted = rate * float(np.sqrt(factors.get(j.uid, 1.0) * without_partial(j.uid))) * usable
             if predicted > 0 and j.epochs > 0:
                 calm = not unsettled.intersection(grant[0] + grant[1])
                 out.setdefault(model, []).append((j.epochs / predicted, calm))
