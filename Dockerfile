@@ -3,6 +3,10 @@
 #
 #   docker build -t mlsched-operator:latest .
 #
+# The retraining Job's image (`mlsched retrain`, with torch) is a second target:
+#
+#   docker build --target train -t mlsched-train:latest .
+#
 # For NVIDIA GPUs (onnxruntime-gpu, the package the model cards name for CUDA, on a CUDA
 # runtime base whose Python is 3.12):
 #
@@ -52,7 +56,43 @@ RUN python3 -m venv /opt/mlsched \
  && ! /opt/mlsched/bin/python -c "import torch" 2>/dev/null \
  && /opt/mlsched/bin/python -m compileall -q /opt/mlsched
 
+# ------------------------------------------------------------- retraining: build stage
+# `--target train` (below) is the image of the retraining Job (manifests/retraining): the
+# same environment plus the `train` extra. torch comes from its CPU wheel index: the default
+# index's Linux wheels bring gigabytes of CUDA libraries the Job never uses.
+FROM build AS build-train
+RUN /opt/mlsched/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.3" \
+ && /opt/mlsched/bin/pip install ".[train]" \
+ && /opt/mlsched/bin/python -c "import torch, onnx, policy_models.retrain.cli" \
+ && /opt/mlsched/bin/python -m compileall -q /opt/mlsched
+
+# ---------------------------------------------- retraining image: docker build --target train
+#   docker build --target train -t mlsched-train:latest .
+FROM ${BASE_IMAGE} AS train
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+# hadolint ignore=DL3008
+RUN if ! command -v python3 >/dev/null; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3 \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+COPY --from=build-train /opt/mlsched /opt/mlsched
+RUN groupadd --system --gid 10001 mlsched \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin mlsched
+# MPLCONFIGDIR: matplotlib (imported by the exporter's plots) wants a writable config dir.
+ENV PATH=/opt/mlsched/bin:$PATH \
+    HOME=/tmp \
+    MPLCONFIGDIR=/tmp \
+    OPENBLAS_NUM_THREADS=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /tmp
+ENTRYPOINT ["mlsched", "retrain"]
+
 # -------------------------------------------------------------------------- runtime stage
+# The operator image, the default target (the last stage): no torch.
 FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 

@@ -47,7 +47,18 @@ def test_two_stages_from_one_pinned_base():
     # A patch release and a distribution release, never a floating tag.
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", image), image
     froms = [rest for word, rest in steps if word == "FROM"]
-    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE}"]
+    # build, the retraining image's build and image (--target train), the operator last (the default)
+    assert froms == ["${BASE_IMAGE} AS build", "build AS build-train", "${BASE_IMAGE} AS train", "${BASE_IMAGE}"]
+
+
+def stage(name: str | None) -> list[tuple[str, str]]:
+    """The instructions of one stage (None: the last, the operator image)."""
+    steps = instructions()
+    starts = [i for i, (word, _) in enumerate(steps) if word == "FROM"] + [len(steps)]
+    for a, b in zip(starts, starts[1:]):
+        if (name is None and b == len(steps)) or steps[a][1].endswith(f" AS {name}"):
+            return steps[a:b]
+    raise AssertionError(f"no stage {name}")
 
 
 def test_runtime_is_non_root_read_only_friendly_and_without_torch():
@@ -59,7 +70,7 @@ def test_runtime_is_non_root_read_only_friendly_and_without_torch():
     assert "PYTHONDONTWRITEBYTECODE=1" in env and "HOME=/tmp" in env
     assert ("WORKDIR", "/tmp") in runtime
     assert ("ENTRYPOINT", '["python", "-m", "mlsched.controller"]') in runtime
-    build = " ".join(rest for word, rest in steps if word == "RUN")
+    build = " ".join(rest for word, rest in stage("build") + runtime if word == "RUN")
     assert "compileall" in build and "pip install ." in build
     assert "[train]" not in build and "torch" not in build.replace('-c "import torch"', "")
     assert '! /opt/mlsched/bin/python -c "import torch"' in build  # the build fails if it is there
@@ -96,3 +107,14 @@ def test_build_context_holds_what_the_dockerfile_copies():
     assert "dl2.onnx" in models and "chic.onnx" in models
     for onnx in (ROOT / "policy_models/artifacts").glob("*/*.onnx"):
         assert onnx.with_suffix(".card.json").exists(), f"{onnx} has no model card"
+
+
+def test_the_train_target_is_the_same_environment_with_torch_and_runs_retrain():
+    build = " ".join(rest for word, rest in stage("build-train") if word == "RUN")
+    assert ".[train]" in build and "download.pytorch.org/whl/cpu" in build and "compileall" in build
+    train = stage("train")
+    assert ("COPY", "--from=build-train /opt/mlsched /opt/mlsched") in train
+    assert ("USER", "10001:10001") in train and ("WORKDIR", "/tmp") in train
+    assert ("ENTRYPOINT", '["mlsched", "retrain"]') in train
+    job = yaml.safe_load((ROOT / "manifests/retraining/job.yaml").read_text())
+    assert job["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001

@@ -28,6 +28,7 @@ KUSTOMIZATIONS = ["manifests", "manifests/base", "manifests/base/training-rbac",
                   "manifests/base/training-namespace", "manifests/overlays/dev",
                   "manifests/overlays/prod", "manifests/overlays/namespaced",
                   "manifests/overlays/namespaced/served-namespace", "manifests/samples",
+                  "manifests/retraining",
                   "policy_models/artifacts", "crds"]
 #: `kubectl apply` without --server-side keeps a copy of the object in this annotation.
 LAST_APPLIED_LIMIT = 256 * 1024
@@ -183,3 +184,25 @@ def test_prod_is_two_spread_replicas_with_a_disruption_budget():
 
 def test_the_plain_install_is_the_base():
     assert render("manifests") == render("manifests/base")
+
+
+def test_retraining_runs_the_train_image_with_least_privilege():
+    objects = render("manifests/retraining")
+    rules = the(objects, "Role", "mlsched-retrain")["rules"]
+    # read records and versions, read the policy, create a version; never update or delete
+    assert {(tuple(r["apiGroups"]), tuple(r["resources"]), tuple(r["verbs"])) for r in rules} == {
+        (("",), ("configmaps",), ("get", "list", "create")),
+        (("mlsched.io",), ("schedulingpolicies",), ("get",))}
+    binding = the(objects, "RoleBinding", "mlsched-retrain")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mlsched-retrain"}]
+    cron = the(objects, "CronJob", "mlsched-retrain")
+    assert cron["spec"]["concurrencyPolicy"] == "Forbid"
+    job = yaml.safe_load((MANIFESTS / "retraining" / "job.yaml").read_text())
+    assert job["apiVersion"] == "batch/v1" and job["kind"] == "Job"
+    for pod in (cron["spec"]["jobTemplate"]["spec"]["template"]["spec"], job["spec"]["template"]["spec"]):
+        assert pod["serviceAccountName"] == "mlsched-retrain"
+        (c,) = pod["containers"]
+        assert c["image"].startswith("mlsched-train:") and c["args"][0] == "dl2"
+        assert c["securityContext"]["readOnlyRootFilesystem"] and pod["securityContext"]["runAsNonRoot"]
+        assert any(m["mountPath"] == "/tmp" for m in c["volumeMounts"])
+    assert cron["spec"]["jobTemplate"]["spec"]["template"]["spec"] == job["spec"]["template"]["spec"]

@@ -1,4 +1,4 @@
-"""`mlsched` command line: simulate, train, trace generate."""
+"""`mlsched` command line: simulate, train, retrain, trace generate."""
 
 from __future__ import annotations
 
@@ -43,7 +43,21 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="arrival (default): jobs get tasks at slot starts and also when a job arrives "
                         "or one finishes, by an admission step, as the operator does; interval: only "
                         "at slot starts (the papers' rule)")
+    p.add_argument("--speed-calibration", metavar="FILE",
+                   help="scale each model's speed by a calibration's factors (the JSON `mlsched retrain` "
+                        "writes: {\"speed_factors\": {model: factor}}); default: the catalog's speeds")
     p.add_argument("--seed", type=int, default=0)
+
+
+def _speed_factors(path: str | None) -> dict[str, float] | None:
+    if not path:
+        return None
+    with open(path) as f:
+        doc = json.load(f)
+    factors = doc.get("speed_factors") if isinstance(doc, dict) else None
+    if not isinstance(factors, dict):
+        raise ValueError(f"{path}: no speed_factors object (a calibration from `mlsched retrain` expected)")
+    return {str(m): float(v) for m, v in factors.items()}
 
 
 def _config(args):
@@ -53,7 +67,7 @@ def _config(args):
                      node_mem_gib=args.node_mem_gib, interval_s=args.interval, max_ps=args.max_ps,
                      max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
                      speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
-                     admission=args.admission)
+                     admission=args.admission, speed_factors=_speed_factors(args.speed_calibration))
 
 
 def cmd_simulate(args) -> int:
@@ -105,14 +119,15 @@ def cmd_trace_generate(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
-    """Dispatch to a trainer registered under the `mlsched.trainers` entry-point group."""
+def cmd_train(args, group: str = "mlsched.trainers", what: str = "trainer") -> int:
+    """Dispatch to a trainer registered under the `mlsched.trainers` entry-point group (or a
+    retrainer under `mlsched.retrainers`: `mlsched retrain dl2`)."""
     import os
     from importlib.metadata import entry_points
 
-    trainers = {e.name: e for e in entry_points(group="mlsched.trainers")}
+    trainers = {e.name: e for e in entry_points(group=group)}
     if args.policy not in trainers:
-        raise ValueError(f"no trainer for {args.policy!r}; available: {', '.join(sorted(trainers)) or 'none'}")
+        raise ValueError(f"no {what} for {args.policy!r}; available: {', '.join(sorted(trainers)) or 'none'}")
     # Rollouts run many tiny matrix products: one BLAS thread is faster than several.
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     try:
@@ -147,6 +162,13 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("policy", help="which policy to train, e.g. dl2")
     train.add_argument("trainer_args", nargs=argparse.REMAINDER, help="options of that trainer (--help lists them)")
     train.set_defaults(func=cmd_train)
+
+    retrain = sub.add_parser("retrain", add_help=False,
+                             help="improve a learned policy from the cluster's interval records and publish it "
+                                  "if it wins (needs the train extra; docs/retraining.md)")
+    retrain.add_argument("policy", help="which learned algorithm to retrain, e.g. dl2")
+    retrain.add_argument("trainer_args", nargs=argparse.REMAINDER, help="its options (--help lists them)")
+    retrain.set_defaults(func=lambda a: cmd_train(a, "mlsched.retrainers", "retrainer"))
 
     trace = sub.add_parser("trace", help="work with trace files")
     tsub = trace.add_subparsers(dest="trace_command", required=True)

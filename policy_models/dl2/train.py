@@ -351,8 +351,9 @@ def supervised(args: Args, net, log):
 
 
 # ---- reinforcement learning -------------------------------------------------------------------
-def rl_episode(args, k, net, rng, explore, random=0.0):
-    """Roll out one training trace with the sampling policy.
+def rl_episode(args, k, net, rng, explore, random=0.0, setup=None):
+    """Roll out one training trace with the sampling policy. `setup(args, k)` gives the trace and
+    the simulator's config (default: train_episode_setup; retraining passes a calibrated one).
 
     Credit assignment: every inference is a step; a slot's reward arrives at its last step;
     the discount is 1 between the steps of one slot and γ from one slot to the next. The
@@ -386,22 +387,32 @@ def rl_episode(args, k, net, rng, explore, random=0.0):
 
     pending_len = [0]
     policy = DL2Policy(actor, window=args.window, on_step=record)
-    trace, config = train_episode_setup(args, k)
+    trace, config = (setup or train_episode_setup)(args, k)
     simulate(trace, config, policy, on_slot=on_slot, max_slots=args.max_slots_per_episode)
     if not steps:
         return [], 0.0
-    with torch.no_grad():
-        values = net.value(torch.from_numpy(np.array([st[0] for st in steps]))).numpy()
-    adv = np.zeros(len(steps), np.float32)
-    nxt_adv, nxt_value = 0.0, 0.0
-    for i in reversed(range(len(steps))):
-        delta = reward[i] + discount[i] * nxt_value - values[i]
-        nxt_adv = delta + discount[i] * args.gae_lambda * nxt_adv
-        adv[i] = nxt_adv
-        nxt_value = values[i]
-    targets = adv + values
+    states = np.array([st[0] for st in steps])
+    targets, adv = gae(net, states, np.array(reward, np.float32), np.array(discount, np.float32), args.gae_lambda)
     out = [(vec, mask, a, targets[i], adv[i], mu) for i, (vec, mask, a, mu) in enumerate(steps)]
     return out, float(np.sum(reward))
+
+
+def gae(net, states: np.ndarray, reward: np.ndarray, discount: np.ndarray, lam: float,
+        batch: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+    """Value targets and generalised advantage estimates over one sequence of steps:
+    `reward[i]` arrives after step i, `discount[i]` links step i to step i + 1 (1 inside a
+    slot, γ between slots, 0 where the sequence breaks). Also used on recorded histories."""
+    with torch.no_grad():
+        values = np.concatenate([net.value(torch.from_numpy(states[k:k + batch].astype(np.float32))).numpy()
+                                 for k in range(0, len(states), batch)])
+    adv = np.zeros(len(states), np.float32)
+    nxt_adv, nxt_value = 0.0, 0.0
+    for i in reversed(range(len(states))):
+        delta = reward[i] + discount[i] * nxt_value - values[i]
+        nxt_adv = delta + discount[i] * lam * nxt_adv
+        adv[i] = nxt_adv
+        nxt_value = values[i]
+    return adv + values, adv
 
 
 class Replay:
@@ -427,10 +438,15 @@ class Replay:
         return tuple(torch.from_numpy(x[idx]) for x in (self.s, self.m, self.a, self.g, self.adv, self.mu))
 
 
-def rl_update(net, opt, batch, beta, clip=0.2, policy_weight=1.0):
+def rl_update(net, opt, batch, beta, clip=0.2, policy_weight=1.0, weight=None):
     """Actor-critic step on replayed samples: the policy term is clipped in the ratio of new to
     behaviour probability (so stale samples cannot drag the policy far), plus value
-    regression and an entropy bonus."""
+    regression and an entropy bonus.
+
+    `weight` (per sample, no gradient): off-policy fine-tuning on recorded decisions
+    (policy_models/retrain/offpolicy.py) passes the network's probability before fine-tuning
+    as `mu` (the ratio's base, so the clip is a trust region around where it started) and the
+    truncated importance weight of that over the serving policy's probability here."""
     s, m, a, g, adv, mu = batch
     logits = networks.masked_logits(net.logits(s), m)
     logp_all = torch.log_softmax(logits, dim=-1)
@@ -440,7 +456,8 @@ def rl_update(net, opt, batch, beta, clip=0.2, policy_weight=1.0):
     v = net.value(s)
     adv = (adv - adv.mean()) / (adv.std() + 1e-8)
     ratio = torch.exp(logp - torch.log(mu.clamp(min=1e-6)))
-    policy_loss = -torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv).mean()
+    surrogate = torch.min(ratio * adv, torch.clamp(ratio, 1 - clip, 1 + clip) * adv)
+    policy_loss = -(surrogate if weight is None else weight * surrogate).mean()
     # With policy_weight 0 only the critic learns: advantages from an untrained critic would
     # otherwise push the warm-started policy around at random.
     loss = policy_weight * (policy_loss - beta * entropy) + 0.5 * torch.nn.functional.mse_loss(v, g)

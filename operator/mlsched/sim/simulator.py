@@ -36,7 +36,7 @@ from mlsched.policies.round import run_admission, run_round
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.phases import phase_times
-from mlsched.workloads.speed_models import SpeedModel, epochs_per_s, get_speed_model
+from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
 
 PROFILE_CONFIGS_PS = ((1, 1), (1, 2), (2, 2), (2, 4))
@@ -85,6 +85,9 @@ class SimConfig:
     # joins a moving average with this weight (the paper gives none), measured with ±noise.
     phase_ema_weight: float = 0.5
     phase_noise: float = 0.05
+    # model -> factor on its speed (speed_models.ScaledSpeed): a calibration to a real cluster
+    # (`mlsched retrain`), or a benchmark's "cluster" that differs from the catalog. None: off.
+    speed_factors: dict[str, float] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -160,6 +163,8 @@ class Simulator:
         if self.config.admission not in ADMISSION:
             raise ValueError(f"unknown admission {self.config.admission!r}; choose one of {', '.join(ADMISSION)}")
         self.speed = speed_model or get_speed_model(self.config.speed_model)
+        if self.config.speed_factors:
+            self.speed = ScaledSpeed(self.speed, self.config.speed_factors)
         self.capacity = self.config.capacity()
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.name))

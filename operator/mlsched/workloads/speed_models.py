@@ -104,6 +104,26 @@ class OptimusFitSpeed:
         return float(self._tables[model][min(ps, cap), min(workers, cap)])
 
 
+class ScaledSpeed:
+    """Another speed model with each model type's speed multiplied by a factor (absent: 1).
+
+    What a calibration of the simulator to a real cluster produces (`mlsched retrain`,
+    docs/retraining.md): the catalog's measured table is one testbed's, a cluster's jobs run
+    faster or slower, and the factor is how much, per model type. Benchmarks also use it as
+    the "cluster" itself: a simulator whose speeds differ from the catalog's."""
+
+    def __init__(self, inner: SpeedModel, factors: dict[str, float]):
+        bad = {m: f for m, f in factors.items() if not (f > 0 and np.isfinite(f))}
+        if bad:
+            raise ValueError(f"speed factors must be finite and > 0: {bad}")
+        self.inner, self.factors = inner, {catalog.canonical_name(m): float(f) for m, f in factors.items()}
+        self.name = f"{inner.name}-scaled"
+
+    def steps_per_s(self, model: str, arch: str, ps: int, workers: int,
+                    nodes_spanned: int = 2) -> float:
+        return self.inner.steps_per_s(model, arch, ps, workers, nodes_spanned) * self.factors.get(model, 1.0)
+
+
 SPEED_MODELS = {"measured": MeasuredSpeed, "optimus-fit": OptimusFitSpeed}
 
 

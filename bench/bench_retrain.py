@@ -1,0 +1,159 @@
+"""The retraining loop on simulated clusters (issue 17, docs/retraining.md), ratios in one run.
+
+A "cluster" is the simulator, optionally with per-model speeds perturbed ±30 %
+(policy_models/retrain/history.py); its interval records are what the operator would write.
+Truth is measured on the DL² benchmark traces (13 nodes, seeds 100000+, never used by
+training, validation, recorded histories or retraining's own evaluation) in that cluster.
+
+1. From the SL-only DL² model: record a history with it (ε = 0.1), `mlsched retrain`
+   (simulator mode, the default; and off-policy on the same records), promote if better by the
+   margin; repeat for --rounds rounds, each on the new intervals only. Prints the promoted
+   model's avg JCT against the SL-only model's, per round.
+2. ±30 % per-model perturbation: a history under the shipped model; calibration error per
+   model; retrain from the shipped model; retrained (and promoted) vs shipped in that cluster.
+3. Wall time of a retraining run (calibration, off-policy fine-tuning, evaluation) on a
+   1,000-interval history.
+
+    python bench/bench_retrain.py [--rounds 2] [--intervals 150] [--budget-min 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from mlsched.policies import registry  # noqa: E402
+from mlsched.policies.allocation.dl2 import DL2Policy  # noqa: E402
+from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
+from mlsched.sim.simulator import Simulator  # noqa: E402
+from mlsched.controller import model_versions  # noqa: E402
+from policy_models.retrain import calibration, cli, history, publish  # noqa: E402
+
+SL = "policy_models/artifacts/dl2/dl2-sl.onnx"
+SHIPPED = "policy_models/artifacts/dl2/dl2.onnx"
+
+
+def truth_jct(model: str, factors: dict | None, seeds) -> float:
+    """Mean avg JCT on the benchmark's small-scenario traces in the (perturbed) cluster."""
+    sc, out = SCENARIOS["small"], []
+    for seed in seeds:
+        result = Simulator(sc.trace(seed), sc.config(seed, speed_factors=factors)).run(
+            DL2Policy.load(model), registry.make_placement("load-balance"))
+        out.append(result.summary()["avg_jct_s"] if result.completed == result.jobs else float("inf"))
+    return float(np.mean(out))
+
+
+def promoted(store: Path, base: str, work: Path) -> str:
+    """The newest published version's ONNX on disk (the base if none was published)."""
+    cms = publish.DirStore(store, "default").configmaps()
+    if not cms:
+        return base
+    cm = max(cms, key=lambda c: model_versions.parse(c).version)
+    return str(cli._write_model(work / f"v{model_versions.parse(cm).version}", *publish.model_bytes(cm, "dl2")))
+
+
+def retrain(records: Path, store: Path, out: Path | None, mode: str, budget: float, eval_traces: int,
+            base: str | None = None) -> dict:
+    argv = ["--records", str(records), "--mode", mode, "--time-budget-min", str(budget),
+            "--eval-traces", str(eval_traces)]
+    argv += ["--out", str(out)] if out else ["--store", str(store)]
+    argv += ["--base-model", base] if base else []
+    return cli.run(cli.parse_args(argv), log=lambda m: print("   ", m, file=sys.stderr))
+
+
+def part_rounds(a, work: Path, seeds) -> None:
+    print(f"\n1. from the SL-only model ({SL}), unperturbed cluster; {a.intervals} intervals per round, "
+          f"{a.budget_min} min of training per round")
+    records, store = work / "r-records", work / "r-store"
+    sl_jct = truth_jct(SL, None, seeds)
+    print(f"   SL-only: avg JCT {sl_jct / 3600:.3f} h on benchmark seeds {seeds[0]}-{seeds[-1]}")
+    print(f"   {'round':>5} {'mode':<10} {'retrain eval ratio':>18} {'status':<12} {'promoted / SL-only (truth)':>27}")
+    current, first = SL, 1
+    for rnd in range(1, a.rounds + 1):
+        history.write_records(history.record_history(a.intervals, model_path=current, seed=100 + rnd,
+                                                     first_interval=first), records)
+        first += a.intervals
+        if rnd == 1:  # off-policy on the same first history, written aside (publishes nothing)
+            rep = retrain(records, store, work / "offpolicy-out", "offpolicy", a.budget_min, a.eval_traces, base=SL)
+            cand = truth_jct(rep["candidate"], None, seeds)
+            print(f"   {rnd:>5} {'offpolicy':<10} {rep['evaluation']['ratio']:>18.4f} {'(candidate)':<12} "
+                  f"{cand / sl_jct:>27.4f}")
+        rep = retrain(records, store, None, "simulator", a.budget_min, a.eval_traces,
+                      base=SL if rnd == 1 else None)
+        current = promoted(store, SL, work)
+        ratio = truth_jct(current, None, seeds) / sl_jct
+        ev = rep.get("evaluation", {})
+        print(f"   {rnd:>5} {'simulator':<10} {ev.get('ratio', float('nan')):>18.4f} {rep['status']:<12} {ratio:>27.4f}")
+
+
+def part_perturbed(a, work: Path, seeds) -> None:
+    factors = history.perturbation(0.3, seed=a.perturbation_seed)
+    print(f"\n2. ±30 % per-model speed perturbation (seed {a.perturbation_seed}): {json.dumps(factors)}")
+    records = work / "p-records"
+    recs = history.record_history(a.intervals, model_path=SHIPPED, speed_factors=factors, seed=200)
+    history.write_records(recs, records)
+    cal = calibration.calibrate(recs)
+    errors = {m: cal.speed_factors.get(m, 1.0) / f - 1 for m, f in factors.items()}
+    print("   calibration error per model: " + ", ".join(f"{m} {e:+.3f} (n={cal.samples[m]})" for m, e in errors.items()))
+    print(f"   max |error| {max(abs(e) for e in errors.values()):.3f}; kept prior: {cal.kept_prior}")
+    store = work / "p-store"
+    rep = retrain(records, store, None, "simulator", a.budget_min, a.eval_traces, base=SHIPPED)
+    shipped_jct = truth_jct(SHIPPED, factors, seeds)
+    cand_jct = truth_jct(rep["candidate"], factors, seeds)
+    prom_jct = truth_jct(promoted(store, SHIPPED, work / "p"), factors, seeds)
+    print(f"   retrain eval ratio {rep['evaluation']['ratio']:.4f} ({rep['status']}); in the perturbed cluster: "
+          f"candidate / shipped {cand_jct / shipped_jct:.4f}, promoted / shipped {prom_jct / shipped_jct:.4f} "
+          f"(shipped {shipped_jct / 3600:.3f} h)")
+
+
+def part_wall_time(a, work: Path) -> None:
+    print(f"\n3. wall time for a {a.wall_intervals}-interval history (torch threads: 1)")
+    records = work / "w-records"
+    t0 = time.time()
+    history.write_records(history.record_history(a.wall_intervals, model_path=SHIPPED, seed=300), records)
+    t1 = time.time()
+    rep = retrain(records, work / "w-store", work / "w-out", "offpolicy", 60.0, a.eval_traces, base=SHIPPED)
+    t2 = time.time()
+    s = rep["evaluation"]
+    print(f"   recording the history (simulation): {t1 - t0:.0f} s; retrain --mode offpolicy end to end "
+          f"(read, calibrate, {json.load(open(work / 'w-out' / 'candidate' / 'dl2.card.json'))['training']['summary']['steps']} "
+          f"steps x 4 epochs, {s['traces']} evaluation traces x 2 models): {t2 - t1:.0f} s")
+    print("   simulator mode runs for its --time-budget-min, plus the same reading, calibration and evaluation")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--intervals", type=int, default=150, help="recorded intervals per round")
+    p.add_argument("--budget-min", type=float, default=3.0, help="training time per retraining run")
+    p.add_argument("--eval-traces", type=int, default=4)
+    p.add_argument("--seeds", type=int, default=5, help="benchmark traces for the truth")
+    p.add_argument("--perturbation-seed", type=int, default=7)
+    p.add_argument("--wall-intervals", type=int, default=1000)
+    p.add_argument("--parts", nargs="+", default=["1", "2", "3"])
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    seeds = list(BENCHMARK_SEEDS)[: a.seeds]
+    work = Path(tempfile.mkdtemp(prefix="bench-retrain-"))
+    t0 = time.time()
+    if "1" in a.parts:
+        part_rounds(a, work, seeds)
+    if "2" in a.parts:
+        part_perturbed(a, work, seeds)
+    if "3" in a.parts:
+        part_wall_time(a, work)
+    print(f"\ntotal wall time {(time.time() - t0) / 60:.1f} min; work files in {work}")
+
+
+if __name__ == "__main__":
+    main()

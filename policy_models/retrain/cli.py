@@ -1,0 +1,193 @@
+"""`mlsched retrain dl2`: improve the active DL² model from the cluster's interval records.
+
+    mlsched retrain dl2 --namespace NS --policy NAME [--mode simulator|offpolicy]   # in the cluster
+    mlsched retrain dl2 --records DIR --store DIR [--mode ...]                        # local files
+    python -m policy_models.retrain.cli ...                                           # the same
+
+1. Read the records not yet consumed: intervals after the newest published version's
+   `trained_through_interval` (nothing new: say so and stop).
+2. Calibrate the simulator's per-model speeds to them (calibration.py).
+3. Start from the active model (status.activeModels, else the newest published version, else
+   the shipped one; --base-model overrides) and train: `simulator` continues RL in the
+   calibrated simulator on the recorded workload; `offpolicy` fine-tunes on the recorded
+   decisions themselves.
+4. Evaluate candidate against active on held-out traces of the recorded workload in the
+   calibrated simulator; publish the candidate as the next version only if its average JCT
+   is lower by --margin (a ConfigMap; never an edit of the SchedulingPolicy).
+--out DIR (or --dry-run) writes the candidate, calibration, evaluation and the ConfigMap it
+would create to DIR instead of publishing. docs/retraining.md has the details.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from mlsched.controller import model_versions
+from mlsched.policies.decision_log import IntervalRecord
+from mlsched.policies.onnx_runner import default_model_path
+from policy_models.dl2 import export
+from policy_models.retrain import calibration, evaluate, kube_io, offpolicy, publish, simtrain, warm_start, workload
+
+PHASE, ALGORITHM = "allocation", "dl2"
+MODES = ("simulator", "offpolicy")
+
+
+def read_record_dir(directory: str | Path) -> list[IntervalRecord]:
+    """Local stand-in for the operator's dataset: <dir>/*.json.gz, each IntervalRecord.to_bytes()."""
+    paths = sorted(Path(directory).glob("*.json.gz"))
+    if not paths:
+        raise ValueError(f"no interval records (*.json.gz) in {directory}")
+    return [IntervalRecord.from_bytes(p.read_bytes()) for p in paths]
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mlsched retrain dl2", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=MODES, default="simulator")
+    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
+    p.add_argument("--policy", default="default", help="the SchedulingPolicy whose records to learn from")
+    p.add_argument("--records", help="read records from this directory instead of the cluster")
+    p.add_argument("--store", help="published versions in this directory instead of the cluster")
+    p.add_argument("--base-model", help="start from this ONNX model instead of the active one")
+    p.add_argument("--margin", type=float, default=0.02, help="publish only if avg JCT is lower by this fraction")
+    p.add_argument("--time-budget-min", type=float, default=10.0, help="training time (evaluation comes after)")
+    p.add_argument("--episodes", type=int, default=100_000, help="simulator mode: at most this many episodes")
+    p.add_argument("--policy-epochs", type=int, default=4, help="offpolicy mode: passes over the records")
+    p.add_argument("--eval-traces", type=int, default=6)
+    p.add_argument("--min-samples", type=int, default=5, help="calibration: fewer samples keep the prior")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", help="write the candidate here and publish nothing")
+    p.add_argument("--dry-run", action="store_true", help="publish nothing (with no --out: a temporary directory)")
+    a = p.parse_args(argv)
+    if not 0 <= a.margin < 1:
+        p.error("--margin must be in [0, 1)")
+    return a
+
+
+def _write_model(directory: Path, onnx: bytes, card_json: str) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{ALGORITHM}.onnx"
+    path.write_bytes(onnx)
+    (directory / f"{ALGORITHM}.card.json").write_text(card_json)
+    return path
+
+
+def base_model(a, store, policy_obj: dict | None, work: Path) -> tuple[Path, int | None]:
+    """(path of the model to start from and compare against, its published version or None)."""
+    if a.base_model:
+        return Path(a.base_model), None
+    by_sha = {}
+    for cm in store.configmaps() if store else []:
+        v = model_versions.parse(cm)
+        if v is not None and (v.phase, v.algorithm) == (PHASE, ALGORITHM):
+            by_sha[v.sha256] = (v, cm)
+    shipped = default_model_path(ALGORITHM)
+    active = kube_io.active_sha256(policy_obj, PHASE, ALGORITHM) if policy_obj else None
+    if active and active not in by_sha:
+        if active == hashlib.sha256(shipped.read_bytes()).hexdigest():
+            return shipped, None
+        raise ValueError(f"the policy serves dl2 model {active[:12]}…, which is neither a published version nor "
+                         "the shipped model: pass it with --base-model")
+    if active is None and by_sha:
+        active = max(by_sha.items(), key=lambda kv: kv[1][0].version)[0]
+    if active is None:
+        return shipped, None
+    version, cm = by_sha[active]
+    return _write_model(work / "base", *publish.model_bytes(cm, ALGORITHM)), version.version
+
+
+def run(a, log=print) -> dict:
+    t0 = time.time()
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(a.seed)
+    core = custom = policy_obj = None
+    if not (a.records and (a.store or a.out or a.dry_run)):
+        core, custom = kube_io.clients()
+        policy_obj = kube_io.scheduling_policy(custom, a.namespace, a.policy)
+    records = read_record_dir(a.records) if a.records else kube_io.list_records(core, a.namespace, a.policy)
+    store = (publish.DirStore(a.store, a.policy) if a.store
+             else kube_io.KubeStore(core, a.namespace, a.policy) if core is not None else None)
+    versions = store.versions() if store else []
+    fresh = publish.unconsumed(records, versions, PHASE, ALGORITHM)
+    mark = publish.trained_through(versions, PHASE, ALGORITHM)
+    if not fresh:
+        log(f"nothing new: every recorded interval (up to {mark}) was consumed by a published version")
+        return {"status": "nothing-new", "trained_through_interval": mark}
+    span = (min(r.interval for r in fresh), max(r.interval for r in fresh))
+    log(f"{len(fresh)} new intervals ({span[0]}-{span[1]}); {len(records) - len(fresh)} consumed before")
+
+    work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="mlsched-retrain-"))
+    base_path, base_version = base_model(a, store, policy_obj, work)
+    newest = model_versions.newest(versions, PHASE, ALGORITHM)
+    prior = (newest.evaluation.get("speed_factors") if newest else None) or None
+    cal = calibration.calibrate(fresh, prior=prior, min_samples=a.min_samples)
+    log("calibrated speed factors: " + json.dumps(cal.speed_factors))
+    load = workload.from_records(fresh)
+
+    net, card = warm_start.load(base_path, seed=a.seed)
+    spec = warm_start.network_args(card)
+    budget = a.time_budget_min * 60
+    if a.mode == "simulator":
+        summary = simtrain.train_in_simulator(
+            net, spec, load, cal.speed_factors,
+            simtrain.SimRLArgs(time_budget_s=budget, episodes=a.episodes), a.seed, log)
+    else:
+        steps = offpolicy.transitions(fresh, card, offpolicy.OffPolicyArgs.gamma)
+        summary = offpolicy.fine_tune(net, steps, offpolicy.OffPolicyArgs(time_budget_s=budget,
+                                                                          policy_epochs=a.policy_epochs), rng, log)
+    candidate = work / "candidate" / f"{ALGORITHM}.onnx"
+    training = {"command": " ".join(["mlsched retrain dl2", *sys.argv[1:]]), "mode": a.mode,
+                "base_sha256": card.onnx_sha256, "base_version": base_version, "intervals": list(span),
+                "seed": a.seed, "summary": summary, "calibration": cal.to_json(), "workload": load.to_json()}
+    cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal.speed_factors))
+             for k in range(a.eval_traces)]
+    export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training, validation={})
+    judged = evaluate.compare(str(base_path), str(candidate), cases)
+    evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
+                  "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
+                  "base_sha256": card.onnx_sha256, "speed_factors": cal.speed_factors, "seed": a.seed}
+    # The card carries the evaluation too (re-exported: the graph's bytes do not change).
+    card_json = json.dumps(export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training,
+                                         validation={"retrain_evaluation": evaluation}), indent=1, sort_keys=True)
+    onnx = candidate.read_bytes()
+    better = evaluate.better_by(evaluation, a.margin)
+    log(f"candidate / active avg JCT on {judged['traces']} held-out traces: {judged['ratio']:.4f} "
+        f"({'better' if better else 'not better'} by the margin {a.margin:g})")
+    report = {"status": "not-better", "evaluation": evaluation, "candidate": str(candidate),
+              "wall_s": round(time.time() - t0, 1)}
+    if a.out or a.dry_run or store is None:
+        cal.write(work / "calibration.json")
+        (work / "evaluation.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True))
+        version = model_versions.next_version(versions, PHASE, ALGORITHM)
+        manifest = model_versions.manifest(a.namespace, a.policy, PHASE, ALGORITHM, version, onnx, card_json, evaluation)
+        (work / "configmap.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        report["status"] = "dry-run" if better else "not-better"
+        log(f"wrote the candidate and the ConfigMap it would publish to {work}")
+        return report
+    if better:
+        published, created = publish.publish(store, a.namespace, a.policy, PHASE, ALGORITHM, onnx, card_json, evaluation)
+        report.update(status="published" if created else "already-published", version=published.version,
+                      configmap=published.configmap)
+        log(f"{'published' if created else 'already published as'} {published.configmap} (version {published.version})")
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    report = run(parse_args(argv), log=lambda m: print(m, file=sys.stderr))
+    print(json.dumps(report, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

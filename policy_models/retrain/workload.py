@@ -1,0 +1,73 @@
+"""The cluster's workload as the records show it, to simulate more of it.
+
+Retraining in the simulator and evaluating a candidate both need traces like the cluster's:
+its node count, how many jobs arrive per interval, which models and how long. These come
+from the records: jobs are drawn (with replacement) from the catalog-model jobs the records
+saw, arriving as a Poisson process at the recorded rate. Node shapes are not in the records;
+the simulator's default node (8 CPU, 2 GPU, 48 GiB, the DL² testbed's) stands in for them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from mlsched.policies.decision_log import IntervalRecord
+from mlsched.sim.simulator import SimConfig
+from mlsched.workloads import catalog
+from mlsched.workloads.traces import TraceJob
+
+ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
+# Trace seeds by use; offset by the retraining seed. Disjoint from train.py's (1,000+ and
+# 50,000+), the benchmarks' (100,000+) and recorded histories' (300,000+).
+TRAIN_SEEDS, VALIDATION_SEEDS, EVALUATION_SEEDS = 500_000, 700_000, 900_000
+
+
+@dataclass
+class Workload:
+    nodes: int
+    rate: float  # jobs arriving per interval
+    jobs: list[tuple[str, float, str]]  # (model, epochs, arch) of the recorded catalog jobs
+    interval_s: float = 1200.0
+
+    @property
+    def jobs_per_trace(self) -> int:
+        # About 20 intervals of arrivals, like the benchmark's scenarios (60 jobs at 3 per interval).
+        return int(np.clip(round(20 * self.rate), 20, 200))
+
+    def trace(self, seed: int) -> list[TraceJob]:
+        rng = np.random.default_rng(seed)
+        out, slot = [], 0
+        while len(out) < self.jobs_per_trace:
+            for t in sorted(slot + rng.random(rng.poisson(self.rate))):
+                model, epochs, arch = self.jobs[rng.integers(len(self.jobs))]
+                out.append(TraceJob(f"job-{len(out):04d}", round(float(t) * self.interval_s, 1), model, epochs, arch))
+            slot += 1
+        return out[: self.jobs_per_trace]
+
+    def config(self, seed: int, speed_factors: dict[str, float] | None, admission: str = "arrival") -> SimConfig:
+        return SimConfig(nodes=self.nodes, seed=seed, interval_s=self.interval_s, admission=admission,
+                         speed_factors=speed_factors or None)
+
+    def to_json(self) -> dict:
+        return {"nodes": self.nodes, "rate_per_interval": round(self.rate, 3), "distinct_jobs": len(self.jobs),
+                "interval_s": self.interval_s, "jobs_per_trace": self.jobs_per_trace}
+
+
+def from_records(records: list[IntervalRecord]) -> Workload:
+    if not records:
+        raise ValueError("no interval records")
+    seen: dict[str, tuple[str, float, str]] = {}
+    for r in records:
+        for j in r.jobs:
+            if j.uid not in seen and catalog.is_known(j.model_type):
+                seen[j.uid] = (catalog.canonical_name(j.model_type), float(j.total_epochs),
+                               ARCH.get(j.architecture, "ps"))
+    if not seen:
+        raise ValueError("the records hold no job of a catalog model: nothing to simulate")
+    nodes = int(np.median([r.nodes for r in records]))
+    length = float(np.median([r.length_s for r in records]))
+    # Busy intervals only: a history with idle nights would otherwise look lightly loaded.
+    busy = sum(1 for r in records if r.jobs) or 1
+    return Workload(nodes, len(seen) / busy, list(seen.values()), length)

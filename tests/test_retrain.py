@@ -1,0 +1,284 @@
+"""Retraining (issue 17, docs/retraining.md): simulated records, calibration, warm start,
+off-policy updates, publishing once, consuming once. Needs the `train` extra (torch, onnx)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from mlsched.controller import model_versions
+from mlsched.features import dl2_state
+from mlsched.policies import registry
+from mlsched.policies.decision_log import IntervalRecord, RoundDecisions
+from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.workloads import generators
+from policy_models.dl2 import export, networks
+from policy_models.retrain import calibration, cli, history, offpolicy, publish, warm_start
+
+SHIPPED = "policy_models/artifacts/dl2/dl2.onnx"
+
+
+@pytest.fixture(scope="module")
+def perturbed_history():
+    """A DRF-scheduled 13-node cluster whose models run ±30 % off the catalog's speeds."""
+    factors = history.perturbation(0.3, seed=7)
+    return factors, history.record_history(120, policy="drf", speed_factors=factors, seed=7)
+
+
+# ---- the simulator's speed factors ---------------------------------------------------------
+def test_speed_factors_off_or_one_change_nothing_and_scale_when_set():
+    trace = generators.generate(jobs=20, rate=3.0, seed=3)
+    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
+
+    def jct(**kw):
+        return Simulator(trace, SimConfig(seed=3, **kw)).run(drf, lb).summary()["avg_jct_s"]
+
+    plain = jct()
+    assert jct(speed_factors={}) == plain
+    assert jct(speed_factors={m: 1.0 for m in ("resnet-50", "vgg-16")}) == plain
+    assert jct(speed_factors={m: 2.0 for m in history.catalog.MODEL_NAMES}) < plain
+    with pytest.raises(ValueError, match="finite and > 0"):
+        jct(speed_factors={"vgg-16": 0.0})
+
+
+# ---- records from the simulator ------------------------------------------------------------
+def test_recorded_intervals_add_up_and_round_trip(perturbed_history):
+    _, records = perturbed_history
+    assert [r.interval for r in records] == list(range(1, 121))
+    for r in records[:30]:
+        assert r.reward == pytest.approx(sum(j.reward for j in r.jobs), rel=1e-9, abs=1e-12)
+        assert not r.decisions  # a heuristic records no learned decisions
+    back = IntervalRecord.from_bytes(records[5].to_bytes())
+    assert back.jobs == records[5].jobs
+
+
+def test_dl2_records_carry_behaviour_and_policy_probabilities():
+    records = history.record_history(4, model_path=SHIPPED, epsilon=0.2, seed=2)
+    steps = [d for r in records for d in r.decisions]
+    assert steps and {d.kind for d in steps} <= {"round", "admission"}
+    for d in steps:
+        assert d.epsilon == 0.2 and d.encoder_version == dl2_state.ENCODER.version
+        allowed = d.masks.sum(axis=1)
+        # ε-greedy: the greedy action has 1 - ε + ε/n, any other ε/n
+        greedy = np.isclose(d.behaviour_probs, 0.8 + 0.2 / allowed, atol=1e-6)
+        explored = np.isclose(d.behaviour_probs, 0.2 / allowed, atol=1e-6)
+        assert (greedy | explored).all()
+        assert d.masks[np.arange(d.steps), d.actions].all()
+
+
+# ---- calibration ---------------------------------------------------------------------------
+def test_calibration_recovers_known_speed_factors_despite_noise(perturbed_history):
+    factors, records = perturbed_history
+    rng = np.random.default_rng(0)
+    noisy = []
+    for r in records:  # ±5 % measurement noise on every job, and one job in 20 wildly off
+        jobs = [dataclasses.replace(j, epochs=j.epochs * (rng.uniform(0.2, 3.0) if rng.random() < 0.05
+                                                           else rng.normal(1.0, 0.05))) for j in r.jobs]
+        noisy.append(dataclasses.replace(r, jobs=jobs))
+    cal = calibration.calibrate(noisy)
+    checked = [m for m in factors if m not in cal.kept_prior]
+    assert len(checked) >= 6, cal.samples
+    for m in checked:
+        assert cal.speed_factors[m] == pytest.approx(factors[m], rel=0.10), (m, cal.samples[m])
+
+
+def test_calibration_ignores_finished_and_newly_started_jobs(perturbed_history):
+    factors, records = perturbed_history
+    # Finished jobs trained less than the interval allowed: were they counted, factors would sink.
+    worst = [dataclasses.replace(r, jobs=[dataclasses.replace(j, epochs=j.epochs * 0.1) if j.finished else j
+                                          for j in r.jobs]) for r in records]
+    cal = calibration.calibrate(worst)
+    for m in factors:
+        if m not in cal.kept_prior:
+            assert cal.speed_factors[m] == pytest.approx(factors[m], rel=0.10)
+
+
+def test_too_few_samples_keep_the_prior_and_a_calibration_round_trips(perturbed_history, tmp_path):
+    _, records = perturbed_history
+    cal = calibration.calibrate(records[:3], prior={"vgg-16": 1.25}, min_samples=10_000)
+    assert cal.speed_factors == {"vgg-16": 1.25} and len(cal.kept_prior) == 8
+    cal.write(tmp_path / "c.json")
+    assert calibration.Calibration.read(tmp_path / "c.json").speed_factors == {"vgg-16": 1.25}
+
+
+# ---- warm start ----------------------------------------------------------------------------
+def test_warm_start_from_onnx_reproduces_the_graphs_probabilities():
+    net, card = warm_start.load(SHIPPED)
+    session = ort.InferenceSession(SHIPPED)
+    rng = np.random.default_rng(1)
+    window = card.encoder_params["window"]
+    f = dl2_state.JOB_FEATURES
+    states = rng.uniform(0, 1.5, (7, dl2_state.state_dim(window))).astype(np.float32)
+    masks = (rng.random((7, dl2_state.n_actions(window))) < 0.4).astype(np.float32)
+    for k, jobs in enumerate(rng.integers(1, window, 7)):  # occupied rows first, as the encoder fills them
+        states[k, jobs * f: window * f] = 0.0
+        states[k, f - 1: jobs * f: f] = 1.0
+        masks[k, 3 * jobs:-1] = 0.0
+    masks[:, -1] = 1
+    want = session.run(["probs"], {"state": states, "mask": masks})[0]
+    with torch.no_grad():
+        got = networks.ProbabilityModule(net)(torch.from_numpy(states), torch.from_numpy(masks)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    # and the numpy copy the rollouts use agrees too
+    np.testing.assert_allclose(networks.NumpyPolicy(net).probabilities(states[0], masks[0] > 0), want[0], atol=1e-5)
+
+
+# ---- off-policy ----------------------------------------------------------------------------
+def _tiny_model(tmp_path):
+    spec = SimpleNamespace(window=2, arch="shared", hidden=(8, 8))
+    torch.manual_seed(0)
+    net = networks.build(spec.arch, spec.window, spec.hidden)
+    export.export(net, spec, tmp_path / "dl2.onnx", phase="test", training={}, validation={})
+    return warm_start.load(tmp_path / "dl2.onnx")
+
+
+def test_off_policy_update_moves_probability_towards_high_advantage_actions(tmp_path):
+    net, card = _tiny_model(tmp_path)
+    rng = np.random.default_rng(0)
+    state = np.zeros(dl2_state.state_dim(2), np.float32)
+    state[: dl2_state.JOB_FEATURES - 1] = rng.uniform(0, 1, dl2_state.JOB_FEATURES - 1)
+    state[dl2_state.JOB_FEATURES - 1] = 1.0  # job row 0 is valid
+    mask = np.zeros(dl2_state.n_actions(2), bool)
+    mask[[0, 2]] = True  # +1 worker or a bundle for job 0
+    records = []
+    for k in range(200):  # the serving policy tried both half the time; action 0 earned 1, action 2 nothing
+        a = k % 2 * 2
+        d = RoundDecisions("dl2", "allocation", "round", "t", card.onnx_sha256, None, card.encoder_name,
+                           card.encoder_version, card.encoder_params, 0.5, state[None], mask[None],
+                           np.array([a]), np.array([0.5], np.float32), np.array([0.5], np.float32),
+                           np.array([True]), np.array([0], np.int32))
+        records.append(IntervalRecord("ns", "p", "u", k + 1, "s", "e", 1200.0, {}, 4, 1.0 if a == 0 else 0.0,
+                                      [], [d]))
+    steps = offpolicy.transitions(records, card, gamma=0.0)
+    assert len(steps) == 200 and steps.reward.sum() == 100
+    before = offpolicy.probabilities_of(net, steps)[0]
+    args = offpolicy.OffPolicyArgs(lr=3e-3, batch=50, critic_updates=50, policy_epochs=20, gamma=0.0)
+    summary = offpolicy.fine_tune(net, steps, args, np.random.default_rng(0), log=lambda m: None)
+    after = offpolicy.probabilities_of(net, steps)[0]
+    assert after > before + 0.05, (before, after)
+    assert summary["mean_prob_change_positive_adv"] > 0 > summary["mean_prob_change_negative_adv"]
+
+
+def test_decisions_of_another_encoder_are_skipped(tmp_path):
+    _, card = _tiny_model(tmp_path)
+    d = RoundDecisions("dl2", "allocation", "round", "t", "0" * 64, None, "dl2-state", "dl2-state-v1",
+                       {"window": 2}, 0.0, np.zeros((1, 3), np.float32), np.ones((1, 2), bool),
+                       np.array([0]), np.ones(1, np.float32), np.ones(1, np.float32), np.array([True]),
+                       np.zeros(1, np.int32))
+    rec = IntervalRecord("ns", "p", "u", 1, "s", "e", 1200.0, {}, 4, 1.0, [], [d])
+    with pytest.raises(ValueError, match="no DL² decisions"):
+        offpolicy.transitions([rec], card, 0.9)
+
+
+# ---- publishing and consuming --------------------------------------------------------------
+def _publish(store, onnx, through):
+    evaluation = {"ratio": 0.9, "trained_through_interval": through}
+    return publish.publish(store, "ns", "p", "allocation", "dl2", onnx, "{}", evaluation)
+
+
+def test_publishing_is_idempotent_and_numbers_versions(tmp_path):
+    store = publish.DirStore(tmp_path, "p")
+    v1, created = _publish(store, b"model-a", 10)
+    assert created and v1.version == 1 and v1.configmap == "p-dl2-v1"
+    again, created = _publish(store, b"model-a", 10)  # a Job killed after publishing, rerun
+    assert not created and again.version == 1
+    v2, created = _publish(store, b"model-b", 20)
+    assert created and v2.version == 2
+    assert len(list(tmp_path.glob("*.configmap.json"))) == 2
+    assert publish.DirStore(tmp_path, "other").versions() == []
+
+
+def test_a_candidate_must_be_better_by_the_margin():
+    assert evaluate_better(0.97, 0.02) and not evaluate_better(0.99, 0.02) and not evaluate_better(1.05, 0.0)
+
+
+def evaluate_better(ratio, margin):
+    from policy_models.retrain import evaluate
+
+    return evaluate.better_by({"ratio": ratio}, margin)
+
+
+def test_each_interval_is_consumed_once(tmp_path):
+    records = [SimpleNamespace(interval=i) for i in range(1, 31)]
+    store = publish.DirStore(tmp_path, "p")
+    assert len(publish.unconsumed(records, store.versions(), "allocation", "dl2")) == 30
+    _publish(store, b"a", 20)
+    assert [r.interval for r in publish.unconsumed(records, store.versions(), "allocation", "dl2")] == list(range(21, 31))
+    _publish(store, b"b", 30)
+    assert publish.unconsumed(records, store.versions(), "allocation", "dl2") == []
+    assert publish.unconsumed(records, store.versions(), "placement", "dl2") == records
+
+
+def test_a_rerun_with_nothing_new_trains_nothing(tmp_path, perturbed_history):
+    _, records = perturbed_history
+    history.write_records(records[:5], tmp_path / "records")
+    store = publish.DirStore(tmp_path / "store", "default")
+    publish.publish(store, "ns", "default", "allocation", "dl2", b"x", "{}", {"trained_through_interval": 5})
+    args = cli.parse_args(["--records", str(tmp_path / "records"), "--store", str(tmp_path / "store")])
+    assert cli.run(args, log=lambda m: None) == {"status": "nothing-new", "trained_through_interval": 5}
+
+
+class FakeCore:
+    """CoreV1Api's ConfigMap calls as the retraining Job uses them (list by label, create)."""
+
+    def __init__(self, taken=()):
+        self.items, self.taken = [], set(taken)
+        self.api_client = SimpleNamespace(sanitize_for_serialization=lambda x: x)
+
+    def list_namespaced_config_map(self, namespace, label_selector):
+        key, _, value = label_selector.partition("=")
+        return SimpleNamespace(items=[c for c in self.items if c["metadata"]["labels"].get(key) == value])
+
+    def create_namespaced_config_map(self, namespace, body):
+        from kubernetes.client.exceptions import ApiException
+
+        if body["metadata"]["name"] in self.taken:
+            self.taken.discard(body["metadata"]["name"])
+            self.items.append(model_versions.manifest(namespace, "p", "allocation", "dl2", 1, b"other", "{}", {}))
+            raise ApiException(status=409)
+        self.items.append(json.loads(json.dumps(body)))
+
+
+def test_a_version_taken_by_a_concurrent_run_is_not_overwritten():
+    from policy_models.retrain.kube_io import KubeStore
+
+    core = FakeCore(taken={"p-dl2-v1"})
+    version, created = _publish(KubeStore(core, "ns", "p"), b"mine", 9)
+    assert created and version.version == 2
+    assert [c["metadata"]["name"] for c in core.items] == ["p-dl2-v1", "p-dl2-v2"]
+
+
+def test_mlsched_retrain_is_an_entry_point_of_the_retrain_cli():
+    import importlib
+    import tomllib
+    from pathlib import Path
+
+    from mlsched import cli as mlsched_cli
+
+    project = tomllib.loads((Path(__file__).resolve().parent.parent / "pyproject.toml").read_text())
+    target = project["project"]["entry-points"]["mlsched.retrainers"]["dl2"]
+    module, _, func = target.partition(":")
+    assert getattr(importlib.import_module(module), func) is cli.main
+    assert mlsched_cli.main(["retrain", "no-such-algorithm"]) == 2
+
+
+def test_mlsched_simulate_applies_a_calibration(tmp_path, capsys):
+    from mlsched import cli as mlsched_cli
+
+    def avg_jct(*extra):
+        assert mlsched_cli.main(["simulate", "--policies", "drf", "--json", *extra]) == 0
+        return json.loads(capsys.readouterr().out)["results"][0]
+
+    cal = tmp_path / "calibration.json"
+    cal.write_text(json.dumps({"speed_factors": {m: 1.5 for m in history.catalog.MODEL_NAMES}}))
+    plain, faster = avg_jct(), avg_jct("--speed-calibration", str(cal))
+    key = next(k for k in plain if "jct" in k)
+    assert faster[key] < plain[key]
+    cal.write_text("{}")
+    assert mlsched_cli.main(["simulate", "--speed-calibration", str(cal)]) == 2
