@@ -298,6 +298,9 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
         wait_for(lambda: not jobs.job("upgraded")["metadata"].get("finalizers")
                  and not jobs.policy("upgraded")["metadata"].get("finalizers"), 60,
                  "the operator to remove the earlier version's finalizer")
+        # datasetLimit 1: the default policy's older interval records are deleted while this
+        # run lasts, which is what the operator's delete on ConfigMaps is for.
+        jobs.patch_policy("default", {"retraining": {"datasetLimit": 1}})
         # A job under the overlay's `default` policy runs; a short one finishes and its TTL
         # deletes it.
         jobs.create(for_kwok(sample("mljob-allreduce.yaml")))

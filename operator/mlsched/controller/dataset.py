@@ -6,7 +6,8 @@ intervals open and close (dataset_store.py says where and how).
   interval add theirs and write it again.
 - The round that closes N writes it `closed`, with every job's grant and what it trained, and
   the reward: one record per interval per policy, heuristic policies included (jobs and
-  rewards, no decisions), so retraining can use any cluster's history.
+  rewards, no decisions), so retraining can use any cluster's history. An interval with no
+  job and no decision (an idle policy) is not written.
 - After a restart the next operator closes the interval the last one left open
   (rewards.restore). That interval's record is then completed, not replaced: its first write
   merges in the decisions the earlier process stored.
@@ -18,6 +19,7 @@ Every write goes through an ObjectWriter: in the background, retried until done.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -123,6 +125,8 @@ class Dataset:
         r.length_s = max(0.0, end - interval.start.timestamp())
         r.jobs = job_intervals(interval, closed, jobs)
         r.reward = float(closed.reward.get("reward") or 0.0)
+        if not r.jobs and not r.decisions and rec.merged:
+            return  # an idle interval: nothing to learn from, and no ConfigMap every interval
         rec.closed = True
         self._submit(key, interval.number, rec)
         self._retain(key, interval.number, rec, limit)
@@ -171,7 +175,8 @@ class Dataset:
                 r.start = earlier.start or r.start
                 rec.parts = max(rec.parts, parts)
             rec.merged = True
-        bodies = store.manifests(r, store.CLOSED if rec.closed else store.OPEN)
+        # Encoding a large round's states takes a while: not on the event loop.
+        bodies = await asyncio.to_thread(store.manifests, r, store.CLOSED if rec.closed else store.OPEN)
         digest = bodies[0]["metadata"]["annotations"][store.SHA256] + str(rec.closed)
         if digest == rec.written:
             return

@@ -83,9 +83,12 @@ def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes) -> li
 
 
 async def _decide(snapshot, resolved: ResolvedPolicy,
-                  serving: RoundServing) -> tuple[Decision, str | None]:
-    """Run the policies; if a (learned) allocation raises, decide again with the fallback."""
-    phases = serving.phases
+                  serving: RoundServing | None = None) -> tuple[Decision, str | None]:
+    """Run the policies (`serving`: this round's copies of the learned ones); if a (learned)
+    allocation raises, decide again with the fallback."""
+    phases = serving.phases if serving is not None else {
+        "allocation": resolved.allocation, "placement": resolved.placement,
+        "grouping": resolved.grouping}
     try:
         return await asyncio.to_thread(run_round, snapshot, phases["allocation"],
                                        phases["placement"], phases["grouping"]), None
