@@ -101,7 +101,8 @@ def test_exploration_records_behaviour_probabilities(api, mlsched, start_operato
     greedy = np.isclose(mu, 0.7 + 0.3 / allowed, rtol=1e-5)
     explored = np.isclose(mu, 0.3 / allowed, rtol=1e-5)
     assert (greedy | explored).all(), mu  # each step: (1-eps)[a = greedy] + eps/|allowed|
-    assert (mu < 1).all() and explored.any(), (mu, allowed)
+    # Below 1 wherever there was a choice; some steps took a random action.
+    assert (mu[allowed > 1] < 1).all() and explored.any(), (mu, allowed)
 
 
 def test_auto_adopts_manual_reports_a_pin_rolls_back(api, mlsched, operator, emulator):

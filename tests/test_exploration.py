@@ -113,3 +113,13 @@ def test_heuristics_are_served_as_they_are():
     drf = registry.make_allocation("drf")
     s = serving_of(drf, 0.2)
     assert s.phases["allocation"] is drf and s.decisions() == []
+
+
+def test_the_operator_bound_is_a_setting():
+    from mlsched.controller.__main__ import parse_args
+    from mlsched.controller.config import OperatorConfig
+
+    assert OperatorConfig().max_exploration == 0.2
+    assert OperatorConfig.from_env({"MLSCHED_MAX_EXPLORATION": "0.05"}).max_exploration == 0.05
+    assert any("--max-exploration" in p for p in OperatorConfig(max_exploration=1.5).problems())
+    assert parse_args(["--max-exploration", "0.3"]).max_exploration == 0.3
