@@ -113,11 +113,15 @@ def test_a_restart_mid_interval_completes_the_open_record():
 
 def test_retention_keeps_the_newest_intervals_and_zero_records_nothing():
     rt, kube = setup(retraining={"datasetLimit": 2})
-    # An earlier process's record, older than the limit: the first sweep deletes it too.
+    # A record an earlier policy of this name left (deleted and created again): the new one's
+    # numbering continues after it instead of overwriting it, and retention deletes it in turn.
     kube.put(store.manifests(_old_record(), store.CLOSED)[0])
-    for i in range(5):
+    step(rt, kube, NOW)
+    assert [r.policy_uid for r in records(kube)] == ["old"]
+    for i in range(1, 5):
         step(rt, kube, NOW + 1200 * i)
-    assert [r.interval for r in records(kube)] == [2, 3]
+    assert [r.interval for r in records(kube)] == [3, 4]
+    assert kube.obj("SchedulingPolicy", NS, "default")["status"]["rewards"][0]["interval"] == 1
     off_rt, off = setup(retraining={"datasetLimit": 0}, allocation="dl2")
     for i in range(3):
         step(off_rt, off, NOW + 1200 * i)

@@ -131,6 +131,31 @@ class Dataset:
         self._submit(key, interval.number, rec)
         self._retain(key, interval.number, rec, limit)
 
+    async def first_free(self, key: PolicyKey) -> int:
+        """The first interval number no stored record of the policy uses, read once per process
+        (a metadata-only list, which retention uses too). A policy deleted and created again
+        starts its numbering at 0: its records must not overwrite the history kept of the
+        earlier one. 0 when the list fails (logged; retention lists again later)."""
+        if key not in self._swept:
+            try:
+                items = await self.api.list("ConfigMap", key[0], store.selector(key[1]),
+                                            metadata_only=True)
+            except Exception as err:  # noqa: BLE001 - the round goes on; numbering from status
+                log.warning("SchedulingPolicy %s/%s: cannot list its dataset records: %s",
+                            *key, err)
+                return 0
+            stored = self._stored.setdefault(key, {})
+            for interval, names in store.stored_intervals(self._mine(items, key[1])).items():
+                stored.setdefault(interval, names)
+            self._swept.add(key)
+        return max(self._stored.get(key, {}), default=-1) + 1
+
+    @staticmethod
+    def _mine(items: list[dict], policy: str) -> list[dict]:
+        """A long name's label is shortened: the annotation says whose a record is."""
+        return [cm for cm in items
+                if ((cm.get("metadata") or {}).get("annotations") or {}).get(store.POLICY) == policy]
+
     def forget(self, key: PolicyKey) -> None:
         """The policy's loop stopped: nothing in memory is needed to write what is queued."""
         for ident in [i for i in self._records if i[:2] == key]:
@@ -202,8 +227,7 @@ class Dataset:
     async def _stored_record(self, namespace: str, policy: str,
                              interval: int) -> tuple[IntervalRecord, int] | None:
         items = await self.api.list("ConfigMap", namespace, store.selector(policy, interval))
-        mine = [cm for cm in items
-                if (cm["metadata"].get("annotations") or {}).get(store.POLICY) == policy]
+        mine = self._mine(items, policy)
         records = store.read_records(mine, include_open=True)
         if not records:
             return None
@@ -218,12 +242,10 @@ class Dataset:
             self._expire(key)
             return
 
-        async def sweep() -> None:  # once per process: the intervals earlier ones left
+        async def sweep() -> None:  # the first round's listing failed: list them now
             items = await self.api.list("ConfigMap", key[0], store.selector(key[1]),
                                         metadata_only=True)
-            mine = [cm for cm in items
-                    if (cm["metadata"].get("annotations") or {}).get(store.POLICY) == key[1]]
-            for interval, names in store.stored_intervals(mine).items():
+            for interval, names in store.stored_intervals(self._mine(items, key[1])).items():
                 stored.setdefault(interval, names)
             self._swept.add(key)
             self._expire(key)

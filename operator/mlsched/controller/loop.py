@@ -158,14 +158,18 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         to_close, continuing = restored[:-1], (restored[-1] if restored else None)
     closings = [rewards.close(interval, epochs_now) for interval in to_close]
     closed = closings[-1] if closings else None
-    # The number of the interval this round opens (exploration is seeded by it).
+    # The number of the interval this round opens (exploration is seeded by it). On the first
+    # round of a process it also follows the dataset's records (a recreated policy's numbers
+    # must not overwrite the records kept of the earlier one).
     if continuing is not None:
         number = continuing.number
+    elif previous is not None:
+        number = previous.number + 1
     else:
-        number = (previous.number + 1 if previous
-                  else max([rewards.next_interval_number(status.get("rewards"),
-                                                         (j.history for j in jobs)),
-                            *(i.number + 1 for i in to_close)]))
+        number = max([rewards.next_interval_number(status.get("rewards"), (j.history for j in jobs)),
+                      *(i.number + 1 for i in to_close)])
+        if spec.retraining.dataset_limit > 0:
+            number = max(number, await rt.dataset.first_free(key))
     versions_served = version_adoption.report(spec, versions, rt.adopted[key],
                                               resolved.active_models).served
     rt.served_versions[key] = versions_served
