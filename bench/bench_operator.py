@@ -253,6 +253,10 @@ class AcceptingApi:
         self._count("create", "TokenReview")
         return {}
 
+    async def list(self, kind, namespace, label_selector, *, metadata_only=False):
+        self._count("list", kind)
+        return []
+
 
 def request_counts(rt: Runtime) -> dict[tuple[str, str], float]:
     return {(s.labels["verb"], s.labels["resource"]): s.value
@@ -271,6 +275,7 @@ def counted_round(rt: Runtime, policy: dict, indexes: tuple, now: float):
     async def round_and_records():
         report = await loop.run_policy_round(rt, policy, idx, now=now)
         await rt.records.flush()
+        await rt.objects.flush()  # the interval's record in the retraining dataset
         return report
 
     report = asyncio.run(round_and_records())

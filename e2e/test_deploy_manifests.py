@@ -36,6 +36,8 @@ from kubernetes import client
 from controlplane import ControlPlane
 from plane_fixture import running_plane
 from mlsched.controller.constants import LEGACY_FINALIZER
+from mlsched.controller import dataset_store
+from mlsched.policies.decision_log import IntervalRecord
 from mlsched_objects import MLSched, condition, for_kwok, phase, sample, scheduling_policy
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
 from operator_process import OperatorProcess
@@ -292,6 +294,15 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
     upgraded_job["metadata"] = {"name": "upgraded", **legacy}
     upgraded_job["spec"]["schedulingPolicy"] = "upgraded"
     jobs.create(upgraded_job)
+    # A record of the retraining dataset left by an earlier `default` policy (deleted and
+    # created again): with datasetLimit 1 the operator deletes it once the first interval with
+    # a job closes, which is what its delete on ConfigMaps is for.
+    earlier = IntervalRecord(namespace=DEV_NAMESPACE, policy="default", policy_uid="earlier",
+                             interval=0, start="2026-01-01T00:00:00Z", end="2026-01-01T00:20:00Z",
+                             length_s=1200, algorithms={}, nodes=1, reward=0.0)
+    (stale,) = dataset_store.manifests(earlier, dataset_store.CLOSED)
+    client.CoreV1Api(api).create_namespaced_config_map(DEV_NAMESPACE, stale)
+    jobs.patch_policy("default", {"retraining": {"datasetLimit": 1}})
     operator.start()
     emulator.start()
     try:

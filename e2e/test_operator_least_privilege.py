@@ -25,12 +25,14 @@ from waiting import wait_for
 
 TRAINING_SA = "mlsched-training"
 
-#: Everything the operator writes in a namespace it serves, plus reading model ConfigMaps:
-#: (verb, group, resource, subresource).
+#: Everything the operator writes in a namespace it serves, plus reading model ConfigMaps and
+#: listing published versions and dataset records: (verb, group, resource, subresource).
 NAMESPACED_RIGHTS = [
     ("create", "apps", "statefulsets", ""), ("patch", "apps", "statefulsets", ""),
     ("patch", "", "pods", ""), ("delete", "", "pods", ""), ("create", "", "services", ""),
-    ("get", "", "configmaps", ""), ("create", "", "events", ""),
+    ("get", "", "configmaps", ""), ("list", "", "configmaps", ""),
+    ("create", "", "configmaps", ""), ("patch", "", "configmaps", ""),
+    ("delete", "", "configmaps", ""), ("create", "", "events", ""),
     ("patch", GROUP, "mljobs", "status"), ("patch", GROUP, "schedulingpolicies", "status"),
     ("delete", GROUP, "mljobs", ""),
 ]

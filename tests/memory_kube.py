@@ -94,6 +94,23 @@ def json_patch(target: dict, ops: list[dict]) -> dict:
     return doc
 
 
+def selects(selector: str, obj: dict) -> bool:
+    """Equality-based label selectors (`a=b,c`, `a!=b`), what the operator sends."""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    for term in filter(None, (t.strip() for t in selector.split(","))):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if labels.get(key) == value:
+                return False
+        elif "=" in term:
+            key, value = term.split("=", 1)
+            if labels.get(key) != value.lstrip("="):
+                return False
+        elif term not in labels:
+            return False
+    return True
+
+
 class MemoryKube:
     def __init__(self) -> None:
         self.objects: dict[Key, dict] = {}
@@ -166,6 +183,17 @@ class MemoryKube:
         if review is None or not set(audiences) & set(review.get("audiences", audiences)):
             return {"authenticated": False, "error": "invalid bearer token"}
         return copy.deepcopy(review)
+
+    async def list(self, kind: str, namespace: str, label_selector: str, *,
+                   metadata_only: bool = False) -> list[dict]:
+        self.calls.append(("list", kind, namespace, label_selector))
+        self._check("list", kind)
+        found = [o for (k, ns, _), o in sorted(self.objects.items())
+                 if k == kind and ns == namespace and selects(label_selector, o)]
+        if metadata_only:
+            return [{"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1",
+                     "metadata": copy.deepcopy(o["metadata"])} for o in found]
+        return copy.deepcopy(found)
 
     # ---- helpers for tests ----------------------------------------------------------------------
     def put(self, body: dict) -> dict:

@@ -93,11 +93,11 @@ def test_an_edit_landing_mid_round_is_not_reported_as_observed(monkeypatch):
     rt, kube = setup(job_bodies=[ps_job("bert", max_workers=8)])
     decide = loop._decide
 
-    async def edited_while_deciding(snapshot, resolved):
+    async def edited_while_deciding(snapshot, resolved, *serving):
         pol = kube.obj("SchedulingPolicy", NS, "default")
         pol["spec"]["allocation"] = "fifo"
         pol["metadata"]["generation"] = 2
-        return await decide(snapshot, resolved)
+        return await decide(snapshot, resolved, *serving)
 
     monkeypatch.setattr(loop, "_decide", edited_while_deciding)
     report = round_(rt, kube)

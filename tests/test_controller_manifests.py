@@ -43,6 +43,9 @@ NEEDED = [
     ("", "services", "create"), ("", "services", "get"), ("", "pods", "get"), ("", "pods", "list"),
     ("", "pods", "watch"), ("", "pods", "patch"), ("", "pods", "delete"),
     ("", "nodes", "list"), ("", "nodes", "watch"), ("", "configmaps", "get"), ("", "events", "create"),
+    # Published model versions (list) and the retraining dataset (controller/dataset.py).
+    ("", "configmaps", "list"), ("", "configmaps", "create"), ("", "configmaps", "patch"),
+    ("", "configmaps", "delete"),
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),

@@ -71,7 +71,7 @@ def test_generation_is_deterministic_across_processes(tmp_path):
 @pytest.mark.parametrize("kind, plural, short, columns", [
     ("MLJob", "mljobs", "mlj", ["Phase", "PS", "Workers", "Progress", "Policy", "Age"]),
     ("SchedulingPolicy", "schedulingpolicies", "schedpol",
-     ["Allocation", "Placement", "Model loaded", "Ready", "Last round", "Age"]),
+     ["Allocation", "Placement", "Model loaded", "Ready", "Model version", "Last round", "Age"]),
 ])
 def test_crd_names_subresources_and_columns(kind, plural, short, columns):
     crd = committed(kind)

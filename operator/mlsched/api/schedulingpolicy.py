@@ -82,6 +82,15 @@ class Exploration(ApiModel):
                                 "policy's records; not used when serving.")
 
 
+class Retraining(ApiModel):
+    """The dataset the operator keeps for retraining Jobs (docs/operator.md, "Retraining")."""
+
+    dataset_limit: int = Field(
+        2000, ge=0, le=100000,
+        description="Newest closed intervals kept as interval records (ConfigMaps labelled "
+                    "mlsched.io/dataset-of=<policy>); older ones are deleted. 0 records nothing.")
+
+
 def _models_of(phase: str):
     return Field(default_factory=dict, max_length=8, json_schema_extra={"default": {}},
                  description=f"ONNX model per learned {phase} algorithm, keyed by its name.")
@@ -115,6 +124,12 @@ class SchedulingPolicySpec(ApiModel):
                     "models.allocation.dl2. Learned algorithms without an entry use the model "
                     "shipped with the operator.")
     exploration: Exploration = Field(default_factory=Exploration, json_schema_extra={"default": {}})
+    update_policy: Literal["Auto", "Manual"] = Field(
+        "Manual", description="Published model versions (ConfigMaps labelled "
+                              "mlsched.io/model-of=<policy>): Auto serves the newest from the next "
+                              "interval on, Manual only reports it in status.modelVersions. An "
+                              "entry in models always wins.")
+    retraining: Retraining = Field(default_factory=Retraining, json_schema_extra={"default": {}})
     fallback: str = Field("drf", pattern=ALGORITHM_NAME, max_length=63,
                           description="Allocation used while a learned model is unavailable.")
     history_limit: int = Field(50, ge=1, le=MAX_HISTORY,
@@ -133,6 +148,40 @@ class RewardEntry(StatusModel):
     jobs: int = Field(ge=0, description="Jobs scheduled in this interval.")
 
 
+class ServedVersion(StatusModel):
+    """The model serving a learned algorithm."""
+
+    source: Literal["spec", "published", "shipped"] = Field(
+        description="spec: models.<phase>.<algorithm>; published: adopted by updatePolicy Auto; "
+                    "shipped: the model installed with the operator.")
+    sha256: Sha256
+    version: int | None = Field(None, ge=1, description="Published version, when it is one.")
+    config_map: str | None = Field(None, max_length=253, description="ConfigMap it came from.")
+    evaluation: dict[str, float] = Field(
+        default_factory=dict, max_length=32,
+        description="The numbers retraining judged the version by (its mlsched.io/evaluation).")
+
+
+class CandidateVersion(StatusModel):
+    """The newest published version, when it is not the one serving."""
+
+    version: int = Field(ge=1)
+    sha256: Sha256
+    config_map: str = Field(max_length=253)
+    evaluation: dict[str, float] = Field(default_factory=dict, max_length=32)
+
+
+class ModelVersions(StatusModel):
+    active: ServedVersion | None = None
+    candidate: CandidateVersion | None = None
+
+
+class ExplorationStatus(StatusModel):
+    requested: float = Field(ge=0, le=1, description="spec.exploration.epsilon.")
+    applied: float = Field(ge=0, le=1, description="What serving applies: the request, at most "
+                                                   "the operator's --max-exploration.")
+
+
 class SchedulingPolicyStatus(StatusModel):
     """Written by the operator only (status subresource)."""
 
@@ -140,6 +189,13 @@ class SchedulingPolicyStatus(StatusModel):
         default_factory=dict, max_length=8,
         description="phase/algorithm (e.g. allocation/dl2) to sha256 of the model file "
                     "currently serving it.")
+    model_versions: dict[str, ModelVersions] = Field(
+        default_factory=dict, max_length=8,
+        description="phase/algorithm to the version serving it and the newest published "
+                    "candidate (updatePolicy Manual, or not yet adopted).")
+    model_version: str | None = Field(
+        None, max_length=256, description="Summary of the active versions, e.g. 'dl2 v3'.")
+    exploration: ExplorationStatus | None = None
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16,
         description="ModelLoaded and Ready, one entry per type.",
@@ -183,6 +239,7 @@ CRD = CrdInfo(
         PrinterColumn("Placement", ".spec.placement"),
         PrinterColumn("Model loaded", _condition_status(PolicyConditionType.MODEL_LOADED)),
         PrinterColumn("Ready", _condition_status(PolicyConditionType.READY)),
+        PrinterColumn("Model version", ".status.modelVersion"),
         PrinterColumn("Last round", ".status.lastRoundTime", "date"),
         AGE,
         PrinterColumn("Grouping", ".spec.grouping", priority=1),

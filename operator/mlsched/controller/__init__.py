@@ -11,6 +11,12 @@ Data flows one way, and only the last two modules know about kopf or the network
     kube.py       the API seam (kubernetes client in threads; a fake in tests)
     apply.py      executes actions idempotently
     status_writer.py  status records written in the background, retried, never dropped
+    serving.py    a round's learned phases: exploration (bounded) and decision logs  pure
+    dataset_store.py  the retraining dataset's ConfigMap format; read_records  pure
+    dataset.py    interval records written as intervals open and close, retention
+    object_writer.py  whole objects (dataset ConfigMaps) written in the background, retried
+    model_versions.py published model versions: the ConfigMap format          pure
+    version_adoption.py which published version serves (updatePolicy), its status
     loop.py       one scheduling round, and the loop around it
     jobs.py       MLJob children/lifecycle and late pod pinning
     progress_server.py  /v1/progress (TokenReview-authenticated), /metrics, /healthz

@@ -54,6 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: the models shipped with the operator)")
     p.add_argument("--max-model-bytes", metavar="BYTES", type=_byte_count,
                    help="largest model file, ConfigMap value or model card read, e.g. 64Mi (64Mi)")
+    p.add_argument("--max-exploration", type=float, metavar="EPSILON",
+                   help="largest spec.exploration.epsilon served; above it, clamped (0.2)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -66,7 +68,7 @@ def export(args: argparse.Namespace) -> None:
              "TLS_KEY": args.tls_key, "TLS_CA": args.tls_ca, "TLS_SECRET": args.tls_secret,
              "TRAINING_SERVICE_ACCOUNT": args.training_service_account,
              "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity,
-             "MAX_MODEL_BYTES": args.max_model_bytes,
+             "MAX_MODEL_BYTES": args.max_model_bytes, "MAX_EXPLORATION": args.max_exploration,
              "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None}
     for name, value in flags.items():
         if value is not None:

@@ -101,6 +101,9 @@ class OperatorConfig:
     record_concurrency: int = 8
     record_rate: float = 50.0
     record_burst: int = 100
+    # The largest spec.exploration.epsilon served (issue 17): a tenant may ask its policy to
+    # explore, within this bound; above it the operator clamps and says so in status.
+    max_exploration: float = 0.2
     # `namespace/name` of the coordination.k8s.io Lease replicas elect a leader with
     # (controller/leadership.py); None: this process leads alone (one replica).
     leader_election: str | None = None
@@ -143,6 +146,7 @@ class OperatorConfig:
             record_concurrency=int(get("RECORD_CONCURRENCY") or defaults.record_concurrency),
             record_rate=float(get("RECORD_RATE") or defaults.record_rate),
             record_burst=int(get("RECORD_BURST") or defaults.record_burst),
+            max_exploration=float(get("MAX_EXPLORATION") or defaults.max_exploration),
             leader_election=get("LEADER_ELECTION"),
             leader_identity=get("LEADER_IDENTITY") or defaults.leader_identity,
         )
@@ -162,6 +166,9 @@ class OperatorConfig:
         if self.leader_election and self.leader_election.count("/") != 1:
             out.append(f"--leader-election {self.leader_election!r}: expected NAMESPACE/NAME "
                        "of a Lease")
+        if not 0.0 <= self.max_exploration <= 1.0:
+            out.append(f"--max-exploration {self.max_exploration}: a probability (0 to 1) is "
+                       "expected")
         if https and not tls:
             out.append(f"pods are told {self.progress_url} but the endpoint serves plain HTTP: "
                        "add --tls-secret (or --tls-cert/--tls-key)")

@@ -138,7 +138,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await runtime(memo).policy_loops.stop_all()
     # Status records still queued get a few seconds; what is left is not lost: each job's
     # status.openInterval lets the next operator close the interval open now.
-    await runtime(memo).records.flush(timeout=5.0)
+    await asyncio.gather(runtime(memo).records.flush(timeout=5.0),
+                         runtime(memo).objects.flush(timeout=5.0))
     server = memo.get("server")
     if server is not None:
         await server.cleanup()

@@ -25,6 +25,9 @@ CUSTOM_PLURALS = {"MLJob": "mljobs", "SchedulingPolicy": "schedulingpolicies"}
 RESOURCES = {**CUSTOM_PLURALS, "StatefulSet": "statefulsets", "Pod": "pods",
              "Service": "services", "ConfigMap": "configmaps", "Event": "events",
              "Secret": "secrets", "TokenReview": "tokenreviews"}
+#: Asking a list for metadata only (the dataset's records can be large: retention needs names).
+METADATA_ONLY = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1"
+LIST_PAGE = 100
 #: Collection paths of the built-in kinds the operator creates.
 CREATE_PATHS = {"Service": "/api/v1/namespaces/{namespace}/services",
                 "StatefulSet": "/apis/apps/v1/namespaces/{namespace}/statefulsets",
@@ -69,6 +72,12 @@ class KubeApi(Protocol):
 
     async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """A TokenReview's status: {authenticated, user: {username, extra, ...}, error}."""
+
+    async def list(self, kind: str, namespace: str, label_selector: str, *,
+                   metadata_only: bool = False) -> list[dict[str, Any]]:
+        """The objects of a kind in a namespace matching a label selector (ConfigMaps only:
+        published model versions, dataset records). `metadata_only`: kind, apiVersion and
+        metadata of each (a PartialObjectMetadataList), not their data."""
 
 
 def load_api_client(pool_size: int = 16):
@@ -245,6 +254,23 @@ class ClientKubeApi:
                 return False
             raise
         return True
+
+    async def list(self, kind: str, namespace: str, label_selector: str, *,
+                   metadata_only: bool = False) -> list[dict[str, Any]]:
+        if kind != "ConfigMap":
+            raise ValueError(f"listing {kind} is not supported (the indexes hold it)")
+        headers = {"Accept": METADATA_ONLY} if metadata_only else None
+        items: list[dict[str, Any]] = []
+        token = None
+        while True:  # in pages: a policy's records may add up to more than one response should
+            self._count("list", kind)
+            page = await self._call(self._core.list_namespaced_config_map, namespace,
+                                    label_selector=label_selector, limit=LIST_PAGE,
+                                    _continue=token, _headers=headers)
+            items += (page or {}).get("items") or []
+            token = ((page or {}).get("metadata") or {}).get("continue")
+            if not token:
+                return items
 
     async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         self._count("create", "TokenReview")

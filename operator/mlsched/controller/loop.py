@@ -27,7 +27,8 @@ from typing import Any
 
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
-from mlsched.controller import reporting, rewards
+from mlsched.controller import reporting, rewards, version_adoption
+from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
     Action, JobTarget, job_targets, plan_pods, plan_statefulset, roles_of,
@@ -36,6 +37,7 @@ from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
 from mlsched.controller.records import JobRecord, Resources, add
 from mlsched.controller.runtime import Indexes, JobKey, Runtime
+from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
@@ -80,11 +82,16 @@ def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes) -> li
     return actions
 
 
-async def _decide(snapshot, resolved: ResolvedPolicy) -> tuple[Decision, str | None]:
-    """Run the policies; if a (learned) allocation raises, decide again with the fallback."""
+async def _decide(snapshot, resolved: ResolvedPolicy,
+                  serving: RoundServing | None = None) -> tuple[Decision, str | None]:
+    """Run the policies (`serving`: this round's copies of the learned ones); if a (learned)
+    allocation raises, decide again with the fallback."""
+    phases = serving.phases if serving is not None else {
+        "allocation": resolved.allocation, "placement": resolved.placement,
+        "grouping": resolved.grouping}
     try:
-        return await asyncio.to_thread(run_round, snapshot, resolved.allocation,
-                                       resolved.placement, resolved.grouping), None
+        return await asyncio.to_thread(run_round, snapshot, phases["allocation"],
+                                       phases["placement"], phases["grouping"]), None
     except Exception as err:  # noqa: BLE001 - a policy bug must not stop scheduling
         fallback = resolved.fallback
         log.exception("a learned phase failed; deciding with %s allocation and no grouping", fallback)
@@ -129,7 +136,9 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         return None
     spec = policy.spec
     interval_s = rt.config.round_seconds(spec.interval)
-    resolved = await rt.models.resolve(key, spec)
+    versions = await published_versions(rt, ref, spec)
+    rt.adopted[key] = version_adoption.adopted(spec, versions)
+    resolved = await rt.models.resolve(key, spec, rt.adopted[key])
     if resolved.load_failed:
         rt.metrics.model_load_failures.labels(ref.namespace, ref.name,
                                               resolved.model_loaded.reason).inc()
@@ -151,6 +160,22 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         to_close, continuing = restored[:-1], (restored[-1] if restored else None)
     closings = [rewards.close(interval, epochs_now) for interval in to_close]
     closed = closings[-1] if closings else None
+    # The number of the interval this round opens (exploration is seeded by it). On the first
+    # round of a process it also follows the dataset's records (a recreated policy's numbers
+    # must not overwrite the records kept of the earlier one).
+    if continuing is not None:
+        number = continuing.number
+    elif previous is not None:
+        number = previous.number + 1
+    else:
+        number = max([rewards.next_interval_number(status.get("rewards"), (j.history for j in jobs)),
+                      *(i.number + 1 for i in to_close)])
+        if spec.retraining.dataset_limit > 0:
+            number = max(number, await rt.dataset.first_free(key))
+    versions_served = version_adoption.report(spec, versions, rt.adopted[key],
+                                              resolved.active_models).served
+    rt.served_versions[key] = versions_served
+    serving = serving_for(rt, ref, spec, resolved, number, "round", now, versions_served)
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
     # replicas nothing can scale, until the next round.
@@ -163,7 +188,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         # has gated pods with no node yet, and must not be placed anew (and moved) by the round.
         snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
                                    {j.name: rt.placements.of(j.key) for j in schedulable})
-        decision, failure = await _decide(snapshot, resolved)
+        decision, failure = await _decide(snapshot, resolved, serving)
         targets = job_targets(decision, snapshot)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
@@ -197,16 +222,23 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                     targets[j.name].placement(), epochs_now[j.name], j.epochs)
               for j in schedulable}
     if continuing is not None:  # a job it did not cover counts from now, as when admitted
-        opening, number = continuing, continuing.number
+        opening = continuing
         for name, grant in grants.items():
             opening.grants.setdefault(name, grant)
     else:
-        number = (previous.number + 1 if previous
-                  else max([rewards.next_interval_number(status.get("rewards"),
-                                                         (j.history for j in jobs)),
-                            *(i.number + 1 for i in to_close)]))
         opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants)
     rt.intervals[key] = opening
+
+    # The dataset (dataset.py): the intervals closed, complete; the one opened, with the
+    # decisions just made (a fallback's decision has none: the learned phase did not decide).
+    facts = Opening(body["metadata"].get("uid", ""), algorithms(resolved),
+                    len(snapshot.node_names))
+    limit = spec.retraining.dataset_limit
+    by_name = {j.name: j for j in jobs}
+    for interval, closing in zip(to_close, closings):
+        rt.dataset.closed(key, interval, closing, by_name, facts, now, limit)
+    rt.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
+                      limit, continued=continuing is not None)
 
     # Queued, not awaited: the records are written in the background (rt.records).
     job_patches = reporting.record_job_status(
@@ -215,8 +247,13 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                   if j.name in opening.grants else None) for j in jobs},
         spec.history_limit)
     duration = time.perf_counter() - started
+    extra = await reporting.policy_versions_and_exploration(
+        rt, body, ref, version_adoption.report(spec, versions, rt.adopted[key],
+                                               resolved.active_models),
+        spec.exploration.epsilon, applied_epsilon(spec.exploration.epsilon,
+                                                  rt.config.max_exploration))
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
-                                         duration, spec.history_limit)
+                                         duration, spec.history_limit, extra)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
         rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
@@ -248,15 +285,22 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting:
         return None
-    resolved = await rt.models.resolve(key, spec)
+    resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
     interval_s = rt.config.round_seconds(spec.interval)
+    open_interval = rt.intervals.get(key)
+    number = open_interval.number if open_interval else 0
+    serving = serving_for(rt, ref, spec, resolved, number, "admission", now,
+                          rt.served_versions.get(key, {}))
+    failed_policy = False
     async with rt.round_lock:
         snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
                                    {j.name: decided[j.key] for j in schedulable})
         try:
-            decision = await asyncio.to_thread(run_admission, snapshot, resolved.allocation,
-                                               resolved.placement, resolved.grouping)
+            phases = serving.phases
+            decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
+                                               phases["placement"], phases["grouping"])
         except Exception:  # noqa: BLE001 - a policy bug must not stop admission
+            failed_policy = True
             log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
                           resolved.fallback)
             decision = await asyncio.to_thread(run_admission, snapshot,
@@ -265,6 +309,11 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         targets = job_targets(decision, snapshot)
         admitted = [j for j in waiting if targets[j.name].count("worker")]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
+    if open_interval is not None and not failed_policy:
+        rt.dataset.admitted(key, number, open_interval.start,
+                            Opening(body["metadata"].get("uid", ""), algorithms(resolved),
+                                    len(snapshot.node_names)),
+                            serving.decisions(), spec.retraining.dataset_limit)
     if not admitted:
         return None
     by_job = {j.key: plan_job(rt, j, targets[j.name], idx) for j in admitted}
@@ -279,7 +328,6 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     await asyncio.gather(*(reporting.job_events(
         rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed], {},
         [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed]) for job in admitted))
-    open_interval = rt.intervals.get(key)
     opened = {}
     if open_interval is not None:  # the admitted jobs' rewards count from now, in this interval
         for j in admitted:
@@ -295,6 +343,37 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     return RoundReport(open_interval.number if open_interval else 0, interval_s,
                        {j.name: targets[j.name] for j in admitted}, actions, None, duration,
                        resolved.allocation.name, job_patches)
+
+
+async def published_versions(rt: Runtime, ref: ObjectRef, spec) -> list:
+    """The policy's published model versions; on a listing error, none this round (logged;
+    what serves is then what the spec and the shipped models say)."""
+    if not version_adoption.learned_phases(spec):
+        return []
+    try:
+        return await version_adoption.list_versions(rt.api, ref.namespace, ref.name)
+    except Exception as err:  # noqa: BLE001 - an API fault must not stop the round
+        rt.metrics.api_errors.labels("versions").inc()
+        log.warning("SchedulingPolicy %s/%s: cannot list published model versions: %s",
+                    ref.namespace, ref.name, err)
+        return []
+
+
+def algorithms(resolved: ResolvedPolicy) -> dict[str, str]:
+    return {phase: getattr(getattr(resolved, phase), "name", type(getattr(resolved, phase)).__name__)
+            for phase in ("grouping", "allocation", "placement")}
+
+
+def serving_for(rt: Runtime, ref: ObjectRef, spec, resolved: ResolvedPolicy, number: int,
+                kind: str, now: float, versions: dict[str, int | None]) -> RoundServing:
+    """The phases this step runs: learned ones explore and record as the spec and the operator
+    allow (serving.py)."""
+    return serve({"grouping": resolved.grouping, "allocation": resolved.allocation,
+                  "placement": resolved.placement},
+                 namespace=ref.namespace, policy=ref.name, interval=number, kind=kind,
+                 time=rfc3339(now),
+                 epsilon=applied_epsilon(spec.exploration.epsilon, rt.config.max_exploration),
+                 record=spec.retraining.dataset_limit > 0, versions=versions)
 
 
 def children_exist(job: JobRecord, idx: Indexes) -> bool:
@@ -373,6 +452,9 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
     finally:
         rt.reservations.drop_policy(key)
         rt.intervals.pop(key, None)
+        rt.adopted.pop(key, None)
+        rt.served_versions.pop(key, None)
+        rt.dataset.forget(key)
         rt.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
 

@@ -22,7 +22,7 @@ import os
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,11 +108,14 @@ class ModelResolver:
         self._tickets = itertools.count()
         _remove_our_folders(cache_dir)
 
-    async def resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec) -> ResolvedPolicy:
+    async def resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec,
+                      adopted: Mapping[str, Mapping[str, ModelRef]] | None = None) -> ResolvedPolicy:
+        """`adopted`: phase -> algorithm -> a published version to serve where the spec names
+        no model (version_adoption.py), read and checked like any ConfigMap model."""
         ticket, used = next(self._tickets), set()
         self._in_flight[ticket] = used
         try:
-            return await self._resolve(policy, spec, used)
+            return await self._resolve(policy, spec, used, adopted or {})
         finally:
             del self._in_flight[ticket]
             self._uses[policy] = frozenset(used)
@@ -131,8 +134,8 @@ class ModelResolver:
         for key in self._loaded.keys() - live:
             del self._loaded[key]
 
-    async def _resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec,
-                       used: set[CacheKey]) -> ResolvedPolicy:
+    async def _resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec, used: set[CacheKey],
+                       adopted: Mapping[str, Mapping[str, ModelRef]]) -> ResolvedPolicy:
         notes: list[str] = []
         fallback = spec.fallback
         if not registry.known("allocation", fallback) or needs_model("allocation", fallback, spec):
@@ -156,8 +159,9 @@ class ModelResolver:
                 built[phase] = registry.make(phase, default)
             elif needs_model(phase, name, spec):
                 try:
-                    built[phase], digest = await self._learned(
-                        policy, phase, name, spec.models.for_phase(phase).get(name), used)
+                    ref = (spec.models.for_phase(phase).get(name)
+                           or adopted.get(phase, {}).get(name))
+                    built[phase], digest = await self._learned(policy, phase, name, ref, used)
                     active[f"{phase}/{name}"] = digest
                     loaded_notes.append(f"{phase}/{name}: sha256 {digest}")
                 except ModelLoadError as err:

@@ -97,9 +97,60 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
     return patches
 
 
+async def policy_versions_and_exploration(rt: Runtime, body: Mapping, ref: ObjectRef, report,
+                                          requested: float, applied: float) -> dict[str, Any]:
+    """Status fields for model versions and exploration, where they changed, and their Events:
+    `VersionAdopted` when a published version starts serving, `VersionAvailable` when a new
+    candidate appears (updatePolicy Manual), `ExplorationClamped` when the operator serves less
+    exploration than the spec asks."""
+    status = body.get("status") or {}
+    out: dict[str, Any] = {}
+    old = status.get("modelVersions") or {}
+    if report.status != old:
+        out["modelVersions"] = merge_patch(old, report.status)
+    if report.summary != status.get("modelVersion"):
+        out["modelVersion"] = report.summary
+    for key, entry in report.status.items():
+        active, candidate = entry.get("active") or {}, entry.get("candidate")
+        before = old.get(key) or {}
+        if active.get("source") == "published" and \
+                (before.get("active") or {}).get("sha256") != active["sha256"]:
+            await rt.recorder.emit(ref, "Normal", "VersionAdopted",
+                                   f"{key}: serving published version {active.get('version')} "
+                                   f"(ConfigMap {active.get('configMap')}, sha256 "
+                                   f"{active['sha256']})")
+        if candidate and (before.get("candidate") or {}).get("sha256") != candidate["sha256"]:
+            await rt.recorder.emit(ref, "Normal", "VersionAvailable",
+                                   f"{key}: published version {candidate['version']} (ConfigMap "
+                                   f"{candidate['configMap']}) is not serving; updatePolicy "
+                                   f"Auto, or a models entry naming it, adopts it")
+    wanted = {"requested": requested, "applied": applied} if requested > 0 else None
+    if wanted != status.get("exploration"):
+        out["exploration"] = wanted
+        if wanted and applied < requested:
+            await rt.recorder.emit(ref, "Warning", "ExplorationClamped",
+                                   f"spec.exploration.epsilon {requested} is above the operator's "
+                                   f"bound; serving with {applied} (--max-exploration)")
+    return out
+
+
+def merge_patch(old: Any, new: Any) -> Any:
+    """The RFC 7386 merge patch turning `old` into `new` (maps recursively, null removes)."""
+    if not isinstance(old, Mapping) or not isinstance(new, Mapping):
+        return new
+    patch: dict[str, Any] = {k: None for k in old if k not in new}
+    for k, v in new.items():
+        if k not in old:
+            patch[k] = v
+        elif old[k] != v:
+            patch[k] = merge_patch(old[k], v)
+    return patch
+
+
 async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resolved, decision,
                                closings: list[rewards.ClosedInterval], now: float,
-                               duration: float, history_limit: int) -> None:
+                               duration: float, history_limit: int,
+                               extra: Mapping[str, Any] | None = None) -> None:
     """Events for condition changes now; the status patch (round summary, conditions and
     models where they changed, the rewards of the intervals closed) queued in rt.records."""
     status = body.get("status") or {}
@@ -134,6 +185,7 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
         patch["activeModels"] = models
     if wire(conds) != list(old or ()):
         patch["conditions"] = wire(conds)
+    patch.update(extra or {})
     # In the background, like the jobs' records (the policy's reward is the interval's too).
     rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
                        uid=body["metadata"].get("uid"), fields=patch,

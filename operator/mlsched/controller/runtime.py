@@ -13,12 +13,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mlsched.controller.config import OperatorConfig
+from mlsched.controller.dataset import Dataset
 from mlsched.controller.desired import PodSettings
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
+from mlsched.controller.object_writer import ObjectWriter
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
 from mlsched.controller.rewards import OpenInterval
 from mlsched.controller.snapshot import ClusterFit, ClusterState
@@ -266,6 +268,13 @@ class Runtime:
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
+    # Per policy, the published model versions its latest round adopted (phase -> algorithm ->
+    # ModelRef), so that admission steps serve what the round served. Lost on restart: the
+    # first round lists them again.
+    adopted: dict[PolicyKey, Any] = field(default_factory=dict)
+    # Per policy, the published versions serving ("phase/algorithm" -> version), for the
+    # decision log of admission steps.
+    served_versions: dict[PolicyKey, dict[str, int | None]] = field(default_factory=dict)
     # Whether this replica may write (controller/leadership.py); it does unless it stands by.
     leadership: Leadership = field(default_factory=Leadership)
     _fit: tuple[float, Any, ClusterFit] | None = None
@@ -282,6 +291,10 @@ class Runtime:
             burst=self.config.record_burst, lookup=self._seen,
             on_failure=self.metrics.api_errors.labels("record").inc)
         self.metrics.watch_pending_records(self.records.pending)
+        # The retraining dataset's ConfigMaps (dataset.py), also written in the background.
+        self.objects = ObjectWriter(concurrency=max(1, self.config.record_concurrency // 2),
+                                    on_failure=self.metrics.api_errors.labels("dataset").inc)
+        self.dataset = Dataset(self.api, self.objects)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
                                         tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
                                         token_audience=self.config.token_audience,

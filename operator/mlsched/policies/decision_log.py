@@ -170,8 +170,10 @@ class IntervalRecord:
                                                 "reward")},
                "jobs": [vars(j) for j in self.jobs],
                "decisions": [d.to_json() for d in self.decisions]}
-        # mtime=0: the same record always gives the same bytes (a rewrite is a no-op).
-        return gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), mtime=0)
+        # mtime=0: the same record always gives the same bytes (a rewrite is a no-op). Level 6:
+        # level 9 took 4x longer on a 1,000-job round's states (0.8 s vs 0.18 s) for 6 % less.
+        return gzip.compress(json.dumps(doc, separators=(",", ":")).encode(), compresslevel=6,
+                             mtime=0)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> IntervalRecord:

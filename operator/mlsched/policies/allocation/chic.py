@@ -11,6 +11,10 @@ optimises the return of the sampling policy, and the mode of a policy CEM traine
 worse than the policy (measured: docs/chic.md). `greedy_decision` is kept for comparison.
 Training samples a numpy copy of the same network through this same loop
 (policy_models/chic/train.py).
+
+The operator serves a per-round copy (`for_round`) when the policy explores (with probability
+epsilon a uniformly random allowed action, drawn from a generator of its own, seeded by the
+operator per policy and interval) or records its decisions (issue 17).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Snapshot
 from mlsched.features import chic_state
 from mlsched.features.chic_state import ChicState, first_jobs
+from mlsched.policies.exploration import Serving, renormalised, sampling_behaviour
 from mlsched.policies.onnx_runner import greedy_action, load_model
 
 MAX_STEPS = 512  # a safety net: a round grants at most a few dozen tasks on the paper's cluster
@@ -35,10 +40,25 @@ class Actor(Protocol):
 
 class ChicPolicy:
     def __init__(self, actor: Actor, jobs: int = 3, pair: bool = False,
-                 on_step: Callable[[np.ndarray, np.ndarray, int], None] | None = None):
+                 on_step: Callable[[np.ndarray, np.ndarray, int], None] | None = None,
+                 recorder=None):
         self.actor, self.jobs, self.pair = actor, jobs, pair
         self.name = "chic-pair" if pair else "chic"
         self.on_step = on_step  # training hook: (state vector, mask, action) of every decision
+        self.recorder = recorder  # serving's decision log of one round (a DecisionRecorder)
+
+    @property
+    def card(self):
+        model = getattr(self.actor, "model", None)
+        return model.card if model is not None else None
+
+    def for_round(self, serving: Serving) -> "ChicPolicy":
+        """This policy for one round, exploring and recording as `serving` says (a copy sharing
+        the loaded model)."""
+        if serving.epsilon <= 0 and serving.recorder is None:
+            return self
+        actor = ExploringActor(self.actor.model, serving, greedy=self.actor.greedy)
+        return ChicPolicy(actor, self.jobs, self.pair, recorder=serving.recorder)
 
     @classmethod
     def load(cls, model_path: str | None = None, pair: bool = False) -> "ChicPolicy":
@@ -61,9 +81,12 @@ class ChicPolicy:
             action = self.actor.act(state, mask)
             if self.on_step:
                 self.on_step(state.vector.copy(), mask, action)
+            before = state.vector.copy() if self.recorder is not None else None  # apply() updates it
+            granted = action != state.void and bool(state.apply(action))
+            if self.recorder is not None:
+                self.recorder.record(before, mask, action, *self.actor.last, granted)
             if action == state.void:
                 break
-            state.apply(action)
 
 
 def round_seed(snapshot: Snapshot, jobs) -> int:
@@ -106,6 +129,36 @@ class OnnxActor:
         if self.greedy:
             return greedy_decision(probs, mask, state.void)
         return sample_action(probs, mask, state.rng)
+
+
+class ExploringActor(OnnxActor):
+    """Serving with exploration: with probability epsilon a uniformly random allowed action
+    (from the exploration generator), else what OnnxActor would do; `last` is (behaviour
+    probability, network probability) of the action just returned."""
+
+    def __init__(self, model, serving: Serving, greedy: bool = False):
+        super().__init__(model, greedy)
+        self.serving = serving
+        self.last = (1.0, 1.0)
+
+    def act(self, state: ChicState, mask: np.ndarray) -> int:
+        probs = self.model.run({"state": state.vector[None, :], "mask": mask[None, :].astype(np.float32)})["probs"][0]
+        explored = self.serving.explore(mask)
+        if explored is not None:
+            action = explored
+        elif self.greedy:
+            action = greedy_decision(probs, mask, state.void)
+        else:
+            action = sample_action(probs, mask, state.rng)
+        pi = renormalised(probs, mask, action)
+        allowed = int(np.count_nonzero(mask))
+        if self.greedy:
+            chosen = greedy_decision(probs, mask, state.void)
+            mu = (1.0 - self.serving.epsilon) * float(action == chosen) + self.serving.epsilon / allowed
+        else:
+            mu = sampling_behaviour(self.serving.epsilon, allowed, pi)
+        self.last = (mu, pi)
+        return action
 
 
 class GainActor:

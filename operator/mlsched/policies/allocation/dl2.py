@@ -18,6 +18,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Snapshot
 from mlsched.features import dl2_state
 from mlsched.features.dl2_state import WindowState
+from mlsched.policies.exploration import Serving, greedy_behaviour, renormalised
 from mlsched.policies.onnx_runner import greedy_action, load_model  # onnxruntime itself loads lazily
 
 MAX_STEPS_PER_WINDOW = 4096  # a safety net; a window can never need more grants than this
@@ -31,10 +32,28 @@ class DL2Policy:
     name = "dl2"
 
     def __init__(self, actor: Actor, window: int = 40,
-                 on_step: Callable[[np.ndarray, np.ndarray, int, bool], None] | None = None):
+                 on_step: Callable[[np.ndarray, np.ndarray, int, bool], None] | None = None,
+                 recorder=None):
         self.actor = actor
         self.window = window
         self.on_step = on_step  # training hook: (state vector before, mask, action, granted)
+        # Serving's decision log (a DecisionRecorder) of one round; the actor is then an
+        # ExploringActor, which says with what probabilities it chose.
+        self.recorder = recorder
+
+    @property
+    def card(self):
+        """The served model's card (None for a training actor)."""
+        model = getattr(self.actor, "model", None)
+        return model.card if model is not None else None
+
+    def for_round(self, serving: Serving) -> "DL2Policy":
+        """This policy for one round, exploring and recording as `serving` says. A copy that
+        shares the loaded model: the cached policy may serve several SchedulingPolicies."""
+        if serving.epsilon <= 0 and serving.recorder is None:
+            return self
+        actor = ExploringActor(GreedyOnnxActor(self.actor.model), serving)
+        return DL2Policy(actor, self.window, recorder=serving.recorder)
 
     @classmethod
     def load(cls, model_path: str | None = None) -> "DL2Policy":
@@ -48,15 +67,19 @@ class DL2Policy:
                 continue
             backlog = sum(len(g) for g in groups[k + 1:])
             state = WindowState(snapshot, ledger, jobs, self.window, backlog)
+            keep = self.on_step is not None or self.recorder is not None
             for _ in range(MAX_STEPS_PER_WINDOW):
                 if not state.can_grow():
                     break
                 mask = state.mask()
-                before = state.vector.copy() if self.on_step else None
+                before = state.vector.copy() if keep else None  # apply() updates it in place
                 action = self.actor.act(state, mask)
                 granted = action != state.void and state.apply(action)
                 if self.on_step:
                     self.on_step(before, mask, action, granted)
+                if self.recorder is not None:
+                    behaviour, policy = self.actor.last
+                    self.recorder.record(before, mask, action, behaviour, policy, granted, k)
                 if action == state.void:
                     break
 
@@ -83,9 +106,34 @@ class GreedyOnnxActor:
                                         {"probs": self._probs})
         self._state = state
 
+    @property
+    def probs(self) -> np.ndarray:
+        """The probabilities of the latest `act` (a view, overwritten by the next)."""
+        return self._probs_row
+
     def act(self, state: WindowState, mask: np.ndarray) -> int:
         if state is not self._state:
             self._bind(state)
         self._mask[0] = mask
         self.model.run_bound(self._binding)
         return greedy_action(self._probs_row, mask)
+
+
+class ExploringActor:
+    """Serving with exploration: the greedy action, replaced with probability epsilon by a
+    uniformly random allowed one; `last` is (behaviour probability, network probability) of
+    the action just returned, for the decision log."""
+
+    def __init__(self, greedy: GreedyOnnxActor, serving: Serving):
+        self.greedy, self.serving = greedy, serving
+        self.model = greedy.model
+        self.last = (1.0, 1.0)
+
+    def act(self, state: WindowState, mask: np.ndarray) -> int:
+        best = self.greedy.act(state, mask)
+        explored = self.serving.explore(mask)
+        action = best if explored is None else explored
+        allowed = int(np.count_nonzero(mask))
+        self.last = (greedy_behaviour(self.serving.epsilon, allowed, action, best),
+                     renormalised(self.greedy.probs, mask, action))
+        return action

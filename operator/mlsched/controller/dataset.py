@@ -1,0 +1,272 @@
+"""The operator's side of the retraining dataset: each policy's interval records, written as the
+intervals open and close (dataset_store.py says where and how).
+
+- A round that opens interval N with a learned phase writes its record at once, `open`, with
+  the decisions made: an operator killed mid-interval loses none. Admission steps in the
+  interval add theirs and write it again.
+- The round that closes N writes it `closed`, with every job's grant and what it trained, and
+  the reward: one record per interval per policy, heuristic policies included (jobs and
+  rewards, no decisions), so retraining can use any cluster's history. An interval with no
+  job and no decision (an idle policy) is not written.
+- After a restart the next operator closes the interval the last one left open
+  (rewards.restore). That interval's record is then completed, not replaced: its first write
+  merges in the decisions the earlier process stored.
+- Retention keeps the newest `spec.retraining.datasetLimit` closed intervals per policy; the
+  rest are deleted (the policy's stored intervals are listed, metadata only, once per process).
+
+Every write goes through an ObjectWriter: in the background, retried until done.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from mlsched.controller import dataset_store as store
+from mlsched.controller.kube import KubeApi
+from mlsched.controller.object_writer import ObjectWriter
+from mlsched.controller.records import JobRecord
+from mlsched.controller.rewards import ClosedInterval, OpenInterval
+from mlsched.policies.decision_log import IntervalRecord, JobInterval, RoundDecisions
+
+log = logging.getLogger("mlsched.controller.dataset")
+
+PolicyKey = tuple[str, str]
+ARCHITECTURES = {"ps": "ParameterServer", "allreduce": "AllReduce"}
+
+
+def rfc3339(value: datetime | float) -> str:
+    if not isinstance(value, datetime):
+        value = datetime.fromtimestamp(value, UTC)
+    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass
+class Opening:
+    """What a policy's round knows of the interval it opens."""
+
+    policy_uid: str
+    algorithms: dict[str, str]
+    nodes: int
+
+
+@dataclass
+class _Record:
+    record: IntervalRecord
+    merged: bool  # decisions an earlier process stored are in `record` (or there are none)
+    closed: bool = False
+    parts: int = 0  # parts written (a rewrite with fewer deletes the rest)
+    written: str | None = None  # sha256 of the bytes last written: an unchanged record is not
+    existing: set[str] = field(default_factory=set)  # names known to exist: patched, not created
+
+
+def job_intervals(interval: OpenInterval, closed: ClosedInterval,
+                  jobs: Mapping[str, JobRecord]) -> list[JobInterval]:
+    """Every job of a closed interval, as the dataset keeps it (jobs deleted meanwhile have no
+    history entry and are left out, as from the reward)."""
+    out = []
+    for name, entry in closed.history.items():
+        grant, job = interval.grants.get(name), jobs.get(name)
+        if grant is None or job is None:
+            continue
+        epochs = float(entry.get("epochs") or 0.0)
+        out.append(JobInterval(
+            name=name, uid=job.uid, model_type=job.model, architecture=ARCHITECTURES.get(job.arch, job.arch),
+            total_epochs=grant.total_epochs, created=rfc3339(job.created_s), ps=grant.ps,
+            workers=grant.workers, placement={r: list(n) for r, n in (grant.placement or {}).items()},
+            epochs_at_start=grant.epochs_at_start, epochs=epochs,
+            reward=float(entry.get("reward") or 0.0),
+            finished=grant.epochs_at_start + epochs >= grant.total_epochs * (1 - 1e-9)))
+    return out
+
+
+class Dataset:
+    def __init__(self, api: KubeApi, writer: ObjectWriter):
+        self.api, self.writer = api, writer
+        self._records: dict[tuple[str, str, int], _Record] = {}
+        # Per policy, its closed intervals stored: the record written by this process, or the
+        # ConfigMap names an earlier one left (listed once per process, `_swept`).
+        self._stored: dict[PolicyKey, dict[int, _Record | list[str]]] = {}
+        self._swept: set[PolicyKey] = set()
+        self._limits: dict[PolicyKey, int] = {}
+
+    # ---- what rounds call -------------------------------------------------------------------
+    def opened(self, key: PolicyKey, number: int, start: datetime, opening: Opening,
+               decisions: list[RoundDecisions], limit: int, continued: bool = False) -> None:
+        """A round opened interval `number` (`continued`: a previous process opened it, this
+        one carries it on after a restart)."""
+        if limit <= 0:
+            return
+        rec = self._record(key, number, start, opening, merged=not continued)
+        self._add(key, number, rec, decisions)
+
+    def admitted(self, key: PolicyKey, number: int, start: datetime, opening: Opening,
+                 decisions: list[RoundDecisions], limit: int) -> None:
+        """An admission step in interval `number` made `decisions`."""
+        if limit <= 0 or not decisions:
+            return
+        rec = self._record(key, number, start, opening, merged=(key[0], key[1], number) in self._records)
+        self._add(key, number, rec, decisions)
+
+    def closed(self, key: PolicyKey, interval: OpenInterval, closed: ClosedInterval,
+               jobs: Mapping[str, JobRecord], opening: Opening, end: float, limit: int) -> None:
+        """A round closed `interval`: write its complete record, then apply retention."""
+        if limit <= 0:
+            return
+        ident = (key[0], key[1], interval.number)
+        rec = self._records.pop(ident, None)
+        if rec is None:  # opened by an earlier process: its stored decisions are merged first
+            rec = _Record(self._new(key, interval.number, interval.start, opening), merged=False)
+        r = rec.record
+        r.end = rfc3339(end)
+        r.length_s = max(0.0, end - interval.start.timestamp())
+        r.jobs = job_intervals(interval, closed, jobs)
+        r.reward = float(closed.reward.get("reward") or 0.0)
+        if not r.jobs and not r.decisions and rec.merged:
+            return  # an idle interval: nothing to learn from, and no ConfigMap every interval
+        rec.closed = True
+        self._submit(key, interval.number, rec)
+        self._retain(key, interval.number, rec, limit)
+
+    async def first_free(self, key: PolicyKey) -> int:
+        """The first interval number no stored record of the policy uses, read once per process
+        (a metadata-only list, which retention uses too). A policy deleted and created again
+        starts its numbering at 0: its records must not overwrite the history kept of the
+        earlier one. 0 when the list fails (logged; retention lists again later)."""
+        if key not in self._swept:
+            try:
+                items = await self.api.list("ConfigMap", key[0], store.selector(key[1]),
+                                            metadata_only=True)
+            except Exception as err:  # noqa: BLE001 - the round goes on; numbering from status
+                log.warning("SchedulingPolicy %s/%s: cannot list its dataset records: %s",
+                            *key, err)
+                return 0
+            stored = self._stored.setdefault(key, {})
+            for interval, names in store.stored_intervals(self._mine(items, key[1])).items():
+                stored.setdefault(interval, names)
+            self._swept.add(key)
+        return max(self._stored.get(key, {}), default=-1) + 1
+
+    @staticmethod
+    def _mine(items: list[dict], policy: str) -> list[dict]:
+        """A long name's label is shortened: the annotation says whose a record is."""
+        return [cm for cm in items
+                if ((cm.get("metadata") or {}).get("annotations") or {}).get(store.POLICY) == policy]
+
+    def forget(self, key: PolicyKey) -> None:
+        """The policy's loop stopped: nothing in memory is needed to write what is queued."""
+        for ident in [i for i in self._records if i[:2] == key]:
+            del self._records[ident]
+        self._stored.pop(key, None)
+        self._swept.discard(key)
+
+    # ---- records ----------------------------------------------------------------------------
+    def _new(self, key: PolicyKey, number: int, start: datetime, opening: Opening) -> IntervalRecord:
+        return IntervalRecord(namespace=key[0], policy=key[1], policy_uid=opening.policy_uid,
+                              interval=number, start=rfc3339(start), end="", length_s=0.0,
+                              algorithms=dict(opening.algorithms), nodes=opening.nodes, reward=0.0)
+
+    def _record(self, key: PolicyKey, number: int, start: datetime, opening: Opening,
+                merged: bool) -> _Record:
+        ident = (key[0], key[1], number)
+        if ident not in self._records:
+            self._records[ident] = _Record(self._new(key, number, start, opening), merged=merged)
+        return self._records[ident]
+
+    def _add(self, key: PolicyKey, number: int, rec: _Record, decisions: list[RoundDecisions]) -> None:
+        rec.record.decisions.extend(decisions)
+        if decisions:  # a heuristic interval is written once, when it closes
+            self._submit(key, number, rec)
+
+    def _submit(self, key: PolicyKey, number: int, rec: _Record) -> None:
+        async def write() -> None:
+            await self._write(rec)
+
+        self.writer.submit(("record", key[0], key[1], number), write,
+                           f"interval record {key[0]}/{key[1]} #{number}")
+
+    async def _write(self, rec: _Record) -> None:
+        r = rec.record
+        if not rec.merged:
+            stored = await self._stored_record(r.namespace, r.policy, r.interval)
+            if stored is not None:
+                earlier, parts = stored
+                r.decisions[:0] = earlier.decisions
+                r.algorithms = earlier.algorithms or r.algorithms
+                r.nodes = earlier.nodes or r.nodes
+                r.start = earlier.start or r.start
+                rec.parts = max(rec.parts, parts)
+            rec.merged = True
+        # Encoding a large round's states takes a while: not on the event loop.
+        bodies = await asyncio.to_thread(store.manifests, r, store.CLOSED if rec.closed else store.OPEN)
+        digest = bodies[0]["metadata"]["annotations"][store.SHA256] + str(rec.closed)
+        if digest == rec.written:
+            return
+        for body in bodies:
+            await self._put(rec, body)
+        for part in range(len(bodies), rec.parts):
+            await self.api.delete("ConfigMap", r.namespace, store.configmap_name(r.policy, r.interval, part))
+        rec.parts, rec.written = len(bodies), digest
+
+    async def _put(self, rec: _Record, body: dict) -> None:
+        """Create, or (it exists) merge-patch labels, annotations and data: idempotent."""
+        ns, name = body["metadata"]["namespace"], body["metadata"]["name"]
+        patch = {"metadata": {"labels": body["metadata"]["labels"],
+                              "annotations": body["metadata"]["annotations"]},
+                 "binaryData": body["binaryData"]}
+        if name in rec.existing and await self.api.patch("ConfigMap", ns, name, patch):
+            return
+        if not await self.api.create(body):  # 409: written by an earlier process or attempt
+            if not await self.api.patch("ConfigMap", ns, name, patch):
+                raise RuntimeError(f"ConfigMap {ns}/{name} vanished while being written")
+        rec.existing.add(name)
+
+    async def _stored_record(self, namespace: str, policy: str,
+                             interval: int) -> tuple[IntervalRecord, int] | None:
+        items = await self.api.list("ConfigMap", namespace, store.selector(policy, interval))
+        mine = self._mine(items, policy)
+        records = store.read_records(mine, include_open=True)
+        if not records:
+            return None
+        return records[-1], len(mine)
+
+    # ---- retention --------------------------------------------------------------------------
+    def _retain(self, key: PolicyKey, number: int, rec: _Record, limit: int) -> None:
+        self._limits[key] = limit
+        stored = self._stored.setdefault(key, {})
+        stored[number] = rec
+        if key in self._swept:
+            self._expire(key)
+            return
+
+        async def sweep() -> None:  # the first round's listing failed: list them now
+            items = await self.api.list("ConfigMap", key[0], store.selector(key[1]),
+                                        metadata_only=True)
+            for interval, names in store.stored_intervals(self._mine(items, key[1])).items():
+                stored.setdefault(interval, names)
+            self._swept.add(key)
+            self._expire(key)
+
+        self.writer.submit(("sweep", *key), sweep, f"dataset retention {key[0]}/{key[1]}")
+
+    def _expire(self, key: PolicyKey) -> None:
+        stored = self._stored.get(key, {})
+        still_open = {i[2] for i in self._records if i[:2] == key}
+        for interval in store.expired([n for n in stored if n not in still_open], self._limits[key]):
+            held = stored.pop(interval)
+
+            async def delete(held=held, interval=interval) -> None:
+                if isinstance(held, _Record):
+                    if held.written is None:  # its write is still queued: delete after it
+                        raise RuntimeError(f"interval {interval} is not written yet")
+                    names = [store.configmap_name(key[1], interval, k) for k in range(held.parts)]
+                else:
+                    names = held
+                for name in names:
+                    await self.api.delete("ConfigMap", key[0], name)
+
+            self.writer.submit(("delete", key[0], key[1], interval), delete,
+                               f"expired interval record {key[0]}/{key[1]} #{interval}")
