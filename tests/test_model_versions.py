@@ -59,6 +59,14 @@ def test_long_policy_names_still_give_valid_distinct_names():
     assert len(a) <= 253 and len(b) <= 253 and a != b and a.endswith("-dl2-v12")
 
 
+def test_a_long_policy_name_is_a_valid_label_and_parses_back_in_full():
+    policy = "p" * 100
+    body = _published(1, policy=policy)
+    label = body["metadata"]["labels"][mv.MODEL_OF]
+    assert len(label) <= 63 and mv.selector(policy).startswith(f"{mv.MODEL_OF}={label}")
+    assert mv.parse(body).policy == policy
+
+
 def test_the_selector_names_policy_phase_and_algorithm():
     assert mv.selector("p") == "mlsched.io/model-of=p"
     assert mv.selector("p", "allocation", "dl2") == \

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Protocol
 
 from mlsched.controller import model_versions
+from mlsched.controller.dataset_store import policy_label
 from mlsched.controller.model_versions import PublishedVersion
 
 
@@ -40,7 +41,7 @@ class DirStore:
         if not self.dir.is_dir():
             return []
         docs = [json.loads(p.read_text()) for p in sorted(self.dir.glob("*.configmap.json"))]
-        return [d for d in docs if (d.get("metadata", {}).get("labels") or {}).get(model_versions.MODEL_OF) == self.policy]
+        return [d for d in docs if (d.get("metadata", {}).get("labels") or {}).get(model_versions.MODEL_OF) == policy_label(self.policy)]
 
     def versions(self) -> list[PublishedVersion]:
         return [v for v in map(model_versions.parse, self.configmaps()) if v is not None]

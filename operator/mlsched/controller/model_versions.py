@@ -6,7 +6,8 @@ whether the operator adopts it (Auto) or only reports it (Manual). One ConfigMap
 
     name    <policy>-<algorithm>-v<version>          (version 1, 2, ...; shortened with a hash
                                                       when the policy's name is long)
-    labels  mlsched.io/model-of: <policy>
+    labels  mlsched.io/model-of: <policy>          (shortened with a hash past 63 characters,
+                                                      the full name in annotation mlsched.io/policy)
             mlsched.io/phase: allocation | placement | grouping
             mlsched.io/algorithm: dl2 | chic | ...
             mlsched.io/model-version: "<version>"
@@ -33,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlsched.api import GROUP
+from mlsched.controller.dataset_store import POLICY, policy_label
 
 MODEL_OF = f"{GROUP}/model-of"
 PHASE = f"{GROUP}/phase"
@@ -54,7 +56,7 @@ def configmap_name(policy: str, algorithm: str, version: int) -> str:
 
 def selector(policy: str, phase: str | None = None, algorithm: str | None = None) -> str:
     """Label selector for a policy's published versions (optionally one phase/algorithm)."""
-    parts = [f"{MODEL_OF}={policy}"]
+    parts = [f"{MODEL_OF}={policy_label(policy)}"]
     if phase:
         parts.append(f"{PHASE}={phase}")
     if algorithm:
@@ -94,9 +96,9 @@ def manifest(namespace: str, policy: str, phase: str, algorithm: str, version: i
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {
             "name": configmap_name(policy, algorithm, version), "namespace": namespace,
-            "labels": {MODEL_OF: policy, PHASE: phase, ALGORITHM: algorithm, VERSION: str(version),
+            "labels": {MODEL_OF: policy_label(policy), PHASE: phase, ALGORITHM: algorithm, VERSION: str(version),
                        "app.kubernetes.io/managed-by": "mlsched-retrain"},
-            "annotations": {SHA256: digest, EVALUATION: json.dumps(dict(evaluation), sort_keys=True)},
+            "annotations": {POLICY: policy, SHA256: digest, EVALUATION: json.dumps(dict(evaluation), sort_keys=True)},
         },
         "binaryData": {model_key(algorithm): base64.b64encode(onnx).decode("ascii")},
         "data": {card_key(algorithm): card_json},
@@ -124,7 +126,7 @@ def parse(configmap: Mapping[str, Any]) -> PublishedVersion | None:
         evaluation = json.loads(notes.get(EVALUATION) or "{}")
     except ValueError:
         evaluation = {}
-    return PublishedVersion(labels[MODEL_OF], labels[PHASE], algorithm, int(version_text),
+    return PublishedVersion(notes.get(POLICY) or labels[MODEL_OF], labels[PHASE], algorithm, int(version_text),
                             meta.get("name", ""), notes[SHA256],
                             evaluation if isinstance(evaluation, dict) else {})
 
