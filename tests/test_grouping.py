@@ -12,7 +12,7 @@ import pytest
 
 from mlsched.cluster.types import WAITING_POOL, PoolPlan, Snapshot
 from mlsched.policies import registry
-from mlsched.policies.grouping import algorithm
+from mlsched.policies.grouping import algorithm, local_search
 from mlsched.policies.grouping.harmony import Harmony, HarmonyConfig
 from mlsched.policies.grouping.model import group_time, imbalance, utilisation
 from mlsched.policies.grouping.partitions import isolated, naive
@@ -121,6 +121,47 @@ def test_each_swap_step_lowers_imbalance():
         now = algorithm.total_imbalance(groups, c, n)
         assert now < last
         last = now
+
+
+def _throughput(groups, machines, C, N, max_dop=16):
+    return algorithm.score(groups, C, N, algorithm.dop_of(np.asarray(machines), max_dop), machines,
+                           "throughput", 0.7, 0.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_local_search_never_lowers_the_score_and_keeps_a_valid_grouping(seed):
+    rng = np.random.default_rng(seed)
+    models = rng.choice(catalog.MODEL_NAMES, 24)
+    jobs = [job(f"j{i}", str(m)) for i, m in enumerate(models)]
+    C, N = profile_table(jobs, 16)
+    groups = algorithm.fill(np.arange(24), 8, C[:, 3], N[:, 3])
+    machines = algorithm.allocate_machines(groups, C, N, 30, 16)
+    before = _throughput(groups, machines, C, N)
+    new_groups, new_machines = local_search.improve(groups, machines, C, N, 30, 16, k_max=4)
+    assert _throughput(new_groups, new_machines, C, N) >= before - 1e-12
+    assert sorted(j for g in new_groups for j in g) == list(range(24))
+    assert all(1 <= len(g) <= 4 for g in new_groups)
+    assert new_machines.min() >= 1 and new_machines.sum() <= 30
+
+
+def test_local_search_finds_the_exhaustive_best_on_a_small_instance():
+    from bench.bench_grouping import best_split, partitions
+    models = ["dssm", "dssm", "cnn-text-classification", "cnn-text-classification", "wlm", "resnet-50"]
+    jobs = [job(f"j{i}", m) for i, m in enumerate(models)]
+    C, N = profile_table(jobs, 16)
+    curves = local_search.Curves(C, N, 16)
+    best = max(best_split([curves.of(g) for g in p], 6) for p in partitions(list(range(6))) if len(p) <= 6) / 6
+    singletons = [[i] for i in range(6)]  # the start harmony's step 1 picks here: no sharing
+    assert _throughput(singletons, np.ones(6, int), C, N) < 0.95 * best
+    groups, machines = local_search.improve(singletons, np.ones(6, int), C, N, 6, 16, k_max=8)
+    assert _throughput(groups, machines, C, N) == pytest.approx(best, rel=1e-9)
+    # and harmony returns that plan, machines included
+    plan = Harmony().group(snap(jobs, nodes=6))
+    mine: dict = {}
+    for i, j in enumerate(jobs):
+        mine.setdefault(plan.job_pools[j.name], []).append(i)
+    counts = [sum(p == name for p in plan.node_pools) for name in mine]
+    assert _throughput(list(mine.values()), np.array(counts), C, N) == pytest.approx(best, rel=1e-9)
 
 
 def test_machine_allocation_uses_at_most_the_machines_and_gives_each_group_one():

@@ -17,6 +17,8 @@ HarmonyConfig (harmony.py) and is listed in docs/grouping.md:
 4. `allocate_machines`: every group starts with one machine; each further machine goes to
    the group whose jobs it speeds up most (Σ members × relative drop of T_g), the paper's
    "needs it most" (a CPU-bound group's T_g falls with machines, a network-bound one's not).
+5. local_search.py (not the paper's) then moves jobs and machines between groups by the same
+   predicted score; harmony.py runs it after step 4.
 """
 
 from __future__ import annotations

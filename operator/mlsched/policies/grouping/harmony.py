@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsched.cluster.types import WAITING_POOL, PoolForecast, PoolPlan, Snapshot
-from mlsched.policies.grouping import algorithm
+from mlsched.policies.grouping import algorithm, local_search
 from mlsched.policies.grouping.model import group_time
 from mlsched.policies.grouping.profiles import profile_table
 
@@ -42,6 +42,10 @@ class HarmonyConfig:
     max_candidates: int = 32  # group counts tried in step 1
     partners: int = 4  # groups a swap looks at
     max_swaps: int | None = None  # default 20 per group
+    # local search after the swaps (local_search.py; 'throughput' objective only): group
+    # pairs examined in all, and how many neighbours by iteration time each group pairs with
+    local_search_pairs: int = 1000
+    local_search_window: int = 4
 
 
 @dataclass
@@ -96,6 +100,10 @@ class Harmony:
         d = int(min(max(M // n_groups, 1), cfg.max_dop))
         algorithm.swap(groups, C[:, d], N[:, d], cfg.partners, cfg.max_swaps)
         machines = algorithm.allocate_machines(groups, C, N, M, cfg.max_dop)
+        if cfg.local_search_pairs > 0 and cfg.objective == "throughput":
+            groups, machines = local_search.improve(groups, machines, C, N, M, cfg.max_dop, k_max,
+                                                    cfg.job_penalty, cfg.local_search_window,
+                                                    cfg.local_search_pairs)
         return _name_and_place(groups, machines, current, snapshot)
 
     def _keep(self, snapshot: Snapshot, current: list[_Group], C, N) -> list[_Group]:
