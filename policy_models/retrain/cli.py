@@ -59,7 +59,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--records", help="read records from this directory instead of the cluster")
     p.add_argument("--store", help="published versions in this directory instead of the cluster")
     p.add_argument("--base-model", help="start from this ONNX model instead of the active one")
-    p.add_argument("--margin", type=float, default=0.02, help="publish only if avg JCT is lower by this fraction")
+    p.add_argument("--margin", type=float, default=0.02,
+                   help="publish only if avg JCT is lower by this fraction; a negative margin also publishes a "
+                        "candidate up to that much worse (tests of the publishing path, a forced promotion)")
     p.add_argument("--time-budget-min", type=float, default=10.0, help="training time (evaluation comes after)")
     p.add_argument("--episodes", type=int, default=100_000, help="simulator mode: at most this many episodes")
     p.add_argument("--policy-epochs", type=int, default=4, help="offpolicy mode: passes over the records")
@@ -69,8 +71,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--out", help="write the candidate here and publish nothing")
     p.add_argument("--dry-run", action="store_true", help="publish nothing (with no --out: a temporary directory)")
     a = p.parse_args(argv)
-    if not 0 <= a.margin < 1:
-        p.error("--margin must be in [0, 1)")
+    if not -1 < a.margin < 1:
+        p.error("--margin must be in (-1, 1)")
     return a
 
 
