@@ -15,13 +15,21 @@ import numpy as np
 
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched.sim.simulator import SimConfig
-from mlsched.workloads import catalog
+from mlsched.workloads import catalog, speed_table
 from mlsched.workloads.traces import TraceJob
 
 ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
 # Trace seeds by use; offset by the retraining seed. Disjoint from train.py's (1,000+ and
 # 50,000+), the benchmarks' (100,000+) and recorded histories' (300,000+).
 TRAIN_SEEDS, VALIDATION_SEEDS, EVALUATION_SEEDS = 500_000, 700_000, 900_000
+# The longest job simulated: the trace generators' bound (48 h alone with 1 PS and 1 worker).
+MAX_JOB_MINUTES = 48 * 60
+
+
+def longest_epochs(model: str) -> float:
+    """Epochs of a MAX_JOB_MINUTES job of `model`, as generators.py computes a job's epochs."""
+    ref_epochs_per_s = speed_table.table_speed(model, 1, 1) / catalog.MODELS[model].steps_per_epoch
+    return max(1.0, round(MAX_JOB_MINUTES * 60 * ref_epochs_per_s, 1))
 
 
 @dataclass
@@ -62,7 +70,10 @@ def from_records(records: list[IntervalRecord]) -> Workload:
     for r in records:
         for j in r.jobs:
             if j.uid not in seen and catalog.is_known(j.model_type):
-                seen[j.uid] = (catalog.canonical_name(j.model_type), float(j.total_epochs),
+                model = catalog.canonical_name(j.model_type)
+                # A job meant to run until stopped (epochs 1e9) would never finish in the
+                # simulator, and neither would evaluation: its length is capped as generated ones are.
+                seen[j.uid] = (model, min(float(j.total_epochs), longest_epochs(model)),
                                ARCH.get(j.architecture, "ps"))
     if not seen:
         raise ValueError("the records hold no job of a catalog model: nothing to simulate")

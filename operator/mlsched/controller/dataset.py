@@ -84,8 +84,11 @@ def job_intervals(interval: OpenInterval, closed: ClosedInterval,
 
 
 class Dataset:
-    def __init__(self, api: KubeApi, writer: ObjectWriter):
+    def __init__(self, api: KubeApi, writer: ObjectWriter, interval_scale: float = 1.0):
         self.api, self.writer = api, writer
+        # A record's length_s is in the policy's time, as its interval is: under
+        # --interval-scale (tests, emulated clusters) wall seconds / the scale.
+        self.interval_scale = interval_scale or 1.0
         self._records: dict[tuple[str, str, int], _Record] = {}
         # Per policy, its closed intervals stored: the record written by this process, or the
         # ConfigMap names an earlier one left (listed once per process, `_swept`).
@@ -122,7 +125,7 @@ class Dataset:
             rec = _Record(self._new(key, interval.number, interval.start, opening), merged=False)
         r = rec.record
         r.end = rfc3339(end)
-        r.length_s = max(0.0, end - interval.start.timestamp())
+        r.length_s = max(0.0, end - interval.start.timestamp()) / self.interval_scale
         r.jobs = job_intervals(interval, closed, jobs)
         r.reward = float(closed.reward.get("reward") or 0.0)
         if not r.jobs and not r.decisions and rec.merged:

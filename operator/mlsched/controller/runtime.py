@@ -294,7 +294,7 @@ class Runtime:
         # The retraining dataset's ConfigMaps (dataset.py), also written in the background.
         self.objects = ObjectWriter(concurrency=max(1, self.config.record_concurrency // 2),
                                     on_failure=self.metrics.api_errors.labels("dataset").inc)
-        self.dataset = Dataset(self.api, self.objects)
+        self.dataset = Dataset(self.api, self.objects, self.config.interval_scale)
         self.pod_settings = PodSettings(progress_url=self.config.progress_url,
                                         tolerated_taints=tuple(sorted(self.config.tolerated_taints)),
                                         token_audience=self.config.token_audience,

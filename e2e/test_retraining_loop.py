@@ -1,0 +1,300 @@
+"""The whole learning loop of issue 17 on the real control plane: emulated jobs under a DL²
+policy with `updatePolicy: Auto` and exploration leave interval records; the retraining Job
+reads them, trains, judges and publishes (or not); the operator adopts what it published.
+
+kwok runs no containers, so "running the retraining Job" is running its container's command
+(`mlsched retrain` with the args of manifests/retraining/job.yaml, only mode, budget and
+margin changed) as a subprocess here, as the Job's pod would: `POD_NAMESPACE` from the
+environment, a read-only view of nothing but a temp dir, and the credentials of the
+`mlsched-retrain` ServiceAccount with exactly manifests/retraining/rbac.yaml's Role (a token
+minted by TokenRequest, as the kubelet mints the pod's). So the test also checks that the
+shipped Role is enough, and that it does not let retraining write the SchedulingPolicy.
+
+The subprocess needs torch (the `train` extra): without it the test fails and says what to
+install; it never skips.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+from mlsched.controller import dataset_store, model_versions
+from mlsched_objects import GROUP, REPO, VERSION, load_yaml, mljob, scheduling_policy
+from operator_identity import TOKEN_SECONDS, _create
+from waiting import wait_for
+
+RETRAINING = REPO / "manifests" / "retraining"
+SERVICE_ACCOUNT = "mlsched-retrain"
+POLICY = "default"  # what job.yaml's --policy names
+ROUND_TIMEOUT = 90  # rounds every 6 s; generous on a loaded 2-core machine
+RUN_TIMEOUT = 240  # one retraining run: torch import, reading, 0.3 min of training, evaluation
+LONG_INTERVAL = 86400  # 432 s rounds at the e2e interval scale: no interval closes meanwhile
+SHORT_INTERVAL = 1200  # 6 s rounds
+
+
+def require_torch() -> None:
+    if importlib.util.find_spec("torch") is None:
+        pytest.fail(f"the retraining Job needs torch, which {sys.executable} lacks: install the "
+                    "train extra, `pip install -e '.[train]'` (or `make dev`)", pytrace=False)
+
+
+def retrain_command() -> list[str]:
+    """The Job's container command: the train image's ENTRYPOINT (`mlsched retrain`)."""
+    entry = Path(sys.executable).with_name("mlsched")
+    if entry.is_file():
+        return [str(entry), "retrain"]
+    found = shutil.which("mlsched")
+    if found is None:
+        pytest.fail("no `mlsched` entry point beside the interpreter: `pip install -e '.[train]'`",
+                    pytrace=False)
+    return [found, "retrain"]
+
+
+def job_args(**overrides: object) -> list[str]:
+    """manifests/retraining/job.yaml's container args, with `--name=value` replaced (or added)
+    for each override (time_budget_min -> --time-budget-min)."""
+    (job,) = load_yaml(RETRAINING / "job.yaml")
+    (container,) = job["spec"]["template"]["spec"]["containers"]
+    assert [e["name"] for e in container["env"]] == ["POD_NAMESPACE"], container["env"]
+    args = list(container["args"])
+    for key, value in overrides.items():
+        flag = "--" + key.replace("_", "-")
+        entry = f"{flag}={value}"
+        at = [i for i, a in enumerate(args) if a.split("=", 1)[0] == flag]
+        if at:
+            args[at[0]] = entry
+        else:
+            args.append(entry)
+    return args
+
+
+def retraining_kubeconfig(api: client.ApiClient, namespace: str, server: str, ca_cert: Path,
+                          path: Path) -> Path:
+    """`kubectl apply -n <namespace> -f manifests/retraining/rbac.yaml`, then a kubeconfig with
+    a token of the mlsched-retrain ServiceAccount (what the Job's pod is given)."""
+    for doc in load_yaml(RETRAINING / "rbac.yaml"):
+        _create(api, doc, namespace)
+    token = client.CoreV1Api(api).create_namespaced_service_account_token(
+        SERVICE_ACCOUNT, namespace, {"apiVersion": "authentication.k8s.io/v1",
+                                     "kind": "TokenRequest",
+                                     "spec": {"expirationSeconds": TOKEN_SECONDS}}).status.token
+    user = f"system:serviceaccount:{namespace}:{SERVICE_ACCOUNT}"
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config",
+        "clusters": [{"name": "e2e", "cluster": {"server": server,
+                                                 "certificate-authority": str(ca_cert)}}],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "e2e", "context": {"cluster": "e2e", "user": user}}],
+        "current-context": "e2e",
+    }))
+    path.chmod(0o600)
+    return path
+
+
+class RetrainingJob:
+    """One run of the retraining Job's container, as a subprocess."""
+
+    def __init__(self, kubeconfig: Path, namespace: str, workdir: Path):
+        self.kubeconfig, self.namespace, self.workdir = kubeconfig, namespace, workdir
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.runs = 0
+
+    def env(self) -> dict[str, str]:
+        tmp = self.workdir / "tmp"  # the Job's emptyDir at /tmp
+        tmp.mkdir(parents=True, exist_ok=True)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KUBERNETES_")}
+        env.update(KUBECONFIG=str(self.kubeconfig), POD_NAMESPACE=self.namespace,
+                   TMPDIR=str(tmp), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        return env
+
+    def start(self, args: list[str]) -> tuple[subprocess.Popen, Path, Path]:
+        self.runs += 1
+        out = self.workdir / f"run-{self.runs}.stdout"
+        err = self.workdir / f"run-{self.runs}.stderr"
+        with out.open("wb") as o, err.open("wb") as e:
+            proc = subprocess.Popen([*retrain_command(), *args], stdout=o, stderr=e,
+                                    env=self.env(), cwd=self.workdir)
+        return proc, out, err
+
+    def run(self, args: list[str]) -> dict:
+        """Runs to the end; returns the JSON report the CLI prints last."""
+        proc, out, err = self.start(args)
+        try:
+            rc = proc.wait(RUN_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise AssertionError(f"retraining run {self.runs} still going after {RUN_TIMEOUT}s:\n"
+                                 + tail(err)) from None
+        assert rc == 0, f"retraining run {self.runs} exited {rc}:\n{tail(err)}"
+        lines = out.read_text().strip().splitlines()
+        assert lines, f"retraining run {self.runs} printed no report:\n{tail(err)}"
+        report = json.loads(lines[-1])
+        report["_log"] = err.read_text()
+        return report
+
+    def run_killed_when(self, args: list[str], marker: str) -> str:
+        """Starts a run and SIGKILLs it as soon as its log shows `marker`; returns the log."""
+        proc, _, err = self.start(args)
+        deadline = time.monotonic() + RUN_TIMEOUT
+        try:
+            while marker not in err.read_text():
+                assert proc.poll() is None, (f"retraining run {self.runs} ended ({proc.returncode}) "
+                                             f"before '{marker}':\n{tail(err)}")
+                assert time.monotonic() < deadline, f"no '{marker}' after {RUN_TIMEOUT}s:\n{tail(err)}"
+                time.sleep(0.05)
+            proc.send_signal(signal.SIGKILL)
+        finally:
+            proc.kill()
+            proc.wait()
+        assert proc.returncode == -signal.SIGKILL, proc.returncode
+        return err.read_text()
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def records(api, namespace: str) -> list:
+    return dataset_store.list_records(client.CoreV1Api(api), namespace, POLICY)
+
+
+def versions(api, namespace: str) -> list[dict]:
+    items = client.CoreV1Api(api).list_namespaced_config_map(
+        namespace, label_selector=model_versions.selector(POLICY)).items
+    return [client.ApiClient().sanitize_for_serialization(cm) for cm in items]
+
+
+def policy_status(mlsched) -> dict:
+    return (mlsched.policy(POLICY) or {}).get("status") or {}
+
+
+def active(mlsched) -> dict:
+    return ((policy_status(mlsched).get("modelVersions") or {}).get("allocation/dl2") or {}) \
+        .get("active") or {}
+
+
+def test_retraining_job_publishes_once_and_auto_adopts(api, control_plane, mlsched, operator,
+                                                        emulator, tmp_path):
+    require_torch()
+    ns = mlsched.namespace
+    job = RetrainingJob(retraining_kubeconfig(api, ns, control_plane.apiserver_url,
+                                              control_plane.ca_cert_path,
+                                              tmp_path / "retrain.kubeconfig"),
+                        ns, tmp_path / "retrain")
+
+    # 1. DL² (the model shipped with the operator: no spec.models), Auto, some exploration.
+    mlsched.create(scheduling_policy(POLICY, allocation="dl2", interval=SHORT_INTERVAL,
+                                     updatePolicy="Auto", exploration={"epsilon": 0.1}))
+    for name, model in [("r1", "resnet-50"), ("r2", "vgg-16"), ("r3", "inception-bn")]:
+        mlsched.create(mljob(name, model=model, ps=(1, 4), workers=(1, 4), epochs=1e9))
+    wait_for(lambda: len([r for r in records(api, ns) if r.decisions]) >= 4, ROUND_TIMEOUT * 2,
+             "four closed interval records with DL² decisions",
+             describe=lambda: [(r.interval, len(r.decisions)) for r in records(api, ns)])
+    shipped = active(mlsched)
+    assert shipped.get("source") == "shipped", policy_status(mlsched).get("modelVersions")
+
+    # Hold the records still while the Job runs (no interval closes in 432 s), so that "nothing
+    # new" below means consumed, not "no interval closed since". An edit wakes a round at once.
+    edited = mlsched.patch_policy(POLICY, {"interval": LONG_INTERVAL})
+    generation = edited["metadata"]["generation"]
+    wait_for(lambda: policy_status(mlsched).get("observedGeneration") == generation,
+             ROUND_TIMEOUT, "the round of the interval edit")
+    newest = wait_for(lambda: (rs := policy_status(mlsched).get("rewards")) and rs[-1]["interval"],
+                      ROUND_TIMEOUT, "the policy's rewards")
+    recorded = wait_for(lambda: (rs := records(api, ns)) and rs[-1].interval >= newest and rs,
+                        ROUND_TIMEOUT, f"interval {newest}'s record closed",
+                        describe=lambda: [r.interval for r in records(api, ns)])
+    intervals = [r.interval for r in recorded]
+    assert intervals[-1] == newest and intervals == list(range(intervals[0], newest + 1)), intervals
+    assert sum(d.steps for r in recorded for d in r.decisions) > 0
+    # Lengths in the policy's time (1200 s), not the 6 s of wall time a scaled round takes:
+    # retraining simulates intervals of that length.
+    assert 600 < sorted(r.length_s for r in recorded)[len(recorded) // 2] < 3600, \
+        [r.length_s for r in recorded]
+    frozen = mlsched.policy(POLICY)
+    assert frozen["metadata"]["generation"] == generation
+
+    # Offpolicy, a short budget and two evaluation traces: this is about the loop, not quality.
+    quick = dict(mode="offpolicy", time_budget_min=0.3, eval_traces=2)
+
+    # 2. A demanding margin: a candidate not 50 % faster than the active model is not promoted.
+    report = job.run(job_args(**quick, margin=0.5))
+    assert report["status"] == "not-better", report
+    assert report["evaluation"]["ratio"] > 0.5, report["evaluation"]
+    assert report["evaluation"]["base_version"] is None  # it started from the shipped model
+    assert versions(api, ns) == []
+
+    # The margins below (-0.5: publish a candidate up to 50 % slower) test the plumbing of
+    # publishing, consuming once and adoption, not whether retraining improves the model: a
+    # 20-second fine-tune on a few intervals cannot be relied on to win. Quality is measured
+    # by bench/bench_retrain.py, not here.
+    publishing = job_args(**quick, margin=-0.5)
+
+    # 3. A Job killed half-way (SIGKILL once it has read and calibrated, while it trains)
+    # publishes nothing; its rerun publishes exactly once.
+    log = job.run_killed_when(publishing, "calibrated speed factors")
+    assert "new intervals" in log and "published" not in log, log
+    assert versions(api, ns) == []
+    report = job.run(publishing)
+    assert report["status"] == "published" and report["version"] == 1, report
+    (cm,) = versions(api, ns)
+    version = model_versions.parse(cm)
+    assert version is not None and version.version == 1, cm["metadata"]
+    assert cm["metadata"]["name"] == report["configmap"] == f"{POLICY}-dl2-v1"
+    evaluation = json.loads(cm["metadata"]["annotations"][model_versions.EVALUATION])
+    # The evaluation names exactly the intervals the run consumed: every closed one.
+    assert (evaluation["first_interval"], evaluation["trained_through_interval"]) \
+        == (intervals[0], intervals[-1]), (evaluation, intervals)
+    assert evaluation["intervals"] == len(intervals)
+    assert evaluation["mode"] == "offpolicy" and evaluation["margin"] == -0.5
+    assert evaluation["ratio"] <= 1.5 and evaluation["traces"] == 2, evaluation
+
+    # 4. The same Job again: every interval is consumed, nothing new is published.
+    again = job.run(publishing)
+    assert again["status"] == "nothing-new", again
+    assert again["trained_through_interval"] == intervals[-1]
+    assert [c["metadata"]["name"] for c in versions(api, ns)] == [f"{POLICY}-dl2-v1"]
+
+    # Retraining never wrote the policy: spec and generation as before the runs, and its
+    # credentials may not (the Role has get only).
+    now = mlsched.policy(POLICY)
+    assert now["metadata"]["generation"] == generation and now["spec"] == frozen["spec"]
+    retrainer = client.CustomObjectsApi(kube_config.new_client_from_config(str(job.kubeconfig)))
+    with pytest.raises(ApiException) as refused:
+        retrainer.patch_namespaced_custom_object(GROUP, VERSION, ns, "schedulingpolicies", POLICY,
+                                                 {"spec": {"updatePolicy": "Manual"}})
+    assert refused.value.status == 403
+
+    # 5. Auto: the operator serves v1 from the next round (the edit back to short rounds
+    # starts one at once).
+    mlsched.patch_policy(POLICY, {"interval": SHORT_INTERVAL})
+    adopted = wait_for(lambda: (a := active(mlsched)).get("version") == 1 and a, ROUND_TIMEOUT,
+                       "Auto: v1 adopted at the next round",
+                       describe=lambda: policy_status(mlsched).get("modelVersions"))
+    assert adopted["source"] == "published" and adopted["sha256"] == version.sha256, adopted
+    assert policy_status(mlsched)["modelVersion"] == "dl2 v1"
+    assert policy_status(mlsched)["activeModels"]["allocation/dl2"] == version.sha256
+    assert any(e.reason == "VersionAdopted" for e in mlsched.events(POLICY, "SchedulingPolicy"))
+    # Decisions of the intervals after the consumed ones: the shipped model's until the
+    # adopting round, v1's from it on.
+    wait_for(lambda: any(d.model_version == "1" for r in records(api, ns)
+                         if r.interval > intervals[-1] for d in r.decisions), ROUND_TIMEOUT,
+             "a closed interval record with decisions of version 1",
+             describe=lambda: [(r.interval, sorted({str(d.model_version) for d in r.decisions}))
+                               for r in records(api, ns)][-4:])
+    assert all(d.model_version != "1" for r in recorded for d in r.decisions)
