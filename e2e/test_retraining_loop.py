@@ -214,11 +214,24 @@ def test_retraining_job_publishes_once_and_auto_adopts(api, control_plane, mlsch
     generation = edited["metadata"]["generation"]
     wait_for(lambda: policy_status(mlsched).get("observedGeneration") == generation,
              ROUND_TIMEOUT, "the round of the interval edit")
-    newest = wait_for(lambda: (rs := policy_status(mlsched).get("rewards")) and rs[-1]["interval"],
-                      ROUND_TIMEOUT, "the policy's rewards")
-    recorded = wait_for(lambda: (rs := records(api, ns)) and rs[-1].interval >= newest and rs,
-                        ROUND_TIMEOUT, f"interval {newest}'s record closed",
-                        describe=lambda: [r.interval for r in records(api, ns)])
+    # The edit's round closes the interval open at the edit; its reward and record go out in
+    # the background, possibly after observedGeneration shows. Wait until the policy's newest
+    # reward and the newest closed record agree and stay so for a few seconds (no interval
+    # closes for 432 s now).
+    seen: list = []
+
+    def settled():
+        rewards = policy_status(mlsched).get("rewards") or []
+        rs = records(api, ns)
+        state = (rewards[-1]["interval"] if rewards else None, rs[-1].interval if rs else None)
+        seen.append((time.monotonic(), state, rs))
+        stable = [st for t, st, _ in seen if t > seen[-1][0] - 5.0]
+        return (state[0] is not None and state[0] == state[1] and seen[0][0] < seen[-1][0] - 5.0
+                and all(st == state for st in stable) and rs)
+
+    recorded = wait_for(settled, ROUND_TIMEOUT, "the edit round's reward and record, settled",
+                        describe=lambda: seen[-1][1] if seen else None)
+    newest = recorded[-1].interval
     intervals = [r.interval for r in recorded]
     assert intervals[-1] == newest and intervals == list(range(intervals[0], newest + 1)), intervals
     assert sum(d.steps for r in recorded for d in r.decisions) > 0
