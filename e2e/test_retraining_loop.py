@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -179,6 +180,10 @@ def versions(api, namespace: str) -> list[dict]:
     return [client.ApiClient().sanitize_for_serialization(cm) for cm in items]
 
 
+def _when(rfc3339: str) -> datetime:
+    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00"))
+
+
 def policy_status(mlsched) -> dict:
     return (mlsched.policy(POLICY) or {}).get("status") or {}
 
@@ -210,24 +215,35 @@ def test_retraining_job_publishes_once_and_auto_adopts(api, control_plane, mlsch
 
     # Hold the records still while the Job runs (no interval closes in 432 s), so that "nothing
     # new" below means consumed, not "no interval closed since". An edit wakes a round at once.
+    edited_at = datetime.now(UTC) - timedelta(seconds=1)
     edited = mlsched.patch_policy(POLICY, {"interval": LONG_INTERVAL})
     generation = edited["metadata"]["generation"]
     wait_for(lambda: policy_status(mlsched).get("observedGeneration") == generation,
              ROUND_TIMEOUT, "the round of the interval edit")
-    # The edit's round closes the interval open at the edit; its reward and record go out in
-    # the background, possibly after observedGeneration shows. Wait until the policy's newest
-    # reward and the newest closed record agree and stay so for a few seconds (no interval
-    # closes for 432 s now).
+    # The edit's round closes the interval open at the edit (and a round in flight at the edit
+    # may close one more); rewards and records go out in the background, possibly after
+    # observedGeneration shows. Settled: the interval open now was opened by a round after the
+    # edit, every interval before it is closed and in the policy's rewards, and that
+    # stays so for a few seconds (no interval closes for 432 s now).
     seen: list = []
 
     def settled():
         rewards = policy_status(mlsched).get("rewards") or []
-        rs = records(api, ns)
-        state = (rewards[-1]["interval"] if rewards else None, rs[-1].interval if rs else None)
-        seen.append((time.monotonic(), state, rs))
-        stable = [st for t, st, _ in seen if t > seen[-1][0] - 5.0]
-        return (state[0] is not None and state[0] == state[1] and seen[0][0] < seen[-1][0] - 5.0
-                and all(st == state for st in stable) and rs)
+        closed = records(api, ns)
+        done = {r.interval for r in closed}
+        opened = [r for r in dataset_store.list_records(client.CoreV1Api(api), ns, POLICY,
+                                                         include_open=True)
+                  if r.interval not in done]
+        fresh = bool(opened) and _when(opened[-1].start) >= edited_at
+        state = (rewards[-1]["interval"] if rewards else None,
+                 closed[-1].interval if closed else None,
+                 opened[-1].interval if opened else None, fresh)
+        seen.append((time.monotonic(), state))
+        good = (fresh and state[0] is not None and state[0] == state[1]
+                and state[2] == state[1] + 1)
+        recent = [st for t, st in seen if t > seen[-1][0] - 3.0]
+        return (good and seen[0][0] < seen[-1][0] - 3.0 and all(st == state for st in recent)
+                and closed)
 
     recorded = wait_for(settled, ROUND_TIMEOUT, "the edit round's reward and record, settled",
                         describe=lambda: seen[-1][1] if seen else None)
