@@ -59,11 +59,7 @@ def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
     """
     if groups:
         return _grouped_factors(placements, groups)
-    per_node: dict[int, dict[str, np.ndarray]] = {}
-    for job, (model, nodes) in placements.items():
-        for n in nodes:
-            d = per_node.setdefault(n, {})
-            d[job] = d.get(job, 0.0) + INTENSITY[model]
+    per_node = _intensity_per_node(placements)
     factors = {}
     for job, (model, nodes) in placements.items():
         worst = 0.0
@@ -79,13 +75,19 @@ def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
     return factors
 
 
-def _grouped_factors(placements: dict[str, tuple[str, list[int]]],
-                     groups: dict[str, str]) -> dict[str, float]:
+def _intensity_per_node(placements: dict[str, tuple[str, list[int]]]) -> dict[int, dict[str, np.ndarray]]:
+    """node -> job -> the summed intensity of the job's tasks on that node."""
     per_node: dict[int, dict[str, np.ndarray]] = {}
     for job, (model, nodes) in placements.items():
         for n in nodes:
             d = per_node.setdefault(n, {})
             d[job] = d.get(job, 0.0) + INTENSITY[model]
+    return per_node
+
+
+def _grouped_factors(placements: dict[str, tuple[str, list[int]]],
+                     groups: dict[str, str]) -> dict[str, float]:
+    per_node = _intensity_per_node(placements)
     factors = {}
     for job, (model, nodes) in placements.items():
         worst = 0.0
