@@ -12,7 +12,8 @@ import pytest
 from mlsched.controller import loop
 from mlsched.controller.kube import KubeError
 from mlsched.controller.progress_server import record_progress
-from mlsched.controller.status_writer import StatusWriter, TokenBucket
+from mlsched.controller.status_writer import StatusWriter
+from mlsched.controller.token_bucket import TokenBucket
 from test_controller_fixtures import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run,
 )

@@ -10,6 +10,8 @@ Data flows one way, and only the last two modules know about kopf or the network
     models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
     kube.py       the API seam (kubernetes client in threads; a fake in tests)
     apply.py      executes actions idempotently
+    write_queue.py    the writers' shared background queue: slots, rate, retries, backoff
+    token_bucket.py   the rate limit the writers and token reviews share
     status_writer.py  status records written in the background, retried, never dropped
     serving.py    a round's learned phases: exploration (bounded) and decision logs  pure
     dataset_store.py  the retraining dataset's ConfigMap format; read_records  pure

@@ -4,7 +4,7 @@ A scheduling round's status writes (each job's interval record, placement and de
 the policy's reward and round summary) are queued here per object and written by one
 background task, at most `concurrency` at a time and `rate` per second (a token bucket), so
 deciding and scaling never wait on them and a round of 1,000 jobs does not hit the API server
-with 1,000 writes at once.
+with 1,000 writes at once (the queue, its slots and its retries: write_queue.py).
 
 Nothing is dropped: a write that fails (409, 429, 5xx, the API server unreachable) is retried
 with exponential backoff and jitter; whatever a later round queues for the same object meanwhile
@@ -20,16 +20,14 @@ entries: appended in interval order, one entry per interval number, the newest `
 
 from __future__ import annotations
 
-import asyncio
 import logging
-import random
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from itertools import islice
 from typing import Any
 
-from mlsched.controller.kube import KubeApi, KubeError
+from mlsched.controller.kube import KubeApi
+from mlsched.controller.write_queue import WriteQueue
 
 log = logging.getLogger("mlsched.controller.status_writer")
 
@@ -88,56 +86,20 @@ class Pending:
         self.limits.update(newer.limits)
 
 
-class TokenBucket:
-    """`rate` tokens a second, at most `burst` saved; a rate <= 0 is no limit."""
-
-    def __init__(self, rate: float, burst: float, clock: Callable[[], float] = time.monotonic):
-        self.rate, self.burst, self.clock = rate, max(1.0, burst), clock
-        self.tokens, self.stamp = self.burst, clock()
-
-    def reserve(self) -> float:
-        """Take a token; the seconds to wait before using it (the balance may go negative:
-        each caller waits its turn, in order)."""
-        if self.rate <= 0:
-            return 0.0
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        self.tokens -= 1.0
-        return 0.0 if self.tokens >= 0 else -self.tokens / self.rate
-
-    async def take(self) -> None:
-        wait = self.reserve()
-        if wait > 0:
-            await asyncio.sleep(wait)
-
-
-def retryable(err: BaseException) -> bool:
-    """Everything but the API server refusing the patch itself (a bug to log, not to repeat):
-    conflicts, throttling, server errors, lost connections, missing rights (fixable)."""
-    return not (isinstance(err, KubeError) and err.rejected)
-
-
-class StatusWriter:
+class StatusWriter(WriteQueue[Pending]):
     def __init__(self, api: KubeApi, *, concurrency: int = 8, rate: float = 50.0,
                  burst: float = 100.0, lookup: Lookup | None = None,
                  backoff_s: float = 0.5, max_backoff_s: float = 30.0,
                  on_failure: Callable[[], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
+        super().__init__(name="status-writer", log=log, concurrency=concurrency, rate=rate,
+                         burst=burst, backoff_s=backoff_s, max_backoff_s=max_backoff_s,
+                         on_failure=on_failure, clock=clock)
         self.api = api
-        self.concurrency = max(1, concurrency)
-        self.bucket = TokenBucket(rate, burst, clock)
         self.lookup = lookup or (lambda kind, namespace, name: None)
-        self.backoff_s, self.max_backoff_s = backoff_s, max_backoff_s
-        self.on_failure = on_failure or (lambda: None)
-        self.clock = clock
-        self._pending: dict[ObjectKey, Pending] = {}
-        self._inflight: dict[ObjectKey, tuple[Pending, asyncio.Task]] = {}
         # Entries written whose object the index has not shown with them yet (the watch
         # lags): the next write of that list must still carry them.
         self._unseen: dict[ObjectKey, tuple[str | None, dict[str, dict[int, Mapping]]]] = {}
-        self._task: asyncio.Task | None = None
-        self._kick: asyncio.Future | None = None
 
     # ---- what a round calls ---------------------------------------------------------------
     def enqueue(self, kind: str, namespace: str, name: str, *, uid: str | None = None,
@@ -152,116 +114,37 @@ class StatusWriter:
                          limits={n: limit for n in append or {}},
                          base={n: by_interval(e) for n, e in (base or {}).items()})
         key = (kind, namespace, name)
-        if key in self._pending:
-            self._pending[key].absorb(record)
+        if key in self._queued:
+            self._queued[key].absorb(record)
+            self._start()
         else:
-            self._pending[key] = record
-        self._start()
+            self._put(key, record)
 
-    def pending(self) -> int:
-        """Objects with something not yet written (in flight included)."""
-        return len(self._pending.keys() | self._inflight.keys())
-
-    async def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything queued is written (retries included); False on timeout."""
-        self._start()
-        if not self.pending():
-            return True
-        try:
-            await asyncio.wait_for(asyncio.shield(self._task), timeout)
-        except TimeoutError:
-            return False
-        return not self.pending()
-
-    # ---- the background task --------------------------------------------------------------
-    def _start(self) -> None:
-        """Run the writer on the current event loop (a new one per loop: tests run each step
-        in its own asyncio.run, and what a cancelled writer held stays pending)."""
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return  # queued; written once a loop runs
-        if self._task is None or self._task.done() or self._task.get_loop() is not loop:
-            self._task = (loop.create_task(self._work(), name="mlsched-status-writer")
-                          if self._pending else None)
-        elif self._kick is not None and not self._kick.done():
-            self._kick.set_result(None)
-
-    async def _work(self) -> None:
-        loop = asyncio.get_running_loop()
-        try:
-            while self._pending or self._inflight:
-                now = self.clock()
-                free = self.concurrency - len(self._inflight)
-                # Only as far into the queue as there are free slots: this runs each time a
-                # write completes, and a round queues one record per job (thousands), so a
-                # full scan each time cost O(jobs²) per round (py-spy: 10 % of the operator
-                # at 2,000 jobs).
-                due = (k for k, p in self._pending.items()
-                       if k not in self._inflight and p.not_before <= now)
-                for key in list(islice(due, max(0, free))):
-                    record = self._pending.pop(key)
-                    self._inflight[key] = (record, loop.create_task(self._write(key, record)))
-                timeout = None
-                if len(self._inflight) < self.concurrency:  # a slot is free: wake for a backoff
-                    waiting = [p.not_before for k, p in self._pending.items()
-                               if k not in self._inflight]
-                    timeout = max(0.0, min(waiting) - now) if waiting else None
-                self._kick = loop.create_future()
-                await asyncio.wait({self._kick, *(t for _, t in self._inflight.values())},
-                                   timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # Stopped (the event loop is closing, maybe already closed: nothing to await any
-            # more): what was in flight goes back to pending, to be written by the next writer.
-            for key, (record, task) in list(self._inflight.items()):
-                del self._inflight[key]
-                self._put_back(key, record)
-                task.cancel()
-
-    async def _write(self, key: ObjectKey, record: Pending) -> None:
+    # ---- the queue's hooks ----------------------------------------------------------------
+    async def _perform(self, key: ObjectKey, record: Pending) -> None:
         kind, namespace, name = key
-        try:
-            patch = self._patch(key, record)
-            if patch is None:
-                return
-            await self.bucket.take()
-            found = await self.api.patch(kind, namespace, name, {"status": patch}, status=True)
-            if not found:
-                log.info("%s %s/%s is gone: its status record is not written", kind, namespace,
-                         name)
-                self._unseen.pop(key, None)
-                return
-            self._remember(key, record, patch)
-        except asyncio.CancelledError:
-            if self._owns(key, record):  # else the stopping writer put it back already
-                self._put_back(key, record)
-            raise
-        except Exception as err:  # noqa: BLE001 - every failure is retried or reported here
-            self.on_failure()
-            if not retryable(err):
-                log.error("%s %s/%s: the API server refused the status record, not retried: "
-                          "%s", kind, namespace, name, err)
-                return
-            record.attempts += 1
-            delay = min(self.max_backoff_s, self.backoff_s * 2 ** (record.attempts - 1))
-            record.not_before = self.clock() + delay * (0.5 + random.random() / 2)
-            log.warning("%s %s/%s: status record not written (attempt %d, again in %.1fs): %s",
-                        kind, namespace, name, record.attempts, record.not_before - self.clock(),
-                        err)
-            self._put_back(key, record)
-        finally:
-            if self._owns(key, record):
-                del self._inflight[key]
+        patch = self._patch(key, record)
+        if patch is None:
+            return
+        await self.bucket.take()
+        found = await self.api.patch(kind, namespace, name, {"status": patch}, status=True)
+        if not found:
+            log.info("%s %s/%s is gone: its status record is not written", kind, namespace,
+                     name)
+            self._unseen.pop(key, None)
+            return
+        self._remember(key, record, patch)
 
-    def _owns(self, key: ObjectKey, record: Pending) -> bool:
-        return key in self._inflight and self._inflight[key][0] is record
-
-    def _put_back(self, key: ObjectKey, record: Pending) -> None:
+    def _requeue(self, key: ObjectKey, record: Pending) -> None:
         """A record not written goes back under whatever was queued for it meanwhile."""
-        newer = self._pending.get(key)
+        newer = self._queued.get(key)
         if newer is not None:
             record.absorb(newer)
-        self._pending[key] = record
+        self._queued[key] = record
+
+    def _describe(self, key: ObjectKey, record: Pending) -> str:
+        kind, namespace, name = key
+        return f"{kind} {namespace}/{name}: status record"
 
     def _patch(self, key: ObjectKey, record: Pending) -> dict[str, Any] | None:
         """The status patch for `record`, None when nothing in it is left to write."""

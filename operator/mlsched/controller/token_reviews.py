@@ -27,6 +27,8 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from mlsched.controller.token_bucket import TokenBucket
+
 Review = Callable[[str, list[str]], Awaitable[dict[str, Any]]]
 
 
@@ -36,30 +38,14 @@ class Throttled(Exception):
         self.retry_after = retry_after
 
 
-class TokenBucket:
-    def __init__(self, rate: float, burst: int, clock: Callable[[], float] = time.monotonic):
-        if rate <= 0 or burst < 1:
-            raise ValueError(f"token review rate must be > 0 and burst >= 1 (got {rate}, {burst})")
-        self.rate, self.burst, self.clock = rate, burst, clock
-        self.tokens, self.at = float(burst), clock()
-
-    def take(self) -> float:
-        """0 if a review may go now (and counts it), else the seconds until one may."""
-        now = self.clock()
-        self.tokens = min(self.burst, self.tokens + (now - self.at) * self.rate)
-        self.at = now
-        if self.tokens >= 1:
-            self.tokens -= 1
-            return 0.0
-        return (1 - self.tokens) / self.rate
-
-
 class TokenReviews:
     def __init__(self, review: Review, *, rate: float, burst: int, ok_ttl: float = 60.0,
                  refused_ttl: float = 10.0, max_entries: int = 10_000,
                  on_review: Callable[[str], None] | None = None,
                  clock: Callable[[], float] = time.monotonic):
         self.review = review
+        if rate <= 0 or burst < 1:
+            raise ValueError(f"token review rate must be > 0 and burst >= 1 (got {rate}, {burst})")
         self.bucket = TokenBucket(rate, burst, clock)
         self.ok_ttl, self.refused_ttl, self.max_entries = ok_ttl, refused_ttl, max_entries
         self.on_review = on_review or (lambda result: None)  # metrics: one call per review sent
@@ -85,7 +71,7 @@ class TokenReviews:
         pending = self._in_flight.get(key)
         if pending is not None:
             return await asyncio.shield(pending)
-        wait = self.bucket.take()
+        wait = self.bucket.try_take()
         if wait:
             raise Throttled(wait)
         future = asyncio.get_running_loop().create_future()
