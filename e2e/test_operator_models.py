@@ -235,3 +235,33 @@ def test_a_bad_card_in_one_namespace_does_not_break_another(api, mlsched, second
     later = round_of_generation(tenant_b, "learned", generation)
     assert condition(later, "ModelLoaded")["reason"] == "ModelInvalid"
     assert later["status"]["activeModels"] == {}
+
+
+def test_an_unavailable_execution_provider_is_a_condition_and_scheduling_goes_on(
+        mlsched, start_operator):
+    """An operator told to serve models on CUDA where onnxruntime has no usable CUDA (this
+    machine: the CPU build) does not crash: every learned policy says why in ModelLoaded and
+    a Warning Event, and schedules with its fallback; heuristic policies are untouched."""
+    operator = start_operator(extra_args=["--execution-provider", "CUDA"])
+    mlsched.create(scheduling_policy("learned", allocation="dl2", fallback="drf"))
+    mlsched.create(scheduling_policy("plain", allocation="drf"))
+    mlsched.create(mljob("resnet", ps=(1, 2), workers=(1, 2), epochs=1e9, policy="learned"))
+
+    policy = wait_for(lambda: (c := condition(p := mlsched.policy("learned"), "ModelLoaded"))
+                      and c["status"] == "False" and p, ROUND_TIMEOUT,
+                      "ModelLoaded=False on the learned policy",
+                      describe=lambda: mlsched.policy("learned").get("status"))
+    loaded = condition(policy, "ModelLoaded")
+    assert loaded["reason"] == "ExecutionProviderUnavailable", loaded
+    assert "execution provider CUDA" in loaded["message"], loaded["message"]
+    ready = condition(policy, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "FallbackActive"), ready
+    assert "allocating with drf" in ready["message"]
+    wait_for(lambda: [e for e in mlsched.events("learned", "SchedulingPolicy")
+                      if e.type == "Warning" and e.reason == "ExecutionProviderUnavailable"],
+             30, "a Warning Event ExecutionProviderUnavailable")
+    assert condition(model_loaded(mlsched, "plain"), "ModelLoaded")["reason"] == "NoModelNeeded"
+
+    wait_for(lambda: all(counts(mlsched, "resnet").values()), ROUND_TIMEOUT,
+             "the fallback (drf) to allocate the job")
+    assert operator.process.poll() is None, operator.log_tail()

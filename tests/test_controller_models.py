@@ -533,3 +533,34 @@ def test_model_dirs_and_size_limit_from_flags_and_environment(monkeypatch):
         parse_args(["--max-model-bytes", "lots"])
     with pytest.raises(ValueError, match="'0' is not a positive byte count"):
         OperatorConfig.from_env({"MLSCHED_MAX_MODEL_BYTES": "0"})
+
+
+def test_an_unavailable_execution_provider_is_a_reason_and_the_policy_falls_back(
+        tmp_path, dl2_artifact):
+    """The real runner on this machine's CPU-only onnxruntime, asked for CUDA: a verdict
+    that says so (and what to install), the fallback allocates, nothing raises."""
+    model, card = dl2_artifact
+    cms = {(NS, "dl2-policy"): {"binaryData": {"policy.onnx": base64.b64encode(model).decode()},
+                                "data": {"policy.card.json": json.dumps(card)}}}
+    s = spec(allocation="dl2", fallback="drf", models=cm_model("dl2", "dl2-policy"))
+    resolved = run(resolver(tmp_path, cms, execution_provider="CUDA").resolve(POLICY, s))
+    assert resolved.model_loaded.status is False
+    assert resolved.model_loaded.reason == "ExecutionProviderUnavailable"
+    assert "execution provider CUDA is not in this onnxruntime build" in resolved.model_loaded.message
+    assert "onnxruntime-gpu" in resolved.model_loaded.message
+    assert resolved.ready.reason == "FallbackActive" and isinstance(resolved.allocation, DRF)
+    served = run(resolver(tmp_path, cms).resolve(POLICY, s))  # the default: CPU
+    assert served.model_loaded.reason == "ModelVerified"
+
+
+def test_execution_provider_from_flags_and_a_wrong_one_refused_at_start(monkeypatch):
+    from mlsched.controller.__main__ import export, parse_args
+    from mlsched.controller.config import OperatorConfig
+
+    assert OperatorConfig.from_env({}).execution_provider == "CPU"
+    monkeypatch.setenv("MLSCHED_EXECUTION_PROVIDER", "")  # undone after the test
+    export(parse_args(["--execution-provider", "CUDA"]))
+    assert OperatorConfig.from_env().execution_provider == "CUDA"
+    assert not OperatorConfig.from_env().problems()
+    wrong = OperatorConfig.from_env({"MLSCHED_EXECUTION_PROVIDER": "TPU"}).problems()
+    assert wrong == ["--execution-provider 'TPU': choose one of CPU, CUDA"]

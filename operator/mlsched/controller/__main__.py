@@ -54,6 +54,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "default: the models shipped with the operator)")
     p.add_argument("--max-model-bytes", metavar="BYTES", type=_byte_count,
                    help="largest model file, ConfigMap value or model card read, e.g. 64Mi (64Mi)")
+    p.add_argument("--execution-provider", metavar="CPU|CUDA",
+                   help="where learned policies' ONNX models run: CPU (default), or CUDA with "
+                        "the gpu extra (onnxruntime-gpu) and a GPU")
     p.add_argument("--max-exploration", type=float, metavar="EPSILON",
                    help="largest spec.exploration.epsilon served; above it, clamped (0.2)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
@@ -69,6 +72,7 @@ def export(args: argparse.Namespace) -> None:
              "TRAINING_SERVICE_ACCOUNT": args.training_service_account,
              "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity,
              "MAX_MODEL_BYTES": args.max_model_bytes, "MAX_EXPLORATION": args.max_exploration,
+             "EXECUTION_PROVIDER": args.execution_provider,
              "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None}
     for name, value in flags.items():
         if value is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from mlsched.controller.constants import TOKEN_AUDIENCE
 from mlsched.controller.model_sources import DEFAULT_MAX_MODEL_BYTES
+from mlsched.policies.onnx_runner import PROVIDERS
 
 ENV_PREFIX = "MLSCHED_"
 
@@ -90,6 +91,11 @@ class OperatorConfig:
     model_dirs: tuple[str, ...] = field(default_factory=shipped_model_dirs)
     # Largest model file, ConfigMap value or model card read: a bigger one is refused unread.
     max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES
+    # Where learned policies' models run (policies/onnx_runner.PROVIDERS): CPU, or CUDA with
+    # the `gpu` extra and a GPU in the operator's pod. An operator setting, not a policy's:
+    # the operator's own hardware decides it. Unavailable: every learned policy says so in its
+    # ModelLoaded condition and schedules with its fallback.
+    execution_provider: str = "CPU"
     # Nodes the operator places tasks on: label selector, and NoSchedule/NoExecute taint keys
     # training pods are expected to tolerate (nodes with other such taints are left out).
     node_selector: Mapping[str, str] = field(default_factory=dict)
@@ -139,6 +145,7 @@ class OperatorConfig:
             model_cache_dir=get("MODEL_CACHE_DIR") or defaults.model_cache_dir,
             model_dirs=_paths(get("ALLOWED_MODEL_DIRS")) or defaults.model_dirs,
             max_model_bytes=parse_bytes(max_bytes) if max_bytes else defaults.max_model_bytes,
+            execution_provider=get("EXECUTION_PROVIDER") or defaults.execution_provider,
             node_selector=_selector(get("NODE_SELECTOR")),
             tolerated_taints=frozenset(_csv(taints)) if taints is not None
             else defaults.tolerated_taints,
@@ -169,6 +176,9 @@ class OperatorConfig:
         if not 0.0 <= self.max_exploration <= 1.0:
             out.append(f"--max-exploration {self.max_exploration}: a probability (0 to 1) is "
                        "expected")
+        if self.execution_provider not in PROVIDERS:
+            out.append(f"--execution-provider {self.execution_provider!r}: choose one of "
+                       f"{', '.join(PROVIDERS)}")
         if https and not tls:
             out.append(f"pods are told {self.progress_url} but the endpoint serves plain HTTP: "
                        "add --tls-secret (or --tls-cert/--tls-key)")

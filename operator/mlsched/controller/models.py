@@ -96,8 +96,10 @@ class ModelResolver:
     """Builds policy objects; caches learned ones by (phase, algorithm, model and card digest)."""
 
     def __init__(self, cache_dir: str, read_configmap: ReadConfigMap, model_dirs: Sequence[str] = (),
-                 max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES):
+                 max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES, execution_provider: str = "CPU"):
         self.cache_dir = cache_dir
+        # One per process (the operator's hardware), so not part of the cache key.
+        self.execution_provider = execution_provider
         self.read_configmap = read_configmap
         self.model_dirs = ModelDirs(model_dirs)
         self.max_model_bytes = max_model_bytes
@@ -236,7 +238,7 @@ class ModelResolver:
             if bundle.card is not None:
                 with open(card, "wb") as out:
                     out.write(bundle.card)
-            loaded = _load(phase, name, model)
+            loaded = _load(phase, name, model, self.execution_provider)
         except OSError as err:
             return ModelLoadError("ModelLoadFailed", f"cannot write {model}: {err.strerror}")
         finally:
@@ -276,11 +278,16 @@ def _remove_our_folders(cache_dir: str) -> None:
             shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
 
 
-def _load(phase: str, name: str, path: str) -> Any:
+def _load(phase: str, name: str, path: str, provider: str = "CPU") -> Any:
     """Load through the registry; every way of failing becomes a ModelLoadError (returned,
     so that the cache remembers a bad file instead of retrying it every round)."""
+    from mlsched.policies.onnx_runner import ProviderUnavailable
+
     try:
-        return registry.make(phase, name, registry.PolicyContext(model_path=path))
+        return registry.make(phase, name, registry.PolicyContext(model_path=path,
+                                                                 execution_provider=provider))
+    except ProviderUnavailable as err:
+        return ModelLoadError("ExecutionProviderUnavailable", str(err))
     except ImportError as err:
         return ModelLoadError("RunnerUnavailable", f"the {name} runner cannot be imported: {err}")
     except ValueError as err:  # the registry's contract for missing/corrupt/mismatched models

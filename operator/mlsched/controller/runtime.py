@@ -307,7 +307,7 @@ class Runtime:
 
         return cls(config=config, api=api,
                    models=ModelResolver(config.model_cache_dir, read_configmap, config.model_dirs,
-                                        config.max_model_bytes))
+                                        config.max_model_bytes, config.execution_provider))
 
     def cluster_fit(self, idx: Indexes) -> ClusterFit:
         """The schedulable nodes summed, at most once a second (a sweep asks once per job)."""

@@ -28,6 +28,17 @@ class ModelLoadError(ValueError):
     pass
 
 
+class ProviderUnavailable(RuntimeError):
+    """The execution provider asked for cannot run here (not in this onnxruntime build, or
+    its device is missing). Not a ValueError: the model itself is fine."""
+
+
+#: Execution providers by the name configuration uses (`--execution-provider`). CUDA needs
+#: the `gpu` extra (onnxruntime-gpu, which replaces the CPU-only onnxruntime) and a GPU.
+PROVIDERS = {"CPU": "CPUExecutionProvider", "CUDA": "CUDAExecutionProvider"}
+DEFAULT_PROVIDER = "CPU"
+
+
 def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -78,7 +89,9 @@ class LoadedModel:
 
 
 def load_model(path: str | Path | None, algorithm: str, phase: str,
-               expected_sha256: str | None = None) -> LoadedModel:
+               expected_sha256: str | None = None, provider: str = DEFAULT_PROVIDER) -> LoadedModel:
+    """The model checked against its card, in a session on `provider` (a PROVIDERS key);
+    ProviderUnavailable if that provider cannot run here."""
     model_path = Path(path) if path else default_model_path(algorithm)
     if not model_path.is_file():
         raise ModelLoadError(f"model file {model_path} does not exist")
@@ -96,7 +109,7 @@ def load_model(path: str | Path | None, algorithm: str, phase: str,
     if expected_sha256 and digest != expected_sha256.lower():
         raise ModelLoadError(f"{model_path} sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…")
     check_encoder(card, str(model_path))
-    session = _session(model_path)
+    session = _session(model_path, provider)
     _check_graph(session.get_inputs(), card.inputs, "inputs", model_path)
     _check_graph(session.get_outputs(), card.outputs, "outputs", model_path)
     return LoadedModel(model_path, card, session)
@@ -137,9 +150,25 @@ def _check_graph(nodes, specs: tuple[TensorSpec, ...], what: str, path: Path) ->
                                  f"the card says [batch, {', '.join(map(str, wanted[name].shape))}]")
 
 
-def _session(path: Path):
+def provider_name(provider: str) -> str:
+    """`CPU` or `CUDA` → ONNX Runtime's name for it; a ValueError naming the choices."""
+    try:
+        return PROVIDERS[provider]
+    except KeyError:
+        raise ValueError(f"unknown execution provider {provider!r}; choose one of "
+                         f"{', '.join(PROVIDERS)}") from None
+
+
+def _session(path: Path, provider: str = DEFAULT_PROVIDER):
     import onnxruntime as ort
 
+    wanted = provider_name(provider)
+    available = ort.get_available_providers()
+    if wanted not in available:
+        hint = (" (install the gpu extra, onnxruntime-gpu, in place of onnxruntime)"
+                if provider == "CUDA" else "")
+        raise ProviderUnavailable(f"execution provider {provider} is not in this onnxruntime "
+                                  f"build{hint}; it has {', '.join(available)}")
     opts = ort.SessionOptions()
     # Tiny networks, one request at a time: one thread, no spinning (kopf's event loop shares the core).
     opts.intra_op_num_threads = 1
@@ -148,10 +177,19 @@ def _session(path: Path):
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     opts.log_severity_level = 3
+    # CPU stays listed after CUDA for any operator CUDA lacks.
+    providers = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
     try:
-        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(str(path), opts, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
         raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from None
+    # A build with CUDA but no usable GPU (no device, no driver) quietly runs on the CPU:
+    # asked for CUDA, that is a failure to report, not a silent slowdown.
+    if session.get_providers()[0] != wanted:
+        raise ProviderUnavailable(f"execution provider {provider} did not start (no usable "
+                                  f"device or driver?); the session runs on "
+                                  f"{', '.join(session.get_providers())}")
+    return session
 
 
 def greedy_action(probs: np.ndarray, mask: np.ndarray) -> int:

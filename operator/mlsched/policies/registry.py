@@ -37,6 +37,7 @@ class PolicyContext:
     speed_model: SpeedModel | None = None  # the simulator's true speed function
     model_path: str | None = None  # a learned policy's ONNX file (its card sits beside it)
     sticky: bool = True  # placement: keep unchanged tasks where they ran
+    execution_provider: str = "CPU"  # where a learned policy's model runs (onnx_runner.PROVIDERS)
 
 
 @dataclass(frozen=True)
@@ -55,14 +56,14 @@ def _oracle(ctx: PolicyContext) -> AllocationPolicy:
 def _dl2(ctx: PolicyContext) -> AllocationPolicy:
     from mlsched.policies.allocation.dl2 import DL2Policy  # imported lazily: loads onnxruntime
 
-    return DL2Policy.load(ctx.model_path)
+    return DL2Policy.load(ctx.model_path, provider=ctx.execution_provider)
 
 
 def _chic(pair: bool):
     def build(ctx: PolicyContext) -> AllocationPolicy:
         from mlsched.policies.allocation.chic import ChicPolicy  # imported lazily: loads onnxruntime
 
-        return ChicPolicy.load(ctx.model_path, pair=pair)
+        return ChicPolicy.load(ctx.model_path, pair=pair, provider=ctx.execution_provider)
     return build
 
 

@@ -61,8 +61,10 @@ class ChicPolicy:
         return ChicPolicy(actor, self.jobs, self.pair, recorder=serving.recorder)
 
     @classmethod
-    def load(cls, model_path: str | None = None, pair: bool = False) -> "ChicPolicy":
-        model = load_model(model_path, algorithm="chic-pair" if pair else "chic", phase="allocation")
+    def load(cls, model_path: str | None = None, pair: bool = False,
+             provider: str = "CPU") -> "ChicPolicy":
+        model = load_model(model_path, algorithm="chic-pair" if pair else "chic", phase="allocation",
+                           provider=provider)
         params = model.card.encoder_params
         if bool(params["pair"]) != pair:
             raise ValueError(f"{model.path}: encoder params {params} are not for {'chic-pair' if pair else 'chic'}")

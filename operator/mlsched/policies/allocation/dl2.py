@@ -56,8 +56,8 @@ class DL2Policy:
         return DL2Policy(actor, self.window, recorder=serving.recorder)
 
     @classmethod
-    def load(cls, model_path: str | None = None) -> "DL2Policy":
-        model = load_model(model_path, algorithm="dl2", phase="allocation")
+    def load(cls, model_path: str | None = None, provider: str = "CPU") -> "DL2Policy":
+        model = load_model(model_path, algorithm="dl2", phase="allocation", provider=provider)
         return cls(GreedyOnnxActor(model), window=int(model.card.encoder_params["window"]))
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
