@@ -18,7 +18,7 @@ from mlsched.features.dl2_state import WindowState
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy, GreedyOnnxActor
 from mlsched.policies.onnx_runner import ModelLoadError, load_model
-from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.sim.simulator import SIMULATOR_VERSION, SimConfig, Simulator
 from mlsched.workloads import catalog, generators
 from policy_models.dl2 import export, networks, train
 
@@ -309,7 +309,7 @@ def test_train_command_runs_every_phase_and_writes_a_servable_model(tmp_path):
     assert card.training["rl"]["episodes"] == 4
     assert card.training["sl"]["samples"] > card.training["sl"]["teacher_samples"]
     assert card.training["command"].startswith("mlsched train dl2 --out")
-    assert card.training["simulator_version"] == "sim-1"
+    assert card.training["simulator_version"] == SIMULATOR_VERSION
     assert set(card.validation["avg_jct_s"]) == {"small"}
     assert load_model(out / "dl2-sl.onnx", "dl2", "allocation").card.training["stage"] == "sl"
     assert (out / "learning-curve.png").stat().st_size > 10_000
