@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 
 from mlsched.workloads import catalog
-from mlsched.workloads.interference import DIMENSIONS, SENSITIVITY, job_speed_factors, max_slowdown, node_capacity, pair_slowdown
+from mlsched.workloads.interference import (DIMENSIONS, SENSITIVITY, job_speed_factors, max_slowdown,
+                                            node_capacity, pair_slowdown)
 
 CTC = "cnn-text-classification"
 
@@ -44,7 +45,7 @@ def test_more_ctc_neighbours_hurt_more():
     assert two < one < 1
 
 
-# ---- Gandiva (Xiao et al., OSDI 2018, §2) ------------------------------------------------
+# ---- Gandiva (Xiao et al., OSDI 2018: DLT job characteristics, sensitivity to interference)
 def test_two_language_model_jobs_slow_each_other_by_about_a_fifth():
     assert pair_slowdown("wlm", "wlm") == pytest.approx(0.19, abs=0.05)
 
@@ -82,7 +83,8 @@ def test_pressure_is_relative_to_what_the_node_has():
     assert per_node["a"] == pytest.approx(big)
     # oversubscribed, the others hold their proportional share, whatever the capacity
     two = {"a": ("resnext-110", [0, 0]), "c": (CTC, [0, 0])}
-    assert job_speed_factors(two, capacity=node_capacity(4)) == pytest.approx(job_speed_factors(two, capacity=node_capacity(6)))
+    four, six = (job_speed_factors(two, capacity=node_capacity(c)) for c in (4, 6))
+    assert four == pytest.approx(six)
 
 
 def test_alone_or_apart_there_is_no_interference():

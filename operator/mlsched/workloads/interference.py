@@ -29,8 +29,9 @@ below were set by hand to reproduce published measurements of co-located trainin
     bin-packed two per server slow down by about 33 % on average, ResNeXt nearly 2× (next to
     CTC); ResNeXt+WLM and ResNeXt+Seq2Seq interfere little; CTC hurts every neighbour;
     more CTC neighbours hurt more, ResNeXt more than VGG-16 (Fig. 5);
-  - Gandiva (Xiao et al., OSDI 2018, §2): two language-model jobs on one server both slow
-    down by about 19 %; ResNet-50 is not slowed by a language-model neighbour;
+  - Gandiva (Xiao et al., OSDI 2018, DLT job characteristics): two language-model jobs on
+    one server both slow down by about 19 %; ResNet-50 is not slowed by a language-model
+    neighbour;
   - MLTCP (Rajasekaran et al., 2024) and CASSINI (NSDI 2024): jobs contending for network
     bandwidth lose up to about 2× in iteration time, not more.
 Demands are guided by the measured CPU usage (CTC and DSSM workers use the most CPU;
@@ -69,8 +70,8 @@ SENSITIVITY: dict[str, np.ndarray] = {
     "wlm": np.array([0.25, 0.30, 0.60]),
 }
 
-# Kept for callers of the previous model's name.
-INTENSITY = DEMAND
+
+INTENSITY = DEMAND  # sim-1 called the per-task numbers intensities
 
 
 def node_capacity(cpus: float, reference_cpus: float = 8.0) -> np.ndarray:
@@ -133,7 +134,7 @@ def _demand_per_node(placements: dict[str, tuple[str, list[int]]]) -> dict[int, 
     return per_node
 
 
-_intensity_per_node = _demand_per_node  # the name docs/grouping.md's agreement refers to
+_intensity_per_node = _demand_per_node  # its name in sim-1, kept for code written against it
 
 
 def max_slowdown(model: str) -> float:
