@@ -77,7 +77,7 @@ INTENSITY = DEMAND  # sim-1 called the per-task numbers intensities
 def node_capacity(cpus: float, reference_cpus: float = 8.0) -> np.ndarray:
     """(cpu, network, pcie) capacity of a node relative to the reference node: CPU scales with
     its cores; every simulated node has the reference NIC and PCIe bus."""
-    return np.array([cpus / reference_cpus, 1.0, 1.0])
+    return np.array([max(cpus, 1e-6) / reference_cpus, 1.0, 1.0])  # no cores: every share is proportional
 
 
 def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
