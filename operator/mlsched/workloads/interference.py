@@ -34,10 +34,11 @@ below were set by hand to reproduce published measurements of co-located trainin
     neighbour;
   - MLTCP (Rajasekaran et al., 2024) and CASSINI (NSDI 2024): jobs contending for network
     bandwidth lose up to about 2× in iteration time, not more.
-Demands are guided by the measured CPU usage (CTC and DSSM workers use the most CPU;
-ResNeXt, Inception and WLM PSs too) and by model size (VGG-16's 553 MB makes it the
-network-heavy one); they are effective shares (caches and memory bandwidth included), not
-core counts.
+Demands are guided by the measured CPU usage (CTC and DSSM workers use the most CPU) and by
+model size (VGG-16's 553 MB makes it the network-heavy one); they are effective shares (caches
+and memory bandwidth included), not core counts. Where a measured slowdown disagrees with CPU
+usage, the slowdown wins: WLM's PS uses 1.7 cores, yet Gandiva saw ResNet-50 unharmed by a
+language model, so WLM presses on PCIe rather than on the CPU.
 """
 
 from __future__ import annotations
