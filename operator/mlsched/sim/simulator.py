@@ -44,7 +44,8 @@ PROFILE_CONFIGS_ALLREDUCE = ((0, 1), (0, 2), (0, 4))
 MAX_OBSERVATIONS = 24  # per job; older ones fall off
 #: Changes whenever the simulated environment changes (speed, interference, scaling models):
 #: model cards record the version a policy was trained in.
-SIMULATOR_VERSION = "sim-1"
+#: sim-2: interference normalised by node capacity and bounded (workloads/interference.py).
+SIMULATOR_VERSION = "sim-2"
 
 
 _EPS_S = 1e-9  # a job due to finish at a stretch's end finishes in it, whatever the rounding
@@ -309,7 +310,8 @@ class Simulator:
                       for s in self.active if s.worker_nodes and s.finish_s is None}
         shared = self._timeshared(placements)
         groups = shared if self.plan.coordinated else None
-        factors = interference.job_speed_factors(placements, groups) if self.config.interference else {}
+        factors = (interference.job_speed_factors(placements, groups, interference.node_capacity(self.config.node_cpus))
+                   if self.config.interference else {})
         coloc = colocation_factors({n: self._phased(self.states[n]) for n in shared}, self.capacity) if shared else {}
         rates = {}
         for s in self.active:
