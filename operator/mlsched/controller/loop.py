@@ -27,7 +27,7 @@ from typing import Any
 
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
-from mlsched.controller import reporting, rewards, version_adoption
+from mlsched.controller import pools, reporting, rewards, version_adoption
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
@@ -35,8 +35,8 @@ from mlsched.controller.desired import (
 )
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
-from mlsched.controller.records import JobRecord, Resources, add
-from mlsched.controller.runtime import Indexes, JobKey, Runtime
+from mlsched.controller.records import JobRecord, PodPool, Resources, add
+from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.controller.supervision import plain
@@ -70,12 +70,13 @@ def reservation(job: JobRecord, target: JobTarget) -> dict[str, Resources]:
     return usage
 
 
-def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes) -> list[Action]:
+def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
+             pool: PodPool | None = None) -> list[Action]:
     current = {s.role: s for s in idx.statefulsets.get(job.key, ())}
     actions: list[Action] = []
     for role in roles_of(job):
         if role in current:  # a missing StatefulSet is recreated by the lifecycle timer
-            plan = plan_statefulset(job, role, current[role], target.counts, rt.pod_settings)
+            plan = plan_statefulset(job, role, current[role], target.counts, rt.pod_settings, pool)
             if plan:
                 actions.append(plan)
     actions += plan_pods(job.namespace, idx.pods.get(job.key, ()), target.nodes)
@@ -83,28 +84,36 @@ def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes) -> li
 
 
 async def _decide(snapshot, resolved: ResolvedPolicy,
-                  serving: RoundServing | None = None) -> tuple[Decision, str | None]:
-    """Run the policies (`serving`: this round's copies of the learned ones); if a (learned)
-    allocation raises, decide again with the fallback."""
+                  serving: RoundServing | None = None, grouping=None) -> tuple[Decision, str | None]:
+    """Run the policies (`serving`: this round's copies of the learned ones; `grouping`: the
+    grouping as the cluster runs it, pools.grouping_for); if a (learned) allocation raises,
+    decide again with the fallback and the same (heuristic) grouping, so that a failing
+    learned phase does not take the pools' labels and affinity away."""
     phases = serving.phases if serving is not None else {
         "allocation": resolved.allocation, "placement": resolved.placement,
         "grouping": resolved.grouping}
+    grouping = grouping if grouping is not None else phases["grouping"]
     try:
         return await asyncio.to_thread(run_round, snapshot, phases["allocation"],
-                                       phases["placement"], phases["grouping"]), None
+                                       phases["placement"], grouping), None
     except Exception as err:  # noqa: BLE001 - a policy bug must not stop scheduling
         fallback = resolved.fallback
-        log.exception("a learned phase failed; deciding with %s allocation and no grouping", fallback)
+        log.exception("a learned phase failed; deciding with %s allocation", fallback)
         decision = await asyncio.to_thread(run_round, snapshot, registry.make_allocation(fallback),
-                                           resolved.fallback_placement or resolved.placement, None)
+                                           resolved.fallback_placement or resolved.placement,
+                                           grouping)
         return decision, f"{type(err).__name__}: {err}"
 
 
 def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulable: list[JobRecord],
-                    now: float, interval_s: float):
+                    now: float, interval_s: float, setup: pools.PoolSetup | None = None):
     """What one policy may decide on: capacity less what other policies reserved and what
-    pods outside its schedulable jobs hold (controller/snapshot.py). Call under round_lock."""
+    pods outside its schedulable jobs hold (controller/snapshot.py). Call under round_lock.
+    With a grouping (`setup`), only the nodes it may use (pools.usable)."""
     cluster = idx.cluster()
+    if setup is not None:
+        cluster = dataclasses.replace(cluster, nodes=[n for n in cluster.nodes
+                                                      if pools.usable(n, setup)])
     mine = {j.key for j in jobs}  # built once: inside the comprehension it was O(jobs²), 50 %
     # of the operator's time and 8-15 s event-loop stalls per step at 2,000 jobs
     others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
@@ -139,6 +148,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     versions = await published_versions(rt, ref, spec)
     rt.adopted[key] = version_adoption.adopted(spec, versions)
     resolved = await rt.models.resolve(key, spec, rt.adopted[key])
+    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
+                            rt.config.interval_scale)
     if resolved.load_failed:
         rt.metrics.model_load_failures.labels(ref.namespace, ref.name,
                                               resolved.model_loaded.reason).inc()
@@ -186,10 +197,13 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     async with rt.round_lock:
         # Sticky to the last decision, not only to pods that exist: a job admitted seconds ago
         # has gated pods with no node yet, and must not be placed anew (and moved) by the round.
-        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
+        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
+                                                   setup),
                                    {j.name: rt.placements.of(j.key) for j in schedulable})
-        decision, failure = await _decide(snapshot, resolved, serving)
-        targets = job_targets(decision, snapshot)
+        snapshot, grouping = grouped(rt, idx, snapshot, setup, schedulable, status,
+                                     serving.phases["grouping"])
+        decision, failure = await _decide(snapshot, resolved, serving, grouping)
+        targets = with_pools(job_targets(decision, snapshot), decision, setup)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
     if failure:
@@ -197,9 +211,12 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         resolved.model_loaded.message = failure
         resolved.active_models.clear()
 
+    # Pools' labels before the templates that require them.
+    await sync_node_labels(rt, idx, ref, snapshot, decision, setup)
     by_job: dict[JobKey, list[Action]] = {}
     for job in schedulable:
-        by_job[job.key] = plan_job(rt, job, targets[job.name], idx)
+        by_job[job.key] = plan_job(rt, job, targets[job.name], idx,
+                                   pools.pod_pool(decision.pools, job.name, setup))
         rt.placements.set(job.key, targets[job.name].nodes)
     actions = ordered(a for plan in by_job.values() for a in plan)
     # Counts before the changes, for the Events: the indexes move as soon as the watch reports.
@@ -240,18 +257,21 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     rt.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
                       limit, continued=continuing is not None)
 
+    group_fields, group_changes = settle_groups(rt, jobs, targets, now)
+    await group_events(rt, group_changes, set(decision.pools.moved))
     # Queued, not awaited: the records are written in the background (rt.records).
     job_patches = reporting.record_job_status(
         rt, ref.namespace, jobs, schedulable, targets, closings,
         {j.name: (rewards.open_status(number, opening.start, opening.grants[j.name])
                   if j.name in opening.grants else None) for j in jobs},
-        spec.history_limit)
+        spec.history_limit, group_fields)
     duration = time.perf_counter() - started
     extra = await reporting.policy_versions_and_exploration(
         rt, body, ref, version_adoption.report(spec, versions, rt.adopted[key],
                                                resolved.active_models),
         spec.exploration.epsilon, applied_epsilon(spec.exploration.epsilon,
                                                   rt.config.max_exploration))
+    extra.update(await policy_groups(rt, body, ref, snapshot, decision, setup, spec, targets, now))
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
                                          duration, spec.history_limit, extra)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
@@ -286,6 +306,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     if not waiting:
         return None
     resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
+    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
+                            rt.config.interval_scale)
     interval_s = rt.config.round_seconds(spec.interval)
     open_interval = rt.intervals.get(key)
     number = open_interval.number if open_interval else 0
@@ -293,20 +315,24 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                           rt.served_versions.get(key, {}))
     failed_policy = False
     async with rt.round_lock:
-        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
+        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
+                                                   setup),
                                    {j.name: decided[j.key] for j in schedulable})
+        snapshot, grouping = grouped(rt, idx, snapshot, setup, schedulable,
+                                     body.get("status") or {}, serving.phases["grouping"])
         try:
             phases = serving.phases
             decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
-                                               phases["placement"], phases["grouping"])
+                                               phases["placement"], grouping)
         except Exception:  # noqa: BLE001 - a policy bug must not stop admission
             failed_policy = True
             log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
                           resolved.fallback)
             decision = await asyncio.to_thread(run_admission, snapshot,
                                                registry.make_allocation(resolved.fallback),
-                                               resolved.fallback_placement or resolved.placement, None)
-        targets = job_targets(decision, snapshot)
+                                               resolved.fallback_placement or resolved.placement,
+                                               grouping)
+        targets = with_pools(job_targets(decision, snapshot), decision, setup)
         admitted = [j for j in waiting if targets[j.name].count("worker")]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
     if open_interval is not None and not failed_policy:
@@ -316,7 +342,9 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                             serving.decisions(), spec.retraining.dataset_limit)
     if not admitted:
         return None
-    by_job = {j.key: plan_job(rt, j, targets[j.name], idx) for j in admitted}
+    await sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+    by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
+                              pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
     for job in admitted:
         rt.placements.set(job.key, targets[job.name].nodes)
     actions = ordered(a for plan in by_job.values() for a in plan)
@@ -335,14 +363,124 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
                 targets[j.name].placement(), rt.epochs_done(j), j.epochs)
             opened[j.name] = rewards.open_status(open_interval.number, open_interval.start, grant)
+    group_fields, group_changes = settle_groups(rt, admitted, targets, now)
+    await group_events(rt, group_changes, set())
     job_patches = reporting.record_job_status(rt, ref.namespace, admitted, admitted, targets, [],
-                                              opened, spec.history_limit)
+                                              opened, spec.history_limit, group_fields)
+    groups_patch = await policy_groups(rt, body, ref, snapshot, decision, setup, spec, targets, now)
+    if groups_patch:
+        rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                           uid=body["metadata"].get("uid"), fields=groups_patch)
     duration = time.perf_counter() - started
     log.info("policy %s/%s admission: %d of %d waiting jobs admitted, %d changes, %.0f ms",
              ref.namespace, ref.name, len(admitted), len(waiting), len(actions), duration * 1000)
     return RoundReport(open_interval.number if open_interval else 0, interval_s,
                        {j.name: targets[j.name] for j in admitted}, actions, None, duration,
                        resolved.allocation.name, job_patches)
+
+
+def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
+            jobs: list[JobRecord], status: Mapping[str, Any], grouping):
+    """The snapshot with the pools in force and the grouping as the cluster runs it."""
+    if setup is None:
+        return snapshot, grouping
+    nodes = {n.name: n for n in flatten(idx.nodes)}
+    members = {j.name: pools.membership(j, rt.groups) for j in jobs}
+    snapshot, labels = pools.fill(snapshot, setup, nodes, members, status)
+    return snapshot, pools.grouping_for(grouping, setup, labels)
+
+
+def with_pools(targets: dict[str, JobTarget], decision: Decision,
+               setup: pools.PoolSetup | None) -> dict[str, JobTarget]:
+    """Targets naming the pool as the nodes are labelled."""
+    return {name: dataclasses.replace(t, pool=pools.cluster_pool(decision.pools, name, setup))
+            for name, t in targets.items()}
+
+
+async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
+                           decision: Decision, setup: pools.PoolSetup | None) -> None:
+    """LabelNodes (--label-nodes only): the policy's nodes carry its pools' labels, and only
+    those; also with grouping off, so that turning it off removes them."""
+    if not rt.config.label_nodes:
+        return
+    owner = f"{ref.namespace}/{ref.name}"
+    failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner,
+                                       pools.desired_labels(snapshot, decision.pools, setup))
+    if failures:
+        rt.metrics.api_errors.labels("label").inc(len(failures))
+        text = "; ".join(f"node {c.node}: {err}" for c, err in failures[:5])
+        await rt.recorder.emit(ref, "Warning", "PoolLabelFailed", text)
+
+
+def settle_groups(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str, JobTarget],
+                  now: float) -> tuple[dict[str, dict[str, Any]], list[tuple[JobRecord, str | None, str | None]]]:
+    """Each decided job's pool (rt.groups): the status fields `group` and `groupSince` to
+    write where status does not show them yet, and the jobs whose pool changed (old, new)."""
+    fields: dict[str, dict[str, Any]] = {}
+    changes = []
+    stamp = float(int(now))
+    for job in jobs:
+        old = pools.membership(job, rt.groups)
+        target = targets.get(job.name)
+        value = target.pool if target is not None else None
+        since = (old.since_s if value == old.group and old.since_s is not None else stamp) \
+            if value else None
+        rt.groups[job.key] = pools.Membership(value, since)
+        if value != old.group:
+            changes.append((job, old.group, value))
+        if (value, since) != (job.group, job.group_since_s):
+            fields[job.name] = {"group": value,
+                                "groupSince": rfc3339(since) if since is not None else None}
+    return fields, changes
+
+
+async def group_events(rt: Runtime, changes, moved: set[str]) -> None:
+    """`Grouped` on each job whose pool changed."""
+    for job, old, new in changes:
+        ref = ObjectRef("MLJob", job.namespace, job.name, job.uid)
+        if new:
+            how = "; its pods restart there (checkpoint-restart)" if job.name in moved else ""
+            text = f"pool {new}" + (f" (was {old})" if old else "") + how
+        else:
+            text = f"left pool {old}"
+        await rt.recorder.emit(ref, "Normal", "Grouped", text)
+
+
+async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, snapshot,
+                        decision: Decision, setup: pools.PoolSetup | None, spec,
+                        targets: Mapping[str, JobTarget], now: float) -> dict[str, Any]:
+    """status.groups and status.grouping where they changed, a `Regrouped` Event when the
+    pools' members did, and the pools' utilisation metrics."""
+    key = (ref.namespace, ref.name)
+    status = body.get("status") or {}
+    groups = pools.groups_status(snapshot, decision.pools, setup)
+    before = rt.policy_groups.get(key, status.get("groups") or [])
+    old_grouping = status.get("grouping") or {}
+    out: dict[str, Any] = {}
+    changed = pools.memberships(groups) != pools.memberships(before)
+    if groups != list(before):
+        out["groups"] = groups
+    grouping = None
+    if setup is not None:
+        grouping = {"labelKey": setup.label_key,
+                    "predictedGain": round(float(decision.pools.predicted_gain), 6)}
+        last = rfc3339(now) if changed else old_grouping.get("lastRegroupingTime")
+        if last:
+            grouping["lastRegroupingTime"] = last
+    if grouping != (status.get("grouping") or None):
+        out["grouping"] = grouping
+    if changed and (groups or before):
+        threshold = spec.pools.threshold if spec.grouping == "harmony" else None
+        await rt.recorder.emit(ref, "Normal", "Regrouped", pools.describe(
+            groups, decision.pools.predicted_gain, threshold, decision.pools.moved))
+    rt.policy_groups[key] = groups
+    counts = {n: (t.count("ps"), t.count("worker")) for n, t in targets.items()}
+    speeds = {j.name: rt.progress.get(j.key, (0, 0, j.speed))[2] or j.speed
+              for j in rt.indexes.jobs_of_policy(*key)} if rt.indexes else {}
+    rows = pools.utilisation(snapshot, decision.pools, counts, speeds) if setup else {}
+    rt.metrics.set_pools(ref.namespace, ref.name, {setup.value(p): r for p, r in rows.items()}
+                         if setup else {})
+    return out
 
 
 async def published_versions(rt: Runtime, ref: ObjectRef, spec) -> list:

@@ -277,6 +277,10 @@ class Runtime:
     served_versions: dict[PolicyKey, dict[str, int | None]] = field(default_factory=dict)
     # Whether this replica may write (controller/leadership.py); it does unless it stands by.
     leadership: Leadership = field(default_factory=Leadership)
+    # Grouping (pools.py): each job's pool as the latest decision left it, and each policy's
+    # status.groups as last queued; newer than the index until the status writes come back.
+    groups: dict[JobKey, Any] = field(default_factory=dict)
+    policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
     _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:
@@ -335,3 +339,4 @@ class Runtime:
         self.reservations.release(key)
         self.failures.forget(key)
         self.progress.pop(key, None)
+        self.groups.pop(key, None)
