@@ -471,8 +471,8 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
         out["grouping"] = grouping
     if changed and (groups or before):
         threshold = spec.pools.threshold if spec.grouping == "harmony" else None
-        await rt.recorder.emit(ref, "Normal", "Regrouped", pools.describe(
-            groups, decision.pools.predicted_gain, threshold, decision.pools.moved))
+        await rt.recorder.emit(ref, "Normal", "Regrouped",
+                               pools.describe(groups, decision.pools, threshold, not before))
     rt.policy_groups[key] = groups
     counts = {n: (t.count("ps"), t.count("worker")) for n, t in targets.items()}
     speeds = {j.name: rt.progress.get(j.key, (0, 0, j.speed))[2] or j.speed

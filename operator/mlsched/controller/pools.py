@@ -274,22 +274,26 @@ def memberships(groups: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, ...
     return {g["name"]: tuple(sorted(g.get("members") or ())) for g in groups}
 
 
-def describe(groups: list[dict], gain: float, threshold: float | None,
-             moved: Iterable[str]) -> str:
+def describe(groups: list[dict], plan: PoolPlan, threshold: float | None,
+             first: bool = False) -> str:
+    """The Regrouped Event's message: whether a fresh grouping was taken and why, the pools."""
+    gain = f"{plan.predicted_gain * 100:.1f} %"
+    bound = f" (threshold {threshold * 100:.1f} %)" if threshold is not None else ""
+    if first:
+        head = "grouped"
+    elif plan.regrouped:
+        head = f"regrouped: predicted gain {gain} over keeping the groups{bound}"
+    else:
+        head = f"kept the groups: a fresh grouping's predicted gain {gain}{bound}"
+    if plan.moved:
+        head += f"; moved (checkpoint-restart): {', '.join(plan.moved)}"
     parts = []
     for g in groups:
         line = f"{g['name']} [{' '.join(g['members'])}] on {len(g['nodes'])} node(s), share {g['share']}"
         if g.get("predictedIterationSeconds") is not None:
             line += f", predicted iteration {g['predictedIterationSeconds']:.3g} s"
         parts.append(line)
-    text = "; ".join(parts) or "no pools"
-    text += f". Predicted gain over keeping the groups {gain * 100:.1f} %"
-    if threshold is not None:
-        text += f" (threshold {threshold * 100:.1f} %)"
-    moved = list(moved)
-    if moved:
-        text += f"; moved with a checkpoint-restart: {', '.join(moved)}"
-    return text
+    return f"{head}. Pools: {'; '.join(parts) or 'none'}"
 
 
 # ---------------------------------------------------------------------------- metrics
