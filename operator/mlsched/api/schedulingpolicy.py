@@ -121,7 +121,9 @@ class PoolOptions(ApiModel):
                     "may move it (harmony); policy time, scaled like interval.")
 
     cel_rules = (
-        CelRule(f"self.mode != 'LabelNodes' || self.labelKey == '{POOL_LABEL_KEY}'",
+        # has(): the apiserver also checks the rule against the bare default `{}`.
+        CelRule("(has(self.mode) && self.mode == 'ExistingPools') || !has(self.labelKey) || "
+                f"self.labelKey == '{POOL_LABEL_KEY}'",
                 f"LabelNodes writes {POOL_LABEL_KEY} only; labelKey is for ExistingPools",
                 lambda s: s.mode != "LabelNodes" or s.label_key == POOL_LABEL_KEY,
                 field_path=".labelKey"),
