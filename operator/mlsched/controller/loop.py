@@ -27,7 +27,7 @@ from typing import Any
 
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
-from mlsched.controller import pools, reporting, rewards, version_adoption
+from mlsched.controller import pool_steps, pools, reporting, rewards, version_adoption
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
@@ -36,7 +36,7 @@ from mlsched.controller.desired import (
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
 from mlsched.controller.records import JobRecord, PodPool, Resources, add
-from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten
+from mlsched.controller.runtime import Indexes, JobKey, Runtime
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.controller.supervision import plain
@@ -200,10 +200,10 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
                                                    setup),
                                    {j.name: rt.placements.of(j.key) for j in schedulable})
-        snapshot, grouping = grouped(rt, idx, snapshot, setup, schedulable, status,
-                                     serving.phases["grouping"])
+        snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable, status,
+                                                serving.phases["grouping"])
         decision, failure = await _decide(snapshot, resolved, serving, grouping)
-        targets = with_pools(job_targets(decision, snapshot), decision, setup)
+        targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
     if failure:
@@ -212,7 +212,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         resolved.active_models.clear()
 
     # Pools' labels before the templates that require them.
-    await sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+    await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
     by_job: dict[JobKey, list[Action]] = {}
     for job in schedulable:
         by_job[job.key] = plan_job(rt, job, targets[job.name], idx,
@@ -257,8 +257,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     rt.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
                       limit, continued=continuing is not None)
 
-    group_fields, group_changes = settle_groups(rt, jobs, targets, now)
-    await group_events(rt, group_changes, set(decision.pools.moved))
+    group_fields, group_changes = pool_steps.settle_groups(rt, jobs, targets, now)
+    await pool_steps.group_events(rt, group_changes, set(decision.pools.moved))
     # Queued, not awaited: the records are written in the background (rt.records).
     job_patches = reporting.record_job_status(
         rt, ref.namespace, jobs, schedulable, targets, closings,
@@ -271,7 +271,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                                resolved.active_models),
         spec.exploration.epsilon, applied_epsilon(spec.exploration.epsilon,
                                                   rt.config.max_exploration))
-    extra.update(await policy_groups(rt, body, ref, snapshot, decision, setup, spec, targets, now))
+    extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
+                                                targets, now))
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
                                          duration, spec.history_limit, extra)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
@@ -318,8 +319,9 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
                                                    setup),
                                    {j.name: decided[j.key] for j in schedulable})
-        snapshot, grouping = grouped(rt, idx, snapshot, setup, schedulable,
-                                     body.get("status") or {}, serving.phases["grouping"])
+        snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
+                                                body.get("status") or {},
+                                                serving.phases["grouping"])
         try:
             phases = serving.phases
             decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
@@ -332,7 +334,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                                                registry.make_allocation(resolved.fallback),
                                                resolved.fallback_placement or resolved.placement,
                                                grouping)
-        targets = with_pools(job_targets(decision, snapshot), decision, setup)
+        targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         admitted = [j for j in waiting if targets[j.name].count("worker")]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
     if open_interval is not None and not failed_policy:
@@ -342,7 +344,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                             serving.decisions(), spec.retraining.dataset_limit)
     if not admitted:
         return None
-    await sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+    await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
     by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
                               pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
     for job in admitted:
@@ -363,11 +365,12 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
                 targets[j.name].placement(), rt.epochs_done(j), j.epochs)
             opened[j.name] = rewards.open_status(open_interval.number, open_interval.start, grant)
-    group_fields, group_changes = settle_groups(rt, admitted, targets, now)
-    await group_events(rt, group_changes, set())
+    group_fields, group_changes = pool_steps.settle_groups(rt, admitted, targets, now)
+    await pool_steps.group_events(rt, group_changes, set())
     job_patches = reporting.record_job_status(rt, ref.namespace, admitted, admitted, targets, [],
                                               opened, spec.history_limit, group_fields)
-    groups_patch = await policy_groups(rt, body, ref, snapshot, decision, setup, spec, targets, now)
+    groups_patch = await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup,
+                                                  spec, targets, now, round_=False)
     if groups_patch:
         rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
                            uid=body["metadata"].get("uid"), fields=groups_patch)
@@ -377,110 +380,6 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     return RoundReport(open_interval.number if open_interval else 0, interval_s,
                        {j.name: targets[j.name] for j in admitted}, actions, None, duration,
                        resolved.allocation.name, job_patches)
-
-
-def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
-            jobs: list[JobRecord], status: Mapping[str, Any], grouping):
-    """The snapshot with the pools in force and the grouping as the cluster runs it."""
-    if setup is None:
-        return snapshot, grouping
-    nodes = {n.name: n for n in flatten(idx.nodes)}
-    members = {j.name: pools.membership(j, rt.groups) for j in jobs}
-    snapshot, labels = pools.fill(snapshot, setup, nodes, members, status)
-    return snapshot, pools.grouping_for(grouping, setup, labels)
-
-
-def with_pools(targets: dict[str, JobTarget], decision: Decision,
-               setup: pools.PoolSetup | None) -> dict[str, JobTarget]:
-    """Targets naming the pool as the nodes are labelled."""
-    return {name: dataclasses.replace(t, pool=pools.cluster_pool(decision.pools, name, setup))
-            for name, t in targets.items()}
-
-
-async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
-                           decision: Decision, setup: pools.PoolSetup | None) -> None:
-    """LabelNodes (--label-nodes only): the policy's nodes carry its pools' labels, and only
-    those; also with grouping off, so that turning it off removes them."""
-    if not rt.config.label_nodes:
-        return
-    owner = f"{ref.namespace}/{ref.name}"
-    failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner,
-                                       pools.desired_labels(snapshot, decision.pools, setup))
-    if failures:
-        rt.metrics.api_errors.labels("label").inc(len(failures))
-        text = "; ".join(f"node {c.node}: {err}" for c, err in failures[:5])
-        await rt.recorder.emit(ref, "Warning", "PoolLabelFailed", text)
-
-
-def settle_groups(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str, JobTarget],
-                  now: float) -> tuple[dict[str, dict[str, Any]], list[tuple[JobRecord, str | None, str | None]]]:
-    """Each decided job's pool (rt.groups): the status fields `group` and `groupSince` to
-    write where status does not show them yet, and the jobs whose pool changed (old, new)."""
-    fields: dict[str, dict[str, Any]] = {}
-    changes = []
-    stamp = float(int(now))
-    for job in jobs:
-        old = pools.membership(job, rt.groups)
-        target = targets.get(job.name)
-        value = target.pool if target is not None else None
-        since = (old.since_s if value == old.group and old.since_s is not None else stamp) \
-            if value else None
-        rt.groups[job.key] = pools.Membership(value, since)
-        if value != old.group:
-            changes.append((job, old.group, value))
-        if (value, since) != (job.group, job.group_since_s):
-            fields[job.name] = {"group": value,
-                                "groupSince": rfc3339(since) if since is not None else None}
-    return fields, changes
-
-
-async def group_events(rt: Runtime, changes, moved: set[str]) -> None:
-    """`Grouped` on each job whose pool changed."""
-    for job, old, new in changes:
-        ref = ObjectRef("MLJob", job.namespace, job.name, job.uid)
-        if new:
-            how = "; its pods restart there (checkpoint-restart)" if job.name in moved else ""
-            text = f"pool {new}" + (f" (was {old})" if old else "") + how
-        else:
-            text = f"left pool {old}"
-        await rt.recorder.emit(ref, "Normal", "Grouped", text)
-
-
-async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, snapshot,
-                        decision: Decision, setup: pools.PoolSetup | None, spec,
-                        targets: Mapping[str, JobTarget], now: float) -> dict[str, Any]:
-    """status.groups and status.grouping where they changed, a `Regrouped` Event when the
-    pools' members did, and the pools' utilisation metrics."""
-    key = (ref.namespace, ref.name)
-    status = body.get("status") or {}
-    groups = pools.groups_status(snapshot, decision.pools, setup)
-    before = rt.policy_groups.get(key, status.get("groups") or [])
-    old_grouping = status.get("grouping") or {}
-    out: dict[str, Any] = {}
-    changed = pools.memberships(groups) != pools.memberships(before)
-    if groups != list(before):
-        out["groups"] = groups
-    grouping = None
-    if setup is not None:
-        grouping = {"labelKey": setup.label_key,
-                    "predictedGain": round(float(decision.pools.predicted_gain), 6)}
-        last = rfc3339(now) if changed else old_grouping.get("lastRegroupingTime")
-        if last:
-            grouping["lastRegroupingTime"] = last
-    if grouping != (status.get("grouping") or None):
-        out["grouping"] = grouping
-    if changed and (groups or before):
-        threshold = spec.pools.threshold if spec.grouping == "harmony" else None
-        await rt.recorder.emit(ref, "Normal", "Regrouped",
-                               pools.describe(groups, decision.pools, threshold, not before))
-    rt.policy_groups[key] = groups
-    counts = {n: (t.count("ps"), t.count("worker")) for n, t in targets.items()}
-    speeds = {j.name: rt.progress.get(j.key, (0, 0, j.speed))[2] or j.speed
-              for j in rt.indexes.jobs_of_policy(*key)} if rt.indexes else {}
-    rows = pools.utilisation(snapshot, decision.pools, counts, speeds) if setup else {}
-    rt.metrics.set_pools(ref.namespace, ref.name, {setup.value(p): r for p, r in rows.items()}
-                         if setup else {})
-    return out
 
 
 async def published_versions(rt: Runtime, ref: ObjectRef, spec) -> list:
@@ -595,6 +494,8 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
+        rt.policy_groups.pop(key, None)
+        rt.metrics.set_pools(key[0], key[1], {})
 
 
 async def _quiet(rt: Runtime, key, sleep, clock: Callable[[], float] = time.monotonic,
