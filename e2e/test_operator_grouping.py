@@ -253,3 +253,53 @@ def test_an_arrival_regroups_only_when_the_gain_beats_the_threshold(
         assert any(m.startswith("kept the groups") for m in messages), messages
     assert grouping_operator.running(), grouping_operator.log_tail()
     assert INTERVAL_SCALE < 1  # rounds every few seconds: the waits above span several
+
+
+NODEPOOL = "e2e.example.com/nodepool"
+
+
+def test_existing_pools_are_used_as_the_admin_labelled_them(api, mlsched, grouping_nodes,
+                                                          start_operator):
+    # No --label-nodes, no node rights: the admin's pools, e.g. a cloud provider's.
+    core = grouping_nodes
+    for name, pool in zip(NODES, ("pool-a", "pool-a", "pool-b")):
+        core.patch_node(name, {"metadata": {"labels": {NODEPOOL: pool}}},
+                        _content_type="application/merge-patch+json")
+    try:
+        start_operator(extra_env={"MLSCHED_NODE_SELECTOR": f"{SELECT}={mlsched.namespace}"})
+        mlsched.create(scheduling_policy("default", grouping="isolated", pools={
+            "mode": "ExistingPools", "labelKey": NODEPOOL}))
+        for name in ("one", "two"):
+            mlsched.create(mljob(name, model="resnet-50"))
+
+        def settled():
+            found = groups(mlsched)
+            if sorted(m for g in found for m in g["members"]) != ["one", "two"]:
+                return f"groups {found}"
+            for g in found:
+                (job,) = g["members"]
+                if group_of(mlsched, job) != g["name"]:
+                    return f"{job}: status.group {group_of(mlsched, job)}"
+                pods = mlsched.pods(job)
+                if not pods or any(p.status.phase != "Running" for p in pods):
+                    return f"{job}: pods not running"
+                for p in pods:
+                    terms = p.spec.affinity.node_affinity \
+                        .required_during_scheduling_ignored_during_execution.node_selector_terms
+                    keys = {(e.key, tuple(e.values)) for t in terms for e in t.match_expressions}
+                    if keys != {(NODEPOOL, (g["name"],))} or p.spec.node_name not in g["nodes"]:
+                        return f"{p.metadata.name} on {p.spec.node_name} requires {keys}"
+            return None
+
+        wait_for(lambda: settled() is None, 120, "the jobs in the admin's pools", describe=settled)
+        found = {g["name"]: g for g in groups(mlsched)}
+        assert set(found) == {"pool-a", "pool-b"}
+        assert sorted(found["pool-a"]["nodes"]) == sorted(NODES[:2]) and found["pool-b"]["nodes"] == NODES[2:]
+        assert mlsched.policy("default")["status"]["grouping"]["labelKey"] == NODEPOOL
+        # Nothing written on any node: no mark, the admin's labels as they were.
+        assert all(owner is None for _, owner in node_pools(core).values())
+        assert node_pools(core)[ADMINS] == ("admins-own", None)
+    finally:
+        for name in NODES:
+            core.patch_node(name, {"metadata": {"labels": {NODEPOOL: None}}},
+                            _content_type="application/merge-patch+json")

@@ -378,3 +378,90 @@ def _affinity_key(kube, sts):
     (term,) = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     (expr,) = term["matchExpressions"]
     return expr["key"], expr["values"][0]
+
+
+# ---- the flag, the metric, the threshold across an arrival --------------------------------------
+
+
+def test_label_nodes_is_off_unless_asked_for(monkeypatch):
+    from mlsched.controller.__main__ import export, parse_args
+    from mlsched.controller.config import OperatorConfig
+
+    assert OperatorConfig().label_nodes is False
+    assert OperatorConfig.from_env({}).label_nodes is False
+    assert OperatorConfig.from_env({"MLSCHED_LABEL_NODES": "true"}).label_nodes is True
+    monkeypatch.delenv("MLSCHED_LABEL_NODES", raising=False)
+    export(parse_args([]))
+    assert OperatorConfig.from_env().label_nodes is False
+    export(parse_args(["--label-nodes"]))
+    assert OperatorConfig.from_env().label_nodes is True
+    monkeypatch.delenv("MLSCHED_LABEL_NODES")
+
+
+def test_observed_utilisation_scales_the_forecast_by_reported_over_predicted_speed():
+    from conftest import job as view
+
+    snap = _snapshot(["n0"], [view("a", model="dssm"), view("b", model="wlm")])
+    plan = PoolPlan({"a": "g0", "b": "g0"}, ("g0",), {"g0": 2}, True,
+                    {"g0": PoolForecast(1.0, 0.6, 0.8, 2, 1)})
+    counts = {"a": (1, 1), "b": (1, 1)}
+    assert pools.utilisation(snap, plan, counts, {}) == {
+        "g0": {"predicted_compute": 0.6, "predicted_network": 0.8}}  # nobody reports yet
+    row = pools.utilisation(snap, plan, counts, {"a": 1e-3, "b": 1e-3})["g0"]
+    slower = pools.utilisation(snap, plan, counts, {"a": 5e-4, "b": 5e-4})["g0"]
+    assert row["observed_compute"] / row["observed_network"] == pytest.approx(0.6 / 0.8)
+    assert slower["observed_compute"] == pytest.approx(row["observed_compute"] / 2)
+
+
+def _jobs(kube, *names_models):
+    from mlsched_objects import mljob
+
+    out = []
+    for name, model in names_models:
+        body = mljob(name, model=model)
+        body["metadata"]["namespace"] = NS
+        out.append(body)
+    return out
+
+
+@pytest.mark.parametrize("threshold, regroups", [(0.0, True), (10.0, False)])
+def test_an_arrival_regroups_running_jobs_only_above_the_threshold(threshold, regroups):
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+    rt, kube = make_runtime(cluster(3), label_nodes=True)
+    run(create_jobs(rt, kube, *_jobs(kube, ("a", "dssm"), ("b", "seq2seq"))))
+    kube.put(policy(grouping="harmony", pools={"minStaySeconds": 0, "threshold": threshold}))
+    _round(rt, kube)
+    kube.settle()
+    before = {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"}
+    run(create_jobs(rt, kube, *_jobs(kube, ("c", "resnet-50"))))
+    # Admission holds running jobs where they are: the arrival waits for the round.
+    assert recorded(rt, loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                                  kube.indexes(), now=NOW + 30)) is None
+    _round(rt, kube, now=NOW + 60)
+    after = {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"}
+    pol = kube.obj("SchedulingPolicy", NS, "default")["status"]
+    assert pol["grouping"]["predictedGain"] > 0.05
+    assert (after != before) == regroups
+    messages = [e["message"] for e in kube.events("default") if e["reason"] == "Regrouped"]
+    assert any(m.startswith("regrouped" if regroups else "kept the groups") for m in messages)
+
+
+def test_a_young_job_is_not_moved_before_its_minimum_stay():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+    rt, kube = make_runtime(cluster(3), label_nodes=True)
+    run(create_jobs(rt, kube, *_jobs(kube, ("a", "dssm"), ("b", "seq2seq"))))
+    kube.put(policy(grouping="harmony", pools={"minStaySeconds": 1200, "threshold": 0}))
+    _round(rt, kube)
+    kube.settle()
+    before = {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"}
+    run(create_jobs(rt, kube, *_jobs(kube, ("c", "resnet-50"))))
+    _round(rt, kube, now=NOW + 60)  # 60 s in: both are younger than 1200 s in their pools
+    assert {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"} == before
+    _round(rt, kube, now=NOW + 1300)  # a completion/arrival trigger no longer pending: kept
+    assert {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"} == before
