@@ -465,3 +465,32 @@ def test_a_young_job_is_not_moved_before_its_minimum_stay():
     assert {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"} == before
     _round(rt, kube, now=NOW + 1300)  # a completion/arrival trigger no longer pending: kept
     assert {j: kube.obj("MLJob", NS, j)["status"]["group"] for j in "ab"} == before
+
+
+def test_an_admission_right_after_a_round_sees_that_rounds_pools_before_the_watch_does():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "e2e"))
+    rt, kube = make_runtime(cluster(4), label_nodes=True)
+    run(create_jobs(rt, kube, *_jobs(kube, ("a", "dssm"), ("b", "wlm"))))
+    kube.put(policy(grouping="harmony", pools={"minStaySeconds": 0}))
+    _round(rt, kube)
+    kube.settle()
+    groups_before = kube.obj("SchedulingPolicy", NS, "default")["status"]["groups"]
+    # The watch has not shown the labels the round wrote yet.
+    for n in kube.of_kind("Node"):
+        n["metadata"].get("labels", {}).pop(POOL_LABEL, None)
+        n["metadata"].get("annotations", {}).pop(POOL_OWNER_ANNOTATION, None)
+    run(create_jobs(rt, kube, *_jobs(kube, ("c", "resnet-50"))))
+    recorded(rt, loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                           kube.indexes(), now=NOW + 30))
+    names = {g["name"] for g in groups_before}
+    labelled = {v for v, owner in _labelled(kube).values() if owner}
+    assert labelled <= names | {g["name"] for g in
+                                kube.obj("SchedulingPolicy", NS, "default")["status"]["groups"]}
+    for job in ("a", "b"):  # running jobs: untouched, still in their pools
+        assert kube.obj("MLJob", NS, job)["status"]["group"] in names
+    c = kube.obj("StatefulSet", NS, "c-worker")
+    if c["spec"]["replicas"]:
+        assert _affinity(kube, "c-worker"), "an admitted grouped job without its pool"

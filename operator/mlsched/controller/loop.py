@@ -495,6 +495,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)
+        rt.policy_nodes.pop(key, None)
         rt.metrics.set_pools(key[0], key[1], {})
 
 

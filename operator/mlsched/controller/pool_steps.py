@@ -19,12 +19,18 @@ from mlsched.controller.runtime import Indexes, Runtime, flatten
 
 def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
             jobs: list[JobRecord], status: Mapping[str, Any], grouping):
-    """The snapshot with the pools in force and the grouping as the cluster runs it."""
+    """The snapshot with the pools in force and the grouping as the cluster runs it. What this
+    process last applied (labels, status.groups) wins over what the watch shows yet: an
+    admission step right after a round must see that round's pools, not the ones before."""
     if setup is None:
         return snapshot, grouping
+    key = (setup.owner.split("/", 1)[0], setup.owner.split("/", 1)[1])
     nodes = {n.name: n for n in flatten(idx.nodes)}
     members = {j.name: pools.membership(j, rt.groups) for j in jobs}
-    snapshot, labels = pools.fill(snapshot, setup, nodes, members, status)
+    if key in rt.policy_groups:
+        status = {**status, "groups": rt.policy_groups[key]}
+    snapshot, labels = pools.fill(snapshot, setup, nodes, members, status,
+                                  rt.policy_nodes.get(key))
     return snapshot, pools.grouping_for(grouping, setup, labels)
 
 
@@ -41,9 +47,12 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
     those; also with grouping off, so that turning it off removes them."""
     if not rt.config.label_nodes:
         return
+    if setup is not None and decision.pools.is_shared:
+        return  # an admission step with no pools in force to keep: the labels stay as they are
     owner = f"{ref.namespace}/{ref.name}"
-    failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner,
-                                       pools.desired_labels(snapshot, decision.pools, setup))
+    desired = pools.desired_labels(snapshot, decision.pools, setup)
+    rt.policy_nodes[(ref.namespace, ref.name)] = desired
+    failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner, desired)
     if failures:
         rt.metrics.api_errors.labels("label").inc(len(failures))
         text = "; ".join(f"node {c.node}: {err}" for c, err in failures[:5])

@@ -123,12 +123,16 @@ def membership(job: JobRecord, memory: Mapping[tuple[str, str], Membership]) -> 
 
 
 def fill(snapshot: Snapshot, setup: PoolSetup, nodes: Mapping[str, NodeRecord],
-         members: Mapping[str, Membership], status: Mapping[str, Any]) -> tuple[Snapshot, list]:
+         members: Mapping[str, Membership], status: Mapping[str, Any],
+         applied: Mapping[str, str] | None = None) -> tuple[Snapshot, list]:
     """The snapshot a grouping decides on: job pools and the time they joined, the pools in
-    force (node labels), their shares (status.groups); only CPU is divided by a share. Also
-    the existing pool label of every node (ExistingPools' projection needs them)."""
+    force (node labels, or `applied`: the labels this process last wrote, node → value), their
+    shares (status.groups); only CPU is divided by a share. Also the existing pool label of
+    every node (ExistingPools' projection needs them)."""
     labels = [nodes[n].labels.get(setup.label_key) for n in snapshot.node_names]
-    if setup.mode == LABEL_NODES:
+    if setup.mode == LABEL_NODES and applied is not None:
+        node_pools = [setup.group_of(applied.get(n)) for n in snapshot.node_names]
+    elif setup.mode == LABEL_NODES:
         node_pools = [setup.group_of(v) if nodes[n].pool_owner == setup.owner else None
                       for n, v in zip(snapshot.node_names, labels)]
     else:

@@ -281,6 +281,7 @@ class Runtime:
     # status.groups as last queued; newer than the index until the status writes come back.
     groups: dict[JobKey, Any] = field(default_factory=dict)
     policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
+    policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)  # node → label
     _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:
