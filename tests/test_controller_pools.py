@@ -319,6 +319,10 @@ def test_grouping_off_removes_the_affinity_the_labels_and_the_status():
     pol = kube.obj("SchedulingPolicy", NS, "default")["status"]
     assert pol["groups"] == [] and pol.get("grouping") is None
     assert "mlsched_pool_utilisation{" not in rt.metrics.render().decode()
+    assert any(e["message"].startswith("no pools: grouping is off") for e in kube.events("default")
+               if e["reason"] == "Regrouped")
+    assert any(e["message"].startswith("left pool ") for e in kube.events("bert")
+               if e["reason"] == "Grouped")
 
 
 def test_label_nodes_without_the_flag_groups_with_none_and_says_why():

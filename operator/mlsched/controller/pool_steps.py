@@ -115,8 +115,11 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
         out["groups"] = groups
     grouping = None
     if setup is not None:
-        grouping = {"labelKey": setup.label_key,
-                    "predictedGain": round(float(decision.pools.predicted_gain), 6)}
+        # An admission step's plan predicts nothing new (it keeps the pools or adds to them):
+        # the round's predicted gain stays shown.
+        gain = (round(float(decision.pools.predicted_gain), 6) if round_
+                else old_grouping.get("predictedGain", 0.0))
+        grouping = {"labelKey": setup.label_key, "predictedGain": gain}
         last = rfc3339(now) if changed else old_grouping.get("lastRegroupingTime")
         if last:
             grouping["lastRegroupingTime"] = last

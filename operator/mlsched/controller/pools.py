@@ -283,6 +283,8 @@ def describe(groups: list[dict], plan: PoolPlan, threshold: float | None,
     """The Regrouped Event's message: whether a fresh grouping was taken and why, the pools."""
     gain = f"{plan.predicted_gain * 100:.1f} %"
     bound = f" (threshold {threshold * 100:.1f} %)" if threshold is not None else ""
+    if not groups:
+        return "no pools: grouping is off, or there is no job to group"
     if first:
         head = "grouped"
     elif plan.regrouped:
