@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime
 from typing import Any
@@ -130,17 +131,36 @@ async def sweep(rt: Runtime, idx: Indexes) -> None:
         log.warning("releasing the pools of deleted SchedulingPolicies: %s", err)
 
 
-async def release_orphaned_pools(rt: Runtime, idx: Indexes) -> None:
+#: A policy must have been missing from the index this long before its pools are released:
+#: right after a start (or a watch restart) the index may not show it yet.
+ORPHAN_GRACE_S = 30.0
+
+
+async def release_orphaned_pools(rt: Runtime, idx: Indexes, grace_s: float = ORPHAN_GRACE_S,
+                                 clock=time.monotonic) -> None:
     """A deleted SchedulingPolicy's pools (controller/pools.py): its nodes' labels go (those
     the operator added, --label-nodes), and its jobs' templates lose the pool's affinity and
-    CPU share, their status.group is cleared. A policy edited back to grouping none is
-    handled by its own next round instead."""
+    CPU share, their status.group is cleared, once the policy has been missing for `grace_s`.
+    A policy edited back to grouping none is handled by its own next round instead."""
     policies = set(idx.policies.keys())
+    now = clock()
+    named = {(j.namespace, j.policy) for j in flatten(idx.mljobs)}
+    named |= {tuple(n.pool_owner.split("/", 1)) for n in flatten(idx.nodes)
+              if n.pool_owner and "/" in n.pool_owner}
+    for key in list(rt.orphans):
+        if key in policies or key not in named:
+            del rt.orphans[key]
+    gone = set()
+    for key in named - policies:
+        first = rt.orphans.setdefault(key, now)
+        if now - first >= grace_s:
+            gone.add(key)
     if rt.config.label_nodes:
         for change in pools.orphaned_labels(flatten(idx.nodes), policies, rt.config.namespaces):
-            await rt.api.patch("Node", "", change.node, change.patch())
+            if tuple(change.owner.split("/", 1)) in gone:
+                await rt.api.patch("Node", "", change.node, change.patch())
     for job in flatten(idx.mljobs):
-        if (job.namespace, job.policy) in policies:
+        if (job.namespace, job.policy) not in gone:
             continue
         statefulsets = list(idx.statefulsets.get(job.key, ()))
         counts = {s.role: s.replicas for s in statefulsets}

@@ -282,6 +282,8 @@ class Runtime:
     groups: dict[JobKey, Any] = field(default_factory=dict)
     policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
     policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)  # node → label
+    # Policies named by jobs or node labels but missing from the index: since when (jobs.py).
+    orphans: dict[PolicyKey, float] = field(default_factory=dict)
     _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:
