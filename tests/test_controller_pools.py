@@ -217,9 +217,12 @@ def test_groups_status_lists_members_nodes_share_and_forecast():
                     True, {"g0": PoolForecast(1.5, 0.8, 0.6, 2, 2)}, 0.07)
     (g,) = pools.groups_status(snap, plan, setup)
     assert g == {"name": f"{NS}.default.g0", "members": ["a", "b"], "nodes": ["n0", "n1"],
-                 "share": 2, "predictedIterationSeconds": 1.5,
+                 "nodeCount": 2, "share": 2, "predictedIterationSeconds": 1.5,
                  "predictedComputeUtilisation": 0.8, "predictedNetworkUtilisation": 0.6}
     assert pools.groups_status(snap, PoolPlan(), setup) == []
+    many = [{**g, "name": f"p{i:04d}", "nodes": [f"n{k}" for k in range(2000)]} for i in range(600)]
+    shown = pools.bounded(many)
+    assert len(shown) == 512 and all(len(x["nodes"]) == 1024 and x["nodeCount"] == 2 for x in shown)
     assert pools.desired_labels(snap, plan, setup) == {"n0": f"{NS}.default.g0",
                                                        "n1": f"{NS}.default.g0"}
 

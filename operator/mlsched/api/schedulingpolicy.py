@@ -230,7 +230,8 @@ class GroupStatus(StatusModel):
     members: list[str] = Field(default_factory=list, max_length=64,
                                description="MLJobs in the pool.")
     nodes: list[str] = Field(default_factory=list, max_length=1024,
-                             description="Nodes of the pool (those the policy may use).")
+                             description="Nodes of the pool (the first 1024 by name).")
+    node_count: int = Field(0, ge=0, description="Nodes in the pool.")
     share: int = Field(1, ge=1, description="Jobs time-sharing each node's CPU: each member's "
                                             "pods request 1/share of their template's CPU.")
     predicted_iteration_seconds: float | None = Field(
@@ -243,6 +244,7 @@ class GroupingStatus(StatusModel):
     """The latest grouping decision."""
 
     label_key: str = Field(max_length=317, description="The node label the pools are under.")
+    pools: int = Field(0, ge=0, description="Pools with members.")
     predicted_gain: float = Field(
         0.0, description="Predicted score of a fresh grouping over keeping the groups "
                          "(relative); a regrouping needs more than spec.pools.threshold.")
@@ -278,7 +280,8 @@ class SchedulingPolicyStatus(StatusModel):
         None, ge=0, description="metadata.generation the loaded policy reflects.")
     groups: list[GroupStatus] = Field(
         default_factory=list, max_length=512,
-        description="The pools of the grouping in force (spec.grouping), empty without one.")
+        description="The pools of the grouping in force (spec.grouping), empty without one; "
+                    "the first 512 by name (grouping.pools counts them all).")
     grouping: GroupingStatus | None = None
 
 

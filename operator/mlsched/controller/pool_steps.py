@@ -112,14 +112,14 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
     out: dict[str, Any] = {}
     changed = pools.memberships(groups) != pools.memberships(before)
     if groups != list(before):
-        out["groups"] = groups
+        out["groups"] = pools.bounded(groups)
     grouping = None
     if setup is not None:
         # An admission step's plan predicts nothing new (it keeps the pools or adds to them):
         # the round's predicted gain stays shown.
         gain = (round(float(decision.pools.predicted_gain), 6) if round_
                 else old_grouping.get("predictedGain", 0.0))
-        grouping = {"labelKey": setup.label_key, "predictedGain": gain}
+        grouping = {"labelKey": setup.label_key, "predictedGain": gain, "pools": len(groups)}
         last = rfc3339(now) if changed else old_grouping.get("lastRegroupingTime")
         if last:
             grouping["lastRegroupingTime"] = last

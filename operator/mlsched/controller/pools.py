@@ -261,10 +261,10 @@ def groups_status(snapshot: Snapshot, plan: PoolPlan, setup: PoolSetup | None) -
             members.setdefault(pool, []).append(job)
     out = []
     for pool in sorted(members):
-        entry: dict[str, Any] = {
-            "name": setup.value(pool), "members": sorted(members[pool]),
-            "nodes": [snapshot.node_names[i] for i, p in enumerate(plan.node_pools or ()) if p == pool],
-            "share": plan.share_of(pool)}
+        nodes = [snapshot.node_names[i] for i, p in enumerate(plan.node_pools or ()) if p == pool]
+        entry: dict[str, Any] = {"name": setup.value(pool), "members": sorted(members[pool]),
+                                 "nodes": nodes, "nodeCount": len(nodes),
+                                 "share": plan.share_of(pool)}
         f = plan.forecasts.get(pool)
         if f is not None:
             entry.update(predictedIterationSeconds=round(f.iteration_s, 6),
@@ -272,6 +272,16 @@ def groups_status(snapshot: Snapshot, plan: PoolPlan, setup: PoolSetup | None) -
                          predictedNetworkUtilisation=round(f.net_util, 6))
         out.append(entry)
     return out
+
+
+MAX_STATUS_GROUPS, MAX_STATUS_NODES, MAX_STATUS_MEMBERS = 512, 1024, 64
+
+
+def bounded(groups: list[dict]) -> list[dict]:
+    """status.groups within the CRD's bounds (the full list stays in the operator's memory;
+    a restarted operator then reads the shares of the first 512 pools only)."""
+    return [{**g, "nodes": sorted(g["nodes"])[:MAX_STATUS_NODES],
+             "members": g["members"][:MAX_STATUS_MEMBERS]} for g in groups[:MAX_STATUS_GROUPS]]
 
 
 def memberships(groups: Iterable[Mapping[str, Any]]) -> dict[str, tuple[str, ...]]:
