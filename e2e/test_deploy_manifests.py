@@ -63,6 +63,7 @@ RENDERED = {
     "overlays/dev": (MANIFESTS / "overlays" / "dev", None),
     "overlays/prod": (MANIFESTS / "overlays" / "prod", None),
     "overlays/namespaced": (MANIFESTS / "overlays" / "namespaced", None),
+    "overlays/label-nodes": (MANIFESTS / "overlays" / "label-nodes", None),
     "overlays/namespaced/served-namespace":
         (MANIFESTS / "overlays" / "namespaced" / "served-namespace", DEV_NAMESPACE),
     "base/training-namespace": (MANIFESTS / "base" / "training-namespace", DEV_NAMESPACE),

@@ -242,14 +242,18 @@ def test_a_learned_placement_loads_its_model_by_phase_and_falls_back_to_load_bal
 
 
 @pytest.mark.parametrize("grouping", ["harmony", "isolated", "naive"])
-def test_a_simulator_only_grouping_is_reported_and_the_cluster_groups_with_none(tmp_path, grouping):
-    # Their time-shared pools divide pod requests, which the operator does not render yet:
-    # scheduling by them would place more pods on a node than kube-scheduler can bind.
-    assert registry.known("grouping", grouping)
+def test_every_grouping_runs_in_the_cluster(tmp_path, grouping):
+    # controller/pools.py renders their pools (labels, affinity, divided CPU requests).
     r = run(resolver(tmp_path).resolve(POLICY, spec(grouping=grouping)))
+    assert r.grouping.name == grouping
+    assert r.ready.reason == "Scheduling"
+
+
+def test_an_unknown_grouping_still_falls_back_to_none(tmp_path):
+    r = run(resolver(tmp_path).resolve(POLICY, spec(grouping="no-such-grouping")))
     assert r.grouping.name == "none"
     assert r.ready.reason == "FallbackActive"
-    assert f"grouping {grouping!r} runs in the simulator only" in r.ready.message
+    assert "unknown grouping 'no-such-grouping', grouping with none" in r.ready.message
 
 
 # ---- paths: only inside the configured model directories ----------------------------------

@@ -28,6 +28,7 @@ KUSTOMIZATIONS = ["manifests", "manifests/base", "manifests/base/training-rbac",
                   "manifests/base/training-namespace", "manifests/overlays/dev",
                   "manifests/overlays/prod", "manifests/overlays/namespaced",
                   "manifests/overlays/namespaced/served-namespace", "manifests/samples",
+                  "manifests/overlays/label-nodes",
                   "manifests/retraining",
                   "policy_models/artifacts", "crds"]
 #: `kubectl apply` without --server-side keeps a copy of the object in this annotation.
@@ -180,6 +181,26 @@ def test_prod_is_two_spread_replicas_with_a_disruption_budget():
     assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
     # No custom resources: nothing in prod waits for its CRD in the same sync.
     assert not [o for o in objects if o["apiVersion"].startswith("mlsched.io/")]
+
+
+def _node_writes(objects: list[dict]) -> list[tuple[str, list[str]]]:
+    return [(o["metadata"]["name"], rule["verbs"]) for o in objects if o["kind"] == "ClusterRole"
+            for rule in o.get("rules") or () if "nodes" in rule.get("resources", ())
+            and set(rule["verbs"]) - {"get", "list", "watch"}]
+
+
+def test_only_the_label_nodes_overlay_may_write_nodes_and_it_says_so_with_its_flag():
+    # The default install stays least-privilege: node labels for grouping are opt-in.
+    for path in ("manifests/base", "manifests/overlays/dev", "manifests/overlays/prod",
+                 "manifests/overlays/namespaced"):
+        assert not _node_writes(render(path)), path
+        assert "--label-nodes" not in container(render(path))["args"], path
+    objects = render("manifests/overlays/label-nodes")
+    assert _node_writes(objects) == [("mlsched-operator-label-nodes", ["patch"])]
+    binding = the(objects, "ClusterRoleBinding", "mlsched-operator-label-nodes")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "mlsched-operator",
+                                    "namespace": "mlsched-system"}]
+    assert "--label-nodes" in container(objects)["args"]
 
 
 def test_the_plain_install_is_the_base():

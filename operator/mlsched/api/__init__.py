@@ -87,7 +87,7 @@ from mlsched.api.mljob import (
     RoleReplicas,
 )
 from mlsched.api.schedulingpolicy import (
-    ModelRef, PhaseModels,
+    GroupStatus, ModelRef, PhaseModels, PoolOptions,
     PolicyConditionType,
     RewardEntry,
     SchedulingPolicy,
@@ -102,7 +102,7 @@ __all__ = [
     "API_VERSION", "GROUP", "KOPF_ANNOTATION_PREFIX", "MAX_HISTORY", "VERSION",
     "Architecture", "CleanPodPolicy", "Condition", "ConditionStatus", "HistoryEntry",
     "InvalidObject", "JobConditionType", "JobPhase", "MLJob", "MLJobSpec", "MLJobStatus",
-    "ModelRef", "OpenInterval", "PhaseModels", "Placement", "PolicyConditionType", "Progress", "ReplicaSpec", "RewardEntry",
+    "GroupStatus", "ModelRef", "OpenInterval", "PhaseModels", "Placement", "PoolOptions", "PolicyConditionType", "Progress", "ReplicaSpec", "RewardEntry",
     "RoleReplicas", "SchedulingPolicy", "SchedulingPolicySpec", "SchedulingPolicyStatus",
     "append_bounded", "describe_errors", "get_condition", "immutable_changes",
     "is_condition_true", "set_condition", "utcnow",

@@ -267,6 +267,11 @@ class MLJobStatus(StatusModel):
         default_factory=list, max_length=MAX_HISTORY,
         description="Newest last; trimmed to the policy's historyLimit.")
     open_interval: OpenInterval | None = None
+    group: str | None = Field(
+        None, max_length=63,
+        description="The node pool the policy's grouping put the job in (spec.grouping); its "
+                    "pods require a node labelled with it.")
+    group_since: datetime | None = Field(None, description="When the job entered `group`.")
 
 
 # ---------------------------------------------------------------------------------- root
@@ -310,10 +315,10 @@ CRD = CrdInfo(
                       "Workers allocated"),
         PrinterColumn("Progress", ".status.progress.summary", description="Epochs done/total"),
         PrinterColumn("Policy", ".spec.schedulingPolicy"),
+        PrinterColumn("Group", ".status.group", description="Node pool (grouping)"),
         AGE,
         PrinterColumn("Model", ".spec.modelType", priority=1),
         PrinterColumn("Architecture", ".spec.architecture", priority=1),
-        PrinterColumn("Pool", ".status.placement.pool", priority=1),
         PrinterColumn("Speed", ".status.progress.speed", "number", "Epochs per second", 1),
     ),
 )

@@ -91,6 +91,45 @@ class Retraining(ApiModel):
                     "mlsched.io/dataset-of=<policy>); older ones are deleted. 0 records nothing.")
 
 
+#: The node label a LabelNodes pool is written under (the only key the operator writes).
+POOL_LABEL_KEY = "mlsched.io/pool"
+LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+             r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+class PoolOptions(ApiModel):
+    """How a grouping's pools become node pools in the cluster (docs/grouping.md, "In the
+    cluster"). Used only when spec.grouping is not none."""
+
+    mode: Literal["LabelNodes", "ExistingPools"] = Field(
+        "LabelNodes",
+        description="LabelNodes: the operator labels the nodes it gives a pool with "
+                    "mlsched.io/pool (needs the operator's --label-nodes and its nodes patch "
+                    "rule, manifests/overlays/label-nodes). ExistingPools: groups are assigned to "
+                    "node pools an admin labelled with labelKey; the operator writes no node.")
+    label_key: str = Field(
+        POOL_LABEL_KEY, max_length=317, pattern=LABEL_KEY,
+        description="ExistingPools: the node label naming a node's pool, e.g. "
+                    "cloud.google.com/gke-nodepool. LabelNodes writes mlsched.io/pool only.")
+    threshold: float = Field(
+        0.05, ge=0, le=10,
+        description="Regroup only when the new grouping's predicted score beats keeping the "
+                    "groups by more than this fraction (harmony).")
+    min_stay_seconds: int = Field(
+        1200, ge=0, le=604800,
+        description="A running job stays at least this long in its pool before a regrouping "
+                    "may move it (harmony); policy time, scaled like interval.")
+
+    cel_rules = (
+        # has(): the apiserver also checks the rule against the bare default `{}`.
+        CelRule("(has(self.mode) && self.mode == 'ExistingPools') || !has(self.labelKey) || "
+                f"self.labelKey == '{POOL_LABEL_KEY}'",
+                f"LabelNodes writes {POOL_LABEL_KEY} only; labelKey is for ExistingPools",
+                lambda s: s.mode != "LabelNodes" or s.label_key == POOL_LABEL_KEY,
+                field_path=".labelKey"),
+    )
+
+
 def _models_of(phase: str):
     return Field(default_factory=dict, max_length=8, json_schema_extra={"default": {}},
                  description=f"ONNX model per learned {phase} algorithm, keyed by its name.")
@@ -117,7 +156,9 @@ class SchedulingPolicySpec(ApiModel):
     placement: str = Field("load-balance", pattern=ALGORITHM_NAME, max_length=63,
                            description="Which node each task lands on.")
     grouping: str = Field("none", pattern=ALGORITHM_NAME, max_length=63,
-                          description="Which jobs share a node pool; none disables grouping.")
+                          description="Which jobs share a node pool: harmony, isolated, naive; "
+                                      "none disables grouping.")
+    pools: PoolOptions = Field(default_factory=PoolOptions, json_schema_extra={"default": {}})
     models: PhaseModels = Field(
         default_factory=PhaseModels, json_schema_extra={"default": {}},
         description="ONNX models of learned algorithms, by phase and algorithm, e.g. "
@@ -182,6 +223,35 @@ class ExplorationStatus(StatusModel):
                                                    "the operator's --max-exploration.")
 
 
+class GroupStatus(StatusModel):
+    """One pool the grouping decided, as the latest round applied it."""
+
+    name: str = Field(max_length=63, description="The pool: the value of its nodes' label.")
+    members: list[str] = Field(default_factory=list, max_length=64,
+                               description="MLJobs in the pool.")
+    nodes: list[str] = Field(default_factory=list, max_length=1024,
+                             description="Nodes of the pool (the first 1024 by name).")
+    node_count: int = Field(0, ge=0, description="Nodes in the pool.")
+    share: int = Field(1, ge=1, description="Jobs time-sharing each node's CPU: each member's "
+                                            "pods request 1/share of their template's CPU.")
+    predicted_iteration_seconds: float | None = Field(
+        None, ge=0, description="The group's predicted iteration time (Harmony eq. 1).")
+    predicted_compute_utilisation: float | None = Field(None, ge=0)
+    predicted_network_utilisation: float | None = Field(None, ge=0)
+
+
+class GroupingStatus(StatusModel):
+    """The latest grouping decision."""
+
+    label_key: str = Field(max_length=317, description="The node label the pools are under.")
+    pools: int = Field(0, ge=0, description="Pools with members.")
+    predicted_gain: float = Field(
+        0.0, description="Predicted score of a fresh grouping over keeping the groups "
+                         "(relative); a regrouping needs more than spec.pools.threshold.")
+    last_regrouping_time: datetime | None = Field(
+        None, description="When the groups' members last changed.")
+
+
 class SchedulingPolicyStatus(StatusModel):
     """Written by the operator only (status subresource)."""
 
@@ -208,6 +278,11 @@ class SchedulingPolicyStatus(StatusModel):
                                        description="Newest last; trimmed to historyLimit.")
     observed_generation: int | None = Field(
         None, ge=0, description="metadata.generation the loaded policy reflects.")
+    groups: list[GroupStatus] = Field(
+        default_factory=list, max_length=512,
+        description="The pools of the grouping in force (spec.grouping), empty without one; "
+                    "the first 512 by name (grouping.pools counts them all).")
+    grouping: GroupingStatus | None = None
 
 
 # ---------------------------------------------------------------------------------- root
@@ -243,6 +318,8 @@ CRD = CrdInfo(
         PrinterColumn("Last round", ".status.lastRoundTime", "date"),
         AGE,
         PrinterColumn("Grouping", ".spec.grouping", priority=1),
+        PrinterColumn("Gain", ".status.grouping.predictedGain", "number",
+                      "Predicted gain of regrouping over keeping the groups", 1),
         PrinterColumn("Interval", ".spec.interval", "integer", "Seconds between rounds", 1),
         PrinterColumn("Decisions", ".status.decisions", "integer", priority=1),
     ),

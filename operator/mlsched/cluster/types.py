@@ -113,6 +113,10 @@ class Snapshot:
     node_pools: list[str] | None = None  # pool label per node, for grouping
     # Pools whose nodes' compute (cpu, gpu) is time-shared by this many jobs (PoolPlan.shares)
     pool_shares: dict[str, int] | None = None
+    # Which of (cpu, gpu, mem_gib) time-sharing divides. The simulator divides both compute
+    # resources; the operator only CPU (a GPU request is whole: co-location on GPUs relies on
+    # the device plugin's time-slicing advertising several nvidia.com/gpu per GPU).
+    divisible: tuple[int, ...] = (0, 1)
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)
@@ -126,16 +130,17 @@ class Snapshot:
 
 #: The pool of jobs a grouping holds back: no node belongs to it, so they get no tasks.
 WAITING_POOL = "mlsched-waiting"
-_COMPUTE = slice(0, 2)  # (cpu, gpu) of a (cpu, gpu, mem_gib) vector: what time-sharing divides
 
 
-def shared_demand(demand: np.ndarray, share: int) -> np.ndarray:
+def shared_demand(demand: np.ndarray, share: int,
+                  divisible: tuple[int, ...] = (0, 1)) -> np.ndarray:
     """A task's request in a pool whose compute `share` jobs time-share: compute / share,
-    memory whole (co-located jobs' data and models stay in memory)."""
+    memory whole (co-located jobs' data and models stay in memory). `divisible`: which
+    resources are divided (Snapshot.divisible)."""
     if share <= 1:
         return demand
     out = np.array(demand, dtype=float, copy=True)
-    out[_COMPUTE] /= share
+    out[list(divisible)] /= share
     return out
 
 

@@ -59,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "the gpu extra (onnxruntime-gpu) and a GPU")
     p.add_argument("--max-exploration", type=float, metavar="EPSILON",
                    help="largest spec.exploration.epsilon served; above it, clamped (0.2)")
+    p.add_argument("--label-nodes", action="store_true", default=None,
+                   help="let SchedulingPolicies with spec.pools.mode LabelNodes label nodes with "
+                        "mlsched.io/pool (needs the nodes patch rule of "
+                        "manifests/overlays/label-nodes)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     return p.parse_args(argv)
 
@@ -73,7 +77,8 @@ def export(args: argparse.Namespace) -> None:
              "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity,
              "MAX_MODEL_BYTES": args.max_model_bytes, "MAX_EXPLORATION": args.max_exploration,
              "EXECUTION_PROVIDER": args.execution_provider,
-             "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None}
+             "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None,
+             "LABEL_NODES": "true" if args.label_nodes else None}
     for name, value in flags.items():
         if value is not None:
             os.environ[f"MLSCHED_{name}"] = str(value)

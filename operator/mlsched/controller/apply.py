@@ -64,7 +64,8 @@ def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],
     """After a spec edit: re-render templates for the counts the job holds now."""
     current = {s.role: s for s in existing}
     counts = {role: s.replicas for role, s in current.items()}
-    plans = (plan_statefulset(job, role, current[role], counts, settings)
+    # The pool its template requires now stays (a round changes it, not a spec edit).
+    plans = (plan_statefulset(job, role, current[role], counts, settings, current[role].pool)
              for role in roles_of(job) if role in current)
     return [p for p in plans if p is not None]
 

@@ -110,6 +110,9 @@ class OperatorConfig:
     # The largest spec.exploration.epsilon served (issue 17): a tenant may ask its policy to
     # explore, within this bound; above it the operator clamps and says so in status.
     max_exploration: float = 0.2
+    # Grouping's LabelNodes mode (controller/pools.py): the operator may label nodes with
+    # mlsched.io/pool. Off by default: it needs a cluster-wide nodes patch right.
+    label_nodes: bool = False
     # `namespace/name` of the coordination.k8s.io Lease replicas elect a leader with
     # (controller/leadership.py); None: this process leads alone (one replica).
     leader_election: str | None = None
@@ -155,6 +158,7 @@ class OperatorConfig:
             record_burst=int(get("RECORD_BURST") or defaults.record_burst),
             max_exploration=float(get("MAX_EXPLORATION") or defaults.max_exploration),
             leader_election=get("LEADER_ELECTION"),
+            label_nodes=(get("LABEL_NODES") or "").lower() in ("1", "true", "yes"),
             leader_identity=get("LEADER_IDENTITY") or defaults.leader_identity,
         )
 

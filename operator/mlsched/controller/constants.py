@@ -30,6 +30,13 @@ TEMPLATE_HASH_ANNOTATION = f"{GROUP}/template-hash"
 
 #: Optional node label naming the node pool a grouping policy may assign jobs to.
 POOL_LABEL = f"{GROUP}/pool"
+#: On a node the operator labelled with POOL_LABEL (--label-nodes): `namespace/policy` of the
+#: SchedulingPolicy whose pool it is. Only labels with this annotation are ever removed, so an
+#: admin's mlsched.io/pool label is never touched.
+POOL_OWNER_ANNOTATION = f"{GROUP}/pool-owner"
+#: On a StatefulSet whose pod template requires a pool: the pool as rendered (JSON of label
+#: key, value and CPU share), so that re-rendering after a spec edit keeps it.
+STS_POOL_ANNOTATION = f"{GROUP}/pool"
 
 #: The audience-bound ServiceAccount token training pods present to the progress endpoint.
 TOKEN_AUDIENCE = f"{GROUP}/progress"

@@ -20,10 +20,12 @@ from mlsched.api import API_VERSION
 from mlsched.cluster.types import Decision, Snapshot
 from mlsched.controller.constants import (
     COMPONENT, HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POD_INDEX_LABEL, ROLE_LABEL, ROLES,
-    TEMPLATE_HASH_ANNOTATION, TOKEN_AUDIENCE, TOKEN_DIR, TOKEN_EXPIRATION_SECONDS, TOKEN_PATH,
+    STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, TOKEN_AUDIENCE, TOKEN_DIR, TOKEN_EXPIRATION_SECONDS, TOKEN_PATH,
     TOKEN_VOLUME,
 )
-from mlsched.controller.records import JobRecord, PodRecord, StsRecord
+from mlsched.controller.records import (
+    JobRecord, PodPool, PodRecord, StsRecord, parse_quantity,
+)
 
 # ------------------------------------------------------------------------------ manifests
 
@@ -114,9 +116,46 @@ def environment(job: JobRecord, role: str, counts: Mapping[str, int],
     return env
 
 
+def pool_affinity(spec: dict, pool: PodPool) -> None:
+    """Require a node labelled `pool.key=pool.value`, on top of the template's own required
+    node affinity: the requirement joins every nodeSelectorTerm (terms are ORed, expressions
+    in a term ANDed), so kube-scheduler alone keeps the pods inside the pool."""
+    need = {"key": pool.key, "operator": "In", "values": [pool.value]}
+    affinity = spec["affinity"] = spec.get("affinity") or {}
+    node = affinity["nodeAffinity"] = affinity.get("nodeAffinity") or {}
+    key = "requiredDuringSchedulingIgnoredDuringExecution"
+    required = node[key] = node.get(key) or {}
+    terms = required.get("nodeSelectorTerms") or [{}]
+    for term in terms:
+        exprs = [e for e in term.get("matchExpressions") or () if e.get("key") != pool.key]
+        term["matchExpressions"] = [*exprs, need]
+    required["nodeSelectorTerms"] = terms
+
+
+def millicores(value: Any) -> int:
+    return int(round(parse_quantity(value) * 1000))
+
+
+def share_cpu(spec: dict, share: int) -> None:
+    """Each container's CPU request / `share` (rounded down to a millicore, at least 1m): the
+    pool's nodes' CPU is time-shared by `share` jobs. A CPU limit stays (a request below its
+    limit is valid); a container with a limit and no request gets the divided limit as its
+    request. Memory and GPUs are never divided (docs/grouping.md, "In the cluster")."""
+    if share <= 1:
+        return
+    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+        res = container["resources"] = container.get("resources") or {}
+        requests, limits = res.get("requests") or {}, res.get("limits") or {}
+        cpu = requests.get("cpu", limits.get("cpu"))
+        if cpu is None:
+            continue
+        res["requests"] = {**requests, "cpu": f"{max(1, millicores(cpu) // share)}m"}
+
+
 def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
-                 settings: PodSettings) -> dict:
-    """The user's template plus our labels, environment, progress token and placement gate."""
+                 settings: PodSettings, pool: PodPool | None = None) -> dict:
+    """The user's template plus our labels, environment, progress token and placement gate;
+    for a grouped job (`pool`), the pool's node affinity and its share of the CPU."""
     tpl = json.loads(json.dumps(job.templates.get(role) or {}))  # a deep copy, 3x faster
     meta = tpl.setdefault("metadata", {})
     meta["labels"] = {**(meta.get("labels") or {}), **labels(job, role)}
@@ -154,6 +193,9 @@ def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
         mounts = [m for m in container.get("volumeMounts") or () if m.get("name") != TOKEN_VOLUME]
         container["volumeMounts"] = [*mounts, {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR,
                                                "readOnly": True}]
+    if pool is not None:
+        pool_affinity(spec, pool)
+        share_cpu(spec, pool.share)
     return tpl
 
 
@@ -165,17 +207,19 @@ _HASH_CACHE_SIZE = 8192
 
 
 def template_hash(job: JobRecord, role: str, counts: Mapping[str, int],
-                  settings: PodSettings) -> str:
+                  settings: PodSettings, pool: PodPool | None = None) -> str:
     """Identifies a rendered template by everything it is rendered from, so comparing with the
     StatefulSet's annotation needs no rendering. Memoized per (job uid, generation, ...): a
     steady round hashes nothing."""
     ps, workers = counts.get("ps", 0), counts.get("worker", 0)
-    key = (job.uid, job.generation, job.namespace, job.name, role, ps, workers, settings)
+    key = (job.uid, job.generation, job.namespace, job.name, role, ps, workers, settings, pool)
     digest = _hashes.get(key)
     if digest is None:
         source = [RENDER_VERSION, job.templates.get(role), job.namespace, job.name, job.model,
                   job.epochs, role, ps, workers, settings.progress_url, settings.token_audience,
                   list(settings.tolerated_taints), settings.service_account, settings.progress_ca]
+        if pool is not None:  # appended only when set: ungrouped jobs keep their hashes
+            source.append([pool.key, pool.value, pool.share])
         digest = hashlib.sha256(json.dumps(source, sort_keys=True).encode()).hexdigest()[:16]
         if len(_hashes) >= _HASH_CACHE_SIZE:
             _hashes.clear()
@@ -188,14 +232,17 @@ def clear_hash_cache() -> None:
 
 
 def statefulset_manifest(job: JobRecord, role: str, replicas: int, counts: Mapping[str, int],
-                         settings: PodSettings) -> dict[str, Any]:
-    template = pod_template(job, role, counts, settings)
-    digest = template_hash(job, role, counts, settings)
+                         settings: PodSettings, pool: PodPool | None = None) -> dict[str, Any]:
+    template = pod_template(job, role, counts, settings, pool)
+    digest = template_hash(job, role, counts, settings, pool)
+    annotations = {TEMPLATE_HASH_ANNOTATION: digest}
+    if pool is not None:
+        annotations[STS_POOL_ANNOTATION] = pool.annotation()
     return {
         "apiVersion": "apps/v1", "kind": "StatefulSet",
         "metadata": {"name": sts_name(job.name, role), "namespace": job.namespace,
                      "labels": labels(job, role),
-                     "annotations": {TEMPLATE_HASH_ANNOTATION: digest},
+                     "annotations": annotations,
                      "ownerReferences": [owner_reference(job)]},
         "spec": {
             "replicas": replicas,
@@ -273,6 +320,7 @@ class PatchStatefulSet:
     template: dict | None = field(default=None, compare=False)  # None: template unchanged
     template_hash: str | None = None
     uid: str | None = field(default=None, compare=False)  # the StatefulSet this was planned for
+    pool: PodPool | None = None  # the pool the new template requires (with a template only)
 
     def patch(self) -> list[dict]:
         """A JSON patch: `replace` swaps the template exactly, where a merge patch would keep
@@ -284,7 +332,11 @@ class PatchStatefulSet:
             ops += [{"op": "replace", "path": "/spec/template", "value": self.template},
                     {"op": "add", "path": "/metadata/annotations/"
                      + TEMPLATE_HASH_ANNOTATION.replace("~", "~0").replace("/", "~1"),
-                     "value": self.template_hash}]
+                     "value": self.template_hash},
+                    # "" when ungrouped: `add` replaces, and needs no test that it exists
+                    {"op": "add", "path": "/metadata/annotations/"
+                     + STS_POOL_ANNOTATION.replace("~", "~0").replace("/", "~1"),
+                     "value": self.pool.annotation() if self.pool else ""}]
         return ops
 
 
@@ -323,19 +375,20 @@ Action = PatchStatefulSet | PinPod | DeletePod
 
 
 def plan_statefulset(job: JobRecord, role: str, current: StsRecord, counts: Mapping[str, int],
-                     settings: PodSettings) -> PatchStatefulSet | None:
-    """Replicas of `role` := counts[role], with the template re-rendered for `counts`."""
+                     settings: PodSettings, pool: PodPool | None = None) -> PatchStatefulSet | None:
+    """Replicas of `role` := counts[role], with the template re-rendered for `counts` and
+    `pool` (a changed pool is a changed template: the checkpoint-restart of a scaling)."""
     replicas = counts.get(role, 0)
     template = None
     digest = current.template_hash
     if replicas > 0:  # a role scaled to zero keeps its template: no pods, nothing to roll
-        wanted = template_hash(job, role, counts, settings)
+        wanted = template_hash(job, role, counts, settings, pool)
         if wanted != current.template_hash:
-            template, digest = pod_template(job, role, counts, settings), wanted
+            template, digest = pod_template(job, role, counts, settings, pool), wanted
     if replicas == current.replicas and template is None:
         return None
     return PatchStatefulSet(job.namespace, current.name, replicas, template, digest,
-                            uid=current.uid or None)
+                            uid=current.uid or None, pool=pool if template is not None else None)
 
 
 def plan_pods(namespace: str, pods: Iterable[PodRecord],

@@ -8,23 +8,24 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping, MutableMapping
 from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject
-from mlsched.controller import lifecycle
+from mlsched.controller import lifecycle, pools
 from mlsched.controller.apply import (
     WaitingForOldChildren, ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
 )
 from mlsched.controller.constants import JOB_LABEL, LEGACY_ANNOTATIONS, LEGACY_FINALIZER
-from mlsched.controller.desired import DeletePod, PinPod, roles_of
+from mlsched.controller.desired import DeletePod, PinPod, plan_statefulset, roles_of
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
 from mlsched.controller.records import (
     JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
 )
-from mlsched.controller.runtime import Indexes, Runtime
+from mlsched.controller.runtime import Indexes, Runtime, flatten
 from mlsched.controller.supervision import key_of, plain
 
 log = logging.getLogger("mlsched.controller.jobs")
@@ -124,6 +125,54 @@ async def sweep(rt: Runtime, idx: Indexes) -> None:
         if isinstance(result, Exception):
             log.warning("MLJob %s/%s: %s", body["metadata"].get("namespace"),
                         body["metadata"].get("name"), result)
+    try:
+        await release_orphaned_pools(rt, idx)
+    except Exception as err:  # noqa: BLE001 - retried at the next sweep
+        log.warning("releasing the pools of deleted SchedulingPolicies: %s", err)
+
+
+#: A policy must have been missing from the index this long before its pools are released:
+#: right after a start (or a watch restart) the index may not show it yet.
+ORPHAN_GRACE_S = 30.0
+
+
+async def release_orphaned_pools(rt: Runtime, idx: Indexes, grace_s: float = ORPHAN_GRACE_S,
+                                 clock=time.monotonic) -> None:
+    """A deleted SchedulingPolicy's pools (controller/pools.py): its nodes' labels go (those
+    the operator added, --label-nodes), and its jobs' templates lose the pool's affinity and
+    CPU share, their status.group is cleared, once the policy has been missing for `grace_s`.
+    A policy edited back to grouping none is handled by its own next round instead."""
+    policies = set(idx.policies.keys())
+    now = clock()
+    named = {(j.namespace, j.policy) for j in flatten(idx.mljobs)}
+    named |= {tuple(n.pool_owner.split("/", 1)) for n in flatten(idx.nodes)
+              if n.pool_owner and "/" in n.pool_owner}
+    for key in list(rt.orphans):
+        if key in policies or key not in named:
+            del rt.orphans[key]
+    gone = set()
+    for key in named - policies:
+        first = rt.orphans.setdefault(key, now)
+        if now - first >= grace_s:
+            gone.add(key)
+    if rt.config.label_nodes:
+        for change in pools.orphaned_labels(flatten(idx.nodes), policies, rt.config.namespaces):
+            if tuple(change.owner.split("/", 1)) in gone:
+                await rt.api.patch("Node", "", change.node, change.patch())
+    for job in flatten(idx.mljobs):
+        if (job.namespace, job.policy) not in gone:
+            continue
+        statefulsets = list(idx.statefulsets.get(job.key, ()))
+        counts = {s.role: s.replicas for s in statefulsets}
+        for sts in statefulsets:
+            if sts.pool is not None:
+                plan = plan_statefulset(job, sts.role, sts, counts, rt.pod_settings, None)
+                if plan is not None:
+                    await execute(rt.api, plan)
+        if job.group is not None:
+            rt.records.enqueue("MLJob", job.namespace, job.name, uid=job.uid,
+                               fields={"group": None, "groupSince": None})
+        rt.groups.pop(job.key, None)
 
 
 async def release_legacy_finalizer(rt: Runtime, kind: str, body: Mapping[str, Any]) -> None:

@@ -231,6 +231,8 @@ class ClientKubeApi:
                       else self._custom.patch_namespaced_custom_object)
                 await self._call(fn, GROUP, VERSION, namespace, CUSTOM_PLURALS[kind], name, patch,
                                  **options)
+            elif kind == "Node":  # cluster-scoped: the pool labels of --label-nodes (pools.py)
+                await self._call(self._core.patch_node, name, patch, **options)
             else:
                 await self._call(self._functions(kind)["patch"], name, namespace, patch, **options)
         except KubeError as err:

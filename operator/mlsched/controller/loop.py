@@ -27,7 +27,7 @@ from typing import Any
 
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
-from mlsched.controller import reporting, rewards, version_adoption
+from mlsched.controller import pool_steps, pools, reporting, rewards, version_adoption
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
@@ -35,7 +35,7 @@ from mlsched.controller.desired import (
 )
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
-from mlsched.controller.records import JobRecord, Resources, add
+from mlsched.controller.records import JobRecord, PodPool, Resources, add
 from mlsched.controller.runtime import Indexes, JobKey, Runtime
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
@@ -70,12 +70,13 @@ def reservation(job: JobRecord, target: JobTarget) -> dict[str, Resources]:
     return usage
 
 
-def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes) -> list[Action]:
+def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
+             pool: PodPool | None = None) -> list[Action]:
     current = {s.role: s for s in idx.statefulsets.get(job.key, ())}
     actions: list[Action] = []
     for role in roles_of(job):
         if role in current:  # a missing StatefulSet is recreated by the lifecycle timer
-            plan = plan_statefulset(job, role, current[role], target.counts, rt.pod_settings)
+            plan = plan_statefulset(job, role, current[role], target.counts, rt.pod_settings, pool)
             if plan:
                 actions.append(plan)
     actions += plan_pods(job.namespace, idx.pods.get(job.key, ()), target.nodes)
@@ -83,28 +84,36 @@ def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes) -> li
 
 
 async def _decide(snapshot, resolved: ResolvedPolicy,
-                  serving: RoundServing | None = None) -> tuple[Decision, str | None]:
-    """Run the policies (`serving`: this round's copies of the learned ones); if a (learned)
-    allocation raises, decide again with the fallback."""
+                  serving: RoundServing | None = None, grouping=None) -> tuple[Decision, str | None]:
+    """Run the policies (`serving`: this round's copies of the learned ones; `grouping`: the
+    grouping as the cluster runs it, pools.grouping_for); if a (learned) allocation raises,
+    decide again with the fallback and the same (heuristic) grouping, so that a failing
+    learned phase does not take the pools' labels and affinity away."""
     phases = serving.phases if serving is not None else {
         "allocation": resolved.allocation, "placement": resolved.placement,
         "grouping": resolved.grouping}
+    grouping = grouping if grouping is not None else phases["grouping"]
     try:
         return await asyncio.to_thread(run_round, snapshot, phases["allocation"],
-                                       phases["placement"], phases["grouping"]), None
+                                       phases["placement"], grouping), None
     except Exception as err:  # noqa: BLE001 - a policy bug must not stop scheduling
         fallback = resolved.fallback
-        log.exception("a learned phase failed; deciding with %s allocation and no grouping", fallback)
+        log.exception("a learned phase failed; deciding with %s allocation", fallback)
         decision = await asyncio.to_thread(run_round, snapshot, registry.make_allocation(fallback),
-                                           resolved.fallback_placement or resolved.placement, None)
+                                           resolved.fallback_placement or resolved.placement,
+                                           grouping)
         return decision, f"{type(err).__name__}: {err}"
 
 
 def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulable: list[JobRecord],
-                    now: float, interval_s: float):
+                    now: float, interval_s: float, setup: pools.PoolSetup | None = None):
     """What one policy may decide on: capacity less what other policies reserved and what
-    pods outside its schedulable jobs hold (controller/snapshot.py). Call under round_lock."""
+    pods outside its schedulable jobs hold (controller/snapshot.py). Call under round_lock.
+    With a grouping (`setup`), only the nodes it may use (pools.usable)."""
     cluster = idx.cluster()
+    if setup is not None:
+        cluster = dataclasses.replace(cluster, nodes=[n for n in cluster.nodes
+                                                      if pools.usable(n, setup)])
     mine = {j.key for j in jobs}  # built once: inside the comprehension it was O(jobs²), 50 %
     # of the operator's time and 8-15 s event-loop stalls per step at 2,000 jobs
     others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
@@ -139,6 +148,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     versions = await published_versions(rt, ref, spec)
     rt.adopted[key] = version_adoption.adopted(spec, versions)
     resolved = await rt.models.resolve(key, spec, rt.adopted[key])
+    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
+                            rt.config.interval_scale)
     if resolved.load_failed:
         rt.metrics.model_load_failures.labels(ref.namespace, ref.name,
                                               resolved.model_loaded.reason).inc()
@@ -186,10 +197,13 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     async with rt.round_lock:
         # Sticky to the last decision, not only to pods that exist: a job admitted seconds ago
         # has gated pods with no node yet, and must not be placed anew (and moved) by the round.
-        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
+        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
+                                                   setup),
                                    {j.name: rt.placements.of(j.key) for j in schedulable})
-        decision, failure = await _decide(snapshot, resolved, serving)
-        targets = job_targets(decision, snapshot)
+        snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable, status,
+                                                serving.phases["grouping"])
+        decision, failure = await _decide(snapshot, resolved, serving, grouping)
+        targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
     if failure:
@@ -197,9 +211,12 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         resolved.model_loaded.message = failure
         resolved.active_models.clear()
 
+    # Pools' labels before the templates that require them.
+    await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
     by_job: dict[JobKey, list[Action]] = {}
     for job in schedulable:
-        by_job[job.key] = plan_job(rt, job, targets[job.name], idx)
+        by_job[job.key] = plan_job(rt, job, targets[job.name], idx,
+                                   pools.pod_pool(decision.pools, job.name, setup))
         rt.placements.set(job.key, targets[job.name].nodes)
     actions = ordered(a for plan in by_job.values() for a in plan)
     # Counts before the changes, for the Events: the indexes move as soon as the watch reports.
@@ -240,18 +257,22 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     rt.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
                       limit, continued=continuing is not None)
 
+    group_fields, group_changes = pool_steps.settle_groups(rt, jobs, targets, now)
+    await pool_steps.group_events(rt, group_changes, set(decision.pools.moved))
     # Queued, not awaited: the records are written in the background (rt.records).
     job_patches = reporting.record_job_status(
         rt, ref.namespace, jobs, schedulable, targets, closings,
         {j.name: (rewards.open_status(number, opening.start, opening.grants[j.name])
                   if j.name in opening.grants else None) for j in jobs},
-        spec.history_limit)
+        spec.history_limit, group_fields)
     duration = time.perf_counter() - started
     extra = await reporting.policy_versions_and_exploration(
         rt, body, ref, version_adoption.report(spec, versions, rt.adopted[key],
                                                resolved.active_models),
         spec.exploration.epsilon, applied_epsilon(spec.exploration.epsilon,
                                                   rt.config.max_exploration))
+    extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
+                                                targets, now))
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
                                          duration, spec.history_limit, extra)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
@@ -286,6 +307,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     if not waiting:
         return None
     resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
+    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
+                            rt.config.interval_scale)
     interval_s = rt.config.round_seconds(spec.interval)
     open_interval = rt.intervals.get(key)
     number = open_interval.number if open_interval else 0
@@ -293,20 +316,25 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                           rt.served_versions.get(key, {}))
     failed_policy = False
     async with rt.round_lock:
-        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s),
+        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
+                                                   setup),
                                    {j.name: decided[j.key] for j in schedulable})
+        snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
+                                                body.get("status") or {},
+                                                serving.phases["grouping"])
         try:
             phases = serving.phases
             decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
-                                               phases["placement"], phases["grouping"])
+                                               phases["placement"], grouping)
         except Exception:  # noqa: BLE001 - a policy bug must not stop admission
             failed_policy = True
             log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
                           resolved.fallback)
             decision = await asyncio.to_thread(run_admission, snapshot,
                                                registry.make_allocation(resolved.fallback),
-                                               resolved.fallback_placement or resolved.placement, None)
-        targets = job_targets(decision, snapshot)
+                                               resolved.fallback_placement or resolved.placement,
+                                               grouping)
+        targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         admitted = [j for j in waiting if targets[j.name].count("worker")]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
     if open_interval is not None and not failed_policy:
@@ -316,7 +344,9 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                             serving.decisions(), spec.retraining.dataset_limit)
     if not admitted:
         return None
-    by_job = {j.key: plan_job(rt, j, targets[j.name], idx) for j in admitted}
+    await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+    by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
+                              pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
     for job in admitted:
         rt.placements.set(job.key, targets[job.name].nodes)
     actions = ordered(a for plan in by_job.values() for a in plan)
@@ -335,8 +365,15 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
                 targets[j.name].placement(), rt.epochs_done(j), j.epochs)
             opened[j.name] = rewards.open_status(open_interval.number, open_interval.start, grant)
+    group_fields, group_changes = pool_steps.settle_groups(rt, admitted, targets, now)
+    await pool_steps.group_events(rt, group_changes, set())
     job_patches = reporting.record_job_status(rt, ref.namespace, admitted, admitted, targets, [],
-                                              opened, spec.history_limit)
+                                              opened, spec.history_limit, group_fields)
+    groups_patch = await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup,
+                                                  spec, targets, now, round_=False)
+    if groups_patch:
+        rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                           uid=body["metadata"].get("uid"), fields=groups_patch)
     duration = time.perf_counter() - started
     log.info("policy %s/%s admission: %d of %d waiting jobs admitted, %d changes, %.0f ms",
              ref.namespace, ref.name, len(admitted), len(waiting), len(actions), duration * 1000)
@@ -457,6 +494,9 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
+        rt.policy_groups.pop(key, None)
+        rt.policy_nodes.pop(key, None)
+        rt.metrics.set_pools(key[0], key[1], {})
 
 
 async def _quiet(rt: Runtime, key, sleep, clock: Callable[[], float] = time.monotonic,

@@ -58,6 +58,28 @@ class Metrics:
         # review; resource: the kind (statefulsets, pods, mljobs/status, ...).
         self.api_requests = Counter("mlsched_api_requests_total", "Requests sent to the API server",
                                     ["verb", "resource"], registry=r)
+        # Per pool of a grouping (controller/pools.py): kind predicted (the grouping's forecast)
+        # or observed (the forecast scaled by the members' reported over predicted speed);
+        # resource compute | network. A pool's series go when the pool does.
+        self.pool_utilisation = Gauge(
+            "mlsched_pool_utilisation", "Predicted and observed utilisation per node pool",
+            ["namespace", "policy", "pool", "resource", "kind"], registry=r)
+        self._pool_series: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+
+    def set_pools(self, namespace: str, policy: str,
+                  rows: Mapping[str, Mapping[str, float]]) -> None:
+        """The pools of one policy now (pool → {"predicted_compute": ..., ...}); series of
+        pools (or observations) no longer there are removed."""
+        now: set[tuple[str, ...]] = set()
+        for pool, row in rows.items():
+            for key, value in row.items():
+                kind, resource = key.split("_", 1)
+                labels = (namespace, policy, pool, resource, kind)
+                self.pool_utilisation.labels(*labels).set(value)
+                now.add(labels)
+        for labels in self._pool_series.get((namespace, policy), set()) - now:
+            self.pool_utilisation.remove(*labels)
+        self._pool_series[(namespace, policy)] = now
 
     def watch_job_phases(self, count: Callable[[], Mapping[str, int]]) -> None:
         self.registry.register(_JobsByPhase(count))

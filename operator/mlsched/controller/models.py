@@ -42,10 +42,10 @@ CacheKey = tuple[str, str, str, str | None]  # phase, algorithm, model sha256, c
 #: What a phase runs when its configured algorithm is unknown or its model cannot serve
 #: (allocation uses spec.fallback instead).
 PHASE_DEFAULTS = {"grouping": "none", "placement": "load-balance"}
-#: Groupings the operator can carry out. The others (docs/grouping.md) decide time-shared pools
-#: whose pods would request a fraction of a node's CPU: the simulator models that, the operator
-#: does not yet render it (pool labels, affinity, divided requests), so it groups with none.
-CLUSTER_GROUPINGS = frozenset({"none"})
+#: Groupings the operator can carry out (controller/pools.py: pool labels, node affinity, CPU
+#: requests divided by the pool's share). A grouping the registry knows but the cluster cannot
+#: run would fall back to none with FallbackActive; today every one can.
+CLUSTER_GROUPINGS = frozenset({"none", "harmony", "isolated", "naive"})
 _VERB = {"grouping": "grouping", "allocation": "allocating", "placement": "placing"}
 #: A load's files: the runner finds the card as <stem>.card.json beside the model.
 MODEL_FILE, CARD_FILE = "model.onnx", "model.card.json"

@@ -7,6 +7,7 @@ instead of walking nested dicts. Everything here is pure: dict in, record out.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,7 +16,8 @@ from typing import Any
 
 from mlsched.api import InvalidObject, MLJob
 from mlsched.controller.constants import (
-    HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, ROLE_LABEL, TEMPLATE_HASH_ANNOTATION,
+    HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
+    STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION,
 )
 from mlsched.workloads import catalog
 
@@ -73,6 +75,7 @@ class NodeRecord:
     unschedulable: bool
     taints: frozenset[str]  # keys of NoSchedule / NoExecute taints
     labels: Mapping[str, str]
+    pool_owner: str | None = None  # POOL_OWNER_ANNOTATION: the operator labelled its pool
 
     @property
     def pool(self) -> str | None:
@@ -87,7 +90,8 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
                        if t.get("effect") in ("NoSchedule", "NoExecute"))
     return NodeRecord(name=meta["name"], allocatable=resources_of(status.get("allocatable")),
                       ready=ready, unschedulable=bool(spec.get("unschedulable")), taints=taints,
-                      labels=dict(meta.get("labels") or {}))
+                      labels=dict(meta.get("labels") or {}),
+                      pool_owner=(meta.get("annotations") or {}).get(POOL_OWNER_ANNOTATION))
 
 
 # ------------------------------------------------------------------------------------- pods
@@ -209,6 +213,28 @@ class StsRecord:
     # The MLJob that owns it. A job deleted and recreated under the same name leaves children
     # owned by the old uid until the garbage collector removes them: never the new job's.
     owner_uid: str | None = None
+    pool: PodPool | None = None  # the pool its template requires (STS_POOL_ANNOTATION)
+
+
+@dataclass(frozen=True, slots=True)
+class PodPool:
+    """A grouped job's pods: required node affinity `key=value`, CPU requests / `share`."""
+
+    key: str
+    value: str
+    share: int = 1
+
+    def annotation(self) -> str:
+        return json.dumps({"key": self.key, "value": self.value, "share": self.share},
+                          sort_keys=True)
+
+    @classmethod
+    def parse(cls, text: str | None) -> PodPool | None:
+        try:
+            data = json.loads(text) if text else None
+            return cls(str(data["key"]), str(data["value"]), max(1, int(data.get("share", 1))))
+        except (ValueError, TypeError, KeyError):
+            return None
 
 
 def controller_uid(meta: Mapping[str, Any]) -> str | None:
@@ -225,7 +251,8 @@ def sts_record(body: Mapping[str, Any]) -> StsRecord:
                      replicas=int(spec.get("replicas") or 0),
                      ready=int(status.get("readyReplicas") or 0),
                      template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
-                     uid=meta.get("uid", ""), owner_uid=controller_uid(meta))
+                     uid=meta.get("uid", ""), owner_uid=controller_uid(meta),
+                     pool=PodPool.parse((meta.get("annotations") or {}).get(STS_POOL_ANNOTATION)))
 
 
 # ------------------------------------------------------------------------------------ mljobs
@@ -277,6 +304,8 @@ class JobRecord:
     # status.openInterval: the interval a round opened for this job and no round closed yet
     # (rewards.restore closes it after an operator restart).
     open_interval: Mapping[str, Any] | None = None
+    group: str | None = None  # status.group: the pool its policy's grouping put it in
+    group_since_s: float | None = None  # status.groupSince
 
     @property
     def key(self) -> tuple[str, str]:
@@ -376,6 +405,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         trained=trained, slots_run=slots_run,
         placement=status.get("placement"),
         open_interval=status.get("openInterval"),
+        group=status.get("group"), group_since_s=parse_time(status.get("groupSince")),
         desired={role: int((rs or {}).get("desired") or 0)
                  for role, rs in (status.get("replicaStatuses") or {}).items()},
         templates={role: (rs or {}).get("template") or {}

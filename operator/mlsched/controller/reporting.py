@@ -69,10 +69,12 @@ async def job_events(rt: Runtime, job: JobRecord, target: JobTarget, actions: li
 def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
                       schedulable: list[JobRecord], targets: dict[str, JobTarget],
                       closings: list[rewards.ClosedInterval], opened: Mapping[str, Any],
-                      history_limit: int) -> dict[str, dict]:
+                      history_limit: int,
+                      groups: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict]:
     """Queue each job's status record (rt.records writes it in the background): the history
     entries of the intervals closed, `status.openInterval` for the jobs in `opened` (None
-    clears it), and placement and desired counts where they changed. One patch per job."""
+    clears it), placement and desired counts where they changed, and `groups`' fields (the
+    pool, loop.settle_groups). One patch per job."""
     patches: dict[str, dict] = {}
     decided = {j.name for j in schedulable}
     for job in jobs:
@@ -85,6 +87,7 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
             desired = {r: target.count(r) for r in roles_of(job)}
             if desired != {r: job.desired.get(r, 0) for r in roles_of(job)}:
                 fields["replicaStatuses"] = {r: {"desired": n} for r, n in desired.items()}
+        fields.update((groups or {}).get(job.name) or {})  # status.group, groupSince
         if job.name in opened and opened[job.name] != job.open_interval:
             fields["openInterval"] = opened[job.name]
         entries = [c.history[job.name] for c in closings if job.name in c.history]

@@ -277,6 +277,13 @@ class Runtime:
     served_versions: dict[PolicyKey, dict[str, int | None]] = field(default_factory=dict)
     # Whether this replica may write (controller/leadership.py); it does unless it stands by.
     leadership: Leadership = field(default_factory=Leadership)
+    # Grouping (pools.py): each job's pool as the latest decision left it, and each policy's
+    # status.groups as last queued; newer than the index until the status writes come back.
+    groups: dict[JobKey, Any] = field(default_factory=dict)
+    policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
+    policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)  # node → label
+    # Policies named by jobs or node labels but missing from the index: since when (jobs.py).
+    orphans: dict[PolicyKey, float] = field(default_factory=dict)
     _fit: tuple[float, Any, ClusterFit] | None = None
 
     def __post_init__(self) -> None:
@@ -335,3 +342,4 @@ class Runtime:
         self.reservations.release(key)
         self.failures.forget(key)
         self.progress.pop(key, None)
+        self.groups.pop(key, None)

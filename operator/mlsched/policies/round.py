@@ -42,7 +42,8 @@ def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: P
     held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
     names = {j.name for j in running}
     waiting = Snapshot(view.time_s, view.interval_s, view.node_names, view.capacity,
-                       [j for j in view.jobs if j.name not in names], view.node_pools, view.pool_shares)
+                       [j for j in view.jobs if j.name not in names], view.node_pools, view.pool_shares,
+                       view.divisible)
     decision = _decide(waiting, plan, allocation, placement, held=held)
     decision.jobs.update({j.name: d for j, d in held})
     return decision
@@ -105,21 +106,21 @@ def with_pools(snapshot: Snapshot, plan: PoolPlan) -> Snapshot:
     if plan.is_shared and all(j.pool is None for j in snapshot.jobs):
         jobs = list(snapshot.jobs)  # nothing to copy: the views are read, never written
     else:
-        jobs = [_in_pool(j, plan) for j in snapshot.jobs]
+        jobs = [_in_pool(j, plan, snapshot.divisible) for j in snapshot.jobs]
     node_pools = list(plan.node_pools) if plan.node_pools is not None else snapshot.node_pools
     shares = dict(plan.shares) if not plan.is_shared else snapshot.pool_shares
     return Snapshot(snapshot.time_s, snapshot.interval_s, snapshot.node_names, snapshot.capacity,
-                    jobs, node_pools, shares or None)
+                    jobs, node_pools, shares or None, snapshot.divisible)
 
 
-def _in_pool(j: JobView, plan: PoolPlan) -> JobView:
+def _in_pool(j: JobView, plan: PoolPlan, divisible: tuple[int, ...] = (0, 1)) -> JobView:
     """The job in its pool; in a time-shared pool its tasks request a share of the compute."""
     pool = plan.job_pools.get(j.name)
     share = plan.share_of(pool)
     if share <= 1:
         return dataclasses.replace(j, pool=pool)
-    return dataclasses.replace(j, pool=pool, ps_demand=shared_demand(j.ps_demand, share),
-                               worker_demand=shared_demand(j.worker_demand, share))
+    return dataclasses.replace(j, pool=pool, ps_demand=shared_demand(j.ps_demand, share, divisible),
+                               worker_demand=shared_demand(j.worker_demand, share, divisible))
 
 
 class _NoPlacer:

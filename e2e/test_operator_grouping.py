@@ -1,0 +1,305 @@
+"""Harmony co-location in the cluster (docs/grouping.md, "In the cluster"): pools as node
+labels, required node affinity, CPU shares, status.group / status.groups, Events, the metric;
+regrouping against the threshold; grouping turned off; deleted jobs.
+
+Each test gives its operator three kwok nodes of its own (a node selector on a label the
+test sets; the session's other nodes are left to the other tests) and a fourth carrying an
+admin's mlsched.io/pool label, which the operator must neither use nor touch. The operator
+runs with --label-nodes and, for these tests only, the nodes patch rule of
+manifests/overlays/label-nodes bound to its ServiceAccount (the least-privilege test checks
+the default install has none).
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from mlsched_objects import REPO, load_yaml, mljob, scheduling_policy
+from operator_fixtures import INTERVAL_SCALE
+from waiting import wait_for
+
+POOL_LABEL = "mlsched.io/pool"
+OWNER = "mlsched.io/pool-owner"
+SELECT = "e2e.mlsched.io/grouping"
+RBAC = REPO / "manifests" / "overlays" / "label-nodes" / "rbac-label-nodes.yaml"
+NODES = [f"kwok-node-{i}" for i in (9, 10, 11)]
+ADMINS = "kwok-node-12"
+
+
+@pytest.fixture
+def label_rights(api):
+    """The label-nodes overlay's ClusterRole and binding, for this test only."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    docs = load_yaml(RBAC)
+    remove_rights(rbac, docs)  # left by an interrupted run
+    for doc in docs:
+        (rbac.create_cluster_role if doc["kind"] == "ClusterRole"
+         else rbac.create_cluster_role_binding)(doc)
+    yield
+    remove_rights(rbac, docs)
+
+
+def remove_rights(rbac, docs) -> None:
+    for doc in docs:
+        try:
+            (rbac.delete_cluster_role if doc["kind"] == "ClusterRole"
+             else rbac.delete_cluster_role_binding)(doc["metadata"]["name"])
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise
+
+
+@pytest.fixture
+def grouping_nodes(api, mlsched):
+    """Three nodes for this test's operator, and a fourth with an admin's pool label."""
+    core = client.CoreV1Api(api)
+
+    def label(name, labels):
+        core.patch_node(name, {"metadata": {"labels": labels}},
+                        _content_type="application/merge-patch+json")
+
+    for name in NODES:
+        label(name, {SELECT: mlsched.namespace})
+    label(ADMINS, {SELECT: mlsched.namespace, POOL_LABEL: "admins-own"})
+    yield core
+    for name in [*NODES, ADMINS]:  # whatever a failed test left
+        label(name, {SELECT: None, POOL_LABEL: None})
+        core.patch_node(name, {"metadata": {"annotations": {OWNER: None}}},
+                        _content_type="application/merge-patch+json")
+
+
+@pytest.fixture
+def grouping_operator(label_rights, grouping_nodes, start_operator, mlsched):
+    # start_operator after the nodes and rights: its teardown (the policies deleted, the
+    # operator stopped) runs before theirs.
+    return start_operator(extra_args=["--label-nodes"],
+                          extra_env={"MLSCHED_NODE_SELECTOR": f"{SELECT}={mlsched.namespace}"})
+
+
+def node_pools(core) -> dict[str, tuple[str | None, str | None]]:
+    out = {}
+    for name in [*NODES, ADMINS]:
+        meta = core.read_node(name).metadata
+        out[name] = ((meta.labels or {}).get(POOL_LABEL), (meta.annotations or {}).get(OWNER))
+    return out
+
+
+def groups(mlsched) -> list[dict]:
+    return ((mlsched.policy("default") or {}).get("status") or {}).get("groups") or []
+
+
+def group_of(mlsched, job: str) -> str | None:
+    return ((mlsched.job(job) or {}).get("status") or {}).get("group")
+
+
+def pool_affinity(pod_spec) -> set[str]:
+    affinity = pod_spec.affinity
+    if affinity is None or affinity.node_affinity is None:
+        return set()
+    required = affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    return {v for term in (required.node_selector_terms if required else ())
+            for e in term.match_expressions or () if e.key == POOL_LABEL for v in e.values}
+
+
+def consistent(mlsched, core, jobs) -> str | None:
+    """What still differs from a settled grouping: every job in a pool of status.groups, its
+    status.group that pool, its StatefulSets and Running pods requiring it, its pods on its
+    nodes, which carry the pool's label (and no others do)."""
+    found = groups(mlsched)
+    members = {m: g for g in found for m in g["members"]}
+    if set(members) != set(jobs):
+        return f"members {sorted(members)}"
+    labelled = {n: v for n, (v, owner) in node_pools(core).items() if owner}
+    wanted = {n: g["name"] for g in found for n in g["nodes"]}
+    if labelled != wanted:
+        return f"labels {labelled} != groups' nodes {wanted}"
+    for job in jobs:
+        g = members[job]
+        if group_of(mlsched, job) != g["name"]:
+            return f"{job}: status.group {group_of(mlsched, job)} != {g['name']}"
+        for sts in mlsched.statefulsets(job).values():
+            if pool_affinity(sts.spec.template.spec) != {g["name"]}:
+                return f"{sts.metadata.name}: template requires {pool_affinity(sts.spec.template.spec)}"
+        pods = mlsched.pods(job)
+        if not pods or any(p.status.phase != "Running" or p.metadata.deletion_timestamp
+                           for p in pods):
+            return f"{job}: pods {[(p.metadata.name, p.status.phase) for p in pods]}"
+        for p in pods:
+            if pool_affinity(p.spec) != {g["name"]} or p.spec.node_name not in g["nodes"]:
+                return f"{p.metadata.name} on {p.spec.node_name}, requires {pool_affinity(p.spec)}"
+    return None
+
+
+def reasons(mlsched, name, kind) -> list[str]:
+    return [e.reason for e in mlsched.events(name, kind)]
+
+
+def children_exist(mlsched, jobs):
+    return all(len(mlsched.statefulsets(j)) == 2 for j in jobs)
+
+
+def test_complementary_jobs_share_a_pool_and_their_pods_land_on_its_nodes(
+        api, mlsched, grouping_operator):
+    core = client.CoreV1Api(api)
+    jobs = {"resnet": "resnet-50", "dssm": "dssm", "wlm": "wlm"}
+    for name, model in jobs.items():
+        mlsched.create(mljob(name, model=model))
+    wait_for(lambda: children_exist(mlsched, jobs), 60, "the jobs' StatefulSets")
+    # The policy comes last, so that its first round groups the three together.
+    mlsched.create(scheduling_policy("default", grouping="harmony",
+                                     pools={"mode": "LabelNodes", "minStaySeconds": 0}))
+    wait_for(lambda: consistent(mlsched, core, jobs) is None, 120, "a settled grouping",
+             describe=lambda: consistent(mlsched, core, jobs))
+    found = {tuple(g["members"]): g for g in groups(mlsched)}
+    # dssm computes most of an iteration, wlm communicates: they share one node, time-sharing
+    # its CPU; resnet-50 has the other two alone.
+    shared = found[("dssm", "wlm")]
+    assert (len(shared["nodes"]), shared["share"]) == (1, 2), found
+    assert shared["predictedIterationSeconds"] > 0 and shared["predictedComputeUtilisation"] > 0
+    assert found[("resnet",)]["share"] == 1 and len(found[("resnet",)]["nodes"]) == 2
+    for job in ("dssm", "wlm"):
+        for pod in mlsched.pods(job):
+            (container,) = pod.spec.containers
+            assert container.resources.requests["cpu"] in ("1", "1000m")  # 2 CPU / share 2
+            if pod.metadata.labels["mlsched.io/role"] == "worker":
+                assert container.resources.requests["nvidia.com/gpu"] == "1"  # GPUs whole
+    pools = node_pools(core)
+    assert pools[ADMINS] == ("admins-own", None)  # an admin's label: not used, not touched
+    assert all(p.spec.node_name != ADMINS for p in mlsched.pods())
+    assert set(v for v, owner in pools.values() if owner) == {g["name"] for g in groups(mlsched)}
+    assert all(owner in (None, f"{mlsched.namespace}/default") for _, owner in pools.values())
+    # kubectl shows the pool; Events say what happened; the metric has each pool.
+    assert mlsched.job("dssm")["status"]["group"] == shared["name"]
+    assert shared["name"].startswith(f"{mlsched.namespace}.default.")
+    assert "Regrouped" in reasons(mlsched, "default", "SchedulingPolicy")
+    assert "Grouped" in reasons(mlsched, "wlm", "MLJob")
+    metrics = grouping_operator.metrics()
+    assert (f'mlsched_pool_utilisation{{kind="predicted",namespace="{mlsched.namespace}",'
+            f'policy="default",pool="{shared["name"]}",resource="compute"}}') in metrics, metrics
+
+    # Deleting a job leaves no stale pool: resnet's pool goes, its nodes' labels too or to
+    # the remaining pool.
+    client.CustomObjectsApi(api).delete_namespaced_custom_object(
+        "mlsched.io", "v1alpha1", mlsched.namespace, "mljobs", "resnet")
+    wait_for(lambda: consistent(mlsched, core, ["dssm", "wlm"]) is None, 120,
+             "the deleted job's pool to go", describe=lambda: consistent(mlsched, core, ["dssm", "wlm"]))
+    assert all(g["members"] for g in groups(mlsched))
+
+    # Grouping off: affinity, labels and status go; the admin's label stays.
+    mlsched.patch_policy("default", {"grouping": "none"})
+
+    def ungrouped():
+        pools = node_pools(core)
+        if any(owner for _, owner in pools.values()):
+            return f"labels {pools}"
+        if groups(mlsched):
+            return f"groups {groups(mlsched)}"
+        for job in ("dssm", "wlm"):
+            if group_of(mlsched, job):
+                return f"{job}: status.group {group_of(mlsched, job)}"
+            for sts in mlsched.statefulsets(job).values():
+                if pool_affinity(sts.spec.template.spec):
+                    return f"{sts.metadata.name} still requires a pool"
+            pods = mlsched.pods(job)
+            if not pods or any(pool_affinity(p.spec) or p.status.phase != "Running" for p in pods):
+                return f"{job}: pods {[(p.metadata.name, p.status.phase, pool_affinity(p.spec)) for p in pods]}"
+        return None
+
+    wait_for(lambda: ungrouped() is None, 120, "grouping to be undone", describe=ungrouped)
+    assert node_pools(core)[ADMINS] == ("admins-own", None)
+    assert grouping_operator.running(), grouping_operator.log_tail()
+
+
+@pytest.mark.parametrize("threshold, regroups", [(0.0, True), (10.0, False)])
+def test_an_arrival_regroups_only_when_the_gain_beats_the_threshold(
+        api, mlsched, grouping_operator, threshold, regroups):
+    core = client.CoreV1Api(api)
+    first = {"dssm": "dssm", "seq": "seq2seq"}
+    for name, model in first.items():
+        mlsched.create(mljob(name, model=model))
+    wait_for(lambda: children_exist(mlsched, first), 60, "the jobs' StatefulSets")
+    mlsched.create(scheduling_policy("default", grouping="harmony", pools={
+        "mode": "LabelNodes", "minStaySeconds": 0, "threshold": threshold}))
+    wait_for(lambda: consistent(mlsched, core, first) is None, 120, "the first grouping",
+             describe=lambda: consistent(mlsched, core, first))
+    before = {job: (group_of(mlsched, job), mlsched.job(job)["status"]["groupSince"])
+              for job in first}
+    assert len(groups(mlsched)) == 2  # each alone at first
+
+    mlsched.create(mljob("resnet", model="resnet-50"))
+    everyone = [*first, "resnet"]
+    wait_for(lambda: consistent(mlsched, core, everyone) is None, 180,
+             "the arrival to be grouped", describe=lambda: consistent(mlsched, core, everyone))
+    status = mlsched.policy("default")["status"]
+    gain = status["grouping"]["predictedGain"]
+    after = {job: (group_of(mlsched, job), mlsched.job(job)["status"]["groupSince"])
+             for job in first}
+    messages = [e.message for e in mlsched.events("default", "SchedulingPolicy")
+                if e.reason == "Regrouped"]
+    if regroups:
+        # dssm and seq2seq now share a node; the one that moved was restarted in its new pool.
+        assert gain > threshold
+        assert sorted(tuple(g["members"]) for g in groups(mlsched)) == [("dssm", "seq"), ("resnet",)]
+        assert after != before
+        assert any(m.startswith("regrouped: predicted gain") and "moved" in m for m in messages), messages
+        moved = [job for job in first if after[job][0] != before[job][0]]
+        assert moved and all(any("(was " in e.message for e in mlsched.events(job, "MLJob")
+                                 if e.reason == "Grouped") for job in moved)
+    else:
+        # The same gain is predicted, but it does not beat 1000 %: nobody running moves.
+        assert 0 < gain <= threshold
+        assert after == before
+        assert any(m.startswith("kept the groups") for m in messages), messages
+    assert grouping_operator.running(), grouping_operator.log_tail()
+    assert INTERVAL_SCALE < 1  # rounds every few seconds: the waits above span several
+
+
+NODEPOOL = "e2e.example.com/nodepool"
+
+
+def test_existing_pools_are_used_as_the_admin_labelled_them(api, mlsched, grouping_nodes,
+                                                          start_operator):
+    # No --label-nodes, no node rights: the admin's pools, e.g. a cloud provider's.
+    core = grouping_nodes
+    for name, pool in zip(NODES, ("pool-a", "pool-a", "pool-b")):
+        core.patch_node(name, {"metadata": {"labels": {NODEPOOL: pool}}},
+                        _content_type="application/merge-patch+json")
+    try:
+        start_operator(extra_env={"MLSCHED_NODE_SELECTOR": f"{SELECT}={mlsched.namespace}"})
+        mlsched.create(scheduling_policy("default", grouping="isolated", pools={
+            "mode": "ExistingPools", "labelKey": NODEPOOL}))
+        for name in ("one", "two"):
+            mlsched.create(mljob(name, model="resnet-50"))
+
+        def settled():
+            found = groups(mlsched)
+            if sorted(m for g in found for m in g["members"]) != ["one", "two"]:
+                return f"groups {found}"
+            for g in found:
+                (job,) = g["members"]
+                if group_of(mlsched, job) != g["name"]:
+                    return f"{job}: status.group {group_of(mlsched, job)}"
+                pods = mlsched.pods(job)
+                if not pods or any(p.status.phase != "Running" for p in pods):
+                    return f"{job}: pods not running"
+                for p in pods:
+                    terms = p.spec.affinity.node_affinity \
+                        .required_during_scheduling_ignored_during_execution.node_selector_terms
+                    keys = {(e.key, tuple(e.values)) for t in terms for e in t.match_expressions}
+                    if keys != {(NODEPOOL, (g["name"],))} or p.spec.node_name not in g["nodes"]:
+                        return f"{p.metadata.name} on {p.spec.node_name} requires {keys}"
+            return None
+
+        wait_for(lambda: settled() is None, 120, "the jobs in the admin's pools", describe=settled)
+        found = {g["name"]: g for g in groups(mlsched)}
+        assert set(found) == {"pool-a", "pool-b"}
+        assert sorted(found["pool-a"]["nodes"]) == sorted(NODES[:2]) and found["pool-b"]["nodes"] == NODES[2:]
+        assert mlsched.policy("default")["status"]["grouping"]["labelKey"] == NODEPOOL
+        # Nothing written on any node: no mark, the admin's labels as they were.
+        assert all(owner is None for _, owner in node_pools(core).values())
+        assert node_pools(core)[ADMINS] == ("admins-own", None)
+    finally:
+        for name in NODES:
+            core.patch_node(name, {"metadata": {"labels": {NODEPOOL: None}}},
+                            _content_type="application/merge-patch+json")
