@@ -21,6 +21,7 @@ from mlsched.policies.grouping.harmony import Harmony
 from mlsched.policies.grouping.none import NoGrouping
 from mlsched.policies.grouping.partitions import isolated, naive
 from mlsched.policies.placement.heuristics import BinPack, FirstFit, LoadBalance, TetrisPlacement
+from mlsched.policies.placement.interference_aware import LeastInterferenceFirst, TiresiasPlacement
 from mlsched.policies.placement.sticky import Sticky
 from mlsched.policies.speed_estimate import TrueSpeed
 from mlsched.workloads.speed_models import SpeedModel
@@ -89,6 +90,9 @@ REGISTRY: dict[str, dict[str, Entry]] = {
         "bin-pack": _placement(BinPack),
         "first-fit": _placement(FirstFit),
         "tetris": _placement(TetrisPlacement),
+        "lif-line": _placement(lambda: LeastInterferenceFirst(degree=1)),
+        "lif-quad": _placement(lambda: LeastInterferenceFirst(degree=2)),
+        "tiresias": _placement(TiresiasPlacement),
     },
     "grouping": {
         "none": Entry(lambda ctx: NoGrouping()),
