@@ -6,7 +6,7 @@ Truth is measured on the DL² benchmark traces (13 nodes, seeds 100000+, never u
 training, validation, recorded histories or retraining's own evaluation) in that cluster.
 
 1. From the SL-only DL² model: record a history with it (ε = 0.1), `mlsched retrain`
-   (simulator mode, the default; and off-policy on the same records), promote if better by the
+   (`--mode simulator`, the default, or `imitate`; and off-policy on the same records), promote if better by the
    margin; repeat for --rounds rounds, each on the new intervals only. Prints the promoted
    model's avg JCT against the SL-only model's, per round.
 2. ±30 % per-model perturbation: a history under the shipped model; calibration error per
@@ -83,17 +83,17 @@ def part_rounds(a, work: Path, seeds) -> None:
         history.write_records(history.record_history(a.intervals, model_path=current, seed=100 + rnd,
                                                      first_interval=first), records)
         first += a.intervals
-        if rnd == 1:  # off-policy on the same first history, written aside (publishes nothing)
+        if rnd == 1 and not a.skip_offpolicy:  # off-policy on the same history, aside (publishes nothing)
             rep = retrain(records, store, work / "offpolicy-out", "offpolicy", a.budget_min, a.eval_traces, base=a.start)
             cand = truth_jct(rep["candidate"], None, seeds)
             print(f"   {rnd:>5} {'offpolicy':<10} {rep['evaluation']['ratio']:>18.4f} {'(candidate)':<12} "
                   f"{cand / sl_jct:>27.4f}")
-        rep = retrain(records, store, None, "simulator", a.budget_min, a.eval_traces,
+        rep = retrain(records, store, None, a.mode, a.budget_min, a.eval_traces,
                       base=a.start if rnd == 1 else None)
         current = promoted(store, a.start, work)
         ratio = truth_jct(current, None, seeds) / sl_jct
         ev = rep.get("evaluation", {})
-        print(f"   {rnd:>5} {'simulator':<10} {ev.get('ratio', float('nan')):>18.4f} {rep['status']:<12} {ratio:>27.4f}")
+        print(f"   {rnd:>5} {a.mode:<10} {ev.get('ratio', float('nan')):>18.4f} {rep['status']:<12} {ratio:>27.4f}")
 
 
 def part_perturbed(a, work: Path, seeds) -> None:
@@ -134,6 +134,9 @@ def part_wall_time(a, work: Path) -> None:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--mode", default="simulator", choices=("simulator", "imitate"),
+                   help="part 1's retraining mode (docs/retraining.md)")
+    p.add_argument("--skip-offpolicy", action="store_true", help="part 1: no off-policy candidate")
     p.add_argument("--start", default=SL, help="part 1's starting model (default: the shipped "
                    "SL-only model, which imitates a privileged oracle; the paper's SL-only model "
                    "imitates DRF: `mlsched train dl2 --teacher drf --dagger-rounds 0`)")

@@ -282,3 +282,47 @@ def test_mlsched_simulate_applies_a_calibration(tmp_path, capsys):
     assert faster[key] < plain[key]
     cal.write_text("{}")
     assert mlsched_cli.main(["simulate", "--speed-calibration", str(cal)]) == 2
+
+
+# ---- imitation in the calibrated simulator ---------------------------------------------------
+def test_the_imitation_teacher_sees_the_calibrated_speeds():
+    from mlsched.cluster.types import JobView
+    from policy_models.retrain import imitate
+
+    job = JobView(name="j", model="resnet-50", arch="ps", arrival_s=0.0, total_epochs=10.0, epochs_done=0.0, min_ps=1)
+    table = imitate.calibrated_teacher(None).estimator.epochs_per_s(job, 2, 4)
+    assert imitate.calibrated_teacher({"resnet-50": 1.5}).estimator.epochs_per_s(job, 2, 4) == pytest.approx(1.5 * table)
+    assert imitate.calibrated_teacher({"vgg-16": 1.5}).estimator.epochs_per_s(job, 2, 4) == pytest.approx(table)
+
+
+def test_imitation_keeps_the_best_network_seen_the_start_included(tmp_path, perturbed_history):
+    from policy_models.retrain import imitate, workload
+
+    factors, records = perturbed_history
+    load = workload.from_records(records)
+    net, card = _tiny_model(tmp_path)
+    spec = warm_start.network_args(card)
+    start = {k: v.clone() for k, v in net.state_dict().items()}
+    args = imitate.ImitateArgs(teacher_traces=3, dagger_traces=1, max_rounds=1, epochs=10, lr=3e-3,
+                               validation_traces=1, max_slots_per_episode=6)
+    summary = imitate.imitate_in_simulator(net, spec, load, factors, args, seed=1, log=lambda m: None)
+    assert summary["samples"] > 0 and summary["dagger_rounds"] == 1 and len(summary["curve"]) == 3
+    best = min(j for _, j in summary["curve"])
+    assert summary["validation_best_avg_jct_s"] == best <= summary["validation_start_avg_jct_s"]
+    same = all(torch.equal(v, start[k]) for k, v in net.state_dict().items())
+    assert same == (summary["best_fit"] == 0)  # a fit that never beat the start is not kept
+
+
+def test_the_teachers_labels_in_the_calibrated_simulator_are_learnable(tmp_path, perturbed_history):
+    from policy_models.dl2 import train as dl2_train
+    from policy_models.retrain import imitate, workload
+
+    factors, records = perturbed_history
+    load = workload.from_records(records)
+    net, card = _tiny_model(tmp_path)
+    teacher = imitate.calibrated_teacher(factors)
+    rollouts = [(load.trace(s), load.config(s, factors)) for s in (123, 124, 125)]
+    s, m, a = imitate.rollouts(2, teacher, rollouts, max_slots=6)
+    before = dl2_train.agreement(net, s, m, a)
+    dl2_train.fit(net, torch.optim.Adam(net.parameters(), lr=3e-3), s, m, a, 30, 64, "test")
+    assert dl2_train.agreement(net, s, m, a) > before + 0.2, before

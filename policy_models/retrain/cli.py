@@ -1,6 +1,6 @@
 """`mlsched retrain dl2`: improve the active DL² model from the cluster's interval records.
 
-    mlsched retrain dl2 --namespace NS --policy NAME [--mode simulator|offpolicy]   # in the cluster
+    mlsched retrain dl2 --namespace NS --policy NAME [--mode simulator|imitate|offpolicy]  # in the cluster
     mlsched retrain dl2 --records DIR --store DIR [--mode ...]                        # local files
     python -m policy_models.retrain.cli ...                                           # the same
 
@@ -9,8 +9,9 @@
 2. Calibrate the simulator's per-model speeds to them (calibration.py).
 3. Start from the active model (status.activeModels, else the newest published version, else
    the shipped one; --base-model overrides) and train: `simulator` continues RL in the
-   calibrated simulator on the recorded workload; `offpolicy` fine-tunes on the recorded
-   decisions themselves.
+   calibrated simulator on the recorded workload; `imitate` imitates the relative-oracle
+   teacher, given the calibrated speeds, there (with DAgger; imitate.py); `offpolicy`
+   fine-tunes on the recorded decisions themselves.
 4. Evaluate candidate against active on held-out traces of the recorded workload in the
    calibrated simulator; publish the candidate as the next version only if its average JCT
    is lower by --margin (a ConfigMap; never an edit of the SchedulingPolicy).
@@ -36,10 +37,12 @@ from mlsched.controller import model_versions
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched.policies.onnx_runner import default_model_path
 from policy_models.dl2 import export
-from policy_models.retrain import calibration, evaluate, kube_io, offpolicy, publish, simtrain, warm_start, workload
+from policy_models.retrain import (
+    calibration, evaluate, imitate, kube_io, offpolicy, publish, simtrain, warm_start, workload,
+)
 
 PHASE, ALGORITHM = "allocation", "dl2"
-MODES = ("simulator", "offpolicy")
+MODES = ("simulator", "imitate", "offpolicy")
 
 
 def read_record_dir(directory: str | Path) -> list[IntervalRecord]:
@@ -143,6 +146,9 @@ def run(a, log=print) -> dict:
         summary = simtrain.train_in_simulator(
             net, spec, load, cal.speed_factors,
             simtrain.SimRLArgs(time_budget_s=budget, episodes=a.episodes), a.seed, log)
+    elif a.mode == "imitate":
+        summary = imitate.imitate_in_simulator(
+            net, spec, load, cal.speed_factors, imitate.ImitateArgs(time_budget_s=budget), a.seed, log)
     else:
         steps = offpolicy.transitions(fresh, card, offpolicy.OffPolicyArgs.gamma)
         summary = offpolicy.fine_tune(net, steps, offpolicy.OffPolicyArgs(time_budget_s=budget,
