@@ -98,7 +98,8 @@ def part_rounds(a, work: Path, seeds) -> None:
 
 def part_perturbed(a, work: Path, seeds) -> None:
     factors = history.perturbation(0.3, seed=a.perturbation_seed)
-    print(f"\n2. ±30 % per-model speed perturbation (seed {a.perturbation_seed}): {json.dumps(factors)}")
+    print(f"\n2. ±30 % per-model speed perturbation (seed {a.perturbation_seed}), {a.mode} mode: "
+          f"{json.dumps(factors)}")
     records = work / "p-records"
     recs = history.record_history(a.intervals, model_path=SHIPPED, speed_factors=factors, seed=200)
     history.write_records(recs, records)
@@ -107,7 +108,7 @@ def part_perturbed(a, work: Path, seeds) -> None:
     print("   calibration error per model: " + ", ".join(f"{m} {e:+.3f} (n={cal.samples[m]})" for m, e in errors.items()))
     print(f"   max |error| {max(abs(e) for e in errors.values()):.3f}; kept prior: {cal.kept_prior}")
     store = work / "p-store"
-    rep = retrain(records, store, None, "simulator", a.budget_min, a.eval_traces, base=SHIPPED)
+    rep = retrain(records, store, None, a.mode, a.budget_min, a.eval_traces, base=SHIPPED)
     shipped_jct = truth_jct(SHIPPED, factors, seeds)
     cand_jct = truth_jct(rep["candidate"], factors, seeds)
     prom_jct = truth_jct(promoted(store, SHIPPED, work / "p"), factors, seeds)
@@ -135,7 +136,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--mode", default="simulator", choices=("simulator", "imitate"),
-                   help="part 1's retraining mode (docs/retraining.md)")
+                   help="the retraining mode of parts 1 and 2 (docs/retraining.md)")
     p.add_argument("--skip-offpolicy", action="store_true", help="part 1: no off-policy candidate")
     p.add_argument("--start", default=SL, help="part 1's starting model (default: the shipped "
                    "SL-only model, which imitates a privileged oracle; the paper's SL-only model "
