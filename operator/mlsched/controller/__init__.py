@@ -8,6 +8,8 @@ Data flows one way, and only the last two modules know about kopf or the network
     lifecycle.py  MLJob + observations → phase, conditions, run-policy actions  pure
     rewards.py    per-interval grants → history entries and policy rewards     pure
     models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
+    pools.py      grouping in the cluster: pool names, labels, affinity, status    pure
+    pool_steps.py a round's grouping work: labels, job pools, status.groups, Events
     kube.py       the API seam (kubernetes client in threads; a fake in tests)
     apply.py      executes actions idempotently
     write_queue.py    the writers' shared background queue: slots, rate, retries, backoff
