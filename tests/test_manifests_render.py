@@ -135,7 +135,7 @@ def test_every_shipped_model_is_a_configmap_mounted_where_the_operator_reads_mod
     assert files.keys() == shipped.keys()
     assert all(files[k] == shipped[k] for k in files)
     # Each learned algorithm's default, <dir>/<algorithm>/<algorithm>.onnx, is among them.
-    for algorithm in ("dl2", "chic", "chic-pair"):
+    for algorithm in ("dl2", "chic", "chic-pair", "harmony"):
         assert f"{models_dir}/{algorithm}/{algorithm}.onnx" in files
     # Small enough for a ConfigMap, and for plain `kubectl apply`'s last-applied annotation.
     for config_map in config_maps.values():

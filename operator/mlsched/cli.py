@@ -87,7 +87,8 @@ def cmd_simulate(args) -> int:
     total = len(trace) * len(args.policies) * len(args.placement) * len(args.grouping)
     with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         runs = compare.run_pairs(trace, config, args.policies, args.placement,
-                                 model_path=args.model, progress=bar.update, groupings=args.grouping)
+                                 model_path=args.model, progress=bar.update, groupings=args.grouping,
+                                 placement_model_path=args.placement_model)
     if args.plot:
         from mlsched.sim.plot import plot_jct
 
@@ -151,7 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--grouping", type=_csv, default=["none"],
                      help="grouping policies, comma-separated (none, isolated, naive, harmony; "
                           "docs/grouping.md); every one runs with every allocation and placement")
-    sim.add_argument("--model", help="ONNX model for learned policies (default: the shipped artifact)")
+    sim.add_argument("--model", help="ONNX model for a learned allocation policy (default: the shipped artifact)")
+    sim.add_argument("--placement-model", help="ONNX model for a learned placement, e.g. harmony "
+                                               "(default: the shipped artifact)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")
     _add_cluster_args(sim)

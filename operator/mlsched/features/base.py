@@ -14,7 +14,8 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """One named tensor; the leading batch dimension is implied and not listed."""
+    """One named tensor; the leading batch dimension is implied and not listed. A -1 is a
+    dimension that varies per call (Harmony's jobs and nodes): the graph must leave it free."""
 
     name: str
     shape: tuple[int, ...]

@@ -11,6 +11,7 @@ from mlsched.features.base import Encoder
 _MODULES = {
     "dl2-state": "mlsched.features.dl2_state",
     "chic-state": "mlsched.features.chic_state",
+    "harmony-state": "mlsched.features.harmony_state",
 }
 
 

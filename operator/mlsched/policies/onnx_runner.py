@@ -144,10 +144,18 @@ def _check_graph(nodes, specs: tuple[TensorSpec, ...], what: str, path: Path) ->
     if set(graph) != set(wanted):
         raise ModelLoadError(f"{path}: graph {what} {sorted(graph)} are not the card's {sorted(wanted)}")
     for name, shape in graph.items():
-        if len(shape) != len(wanted[name].shape) + 1 or [
-                d for d in shape[1:]] != list(wanted[name].shape):
+        if len(shape) != len(wanted[name].shape) + 1 or not all(
+                _dim_matches(d, w) for d, w in zip(shape[1:], wanted[name].shape)):
             raise ModelLoadError(f"{path}: graph {what[:-1]} {name!r} has shape {shape}, "
                                  f"the card says [batch, {', '.join(map(str, wanted[name].shape))}]")
+
+
+def _dim_matches(graph_dim, card_dim: int) -> bool:
+    """A card's -1 is a dimension that varies per call (jobs, nodes): the graph must leave it
+    symbolic; any other card dimension must be the graph's number."""
+    if card_dim == -1:
+        return not isinstance(graph_dim, int)
+    return graph_dim == card_dim
 
 
 def provider_name(provider: str) -> str:

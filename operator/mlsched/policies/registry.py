@@ -72,6 +72,13 @@ def _placement(cls) -> Entry:
     return Entry(lambda ctx: Sticky(cls()) if ctx.sticky else cls())
 
 
+def _harmony(ctx: PolicyContext) -> PlacementPolicy:
+    from mlsched.policies.placement.harmony import HarmonyPlacement  # imported lazily: loads onnxruntime
+
+    policy = HarmonyPlacement.load(ctx.model_path, provider=ctx.execution_provider)
+    return Sticky(policy) if ctx.sticky else policy
+
+
 REGISTRY: dict[str, dict[str, Entry]] = {
     "allocation": {
         "fixed": Entry(lambda ctx: Fixed()),
@@ -93,6 +100,7 @@ REGISTRY: dict[str, dict[str, Entry]] = {
         "lif-line": _placement(lambda: LeastInterferenceFirst(degree=1)),
         "lif-quad": _placement(lambda: LeastInterferenceFirst(degree=2)),
         "tiresias": _placement(TiresiasPlacement),
+        "harmony": Entry(_harmony, learned=True),
     },
     "grouping": {
         "none": Entry(lambda ctx: NoGrouping()),

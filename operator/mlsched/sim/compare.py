@@ -23,12 +23,14 @@ class Run:
 
 def run_pairs(trace: list[TraceJob], config: SimConfig, policies: list[str], placements: list[str],
               model_path: str | None = None, progress=None,
-              groupings: list[str] | None = None) -> list[Run]:
+              groupings: list[str] | None = None, placement_model_path: str | None = None) -> list[Run]:
     # Build every policy before running any, so a bad name fails at once, not after minutes.
     sim = Simulator(trace, config)
     ctx = registry.PolicyContext(speed_model=sim.speed, model_path=model_path)
     allocs = [(p, registry.make_allocation(p, ctx)) for p in policies]
-    places = [(p, registry.make_placement(p)) for p in placements]
+    # A learned placement has its own model file (`model_path` is the allocation's).
+    place_ctx = registry.PolicyContext(model_path=placement_model_path)
+    places = [(p, registry.make_placement(p, place_ctx)) for p in placements]
     groups = [(g, registry.make_grouping(g, ctx)) for g in (groupings or ["none"])]
     runs = []
     for (pname, alloc), (lname, place), (gname, grouping) in (

@@ -20,6 +20,11 @@ class Sticky(TaskByTaskPlacement):
         self.inner = inner
         self.name = inner.name
 
+    @property
+    def card(self):
+        """The wrapped policy's model card (a learned placement), else None."""
+        return getattr(self.inner, "card", None)
+
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         previous = job.ps_nodes if role == "ps" else job.worker_nodes
         ordinal = ledger.count(job, role)  # tasks of this role the job holds so far this round

@@ -1,0 +1,1 @@
+"""Harmony placement (Bao et al., ToN 2022): training, the reward model and ONNX export."""

@@ -1,0 +1,173 @@
+"""Harmony placement (issue 15): tokens, the network and its ONNX export with symbolic job and
+node counts, serving through the registry, the trainer, the reward model. Training needs
+torch (the `train` extra, installed by `make dev`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import JobView, Snapshot
+from mlsched.features import harmony_state
+from mlsched.policies import registry
+from mlsched.policies.onnx_runner import ModelLoadError, load_model
+from mlsched.policies.placement.harmony import HarmonyPlacement
+from mlsched.policies.placement.heuristics import FirstFit
+from mlsched.policies.placement.sticky import Sticky
+from mlsched.policies.round import run_round
+from mlsched.sim import scenarios
+from mlsched.sim.simulator import SimConfig, Simulator
+from policy_models.harmony import export, networks, reward_model
+from policy_models.harmony import train as harmony_train
+
+
+def _snapshot(nodes: int = 4) -> Snapshot:
+    jobs = [JobView("a", "resnet-50", "ps", 0.0, 10.0, ps=1, workers=2, ps_nodes=(0,), worker_nodes=(0, 1)),
+            JobView("b", "vgg-16", "allreduce", 5.0, 10.0, min_ps=0, requested_workers=3),
+            JobView("c", "my-own-bert", "ps", 6.0, 10.0, worker_demand=np.array([2.0, 1.0, 8.0]),
+                    ps_demand=np.array([1.0, 0.0, 4.0]))]
+    cap = np.tile([8.0, 2.0, 48.0], (nodes, 1))
+    return Snapshot(0.0, 1200.0, [f"n{i}" for i in range(nodes)], cap, jobs)
+
+
+def _ledger_with_a_held(snap: Snapshot) -> Ledger:
+    ledger = Ledger(snap, FirstFit())
+    a = snap.jobs[0]
+    ledger.book(a, "ps", 0)
+    ledger.book(a, "worker", 0)
+    ledger.book(a, "worker", 1)
+    return ledger
+
+
+def test_tokens_describe_jobs_and_nodes_for_the_task_being_placed():
+    snap = _snapshot()
+    ledger = _ledger_with_a_held(snap)
+    b = snap.jobs[1]
+    mask = ledger.fits_mask(b.worker_demand, b)
+    feeds = harmony_state.encode(ledger, b, "worker", mask)
+    jobs, nodes = feeds["jobs"][0], feeds["nodes"][0]
+    assert jobs.shape == (3, harmony_state.JOB_FEATURES) and nodes.shape == (4, harmony_state.NODE_FEATURES)
+    assert feeds["current"][0].tolist() == [0.0, 1.0, 0.0] and feeds["role"][0, 0] == 0.0
+    k = harmony_state.N_MODELS
+    assert jobs[1, k] == 1.0 and jobs[0, k] == 0.0  # all-reduce flag
+    assert jobs[2, k - 1] == 1.0  # a model the catalog lacks is "other"
+    assert jobs[0, k + 9] == pytest.approx(2 / 8) and jobs[0, k + 10] == pytest.approx(1 / 4)  # placed
+    assert jobs[1, k + 11] == 1.0 and jobs[0, k + 11] == 0.0  # new
+    # Node 0 holds resnet-50's PS and a worker: two tasks of another job, by model.
+    slot = harmony_state.model_slot("resnet-50")
+    assert nodes[0, 4 + slot] == pytest.approx(0.5) and nodes[1, 4 + slot] == pytest.approx(0.25)
+    assert nodes[2, 4:4 + k].sum() == 0 and nodes[0, 4 + k + 2] == pytest.approx(2 / 8)
+    assert nodes[1, 1] == pytest.approx(0.5)  # one GPU of two used
+    # Placing a's own next task: its tasks are the current job's, not co-tenants'.
+    feeds = harmony_state.encode(ledger, snap.jobs[0], "ps", mask)
+    assert feeds["nodes"][0, 0, 4:4 + k].sum() == 0
+    assert feeds["nodes"][0, 0, 4 + k + 1] == pytest.approx(0.25) and feeds["role"][0, 0] == 1.0
+
+
+def test_onnx_graph_serves_any_number_of_jobs_and_nodes_like_torch(tmp_path):
+    torch.manual_seed(0)
+    net = networks.HarmonyNet(d=32, heads=4, layers=2).eval()
+    path = tmp_path / "harmony.onnx"
+    export.export(net, path, {"command": "test"}, {})
+    model = load_model(path, "harmony", "placement")
+    for jobs, nodes in ((1, 2), (3, 6), (40, 100)):
+        feeds = {k: v.numpy() for k, v in zip(export.INPUTS, export.example_inputs(jobs, nodes))}
+        feeds["mask"][0, ::3] = 0.0
+        got = model.run(feeds)["probs"][0]
+        with torch.no_grad():
+            want = networks.ProbabilityModule(net)(*(torch.from_numpy(feeds[k]) for k in export.INPUTS))[0].numpy()
+        assert got.shape == (nodes,)
+        np.testing.assert_allclose(got, want, atol=1e-5)
+        assert np.all(got[::3] == 0.0) and got.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_a_card_with_a_fixed_node_count_does_not_load_a_symbolic_graph(tmp_path):
+    net = networks.HarmonyNet(d=16, heads=2, layers=1).eval()
+    path = tmp_path / "harmony.onnx"
+    export.export(net, path, {}, {})
+    card_file = tmp_path / "harmony.card.json"
+    card = json.loads(card_file.read_text())
+    card["outputs"][0]["shape"] = [6]
+    card_file.write_text(json.dumps(card))
+    with pytest.raises(ModelLoadError, match="not what encoder"):
+        load_model(path, "harmony", "placement")
+
+
+def test_serving_places_every_task_where_it_fits_and_is_deterministic(tmp_path):
+    torch.manual_seed(1)
+    path = tmp_path / "harmony.onnx"
+    export.export(networks.HarmonyNet(d=16, heads=2, layers=1).eval(), path, {}, {})
+    results = []
+    for _ in range(2):
+        sim = Simulator(scenarios.placement_trace(6, 11), SimConfig(nodes=6, seed=11))
+        placement = registry.make_placement("harmony", registry.PolicyContext(model_path=str(path)))
+        assert isinstance(placement, Sticky) and placement.card.algorithm == "harmony"
+        summary = sim.run(registry.make_allocation("fixed"), placement).summary()  # the simulator checks capacity
+        assert summary["completed"] == summary["jobs"] == 24
+        assert placement.inner.inferences > 0
+        results.append(summary["avg_jct_s"])
+    assert results[0] == results[1]
+
+
+def test_the_choice_is_the_most_probable_node_that_fits():
+    snap = _snapshot()
+    ledger = _ledger_with_a_held(snap)
+
+    class Fixed:
+        def probs(self, feeds):
+            return np.array([0.0, 0.9, 0.1, 0.0]) * feeds["mask"][0]
+
+    b = snap.jobs[1]
+    assert HarmonyPlacement(Fixed()).choose_node(ledger, b, "worker", b.worker_demand) == 1
+    # Node 1 full for GPUs: its probability is masked to 0, the next one is taken.
+    ledger.book(b, "worker", 1)
+    assert HarmonyPlacement(Fixed()).choose_node(ledger, b, "worker", b.worker_demand) == 2
+
+
+def test_shipped_model_loads_with_a_card_naming_its_training():
+    placement = registry.make_placement("harmony")
+    card = placement.card
+    assert card.phase == "placement" and card.encoder_version == harmony_state.ENCODER_VERSION
+    assert card.training["simulator_version"] and "avg_jct_over_lif_line" in card.validation
+
+
+def test_trainer_imitates_then_runs_actor_critic_and_writes_a_servable_model(tmp_path):
+    out = tmp_path / "h"
+    result = harmony_train.train(harmony_train.parse_args(
+        ["--out", str(out), "--d", "16", "--heads", "2", "--layers", "1", "--dagger-rounds", "1",
+         "--dagger-episodes", "1", "--ac-episodes", "2", "--validate-every", "1", "--val-traces", "1",
+         "--train-nodes", "6", "--val-nodes", "6", "--updates-per-episode", "2"]))
+    assert [c["where"] for c in result["curve"]] == ["imitation", "actor-critic 1", "actor-critic 2"]
+    assert (out / "learning-curve.png").stat().st_size > 0
+    load_model(out / "harmony.onnx", "harmony", "placement")
+    assert result["card"]["training"]["labels"] > 0
+
+
+def test_reward_model_labels_are_the_simulators_speeds():
+    trace = [replace(j, arrival_s=0.0) for j in scenarios.placement_trace(6, 3)[:8]]
+    sim = Simulator(trace, SimConfig(nodes=6, seed=3))
+    decision = run_round(sim.snapshot(), registry.make_allocation("fixed"), registry.make_placement("first-fit"))
+    sim._apply(decision, cost_cap=0.0, only_idle=False)
+    placed = [s for s in sim.active if s.worker_nodes]
+    assert len(placed) >= 2  # first-fit packs several jobs onto shared nodes
+    rates = sim._rates()
+    jobs = [{"model": s.spec.model, "arch": s.spec.arch, "ps": s.ps_nodes, "workers": s.worker_nodes}
+            for s in placed]
+    labels = reward_model.true_epochs(sim.speed, jobs)
+    np.testing.assert_allclose(labels, [rates[s.spec.name] * reward_model.INTERVAL_S for s in placed], rtol=1e-9)
+
+
+def test_reward_model_learns_and_drives_a_simulator():
+    torch.manual_seed(0)
+    net, report = reward_model.train(samples=600, epochs=3, seed=2, warmup=50, d=16)
+    assert report["mean_relative_error"] < 0.6  # from ~1.0 for an untrained net
+    sim = reward_model.RewardModelSimulator(scenarios.placement_trace(6, 4), SimConfig(nodes=6, seed=4), net)
+    summary = sim.run(registry.make_allocation("fixed"), registry.make_placement("load-balance")).summary()
+    assert summary["completed"] == summary["jobs"]
+    with pytest.raises(ValueError, match="for 6 nodes"):
+        reward_model.RewardModelSimulator([], SimConfig(nodes=30), net)
