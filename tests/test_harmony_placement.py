@@ -171,3 +171,64 @@ def test_reward_model_learns_and_drives_a_simulator():
     assert summary["completed"] == summary["jobs"]
     with pytest.raises(ValueError, match="for 6 nodes"):
         reward_model.RewardModelSimulator([], SimConfig(nodes=30), net)
+
+
+def test_served_rounds_explore_and_record_decisions_that_replay(tmp_path):
+    from mlsched.controller.serving import serve
+
+    torch.manual_seed(2)
+    path = tmp_path / "harmony.onnx"
+    export.export(networks.HarmonyNet(d=16, heads=2, layers=1).eval(), path, {}, {})
+    placement = registry.make_placement("harmony", registry.PolicyContext(model_path=str(path)))
+    trace = [replace(j, arrival_s=0.0) for j in scenarios.placement_trace(6, 5)[:10]]
+    sim = Simulator(trace, SimConfig(nodes=6, seed=5))
+    served = serve({"placement": placement}, namespace="ns", policy="p", interval=3, kind="round",
+                   time="2026-11-24T00:00:00Z", epsilon=0.5, record=True)
+    assert isinstance(served.phases["placement"], Sticky)
+    decision = run_round(sim.snapshot(), registry.make_allocation("fixed"), served.phases["placement"])
+    sim._check_capacity(decision)
+    (log,) = served.decisions()
+    assert (log.algorithm, log.phase, log.encoder, log.epsilon) == ("harmony", "placement", "harmony-state", 0.5)
+    assert log.steps > 5 and log.masks.shape == (log.steps, 6)
+    model = load_model(path, "harmony", "placement")
+    explored = 0
+    for state, mask, action, mu, pi in zip(log.states, log.masks, log.actions, log.behaviour_probs,
+                                           log.policy_probs):
+        assert mask[action]  # exploration only ever picks a node the task fits on
+        probs = model.run(harmony_state.unflatten(state, mask))["probs"][0]
+        assert pi == pytest.approx(probs[action] / probs[mask].sum(), rel=1e-3)  # float16 states
+        greedy = int(np.argmax(np.where(mask, probs, -1)))
+        explored += action != greedy
+        want = 0.5 * (action == greedy) + 0.5 / mask.sum()
+        assert mu == pytest.approx(want, rel=1e-6)
+    assert explored > 0
+    # Without exploration or recording, serving is the cached policy itself.
+    plain = serve({"placement": placement}, namespace="ns", policy="p", interval=3, kind="round",
+                  time="t", epsilon=0.0, record=False)
+    assert plain.phases["placement"] is placement
+    # A heuristic placement has nothing to explore or record.
+    lb = registry.make_placement("load-balance")
+    assert not hasattr(lb, "for_round")
+    assert serve({"placement": lb}, namespace="ns", policy="p", interval=3, kind="round", time="t",
+                 epsilon=0.5, record=True).recorders == []
+
+
+def test_recording_stops_at_the_budget_and_serving_goes_on(tmp_path, monkeypatch):
+    from mlsched.policies.decision_log import DecisionRecorder
+    from mlsched.policies.exploration import Serving
+    from mlsched.policies.placement import harmony
+
+    path = tmp_path / "harmony.onnx"
+    export.export(networks.HarmonyNet(d=16, heads=2, layers=1).eval(), path, {}, {})
+    trace = [replace(j, arrival_s=0.0) for j in scenarios.placement_trace(6, 5)[:10]]
+    snapshot = Simulator(trace, SimConfig(nodes=6, seed=5)).snapshot()
+    one_state = 1 + 10 * (harmony_state.JOB_FEATURES + 1) + 6 * harmony_state.NODE_FEATURES
+    monkeypatch.setattr(harmony, "RECORD_BUDGET", 3 * one_state)
+    recorder = DecisionRecorder(algorithm="harmony", phase="placement", kind="round", time="t",
+                                model_sha256="x", model_version=None, encoder="harmony-state",
+                                encoder_version=harmony_state.ENCODER_VERSION, encoder_params={}, epsilon=0.0)
+    policy = harmony.HarmonyPlacement.load(str(path)).for_round(Serving(0.0, None, recorder))
+    decision = run_round(snapshot, registry.make_allocation("fixed"), policy)
+    assert len(recorder) == 3 and policy.unrecorded > 0
+    assert policy.inferences == 3 + policy.unrecorded
+    assert sum(d.workers for d in decision.jobs.values()) > 3

@@ -136,6 +136,28 @@ def encode(ledger: Ledger, job: JobView, role: Role, mask: np.ndarray) -> dict[s
     }
 
 
+def flat_state(feeds: dict[str, np.ndarray]) -> np.ndarray:
+    """One decision's feeds as one vector for the decision log (policies/decision_log.py):
+    role | current (J) | jobs (J x JOB_FEATURES) | nodes (N x NODE_FEATURES). Within a round
+    every decision has the same J and N, so a round's states stack; `unflatten` takes them
+    apart again with N from the mask's width."""
+    return np.concatenate([feeds["role"][0], feeds["current"][0], feeds["jobs"][0].ravel(),
+                           feeds["nodes"][0].ravel()]).astype(np.float32)
+
+
+def unflatten(state: np.ndarray, mask: np.ndarray) -> dict[str, np.ndarray]:
+    """The graph's feeds (batch of one) back from `flat_state` and the decision's node mask."""
+    nodes = len(mask)
+    jobs, rest = divmod(len(state) - 1 - nodes * NODE_FEATURES, JOB_FEATURES + 1)
+    if rest or jobs < 1:
+        raise ValueError(f"a state of {len(state)} values is not a harmony-state-v1 decision on {nodes} nodes")
+    cut = 1 + jobs + jobs * JOB_FEATURES
+    return {"jobs": state[1 + jobs:cut].reshape(1, jobs, JOB_FEATURES),
+            "current": state[1:1 + jobs][None], "role": state[:1][None],
+            "nodes": state[cut:].reshape(1, nodes, NODE_FEATURES),
+            "mask": np.asarray(mask, dtype=np.float32)[None]}
+
+
 class HarmonyStateEncoder:
     name = "harmony-state"
     version = ENCODER_VERSION

@@ -25,6 +25,13 @@ class Sticky(TaskByTaskPlacement):
         """The wrapped policy's model card (a learned placement), else None."""
         return getattr(self.inner, "card", None)
 
+    @property
+    def for_round(self):
+        """The wrapped learned placement's per-round copy (exploration, decision log), sticky
+        too. A heuristic has none: reading it raises AttributeError, so hasattr is False."""
+        inner_for_round = self.inner.for_round
+        return lambda serving: Sticky(inner_for_round(serving))
+
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         previous = job.ps_nodes if role == "ps" else job.worker_nodes
         ordinal = ledger.count(job, role)  # tasks of this role the job holds so far this round
