@@ -20,7 +20,6 @@ benchmark's test sequences (sim/chic_scenario.py CHIC_TEST_SEEDS) are neither.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -38,6 +37,7 @@ from mlsched.policies.allocation.chic import ChicPolicy, GainActor, greedy_decis
 from mlsched.sim import chic_scenario
 from mlsched.sim.simulator import Simulator
 from policy_models.chic import export, networks
+from policy_models.options import parse_into
 
 
 @dataclass
@@ -265,18 +265,7 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
 
 
 def parse_args(argv: list[str] | None, pair: bool) -> Args:
-    parser = argparse.ArgumentParser(prog=f"mlsched train {'chic-pair' if pair else 'chic'}", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Args):
-        if f.name == "pair":
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, tuple):
-            parser.add_argument(flag, type=type(f.default[0]), nargs="+", default=f.default)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
-    ns = vars(parser.parse_args(argv))
-    return Args(pair=pair, **{k: tuple(v) if isinstance(v, list) else v for k, v in ns.items()})
+    return parse_into(Args, argv, f"mlsched train {'chic-pair' if pair else 'chic'}", __doc__, {"pair": pair})
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,7 +12,6 @@ which neither touches.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -32,6 +31,7 @@ from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog, generators
 from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS
 from policy_models.dl2 import export, networks
+from policy_models.options import parse_into
 
 
 @dataclass
@@ -572,19 +572,7 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> Args:
-    parser = argparse.ArgumentParser(prog="mlsched train dl2", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Args):
-        default = f.default
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(default, tuple):
-            kind = type(default[0]) if default else str
-            parser.add_argument(flag, type=kind, nargs="+", default=default)
-        else:
-            parser.add_argument(flag, type=type(default), default=default)
-    ns = parser.parse_args(argv)
-    return Args(**{f.name: (tuple(getattr(ns, f.name)) if isinstance(f.default, tuple) else getattr(ns, f.name))
-                   for f in dataclasses.fields(Args)})
+    return parse_into(Args, argv, "mlsched train dl2", __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -33,7 +33,6 @@ benchmark's (bench/bench_placement.py, 700000+) are neither.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 import sys
@@ -58,6 +57,7 @@ from mlsched.policies.round import run_admission, run_round
 from mlsched.sim import scenarios
 from mlsched.sim.simulator import SimConfig, Simulator
 from policy_models.harmony import export, networks, reward_model
+from policy_models.options import parse_into
 
 
 @dataclass
@@ -67,6 +67,9 @@ class Args:
     d: int = 32  # x 2 layers: a 110 KB graph, under kubectl apply's 256 KiB annotation as base64
     heads: int = 4
     layers: int = 2
+    # Who decides the counts: `fixed` (the user's, issue 15's setting) and/or `dl2` (the shipped
+    # model); one is drawn per episode, and validation averages over all of them.
+    allocations: tuple[str, ...] = ("fixed",)
     train_nodes: tuple[int, ...] = (6, 12, 30)
     val_nodes: tuple[int, ...] = (6, 30)
     val_traces: int = 3
@@ -151,13 +154,13 @@ class Learner(TaskByTaskPlacement):
         return node
 
 
-def episode(nodes: int, seed: int, placer, env=None) -> tuple[dict, list[float]]:
+def episode(nodes: int, seed: int, placer, env=None, allocation_name: str = "fixed") -> tuple[dict, list[float]]:
     """One trace to the end with `placer` (wrapped in Sticky); (summary, reward per interval).
     `env`: a reward model to take the jobs' speeds from instead of the simulator's."""
     trace, config = scenarios.placement_trace(nodes, seed), SimConfig(nodes=nodes, seed=seed)
     sim = (Simulator(trace, config) if env is None
            else reward_model.RewardModelSimulator(trace, config, env))
-    allocation = registry.make_allocation("fixed")
+    allocation = registry.make_allocation(allocation_name, registry.PolicyContext(speed_model=sim.speed))
     placement = Sticky(placer)
 
     def admit(snapshot):
@@ -172,15 +175,28 @@ def episode(nodes: int, seed: int, placer, env=None) -> tuple[dict, list[float]]
     return sim.result().summary(), rewards
 
 
-def validate(net: networks.HarmonyNet, args: Args, lif: dict[tuple[int, int], float]) -> float:
+def draw_allocation(args: Args, rng: np.random.Generator) -> str:
+    """The episode's allocation; with one, no draw (the generator's stream stays the same)."""
+    if len(args.allocations) == 1:
+        return args.allocations[0]
+    return str(rng.choice(args.allocations))
+
+
+def validation_runs(args: Args):
+    """(allocation, nodes, seed) of every validation run."""
+    return [(a, nodes, args.val_seed_base + 1000 * nodes + k)
+            for a in args.allocations for nodes in args.val_nodes for k in range(args.val_traces)]
+
+
+def validate(net: networks.HarmonyNet, args: Args, lif: dict[tuple[str, int, int], float]) -> float:
     """Mean over the validation traces of avg JCT / LIF-Line's avg JCT (greedy policy)."""
     net.eval()
     ratios = []
-    for nodes in args.val_nodes:
-        for k in range(args.val_traces):
-            seed = args.val_seed_base + 1000 * nodes + k
-            summary, _ = episode(nodes, seed, Learner(net, "greedy", np.random.default_rng(0)))
-            ratios.append(summary["avg_jct_s"] / lif[(nodes, seed)])
+    for run in validation_runs(args):
+        allocation, nodes, seed = run
+        summary, _ = episode(nodes, seed, Learner(net, "greedy", np.random.default_rng(0)),
+                             allocation_name=allocation)
+        ratios.append(summary["avg_jct_s"] / lif[run])
     return float(np.mean(ratios))
 
 
@@ -264,11 +280,8 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
         raise SystemExit(f"--environment must be simulator or reward-model, not {args.environment!r}")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    lif = {}
-    for nodes in args.val_nodes:
-        for k in range(args.val_traces):
-            seed = args.val_seed_base + 1000 * nodes + k
-            lif[(nodes, seed)] = episode(nodes, seed, LeastInterferenceFirst(degree=1))[0]["avg_jct_s"]
+    lif = {run: episode(run[1], run[2], LeastInterferenceFirst(degree=1), allocation_name=run[0])[0]["avg_jct_s"]
+           for run in validation_runs(args)}
     curve: list[dict] = []
     best = {"score": float("inf"), "state": None, "where": ""}
 
@@ -289,7 +302,8 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
             nodes = int(rng.choice(args.train_nodes))
             learner = Learner(net, "dagger", np.random.default_rng(args.seed * 7919 + episode_no), beta=beta)
             net.eval()
-            episode(nodes, args.train_seed_base + episode_no, learner)
+            episode(nodes, args.train_seed_base + episode_no, learner,
+                    allocation_name=draw_allocation(args, rng))
             episode_no += 1
             labels.extend(learner.samples)
         loss = fit_labels(net, opt, labels, args.bc_epochs, args.batch, rng)
@@ -313,7 +327,8 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
         nodes = int(rng.choice(args.train_nodes))
         learner = Learner(net, "explore", np.random.default_rng(args.seed * 104729 + e), epsilon=eps)
         net.eval()
-        summary, rewards = episode(nodes, args.train_seed_base + episode_no, learner, env)
+        summary, rewards = episode(nodes, args.train_seed_base + episode_no, learner, env,
+                                   allocation_name=draw_allocation(args, rng))
         episode_no += 1
         returns = np.zeros(len(rewards))
         acc = 0.0
@@ -348,6 +363,7 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
                 "labels": len(labels), "actor_critic_episodes": done_ac, "selected": best["where"],
                 "args": {k: (list(v) if isinstance(v, tuple) else v) for k, v in dataclasses.asdict(args).items()}}
     validation = {"avg_jct_over_lif_line": round(best["score"], 4), "nodes": list(args.val_nodes),
+                  "allocations": list(args.allocations),
                   "traces_per_size": args.val_traces, "seeds_from": args.val_seed_base}
     card = export.export(net, out / "harmony.onnx", training, validation)
     export.plot_curve(curve, out / "learning-curve.png")
@@ -358,16 +374,7 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
 
 
 def parse_args(argv: list[str] | None) -> Args:
-    parser = argparse.ArgumentParser(prog="mlsched train harmony", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    for f in dataclasses.fields(Args):
-        flag = "--" + f.name.replace("_", "-")
-        if isinstance(f.default, tuple):
-            parser.add_argument(flag, type=type(f.default[0]), nargs="+", default=f.default)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
-    ns = vars(parser.parse_args(argv))
-    return Args(**{k: tuple(v) if isinstance(v, list) else v for k, v in ns.items()})
+    return parse_into(Args, argv, "mlsched train harmony", __doc__)
 
 
 def main(argv: list[str] | None = None) -> int:
