@@ -47,6 +47,7 @@ bench: $(BIN)/.installed-dev
 	$(BIN)/python bench/bench_operator.py
 	$(BIN)/python bench/bench_gc.py
 	$(BIN)/python bench/bench_dl2.py
+	$(BIN)/python bench/bench_placement.py
 
 clean:
 	rm -rf $(VENV) $(OUT) .pytest_cache

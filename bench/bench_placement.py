@@ -8,14 +8,16 @@ each job asks for 1-4 workers and, for parameter-server jobs, 1-2 PS (uniform, f
 trace seed). Nodes: the DL² simulator's (8 CPUs, 2 GPUs, 48 GiB), interference on (sim-2).
 Average JCT per placement, averaged over the seeds, its ratio to the best heuristic in the
 same run (1.000 is the best heuristic; issue 15 asks the learned Harmony placement for <= 0.80),
-and for `harmony` (the shipped model, or --harmony-model) that ratio.
+and for `harmony` that ratio: the shipped harmony.onnx (or --harmony-model) in the fixed rows,
+harmony-dl2.onnx (trained with DL² deciding the counts; or --harmony-dl2-model) in the dl2 rows.
 
 Then inference time: one Harmony decision and one LIF-Line decision on a 100-node cluster
 with 20 new jobs and 60 running (issue 15: <= 20 ms per interval's inference on one core; the
 paper, 4 ms per inference on a GPU), timed in the same process.
 
     python bench/bench_placement.py [--seeds 3] [--nodes 6 30 100] [--skip-dl2]
-                                    [--harmony-model PATH] [--skip-timing]
+                                    [--allocations fixed dl2] [--harmony-model PATH]
+                                    [--harmony-dl2-model PATH] [--skip-timing]
 """
 
 from __future__ import annotations
@@ -46,11 +48,18 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--nodes", type=int, nargs="+", default=[6, 30, 100])
     parser.add_argument("--skip-dl2", action="store_true")
-    parser.add_argument("--harmony-model", help="ONNX file (default: the shipped artifact)")
+    parser.add_argument("--harmony-model", help="ONNX file for the fixed-count rows (default: the shipped harmony.onnx)")
+    parser.add_argument("--harmony-dl2-model", help="ONNX file for the dl2 rows (default: the shipped "
+                                                    "harmony-dl2.onnx, trained with DL2 deciding the counts)")
+    parser.add_argument("--allocations", nargs="+", choices=["fixed", "dl2"])
     parser.add_argument("--skip-timing", action="store_true")
     args = parser.parse_args()
     placement_ctx = registry.PolicyContext(model_path=args.harmony_model)
-    allocations = ["fixed"] + ([] if args.skip_dl2 else ["dl2"])
+    allocations = args.allocations or (["fixed"] + ([] if args.skip_dl2 else ["dl2"]))
+    from mlsched.policies.onnx_runner import default_model_path
+
+    dl2_model = args.harmony_dl2_model or str(default_model_path("harmony").with_name("harmony-dl2.onnx"))
+    placement_ctxs = {"fixed": placement_ctx, "dl2": registry.PolicyContext(model_path=dl2_model)}
     seeds = range(SEED0, SEED0 + args.seeds)
     print(f"avg JCT (h) over {args.seeds} traces (seeds {seeds[0]}-{seeds[-1]}); "
           f"ratio to the best heuristic placement of the row")
@@ -66,7 +75,7 @@ def main() -> None:
                     sim.reset()
                     t0 = time.perf_counter()
                     result = sim.run(registry.make_allocation(allocation, ctx),
-                                     registry.make_placement(p, placement_ctx))
+                                     registry.make_placement(p, placement_ctxs[allocation]))
                     spent[p] += time.perf_counter() - t0
                     summary = result.summary()
                     if summary["completed"] != summary["jobs"]:
