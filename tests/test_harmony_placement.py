@@ -129,11 +129,19 @@ def test_the_choice_is_the_most_probable_node_that_fits():
     assert HarmonyPlacement(Fixed()).choose_node(ledger, b, "worker", b.worker_demand) == 2
 
 
-def test_shipped_model_loads_with_a_card_naming_its_training():
-    placement = registry.make_placement("harmony")
+@pytest.mark.parametrize("name", ["harmony.onnx", "harmony-dl2.onnx"])
+def test_shipped_models_load_with_a_card_naming_their_training(name):
+    from mlsched.policies.onnx_runner import default_model_path
+
+    path = default_model_path("harmony").with_name(name)
+    placement = registry.make_placement("harmony", registry.PolicyContext(model_path=str(path)))
     card = placement.card
     assert card.phase == "placement" and card.encoder_version == harmony_state.ENCODER_VERSION
     assert card.training["simulator_version"] and "avg_jct_over_lif_line" in card.validation
+    # It serves a cluster size it was not trained on.
+    sim = Simulator(scenarios.placement_trace(9, 21), SimConfig(nodes=9, seed=21))
+    summary = sim.run(registry.make_allocation("fixed"), placement).summary()
+    assert summary["completed"] == summary["jobs"]
 
 
 def test_trainer_imitates_then_runs_actor_critic_and_writes_a_servable_model(tmp_path):
