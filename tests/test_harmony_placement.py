@@ -240,3 +240,49 @@ def test_recording_stops_at_the_budget_and_serving_goes_on(tmp_path, monkeypatch
     assert len(recorder) == 3 and policy.unrecorded > 0
     assert policy.inferences == 3 + policy.unrecorded
     assert sum(d.workers for d in decision.jobs.values()) > 3
+
+
+def _node_tokens_reference(ledger: Ledger, current: str) -> np.ndarray:
+    """The node tokens as the encoder defines them, computed from scratch."""
+    cap = ledger.capacity
+    out = np.zeros((len(cap), harmony_state.NODE_FEATURES), dtype=np.float32)
+    out[:, 0:3] = ledger.free / cap
+    out[:, 3] = cap[:, 0] / 8.0
+    k = 4 + harmony_state.N_MODELS
+    for node, tasks in enumerate(ledger.tasks_on):
+        for name, model, role in tasks:
+            if name == current:
+                out[node, k + (1 if role == "ps" else 0)] += 0.25
+            else:
+                out[node, 4 + harmony_state.model_slot(model)] += 0.25
+        out[node, k + 2] = len(tasks) / 8.0
+    return out
+
+
+def test_node_tokens_counted_incrementally_equal_a_recount_through_books_and_releases():
+    rng = np.random.default_rng(0)
+    trace = [replace(j, arrival_s=0.0) for j in scenarios.placement_trace(8, 9)[:20]]
+    snapshot = Simulator(trace, SimConfig(nodes=8, seed=9)).snapshot()
+    ledger = Ledger(snapshot, FirstFit())
+    booked = []
+    for step in range(200):
+        job = snapshot.jobs[int(rng.integers(len(snapshot.jobs)))]
+        if booked and rng.random() < 0.3:  # release a random earlier task, as a failed gang does
+            j, role, node = booked.pop(int(rng.integers(len(booked))))
+            d = ledger.jobs[j.name]
+            nodes = d.ps_nodes if role == "ps" else d.worker_nodes
+            nodes.remove(node)  # release pops the newest of the role: keep the one we release last
+            nodes.append(node)
+            ledger.release(j, [(role, node)])
+        else:
+            role = "ps" if job.uses_ps and rng.random() < 0.4 else "worker"
+            free = np.flatnonzero(ledger.fits_mask(job.demand(role), job))
+            if not free.size:
+                continue
+            node = int(rng.choice(free))
+            ledger.book(job, role, node)
+            booked.append((job, role, node))
+        current = snapshot.jobs[int(rng.integers(len(snapshot.jobs)))].name
+        np.testing.assert_array_equal(harmony_state.node_tokens(ledger, current),
+                                      _node_tokens_reference(ledger, current), err_msg=f"step {step}")
+    assert len(booked) > 10

@@ -51,6 +51,9 @@ class Ledger:
         self._inv_cap = np.where(self.capacity > 0, 1.0 / np.maximum(self.capacity, _EPS), 0.0)
         self.load = np.zeros(len(snapshot.node_names))
         self.tasks_on: list[list[tuple[str, str, Role]]] = [[] for _ in snapshot.node_names]
+        # Bumped on every book and release of a task on the node: lets a reader that keeps
+        # per-node aggregates (Harmony's node tokens) redo only the nodes that changed.
+        self.node_version = np.zeros(len(snapshot.node_names), dtype=np.int64)
         self.jobs: dict[str, JobDecision] = {}
         self.inferences = 0
         self._pool_masks: dict[str, np.ndarray] = {}
@@ -201,6 +204,7 @@ class Ledger:
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
+        self.node_version[node] += 1
 
     def release(self, job: JobView, added: list[tuple[Role, int]]) -> None:
         """Take these (role, node) tasks of `job` back out of the ledger, newest first."""
@@ -211,6 +215,7 @@ class Ledger:
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))
+            self.node_version[node] += 1
             if d.ps + d.workers == 0:
                 del self.jobs[job.name]
 

@@ -106,22 +106,54 @@ def _fill_job(row: np.ndarray, job: JobView) -> None:
 def node_tokens(ledger: Ledger, current: str) -> np.ndarray:
     """(N, NODE_FEATURES) for every node of the ledger."""
     cap = ledger.capacity
-    n = len(cap)
-    out = np.zeros((n, NODE_FEATURES), dtype=np.float32)
+    out = np.zeros((len(cap), NODE_FEATURES), dtype=np.float32)
     out[:, 0:3] = np.divide(ledger.free, cap, out=np.zeros_like(cap), where=cap > 0)
     out[:, 3] = cap[:, 0] / 8.0
+    by_model, totals = _task_counts(ledger)
+    out[:, 4:4 + N_MODELS] = by_model
     k = 4 + N_MODELS
-    for node, tasks in enumerate(ledger.tasks_on):
-        if not tasks:
-            continue
-        row = out[node]
-        for name, model, role in tasks:
-            if name == current:
-                row[k + (1 if role == "ps" else 0)] += 0.25
-            else:
-                row[4 + model_slot(model)] += 0.25
-        row[k + 2] = len(tasks) / 8.0
+    out[:, k + 2] = totals / 8.0
+    held = ledger.jobs.get(current)
+    if held is not None:  # the current job's own tasks are not co-tenants: move them over
+        slot = 4 + _slot_of(ledger, current)
+        for column, nodes in ((k, held.worker_nodes), (k + 1, held.ps_nodes)):
+            for node in nodes:
+                out[node, slot] -= 0.25
+                out[node, column] += 0.25
     return out
+
+
+# Tasks per node by model (÷4) and in all, for the last ledger seen, with the ledger's
+# per-node versions they were counted at: a round asks once per task and books one task
+# between asks, so only the nodes whose version moved are counted again. One tuple, read and
+# replaced whole (rounds of two policies in two threads never mix theirs).
+_count_cache: tuple = (None, None, None, None)
+
+
+def _task_counts(ledger: Ledger) -> tuple[np.ndarray, np.ndarray]:
+    global _count_cache
+    cached_ledger, versions, by_model, totals = _count_cache
+    if cached_ledger is ledger:
+        nodes = np.flatnonzero(ledger.node_version != versions)
+        by_model, totals = by_model.copy(), totals.copy()
+    else:
+        nodes = range(len(ledger.tasks_on))
+        by_model = np.zeros((len(ledger.tasks_on), N_MODELS), dtype=np.float32)
+        totals = np.zeros(len(ledger.tasks_on), dtype=np.float32)
+    for node in nodes:
+        tasks = ledger.tasks_on[node]
+        row = by_model[node]
+        row[:] = 0.0
+        for _, model, _ in tasks:
+            row[model_slot(model)] += 0.25
+        totals[node] = len(tasks)
+    _count_cache = (ledger, ledger.node_version.copy(), by_model, totals)
+    return by_model, totals
+
+
+def _slot_of(ledger: Ledger, name: str) -> int:
+    rows, index = _static_rows(ledger.snapshot)
+    return int(np.argmax(rows[index[name], :N_MODELS]))  # the job's one-hot
 
 
 def encode(ledger: Ledger, job: JobView, role: Role, mask: np.ndarray) -> dict[str, np.ndarray]:
