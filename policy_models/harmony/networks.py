@@ -70,16 +70,18 @@ class HarmonyNet(nn.Module):
         query = (h * current.unsqueeze(-1)).sum(dim=1) + self.role_in(role)  # (b, d)
         return h, query, self.node_in(nodes)
 
+    def _scores(self, query, n, mask) -> torch.Tensor:
+        """Additive attention of the query over each node, masked nodes at NEG: (b, nodes)."""
+        q = query.unsqueeze(1).expand_as(n)
+        return self.score(torch.cat([n, q, n * q], dim=-1)).squeeze(-1) + (1.0 - mask) * NEG
+
     def logits(self, jobs, current, role, nodes, mask, job_pad=None) -> torch.Tensor:
         _, query, n = self._encode(jobs, current, role, nodes, job_pad)
-        q = query.unsqueeze(1).expand_as(n)
-        scores = self.score(torch.cat([n, q, n * q], dim=-1)).squeeze(-1)  # (b, nodes)
-        return scores + (1.0 - mask) * NEG
+        return self._scores(query, n, mask)
 
     def logits_and_value(self, jobs, current, role, nodes, mask, job_pad=None, node_pad=None):
         h, query, n = self._encode(jobs, current, role, nodes, job_pad)
-        q = query.unsqueeze(1).expand_as(n)
-        scores = self.score(torch.cat([n, q, n * q], dim=-1)).squeeze(-1) + (1.0 - mask) * NEG
+        scores = self._scores(query, n, mask)
         jw = (1.0 - job_pad.float()) if job_pad is not None else torch.ones(h.shape[:2])
         nw = (1.0 - node_pad.float()) if node_pad is not None else torch.ones(n.shape[:2])
         hm = (h * jw.unsqueeze(-1)).sum(1) / jw.sum(1, keepdim=True).clamp(min=1)

@@ -86,22 +86,29 @@ def random_placement(rng: np.random.Generator, nodes: int, config: SimConfig) ->
         model = catalog.MODEL_NAMES[int(rng.integers(len(catalog.MODEL_NAMES)))]
         arch = "allreduce" if rng.random() < 0.3 else "ps"
         roles = ["worker"] * int(rng.integers(1, 5)) + (["ps"] * int(rng.integers(1, 3)) if arch == "ps" else [])
-        trial = free.copy()
-        placed = {"ps": [], "worker": []}
-        for role in roles:
-            demand = config.demand(model, role)
-            fits = np.flatnonzero(np.all(trial >= demand - 1e-9, axis=1))
-            if not fits.size:
-                break
-            n = int(rng.choice(fits))
-            trial[n] -= demand
-            placed[role].append(n)
-        else:
-            free = trial
-            jobs.append({"model": model, "arch": arch, "ps": placed["ps"], "workers": placed["worker"]})
-            continue
-        break
+        placed = _place_gang(rng, free, config, model, roles)
+        if placed is None:
+            break
+        jobs.append({"model": model, "arch": arch, "ps": placed["ps"], "workers": placed["worker"]})
     return jobs
+
+
+def _place_gang(rng: np.random.Generator, free: np.ndarray, config: SimConfig, model: str,
+                roles: list[str]) -> dict[str, list[int]] | None:
+    """Each task on a random node it fits on, booked in `free`; None (and `free` untouched)
+    when one does not fit."""
+    trial = free.copy()
+    placed: dict[str, list[int]] = {"ps": [], "worker": []}
+    for role in roles:
+        demand = config.demand(model, role)
+        fits = np.flatnonzero(np.all(trial >= demand - 1e-9, axis=1))
+        if not fits.size:
+            return None
+        n = int(rng.choice(fits))
+        trial[n] -= demand
+        placed[role].append(n)
+    free[:] = trial
+    return placed
 
 
 def make_samples(count: int, nodes: int, noise: float, seed: int) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:

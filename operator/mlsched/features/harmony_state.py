@@ -115,7 +115,8 @@ def node_tokens(ledger: Ledger, current: str) -> np.ndarray:
     out[:, k + 2] = totals / 8.0
     held = ledger.jobs.get(current)
     if held is not None:  # the current job's own tasks are not co-tenants: move them over
-        slot = 4 + _slot_of(ledger, current)
+        _, index = _static_rows(ledger.snapshot)
+        slot = 4 + model_slot(ledger.snapshot.jobs[index[current]].model)
         for column, nodes in ((k, held.worker_nodes), (k + 1, held.ps_nodes)):
             for node in nodes:
                 out[node, slot] -= 0.25
@@ -149,11 +150,6 @@ def _task_counts(ledger: Ledger) -> tuple[np.ndarray, np.ndarray]:
         totals[node] = len(tasks)
     _count_cache = (ledger, ledger.node_version.copy(), by_model, totals)
     return by_model, totals
-
-
-def _slot_of(ledger: Ledger, name: str) -> int:
-    rows, index = _static_rows(ledger.snapshot)
-    return int(np.argmax(rows[index[name], :N_MODELS]))  # the job's one-hot
 
 
 def encode(ledger: Ledger, job: JobView, role: Role, mask: np.ndarray) -> dict[str, np.ndarray]:

@@ -68,15 +68,18 @@ def _chic(pair: bool):
     return build
 
 
+def _sticky(policy: PlacementPolicy, ctx: PolicyContext) -> PlacementPolicy:
+    return Sticky(policy) if ctx.sticky else policy
+
+
 def _placement(cls) -> Entry:
-    return Entry(lambda ctx: Sticky(cls()) if ctx.sticky else cls())
+    return Entry(lambda ctx: _sticky(cls(), ctx))
 
 
 def _harmony(ctx: PolicyContext) -> PlacementPolicy:
     from mlsched.policies.placement.harmony import HarmonyPlacement  # imported lazily: loads onnxruntime
 
-    policy = HarmonyPlacement.load(ctx.model_path, provider=ctx.execution_provider)
-    return Sticky(policy) if ctx.sticky else policy
+    return _sticky(HarmonyPlacement.load(ctx.model_path, provider=ctx.execution_provider), ctx)
 
 
 REGISTRY: dict[str, dict[str, Entry]] = {

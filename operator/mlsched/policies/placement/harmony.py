@@ -19,9 +19,10 @@ with which serving and the network chose it. A state grows with the jobs and nod
 a job, 23 a node), so a round records decisions until RECORD_BUDGET values are logged and
 serves the rest unrecorded: the dataset of a 1,000-node cluster stays a few MB an interval.
 The interval's reward is shared by all its decisions, so the recorded ones are a fair
-sample for off-policy learning, biased only towards the round's first grants. The model is served with ONNX Runtime from a card-checked file
-(policies/onnx_runner.py); training uses the same loop with a torch actor
-(policy_models/harmony/train.py).
+sample for off-policy learning, biased only towards the round's first grants.
+
+The model is served with ONNX Runtime from a card-checked file (policies/onnx_runner.py);
+training uses the same loop with a torch actor (policy_models/harmony/train.py).
 """
 
 from __future__ import annotations
