@@ -286,3 +286,11 @@ def test_node_tokens_counted_incrementally_equal_a_recount_through_books_and_rel
         np.testing.assert_array_equal(harmony_state.node_tokens(ledger, current),
                                       _node_tokens_reference(ledger, current), err_msg=f"step {step}")
     assert len(booked) > 10
+
+
+def test_trainer_refuses_a_reward_model_environment_without_its_file(tmp_path):
+    with pytest.raises(SystemExit, match="needs --reward-model FILE"):
+        harmony_train.train(harmony_train.parse_args(
+            ["--out", str(tmp_path), "--environment", "reward-model", "--train-nodes", "6"]))
+    with pytest.raises(SystemExit, match="simulator or reward-model"):
+        harmony_train.train(harmony_train.parse_args(["--out", str(tmp_path), "--environment", "cluster"]))

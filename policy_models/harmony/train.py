@@ -273,6 +273,9 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
         net = export.load_state(Path(args.init))
     env = None
     if args.environment == "reward-model":
+        if not args.reward_model or not Path(args.reward_model).is_file():
+            raise SystemExit(f"--environment reward-model needs --reward-model FILE, the .pt that "
+                             f"`python -m policy_models.harmony.reward_model` writes (got {args.reward_model!r})")
         env = reward_model.load(Path(args.reward_model))
         if set(args.train_nodes) != {env.config["nodes"]}:
             raise SystemExit(f"the reward model serves {env.config['nodes']} nodes: use --train-nodes {env.config['nodes']}")
