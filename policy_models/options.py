@@ -1,5 +1,6 @@
 """Command-line options from a trainer's hyperparameter dataclass: one `--flag` per field
-(underscores become dashes), a tuple field takes one or more values, defaults are the
+(underscores become dashes), a tuple field takes one or more values, a bool field is a switch
+pair (`--flag` / `--no-flag`; `type=bool` would read "False" as true), defaults are the
 dataclass's. Shared by `mlsched train dl2|chic|chic-pair|harmony`."""
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ def parse_into(cls: type[T], argv: list[str] | None, prog: str, doc: str | None,
         if isinstance(f.default, tuple):
             kind = type(f.default[0]) if f.default else str
             parser.add_argument(flag, type=kind, nargs="+", default=f.default)
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         else:
             parser.add_argument(flag, type=type(f.default), default=f.default)
     ns = vars(parser.parse_args(argv))

@@ -99,13 +99,43 @@ def test_ill_formed_and_broken_versions_never_break_scheduling():
     kube.put(ill)
     step(rt, kube, NOW)
     assert status(kube)["modelVersions"]["allocation/dl2"]["active"]["version"] == 1
-    broken = publish(kube, 2, "dl2-sl")
+    v1_sha = status(kube)["modelVersions"]["allocation/dl2"]["active"]["sha256"]
+    broken = publish(kube, 2, "dl2")
     broken["binaryData"]["dl2.onnx"] = "Z2FyYmFnZQ=="  # garbage, sha256 annotation stale
     kube.put(broken)
     report = step(rt, kube, NOW + 1200)
     loaded = get_condition(status(kube)["conditions"], "ModelLoaded")
     assert loaded.status == "False" and loaded.reason == "ModelDigestMismatch"
-    assert report.allocation == "drf" and report.targets["a"].count("worker") > 0  # fallback
+    assert "published version in ConfigMap default-dl2-v2" in loaded.message
+    # The previous good version keeps serving, not the heuristic fallback, and status says so.
+    assert report.allocation == "dl2" and report.targets["a"].count("worker") > 0
+    entry = status(kube)["modelVersions"]["allocation/dl2"]
+    assert entry["active"]["version"] == 1 and entry["active"]["sha256"] == v1_sha
+    assert entry["candidate"]["version"] == 2
+    ready = get_condition(status(kube)["conditions"], "Ready")
+    assert ready.reason == "FallbackActive" and "serving ConfigMap default-dl2-v1" in ready.message
+    # Every published version broken: the shipped model serves; it unusable too: the fallback.
+    v1 = kube.obj("ConfigMap", NS, "default-dl2-v1")
+    v1["binaryData"]["dl2.onnx"] = "Z2FyYmFnZQ=="
+    kube.put(v1)
+    report = step(rt, kube, NOW + 2400)
+    assert report.allocation == "dl2"
+    assert status(kube)["modelVersions"]["allocation/dl2"]["active"]["source"] == "shipped"
+
+
+def test_a_broken_pinned_model_is_not_replaced_by_another_version():
+    """A model the spec names is what the user asked for: if it fails, the heuristic fallback
+    runs (and says so), never some other published version."""
+    rt, kube = setup(updatePolicy="Auto")
+    publish(kube, 1, "dl2-sl")
+    step(rt, kube, NOW)
+    pin = model_versions.parse(kube.obj("ConfigMap", NS, "default-dl2-v1")).model_ref
+    pin["sha256"] = "0" * 64
+    run(kube.patch("SchedulingPolicy", NS, "default", {"spec": {"models": {"allocation": {"dl2": pin}}}}))
+    report = step(rt, kube, NOW + 1200)
+    assert report.allocation == "drf"
+    loaded = get_condition(status(kube)["conditions"], "ModelLoaded")
+    assert loaded.reason == "ModelDigestMismatch" and "published version" not in loaded.message
 
 
 def test_exploration_is_clamped_and_said_so():

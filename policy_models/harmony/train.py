@@ -95,6 +95,12 @@ class Args:
     # the paper's offline environment; its node count only). Validation always uses the simulator.
     environment: str = "simulator"
     reward_model: str = ""  # the reward model's .pt, for --environment reward-model
+    # Ablations (docs/placement.md, the paper's Table/Fig. of its components): `--no-critic`
+    # trains the actor on G minus the minibatch's mean G (REINFORCE with a constant baseline)
+    # and no value loss; `--replay 0` learns from the episode just played only (on-policy, no
+    # FIFO replay); `--epsilon 0 0` explores by the policy's own sampling only; `--layers 0`
+    # has no attention over the jobs (each job's embedding alone forms the query).
+    critic: bool = True
 
 
 def log(msg: str) -> None:
@@ -242,7 +248,7 @@ def fit_labels(net, opt, data: list[Sample], epochs: int, batch: int, rng) -> fl
     return loss_sum / max(count, 1)
 
 
-def ac_update(net, opt, chunk: list[Sample], beta: float, value_coef: float) -> float:
+def ac_update(net, opt, chunk: list[Sample], beta: float, value_coef: float, critic: bool = True) -> float:
     net.train()
     x = collate(chunk)
     logits, value = net.logits_and_value(x["jobs"], x["current"], x["role"], x["nodes"], x["mask"],
@@ -250,11 +256,12 @@ def ac_update(net, opt, chunk: list[Sample], beta: float, value_coef: float) -> 
     logp = torch.log_softmax(logits, dim=-1)
     ret = torch.tensor([s.ret for s in chunk], dtype=torch.float32)
     action = torch.tensor([s.action for s in chunk])
-    adv = (ret - value).detach()
+    adv = (ret - value).detach() if critic else ret - ret.mean()
     probs = logp.exp()
     entropy = -(probs * torch.where(x["mask"] > 0, logp, torch.zeros_like(logp))).sum(-1)
-    loss = (-(logp.gather(1, action[:, None]).squeeze(1) * adv).mean()
-            - beta * entropy.mean() + value_coef * ((ret - value) ** 2).mean())
+    loss = -(logp.gather(1, action[:, None]).squeeze(1) * adv).mean() - beta * entropy.mean()
+    if critic:
+        loss = loss + value_coef * ((ret - value) ** 2).mean()
     opt.zero_grad()
     loss.backward()
     torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
@@ -316,7 +323,7 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
 
     # 2. Actor-critic with replay
     opt = torch.optim.Adam(net.parameters(), lr=args.ac_lr)
-    replay: deque[Sample] = deque(maxlen=args.replay)
+    replay: deque[Sample] = deque(maxlen=args.replay or None)
     bar = tqdm(total=args.ac_episodes, desc="actor-critic", file=sys.stderr, disable=None)
     budget_s = args.time_budget_min * 60
     done_ac = 0
@@ -340,13 +347,15 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
             returns[t] = acc
         for s in learner.samples:
             s.ret = float(returns[min(s.interval, len(returns) - 1)])
+        if not args.replay:  # no replay: this episode's samples only
+            replay.clear()
         replay.extend(learner.samples)
         losses = []
         for _ in range(args.updates_per_episode):
             if len(replay) < args.batch:
                 break
             idx = rng.integers(len(replay), size=args.batch)
-            losses.append(ac_update(net, opt, [replay[i] for i in idx], beta, args.value_coef))
+            losses.append(ac_update(net, opt, [replay[i] for i in idx], beta, args.value_coef, args.critic))
         done_ac = e + 1
         bar.update(1)
         bar.set_postfix(nodes=nodes, jct_h=f"{summary['avg_jct_s'] / 3600:.2f}", loss=f"{np.mean(losses or [0]):.3f}")

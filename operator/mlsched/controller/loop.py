@@ -183,7 +183,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                       *(i.number + 1 for i in to_close)])
         if spec.retraining.dataset_limit > 0:
             number = max(number, await rt.dataset.first_free(key))
-    versions_served = version_adoption.report(spec, versions, rt.adopted[key],
+    versions_served = version_adoption.report(spec, versions, resolved.served_refs,
                                               resolved.active_models).served
     rt.served_versions[key] = versions_served
     serving = serving_for(rt, ref, spec, resolved, number, "round", now, versions_served)
@@ -267,7 +267,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         spec.history_limit, group_fields)
     duration = time.perf_counter() - started
     extra = await reporting.policy_versions_and_exploration(
-        rt, body, ref, version_adoption.report(spec, versions, rt.adopted[key],
+        rt, body, ref, version_adoption.report(spec, versions, resolved.served_refs,
                                                resolved.active_models),
         spec.exploration.epsilon, applied_epsilon(spec.exploration.epsilon,
                                                   rt.config.max_exploration))

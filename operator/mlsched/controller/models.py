@@ -11,7 +11,9 @@ resolution is evicted (a policy that changed model, or was deleted).
 
 A missing, corrupt, mismatched, refused or unloadable model never stops scheduling: the round
 runs `spec.fallback` and the reason lands in the `ModelLoaded` condition (and, when it changes,
-in a Warning Event).
+in a Warning Event). Where `updatePolicy: Auto` adopted published versions, the newest one that
+loads serves (then the shipped model) before any heuristic: a broken publication keeps the
+previous good model, with ModelLoaded=False naming the broken one.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ class ResolvedPolicy:
     load_failed: bool = False  # a load was attempted this round and failed (for the metric)
     # Heuristic placement for a round that must be decided again after a learned phase raised.
     fallback_placement: PlacementPolicy | None = None
+    # "phase/algorithm" -> the reference the serving model loaded from (None: the shipped one).
+    served_refs: dict[str, ModelRef | None] = field(default_factory=dict)
 
 
 def needs_model(phase: str, algorithm: str, spec: SchedulingPolicySpec) -> bool:
@@ -111,9 +115,10 @@ class ModelResolver:
         _remove_our_folders(cache_dir)
 
     async def resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec,
-                      adopted: Mapping[str, Mapping[str, ModelRef]] | None = None) -> ResolvedPolicy:
-        """`adopted`: phase -> algorithm -> a published version to serve where the spec names
-        no model (version_adoption.py), read and checked like any ConfigMap model."""
+                      adopted: Mapping[str, Mapping[str, Sequence[ModelRef]]] | None = None) -> ResolvedPolicy:
+        """`adopted`: phase -> algorithm -> the published versions to try, newest first, where
+        the spec names no model (version_adoption.py), read and checked like any ConfigMap
+        model; the shipped model comes after them."""
         ticket, used = next(self._tickets), set()
         self._in_flight[ticket] = used
         try:
@@ -137,7 +142,7 @@ class ModelResolver:
             del self._loaded[key]
 
     async def _resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec, used: set[CacheKey],
-                       adopted: Mapping[str, Mapping[str, ModelRef]]) -> ResolvedPolicy:
+                       adopted: Mapping[str, Mapping[str, Sequence[ModelRef]]]) -> ResolvedPolicy:
         notes: list[str] = []
         fallback = spec.fallback
         if not registry.known("allocation", fallback) or needs_model("allocation", fallback, spec):
@@ -147,6 +152,7 @@ class ModelResolver:
         chosen = {"grouping": spec.grouping, "allocation": spec.allocation, "placement": spec.placement}
         built: dict[str, Any] = {}
         active: dict[str, str] = {}
+        served: dict[str, ModelRef | None] = {}  # "phase/algorithm" -> what it loaded from
         loaded_notes: list[str] = []
         failure: ModelLoadError | None = None
         failed = False
@@ -160,18 +166,31 @@ class ModelResolver:
                              f"{default}")
                 built[phase] = registry.make(phase, default)
             elif needs_model(phase, name, spec):
-                try:
-                    ref = (spec.models.for_phase(phase).get(name)
-                           or adopted.get(phase, {}).get(name))
-                    built[phase], digest = await self._learned(policy, phase, name, ref, used)
-                    active[f"{phase}/{name}"] = digest
-                    loaded_notes.append(f"{phase}/{name}: sha256 {digest}")
-                except ModelLoadError as err:
+                key = f"{phase}/{name}"
+                pinned = spec.models.for_phase(phase).get(name)
+                # A pinned model, or else the adopted versions newest first and then the
+                # shipped model (None): the first that loads serves.
+                refs = [pinned] if pinned is not None else [*adopted.get(phase, {}).get(name, ()), None]
+                errors: list[tuple[ModelRef | None, ModelLoadError]] = []
+                for ref in refs:
+                    try:
+                        built[phase], digest = await self._learned(policy, phase, name, ref, used)
+                    except ModelLoadError as err:
+                        errors.append((ref, err))
+                        continue
+                    active[key], served[key] = digest, ref
+                    loaded_notes.append(f"{key}: sha256 {digest}")
+                    break
+                for ref, err in errors:
                     failed = failed or err.attempted
                     failure = failure or err
-                    loaded_notes.append(f"{phase}/{name}: {err}")
-                    notes.append(f"{phase}/{name} unavailable ({err.reason}), {_VERB[phase]} with {default}")
+                    loaded_notes.append(f"{key}: {_named(ref, pinned)}{err}")
+                if key not in active:
+                    notes.append(f"{key} unavailable ({errors[0][1].reason}), {_VERB[phase]} with {default}")
                     built[phase] = registry.make(phase, default)
+                elif errors:
+                    notes.append(f"{key}: {len(errors)} newer published version(s) unusable "
+                                 f"({errors[0][1].reason}), serving {_describe(served[key])}")
             else:
                 built[phase] = registry.make(phase, name)
         if failure is not None:
@@ -184,7 +203,7 @@ class ModelResolver:
         placement_learned = f"placement/{spec.placement}" in active
         fallback_placement = registry.make_placement("load-balance") if placement_learned else built["placement"]
         return ResolvedPolicy(built["allocation"], built["placement"], built["grouping"], fallback,
-                              active, loaded, ready, failed, fallback_placement)
+                              active, loaded, ready, failed, fallback_placement, served)
 
     # ---- learned models -------------------------------------------------------------------
     async def _learned(self, policy: PolicyKey, phase: str, name: str, ref: ModelRef | None,
@@ -193,7 +212,7 @@ class ModelResolver:
         digest = bundle.digest
         if ref is not None and ref.sha256 and ref.sha256 != digest:
             raise ModelLoadError("ModelDigestMismatch",
-                                 f"sha256 is {digest}, spec pins {ref.sha256}")
+                                 f"sha256 is {digest}, the reference pins {ref.sha256}")
         key = (phase, name, digest, bundle.card_digest)
         used.add(key)  # before any await: a concurrent eviction must keep it
         cached = self._loaded.get(key)
@@ -247,6 +266,20 @@ class ModelResolver:
             return _Failure(loaded.reason, str(loaded).replace(card, _CARD_MARK)
                             .replace(model, _MODEL_MARK))
         return loaded
+
+
+def _describe(ref: ModelRef | None) -> str:
+    if ref is None:
+        return "the shipped model"
+    if ref.config_map_key_ref is not None:
+        return f"ConfigMap {ref.config_map_key_ref.name}"
+    return ref.path or "the model"
+
+
+def _named(ref: ModelRef | None, pinned: ModelRef | None) -> str:
+    """The prefix naming an adopted published version in a message ("" for a pinned or shipped
+    model, whose messages already say where they came from)."""
+    return "" if ref is None or ref is pinned else f"published version in {_describe(ref)}: "
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,11 @@ round the operator lists the policy's published versions (ill-formed ones are ig
   ConfigMap there is a rollback);
 - otherwise, with `spec.updatePolicy: Auto`, the newest version serves from this round on,
   loaded through the ordinary ConfigMap model path (models.py), so its sha256, card and encoder
-  are checked like any model's: a broken version is ModelLoaded=False and the fallback, never
-  a crash; with `Manual` (the default) it is only reported as the candidate.
+  are checked like any model's. A version that does not load is ModelLoaded=False, never a
+  crash, and the newest one that does load serves instead (up to FALLBACK_VERSIONS of them,
+  then the shipped model, then the phase's heuristic): a broken publication keeps the
+  previous good model, not a heuristic. With `Manual` (the default) the newest version is
+  only reported as the candidate.
 
 `status.modelVersions["phase/algorithm"]` = {active: {source, sha256, version, configMap,
 evaluation}, candidate: {version, sha256, configMap, evaluation}}; `status.modelVersion` sums the
@@ -30,6 +33,9 @@ from mlsched.controller.models import needs_model
 
 log = logging.getLogger("mlsched.controller.version_adoption")
 PHASES = ("grouping", "allocation", "placement")
+#: How many published versions, newest first, Auto tries before the shipped model: each one
+#: that fails costs a ConfigMap read per round.
+FALLBACK_VERSIONS = 3
 
 
 def learned_phases(spec: SchedulingPolicySpec) -> list[tuple[str, str]]:
@@ -52,19 +58,20 @@ async def list_versions(api: KubeApi, namespace: str, policy: str) -> list[mv.Pu
 
 
 def adopted(spec: SchedulingPolicySpec,
-            versions: Iterable[mv.PublishedVersion]) -> dict[str, dict[str, ModelRef]]:
-    """phase -> algorithm -> the model reference of the version to serve (Auto only, and only
-    where the spec names no model)."""
+            versions: Iterable[mv.PublishedVersion]) -> dict[str, dict[str, tuple[ModelRef, ...]]]:
+    """phase -> algorithm -> the model references of the versions to try, newest first (Auto
+    only, and only where the spec names no model); the first that loads serves."""
     if spec.update_policy != "Auto":
         return {}
     versions = list(versions)
-    out: dict[str, dict[str, ModelRef]] = {}
+    out: dict[str, dict[str, tuple[ModelRef, ...]]] = {}
     for phase, algorithm in learned_phases(spec):
         if algorithm in spec.models.for_phase(phase):
             continue
-        newest = mv.newest(versions, phase, algorithm)
-        if newest is not None:
-            out.setdefault(phase, {})[algorithm] = ModelRef.model_validate(newest.model_ref)
+        mine = sorted((v for v in versions if (v.phase, v.algorithm) == (phase, algorithm)),
+                      key=lambda v: v.version, reverse=True)[:FALLBACK_VERSIONS]
+        if mine:
+            out.setdefault(phase, {})[algorithm] = tuple(ModelRef.model_validate(v.model_ref) for v in mine)
     return out
 
 
@@ -82,10 +89,11 @@ class VersionReport:
 
 
 def report(spec: SchedulingPolicySpec, versions: Iterable[mv.PublishedVersion],
-           chosen: Mapping[str, Mapping[str, ModelRef]],
+           served_refs: Mapping[str, ModelRef | None],
            active_models: Mapping[str, str]) -> VersionReport:
     """What serves each learned phase (`active_models`: "phase/algorithm" -> sha256 of what
-    loaded this round) and the newest published version beside it."""
+    loaded this round; `served_refs`: the reference it loaded from, None for the shipped
+    model) and the newest published version beside it."""
     versions = list(versions)
     by_configmap = {v.configmap: v for v in versions}
     status: dict[str, dict[str, Any]] = {}
@@ -93,7 +101,7 @@ def report(spec: SchedulingPolicySpec, versions: Iterable[mv.PublishedVersion],
     summary = []
     for phase, algorithm in learned_phases(spec):
         key = f"{phase}/{algorithm}"
-        ref = spec.models.for_phase(phase).get(algorithm) or chosen.get(phase, {}).get(algorithm)
+        ref = served_refs.get(key)
         source = ("spec" if algorithm in spec.models.for_phase(phase)
                   else "published" if ref is not None else "shipped")
         entry: dict[str, Any] = {}
