@@ -79,11 +79,36 @@ def test_onnx_graph_serves_any_number_of_jobs_and_nodes_like_torch(tmp_path):
         feeds = {k: v.numpy() for k, v in zip(export.INPUTS, export.example_inputs(jobs, nodes))}
         feeds["mask"][0, ::3] = 0.0
         got = model.run(feeds)["probs"][0]
+        x = [torch.from_numpy(feeds[k]) for k in export.INPUTS]
         with torch.no_grad():
-            want = networks.ProbabilityModule(net)(*(torch.from_numpy(feeds[k]) for k in export.INPUTS))[0].numpy()
+            want = networks.ProbabilityModule(net)(*x)[0].numpy()
+            # The graph computes the last layer for the current job only; training's full
+            # encoder (every job's output, as the critic reads them) gives the same scores.
+            full, _ = net.logits_and_value(*x)
+        np.testing.assert_allclose(want, torch.softmax(full, dim=-1)[0].numpy(), atol=1e-6)
         assert got.shape == (nodes,)
         np.testing.assert_allclose(got, want, atol=1e-5)
         assert np.all(got[::3] == 0.0) and got.sum() == pytest.approx(1.0, abs=1e-5)
+
+
+@pytest.mark.parametrize("layers", [0, 1, 2])
+def test_weights_come_back_from_the_exported_graph_and_reexport_computes_the_same(tmp_path, layers):
+    torch.manual_seed(layers)
+    net = networks.HarmonyNet(d=16, heads=2, layers=layers).eval()
+    path = tmp_path / "harmony.onnx"
+    export.export(net, path, {"command": "test"}, {"avg_jct_over_lif_line": 0.9})
+    back = export.state_from_onnx(path)
+    policy_keys = [k for k in net.state_dict() if not k.startswith("value_head.")]
+    for k in policy_keys:
+        torch.testing.assert_close(back.state_dict()[k], net.state_dict()[k], rtol=0, atol=0)
+    feeds = {k: v.numpy() for k, v in zip(export.INPUTS, export.example_inputs(6, 9))}
+    before = load_model(path, "harmony", "placement").run(feeds)["probs"]
+    card = export.reexport(path)
+    assert card["validation"] == {"avg_jct_over_lif_line": 0.9} and card["training"]["command"] == "test"
+    assert "reexported" in card["training"]
+    np.testing.assert_allclose(load_model(path, "harmony", "placement").run(feeds)["probs"], before, atol=1e-6)
+    # --init takes an exported graph too (fine-tuning a shipped model; the critic starts afresh).
+    assert export.load_state(path).config == net.config
 
 
 def test_a_card_with_a_fixed_node_count_does_not_load_a_symbolic_graph(tmp_path):

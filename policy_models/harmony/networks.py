@@ -41,7 +41,11 @@ class EncoderLayer(nn.Module):
         self.ff = nn.Sequential(nn.Linear(d, ff), nn.ReLU(), nn.Linear(ff, d))
         self.norm1, self.norm2 = nn.LayerNorm(d), nn.LayerNorm(d)
 
-    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, pad: torch.Tensor | None = None,
+                select: torch.Tensor | None = None) -> torch.Tensor:
+        """(b, t, d) -> (b, t, d); with `select`, the output at that one token only (one_row)."""
+        if select is not None:
+            return self.one_row(x, select, pad)
         b, t, d = x.shape
         q, k, v = self.qkv(x).reshape(b, t, 3, self.heads, self.dk).permute(2, 0, 3, 1, 4)
         att = q @ k.transpose(-1, -2) / math.sqrt(self.dk)  # (b, h, t, t)
@@ -50,6 +54,23 @@ class EncoderLayer(nn.Module):
         y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, t, d)
         x = self.norm1(x + self.out(y))
         return self.norm2(x + self.ff(x))
+
+    def one_row(self, x: torch.Tensor, select: torch.Tensor, pad: torch.Tensor | None = None) -> torch.Tensor:
+        """`forward(x, pad)` at the one token `select` (one-hot (b, t)) picks: (b, d), the same
+        numbers computed for that row only (its query against every key and value), which is
+        all the last layer's output is used for in serving: about half that layer's work."""
+        b, t, d = x.shape
+        xq = (x * select.unsqueeze(-1)).sum(dim=1, keepdim=True)  # (b, 1, d)
+        q = nn.functional.linear(xq, self.qkv.weight[:d], self.qkv.bias[:d])
+        q = q.reshape(b, 1, self.heads, self.dk).transpose(1, 2)  # (b, h, 1, dk)
+        kv = nn.functional.linear(x, self.qkv.weight[d:], self.qkv.bias[d:])
+        k, v = kv.reshape(b, t, 2, self.heads, self.dk).permute(2, 0, 3, 1, 4)
+        att = q @ k.transpose(-1, -2) / math.sqrt(self.dk)  # (b, h, 1, t)
+        if pad is not None:
+            att = att + pad[:, None, None, :].to(att.dtype) * NEG
+        y = (torch.softmax(att, dim=-1) @ v).transpose(1, 2).reshape(b, 1, d)
+        x1 = self.norm1(xq + self.out(y))
+        return self.norm2(x1 + self.ff(x1)).squeeze(1)
 
 
 class HarmonyNet(nn.Module):
@@ -75,9 +96,20 @@ class HarmonyNet(nn.Module):
         q = query.unsqueeze(1).expand_as(n)
         return self.score(torch.cat([n, q, n * q], dim=-1)).squeeze(-1) + (1.0 - mask) * NEG
 
+    def query(self, jobs, current, role, job_pad=None) -> torch.Tensor:
+        """`_encode`'s query with the last layer computed for the current job only (equal
+        numbers, less work: what acting and the exported graph use)."""
+        h = self.job_in(jobs)
+        if not self.encoder:
+            return (h * current.unsqueeze(-1)).sum(dim=1) + self.role_in(role)
+        for layer in self.encoder[:-1]:
+            h = layer(h, job_pad)
+        # Called as a module (not .one_row) so that the exported graph names its nodes by the
+        # layer, which export.state_from_onnx relies on.
+        return self.encoder[-1](h, job_pad, select=current) + self.role_in(role)
+
     def logits(self, jobs, current, role, nodes, mask, job_pad=None) -> torch.Tensor:
-        _, query, n = self._encode(jobs, current, role, nodes, job_pad)
-        return self._scores(query, n, mask)
+        return self._scores(self.query(jobs, current, role, job_pad), self.node_in(nodes), mask)
 
     def logits_and_value(self, jobs, current, role, nodes, mask, job_pad=None, node_pad=None):
         h, query, n = self._encode(jobs, current, role, nodes, job_pad)
