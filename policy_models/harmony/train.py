@@ -161,9 +161,15 @@ class Learner(TaskByTaskPlacement):
 
 
 def episode(nodes: int, seed: int, placer, env=None, allocation_name: str = "fixed") -> tuple[dict, list[float]]:
-    """One trace to the end with `placer` (wrapped in Sticky); (summary, reward per interval).
-    `env`: a reward model to take the jobs' speeds from instead of the simulator's."""
-    trace, config = scenarios.placement_trace(nodes, seed), SimConfig(nodes=nodes, seed=seed)
+    """One placement_trace to the end with `placer` (wrapped in Sticky); (summary, reward per
+    interval). `env`: a reward model to take the jobs' speeds from instead of the simulator's."""
+    return run_case(scenarios.placement_trace(nodes, seed), SimConfig(nodes=nodes, seed=seed), placer, env,
+                    allocation_name)
+
+
+def run_case(trace, config: SimConfig, placer, env=None, allocation_name: str = "fixed") -> tuple[dict, list[float]]:
+    """`episode` on any trace and simulator configuration (retraining: the cluster's workload,
+    its calibrated speeds)."""
     sim = (Simulator(trace, config) if env is None
            else reward_model.RewardModelSimulator(trace, config, env))
     allocation = registry.make_allocation(allocation_name, registry.PolicyContext(speed_model=sim.speed))
@@ -269,6 +275,53 @@ def ac_update(net, opt, chunk: list[Sample], beta: float, value_coef: float, cri
     return float(loss.detach())
 
 
+def actor_critic(net, args: Args, rng: np.random.Generator, draw, validate_at, env=None,
+                 deadline: float | None = None) -> int:
+    """The actor-critic phase: `args.ac_episodes` episodes, episode e on draw(e) = (trace,
+    SimConfig, allocation name), each followed by minibatch updates from the replay;
+    validate_at(episodes done, epsilon, entropy weight) every `validate_every` episodes.
+    Stops early at `deadline` (time.time()). Returns the episodes run."""
+    opt = torch.optim.Adam(net.parameters(), lr=args.ac_lr)
+    replay: deque[Sample] = deque(maxlen=args.replay or None)
+    bar = tqdm(total=args.ac_episodes, desc="actor-critic", file=sys.stderr, disable=None)
+    done_ac = 0
+    for e in range(args.ac_episodes):
+        if deadline is not None and time.time() > deadline:
+            log(f"time budget spent after {e} actor-critic episodes")
+            break
+        frac = e / max(args.ac_episodes - 1, 1)
+        eps = args.epsilon[0] + (args.epsilon[-1] - args.epsilon[0]) * frac
+        beta = args.entropy[0] + (args.entropy[-1] - args.entropy[0]) * frac
+        trace, config, allocation = draw(e)
+        learner = Learner(net, "explore", np.random.default_rng(args.seed * 104729 + e), epsilon=eps)
+        net.eval()
+        summary, rewards = run_case(trace, config, learner, env, allocation)
+        returns = np.zeros(len(rewards))
+        acc = 0.0
+        for t in range(len(rewards) - 1, -1, -1):
+            acc = rewards[t] + args.gamma * acc
+            returns[t] = acc
+        for s in learner.samples:
+            s.ret = float(returns[min(s.interval, len(returns) - 1)])
+        if not args.replay:  # no replay: this episode's samples only
+            replay.clear()
+        replay.extend(learner.samples)
+        losses = []
+        for _ in range(args.updates_per_episode):
+            if len(replay) < args.batch:
+                break
+            idx = rng.integers(len(replay), size=args.batch)
+            losses.append(ac_update(net, opt, [replay[i] for i in idx], beta, args.value_coef, args.critic))
+        done_ac = e + 1
+        bar.update(1)
+        bar.set_postfix(nodes=config.nodes, jct_h=f"{summary['avg_jct_s'] / 3600:.2f}",
+                        loss=f"{np.mean(losses or [0]):.3f}")
+        if done_ac % args.validate_every == 0:
+            validate_at(done_ac, eps, beta)
+    bar.close()
+    return done_ac
+
+
 # ---- the run -------------------------------------------------------------------------------
 def train(args: Args, argv: list[str] | None = None) -> dict:
     t0 = time.time()
@@ -322,46 +375,17 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
     export.save_state(net, out / "imitation.pt")
 
     # 2. Actor-critic with replay
-    opt = torch.optim.Adam(net.parameters(), lr=args.ac_lr)
-    replay: deque[Sample] = deque(maxlen=args.replay or None)
-    bar = tqdm(total=args.ac_episodes, desc="actor-critic", file=sys.stderr, disable=None)
-    budget_s = args.time_budget_min * 60
-    done_ac = 0
-    for e in range(args.ac_episodes):
-        if budget_s and time.time() - t0 > budget_s:
-            log(f"time budget spent after {e} actor-critic episodes")
-            break
-        frac = e / max(args.ac_episodes - 1, 1)
-        eps = args.epsilon[0] + (args.epsilon[-1] - args.epsilon[0]) * frac
-        beta = args.entropy[0] + (args.entropy[-1] - args.entropy[0]) * frac
+    def draw(e: int):
         nodes = int(rng.choice(args.train_nodes))
-        learner = Learner(net, "explore", np.random.default_rng(args.seed * 104729 + e), epsilon=eps)
-        net.eval()
-        summary, rewards = episode(nodes, args.train_seed_base + episode_no, learner, env,
-                                   allocation_name=draw_allocation(args, rng))
-        episode_no += 1
-        returns = np.zeros(len(rewards))
-        acc = 0.0
-        for t in range(len(rewards) - 1, -1, -1):
-            acc = rewards[t] + args.gamma * acc
-            returns[t] = acc
-        for s in learner.samples:
-            s.ret = float(returns[min(s.interval, len(returns) - 1)])
-        if not args.replay:  # no replay: this episode's samples only
-            replay.clear()
-        replay.extend(learner.samples)
-        losses = []
-        for _ in range(args.updates_per_episode):
-            if len(replay) < args.batch:
-                break
-            idx = rng.integers(len(replay), size=args.batch)
-            losses.append(ac_update(net, opt, [replay[i] for i in idx], beta, args.value_coef, args.critic))
-        done_ac = e + 1
-        bar.update(1)
-        bar.set_postfix(nodes=nodes, jct_h=f"{summary['avg_jct_s'] / 3600:.2f}", loss=f"{np.mean(losses or [0]):.3f}")
-        if done_ac % args.validate_every == 0:
-            checkpoint(f"actor-critic {done_ac}", epsilon=eps, entropy=beta)
-    bar.close()
+        seed = args.train_seed_base + episode_no + e
+        return (scenarios.placement_trace(nodes, seed), SimConfig(nodes=nodes, seed=seed),
+                draw_allocation(args, rng))
+
+    def validate_at(done: int, eps: float, beta: float) -> None:
+        checkpoint(f"actor-critic {done}", epsilon=eps, entropy=beta)
+
+    done_ac = actor_critic(net, args, rng, draw, validate_at, env, deadline=t0 + args.time_budget_min * 60
+                           if args.time_budget_min else None)
     if done_ac % args.validate_every:
         checkpoint(f"actor-critic {done_ac}")
 

@@ -79,42 +79,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return a
 
 
-def _write_model(directory: Path, onnx: bytes, card_json: str) -> Path:
+def _write_model(directory: Path, onnx: bytes, card_json: str, algorithm: str = ALGORITHM) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory / f"{ALGORITHM}.onnx"
+    path = directory / f"{algorithm}.onnx"
     path.write_bytes(onnx)
-    (directory / f"{ALGORITHM}.card.json").write_text(card_json)
+    (directory / f"{algorithm}.card.json").write_text(card_json)
     return path
 
 
-def base_model(a, store, policy_obj: dict | None, work: Path) -> tuple[Path, int | None]:
-    """(path of the model to start from and compare against, its published version or None)."""
+def base_model(a, store, policy_obj: dict | None, work: Path, phase: str = PHASE,
+               algorithm: str = ALGORITHM) -> tuple[Path, int | None]:
+    """(path of the model to start from and compare against, its published version or None):
+    --base-model, else what the policy serves (status.activeModels), else the newest published
+    version, else the shipped model."""
     if a.base_model:
         return Path(a.base_model), None
     by_sha = {}
     for cm in store.configmaps() if store else []:
         v = model_versions.parse(cm)
-        if v is not None and (v.phase, v.algorithm) == (PHASE, ALGORITHM):
+        if v is not None and (v.phase, v.algorithm) == (phase, algorithm):
             by_sha[v.sha256] = (v, cm)
-    shipped = default_model_path(ALGORITHM)
-    active = kube_io.active_sha256(policy_obj, PHASE, ALGORITHM) if policy_obj else None
+    shipped = default_model_path(algorithm)
+    active = kube_io.active_sha256(policy_obj, phase, algorithm) if policy_obj else None
     if active and active not in by_sha:
         if active == hashlib.sha256(shipped.read_bytes()).hexdigest():
             return shipped, None
-        raise ValueError(f"the policy serves dl2 model {active[:12]}…, which is neither a published version nor "
-                         "the shipped model: pass it with --base-model")
+        raise ValueError(f"the policy serves {algorithm} model {active[:12]}…, which is neither a published "
+                         "version nor the shipped model: pass it with --base-model")
     if active is None and by_sha:
         active = max(by_sha.items(), key=lambda kv: kv[1][0].version)[0]
     if active is None:
         return shipped, None
     version, cm = by_sha[active]
-    return _write_model(work / "base", *publish.model_bytes(cm, ALGORITHM)), version.version
+    return _write_model(work / "base", *publish.model_bytes(cm, algorithm), algorithm), version.version
 
 
-def run(a, log=print) -> dict:
-    t0 = time.time()
-    torch.set_num_threads(1)
-    rng = np.random.default_rng(a.seed)
+def sources(a) -> tuple[list[IntervalRecord], object | None, dict | None]:
+    """(the records, the store of published versions, the SchedulingPolicy object) from local
+    directories (--records, --store) or the cluster (the Job's ServiceAccount)."""
     core = custom = policy_obj = None
     if not (a.records and (a.store or a.out or a.dry_run)):
         core, custom = kube_io.clients()
@@ -122,6 +124,14 @@ def run(a, log=print) -> dict:
     records = read_record_dir(a.records) if a.records else kube_io.list_records(core, a.namespace, a.policy)
     store = (publish.DirStore(a.store, a.policy) if a.store
              else kube_io.KubeStore(core, a.namespace, a.policy) if core is not None else None)
+    return records, store, policy_obj
+
+
+def run(a, log=print) -> dict:
+    t0 = time.time()
+    torch.set_num_threads(1)
+    rng = np.random.default_rng(a.seed)
+    records, store, policy_obj = sources(a)
     versions = store.versions() if store else []
     fresh = publish.unconsumed(records, versions, PHASE, ALGORITHM)
     mark = publish.trained_through(versions, PHASE, ALGORITHM)

@@ -24,12 +24,14 @@ def avg_jct(model_path: str, trace, config) -> float:
     return result.summary()["avg_jct_s"] if result.completed == result.jobs else math.inf
 
 
-def compare(active: str, candidate: str, cases: list[tuple[list, object]]) -> dict:
-    """`cases`: (trace, SimConfig) pairs. Returns the numbers the evaluation annotation holds."""
+def compare(active: str, candidate: str, cases: list[tuple[list, object]], jct=avg_jct) -> dict:
+    """`cases`: (trace, SimConfig) pairs; `jct(model path, trace, config)` runs one (DL²'s by
+    default; the Harmony retrainer passes its own). Returns the numbers the evaluation
+    annotation holds."""
     a, c = [], []
     for trace, config in tqdm(cases, desc="evaluating", file=sys.stderr, disable=None, leave=False):
-        a.append(avg_jct(active, trace, config))
-        c.append(avg_jct(candidate, trace, config))
+        a.append(jct(active, trace, config))
+        c.append(jct(candidate, trace, config))
     ratio = float(np.mean(c) / np.mean(a)) if np.isfinite(np.mean(a)) else (0.0 if np.isfinite(np.mean(c)) else 1.0)
     return {"traces": len(cases), "active_avg_jct_s": round(float(np.mean(a)), 1),
             "candidate_avg_jct_s": round(float(np.mean(c)), 1), "ratio": round(ratio, 4),

@@ -31,6 +31,7 @@ from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.decision_log import DecisionRecorder, IntervalRecord, JobInterval
 from mlsched.policies.onnx_runner import greedy_action, load_model
 from mlsched.policies.round import run_admission, run_round
+from mlsched.sim import scenarios
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog, generators
 
@@ -92,11 +93,15 @@ class HistoryRecorder:
 
     def __init__(self, policy: str = "dl2", model_path: str | None = None, epsilon: float = 0.1,
                  nodes: int = 13, speed_factors: dict[str, float] | None = None, seed: int = 0,
-                 name: str = "default", namespace: str = "default"):
+                 name: str = "default", namespace: str = "default", placement: str = "load-balance",
+                 placement_model: str | None = None):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.speed_factors, self.seed = nodes, speed_factors, seed
         self.name, self.namespace = name, namespace
-        self.placement = registry.make_placement("load-balance")
+        # A learned placement serves greedily here and records no decisions (its retrainer,
+        # retrain/harmony.py, learns in the calibrated simulator, not from them).
+        self.placement_name = placement
+        self.placement = registry.make_placement(placement, registry.PolicyContext(model_path=placement_model))
         if policy == "dl2":
             self.actor = ExploringActor(load_model(model_path, "dl2", "allocation"), epsilon, self.rng)
             window = int(self.actor.model.card.encoder_params["window"])
@@ -144,7 +149,7 @@ class HistoryRecorder:
             yield IntervalRecord(
                 namespace=self.namespace, policy=self.name, policy_uid=f"uid-{self.name}", interval=number,
                 start=rfc3339(offset_s + start), end=rfc3339(offset_s + start + config.interval_s),
-                length_s=config.interval_s, algorithms={"allocation": self.policy, "placement": "load-balance"},
+                length_s=config.interval_s, algorithms={"allocation": self.policy, "placement": self.placement_name},
                 nodes=self.nodes, reward=float(reward), jobs=jobs, decisions=decisions)
             number += 1
 
@@ -166,16 +171,20 @@ class HistoryRecorder:
 def record_history(intervals: int, policy: str = "dl2", model_path: str | None = None,
                    epsilon: float = 0.1, nodes: int = 13, jobs: int = 60, rate: float = 3.0,
                    speed_factors: dict[str, float] | None = None, seed: int = 0,
-                   first_interval: int = 1, progress: bool = False) -> list[IntervalRecord]:
+                   first_interval: int = 1, progress: bool = False, placement: str = "load-balance",
+                   placement_model: str | None = None) -> list[IntervalRecord]:
     """`intervals` records from traces of `jobs` jobs (seeds HISTORY_SEED_BASE + 1000·seed + k)
-    run one after the other, as one cluster's history."""
-    rec = HistoryRecorder(policy, model_path, epsilon, nodes, speed_factors, seed)
+    run one after the other, as one cluster's history. With the `fixed` allocation the traces
+    are issue 15's placement traces (users fix each job's counts; `jobs` and `rate` unused)."""
+    rec = HistoryRecorder(policy, model_path, epsilon, nodes, speed_factors, seed,
+                          placement=placement, placement_model=placement_model)
     out: list[IntervalRecord] = []
     offset, k = 0.0, 0
     bar = tqdm(total=intervals, desc="recording", file=sys.stderr, disable=None if progress else True, leave=False)
     while len(out) < intervals:
         trace_seed = HISTORY_SEED_BASE + 1000 * seed + k
-        trace = generators.generate(jobs=jobs, rate=rate, seed=trace_seed)
+        trace = (scenarios.placement_trace(nodes, trace_seed) if policy == "fixed"
+                 else generators.generate(jobs=jobs, rate=rate, seed=trace_seed))
         for record in rec.run_trace(trace, trace_seed, first_interval + len(out), offset):
             out.append(record)
             bar.update(1)
@@ -198,7 +207,9 @@ def main(argv: list[str] | None = None) -> int:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", required=True)
     p.add_argument("--intervals", type=int, default=200)
-    p.add_argument("--policy", default="dl2", help="dl2 (recorded decisions) or a heuristic (drf, ...)")
+    p.add_argument("--policy", default="dl2", help="dl2 (recorded decisions), a heuristic (drf, ...), or fixed "
+                                                   "(placement traces: the users fix the counts)")
+    p.add_argument("--placement", default="load-balance", help="the placement policy (e.g. harmony)")
     p.add_argument("--model", help="ONNX model for dl2 (default: the shipped one)")
     p.add_argument("--epsilon", type=float, default=0.1)
     p.add_argument("--nodes", type=int, default=13)
@@ -210,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     factors = perturbation(a.speed_perturbation, a.seed) if a.speed_perturbation > 0 else None
     records = record_history(a.intervals, a.policy, a.model, a.epsilon, a.nodes, a.jobs, a.rate, factors,
-                             a.seed, progress=True)
+                             a.seed, progress=True, placement=a.placement)
     out = Path(a.out)
     write_records(records, out)
     (out / "perturbation.json").write_text(json.dumps({"speed_factors": factors or {}}, indent=1))

@@ -9,7 +9,7 @@ the simulator's default node (8 CPU, 2 GPU, 48 GiB, the DL² testbed's) stands i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,7 +36,10 @@ def longest_epochs(model: str) -> float:
 class Workload:
     nodes: int
     rate: float  # jobs arriving per interval
-    jobs: list[tuple[str, float, str]]  # (model, epochs, arch) of the recorded catalog jobs
+    # (model, epochs, arch) of the recorded catalog jobs, or (model, epochs, arch, workers, ps)
+    # with `counts`: the tasks each held at most, which under the `fixed` allocation are the
+    # user's (what Harmony placement retrains with).
+    jobs: list[tuple]
     interval_s: float = 1200.0
 
     @property
@@ -49,8 +52,12 @@ class Workload:
         out, slot = [], 0
         while len(out) < self.jobs_per_trace:
             for t in sorted(slot + rng.random(rng.poisson(self.rate))):
-                model, epochs, arch = self.jobs[rng.integers(len(self.jobs))]
-                out.append(TraceJob(f"job-{len(out):04d}", round(float(t) * self.interval_s, 1), model, epochs, arch))
+                model, epochs, arch, *counts = self.jobs[rng.integers(len(self.jobs))]
+                job = TraceJob(f"job-{len(out):04d}", round(float(t) * self.interval_s, 1), model, epochs, arch)
+                if counts:
+                    workers, ps = counts
+                    job = replace(job, workers=workers, ps=ps if arch == "ps" else None)
+                out.append(job)
             slot += 1
         return out[: self.jobs_per_trace]
 
@@ -63,10 +70,13 @@ class Workload:
                 "interval_s": self.interval_s, "jobs_per_trace": self.jobs_per_trace}
 
 
-def from_records(records: list[IntervalRecord]) -> Workload:
+def from_records(records: list[IntervalRecord], counts: bool = False) -> Workload:
+    """The workload of `records`; with `counts`, each job keeps the most workers and PS it held
+    in any interval (a job never granted any is left out: its counts are unknown)."""
     if not records:
         raise ValueError("no interval records")
-    seen: dict[str, tuple[str, float, str]] = {}
+    seen: dict[str, tuple] = {}
+    held: dict[str, tuple[int, int]] = {}
     for r in records:
         for j in r.jobs:
             if j.uid not in seen and catalog.is_known(j.model_type):
@@ -75,6 +85,10 @@ def from_records(records: list[IntervalRecord]) -> Workload:
                 # simulator, and neither would evaluation: its length is capped as generated ones are.
                 seen[j.uid] = (model, min(float(j.total_epochs), longest_epochs(model)),
                                ARCH.get(j.architecture, "ps"))
+            w, p = held.get(j.uid, (0, 0))
+            held[j.uid] = (max(w, j.workers), max(p, j.ps))
+    if counts:
+        seen = {uid: (*job, *held[uid]) for uid, job in seen.items() if held[uid][0] > 0}
     if not seen:
         raise ValueError("the records hold no job of a catalog model: nothing to simulate")
     nodes = int(np.median([r.nodes for r in records]))
