@@ -13,8 +13,12 @@ training, validation, recorded histories or retraining's own evaluation) in that
    model; retrain from the shipped model; retrained (and promoted) vs shipped in that cluster.
 3. Wall time of a retraining run (calibration, off-policy fine-tuning, evaluation) on a
    1,000-interval history.
+4. Harmony placement (`mlsched retrain harmony`): users fix the counts (placement traces,
+   `--harmony-nodes` nodes), the shipped harmony.onnx places, models ±30 % off; a history
+   under it, then a retraining run from it; retrained (and promoted) vs shipped in that
+   cluster on bench_placement.py's unseen traces (seeds 700000+).
 
-    python bench/bench_retrain.py [--rounds 2] [--intervals 150] [--budget-min 3]
+    python bench/bench_retrain.py [--rounds 2] [--intervals 150] [--budget-min 3] [--parts 1 2 3 4]
 """
 
 from __future__ import annotations
@@ -132,6 +136,43 @@ def part_wall_time(a, work: Path) -> None:
     print("   simulator mode runs for its --time-budget-min, plus the same reading, calibration and evaluation")
 
 
+HARMONY = "policy_models/artifacts/harmony/harmony.onnx"
+
+
+def placement_truth(model: str, factors: dict, nodes: int, seeds) -> float:
+    """Mean avg JCT of a Harmony model beside `fixed` on bench_placement.py's traces."""
+    from mlsched.sim.scenarios import placement_trace
+    from mlsched.sim.simulator import SimConfig
+    from policy_models.retrain.harmony import jct_with
+
+    run = jct_with("fixed")
+    return float(np.mean([run(model, placement_trace(nodes, s), SimConfig(nodes=nodes, seed=s, speed_factors=factors))
+                          for s in seeds]))
+
+
+def part_harmony(a, work: Path) -> None:
+    from policy_models.retrain import harmony
+
+    factors = history.perturbation(0.3, seed=a.perturbation_seed)
+    n = a.harmony_nodes
+    print(f"\n4. Harmony placement, fixed counts, {n} nodes, ±30 % perturbation (seed {a.perturbation_seed}); "
+          f"{a.intervals} intervals recorded under the shipped model, {a.budget_min} min of training")
+    records, store = work / "h-records", work / "h-store"
+    recs = history.record_history(a.intervals, policy="fixed", nodes=n, speed_factors=factors, seed=400,
+                                  placement="harmony")
+    history.write_records(recs, records)
+    argv = ["--records", str(records), "--store", str(store), "--time-budget-min", str(a.budget_min),
+            "--eval-traces", str(a.eval_traces)]
+    rep = harmony.run(harmony.parse_args(argv), log=lambda m: print("   ", m, file=sys.stderr))
+    seeds = range(700000, 700000 + a.seeds)
+    shipped = placement_truth(HARMONY, factors, n, seeds)
+    cand = placement_truth(rep["candidate"], factors, n, seeds)
+    print(f"   retrain eval ratio {rep['evaluation']['ratio']:.4f} ({rep['status']}; "
+          f"allocation {rep['evaluation']['allocation']}); in the perturbed cluster on "
+          f"{len(seeds)} unseen traces: candidate / shipped {cand / shipped:.4f} (shipped {shipped / 3600:.3f} h); "
+          f"training {rep['evaluation'].get('intervals')} intervals, wall {rep['wall_s']} s")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
@@ -147,7 +188,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=5, help="benchmark traces for the truth")
     p.add_argument("--perturbation-seed", type=int, default=7)
     p.add_argument("--wall-intervals", type=int, default=1000)
-    p.add_argument("--parts", nargs="+", default=["1", "2", "3"])
+    p.add_argument("--parts", nargs="+", default=["1", "2", "3", "4"])
+    p.add_argument("--harmony-nodes", type=int, default=13, help="part 4's cluster")
     a = p.parse_args()
     torch.set_num_threads(1)
     seeds = list(BENCHMARK_SEEDS)[: a.seeds]
@@ -159,6 +201,8 @@ def main() -> None:
         part_perturbed(a, work, seeds)
     if "3" in a.parts:
         part_wall_time(a, work)
+    if "4" in a.parts:
+        part_harmony(a, work)
     print(f"\ntotal wall time {(time.time() - t0) / 60:.1f} min; work files in {work}")
 
 

@@ -53,6 +53,8 @@ SIMULATED_ALLOCATIONS = ("fixed", "drf", "fifo", "srtf", "tetris", "optimus", "d
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlsched retrain harmony", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mode", choices=("simulator",), default="simulator",
+                   help="only the simulator mode so far (dl2's manifests' --mode=simulator works unchanged)")
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--policy", default="default", help="the SchedulingPolicy whose records to learn from")
     p.add_argument("--records", help="read records from this directory instead of the cluster")
@@ -63,7 +65,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--time-budget-min", type=float, default=10.0, help="training time (evaluation comes after)")
     p.add_argument("--episodes", type=int, default=200, help="at most this many actor-critic episodes")
     p.add_argument("--validate-every", type=int, default=20)
-    p.add_argument("--validation-traces", type=int, default=3)
+    p.add_argument("--validation-traces", type=int, default=6)
+    p.add_argument("--lr", type=float, default=3e-5,
+                   help="actor-critic learning rate (train.py's 1e-4 drifts from a trained start within 40 episodes)")
     p.add_argument("--eval-traces", type=int, default=6)
     p.add_argument("--min-samples", type=int, default=5, help="calibration: fewer samples keep the prior")
     p.add_argument("--seed", type=int, default=1)
@@ -103,7 +107,7 @@ def train_in_simulator(net, load: workload.Workload, factors: dict[str, float] |
     """Harmony's actor-critic on the workload in the calibrated simulator; the best network on
     the validation traces (the start included) is left in `net`."""
     rng = np.random.default_rng(a.seed)
-    args = harmony_train.Args(seed=a.seed, ac_episodes=a.episodes, validate_every=a.validate_every,
+    args = harmony_train.Args(seed=a.seed, ac_episodes=a.episodes, validate_every=a.validate_every, ac_lr=a.lr,
                               d=net.config["d"], heads=net.config["heads"], layers=net.config["layers"],
                               # A trained start: little forced exploration, none of the entropy
                               # push that helps a fresh network (train.py's schedules start higher).
