@@ -38,6 +38,9 @@ def test_records_name_the_placement_and_the_workload_keeps_each_jobs_counts(fixe
     assert jobs and all(1 <= j.workers <= 4 for j in jobs)
     assert all((j.ps is None) == (j.arch == "allreduce") for j in jobs)
     assert all(1 <= j.ps <= 2 for j in jobs if j.ps is not None)
+    # Arrivals per interval in which jobs arrived: placement traces bring nodes / 2 = 3 a slot
+    # (counting every interval with a job present made it about 1).
+    assert 2.4 <= load.rate <= 5.0, load.to_json()
     # Without counts (DL²'s retrainer) the trace leaves them to the allocation, as before.
     assert all(j.workers is None and j.ps is None for j in workload.from_records(records).trace(1))
 

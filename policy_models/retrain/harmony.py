@@ -149,6 +149,7 @@ def train_in_simulator(net, load: workload.Workload, factors: dict[str, float] |
 def run(a, log=print) -> dict:
     t0 = time.time()
     torch.set_num_threads(1)
+    torch.manual_seed(a.seed)  # the critic head, which the graph does not hold, starts from it
     records, store, policy_obj = cli.sources(a)
     versions = store.versions() if store else []
     fresh = publish.unconsumed(records, versions, PHASE, ALGORITHM)
