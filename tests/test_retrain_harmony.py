@@ -41,6 +41,8 @@ def test_records_name_the_placement_and_the_workload_keeps_each_jobs_counts(fixe
     # Arrivals per interval in which jobs arrived: placement traces bring nodes / 2 = 3 a slot
     # (counting every interval with a job present made it about 1).
     assert 2.4 <= load.rate <= 5.0, load.to_json()
+    # A simulated trace is one recorded burst long: a 6-node placement trace has 24 jobs.
+    assert load.burst_jobs == 24 and len(jobs) == 24
     # Without counts (DL²'s retrainer) the trace leaves them to the allocation, as before.
     assert all(j.workers is None and j.ps is None for j in workload.from_records(records).trace(1))
 

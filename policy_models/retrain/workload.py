@@ -42,11 +42,13 @@ class Workload:
     # user's (what Harmony placement retrains with).
     jobs: list[tuple]
     interval_s: float = 1200.0
+    # Jobs in one burst of arrivals as recorded (arrival_bursts), None: about 20 intervals of
+    # arrivals, like the benchmark's scenarios (60 jobs at 3 per interval).
+    burst_jobs: int | None = None
 
     @property
     def jobs_per_trace(self) -> int:
-        # About 20 intervals of arrivals, like the benchmark's scenarios (60 jobs at 3 per interval).
-        return int(np.clip(round(20 * self.rate), 20, 200))
+        return int(np.clip(self.burst_jobs or round(20 * self.rate), 20, 200))
 
     def trace(self, seed: int) -> list[TraceJob]:
         rng = np.random.default_rng(seed)
@@ -68,6 +70,7 @@ class Workload:
 
     def to_json(self) -> dict:
         return {"nodes": self.nodes, "rate_per_interval": round(self.rate, 3), "distinct_jobs": len(self.jobs),
+                "burst_jobs": self.burst_jobs,
                 "interval_s": self.interval_s, "jobs_per_trace": self.jobs_per_trace}
 
 
@@ -94,35 +97,46 @@ def from_records(records: list[IntervalRecord], counts: bool = False) -> Workloa
         raise ValueError("the records hold no job of a catalog model: nothing to simulate")
     nodes = int(np.median([r.nodes for r in records]))
     length = float(np.median([r.length_s for r in records]))
-    return Workload(nodes, len(seen) / arrival_intervals(records, set(seen)), list(seen.values()), length)
+    arrivals = arrivals_per_interval(records, set(seen))
+    if not arrivals:  # times that do not parse: every busy interval counts
+        busy = sum(1 for r in records if r.jobs) or 1
+        return Workload(nodes, len(seen) / busy, list(seen.values()), length)
+    bursts = arrival_bursts(arrivals)
+    return Workload(nodes, len(seen) / len(arrivals), list(seen.values()), length,
+                    burst_jobs=int(np.median(bursts)))
 
 
-def arrival_intervals(records: list[IntervalRecord], uids: set[str]) -> int:
-    """How many intervals saw at least one of these jobs arrive (its `created` time inside the
-    interval): the arrival rate is jobs per such interval. Counting every busy interval instead
-    (any job present) spreads a burst of arrivals over the hours its jobs then run, and made a
-    placement history (52 jobs in 8 intervals at 13 nodes) look like 1.2 jobs an interval.
-    Records whose times do not parse fall back to the busy intervals."""
-    spans = []
-    for r in records:
-        try:
-            spans.append((_seconds(r.start), _seconds(r.end)))
-        except ValueError:
-            return sum(1 for r in records if r.jobs) or 1
-    starts = np.array(sorted(spans))
-    hit = set()
-    for r in records:
-        for j in r.jobs:
-            if j.uid not in uids:
-                continue
-            try:
-                t = _seconds(j.created)
-            except ValueError:
-                return sum(1 for r in records if r.jobs) or 1
-            k = int(np.searchsorted(starts[:, 0], t, side="right")) - 1
-            if k >= 0 and t < starts[k, 1]:
-                hit.add(k)
-    return len(hit) or (sum(1 for r in records if r.jobs) or 1)
+def arrivals_per_interval(records: list[IntervalRecord], uids: set[str]) -> dict[int, int]:
+    """Interval (index in time order) -> how many of these jobs arrived in it (their `created`
+    time inside it); {} when the times do not parse. The arrival rate is jobs per interval
+    that saw arrivals: counting every busy interval instead (any job present) spreads a burst
+    of arrivals over the hours its jobs then run, and made a placement history (52 jobs in 8
+    intervals at 13 nodes) look like 1.2 jobs an interval."""
+    try:
+        spans = np.array(sorted((_seconds(r.start), _seconds(r.end)) for r in records))
+        created = {j.uid: _seconds(j.created) for r in records for j in r.jobs if j.uid in uids}
+    except ValueError:
+        return {}
+    out: dict[int, int] = {}
+    for t in created.values():
+        k = int(np.searchsorted(spans[:, 0], t, side="right")) - 1
+        if k >= 0 and t < spans[k, 1]:
+            out[k] = out.get(k, 0) + 1
+    return out
+
+
+def arrival_bursts(arrivals: dict[int, int], gap: int = 2) -> list[int]:
+    """Jobs per burst: runs of intervals with arrivals, a run ending after `gap` intervals
+    without any (Poisson arrivals at a few an interval leave single empty intervals). A
+    simulated trace is one burst long, so retraining sees the recorded load, not a longer one."""
+    bursts: list[int] = []
+    last = None
+    for k in sorted(arrivals):
+        if last is None or k - last > gap:
+            bursts.append(0)
+        bursts[-1] += arrivals[k]
+        last = k
+    return bursts
 
 
 def _seconds(rfc3339: str) -> float:
