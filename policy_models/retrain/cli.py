@@ -183,17 +183,26 @@ def run(a, log=print) -> dict:
         f"({'better' if better else 'not better'} by the margin {a.margin:g})")
     report = {"status": "not-better", "evaluation": evaluation, "candidate": str(candidate),
               "wall_s": round(time.time() - t0, 1)}
+    return conclude(a, work, store, versions, PHASE, ALGORITHM, onnx, card_json, evaluation, cal, better,
+                    report, log)
+
+
+def conclude(a, work: Path, store, versions, phase: str, algorithm: str, onnx: bytes, card_json: str,
+             evaluation: dict, cal, better: bool, report: dict, log=print) -> dict:
+    """The end of every retrainer's run: with --out or --dry-run (or no store), write the
+    candidate's calibration, evaluation and the ConfigMap it would be to `work`; otherwise
+    publish it if it is `better` (once: a rerun finds it already published)."""
     if a.out or a.dry_run or store is None:
         cal.write(work / "calibration.json")
         (work / "evaluation.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True))
-        version = model_versions.next_version(versions, PHASE, ALGORITHM)
-        manifest = model_versions.manifest(a.namespace, a.policy, PHASE, ALGORITHM, version, onnx, card_json, evaluation)
+        version = model_versions.next_version(versions, phase, algorithm)
+        manifest = model_versions.manifest(a.namespace, a.policy, phase, algorithm, version, onnx, card_json, evaluation)
         (work / "configmap.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
         report["status"] = "dry-run" if better else "not-better"
         log(f"wrote the candidate and the ConfigMap it would publish to {work}")
         return report
     if better:
-        published, created = publish.publish(store, a.namespace, a.policy, PHASE, ALGORITHM, onnx, card_json, evaluation)
+        published, created = publish.publish(store, a.namespace, a.policy, phase, algorithm, onnx, card_json, evaluation)
         report.update(status="published" if created else "already-published", version=published.version,
                       configmap=published.configmap)
         log(f"{'published' if created else 'already published as'} {published.configmap} (version {published.version})")

@@ -196,23 +196,8 @@ def run(a, log=print) -> dict:
         f"({'better' if better else 'not better'} by the margin {a.margin:g})")
     report = {"status": "not-better", "evaluation": evaluation, "candidate": str(candidate),
               "wall_s": round(time.time() - t0, 1)}
-    if a.out or a.dry_run or store is None:
-        cal.write(work / "calibration.json")
-        (work / "evaluation.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True))
-        version = model_versions.next_version(versions, PHASE, ALGORITHM)
-        manifest = model_versions.manifest(a.namespace, a.policy, PHASE, ALGORITHM, version, onnx, card_json,
-                                           evaluation)
-        (work / "configmap.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
-        report["status"] = "dry-run" if better else "not-better"
-        log(f"wrote the candidate and the ConfigMap it would publish to {work}")
-        return report
-    if better:
-        published, created = publish.publish(store, a.namespace, a.policy, PHASE, ALGORITHM, onnx, card_json,
-                                             evaluation)
-        report.update(status="published" if created else "already-published", version=published.version,
-                      configmap=published.configmap)
-        log(f"{'published' if created else 'already published as'} {published.configmap} (version {published.version})")
-    return report
+    return cli.conclude(a, work, store, versions, PHASE, ALGORITHM, onnx, card_json, evaluation, cal, better,
+                        report, log)
 
 
 def main(argv: list[str] | None = None) -> int:
