@@ -284,7 +284,7 @@ def _node_tokens_reference(ledger: Ledger, current: str) -> np.ndarray:
     return out
 
 
-def test_node_tokens_counted_incrementally_equal_a_recount_through_books_and_releases():
+def test_node_and_job_tokens_counted_incrementally_equal_a_recount_through_books_and_releases():
     rng = np.random.default_rng(0)
     trace = [replace(j, arrival_s=0.0) for j in scenarios.placement_trace(8, 9)[:20]]
     snapshot = Simulator(trace, SimConfig(nodes=8, seed=9)).snapshot()
@@ -310,6 +310,13 @@ def test_node_tokens_counted_incrementally_equal_a_recount_through_books_and_rel
         current = snapshot.jobs[int(rng.integers(len(snapshot.jobs)))].name
         np.testing.assert_array_equal(harmony_state.node_tokens(ledger, current),
                                       _node_tokens_reference(ledger, current), err_msg=f"step {step}")
+        # Job tokens, also kept incrementally (the ledger's job changes): placed counts as held.
+        jobs, _ = harmony_state.job_tokens(ledger, current)
+        k = harmony_state.N_MODELS
+        for i, j in enumerate(snapshot.jobs):
+            held = ledger.jobs.get(j.name)
+            want = (held.workers / 8.0, held.ps / 4.0) if held else (0.0, 0.0)
+            assert tuple(jobs[i, k + 9:k + 11]) == pytest.approx(want), f"step {step}, job {j.name}"
     assert len(booked) > 10
 
 

@@ -54,6 +54,9 @@ class Ledger:
         # Bumped on every book and release of a task on the node: lets a reader that keeps
         # per-node aggregates (Harmony's node tokens) redo only the nodes that changed.
         self.node_version = np.zeros(len(snapshot.node_names), dtype=np.int64)
+        # The job of every book and release, in order: a reader that keeps per-job aggregates
+        # (Harmony's job tokens) reads on from where it stopped and redoes only those jobs.
+        self.job_changes: list[str] = []
         self.jobs: dict[str, JobDecision] = {}
         self.inferences = 0
         self._pool_masks: dict[str, np.ndarray] = {}
@@ -205,6 +208,7 @@ class Ledger:
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
         self.node_version[node] += 1
+        self.job_changes.append(job.name)
 
     def release(self, job: JobView, added: list[tuple[Role, int]]) -> None:
         """Take these (role, node) tasks of `job` back out of the ledger, newest first."""
@@ -216,6 +220,7 @@ class Ledger:
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))
             self.node_version[node] += 1
+            self.job_changes.append(job.name)
             if d.ps + d.workers == 0:
                 del self.jobs[job.name]
 

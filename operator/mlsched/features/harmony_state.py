@@ -60,15 +60,35 @@ def job_tokens(ledger: Ledger, current: str) -> tuple[np.ndarray, np.ndarray]:
         raise KeyError(f"job {current!r} is not in the round's snapshot")
     out = static.copy()
     k = N_MODELS
-    for name, held in ledger.jobs.items():
-        i = index.get(name)
-        if i is not None:
-            out[i, k + 9] = held.workers / 8.0
-            out[i, k + 10] = held.ps / 4.0
+    out[:, k + 9:k + 11] = _placed(ledger, index)
     cur = np.zeros(len(out), dtype=np.float32)
     cur[index[current]] = 1.0
     out[:, k + 12] = cur
     return out, cur
+
+
+# Workers ÷ 8 and PS ÷ 4 placed so far per job, for the last ledger seen, with how many of
+# its job changes they include: a round asks once per task and books one task between asks,
+# so only the jobs changed since are read again. One tuple, read and replaced whole.
+_placed_cache: tuple = (None, 0, None)
+
+
+def _placed(ledger: Ledger, index: dict[str, int]) -> np.ndarray:
+    global _placed_cache
+    cached_ledger, seen, placed = _placed_cache
+    if cached_ledger is ledger and placed is not None and len(placed) == len(index):
+        names = set(ledger.job_changes[seen:])
+        placed = placed.copy()
+    else:
+        names = ledger.jobs.keys()
+        placed = np.zeros((len(index), 2), dtype=np.float32)
+    for name in names:
+        i = index.get(name)
+        if i is not None:
+            held = ledger.jobs.get(name)
+            placed[i] = (held.workers / 8.0, held.ps / 4.0) if held is not None else (0.0, 0.0)
+    _placed_cache = (ledger, len(ledger.job_changes), placed)
+    return placed
 
 
 # The rows that do not change within a round, for the last snapshot seen: a round asks for
