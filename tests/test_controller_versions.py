@@ -68,6 +68,19 @@ def test_auto_adopts_the_newest_published_version_at_the_next_round():
     assert [d.model_version for d in opened.decisions] == ["1"]
 
 
+def test_adopting_a_version_with_the_shipped_bytes_is_still_an_event():
+    """A version published from the shipped model's weights (a retraining run that kept its
+    start, promoted by a negative margin) serves the same sha256: status and the Event must
+    still say that version 1 now serves."""
+    rt, kube = setup(updatePolicy="Auto")
+    step(rt, kube, NOW)
+    publish(kube, 1, "dl2")  # the shipped dl2.onnx's bytes
+    step(rt, kube, NOW + 1200)
+    active = status(kube)["modelVersions"]["allocation/dl2"]["active"]
+    assert active["source"] == "published" and active["version"] == 1
+    assert "VersionAdopted" in reasons(kube)
+
+
 def test_manual_only_reports_the_candidate_and_a_pin_rolls_back():
     rt, kube = setup()
     publish(kube, 1, "dl2-sl")

@@ -116,8 +116,11 @@ async def policy_versions_and_exploration(rt: Runtime, body: Mapping, ref: Objec
     for key, entry in report.status.items():
         active, candidate = entry.get("active") or {}, entry.get("candidate")
         before = old.get(key) or {}
+        was = before.get("active") or {}
+        # A new version serving, even with the bytes that served before (a version published
+        # from the shipped model's weights): the event is about which version serves.
         if active.get("source") == "published" and \
-                (before.get("active") or {}).get("sha256") != active["sha256"]:
+                (was.get("sha256"), was.get("version")) != (active["sha256"], active.get("version")):
             await rt.recorder.emit(ref, "Normal", "VersionAdopted",
                                    f"{key}: serving published version {active.get('version')} "
                                    f"(ConfigMap {active.get('configMap')}, sha256 "

@@ -1,0 +1,70 @@
+"""`mlsched retrain harmony` on the real control plane: emulated jobs whose users fix their
+counts, placed by Harmony under `updatePolicy: Auto`, leave interval records; the retraining
+Job's container (run as a subprocess with the `mlsched-retrain` ServiceAccount's token and
+Role, as in test_retraining_loop.py, whose helpers this uses) reads them, trains the placement
+model from the active one, publishes a `placement/harmony` version; the operator adopts it at
+the next round. Killing and rerunning, "nothing new" and the Role's limits are DL²'s test's:
+the Harmony retrainer shares that code (retrain/cli.py `sources`, `conclude`, publish.py).
+"""
+
+from __future__ import annotations
+
+import json
+
+from mlsched.controller import model_versions
+from mlsched_objects import mljob, scheduling_policy
+from test_retraining_loop import (
+    POLICY, ROUND_TIMEOUT, SHORT_INTERVAL, RetrainingJob, job_args, policy_status, records, require_torch,
+    retraining_kubeconfig, versions,
+)
+from waiting import wait_for
+
+
+def placement_active(mlsched) -> dict:
+    return ((policy_status(mlsched).get("modelVersions") or {}).get("placement/harmony") or {}) \
+        .get("active") or {}
+
+
+def test_harmony_retraining_job_publishes_a_placement_version_that_auto_adopts(
+        api, control_plane, mlsched, operator, emulator, tmp_path):
+    require_torch()
+    ns = mlsched.namespace
+    job = RetrainingJob(retraining_kubeconfig(api, ns, control_plane.apiserver_url,
+                                              control_plane.ca_cert_path, tmp_path / "retrain.kubeconfig"),
+                        ns, tmp_path / "retrain")
+    mlsched.create(scheduling_policy(POLICY, allocation="fixed", placement="harmony",
+                                     interval=SHORT_INTERVAL, updatePolicy="Auto"))
+    counts = {"h1": ("resnet-50", (1, 1), (2, 2)), "h2": ("vgg-16", None, (2, 2)),
+              "h3": ("inception-bn", (1, 1), (1, 1))}
+    for name, (model, ps, workers) in counts.items():
+        mlsched.create(mljob(name, model=model, ps=ps, workers=workers, epochs=1e9))
+    recorded = wait_for(lambda: r if len(r := records(api, ns)) >= 3 else None, ROUND_TIMEOUT * 2,
+                        "three closed interval records", describe=lambda: [r.interval for r in records(api, ns)])
+    assert recorded[-1].algorithms.get("placement") == "harmony", recorded[-1].algorithms
+    assert placement_active(mlsched).get("source") == "shipped", policy_status(mlsched).get("modelVersions")
+
+    # The Job's args with `harmony` as the algorithm (the manifests' comment says so); a
+    # forced promotion (-0.5) and a tiny budget: this is about the loop, not quality
+    # (bench/bench_retrain.py --parts 4 measures that).
+    args = job_args(time_budget_min=0.3, eval_traces=1, validation_traces=1, episodes=2,
+                    validate_every=1, margin=-0.5)
+    assert args[0] == "dl2" and "--mode=simulator" in args, args
+    report = job.run(["harmony", *args[1:]])
+    assert report["status"] == "published" and report["version"] == 1, report
+    evaluation = report["evaluation"]
+    assert evaluation["allocation"] == "fixed" and evaluation["trained_through_interval"] >= recorded[-1].interval
+    (cm,) = versions(api, ns)
+    version = model_versions.parse(cm)
+    assert (version.phase, version.algorithm, version.version) == ("placement", "harmony", 1)
+    assert cm["metadata"]["name"] == report["configmap"] == f"{POLICY}-harmony-v1"
+    workload = json.loads(cm["data"]["harmony.card.json"])["training"]["workload"]
+    assert workload["distinct_jobs"] == 3, workload  # each job kept, with the counts it held
+
+    # Auto: the operator serves v1 for placement from the next round.
+    adopted = wait_for(lambda: (a := placement_active(mlsched)).get("version") == 1 and a, ROUND_TIMEOUT,
+                       "Auto: placement v1 adopted", describe=lambda: policy_status(mlsched).get("modelVersions"))
+    assert adopted["source"] == "published" and adopted["sha256"] == version.sha256, adopted
+    assert policy_status(mlsched)["activeModels"]["placement/harmony"] == version.sha256
+    wait_for(lambda: any(e.reason == "VersionAdopted" for e in mlsched.events(POLICY, "SchedulingPolicy")),
+             ROUND_TIMEOUT, "the VersionAdopted Event (Events go out in the background)",
+             describe=lambda: [e.reason for e in mlsched.events(POLICY, "SchedulingPolicy")])
