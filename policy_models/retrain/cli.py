@@ -127,26 +127,43 @@ def sources(a) -> tuple[list[IntervalRecord], object | None, dict | None]:
     return records, store, policy_obj
 
 
+def new_intervals(records: list[IntervalRecord], versions, phase: str, algorithm: str,
+                  log=print) -> tuple[list[IntervalRecord], tuple[int | None, int | None]]:
+    """(the records no published version of phase/algorithm consumed, their first and last
+    interval); with none, (the last interval consumed) as the second."""
+    fresh = publish.unconsumed(records, versions, phase, algorithm)
+    if not fresh:
+        mark = publish.trained_through(versions, phase, algorithm)
+        log(f"nothing new: every recorded interval (up to {mark}) was consumed by a published version")
+        return [], (None, mark)
+    span = (min(r.interval for r in fresh), max(r.interval for r in fresh))
+    log(f"{len(fresh)} new intervals ({span[0]}-{span[1]}); {len(records) - len(fresh)} consumed before")
+    return fresh, span
+
+
+def calibrate(fresh: list[IntervalRecord], versions, phase: str, algorithm: str, min_samples: int,
+              log=print) -> calibration.Calibration:
+    """Speed factors from the new records, the newest published version's as the prior."""
+    newest = model_versions.newest(versions, phase, algorithm)
+    prior = (newest.evaluation.get("speed_factors") if newest else None) or None
+    cal = calibration.calibrate(fresh, prior=prior, min_samples=min_samples)
+    log("calibrated speed factors: " + json.dumps(cal.speed_factors))
+    return cal
+
+
 def run(a, log=print) -> dict:
     t0 = time.time()
     torch.set_num_threads(1)
     rng = np.random.default_rng(a.seed)
     records, store, policy_obj = sources(a)
     versions = store.versions() if store else []
-    fresh = publish.unconsumed(records, versions, PHASE, ALGORITHM)
-    mark = publish.trained_through(versions, PHASE, ALGORITHM)
+    fresh, span = new_intervals(records, versions, PHASE, ALGORITHM, log)
     if not fresh:
-        log(f"nothing new: every recorded interval (up to {mark}) was consumed by a published version")
-        return {"status": "nothing-new", "trained_through_interval": mark}
-    span = (min(r.interval for r in fresh), max(r.interval for r in fresh))
-    log(f"{len(fresh)} new intervals ({span[0]}-{span[1]}); {len(records) - len(fresh)} consumed before")
+        return {"status": "nothing-new", "trained_through_interval": span[1]}
 
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="mlsched-retrain-"))
     base_path, base_version = base_model(a, store, policy_obj, work)
-    newest = model_versions.newest(versions, PHASE, ALGORITHM)
-    prior = (newest.evaluation.get("speed_factors") if newest else None) or None
-    cal = calibration.calibrate(fresh, prior=prior, min_samples=a.min_samples)
-    log("calibrated speed factors: " + json.dumps(cal.speed_factors))
+    cal = calibrate(fresh, versions, PHASE, ALGORITHM, a.min_samples, log)
     load = workload.from_records(fresh)
 
     net, card = warm_start.load(base_path, seed=a.seed)
@@ -209,7 +226,9 @@ def conclude(a, work: Path, store, versions, phase: str, algorithm: str, onnx: b
     return report
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, run=run, parse_args=parse_args) -> int:
+    """A retrainer's command: progress on stderr, the JSON report last on stdout (what the Job's
+    log ends with). `mlsched retrain harmony` passes its own run and parse_args."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     report = run(parse_args(argv), log=lambda m: print(m, file=sys.stderr))
     print(json.dumps(report, sort_keys=True))

@@ -37,12 +37,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlsched.controller import model_versions
 from mlsched.policies import registry
 from mlsched.sim.simulator import Simulator
 from policy_models.harmony import export
 from policy_models.harmony import train as harmony_train
-from policy_models.retrain import calibration, cli, evaluate, publish, workload
+from policy_models.retrain import cli, evaluate, workload
 
 PHASE, ALGORITHM = "placement", "harmony"
 #: Allocations the simulator runs for a recorded policy without a model of the policy's own.
@@ -152,24 +151,17 @@ def run(a, log=print) -> dict:
     torch.manual_seed(a.seed)  # the critic head, which the graph does not hold, starts from it
     records, store, policy_obj = cli.sources(a)
     versions = store.versions() if store else []
-    fresh = publish.unconsumed(records, versions, PHASE, ALGORITHM)
-    mark = publish.trained_through(versions, PHASE, ALGORITHM)
+    fresh, span = cli.new_intervals(records, versions, PHASE, ALGORITHM, log)
     if not fresh:
-        log(f"nothing new: every recorded interval (up to {mark}) was consumed by a published version")
-        return {"status": "nothing-new", "trained_through_interval": mark}
+        return {"status": "nothing-new", "trained_through_interval": span[1]}
     placements = {r.algorithms.get("placement") for r in fresh}
     if ALGORITHM not in placements:
         log(f"note: the records were placed by {', '.join(sorted(map(str, placements)))}, not harmony; "
             "learning from their workload all the same")
-    span = (min(r.interval for r in fresh), max(r.interval for r in fresh))
-    log(f"{len(fresh)} new intervals ({span[0]}-{span[1]}); {len(records) - len(fresh)} consumed before")
 
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="mlsched-retrain-harmony-"))
     base_path, base_version = cli.base_model(a, store, policy_obj, work, PHASE, ALGORITHM)
-    newest = model_versions.newest(versions, PHASE, ALGORITHM)
-    prior = (newest.evaluation.get("speed_factors") if newest else None) or None
-    cal = calibration.calibrate(fresh, prior=prior, min_samples=a.min_samples)
-    log("calibrated speed factors: " + json.dumps(cal.speed_factors))
+    cal = cli.calibrate(fresh, versions, PHASE, ALGORITHM, a.min_samples, log)
     load = workload.from_records(fresh, counts=True)
     allocation = recorded_allocation(fresh)
 
@@ -201,10 +193,7 @@ def run(a, log=print) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
-    report = run(parse_args(argv), log=lambda m: print(m, file=sys.stderr))
-    print(json.dumps(report, sort_keys=True))
-    return 0
+    return cli.main(argv, run=run, parse_args=parse_args)
 
 
 if __name__ == "__main__":  # pragma: no cover
