@@ -53,10 +53,10 @@ def read_record_dir(directory: str | Path) -> list[IntervalRecord]:
     return [IntervalRecord.from_bytes(p.read_bytes()) for p in paths]
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mlsched retrain dl2", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mode", choices=MODES, default="simulator")
+def common_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
+    """The options every retrainer takes (where records and versions are, the margin, budget,
+    evaluation, calibration, seed, output); each adds its own."""
+    p = argparse.ArgumentParser(prog=prog, description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
     p.add_argument("--policy", default="default", help="the SchedulingPolicy whose records to learn from")
     p.add_argument("--records", help="read records from this directory instead of the cluster")
@@ -66,17 +66,27 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="publish only if avg JCT is lower by this fraction; a negative margin also publishes a "
                         "candidate up to that much worse (tests of the publishing path, a forced promotion)")
     p.add_argument("--time-budget-min", type=float, default=10.0, help="training time (evaluation comes after)")
-    p.add_argument("--episodes", type=int, default=100_000, help="simulator mode: at most this many episodes")
-    p.add_argument("--policy-epochs", type=int, default=4, help="offpolicy mode: passes over the records")
     p.add_argument("--eval-traces", type=int, default=6)
     p.add_argument("--min-samples", type=int, default=5, help="calibration: fewer samples keep the prior")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", help="write the candidate here and publish nothing")
     p.add_argument("--dry-run", action="store_true", help="publish nothing (with no --out: a temporary directory)")
+    return p
+
+
+def parse_common(p: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
     a = p.parse_args(argv)
     if not -1 < a.margin < 1:
         p.error("--margin must be in (-1, 1)")
     return a
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = common_parser("mlsched retrain dl2", __doc__)
+    p.add_argument("--mode", choices=MODES, default="simulator")
+    p.add_argument("--episodes", type=int, default=100_000, help="simulator mode: at most this many episodes")
+    p.add_argument("--policy-epochs", type=int, default=4, help="offpolicy mode: passes over the records")
+    return parse_common(p, argv)
 
 
 def _write_model(directory: Path, onnx: bytes, card_json: str, algorithm: str = ALGORITHM) -> Path:
@@ -194,21 +204,20 @@ def run(a, log=print) -> dict:
     # The card carries the evaluation too (re-exported: the graph's bytes do not change).
     card_json = json.dumps(export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training,
                                          validation={"retrain_evaluation": evaluation}), indent=1, sort_keys=True)
+    return conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log)
+
+
+def conclude(a, work: Path, store, versions, phase: str, algorithm: str, candidate: Path, card_json: str,
+             evaluation: dict, cal, t0: float, log=print) -> dict:
+    """The end of every retrainer's run: judge the candidate by the margin; with --out or
+    --dry-run (or no store), write its calibration, evaluation and the ConfigMap it would be to
+    `work`; otherwise publish it if it is better (once: a rerun finds it already published)."""
     onnx = candidate.read_bytes()
     better = evaluate.better_by(evaluation, a.margin)
-    log(f"candidate / active avg JCT on {judged['traces']} held-out traces: {judged['ratio']:.4f} "
+    log(f"candidate / active avg JCT on {evaluation['traces']} held-out traces: {evaluation['ratio']:.4f} "
         f"({'better' if better else 'not better'} by the margin {a.margin:g})")
     report = {"status": "not-better", "evaluation": evaluation, "candidate": str(candidate),
               "wall_s": round(time.time() - t0, 1)}
-    return conclude(a, work, store, versions, PHASE, ALGORITHM, onnx, card_json, evaluation, cal, better,
-                    report, log)
-
-
-def conclude(a, work: Path, store, versions, phase: str, algorithm: str, onnx: bytes, card_json: str,
-             evaluation: dict, cal, better: bool, report: dict, log=print) -> dict:
-    """The end of every retrainer's run: with --out or --dry-run (or no store), write the
-    candidate's calibration, evaluation and the ConfigMap it would be to `work`; otherwise
-    publish it if it is `better` (once: a rerun finds it already published)."""
     if a.out or a.dry_run or store is None:
         cal.write(work / "calibration.json")
         (work / "evaluation.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True))

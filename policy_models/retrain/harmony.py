@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import sys
 import tempfile
 import time
@@ -50,31 +49,15 @@ SIMULATED_ALLOCATIONS = ("fixed", "drf", "fifo", "srtf", "tetris", "optimus", "d
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="mlsched retrain harmony", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = cli.common_parser("mlsched retrain harmony", __doc__)
     p.add_argument("--mode", choices=("simulator",), default="simulator",
                    help="only the simulator mode so far (dl2's manifests' --mode=simulator works unchanged)")
-    p.add_argument("--namespace", default=os.environ.get("POD_NAMESPACE", "default"))
-    p.add_argument("--policy", default="default", help="the SchedulingPolicy whose records to learn from")
-    p.add_argument("--records", help="read records from this directory instead of the cluster")
-    p.add_argument("--store", help="published versions in this directory instead of the cluster")
-    p.add_argument("--base-model", help="start from this ONNX model instead of the active one")
-    p.add_argument("--margin", type=float, default=0.02,
-                   help="publish only if avg JCT is lower by this fraction (negative: a forced promotion)")
-    p.add_argument("--time-budget-min", type=float, default=10.0, help="training time (evaluation comes after)")
     p.add_argument("--episodes", type=int, default=200, help="at most this many actor-critic episodes")
     p.add_argument("--validate-every", type=int, default=20)
     p.add_argument("--validation-traces", type=int, default=6)
     p.add_argument("--lr", type=float, default=3e-5,
                    help="actor-critic learning rate (train.py's 1e-4 drifts from a trained start within 40 episodes)")
-    p.add_argument("--eval-traces", type=int, default=6)
-    p.add_argument("--min-samples", type=int, default=5, help="calibration: fewer samples keep the prior")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", help="write the candidate here and publish nothing")
-    p.add_argument("--dry-run", action="store_true", help="publish nothing (with no --out: a temporary directory)")
-    a = p.parse_args(argv)
-    if not -1 < a.margin < 1:
-        p.error("--margin must be in (-1, 1)")
+    a = cli.parse_common(p, argv)
     if a.validate_every < 1 or a.episodes < 0:
         p.error("--validate-every must be at least 1 and --episodes not negative")
     return a
@@ -182,14 +165,7 @@ def run(a, log=print) -> dict:
                   "allocation": allocation}
     card_json = json.dumps(export.export(net, candidate, training, {"retrain_evaluation": evaluation}),
                            indent=1, sort_keys=True)
-    onnx = candidate.read_bytes()
-    better = evaluate.better_by(evaluation, a.margin)
-    log(f"candidate / active avg JCT on {judged['traces']} held-out traces: {judged['ratio']:.4f} "
-        f"({'better' if better else 'not better'} by the margin {a.margin:g})")
-    report = {"status": "not-better", "evaluation": evaluation, "candidate": str(candidate),
-              "wall_s": round(time.time() - t0, 1)}
-    return cli.conclude(a, work, store, versions, PHASE, ALGORITHM, onnx, card_json, evaluation, cal, better,
-                        report, log)
+    return cli.conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log)
 
 
 def main(argv: list[str] | None = None) -> int:
