@@ -14,9 +14,15 @@ training, validation, recorded histories or retraining's own evaluation) in that
 3. Wall time of a retraining run (calibration, off-policy fine-tuning, evaluation) on a
    1,000-interval history.
 4. Harmony placement (`mlsched retrain harmony`): users fix the counts (placement traces,
-   `--harmony-nodes` nodes), the shipped harmony.onnx places, models ±30 % off; a history
-   under it, then a retraining run from it; retrained (and promoted) vs shipped in that
-   cluster on bench_placement.py's unseen traces (seeds 700000+).
+   `--harmony-nodes` nodes), the shipped harmony.onnx places (ε = 0.1, decisions recorded),
+   models ±30 % off; a history under it, then an off-policy run (judged only) and a
+   simulator-mode run from it; each candidate vs shipped in that cluster on
+   bench_placement.py's unseen traces (seeds 700000+).
+
+With --sensitivity-perturbation X, parts 2 and 4's cluster also differs in interference: each
+model's sensitivity to its neighbours × a factor log-uniform in [1/(1+X), 1+X]; they print the
+calibration's sensitivities against the truth, and how well the catalog, the speed-only and the
+full calibration predict the epochs of the intervals recorded next.
 
     python bench/bench_retrain.py [--rounds 2] [--intervals 150] [--budget-min 3] [--parts 1 2 3 4]
 """
@@ -47,11 +53,11 @@ SL = "policy_models/artifacts/dl2/dl2-sl.onnx"
 SHIPPED = "policy_models/artifacts/dl2/dl2.onnx"
 
 
-def truth_jct(model: str, factors: dict | None, seeds) -> float:
+def truth_jct(model: str, factors: dict | None, seeds, sensitivity: dict | None = None) -> float:
     """Mean avg JCT on the benchmark's small-scenario traces in the (perturbed) cluster."""
     sc, out = SCENARIOS["small"], []
     for seed in seeds:
-        result = Simulator(sc.trace(seed), sc.config(seed, speed_factors=factors)).run(
+        result = Simulator(sc.trace(seed), sc.config(seed, speed_factors=factors, sensitivity_factors=sensitivity)).run(
             DL2Policy.load(model), registry.make_placement("load-balance"))
         out.append(result.summary()["avg_jct_s"] if result.completed == result.jobs else float("inf"))
     return float(np.mean(out))
@@ -100,22 +106,49 @@ def part_rounds(a, work: Path, seeds) -> None:
         print(f"   {rnd:>5} {a.mode:<10} {ev.get('ratio', float('nan')):>18.4f} {rep['status']:<12} {ratio:>27.4f}")
 
 
-def part_perturbed(a, work: Path, seeds) -> None:
-    factors = history.perturbation(0.3, seed=a.perturbation_seed)
-    print(f"\n2. ±30 % per-model speed perturbation (seed {a.perturbation_seed}), {a.mode} mode: "
-          f"{json.dumps(factors)}")
-    records = work / "p-records"
-    recs = history.record_history(a.intervals, model_path=SHIPPED, speed_factors=factors, seed=200)
-    history.write_records(recs, records)
+def cluster_sensitivity(a) -> dict | None:
+    """The "cluster"'s interference sensitivity factors (--sensitivity-perturbation), or None."""
+    if a.sensitivity_perturbation <= 0:
+        return None
+    return history.sensitivity_perturbation(a.sensitivity_perturbation, seed=a.perturbation_seed)
+
+
+def report_calibration(recs, factors: dict, sensitivity: dict | None, later) -> None:
+    """Calibration errors against the truth, and how well each simulator predicts the epochs of
+    `later` intervals (recorded after, not fitted on)."""
     cal = calibration.calibrate(recs)
     errors = {m: cal.speed_factors.get(m, 1.0) / f - 1 for m, f in factors.items()}
-    print("   calibration error per model: " + ", ".join(f"{m} {e:+.3f} (n={cal.samples[m]})" for m, e in errors.items()))
+    print("   speed calibration error per model: "
+          + ", ".join(f"{m} {e:+.3f} (n={cal.samples[m]})" for m, e in errors.items()))
     print(f"   max |error| {max(abs(e) for e in errors.values()):.3f}; kept prior: {cal.kept_prior}")
+    truth = sensitivity or {}
+    print("   sensitivity: " + ", ".join(
+        f"{m} {cal.sensitivity_factors[m]:.3f} (true {truth.get(m, 1.0):.3f})" if m in cal.sensitivity_factors
+        else f"{m} prior (true {truth.get(m, 1.0):.3f})" for m in factors))
+    held_out = calibration.samples(later)
+    speed_only = calibration.calibrate(recs, fit_sensitivity=False)
+    print("   epochs of the next intervals, median |predicted / observed - 1|: catalog "
+          f"{calibration.prediction_error(held_out, None):.3f}, speeds calibrated "
+          f"{calibration.prediction_error(held_out, speed_only):.3f}, speeds and sensitivities "
+          f"{calibration.prediction_error(held_out, cal):.3f}")
+
+
+def part_perturbed(a, work: Path, seeds) -> None:
+    factors = history.perturbation(0.3, seed=a.perturbation_seed)
+    sensitivity = cluster_sensitivity(a)
+    print(f"\n2. ±30 % per-model speed perturbation (seed {a.perturbation_seed}), {a.mode} mode: "
+          f"{json.dumps(factors)}" + (f"; interference sensitivity {json.dumps(sensitivity)}" if sensitivity else ""))
+    records = work / "p-records"
+    both = history.record_history(2 * a.intervals, model_path=SHIPPED, speed_factors=factors, seed=200,
+                                  sensitivity_factors=sensitivity)
+    recs = both[: a.intervals]
+    history.write_records(recs, records)
+    report_calibration(recs, factors, sensitivity, both[a.intervals:])
     store = work / "p-store"
     rep = retrain(records, store, None, a.mode, a.budget_min, a.eval_traces, base=SHIPPED)
-    shipped_jct = truth_jct(SHIPPED, factors, seeds)
-    cand_jct = truth_jct(rep["candidate"], factors, seeds)
-    prom_jct = truth_jct(promoted(store, SHIPPED, work / "p"), factors, seeds)
+    shipped_jct = truth_jct(SHIPPED, factors, seeds, sensitivity)
+    cand_jct = truth_jct(rep["candidate"], factors, seeds, sensitivity)
+    prom_jct = truth_jct(promoted(store, SHIPPED, work / "p"), factors, seeds, sensitivity)
     print(f"   retrain eval ratio {rep['evaluation']['ratio']:.4f} ({rep['status']}); in the perturbed cluster: "
           f"candidate / shipped {cand_jct / shipped_jct:.4f}, promoted / shipped {prom_jct / shipped_jct:.4f} "
           f"(shipped {shipped_jct / 3600:.3f} h)")
@@ -139,14 +172,15 @@ def part_wall_time(a, work: Path) -> None:
 HARMONY = "policy_models/artifacts/harmony/harmony.onnx"
 
 
-def placement_truth(model: str, factors: dict, nodes: int, seeds) -> float:
+def placement_truth(model: str, factors: dict, nodes: int, seeds, sensitivity: dict | None = None) -> float:
     """Mean avg JCT of a Harmony model beside `fixed` on bench_placement.py's traces."""
     from mlsched.sim.scenarios import placement_trace
     from mlsched.sim.simulator import SimConfig
     from policy_models.retrain.harmony import jct_with
 
     run = jct_with("fixed")
-    return float(np.mean([run(model, placement_trace(nodes, s), SimConfig(nodes=nodes, seed=s, speed_factors=factors))
+    return float(np.mean([run(model, placement_trace(nodes, s), SimConfig(nodes=nodes, seed=s, speed_factors=factors,
+                                                                           sensitivity_factors=sensitivity))
                           for s in seeds]))
 
 
@@ -154,20 +188,32 @@ def part_harmony(a, work: Path) -> None:
     from policy_models.retrain import harmony
 
     factors = history.perturbation(0.3, seed=a.perturbation_seed)
+    sensitivity = cluster_sensitivity(a)
     n = a.harmony_nodes
     print(f"\n4. Harmony placement, fixed counts, {n} nodes, ±30 % perturbation (seed {a.perturbation_seed}); "
-          f"{a.intervals} intervals recorded under the shipped model, {a.budget_min} min of training")
+          f"{a.intervals} intervals recorded under the shipped model, {a.budget_min} min of training"
+          + (f"; interference sensitivity {json.dumps(sensitivity)}" if sensitivity else ""))
     records, store = work / "h-records", work / "h-store"
-    recs = history.record_history(a.intervals, policy="fixed", nodes=n, speed_factors=factors, seed=400,
-                                  placement="harmony")
+    both = history.record_history(2 * a.intervals, policy="fixed", nodes=n, speed_factors=factors, seed=400,
+                                  placement="harmony", sensitivity_factors=sensitivity)
+    recs = both[: a.intervals]
     history.write_records(recs, records)
+    report_calibration(recs, factors, sensitivity, both[a.intervals:])
     argv = ["--records", str(records), "--store", str(store), "--time-budget-min", str(a.budget_min),
             "--eval-traces", str(a.eval_traces)]
-    rep = harmony.run(harmony.parse_args(argv), log=lambda m: print("   ", m, file=sys.stderr))
     seeds = range(700000, 700000 + a.seeds)
-    shipped = placement_truth(HARMONY, factors, n, seeds)
-    cand = placement_truth(rep["candidate"], factors, n, seeds)
-    print(f"   retrain eval ratio {rep['evaluation']['ratio']:.4f} ({rep['status']}; "
+    shipped = placement_truth(HARMONY, factors, n, seeds, sensitivity)
+    # The off-policy learner on the same records, aside (its candidate is judged, not published).
+    off = ["--records", str(records), "--out", str(work / "h-offpolicy"), "--mode", "offpolicy",
+           "--time-budget-min", str(a.budget_min), "--eval-traces", str(a.eval_traces)]
+    rep = harmony.run(harmony.parse_args(off), log=lambda m: print("   ", m, file=sys.stderr))
+    cand = placement_truth(rep["candidate"], factors, n, seeds, sensitivity)
+    print(f"   offpolicy: retrain eval ratio {rep['evaluation']['ratio']:.4f} ({rep['status']}); "
+          f"candidate / shipped in the perturbed cluster {cand / shipped:.4f}; "
+          f"{rep['evaluation'].get('intervals')} intervals, wall {rep['wall_s']} s")
+    rep = harmony.run(harmony.parse_args(argv), log=lambda m: print("   ", m, file=sys.stderr))
+    cand = placement_truth(rep["candidate"], factors, n, seeds, sensitivity)
+    print(f"   simulator: retrain eval ratio {rep['evaluation']['ratio']:.4f} ({rep['status']}; "
           f"allocation {rep['evaluation']['allocation']}); in the perturbed cluster on "
           f"{len(seeds)} unseen traces: candidate / shipped {cand / shipped:.4f} (shipped {shipped / 3600:.3f} h); "
           f"training {rep['evaluation'].get('intervals')} intervals, wall {rep['wall_s']} s")
@@ -187,6 +233,9 @@ def main() -> None:
     p.add_argument("--eval-traces", type=int, default=4)
     p.add_argument("--seeds", type=int, default=5, help="benchmark traces for the truth")
     p.add_argument("--perturbation-seed", type=int, default=7)
+    p.add_argument("--sensitivity-perturbation", type=float, default=0.0,
+                   help="parts 2 and 4: the cluster's interference sensitivity per model also differs, "
+                        "log-uniform in [1/(1+x), 1+x] (0: the table's)")
     p.add_argument("--wall-intervals", type=int, default=1000)
     p.add_argument("--parts", nargs="+", default=["1", "2", "3", "4"])
     p.add_argument("--harmony-nodes", type=int, default=13, help="part 4's cluster")

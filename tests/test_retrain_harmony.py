@@ -18,6 +18,7 @@ from mlsched.policies.onnx_runner import load_model
 from policy_models.retrain import harmony, history, publish, workload
 
 ROOT = Path(__file__).resolve().parents[1]
+ALGORITHM_PATH = ROOT / "policy_models/artifacts/harmony/harmony.onnx"  # the shipped model
 
 
 @pytest.fixture(scope="module")
@@ -97,3 +98,76 @@ def test_mlsched_retrain_harmony_is_an_entry_point():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     module, _, func = project["project"]["entry-points"]["mlsched.retrainers"]["harmony"].partition(":")
     assert getattr(importlib.import_module(module), func) is harmony.main
+
+
+# ---- off-policy: the recorded decisions -----------------------------------------------------
+def test_harmony_decisions_are_recorded_as_the_operator_serves_them(fixed_history):
+    _, records = fixed_history
+    steps = [d for r in records for d in r.decisions]
+    assert steps and {(d.algorithm, d.phase) for d in steps} == {("harmony", "placement")}
+    assert {d.kind for d in steps} <= {"round", "admission"} and all(d.epsilon == 0.1 for d in steps)
+    for d in steps:
+        allowed = d.masks.sum(axis=1)
+        greedy = np.isclose(d.behaviour_probs, 0.9 + 0.1 / allowed, atol=1e-6)
+        explored = np.isclose(d.behaviour_probs, 0.1 / allowed, atol=1e-6)
+        assert (greedy | explored).all() and d.masks[np.arange(d.steps), d.actions].all()
+
+
+def test_recorded_states_give_back_the_networks_own_probabilities(fixed_history):
+    """unflatten + the torch network rebuilt from the graph reproduce, decision by decision,
+    the probability the served ONNX model gave the node taken (float16 states: 1e-2)."""
+    from mlsched.features.card import ModelCard, card_path
+    from policy_models.harmony import export
+    from policy_models.retrain import harmony_offpolicy
+
+    _, records = fixed_history
+    card = ModelCard.read(card_path(ALGORITHM_PATH))
+    data = harmony_offpolicy.decisions(records, card, gamma=0.9)
+    recorded = np.concatenate([d.policy_probs for r in sorted(records, key=lambda r: r.interval)
+                               for d in r.decisions])
+    probs, _ = harmony_offpolicy.probabilities_of(export.state_from_onnx(ALGORITHM_PATH), data.samples)
+    assert len(probs) == len(recorded) == len(data.samples) and data.skipped == 0
+    assert np.abs(probs - recorded).max() < 1e-2
+    # Every decision of an interval carries that interval's discounted return.
+    by_interval = {r.interval: r.reward for r in records}
+    last = max(by_interval)
+    assert all(s.ret == pytest.approx(by_interval[last]) for s in data.samples if s.interval == last)
+    first = min(s.interval for s in data.samples)
+    assert next(s.ret for s in data.samples if s.interval == first) > by_interval[first]
+
+
+def test_off_policy_fine_tuning_moves_towards_actions_with_positive_advantage(fixed_history):
+    from mlsched.features.card import ModelCard, card_path
+    from policy_models.harmony import export
+    from policy_models.retrain import harmony_offpolicy
+
+    _, records = fixed_history
+    card = ModelCard.read(card_path(ALGORITHM_PATH))
+    data = harmony_offpolicy.decisions(records, card, gamma=0.9)
+    net = export.state_from_onnx(ALGORITHM_PATH)
+    args = harmony_offpolicy.OffPolicyArgs(lr=1e-3, critic_updates=50, policy_epochs=3, batch=16)
+    summary = harmony_offpolicy.fine_tune(net, data, args, np.random.default_rng(0), log=lambda m: None)
+    assert summary["updates"] > 0 and summary["steps"] == len(data.samples)
+    assert summary["mean_prob_change_positive_adv"] > summary["mean_prob_change_negative_adv"]
+
+
+def test_records_without_harmony_decisions_are_a_clear_error(fixed_history):
+    from mlsched.features.card import ModelCard, card_path
+    from policy_models.retrain import harmony_offpolicy
+
+    _, records = fixed_history
+    bare = [type(r)(**{**r.__dict__, "decisions": []}) for r in records]
+    with pytest.raises(ValueError, match="no Harmony placement decisions"):
+        harmony_offpolicy.decisions(bare, ModelCard.read(card_path(ALGORITHM_PATH)), gamma=0.9)
+
+
+def test_offpolicy_mode_publishes_through_the_same_gate(fixed_history, tmp_path):
+    _, records = fixed_history
+    history.write_records(records, tmp_path / "records")
+    argv = ["--records", str(tmp_path / "records"), "--out", str(tmp_path / "out"), "--mode", "offpolicy",
+            "--eval-traces", "1", "--time-budget-min", "0.5"]
+    report = harmony.run(harmony.parse_args(argv), log=lambda m: None)
+    assert report["evaluation"]["mode"] == "offpolicy" and np.isfinite(report["evaluation"]["ratio"])
+    model = load_model(report["candidate"], "harmony", "placement")
+    assert model.card.training["mode"] == "offpolicy"
+    assert model.card.training["summary"]["steps"] == sum(d.steps for r in records for d in r.decisions)

@@ -44,30 +44,38 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                         "or one finishes, by an admission step, as the operator does; interval: only "
                         "at slot starts (the papers' rule)")
     p.add_argument("--speed-calibration", metavar="FILE",
-                   help="scale each model's speed by a calibration's factors (the JSON `mlsched retrain` "
-                        "writes: {\"speed_factors\": {model: factor}}); default: the catalog's speeds")
+                   help="scale each model's speed (and its interference sensitivity) by a calibration's "
+                        "factors (the JSON `mlsched retrain` writes: {\"speed_factors\": {model: factor}, "
+                        "\"sensitivity_factors\": {model: factor}}); default: the catalog's speeds")
     p.add_argument("--seed", type=int, default=0)
 
 
-def _speed_factors(path: str | None) -> dict[str, float] | None:
+def _calibration(path: str | None) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """(speed factors, sensitivity factors) of a calibration file; (None, None) without one."""
     if not path:
-        return None
+        return None, None
     with open(path) as f:
         doc = json.load(f)
     factors = doc.get("speed_factors") if isinstance(doc, dict) else None
     if not isinstance(factors, dict):
         raise ValueError(f"{path}: no speed_factors object (a calibration from `mlsched retrain` expected)")
-    return {str(m): float(v) for m, v in factors.items()}
+    sensitivity = doc.get("sensitivity_factors") or {}  # a version-1 calibration has none
+    if not isinstance(sensitivity, dict):
+        raise ValueError(f"{path}: sensitivity_factors must be an object of model: factor")
+    return ({str(m): float(v) for m, v in factors.items()},
+            {str(m): float(v) for m, v in sensitivity.items()} or None)
 
 
 def _config(args):
     from mlsched.sim.simulator import SimConfig
 
+    speed_factors, sensitivity_factors = _calibration(args.speed_calibration)
     return SimConfig(nodes=args.nodes, node_cpus=args.node_cpus, node_gpus=args.node_gpus,
                      node_mem_gib=args.node_mem_gib, interval_s=args.interval, max_ps=args.max_ps,
                      max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
                      speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
-                     admission=args.admission, speed_factors=_speed_factors(args.speed_calibration))
+                     admission=args.admission, speed_factors=speed_factors,
+                     sensitivity_factors=sensitivity_factors)
 
 
 def cmd_simulate(args) -> int:

@@ -153,11 +153,16 @@ def new_intervals(records: list[IntervalRecord], versions, phase: str, algorithm
 
 def calibrate(fresh: list[IntervalRecord], versions, phase: str, algorithm: str, min_samples: int,
               log=print) -> calibration.Calibration:
-    """Speed factors from the new records, the newest published version's as the prior."""
+    """Speed and sensitivity factors from the new records, the newest published version's as
+    the prior."""
     newest = model_versions.newest(versions, phase, algorithm)
     prior = (newest.evaluation.get("speed_factors") if newest else None) or None
-    cal = calibration.calibrate(fresh, prior=prior, min_samples=min_samples)
+    sensitivity = (newest.evaluation.get("sensitivity_factors") if newest else None) or None
+    cal = calibration.calibrate(fresh, prior=prior, min_samples=min_samples, sensitivity_prior=sensitivity)
     log("calibrated speed factors: " + json.dumps(cal.speed_factors))
+    log("calibrated interference sensitivity factors: " + json.dumps(cal.sensitivity_factors)
+        + (f" (too little evidence, prior kept: {', '.join(cal.sensitivity_kept_prior)})"
+           if cal.sensitivity_kept_prior else ""))
     return cal
 
 
@@ -181,11 +186,11 @@ def run(a, log=print) -> dict:
     budget = a.time_budget_min * 60
     if a.mode == "simulator":
         summary = simtrain.train_in_simulator(
-            net, spec, load, cal.speed_factors,
+            net, spec, load, cal,
             simtrain.SimRLArgs(time_budget_s=budget, episodes=a.episodes), a.seed, log)
     elif a.mode == "imitate":
         summary = imitate.imitate_in_simulator(
-            net, spec, load, cal.speed_factors, imitate.ImitateArgs(time_budget_s=budget), a.seed, log)
+            net, spec, load, cal, imitate.ImitateArgs(time_budget_s=budget), a.seed, log)
     else:
         steps = offpolicy.transitions(fresh, card, offpolicy.OffPolicyArgs.gamma)
         summary = offpolicy.fine_tune(net, steps, offpolicy.OffPolicyArgs(time_budget_s=budget,
@@ -194,13 +199,14 @@ def run(a, log=print) -> dict:
     training = {"command": " ".join(["mlsched retrain dl2", *sys.argv[1:]]), "mode": a.mode,
                 "base_sha256": card.onnx_sha256, "base_version": base_version, "intervals": list(span),
                 "seed": a.seed, "summary": summary, "calibration": cal.to_json(), "workload": load.to_json()}
-    cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal.speed_factors))
+    cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal))
              for k in range(a.eval_traces)]
     export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training, validation={})
     judged = evaluate.compare(str(base_path), str(candidate), cases)
     evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
                   "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
-                  "base_sha256": card.onnx_sha256, "speed_factors": cal.speed_factors, "seed": a.seed}
+                  "base_sha256": card.onnx_sha256, "speed_factors": cal.speed_factors,
+                  "sensitivity_factors": cal.sensitivity_factors, "seed": a.seed}
     # The card carries the evaluation too (re-exported: the graph's bytes do not change).
     card_json = json.dumps(export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training,
                                          validation={"retrain_evaluation": evaluation}), indent=1, sort_keys=True)

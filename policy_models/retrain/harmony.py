@@ -5,21 +5,21 @@ interval records, the way `mlsched retrain dl2` does for DL² (cli.py; docs/retr
     mlsched retrain harmony --records DIR --store DIR             # local files
 
 1. Read the records not yet consumed by a published placement/harmony version.
-2. Calibrate the simulator's per-model speeds to them (calibration.py, the same as DL²'s).
+2. Calibrate the simulator's per-model speeds and interference to them (calibration.py, as DL²'s).
 3. Rebuild the cluster's workload from them with each job's counts (the most workers and PS
    it held: under the `fixed` allocation, the user's), arriving at the recorded rate.
 4. Start from the active model (its exported graph: harmony/export.state_from_onnx; the critic
-   is not in the graph and starts afresh) and continue Harmony's actor-critic
-   (harmony/train.py `actor_critic`) on traces of that workload in the calibrated simulator,
-   under the allocation the records name. Every `--validate-every` episodes the greedy policy
-   runs on validation traces of the same workload; the best network seen, the start included,
+   is not in the graph and starts afresh) and train it, in the mode the user picks:
+   `--mode simulator` (default) continues Harmony's actor-critic (harmony/train.py
+   `actor_critic`) on traces of that workload in the calibrated simulator, under the
+   allocation the records name; every `--validate-every` episodes the greedy policy runs on
+   validation traces of the same workload, and the best network seen, the start included,
    comes out (a run that does not improve returns the active model's weights).
+   `--mode offpolicy` fine-tunes on the recorded decisions themselves (harmony_offpolicy.py).
 5. Candidate against active on held-out traces of the workload in the calibrated simulator;
    published as the next version (a ConfigMap, phase placement) only if its average JCT is
    lower by --margin.
 
-Only the simulator mode: the operator logs Harmony's decisions (policies/placement/harmony.py)
-but no off-policy learner reads them yet.
 """
 
 from __future__ import annotations
@@ -36,11 +36,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from mlsched.features.card import ModelCard, card_path
 from mlsched.policies import registry
 from mlsched.sim.simulator import Simulator
 from policy_models.harmony import export
 from policy_models.harmony import train as harmony_train
-from policy_models.retrain import cli, evaluate, workload
+from policy_models.retrain import cli, evaluate, harmony_offpolicy, workload
 
 PHASE, ALGORITHM = "placement", "harmony"
 #: Allocations the simulator runs for a recorded policy without a model of the policy's own.
@@ -50,8 +51,9 @@ SIMULATED_ALLOCATIONS = ("fixed", "drf", "fifo", "srtf", "tetris", "optimus", "d
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = cli.common_parser("mlsched retrain harmony", __doc__)
-    p.add_argument("--mode", choices=("simulator",), default="simulator",
-                   help="only the simulator mode so far (dl2's manifests' --mode=simulator works unchanged)")
+    p.add_argument("--mode", choices=("simulator", "offpolicy"), default="simulator",
+                   help="simulator: actor-critic in the calibrated simulator; offpolicy: fine-tune on the "
+                        "recorded decisions (the policy must keep a dataset)")
     p.add_argument("--episodes", type=int, default=200, help="at most this many actor-critic episodes")
     p.add_argument("--validate-every", type=int, default=20)
     p.add_argument("--validation-traces", type=int, default=6)
@@ -84,7 +86,7 @@ def jct_with(allocation: str):
     return run
 
 
-def train_in_simulator(net, load: workload.Workload, factors: dict[str, float] | None, allocation: str,
+def train_in_simulator(net, load: workload.Workload, calibration, allocation: str,
                        a, deadline: float, log=print) -> dict:
     """Harmony's actor-critic on the workload in the calibrated simulator; the best network on
     the validation traces (the start included) is left in `net`."""
@@ -94,7 +96,7 @@ def train_in_simulator(net, load: workload.Workload, factors: dict[str, float] |
                               # A trained start: little forced exploration, none of the entropy
                               # push that helps a fresh network (train.py's schedules start higher).
                               epsilon=(0.05, 0.0), entropy=(0.0, 0.0))
-    val_cases = [(load.trace(s), load.config(s, factors)) for s in
+    val_cases = [(load.trace(s), load.config(s, calibration)) for s in
                  (workload.VALIDATION_SEEDS + 1_000 * a.seed + k for k in range(a.validation_traces))]
 
     def val_jct() -> float:
@@ -109,7 +111,7 @@ def train_in_simulator(net, load: workload.Workload, factors: dict[str, float] |
 
     def draw(e: int):
         s = workload.TRAIN_SEEDS + 10_000 * a.seed + e
-        return load.trace(s), load.config(s, factors), allocation
+        return load.trace(s), load.config(s, calibration), allocation
 
     def validate_at(done: int, _eps: float, _beta: float) -> None:
         jct = val_jct()
@@ -150,18 +152,26 @@ def run(a, log=print) -> dict:
 
     net = export.state_from_onnx(base_path)
     base_sha = hashlib.sha256(Path(base_path).read_bytes()).hexdigest()
-    summary = train_in_simulator(net, load, cal.speed_factors, allocation, a, t0 + a.time_budget_min * 60, log)
+    if a.mode == "offpolicy":
+        data = harmony_offpolicy.decisions(fresh, ModelCard.read(card_path(base_path)),
+                                           harmony_offpolicy.OffPolicyArgs.gamma)
+        summary = harmony_offpolicy.fine_tune(
+            net, data, harmony_offpolicy.OffPolicyArgs(lr=a.lr, time_budget_s=a.time_budget_min * 60),
+            np.random.default_rng(a.seed), log)
+    else:
+        summary = train_in_simulator(net, load, cal, allocation, a, t0 + a.time_budget_min * 60, log)
     candidate = work / "candidate" / f"{ALGORITHM}.onnx"
-    training = {"command": " ".join(["mlsched retrain harmony", *sys.argv[1:]]), "mode": "simulator",
+    training = {"command": " ".join(["mlsched retrain harmony", *sys.argv[1:]]), "mode": a.mode,
                 "base_sha256": base_sha, "base_version": base_version, "intervals": list(span),
                 "seed": a.seed, "summary": summary, "calibration": cal.to_json(), "workload": load.to_json()}
-    cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal.speed_factors))
+    cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal))
              for k in range(a.eval_traces)]
     export.export(net, candidate, training, {})
     judged = evaluate.compare(str(base_path), str(candidate), cases, jct=jct_with(allocation))
-    evaluation = {**judged, "mode": "simulator", "margin": a.margin, "trained_through_interval": span[1],
+    evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
                   "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
-                  "base_sha256": base_sha, "speed_factors": cal.speed_factors, "seed": a.seed,
+                  "base_sha256": base_sha, "speed_factors": cal.speed_factors,
+                  "sensitivity_factors": cal.sensitivity_factors, "seed": a.seed,
                   "allocation": allocation}
     card_json = json.dumps(export.export(net, candidate, training, {"retrain_evaluation": evaluation}),
                            indent=1, sort_keys=True)

@@ -6,7 +6,8 @@ table, and retraining has to find that out from the records alone. Every closed 
 becomes one `IntervalRecord` (the operator writes one per interval and policy): each job's
 grant, placement and epochs trained, the interval's reward, and, for DL², every inference
 of the round and of the admission steps inside the interval, with the behaviour and policy
-probabilities of the epsilon-greedy serving policy (`ExploringActor`).
+probabilities of the epsilon-greedy serving policy (`ExploringActor`). A learned placement
+(Harmony) explores and records through the operator's own serving code (controller/serving.py).
 
     python -m policy_models.retrain.history --out DIR --intervals 200 [--speed-perturbation 0.3]
 
@@ -26,6 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mlsched.cluster.types import Decision
+from mlsched.controller import serving
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.decision_log import DecisionRecorder, IntervalRecord, JobInterval
@@ -50,6 +52,16 @@ def perturbation(spread: float, seed: int) -> dict[str, float]:
         raise ValueError(f"speed perturbation must be in [0, 1), got {spread}")
     rng = np.random.default_rng(seed)
     return {m: float(round(rng.uniform(1 - spread, 1 + spread), 4)) for m in catalog.MODEL_NAMES}
+
+
+def sensitivity_perturbation(spread: float, seed: int) -> dict[str, float]:
+    """A factor per catalog model on its interference sensitivity, log-uniform in
+    [1 / (1 + spread), 1 + spread]: the "cluster"'s interference (seeded apart from the speeds)."""
+    if spread < 0:
+        raise ValueError(f"sensitivity perturbation must be >= 0, got {spread}")
+    rng = np.random.default_rng([seed, 1])
+    bound = np.log1p(spread)
+    return {m: float(round(np.exp(rng.uniform(-bound, bound)), 4)) for m in catalog.MODEL_NAMES}
 
 
 class ExploringActor:
@@ -94,14 +106,15 @@ class HistoryRecorder:
     def __init__(self, policy: str = "dl2", model_path: str | None = None, epsilon: float = 0.1,
                  nodes: int = 13, speed_factors: dict[str, float] | None = None, seed: int = 0,
                  name: str = "default", namespace: str = "default", placement: str = "load-balance",
-                 placement_model: str | None = None):
+                 placement_model: str | None = None, sensitivity_factors: dict[str, float] | None = None):
         self.rng = np.random.default_rng(seed)
         self.nodes, self.speed_factors, self.seed = nodes, speed_factors, seed
+        self.sensitivity_factors, self.epsilon = sensitivity_factors, epsilon
         self.name, self.namespace = name, namespace
-        # A learned placement serves greedily here and records no decisions (its retrainer,
-        # retrain/harmony.py, learns in the calibrated simulator, not from them).
         self.placement_name = placement
         self.placement = registry.make_placement(placement, registry.PolicyContext(model_path=placement_model))
+        # A learned placement explores and records as the operator serves it (serving.serve).
+        self.placement_learned = registry.is_learned("placement", placement)
         if policy == "dl2":
             self.actor = ExploringActor(load_model(model_path, "dl2", "allocation"), epsilon, self.rng)
             window = int(self.actor.model.card.encoder_params["window"])
@@ -110,20 +123,29 @@ class HistoryRecorder:
             self.actor, self.allocation = None, registry.make_allocation(policy)
         self.policy = policy
 
-    def _decide(self, kind: str, snapshot, when: float, sink: list) -> Decision:
+    def _decide(self, kind: str, snapshot, when: float, sink: list, interval: int) -> Decision:
         if self.actor is not None:
             self.actor.start(kind, rfc3339(when))
+        placement, served = self.placement, None
+        if self.placement_learned:
+            served = serving.serve({"placement": self.placement}, namespace=self.namespace, policy=self.name,
+                                   interval=interval, kind=kind, time=rfc3339(when), epsilon=self.epsilon,
+                                   record=True)
+            placement = served.phases["placement"]
         run = run_round if kind == "round" else run_admission
-        decision = run(snapshot, self.allocation, self.placement)
+        decision = run(snapshot, self.allocation, placement)
         if self.actor is not None:
             done = self.actor.recorder.finish()
             if done is not None:
                 sink.append(done)
+        if served is not None:
+            sink.extend(served.decisions())
         return decision
 
     def run_trace(self, trace, trace_seed: int, first_interval: int, offset_s: float,
                   max_slots: int = 400) -> Iterator[IntervalRecord]:
-        config = SimConfig(nodes=self.nodes, seed=trace_seed, speed_factors=self.speed_factors)
+        config = SimConfig(nodes=self.nodes, seed=trace_seed, speed_factors=self.speed_factors,
+                           sensitivity_factors=self.sensitivity_factors)
         sim = Simulator(trace, config)
         number = first_interval
         while not sim.done and sim.slot < max_slots:
@@ -131,11 +153,11 @@ class HistoryRecorder:
             decisions: list = []
             snapshot = sim.snapshot()
             grants = {}
-            decision = self._decide("round", snapshot, offset_s + start, decisions)
+            decision = self._decide("round", snapshot, offset_s + start, decisions, number)
             grants.update(decision.jobs)
 
             def admit(snap):
-                step = self._decide("admission", snap, offset_s + snap.time_s, decisions)
+                step = self._decide("admission", snap, offset_s + snap.time_s, decisions, number)
                 grants.update(step.jobs)
                 return step
 
@@ -172,12 +194,14 @@ def record_history(intervals: int, policy: str = "dl2", model_path: str | None =
                    epsilon: float = 0.1, nodes: int = 13, jobs: int = 60, rate: float = 3.0,
                    speed_factors: dict[str, float] | None = None, seed: int = 0,
                    first_interval: int = 1, progress: bool = False, placement: str = "load-balance",
-                   placement_model: str | None = None) -> list[IntervalRecord]:
+                   placement_model: str | None = None,
+                   sensitivity_factors: dict[str, float] | None = None) -> list[IntervalRecord]:
     """`intervals` records from traces of `jobs` jobs (seeds HISTORY_SEED_BASE + 1000·seed + k)
     run one after the other, as one cluster's history. With the `fixed` allocation the traces
     are issue 15's placement traces (users fix each job's counts; `jobs` and `rate` unused)."""
     rec = HistoryRecorder(policy, model_path, epsilon, nodes, speed_factors, seed,
-                          placement=placement, placement_model=placement_model)
+                          placement=placement, placement_model=placement_model,
+                          sensitivity_factors=sensitivity_factors)
     out: list[IntervalRecord] = []
     offset, k = 0.0, 0
     bar = tqdm(total=intervals, desc="recording", file=sys.stderr, disable=None if progress else True, leave=False)
@@ -217,14 +241,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rate", type=float, default=3.0)
     p.add_argument("--speed-perturbation", type=float, default=0.0,
                    help="per-model speed factors uniform in [1-x, 1+x] (0: the catalog's speeds)")
+    p.add_argument("--sensitivity-perturbation", type=float, default=0.0,
+                   help="per-model interference sensitivity factors log-uniform in [1/(1+x), 1+x] (0: the table's)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     factors = perturbation(a.speed_perturbation, a.seed) if a.speed_perturbation > 0 else None
+    sensitivity = (sensitivity_perturbation(a.sensitivity_perturbation, a.seed)
+                   if a.sensitivity_perturbation > 0 else None)
     records = record_history(a.intervals, a.policy, a.model, a.epsilon, a.nodes, a.jobs, a.rate, factors,
-                             a.seed, progress=True, placement=a.placement)
+                             a.seed, progress=True, placement=a.placement, sensitivity_factors=sensitivity)
     out = Path(a.out)
     write_records(records, out)
-    (out / "perturbation.json").write_text(json.dumps({"speed_factors": factors or {}}, indent=1))
+    (out / "perturbation.json").write_text(json.dumps({"speed_factors": factors or {},
+                                                       "sensitivity_factors": sensitivity or {}}, indent=1))
     print(f"wrote {len(records)} interval records to {out}", file=sys.stderr)
     return 0
 

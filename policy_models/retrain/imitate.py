@@ -70,19 +70,19 @@ def rollouts(window: int, teacher, traces, student=None, max_slots: int = 40):
             torch.tensor(actions, dtype=torch.long))
 
 
-def imitate_in_simulator(net, spec, workload: Workload, speed_factors: dict[str, float] | None,
+def imitate_in_simulator(net, spec, workload: Workload, calibration,
                          args: ImitateArgs, seed: int, log=print) -> dict:
     t0 = time.time()
     torch.manual_seed(seed)
     base = dl2_train.Args(window=spec.window, arch=spec.arch, hidden=spec.hidden, seed=seed,
                           max_slots_per_episode=args.max_slots_per_episode)
-    teacher = calibrated_teacher(speed_factors)
+    teacher = calibrated_teacher(calibration.speed_factors if calibration else None)
     next_trace = iter(range(TRAIN_SEEDS + 10_000 * seed, TRAIN_SEEDS + 10_000 * (seed + 1)))
 
     def traces(n: int):
-        return [(workload.trace(s), workload.config(s, speed_factors)) for s in (next(next_trace) for _ in range(n))]
+        return [(workload.trace(s), workload.config(s, calibration)) for s in (next(next_trace) for _ in range(n))]
 
-    val_sets = [("cluster", workload.trace(s), workload.config(s, speed_factors))
+    val_sets = [("cluster", workload.trace(s), workload.config(s, calibration))
                 for s in (VALIDATION_SEEDS + 1_000 * seed + k for k in range(args.validation_traces))]
     start_val = dl2_train.validate(base, net, val_sets)["cluster"]
     best = {"jct": start_val, "state": {k: v.clone() for k, v in net.state_dict().items()}, "round": 0}

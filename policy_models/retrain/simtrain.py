@@ -38,7 +38,7 @@ class SimRLArgs:
     entropy: float = 0.002
 
 
-def train_in_simulator(net, spec, workload: Workload, speed_factors: dict[str, float] | None,
+def train_in_simulator(net, spec, workload: Workload, calibration,
                        args: SimRLArgs, seed: int, log=print) -> dict:
     t0 = time.time()
     rng = np.random.default_rng(seed)
@@ -47,12 +47,12 @@ def train_in_simulator(net, spec, workload: Workload, speed_factors: dict[str, f
 
     def setup(_args, k):
         s = TRAIN_SEEDS + 10_000 * seed + k
-        return workload.trace(s), workload.config(s, speed_factors)
+        return workload.trace(s), workload.config(s, calibration)
 
     val_sets = []
     for k in range(args.validation_traces):
         s = VALIDATION_SEEDS + 1_000 * seed + k
-        val_sets.append(("cluster", workload.trace(s), workload.config(s, speed_factors)))
+        val_sets.append(("cluster", workload.trace(s), workload.config(s, calibration)))
     start_val = dl2_train.validate(base, net, val_sets)["cluster"]
     best = {"jct": start_val, "state": {k: v.clone() for k, v in net.state_dict().items()}, "episode": 0}
     curve = [(0, start_val)]

@@ -64,9 +64,12 @@ class Workload:
             slot += 1
         return out[: self.jobs_per_trace]
 
-    def config(self, seed: int, speed_factors: dict[str, float] | None, admission: str = "arrival") -> SimConfig:
+    def config(self, seed: int, calibration=None, admission: str = "arrival") -> SimConfig:
+        """The simulated cluster for a trace: this workload's size and interval, with the
+        speeds and interference of `calibration` (a calibration.Calibration; None: the catalog's)."""
         return SimConfig(nodes=self.nodes, seed=seed, interval_s=self.interval_s, admission=admission,
-                         speed_factors=speed_factors or None)
+                         speed_factors=(calibration.speed_factors or None) if calibration else None,
+                         sensitivity_factors=(calibration.sensitivity_factors or None) if calibration else None)
 
     def to_json(self) -> dict:
         return {"nodes": self.nodes, "rate_per_interval": round(self.rate, 3), "distinct_jobs": len(self.jobs),

@@ -89,6 +89,9 @@ class SimConfig:
     # model -> factor on its speed (speed_models.ScaledSpeed): a calibration to a real cluster
     # (`mlsched retrain`), or a benchmark's "cluster" that differs from the catalog. None: off.
     speed_factors: dict[str, float] | None = None
+    # model -> factor on its sensitivity to co-tenants (interference.job_speed_factors): the
+    # same kind of calibration, for interference. None: the table's sensitivities.
+    sensitivity_factors: dict[str, float] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -166,6 +169,7 @@ class Simulator:
         self.speed = speed_model or get_speed_model(self.config.speed_model)
         if self.config.speed_factors:
             self.speed = ScaledSpeed(self.speed, self.config.speed_factors)
+        self.sensitivity = interference.sensitivity_factors(self.config.sensitivity_factors)
         self.capacity = self.config.capacity()
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.name))
@@ -310,7 +314,8 @@ class Simulator:
                       for s in self.active if s.worker_nodes and s.finish_s is None}
         shared = self._timeshared(placements)
         groups = shared if self.plan.coordinated else None
-        factors = (interference.job_speed_factors(placements, groups, interference.node_capacity(self.config.node_cpus))
+        factors = (interference.job_speed_factors(placements, groups, interference.node_capacity(self.config.node_cpus),
+                                                  self.sensitivity)
                    if self.config.interference else {})
         coloc = colocation_factors({n: self._phased(self.states[n]) for n in shared}, self.capacity) if shared else {}
         rates = {}

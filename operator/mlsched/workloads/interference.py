@@ -20,6 +20,10 @@ A task on n then takes 1 + Σ_r sensitivity_r · c_r times as long per step, and
 job runs at the pace of its slowest node: factor = 1 / max over its nodes. The slowdown of a
 job is therefore bounded by 1 − 1 / (1 + Σ_r sensitivity_r) whatever shares its nodes.
 
+A calibration to a real cluster (`mlsched retrain`, docs/retraining.md) scales a model's
+sensitivity by one factor (`sensitivity`), which scales its slowdown's growth P = Σ_r
+sensitivity_r · c_r whoever the neighbours are; the demands stay the table's.
+
 Tasks of the same job do not count against each other (their cost is already in the measured
 speed table), and neither do co-members of a coordinated co-location group (docs/grouping.md).
 
@@ -44,6 +48,8 @@ language model, so WLM presses on PCIe rather than on the CPU.
 from __future__ import annotations
 
 import numpy as np
+
+from mlsched.workloads import catalog
 
 DIMENSIONS = ("cpu", "network", "pcie")
 
@@ -83,8 +89,11 @@ def node_capacity(cpus: float, reference_cpus: float = 8.0) -> np.ndarray:
 
 def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
                       groups: dict[str, str] | None = None,
-                      capacity: np.ndarray | dict[int, np.ndarray] | None = None) -> dict[str, float]:
-    """Speed multiplier (0, 1] per job from where every job's tasks are.
+                      capacity: np.ndarray | dict[int, np.ndarray] | None = None,
+                      sensitivity: dict[str, float] | None = None) -> dict[str, float]:
+    """Speed multiplier (0, 1] per job from where every job's tasks are: 1 / (1 + s · P),
+    P its pressure (`job_pressures`), s its model's factor in `sensitivity` (a calibration
+    to a real cluster, `mlsched retrain`; 1 when absent or None).
 
     `placements` maps job -> (model, node index of each of its tasks). `groups` maps jobs to
     a coordinated co-location group (Harmony): members of one group do not count against each
@@ -94,8 +103,20 @@ def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
     each node's (cpu, network, pcie) relative to the reference node (one vector for all
     nodes, or node -> vector); the reference node when None.
     """
+    pressures = job_pressures(placements, groups, capacity)
+    scale = sensitivity or {}
+    return {job: 1.0 / (1.0 + scale.get(placements[job][0], 1.0) * p) for job, p in pressures.items()}
+
+
+def job_pressures(placements: dict[str, tuple[str, list[int]]],
+                  groups: dict[str, str] | None = None,
+                  capacity: np.ndarray | dict[int, np.ndarray] | None = None) -> dict[str, float]:
+    """Per job: the largest Σ_r sensitivity_r · c_r over its nodes (module doc), its step
+    time's relative growth. Arguments as for `job_speed_factors`. Calibration fits a factor
+    on it per model (policy_models/retrain/calibration.py), since a job's slowdown scales
+    with it whatever the neighbours are."""
     per_node = _demand_per_node(placements)
-    factors = {}
+    pressures = {}
     for job, (model, nodes) in placements.items():
         worst = 0.0
         sens = SENSITIVITY[model]
@@ -112,8 +133,18 @@ def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
             o = sum(others) / cap
             load = o + here[job] / cap
             worst = max(worst, float(sens @ (o / np.maximum(1.0, load))))
-        factors[job] = 1.0 / (1.0 + worst)
-    return factors
+        pressures[job] = worst
+    return pressures
+
+
+def sensitivity_factors(factors: dict[str, float] | None) -> dict[str, float] | None:
+    """Checked per-model sensitivity factors by canonical model name (None stays None)."""
+    if not factors:
+        return None
+    bad = {m: f for m, f in factors.items() if not (f >= 0 and np.isfinite(f))}
+    if bad:
+        raise ValueError(f"sensitivity factors must be finite and >= 0: {bad}")
+    return {catalog.canonical_name(m): float(f) for m, f in factors.items()}
 
 
 def _capacity_of(capacity, n: int) -> np.ndarray | float:
