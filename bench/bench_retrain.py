@@ -18,13 +18,16 @@ training, validation, recorded histories or retraining's own evaluation) in that
    models ±30 % off; a history under it, then an off-policy run (judged only) and a
    simulator-mode run from it; each candidate vs shipped in that cluster on
    bench_placement.py's unseen traces (seeds 700000+).
+5. What knowing the cluster exactly is worth to the shipped policies (an upper bound on any
+   calibration's gain): DL² with each job's prior speed the true one instead of the
+   catalog's; LIF-line placement knowing the true interference sensitivities.
 
 With --sensitivity-perturbation X, parts 2 and 4's cluster also differs in interference: each
 model's sensitivity to its neighbours × a factor log-uniform in [1/(1+X), 1+X]; they print the
 calibration's sensitivities against the truth, and how well the catalog, the speed-only and the
 full calibration predict the epochs of the intervals recorded next.
 
-    python bench/bench_retrain.py [--rounds 2] [--intervals 150] [--budget-min 3] [--parts 1 2 3 4]
+    python bench/bench_retrain.py [--rounds 2] [--intervals 150] [--budget-min 3] [--parts 1 2 3 4 5]
 """
 
 from __future__ import annotations
@@ -219,6 +222,50 @@ def part_harmony(a, work: Path) -> None:
           f"training {rep['evaluation'].get('intervals')} intervals, wall {rep['wall_s']} s")
 
 
+def part_truth_worth(a, seeds) -> None:
+    """What knowing the cluster exactly would buy the shipped policies: an upper bound on what
+    any calibration can give them."""
+    from mlsched.cluster import types
+    from mlsched.policies.placement.interference_aware import LeastInterferenceFirst
+    from mlsched.policies.placement.sticky import Sticky
+    from mlsched.sim.scenarios import placement_trace
+    from mlsched.sim.simulator import SimConfig
+
+    print("\n5. what the truth is worth: the shipped DL² in ±30 % speed-perturbed clusters with each job's "
+          "prior speed from the catalog vs from the true (perturbed) speeds; Harmony placement in clusters "
+          "whose interference sensitivities also differ (log-uniform, up to 2x), against LIF-line with the "
+          "table's and with the true sensitivities")
+    prior_curve = types.prior_curve
+    for pseed in (a.perturbation_seed, a.perturbation_seed + 1, a.perturbation_seed + 2):
+        factors = history.perturbation(0.3, seed=pseed)
+        catalog_prior = truth_jct(SHIPPED, factors, seeds)
+        # JobView's default prior (cluster/types.py), scaled by the true factor, for this measurement only.
+        types.prior_curve = lambda m, arch, declared=None: prior_curve(m, arch, declared).scaled(factors.get(m, 1.0))
+        try:
+            true_prior = truth_jct(SHIPPED, factors, seeds)
+        finally:
+            types.prior_curve = prior_curve
+        print(f"   perturbation seed {pseed}: DL² with the true speeds as its prior / with the catalog's: "
+              f"{true_prior / catalog_prior:.4f} ({catalog_prior / 3600:.3f} h)")
+    n = a.harmony_nodes
+    for pseed in (a.perturbation_seed, a.perturbation_seed + 1):
+        factors = history.perturbation(0.3, seed=pseed)
+        sensitivity = history.sensitivity_perturbation(1.0, seed=pseed)
+        harmony_jct = placement_truth(HARMONY, factors, n, range(700000, 700000 + a.seeds), sensitivity)
+
+        def lif(known: dict | None) -> float:
+            out = []
+            for s in range(700000, 700000 + a.seeds):
+                sim = Simulator(placement_trace(n, s), SimConfig(nodes=n, seed=s, speed_factors=factors,
+                                                                 sensitivity_factors=sensitivity))
+                result = sim.run(registry.make_allocation("fixed"), Sticky(LeastInterferenceFirst(1, known)))
+                out.append(result.summary()["avg_jct_s"])
+            return float(np.mean(out))
+        print(f"   perturbation seed {pseed}, {n} nodes: x shipped Harmony ({harmony_jct / 3600:.3f} h): "
+              f"LIF-line {lif(None) / harmony_jct:.4f}, LIF-line knowing the true sensitivities "
+              f"{lif(sensitivity) / harmony_jct:.4f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--rounds", type=int, default=2)
@@ -237,7 +284,7 @@ def main() -> None:
                    help="parts 2 and 4: the cluster's interference sensitivity per model also differs, "
                         "log-uniform in [1/(1+x), 1+x] (0: the table's)")
     p.add_argument("--wall-intervals", type=int, default=1000)
-    p.add_argument("--parts", nargs="+", default=["1", "2", "3", "4"])
+    p.add_argument("--parts", nargs="+", default=["1", "2", "3", "4", "5"])
     p.add_argument("--harmony-nodes", type=int, default=13, help="part 4's cluster")
     a = p.parse_args()
     torch.set_num_threads(1)
@@ -252,6 +299,8 @@ def main() -> None:
         part_wall_time(a, work)
     if "4" in a.parts:
         part_harmony(a, work)
+    if "5" in a.parts:
+        part_truth_worth(a, seeds)
     print(f"\ntotal wall time {(time.time() - t0) / 60:.1f} min; work files in {work}")
 
 

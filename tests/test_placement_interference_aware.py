@@ -56,6 +56,26 @@ def test_lif_keeps_a_cpu_sensitive_task_away_from_a_noisy_neighbour():
         assert lif.choose_node(ledger, victim, "worker", victim.demand("worker")) == 1
 
 
+def test_lif_with_calibrated_sensitivities_weighs_each_victim_by_its_factor():
+    """A cluster's calibration (retraining) can tell LIF that a model suffers less than the
+    profile says: with ResNeXt's factor 0 (and WLM's 1), the slowdown it would suffer next to
+    CTC no longer counts, so the quiet neighbour's own slowdown decides and ResNeXt joins CTC."""
+    noisy, quiet = job("ctc", model="cnn-text-classification"), job("wlm", model="wlm")
+    victim = job("rx", model="resnext-110")
+    scores = {}
+    for label, known in (("profile", None), ("ones", {m: 1.0 for m in MODELS}),
+                         ("numb", {"resnext-110": 0.0, "cnn-text-classification": 0.0})):
+        lif = ia.LeastInterferenceFirst(1, known)
+        ledger = ledger_for(lif, [noisy, quiet, victim], nodes=2)
+        ledger.book(noisy, "worker", 0)
+        ledger.book(quiet, "worker", 1)
+        scores[label] = [lif._score(ledger, n, "rx", "resnext-110") for n in (0, 1)]
+        node = lif.choose_node(ledger, victim, "worker", victim.demand("worker"))
+        assert node == (0 if label == "numb" else 1), label
+    assert scores["ones"] == scores["profile"]
+    assert scores["numb"][0] == 0.0 < scores["numb"][1]
+
+
 def test_lif_ties_go_to_the_lowest_node_and_a_jobs_own_tasks_do_not_count():
     lif = ia.LeastInterferenceFirst(1)
     a, b = job("a"), job("b")

@@ -84,9 +84,12 @@ def _usage(model: str) -> np.ndarray:
 
 
 class LeastInterferenceFirst(TaskByTaskPlacement):
-    def __init__(self, degree: int = 1):
+    def __init__(self, degree: int = 1, sensitivity: dict[str, float] | None = None):
         self.degree = degree
         self.name = "lif-line" if degree == 1 else "lif-quad"
+        # model -> factor on its predicted slowdown: a cluster's calibrated sensitivities
+        # (policy_models/retrain/calibration.py); the profile's own when None.
+        self.sensitivity = sensitivity or {}
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         mask = ledger.fits_mask(demand, job)
@@ -109,8 +112,8 @@ class LeastInterferenceFirst(TaskByTaskPlacement):
         scale = np.array([REFERENCE_CPUS / cpus if cpus > 0 else np.inf, 1.0])
         usage = {j: count[j] * _usage(model_of[j]) for j in count}
         total = sum(usage.values())
-        return float(sum(count[j] * predicted_slowdown(model_of[j], (total - usage[j]) * scale,
-                                                       self.degree)
+        return float(sum(count[j] * self.sensitivity.get(model_of[j], 1.0)
+                         * predicted_slowdown(model_of[j], (total - usage[j]) * scale, self.degree)
                          for j in count))
 
 
