@@ -13,6 +13,7 @@
 3. Training wall time of each shipped model, from its card.
 
     python bench/bench_chic.py [--sequences 30] [--dl2-seeds 2] [--skip-dl2] [--skip-paper] [--dl2-model M.onnx] [--window-sweep 10]
+                               [--chic-model M.onnx] [--chic-pair-model M.onnx]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -37,11 +39,19 @@ LEARNED = ("chic", "chic-pair")
 HEURISTICS = ("optimus", "optimus-oracle", "drf")
 
 
-def paper_setting(seeds: list[int]) -> None:
-    learned = {name: registry.make_allocation(name) for name in LEARNED}
+def learned_policies(models: dict[str, str | None]) -> dict:
+    """chic and chic-pair, each from its shipped model or the file `models` names (its window
+    I comes from the model's card)."""
+    return {name: registry.make_allocation(name, registry.PolicyContext(model_path=models.get(name)))
+            for name in LEARNED}
+
+
+def paper_setting(seeds: list[int], models: dict[str, str | None]) -> None:
+    learned = learned_policies(models)
     lb = registry.make_placement("load-balance")
     print(f"paper setting: 1 pool (120 CPU, 10 GPU, 600 GB), {chic_scenario.JOBS_PER_SEQUENCE} jobs per sequence, "
-          f"avg JCT in hours over {len(seeds)} unseen sequences (seeds {seeds[0]}-{seeds[-1]}) per load")
+          f"avg JCT in hours over {len(seeds)} unseen sequences (seeds {seeds[0]}-{seeds[-1]}) per load; windows "
+          + ", ".join(f"{n} I={p.jobs}" for n, p in learned.items()))
     cols = ("ideal",) + LEARNED + HEURISTICS + ("optimus-events",)
     print(f"{'jobs/h':>6} " + " ".join(f"{c:>14}" for c in cols) + "   chic/opt  pair/opt  chic/oracle  chic/ideal")
     misses = []
@@ -98,8 +108,8 @@ def window_sweep(seeds: list[int], windows=(3, 5, 10)) -> None:
               + "  " + " ".join(f"{m[f'I={i}'] / m['optimus']:>9.3f}" for i in windows))
 
 
-def dl2_scenarios(seeds: list[int], dl2_model: str | None) -> None:
-    learned = {name: registry.make_allocation(name) for name in LEARNED}
+def dl2_scenarios(seeds: list[int], dl2_model: str | None, models: dict[str, str | None]) -> None:
+    learned = learned_policies(models)
     learned["dl2"] = registry.make_allocation("dl2", registry.PolicyContext(model_path=dl2_model))
     lb = registry.make_placement("load-balance")
     print(f"\nDL² scenarios: avg JCT in hours over {len(seeds)} benchmark trace(s) (seeds {seeds[0]}-{seeds[-1]}), "
@@ -119,10 +129,10 @@ def dl2_scenarios(seeds: list[int], dl2_model: str | None) -> None:
               + f"   {m['chic'] / m['drf']:>8.2f}  {m['chic'] / m['dl2']:>8.2f}  {m['chic'] / m['optimus']:>8.2f}")
 
 
-def training_times() -> None:
-    print("\ntraining wall time (from the shipped cards):")
+def training_times(models: dict[str, str | None]) -> None:
+    print("\ntraining wall time (from the models' cards):")
     for name in LEARNED:
-        card = ModelCard.read(card_path(default_model_path(name)))
+        card = ModelCard.read(card_path(Path(models.get(name) or default_model_path(name))))
         t = card.training
         print(f"  {name:<10} {t['wall_time_s'] / 60:.1f} min, {t['iterations']} CEM iterations "
               f"(best at {t['best_iteration']}), {t['machine']}; validation {card.validation['ratio_to_optimus']:.3f} x optimus")
@@ -137,15 +147,19 @@ def main() -> None:
     parser.add_argument("--window-sweep", type=int, default=0, metavar="N",
                         help="also sweep the window I with the gain heuristic on N test sequences per load")
     parser.add_argument("--dl2-model", help="DL² model for the comparison (default: the shipped one)")
+    parser.add_argument("--chic-model", help="Chic model (default: the shipped one; e.g. one trained with "
+                                             "`mlsched train chic --jobs 10`)")
+    parser.add_argument("--chic-pair-model", help="Chic-Pair model (default: the shipped one)")
     args = parser.parse_args()
+    models = {"chic": args.chic_model, "chic-pair": args.chic_pair_model}
     t0 = time.time()
     if not args.skip_paper:
-        paper_setting(list(chic_scenario.CHIC_TEST_SEEDS)[: args.sequences])
+        paper_setting(list(chic_scenario.CHIC_TEST_SEEDS)[: args.sequences], models)
     if args.window_sweep:
         window_sweep(list(chic_scenario.CHIC_TEST_SEEDS)[: args.window_sweep])
     if not args.skip_dl2:
-        dl2_scenarios(list(BENCHMARK_SEEDS)[: args.dl2_seeds], args.dl2_model)
-    training_times()
+        dl2_scenarios(list(BENCHMARK_SEEDS)[: args.dl2_seeds], args.dl2_model, models)
+    training_times(models)
     print(f"\nbenchmark wall time {(time.time() - t0) / 60:.1f} min")
 
 
