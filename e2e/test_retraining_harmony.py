@@ -49,6 +49,14 @@ def test_harmony_retraining_job_publishes_a_placement_version_that_auto_adopts(
     args = job_args(time_budget_min=0.3, eval_traces=1, validation_traces=1, episodes=2,
                     validate_every=1, margin=-0.5)
     assert args[0] == "dl2" and "--mode=simulator" in args, args
+    # The off-policy mode learns from the decisions the operator logged for Harmony (state,
+    # mask, node, probabilities): a dry run, so nothing is published or consumed here.
+    logged = sum(d.steps for r in recorded for d in r.decisions if d.algorithm == "harmony")
+    assert logged > 0, [(r.interval, [(d.algorithm, d.steps) for d in r.decisions]) for r in recorded]
+    off = job.run(["harmony", *[a for a in args[1:] if not a.startswith("--mode=")], "--mode=offpolicy",
+                   "--dry-run"])
+    assert off["status"] in ("dry-run", "not-better") and off["evaluation"]["mode"] == "offpolicy", off
+    assert versions(api, ns) == []
     report = job.run(["harmony", *args[1:]])
     assert report["status"] == "published" and report["version"] == 1, report
     evaluation = report["evaluation"]
