@@ -36,19 +36,19 @@ from mlsched.features import harmony_state
 from mlsched.features.card import ModelCard
 from mlsched.policies.decision_log import IntervalRecord
 from policy_models.harmony.train import Sample, collate
+from policy_models.retrain import offpolicy
 
 
 @dataclass
-class OffPolicyArgs:
-    gamma: float = 0.9  # per interval, as harmony/train.py
-    lr: float = 3e-5  # the retrainer's actor-critic rate: a trained start drifts at 1e-4
+class OffPolicyArgs(offpolicy.OffPolicyArgs):
+    """DL²'s off-policy settings (γ 0.9 per interval, learning rate 3e-5, the clip, ρ̄ 2, four
+    passes), with Harmony's minibatch (the paper's 32), a shorter critic fit and no entropy
+    bonus (the trained start is already near-deterministic). `gae_lambda` is unused: every
+    decision of an interval shares its return."""
+
     batch: int = 32
     critic_updates: int = 300
-    policy_epochs: int = 4  # passes over the recorded decisions
-    clip: float = 0.2
-    rho_max: float = 2.0  # importance-weight truncation
     entropy: float = 0.0
-    time_budget_s: float = 300.0
 
 
 @dataclass
@@ -130,42 +130,22 @@ def fine_tune(net, data: Decisions, args: OffPolicyArgs, rng: np.random.Generato
     # 2. the policy: clipped, importance-weighted updates around the active model
     policy_params = [p for name, p in net.named_parameters() if not name.startswith("value_head.")]
     opt = torch.optim.Adam(policy_params, lr=args.lr)
-    updates, stopped = 0, False
-    per_epoch = max(n // args.batch, 1)
-    bar = tqdm(total=args.policy_epochs * per_epoch, desc="off-policy", file=sys.stderr, disable=None, leave=False)
-    for _ in range(args.policy_epochs):
-        perm = rng.permutation(n)
-        for k in range(per_epoch):
-            if time.time() - t0 > args.time_budget_s:
-                stopped = True
-                break
-            idx = perm[k * args.batch:(k + 1) * args.batch]
-            net.train()
-            logp_all, _, mask = _forward(net, [samples[i] for i in idx])
-            logp = logp_all.gather(1, torch.tensor([samples[i].action for i in idx])[:, None]).squeeze(1)
-            ratio = torch.exp(logp - torch.log(torch.from_numpy(before[idx]).clamp(min=1e-6)))
-            a = torch.from_numpy(adv[idx])
-            surrogate = torch.min(ratio * a, torch.clamp(ratio, 1 - args.clip, 1 + args.clip) * a)
-            probs = logp_all.exp()
-            entropy = -(probs * torch.where(mask > 0, logp_all, torch.zeros_like(logp_all))).sum(-1).mean()
-            loss = -(torch.from_numpy(weight[idx]) * surrogate).mean() - args.entropy * entropy
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(policy_params, 1.0)
-            opt.step()
-            updates += 1
-            bar.update(1)
-        if stopped:
-            break
-    bar.close()
+    passes = offpolicy.Minibatches(n, args, rng, t0)
+    for idx in passes:
+        net.train()
+        logp_all, _, mask = _forward(net, [samples[i] for i in idx])
+        logp = logp_all.gather(1, torch.tensor([samples[i].action for i in idx])[:, None]).squeeze(1)
+        ratio = torch.exp(logp - torch.log(torch.from_numpy(before[idx]).clamp(min=1e-6)))
+        a = torch.from_numpy(adv[idx])
+        surrogate = torch.min(ratio * a, torch.clamp(ratio, 1 - args.clip, 1 + args.clip) * a)
+        probs = logp_all.exp()
+        entropy = -(probs * torch.where(mask > 0, logp_all, torch.zeros_like(logp_all))).sum(-1).mean()
+        loss = -(torch.from_numpy(weight[idx]) * surrogate).mean() - args.entropy * entropy
+        opt.zero_grad()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(policy_params, 1.0)
+        opt.step()
     net.eval()
     after, _ = probabilities_of(net, samples)
-    summary = {"steps": n, "skipped_steps": data.skipped, "updates": updates, "stopped_by_budget": stopped,
-               "mean_importance_weight": float(weight.mean()),
-               "mean_prob_change_positive_adv": float((after - before)[adv > 0].mean()) if (adv > 0).any() else 0.0,
-               "mean_prob_change_negative_adv": float((after - before)[adv < 0].mean()) if (adv < 0).any() else 0.0,
-               "wall_s": round(time.time() - t0, 1)}
-    log(f"off-policy: {n} decisions, {updates} updates in {summary['wall_s']} s; probability of the node taken "
-        f"{summary['mean_prob_change_positive_adv']:+.4f} where the advantage was positive, "
-        f"{summary['mean_prob_change_negative_adv']:+.4f} where negative")
-    return summary
+    return offpolicy.summarise(n, data.skipped, passes.updates, passes.stopped, weight, before, after, adv, t0,
+                               "decisions", "node", log)

@@ -139,29 +139,48 @@ def fine_tune(net, t: Transitions, args: OffPolicyArgs, rng: np.random.Generator
         rl_update(net, opt, b, 0.0, policy_weight=0.0)
     # 2. advantages with that critic, then clipped, importance-weighted policy updates
     targets, adv = gae(net, t.states, t.reward, t.discount, args.gae_lambda)
-    updates, stopped = 0, False
-    per_epoch = max(n // args.batch, 1)
-    bar = tqdm(total=args.policy_epochs * per_epoch, desc="off-policy", file=sys.stderr, disable=None, leave=False)
-    for _ in range(args.policy_epochs):
-        perm = rng.permutation(n)
-        for k in range(per_epoch):
-            if time.time() - t0 > args.time_budget_s:
-                stopped = True
-                break
-            b, w = batch(perm[k * args.batch:(k + 1) * args.batch], targets, adv)
-            rl_update(net, opt, b, args.entropy, clip=args.clip, weight=w)
-            updates += 1
-            bar.update(1)
-        if stopped:
-            break
-    bar.close()
-    after = probabilities_of(net, t)
-    summary = {"steps": n, "skipped_steps": t.skipped, "updates": updates, "stopped_by_budget": stopped,
+    passes = Minibatches(n, args, rng, t0)
+    for idx in passes:
+        b, w = batch(idx, targets, adv)
+        rl_update(net, opt, b, args.entropy, clip=args.clip, weight=w)
+    return summarise(n, t.skipped, passes.updates, passes.stopped, weight, before, probabilities_of(net, t), adv,
+                     t0, "steps", "action", log)
+
+
+class Minibatches:
+    """`args.policy_epochs` passes over n samples in shuffled minibatches of `args.batch`
+    (a progress bar beside), ending early once `args.time_budget_s` since `t0` is spent
+    (`stopped`); `updates` counts the minibatches the caller was given and used."""
+
+    def __init__(self, n: int, args: OffPolicyArgs, rng: np.random.Generator, t0: float):
+        self.n, self.args, self.rng, self.t0 = n, args, rng, t0
+        self.updates, self.stopped = 0, False
+
+    def __iter__(self):
+        per_epoch = max(self.n // self.args.batch, 1)
+        with tqdm(total=self.args.policy_epochs * per_epoch, desc="off-policy", file=sys.stderr, disable=None,
+                  leave=False) as bar:
+            for _ in range(self.args.policy_epochs):
+                perm = self.rng.permutation(self.n)
+                for k in range(per_epoch):
+                    if time.time() - self.t0 > self.args.time_budget_s:
+                        self.stopped = True
+                        return
+                    yield perm[k * self.args.batch:(k + 1) * self.args.batch]
+                    self.updates += 1
+                    bar.update(1)
+
+
+def summarise(n: int, skipped: int, updates: int, stopped: bool, weight: np.ndarray, before: np.ndarray,
+              after: np.ndarray, adv: np.ndarray, t0: float, unit: str, action: str, log=print) -> dict:
+    """A fine-tuning run's summary (the card's training.summary) and its log line: how the
+    probability of the action taken moved where the advantage was positive and negative."""
+    summary = {"steps": n, "skipped_steps": skipped, "updates": updates, "stopped_by_budget": stopped,
                "mean_importance_weight": float(weight.mean()),
                "mean_prob_change_positive_adv": float((after - before)[adv > 0].mean()) if (adv > 0).any() else 0.0,
                "mean_prob_change_negative_adv": float((after - before)[adv < 0].mean()) if (adv < 0).any() else 0.0,
                "wall_s": round(time.time() - t0, 1)}
-    log(f"off-policy: {n} steps, {updates} updates in {summary['wall_s']} s; probability of the action taken "
+    log(f"off-policy: {n} {unit}, {updates} updates in {summary['wall_s']} s; probability of the {action} taken "
         f"{summary['mean_prob_change_positive_adv']:+.4f} where the advantage was positive, "
         f"{summary['mean_prob_change_negative_adv']:+.4f} where negative")
     return summary
