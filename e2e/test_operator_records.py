@@ -67,6 +67,12 @@ def test_the_interval_open_when_the_operator_is_killed_is_closed_after_the_resta
         mlsched, start_operator, emulator):
     operator = start_operator()
     start_jobs(mlsched)
+    # Every job training (its pods report progress) before the kill, so the interval left open
+    # has epochs to close with: on a loaded CI machine one job's pods once started late, and
+    # the interval was closed, rightly, with none.
+    wait_for(lambda: all((status(mlsched, n).get("progress") or {}).get("epochsDone", 0) > 0 for n in JOBS),
+             SETTLE, "every job reporting progress",
+             describe=lambda: {n: (status(mlsched, n).get("progress") or {}).get("epochsDone") for n in JOBS})
     # Just after a round: the interval it opened runs for a few seconds more.
     last_round = mlsched.policy("default")["status"]["lastRoundTime"]
     wait_for(lambda: mlsched.policy("default")["status"]["lastRoundTime"] != last_round, 30,
