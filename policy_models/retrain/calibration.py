@@ -91,7 +91,6 @@ def _grant(job) -> tuple:
     return tuple(job.placement.get("ps", [])), tuple(job.placement.get("worker", []))
 
 
-
 class Sample(NamedTuple):
     """One steady job-interval: `rate` = epochs trained / (epochs the speed table gives at its
     grant × usable seconds), i.e. speed factor / (1 + s · pressure); the pressure (interference

@@ -153,11 +153,9 @@ def run(a, log=print) -> dict:
     net = export.state_from_onnx(base_path)
     base_sha = hashlib.sha256(Path(base_path).read_bytes()).hexdigest()
     if a.mode == "offpolicy":
-        data = harmony_offpolicy.decisions(fresh, ModelCard.read(card_path(base_path)),
-                                           harmony_offpolicy.OffPolicyArgs.gamma)
-        summary = harmony_offpolicy.fine_tune(
-            net, data, harmony_offpolicy.OffPolicyArgs(lr=a.lr, time_budget_s=a.time_budget_min * 60),
-            np.random.default_rng(a.seed), log)
+        settings = harmony_offpolicy.OffPolicyArgs(lr=a.lr, time_budget_s=a.time_budget_min * 60)
+        data = harmony_offpolicy.decisions(fresh, ModelCard.read(card_path(base_path)), settings.gamma)
+        summary = harmony_offpolicy.fine_tune(net, data, settings, np.random.default_rng(a.seed), log)
     else:
         summary = train_in_simulator(net, load, cal, allocation, a, t0 + a.time_budget_min * 60, log)
     candidate = work / "candidate" / f"{ALGORITHM}.onnx"

@@ -88,8 +88,9 @@ class LeastInterferenceFirst(TaskByTaskPlacement):
         self.degree = degree
         self.name = "lif-line" if degree == 1 else "lif-quad"
         # model -> factor on its predicted slowdown: a cluster's calibrated sensitivities
-        # (policy_models/retrain/calibration.py); the profile's own when None.
-        self.sensitivity = sensitivity or {}
+        # (policy_models/retrain/calibration.py), checked as the simulator checks them; the
+        # profile's own when None.
+        self.sensitivity = interference.sensitivity_factors(sensitivity) or {}
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         mask = ledger.fits_mask(demand, job)
