@@ -20,9 +20,12 @@ def test_a_pod_the_scheduler_refuses_shows_the_schedulers_reason(control_plane, 
                                                                  operator):
     mlsched.create(scheduling_policy("default", interval=600))
     picky = mljob("picky", ps=None)
-    # No node has this label: every pod stays Pending whichever node it is pinned to.
-    picky["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {
-        "example.com/gpu-model": "h200"}
+    # A resource the operator does not plan with (it knows CPU, GPU and memory) and no node
+    # has: every pod stays Pending whichever node it is pinned to. (A node constraint no node
+    # meets is foreseen instead: test_operator_node_constraints.py.)
+    container = picky["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    for part in ("requests", "limits"):
+        container["resources"][part] = {**container["resources"][part], "example.com/fpga": "1"}
     mlsched.create(picky)
 
     reason, message = wait_for(lambda: (r := _reason(mlsched, "picky")) and
@@ -30,7 +33,7 @@ def test_a_pod_the_scheduler_refuses_shows_the_schedulers_reason(control_plane, 
                                "the job to say its pods cannot be scheduled",
                                describe=lambda: _reason(mlsched, "picky"))
     assert "picky-worker-0" in message and "nodes are available" in message, message
-    assert "node affinity/selector" in message, message
+    assert "Insufficient example.com/fpga" in message, message
     assert any(r == "Unschedulable" for r, _ in _warnings(mlsched, "picky"))
     # What `kubectl describe` shows a user, not only the API.
     described = control_plane.kubectl("describe", "mljob", "picky", "-n", mlsched.namespace).stdout

@@ -228,7 +228,7 @@ def test_fits_on_agrees_with_fits_mask_and_load_balance_with_its_full_scan(poole
         for demand in demands:
             mask = ledger.fits_mask(demand, j)
             assert [ledger.fits_on(demand, n, j) for n in range(len(mask))] == mask.tolist()
-            assert LB.choose_node(ledger, j, "worker", demand) == _pick(ledger, j, demand, ledger.load)
+            assert LB.choose_node(ledger, j, "worker", demand) == _pick(ledger, j, "worker", demand, ledger.load)
 
 
 def test_a_resource_a_task_does_not_use_never_blocks_it():

@@ -131,7 +131,7 @@ class Learner(TaskByTaskPlacement):
         self.interval = 0
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
-        mask = ledger.fits_mask(demand, job)
+        mask = ledger.fits_mask(demand, job, role)
         nodes = np.flatnonzero(mask)
         if nodes.size <= 1:
             return int(nodes[0]) if nodes.size else None

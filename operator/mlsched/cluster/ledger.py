@@ -60,6 +60,7 @@ class Ledger:
         self.jobs: dict[str, JobDecision] = {}
         self.inferences = 0
         self._pool_masks: dict[str, np.ndarray] = {}
+        self._allowed: dict[tuple[str, int], np.ndarray] = {}  # (pool, id(node filter)) -> both
         total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
         # Per distinct demand (a round places hundreds of tasks of a handful of demands):
@@ -98,21 +99,47 @@ class Ledger:
     def demand(self, job: JobView, role: Role) -> np.ndarray:
         return job.demand(role)
 
-    def fits_mask(self, demand: np.ndarray, job: JobView | None = None) -> np.ndarray:
+    def fits_mask(self, demand: np.ndarray, job: JobView | None = None,
+                  role: Role | None = None) -> np.ndarray:
+        """Nodes with room for one task of `demand` that `job` may use: in its pool, and, for
+        a task of `role`, among the nodes its template allows (JobView.node_filters)."""
         column, _ = self._threshold(demand)
         mask = np.logical_and.reduce(self._free_t >= column, axis=0)
-        if job is not None and job.pool is not None:
-            mask &= self._pool_mask(job.pool)
+        if job is not None and (job.pool is not None or job.node_filters):
+            allowed = self.allowed_nodes(job, role)
+            if allowed is not None:
+                mask &= allowed
         return mask
 
-    def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None) -> bool:
-        """fits_mask(demand, job)[node], without comparing every node."""
+    def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None,
+                role: Role | None = None) -> bool:
+        """fits_mask(demand, job, role)[node], without comparing every node."""
         _, need = self._threshold(demand)
         free = self._free_t
         for r, need_r in enumerate(need):
             if not free[r, node] >= need_r:
                 return False
-        return job is None or job.pool is None or bool(self._pool_mask(job.pool)[node])
+        if job is None or (job.pool is None and not job.node_filters):
+            return True
+        allowed = self.allowed_nodes(job, role)
+        return allowed is None or bool(allowed[node])
+
+    def allowed_nodes(self, job: JobView | None, role: Role | None = None) -> np.ndarray | None:
+        """The nodes a task of `job` (of `role`, when given) may use whatever their free
+        capacity: its pool's and its template's (a bool per node); None for every node."""
+        if job is None:
+            return None
+        pool = job.pool
+        node_filter = job.node_filter(role) if role is not None else None
+        if node_filter is None:
+            return None if pool is None else self._pool_mask(pool)
+        if pool is None:
+            return node_filter
+        key = (pool, id(node_filter))
+        mask = self._allowed.get(key)
+        if mask is None:
+            mask = self._allowed[key] = self._pool_mask(pool) & node_filter
+        return mask
 
     def _threshold(self, demand: np.ndarray) -> tuple[np.ndarray, tuple[float, ...]]:
         """The free capacity a node needs for `demand`: the demand less a rounding tolerance,

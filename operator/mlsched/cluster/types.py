@@ -68,6 +68,11 @@ class JobView:
     ps_demand: np.ndarray | None = None
     worker_demand: np.ndarray | None = None
     prior: SpeedCurve | None = None  # speed curve before observation; the catalog's when not given
+    # Per role, the snapshot's nodes its tasks may run on (a bool per node): in the cluster,
+    # what the pod template's nodeSelector and required node affinity allow. A role absent
+    # may use every node. Jobs with the same constraint share one array (a round keys its
+    # fit checks on the array's identity).
+    node_filters: dict[Role, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -99,6 +104,9 @@ class JobView:
         if role == "ps":
             return (0, 0) if not self.uses_ps else (self.min_ps, self.max_ps)
         return self.min_workers, self.max_workers
+
+    def node_filter(self, role: Role) -> np.ndarray | None:
+        return self.node_filters.get(role) if self.node_filters else None
 
 
 @dataclass

@@ -19,6 +19,7 @@ from mlsched.controller.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION,
 )
+from mlsched.controller.node_constraints import NodeConstraint, role_constraints
 from mlsched.workloads import catalog
 
 Resources = tuple[float, float, float]  # cpu, gpu, mem_gib: the order cluster/ uses
@@ -306,6 +307,9 @@ class JobRecord:
     open_interval: Mapping[str, Any] | None = None
     group: str | None = None  # status.group: the pool its policy's grouping put it in
     group_since_s: float | None = None  # status.groupSince
+    # Per role, the nodes its template allows (nodeSelector, required node affinity): the
+    # rounds place its tasks there only. Roles that constrain nothing are absent.
+    node_constraints: Mapping[str, NodeConstraint] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -421,6 +425,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
     model = model_label(job.spec.model_type)
     return JobRecord(
         **common, model=model, demands=role_demands(model, common["templates"]),
+        node_constraints=role_constraints(common["templates"]),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",

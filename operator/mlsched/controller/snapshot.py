@@ -15,6 +15,7 @@ import numpy as np
 
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
 from mlsched.workloads.speed_curve import prior_curve
+from mlsched.controller.node_constraints import NodeConstraint
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
 )
@@ -87,7 +88,8 @@ def observations(trained: Iterable[tuple[int, int, float]],
 
 
 def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[StsRecord],
-             node_index: Mapping[str, int], interval_s: float) -> JobView:
+             node_index: Mapping[str, int], interval_s: float,
+             node_filters: dict[str, np.ndarray] | None = None) -> JobView:
     replicas = {s.role: s.replicas for s in statefulsets}
     by_role: dict[str, list[PodRecord]] = {"ps": [], "worker": []}
     for p in pods:
@@ -108,7 +110,30 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         ps_demand=np.array(job.demands.get("ps", (0.0, 0.0, 0.0)), dtype=float),
         worker_demand=np.array(job.demands.get("worker", (0.0, 0.0, 0.0)), dtype=float),
         prior=prior_curve(job.model, job.arch, job.declared_epochs_per_hour),
+        node_filters=node_filters or {},
     )
+
+
+class NodeFilters:
+    """Each distinct template constraint evaluated once over a snapshot's nodes: jobs with the
+    same constraint share the array (the ledger and DL²'s state key their checks on it)."""
+
+    def __init__(self, nodes: list[NodeRecord]):
+        self.nodes = nodes
+        self._masks: dict[NodeConstraint, np.ndarray] = {}
+
+    def of(self, job: JobRecord) -> dict[str, np.ndarray] | None:
+        if not job.node_constraints:
+            return None
+        out = {}
+        for role, constraint in job.node_constraints.items():
+            mask = self._masks.get(constraint)
+            if mask is None:
+                mask = self._masks[constraint] = np.fromiter(
+                    (constraint.allows(n.name, n.labels) for n in self.nodes), dtype=bool,
+                    count=len(self.nodes))
+            out[role] = mask
+        return out
 
 
 def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: float,
@@ -126,8 +151,9 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
         if i is not None:
             capacity[i] -= r
     np.maximum(capacity, 0.0, out=capacity)
+    filters = NodeFilters(nodes)
     views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
-                      node_index, interval_s)
+                      node_index, interval_s, filters.of(j))
              for j in sorted(jobs, key=lambda j: (j.created_s, j.name))]
     pools = [n.pool for n in nodes]
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
@@ -165,9 +191,25 @@ class ClusterFit:
         need = NO_RESOURCES
         for role, count in roles:
             demand = tuple(job.demands.get(role, NO_RESOURCES))
-            if not any(all(d <= a for d, a in zip(demand, n.allocatable)) for n in self.nodes):
-                return (f"one {role} asks for {_describe(demand)} and none of the cluster's "
-                        f"{len(self.nodes)} schedulable nodes has that much allocatable")
+            constraint = job.node_constraints.get(role)
+            nodes = self.nodes if constraint is None else \
+                [n for n in self.nodes if constraint.allows(n.name, n.labels)]
+            where = (f"the cluster's {len(self.nodes)} schedulable nodes" if constraint is None
+                     else f"the {len(nodes)} schedulable nodes its template allows ({constraint})")
+            if constraint is not None and not nodes:
+                return (f"no schedulable node matches the {role} template's {constraint} "
+                        f"(of the cluster's {len(self.nodes)} schedulable nodes)")
+            if not any(all(d <= a for d, a in zip(demand, n.allocatable)) for n in nodes):
+                return (f"one {role} asks for {_describe(demand)} and none of {where} has that "
+                        f"much allocatable")
+            if constraint is not None and count:
+                room = NO_RESOURCES
+                for n in nodes:
+                    room = add(room, n.allocatable)
+                role_need = tuple(count * d for d in demand)
+                if any(x > h for x, h in zip(role_need, room)):
+                    return (f"its minimum of {count} {role} needs {_describe(role_need)}; "
+                            f"{where} have {_describe(room)} allocatable in all")
             need = add(need, tuple(count * d for d in demand))
         if any(n > h for n, h in zip(need, self.total)):
             wanted = " and ".join(f"{count} {role}" for role, count in roles)

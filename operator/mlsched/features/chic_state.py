@@ -161,8 +161,8 @@ class ChicState:
             r[17], r[18] = w / _COUNT_SCALE, ps / _COUNT_SCALE
             r[GAIN_WORKER:GAIN_PAIR + 1] = gains if holds else (1.0, 1.0, 1.0)
             r[22] = min(now / best, 1.5) if best > 0 else 0.0
-            w_fits = self.ledger.fits_mask(job.worker_demand, job).any()
-            ps_fits = not job.uses_ps or self.ledger.fits_mask(job.ps_demand, job).any()
+            w_fits = self.ledger.fits_mask(job.worker_demand, job, "worker").any()
+            ps_fits = not job.uses_ps or self.ledger.fits_mask(job.ps_demand, job, "ps").any()
             w_room = w < job.bounds("worker")[1]
             ps_room = job.uses_ps and ps < job.bounds("ps")[1]
             if not holds:  # any action starts the gang: both roles must fit

@@ -203,17 +203,19 @@ class WindowState:
 
     # ---- masks ------------------------------------------------------------------------------
     def _index_demands(self) -> None:
-        """Map each job's worker and PS demand (and pool) to a few distinct keys, so a mask
-        costs one capacity check per distinct demand, not per job."""
+        """Map each job's worker and PS demand (and the nodes it may use: its pool, its
+        template's constraints) to a few distinct keys, so a mask costs one capacity check
+        per distinct demand, not per job."""
         keys: dict[tuple, int] = {}
-        self._demands: list[tuple[np.ndarray, JobView]] = []
+        self._demands: list[tuple[np.ndarray, JobView, str]] = []
 
         def key_of(job: JobView, role: str) -> int:
             demand = self.ledger.demand(job, role)
-            k = (demand.tobytes(), job.pool)
+            node_filter = job.node_filter(role)
+            k = (demand.tobytes(), job.pool, None if node_filter is None else id(node_filter))
             if k not in keys:
                 keys[k] = len(self._demands)
-                self._demands.append((demand, job))
+                self._demands.append((demand, job, role))
             return keys[k]
 
         n = len(self.jobs)
@@ -230,8 +232,10 @@ class WindowState:
                              for j in self.jobs]
         self._wkey = [key_of(j, "worker") for j in self.jobs]
         self._pskey = [key_of(j, "ps") for j in self.jobs]
-        self._pooled = any(j.pool is not None for _, j in self._demands)
-        self._demand_matrix = np.array([d for d, _ in self._demands]).reshape(-1, 3)  # (K, 3)
+        # Some demands may use only some nodes: their fits are computed through the ledger.
+        self._restricted = any(self.ledger.allowed_nodes(j, r) is not None
+                               for _, j, r in self._demands)
+        self._demand_matrix = np.array([d for d, _, _ in self._demands]).reshape(-1, 3)  # (K, 3)
         # What a node's free capacity must reach, per distinct demand: as a (3, 1) column to
         # scan all nodes at once, and as plain floats to check one node.
         self._need = self._demand_matrix[:, :, None] - 1e-9  # (K, 3, 1)
@@ -240,8 +244,8 @@ class WindowState:
     def _fits_any_node(self) -> list[bool]:
         """For each distinct demand: does any (allowed) node have room for it? Also records
         a node with room (the witness) for each demand that fits."""
-        if self._pooled:
-            rooms = [self.ledger.fits_mask(d, j) for d, j in self._demands]
+        if self._restricted:
+            rooms = [self.ledger.fits_mask(d, j, r) for d, j, r in self._demands]
             self._witness = [int(r.argmax()) if r.any() else -1 for r in rooms]
         else:
             room = (self._free[None, :, :] >= self._need).all(axis=1)  # (K, N)
@@ -251,7 +255,7 @@ class WindowState:
     def _recheck_fits(self, touched: list[int]) -> bool:
         """After a grant that used `touched` nodes: capacity fell there and nowhere else, so a
         demand can stop fitting only if its witness was one of them. True if one stopped."""
-        if self._pooled:  # pools are rare: recompute
+        if self._restricted:  # pools and node constraints are rare: recompute
             before, self._fits = self._fits, self._fits_any_node()
             return before != self._fits
         free, changed = self._free, False

@@ -145,7 +145,7 @@ def checked(request: PlacementRequest,
         for role, nodes, want in (("ps", d.ps_nodes, ps), ("worker", d.worker_nodes, workers)):
             for node in list(nodes)[:want]:
                 demand = job.demand(role)  # type: ignore[arg-type]
-                if 0 <= node < n_nodes and ledger.fits_on(demand, node, job):
+                if 0 <= node < n_nodes and ledger.fits_on(demand, node, job, role):
                     ledger.book(job, role, node, demand)  # type: ignore[arg-type]
                     (kept.ps_nodes if role == "ps" else kept.worker_nodes).append(int(node))
         short = ps + workers - kept.ps - kept.workers

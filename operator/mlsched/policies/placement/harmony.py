@@ -83,7 +83,7 @@ class HarmonyPlacement(TaskByTaskPlacement):
                                         provider=provider)))
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
-        mask = ledger.fits_mask(demand, job)
+        mask = ledger.fits_mask(demand, job, role)
         nodes = np.flatnonzero(mask)
         if not nodes.size:
             return None

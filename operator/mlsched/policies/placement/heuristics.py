@@ -20,8 +20,9 @@ from mlsched.cluster.types import JobView, Role
 from mlsched.policies.base import TaskByTaskPlacement
 
 
-def _pick(ledger: Ledger, job: JobView, demand: np.ndarray, score: np.ndarray) -> int | None:
-    mask = ledger.fits_mask(demand, job)
+def _pick(ledger: Ledger, job: JobView, role: Role, demand: np.ndarray,
+          score: np.ndarray) -> int | None:
+    mask = ledger.fits_mask(demand, job, role)
     # Scores are finite, so the lowest one among nodes that fit is a node that fits, unless none
     # does (then all are inf and argmin lands on a node that does not): no separate any().
     best = int(np.where(mask, score, np.inf).argmin())
@@ -35,23 +36,23 @@ class LoadBalance(TaskByTaskPlacement):
         # The least-loaded node (the first, on ties), when the task fits there, is also the
         # least-loaded node it fits on: one node to check instead of all, the common case.
         node = int(ledger.load.argmin())
-        if ledger.fits_on(demand, node, job):
+        if ledger.fits_on(demand, node, job, role):
             return node
-        return _pick(ledger, job, demand, ledger.load)
+        return _pick(ledger, job, role, demand, ledger.load)
 
 
 class BinPack(TaskByTaskPlacement):
     name = "bin-pack"
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
-        return _pick(ledger, job, demand, -ledger.load)
+        return _pick(ledger, job, role, demand, -ledger.load)
 
 
 class FirstFit(TaskByTaskPlacement):
     name = "first-fit"
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
-        mask = ledger.fits_mask(demand, job)
+        mask = ledger.fits_mask(demand, job, role)
         idx = np.flatnonzero(mask)
         return int(idx[0]) if idx.size else None
 
@@ -64,4 +65,4 @@ class TetrisPlacement(TaskByTaskPlacement):
         free_norm = np.divide(ledger.free, cap, out=np.zeros_like(cap), where=cap > 0)
         total = ledger.snapshot.total_capacity / len(cap)  # a mean node
         d_norm = np.divide(demand, total, out=np.zeros(3), where=total > 0)
-        return _pick(ledger, job, demand, -(free_norm @ d_norm))
+        return _pick(ledger, job, role, demand, -(free_norm @ d_norm))

@@ -93,7 +93,7 @@ class LeastInterferenceFirst(TaskByTaskPlacement):
         self.sensitivity = interference.sensitivity_factors(sensitivity) or {}
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
-        mask = ledger.fits_mask(demand, job)
+        mask = ledger.fits_mask(demand, job, role)
         nodes = np.flatnonzero(mask)
         if not nodes.size:
             return None
@@ -150,10 +150,10 @@ class TiresiasPlacement(TaskByTaskPlacement):
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         if not self.consolidates(job.model):
-            return _pick(ledger, job, demand, ledger.load)
+            return _pick(ledger, job, role, demand, ledger.load)
         held = ledger.jobs.get(job.name)
         mine = np.zeros(len(ledger.load))
         if held is not None:
             np.add.at(mine, held.ps_nodes + held.worker_nodes, 1.0)
         # Nodes holding more of the job first (a large weight), then the fullest (bin-pack).
-        return _pick(ledger, job, demand, -(mine * 1e3 + ledger.load))
+        return _pick(ledger, job, role, demand, -(mine * 1e3 + ledger.load))

@@ -37,6 +37,6 @@ class Sticky(TaskByTaskPlacement):
         ordinal = ledger.count(job, role)  # tasks of this role the job holds so far this round
         if ordinal < len(previous):
             node = previous[ordinal]
-            if node < len(ledger.snapshot.node_names) and ledger.fits_on(demand, node, job):
+            if node < len(ledger.snapshot.node_names) and ledger.fits_on(demand, node, job, role):
                 return node
         return self.inner.choose_node(ledger, job, role, demand)

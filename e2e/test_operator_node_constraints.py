@@ -1,0 +1,100 @@
+"""A pod template's own node constraints (nodeSelector, required node affinity) are planned
+with: the operator pins each task to a node the template allows, as a user of GPU types or
+dedicated node groups writes them, and a job no node allows is told so and holds nothing."""
+
+from __future__ import annotations
+
+import contextlib
+
+from kubernetes import client
+
+from mlsched_objects import condition, mljob, scheduling_policy
+from waiting import wait_for
+
+DISK = "e2e.mlsched.io/disk"
+
+
+@contextlib.contextmanager
+def labelled(core: client.CoreV1Api, names: list[str], key: str, value: str):
+    """Nodes of the session's shared plane labelled for one test, and unlabelled after it."""
+    try:
+        for name in names:
+            core.patch_node(name, {"metadata": {"labels": {key: value}}})
+        yield
+    finally:
+        for name in names:
+            core.patch_node(name, {"metadata": {"labels": {key: None}}})
+
+
+def _running(mlsched, name: str) -> tuple[str, str] | None:
+    c = condition(mlsched.job(name), "Running")
+    return (c["reason"], c.get("message", "")) if c else None
+
+
+def _pods_by_role(mlsched, job: str) -> dict[str, list[client.V1Pod]]:
+    out: dict[str, list[client.V1Pod]] = {"ps": [], "worker": []}
+    for pod in mlsched.pods(job):
+        out[pod.metadata.labels["mlsched.io/role"]].append(pod)
+    return out
+
+
+def test_tasks_land_only_on_nodes_their_template_allows(control_plane, api, mlsched, operator):
+    core = client.CoreV1Api(api)
+    ssd = ["kwok-node-3", "kwok-node-7"]
+    with labelled(core, ssd, DISK, "ssd"):
+        mlsched.create(scheduling_policy("default", interval=600))
+        # Workers only on the two ssd nodes (nodeSelector), a gang of four: every GPU there;
+        # parameter servers never there (required node affinity, NotIn). A planner that
+        # ignored the template would spread the gang over the least-loaded of 13 nodes.
+        job = mljob("picky-disks", workers=(4, 4), ps=(1, 2))
+        specs = job["spec"]["replicaSpecs"]
+        specs["worker"]["template"]["spec"]["nodeSelector"] = {DISK: "ssd"}
+        specs["ps"]["template"]["spec"]["affinity"] = {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": DISK, "operator": "NotIn", "values": ["ssd"]}]}]}}}
+        mlsched.create(job)
+
+        def settled():
+            pods = _pods_by_role(mlsched, "picky-disks")
+            if not pods["worker"] or not pods["ps"]:
+                return None
+            if any(p.status.phase != "Running" for role in pods.values() for p in role):
+                return None
+            return pods
+
+        pods = wait_for(settled, 90, "every pod of the job to run",
+                        describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                          for p in mlsched.pods("picky-disks")])
+        worker_nodes = [p.spec.node_name for p in pods["worker"]]
+        ps_nodes = [p.spec.node_name for p in pods["ps"]]
+        assert set(worker_nodes) <= set(ssd), worker_nodes
+        assert not set(ps_nodes) & set(ssd), ps_nodes
+        # Every GPU of the two nodes used, none elsewhere: 2 nodes x 2 GPUs.
+        assert len(worker_nodes) == 4, worker_nodes
+        placement = mlsched.job("picky-disks")["status"]["placement"]
+        assert set(placement["worker"]) <= set(ssd) and not set(placement["ps"]) & set(ssd)
+
+
+def test_a_job_no_node_allows_is_told_so_and_holds_nothing(control_plane, mlsched, operator):
+    mlsched.create(scheduling_policy("default", interval=600))
+    job = mljob("nowhere")
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {
+        "example.com/gpu-model": "h200"}
+    mlsched.create(job)
+    mlsched.create(mljob("fits", ps=None))
+
+    reason, message = wait_for(lambda: (r := _running(mlsched, "nowhere")) and
+                               r[0] == "CannotFit" and r, 60, "the job to be reported",
+                               describe=lambda: _running(mlsched, "nowhere"))
+    assert "worker" in message and "example.com/gpu-model=h200" in message, message
+    warnings = [(e.reason, e.message) for e in mlsched.events("nowhere", "MLJob")
+                if e.type == "Warning"]
+    assert any(r == "CannotFit" and "example.com/gpu-model=h200" in m for r, m in warnings)
+    described = control_plane.kubectl("describe", "mljob", "nowhere", "-n", mlsched.namespace).stdout
+    assert "example.com/gpu-model=h200" in described
+    # The job that fits runs; the one that cannot holds no pod (not even its parameter server).
+    wait_for(lambda: (_running(mlsched, "fits") or ("",))[0] == "AllRolesReady", 90,
+             "the job that fits to run", describe=lambda: _running(mlsched, "fits"))
+    assert mlsched.pods("nowhere") == []
+    body = mlsched.job("nowhere")
+    assert not any((body["status"].get("placement") or {}).get(role) for role in ("ps", "worker"))

@@ -1,0 +1,135 @@
+"""The nodes a pod template allows: its nodeSelector and required node affinity. Pure.
+
+The operator pins every task to a node (a nodeSelector on the hostname label, desired.py), but
+kube-scheduler still applies the template's own constraints: a pin to a node the template
+excludes leaves the pod Pending for good while its capacity stays reserved. So planning must
+know them. Users write them to choose a GPU type (`nvidia.com/gpu.product`), an instance
+family, a zone, or to keep parameter servers off GPU nodes; ps and worker templates differ.
+
+Kubernetes' semantics (core/v1 NodeSelector, as kube-scheduler's NodeAffinity plugin applies
+them): every nodeSelector label must be present with exactly that value; the required
+affinity's terms are ORed, a term's requirements ANDed, a term with none matches no node;
+In / NotIn / Exists / DoesNotExist / Gt / Lt on labels (NotIn and DoesNotExist hold where the
+label is absent; Gt and Lt compare integers), and In / NotIn on the field `metadata.name`.
+The hostname label in a nodeSelector is ignored, as desired.py drops it (it would fight the
+pin). Preferred affinity only ranks nodes for kube-scheduler and is left out; so are taints
+and tolerations (the nodes planned on are those whose taints the operator tolerates for
+every pod, OperatorConfig.tolerated_taints).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlsched.controller.constants import HOSTNAME_LABEL
+
+NAME_FIELD = "metadata.name"
+
+
+@dataclass(frozen=True, slots=True)
+class Requirement:
+    key: str
+    operator: str
+    values: tuple[str, ...] = ()
+    field: bool = False  # matchFields (the node's name) rather than matchExpressions (labels)
+
+    def allows(self, name: str, labels: Mapping[str, str]) -> bool:
+        if self.field:
+            value: str | None = name if self.key == NAME_FIELD else None
+        else:
+            value = labels.get(self.key)
+        op = self.operator
+        if op == "In":
+            return value is not None and value in self.values
+        if op == "NotIn":
+            return value is None or value not in self.values
+        if op == "Exists":
+            return value is not None
+        if op == "DoesNotExist":
+            return value is None
+        if op in ("Gt", "Lt") and value is not None and len(self.values) == 1:
+            try:
+                have, bound = int(value), int(self.values[0])
+            except ValueError:
+                return False
+            return have > bound if op == "Gt" else have < bound
+        return False  # an operator the API server would have refused
+
+    def __str__(self) -> str:
+        key = f"{self.key} (field)" if self.field else self.key
+        if self.operator in ("Exists", "DoesNotExist"):
+            return f"{key} {self.operator}"
+        return f"{key} {self.operator} [{', '.join(self.values)}]"
+
+
+@dataclass(frozen=True, slots=True)
+class NodeConstraint:
+    """One role's template: its nodeSelector and required affinity terms (None: no affinity).
+    Hashable, so a round evaluates each distinct constraint once over the nodes."""
+
+    selector: tuple[tuple[str, str], ...] = ()
+    terms: tuple[tuple[Requirement, ...], ...] | None = None
+
+    def allows(self, name: str, labels: Mapping[str, str]) -> bool:
+        if any(labels.get(key) != value for key, value in self.selector):
+            return False
+        if self.terms is None:
+            return True
+        return any(term and all(r.allows(name, labels) for r in term) for term in self.terms)
+
+    def __str__(self) -> str:
+        parts = []
+        if self.selector:
+            parts.append("nodeSelector " + ", ".join(f"{k}={v}" for k, v in self.selector))
+        if self.terms is not None:
+            terms = [" and ".join(str(r) for r in term) or "(empty term)" for term in self.terms]
+            parts.append("required node affinity " + " or ".join(f"({t})" for t in terms))
+        return "; ".join(parts)
+
+
+def _requirements(items: Any, field: bool) -> list[Requirement]:
+    out = []
+    for item in items or ():
+        if not isinstance(item, Mapping):
+            continue
+        values = item.get("values") or ()
+        out.append(Requirement(str(item.get("key", "")), str(item.get("operator", "")),
+                               tuple(str(v) for v in values) if isinstance(values, list) else (),
+                               field))
+    return out
+
+
+def node_constraint(pod_spec: Any) -> NodeConstraint | None:
+    """The constraint of one pod template's spec; None when it constrains nothing."""
+    if not isinstance(pod_spec, Mapping):
+        return None
+    selector = pod_spec.get("nodeSelector")
+    pairs = tuple(sorted((str(k), str(v)) for k, v in selector.items() if k != HOSTNAME_LABEL)) \
+        if isinstance(selector, Mapping) else ()
+    affinity = pod_spec.get("affinity")
+    node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
+    required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") \
+        if isinstance(node_affinity, Mapping) else None
+    raw_terms = required.get("nodeSelectorTerms") if isinstance(required, Mapping) else None
+    terms = None
+    if isinstance(raw_terms, list) and raw_terms:  # the API server requires at least one term
+        terms = tuple(tuple(_requirements(t.get("matchExpressions"), False)
+                            + _requirements(t.get("matchFields"), True))
+                      if isinstance(t, Mapping) else () for t in raw_terms)
+    if not pairs and terms is None:
+        return None
+    return NodeConstraint(pairs, terms)
+
+
+def role_constraints(templates: Mapping[str, Any]) -> dict[str, NodeConstraint]:
+    """Per role, the constraint of its template (roles that constrain nothing left out)."""
+    out = {}
+    for role in ("ps", "worker"):
+        template = templates.get(role)
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        constraint = node_constraint(spec)
+        if constraint is not None:
+            out[role] = constraint
+    return out

@@ -1,0 +1,188 @@
+"""A pod template's nodeSelector and required node affinity: parsed with Kubernetes' semantics,
+planned with by every allocation and placement policy, and told when no node meets them."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from mlsched.cluster.ledger import Ledger
+from mlsched.controller.node_constraints import node_constraint, role_constraints
+from mlsched.controller.records import job_record, node_record
+from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot
+from mlsched.policies import registry
+from mlsched.policies.allocation.dl2 import DL2Policy
+from mlsched.policies.round import run_round
+from test_controller_fixtures import node, ps_job
+
+LABELS = {"disk": "ssd", "gpu": "a100", "cores": "64", "zone": "a"}
+
+
+def _affinity(*terms: list[dict]) -> dict:
+    return {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchExpressions": t} for t in terms]}}}}
+
+
+def _expr(key: str, op: str, *values: str) -> dict:
+    return {"key": key, "operator": op, **({"values": list(values)} if values else {})}
+
+
+@pytest.mark.parametrize("spec, allowed", [
+    ({}, True),
+    ({"nodeSelector": {"disk": "ssd"}}, True),
+    ({"nodeSelector": {"disk": "ssd", "gpu": "h100"}}, False),  # every pair must hold
+    ({"nodeSelector": {"disk": ""}}, False),  # an empty value is a value, not "exists"
+    ({"nodeSelector": {"kubernetes.io/hostname": "elsewhere"}}, True),  # the operator's pin
+    (_affinity([_expr("gpu", "In", "a100", "h100")]), True),
+    (_affinity([_expr("gpu", "NotIn", "a100")]), False),
+    (_affinity([_expr("spot", "NotIn", "true")]), True),  # absent label: NotIn holds
+    (_affinity([_expr("spot", "DoesNotExist")]), True),
+    (_affinity([_expr("spot", "Exists")]), False),
+    (_affinity([_expr("cores", "Gt", "32")]), True),
+    (_affinity([_expr("cores", "Lt", "32")]), False),
+    (_affinity([_expr("zone", "Gt", "1")]), False),  # not an integer
+    # Requirements of a term are ANDed, terms ORed.
+    (_affinity([_expr("disk", "In", "ssd"), _expr("zone", "In", "b")]), False),
+    (_affinity([_expr("zone", "In", "b")], [_expr("disk", "In", "ssd")]), True),
+    ({**_affinity([_expr("zone", "In", "a")]), "nodeSelector": {"disk": "hdd"}}, False),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [_expr("metadata.name", "In", "n1")]}]}}}}, True),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{"matchFields": [_expr("metadata.name", "NotIn", "n1")]}]}}}}, False),
+    ({"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+        "nodeSelectorTerms": [{}]}}}}, False),  # an empty term matches no node
+    ({"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 1, "preference": {"matchExpressions": [_expr("gpu", "In", "h100")]}}]}}},
+     True),  # a preference only ranks nodes
+])
+def test_kubernetes_semantics(spec, allowed):
+    constraint = node_constraint(spec)
+    result = True if constraint is None else constraint.allows("n1", LABELS)
+    assert result is allowed, constraint
+
+
+def test_constraints_are_per_role_and_described():
+    body = ps_job("picky")
+    specs = body["spec"]["replicaSpecs"]
+    specs["worker"]["template"]["spec"]["nodeSelector"] = {"gpu": "a100"}
+    specs["ps"]["template"]["spec"].update(_affinity([_expr("gpu", "DoesNotExist")]))
+    got = role_constraints({role: s["template"] for role, s in specs.items()})
+    assert str(got["worker"]) == "nodeSelector gpu=a100"
+    assert str(got["ps"]) == "required node affinity (gpu DoesNotExist)"
+    assert job_record(body).node_constraints == got
+    assert job_record(ps_job("plain")).node_constraints == {}
+
+
+def _cluster(n_gpu_nodes=2, n_cpu_nodes=4):
+    nodes = [node_record(node(f"g{i}", labels={"gpu": "a100"})) for i in range(n_gpu_nodes)]
+    nodes += [node_record(node(f"c{i}", cpu="16", gpu="0")) for i in range(n_cpu_nodes)]
+    return ClusterState(nodes=nodes)
+
+
+def _picky_job(name="picky", min_workers=1, max_workers=8):
+    body = ps_job(name, min_workers=min_workers, max_workers=max_workers)
+    specs = body["spec"]["replicaSpecs"]
+    specs["worker"]["template"]["spec"]["nodeSelector"] = {"gpu": "a100"}
+    specs["ps"]["template"]["spec"].update(_affinity([_expr("gpu", "DoesNotExist")]))
+    for role in ("ps", "worker"):
+        specs[role]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "1"
+    body["metadata"].update(uid=name, creationTimestamp="2024-01-01T00:00:00Z", generation=1)
+    return job_record(body)
+
+
+def _placed(snap, decision):
+    names = snap.node_names
+    return {job: ([names[n] for n in d.ps_nodes], [names[n] for n in d.worker_nodes])
+            for job, d in decision.jobs.items()}
+
+
+def test_snapshot_gives_each_role_its_nodes_and_shares_equal_constraints():
+    snap = build_snapshot([_picky_job("a"), _picky_job("b")], _cluster(), now_s=0, interval_s=60)
+    a, b = snap.jobs
+    assert snap.node_names == ["c0", "c1", "c2", "c3", "g0", "g1"]
+    assert a.node_filter("worker").tolist() == [False] * 4 + [True] * 2
+    assert a.node_filter("ps").tolist() == [True] * 4 + [False] * 2
+    assert a.node_filter("worker") is b.node_filter("worker")  # evaluated once per round
+
+
+@pytest.mark.parametrize("placement", list(registry.PLACEMENT))
+def test_every_placement_keeps_tasks_on_allowed_nodes(placement):
+    # Two picky jobs that could use far more than the two GPU nodes hold, and a plain one.
+    plain = ps_job("plain")
+    plain["metadata"].update(uid="plain", creationTimestamp="2024-01-01T00:00:01Z")
+    jobs = [_picky_job("a"), _picky_job("b"), job_record(plain)]
+    snap = build_snapshot(jobs, _cluster(), now_s=0, interval_s=60)
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement(placement))
+    placed = _placed(snap, decision)
+    for job in ("a", "b"):
+        if job in placed:
+            ps, workers = placed[job]
+            assert all(n.startswith("g") for n in workers), (placement, placed)
+            assert all(n.startswith("c") for n in ps), (placement, placed)
+    gpus = sum(len(w) for _, w in placed.values())
+    assert gpus <= 4 and len(placed) >= 2, placed  # capacity holds; the cluster is used
+
+
+@pytest.mark.parametrize("allocation", ["drf", "fifo", "srtf", "tetris", "optimus", "fixed",
+                                        "chic", "dl2"])
+def test_every_allocation_respects_them(allocation):
+    jobs = [_picky_job("a", min_workers=1, max_workers=4), _picky_job("b", max_workers=4)]
+    snap = build_snapshot(jobs, _cluster(n_gpu_nodes=3), now_s=0, interval_s=60)
+    policy = DL2Policy.load(None) if allocation == "dl2" else registry.make_allocation(allocation)
+    decision = run_round(snap, policy, registry.make_placement("load-balance"))
+    placed = _placed(snap, decision)
+    assert placed, allocation
+    for ps, workers in placed.values():
+        assert workers and all(n.startswith("g") for n in workers), (allocation, placed)
+        assert ps and all(n.startswith("c") for n in ps), (allocation, placed)
+
+
+def test_ledger_combines_node_filter_and_pool():
+    snap = build_snapshot([_picky_job()], _cluster(), now_s=0, interval_s=60)
+    job = snap.jobs[0]
+    snap.node_pools = ["p", "q", "p", "q", "p", "q"]
+    job.pool = "q"
+    ledger = Ledger(snap, registry.make_placement("load-balance"))
+    demand = job.demand("worker")
+    assert ledger.fits_mask(demand, job, "worker").tolist() == [False] * 5 + [True]
+    ps = job.demand("ps")  # fits every node: only the pool, and the filter of its role, count
+    assert ledger.fits_mask(ps, job).tolist() == [False, True] * 3
+    assert ledger.fits_mask(ps, job, "ps").tolist() == [False, True, False, True, False, False]
+    assert [ledger.fits_on(demand, n, job, "worker") for n in range(6)] == [False] * 5 + [True]
+
+
+def test_a_constraint_no_node_meets_is_why_the_job_cannot_fit():
+    nodes = list(_cluster().nodes)
+    fit = ClusterFit.of(nodes)
+    assert fit.why_not(_picky_job()) is None
+    nowhere = ps_job("nowhere")
+    nowhere["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {"gpu": "h200"}
+    why = fit.why_not(job_record(nowhere))
+    assert why == ("no schedulable node matches the worker template's nodeSelector gpu=h200 "
+                   "(of the cluster's 6 schedulable nodes)")
+    # Nodes that match but are too small, or too few for the minimum gang.
+    gang = _picky_job("gang", min_workers=5, max_workers=5)
+    why = fit.why_not(gang)
+    assert why and "its minimum of 5 worker needs" in why and "2 schedulable nodes its template " \
+        "allows (nodeSelector gpu=a100)" in why and "4 GPU" in why, why
+    big = _picky_job("big")
+    big.templates["worker"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    assert fit.why_not(big) is None
+    cpu_only = ClusterFit.of([n for n in nodes if n.name.startswith("c")] +
+                             [node_record(node("g9", gpu="0", labels={"gpu": "a100"}))])
+    why = cpu_only.why_not(_picky_job())
+    assert why and why.startswith("one worker asks for 1 CPU, 1 GPU, 8 GiB and none of the 1 "
+                                  "schedulable nodes its template allows"), why
+
+
+def test_unconstrained_rounds_are_unchanged():
+    """No template constraint: the filters are absent and every decision is as before."""
+    plain = [ps_job(f"j{i}") for i in range(3)]
+    for i, body in enumerate(plain):
+        body["metadata"].update(uid=f"j{i}", creationTimestamp=f"2024-01-01T00:00:0{i}Z")
+    snap = build_snapshot([job_record(b) for b in plain], _cluster(), now_s=0, interval_s=60)
+    assert all(not j.node_filters for j in snap.jobs)
+    ledger = Ledger(snap, registry.make_placement("load-balance"))
+    assert ledger.allowed_nodes(snap.jobs[0], "worker") is None
+    np.testing.assert_array_equal(ledger.fits_mask(snap.jobs[0].demand("worker"), snap.jobs[0], "worker"),
+                                  ledger.fits_mask(snap.jobs[0].demand("worker")))
