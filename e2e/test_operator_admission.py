@@ -101,3 +101,42 @@ def test_a_burst_of_50_arrivals_is_admitted_in_one_coalesced_step(mlsched, opera
     print(f"admission steps: {admitted}")
     assert sum(admitted) == len(names), steps
     assert len([a for a in admitted if a]) == 1, steps
+
+
+def test_an_edit_the_running_allocation_no_longer_meets_is_redecided_within_seconds(
+        api, mlsched, operator, emulator):
+    """Lowering `max` below what a job holds, or a template nodeSelector its nodes do not meet,
+    must not wait for the next round (a day here): the job is re-decided by an admission step."""
+    from kubernetes import client
+
+    from test_operator_node_constraints import DISK, labelled
+
+    mlsched.create(scheduling_policy("daily", allocation="fixed", interval=DAY))
+    mlsched.create(mljob("edited", ps=(1, 1), workers=(1, 4), epochs=1e9, policy="daily"))
+    status = wait_for(lambda: placed_as_decided(mlsched, "edited"), 60, "the job to be placed",
+                      describe=lambda: placement_problems(mlsched, "edited"))
+    assert status["replicaStatuses"]["worker"]["desired"] == 4  # `fixed`: its max
+    last_round = mlsched.policy("daily")["status"].get("lastRoundTime")
+
+    edited = time.monotonic()
+    mlsched.patch_job("edited", {"replicaSpecs": {"worker": {"max": 2}}})
+    status = wait_for(lambda: (s := placed_as_decided(mlsched, "edited"))
+                      and s["replicaStatuses"]["worker"]["desired"] == 2 and s, 30,
+                      "the job to run 2 workers", describe=lambda: placement_problems(mlsched, "edited"))
+    print(f"max lowered: 2 workers {time.monotonic() - edited:.1f} s after the edit")
+
+    # Two nodes none of its pods is on, labelled; the workers' template now selects them.
+    used = set(status["placement"]["ps"]) | set(status["placement"]["worker"])
+    free = sorted({f"kwok-node-{i}" for i in range(13)} - used)[:2]
+    with labelled(client.CoreV1Api(api), free, DISK, "ssd"):
+        edited = time.monotonic()
+        mlsched.patch_job("edited", {"replicaSpecs": {"worker": {"template": {"spec": {
+            "nodeSelector": {DISK: "ssd"}}}}}})
+        status = wait_for(lambda: (s := placed_as_decided(mlsched, "edited"))
+                          and set(s["placement"]["worker"]) <= set(free) and s, 45,
+                          "the workers to run on the selected nodes",
+                          describe=lambda: placement_problems(mlsched, "edited"))
+        print(f"nodeSelector edited: workers on {status['placement']['worker']} "
+              f"{time.monotonic() - edited:.1f} s after the edit")
+    assert status["replicaStatuses"]["worker"]["desired"] == 2
+    assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round  # no round ran

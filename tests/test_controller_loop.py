@@ -290,6 +290,79 @@ def test_a_job_arriving_between_rounds_is_admitted_without_touching_running_jobs
     assert all(n <= 2 for n in gpus.values())  # 2 GPUs a node, never more
 
 
+def _edit_spec(rt, kube, name, edit):
+    """A user's spec edit as the API server stores it (generation + 1), and its watch event."""
+    edit(kube.obj("MLJob", NS, name)["spec"])
+    body = kube.obj("MLJob", NS, name)
+    body["metadata"]["generation"] += 1
+    run(jobs.on_job_event(rt, "MODIFIED", body, kube.indexes()))
+
+
+def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission():
+    rt, kube = setup(nodes=6, policies=(policy(allocation="fixed"),),
+                     job_bodies=[ps_job("bert", max_workers=4), ps_job("steady", max_workers=2)])
+    first = round_(rt, kube)
+    settle(rt, kube)
+    assert first.targets["bert"].count("worker") == 4
+    steady = dict(first.targets["steady"].nodes)
+    assert admit(rt, kube) is None  # nothing waiting, nothing edited
+
+    _edit_spec(rt, kube, "bert", lambda spec: spec["replicaSpecs"]["worker"].update(max=2))
+    report = admit(rt, kube)
+    assert set(report.targets) == {"bert"} and report.targets["bert"].count("worker") == 2
+    assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == 2
+    assert rt.placements.of((NS, "steady")) == steady  # the others are held, untouched
+    events = [e for e in kube.events("bert") if e["reason"] == "Redecided"]
+    assert events and "4 worker are outside the edited [1, 2]" in events[0]["message"]
+    assert any(e["reason"] == "Scaled" and "worker 4→2" in e["message"] for e in kube.events("bert"))
+    settle(rt, kube)
+    assert admit(rt, kube) is None  # decided as edited: nothing to do again
+
+    # Requests edited: what was reserved no longer matches, so the job is placed again.
+    def more_cpu(spec):
+        container = spec["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+        container["resources"]["requests"]["cpu"] = "6"
+        container["resources"]["limits"]["cpu"] = "6"
+    _edit_spec(rt, kube, "bert", more_cpu)
+    report = admit(rt, kube)
+    assert set(report.targets) == {"bert"}
+    assert rt.reservations.usage_of((NS, "bert")) == loop.usage_of(
+        kube.indexes().job(NS, "bert"), report.targets["bert"].nodes)
+    settle(rt, kube)
+    cpu = {}
+    for p in kube.of_kind("Pod"):
+        cpu[p["spec"]["nodeName"]] = cpu.get(p["spec"]["nodeName"], 0) + (
+            6 if "bert-worker" in p["metadata"]["name"] else 2)
+    assert max(cpu.values()) <= 8, cpu  # 8 CPUs a node: re-placed, never overcommitted
+
+    # An edit the decision still meets (the image) re-decides nothing.
+    def image(spec):
+        spec["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"] = "other:1"
+    _edit_spec(rt, kube, "bert", image)
+    assert admit(rt, kube) is None
+
+
+def test_outgrown_names_what_the_edit_broke():
+    from mlsched.controller.records import job_record, node_record
+    from test_controller_fixtures import node
+    body = ps_job("j", min_workers=1, max_workers=2)
+    body["metadata"].update(uid="u", generation=2)
+    nodes = {n: node_record(node(n, labels={"disk": "ssd"} if n == "a" else {})) for n in "ab"}
+    job = job_record(body)
+    decided = {"ps": ("a",), "worker": ("a", "b")}
+    reserved = loop.usage_of(job, decided)
+    assert loop.outgrown(job, decided, nodes, reserved) is None
+    assert loop.outgrown(job, {"ps": ("a",), "worker": ("a", "b", "b")}, nodes, None) == \
+        "its 3 worker are outside the edited [1, 2]"
+    assert loop.outgrown(job, {"ps": (), "worker": ("a",)}, nodes, None) == \
+        "its 0 ps are outside the edited [1, 4]"
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {"disk": "ssd"}
+    assert loop.outgrown(job_record(body), decided, nodes, reserved) == \
+        "its worker on b, which the edited template does not allow"
+    assert loop.outgrown(job, decided, nodes, {"a": (4.0, 1.0, 16.0), "b": (3.0, 1.0, 8.0)}) == \
+        "its pods' requests were edited"
+
+
 def test_admission_with_nothing_waiting_does_nothing():
     rt, kube = setup(nodes=4)
     round_(rt, kube)

@@ -240,12 +240,20 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     """Children for a new or edited job (a generation not reconciled yet); the lifecycle sweep
     (started at startup) keeps phase and conditions current and retries what failed here."""
     rt = runtime(memo)
-    if event.get("type") == "ADDED":
+    meta = body["metadata"]
+    policy_key = (meta.get("namespace", ""),
+                  (body.get("spec") or {}).get("schedulingPolicy") or "default")
+    key = (policy_key[0], meta["name"])
+    reconciled = rt.reconciled.get(key)
+    # A spec edit of a job already decided: an admission step checks at once whether the
+    # decision still fits the spec (loop.outgrown) and decides the job again if not.
+    edited = (event.get("type") == "MODIFIED" and reconciled is not None
+              and reconciled != (meta.get("uid"), int(meta.get("generation") or 0))
+              and rt.placements.of(key) is not None)
+    if event.get("type") == "ADDED" or edited:
         # Wake the policy now: its admission step then waits for the burst this job may be
         # part of, and for the children of every job in it (loop._quiet).
-        rt.wakeups.signal((body["metadata"].get("namespace", ""),
-                           (body.get("spec") or {}).get("schedulingPolicy") or "default"),
-                          "admission")
+        rt.wakeups.signal(policy_key, "admission")
     await jobs.on_job_event(rt, event.get("type"), body, rt.indexes)
 
 

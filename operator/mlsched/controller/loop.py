@@ -35,8 +35,8 @@ from mlsched.controller.desired import (
 )
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
-from mlsched.controller.records import JobRecord, PodPool, Resources, add
-from mlsched.controller.runtime import Indexes, JobKey, Runtime
+from mlsched.controller.records import JobRecord, NodeRecord, PodPool, Resources, add
+from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.controller.supervision import plain
@@ -62,12 +62,43 @@ class RoundReport:
 
 
 def reservation(job: JobRecord, target: JobTarget) -> dict[str, Resources]:
+    return usage_of(job, target.nodes)
+
+
+def usage_of(job: JobRecord, nodes_by_role: Mapping[str, tuple[str, ...]]) -> dict[str, Resources]:
+    """Per node, what the job's tasks there request (its templates' requests now)."""
     usage: dict[str, Resources] = {}
-    for role, nodes in target.nodes.items():
+    for role, nodes in nodes_by_role.items():
         demand = job.demands.get(role, (0.0, 0.0, 0.0))
         for node in nodes:
             usage[node] = add(usage.get(node, (0.0, 0.0, 0.0)), demand)  # type: ignore[arg-type]
     return usage
+
+
+def outgrown(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
+             nodes: Mapping[str, NodeRecord], reserved: Mapping[str, Resources] | None) -> str | None:
+    """Why the job's spec, edited since its last decision, no longer admits that decision
+    (None when it does): a role's count outside its new [min, max], a task on a node its
+    template no longer allows, or pods that now request something else than what was
+    reserved for them (`reserved`: the reservation made with the decision; None if unknown).
+    Such a job is re-decided by the next admission step, not left so until the next round."""
+    for role in roles_of(job):
+        count = len(decided.get(role, ()))
+        low, high = job.bounds(role)
+        if not low <= count <= high:
+            return f"its {count} {role} are outside the edited [{low}, {high}]"
+        constraint = job.node_constraints.get(role)
+        if constraint is not None:
+            for name in decided.get(role, ()):
+                node = nodes.get(name)
+                if node is not None and not constraint.allows(name, node.labels):
+                    return f"its {role} on {name}, which the edited template does not allow"
+    if reserved is not None:
+        now = usage_of(job, {role: decided.get(role, ()) for role in roles_of(job)})
+        if now.keys() != reserved.keys() or any(
+                abs(a - b) > 1e-9 for node, r in now.items() for a, b in zip(r, reserved[node])):
+            return "its pods' requests were edited"
+    return None
 
 
 def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
@@ -303,6 +334,14 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     decided = {j.key: rt.placements.of(j.key) for j in jobs}
     schedulable = [j for j in jobs if j.schedulable
                    and ((decided[j.key] or {}).get("worker") or children_exist(j, idx))]
+    # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
+    # with the waiting ones, their tasks not held.
+    node_records = {n.name: n for n in flatten(idx.nodes)}
+    redecided = {j.key: why for j in schedulable if (decided[j.key] or {}).get("worker")
+                 and (why := outgrown(j, decided[j.key], node_records,
+                                      rt.reservations.usage_of(j.key)))}
+    for job_key in redecided:
+        decided[job_key] = None
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting:
         return None
@@ -318,7 +357,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     async with rt.round_lock:
         snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
                                                    setup),
-                                   {j.name: decided[j.key] for j in schedulable})
+                                   {j.name: decided[j.key] for j in schedulable},
+                                   released={name for _, name in redecided})
         snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
                                                 body.get("status") or {},
                                                 serving.phases["grouping"])
@@ -335,7 +375,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                                                resolved.fallback_placement or resolved.placement,
                                                grouping)
         targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
-        admitted = [j for j in waiting if targets[j.name].count("worker")]
+        # Admitted: given tasks now; a re-decided job is changed even when it is given none.
+        admitted = [j for j in waiting if targets[j.name].count("worker") or j.key in redecided]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
     if open_interval is not None and not failed_policy:
         rt.dataset.admitted(key, number, open_interval.start,
@@ -344,7 +385,13 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                             serving.decisions(), spec.retraining.dataset_limit)
     if not admitted:
         return None
+    await asyncio.gather(*(rt.recorder.emit(
+        ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
+        f"spec edited: {redecided[j.key]}; decided again now, not at the next round")
+        for j in admitted if j.key in redecided))
     await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+    before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
+              for j in admitted}
     by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
                               pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
     for job in admitted:
@@ -356,8 +403,9 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         if count:
             rt.metrics.decisions.labels(ref.namespace, ref.name, kind).inc(count)
     await asyncio.gather(*(reporting.job_events(
-        rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed], {},
-        [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed]) for job in admitted))
+        rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed],
+        before[job.key], [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed])
+        for job in admitted))
     opened = {}
     if open_interval is not None:  # the admitted jobs' rewards count from now, in this interval
         for j in admitted:
@@ -417,12 +465,14 @@ def children_exist(job: JobRecord, idx: Indexes) -> bool:
     return {s.role for s in idx.statefulsets.get(job.key, ())} >= set(roles_of(job))
 
 
-def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]] | None]):
+def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]] | None],
+                    released: frozenset[str] | set[str] = frozenset()):
     """Job views whose counts and nodes are what the last decision gave them (the pods may not
     all exist or be placed yet): what an admission step holds them at, and where a round's
     stickiness sends them back. Each role's nodes are cut at the first node no longer in the
     snapshot (lost, cordoned), as the pod-derived prefix is: ordinal k keeps its node only if
-    every ordinal before it does."""
+    every ordinal before it does. `released` jobs hold nothing (an admission step re-decides
+    them), whatever their pods show."""
     index = {name: i for i, name in enumerate(snapshot.node_names)}
 
     def prefix(names) -> tuple[int, ...]:
@@ -436,7 +486,9 @@ def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]
     views = []
     for view in snapshot.jobs:
         nodes = decided.get(view.name) or {}
-        if nodes.get("worker"):
+        if view.name in released:
+            view = dataclasses.replace(view, ps=0, workers=0, ps_nodes=(), worker_nodes=())
+        elif nodes.get("worker"):
             ps, workers = prefix(nodes.get("ps", ())), prefix(nodes["worker"])
             view = dataclasses.replace(view, ps=len(ps), workers=len(workers),
                                        ps_nodes=ps, worker_nodes=workers)

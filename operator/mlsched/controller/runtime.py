@@ -161,6 +161,13 @@ class ReservationBook:
         return {job: usage for usage_by_job in self._by_policy.values()
                 for job, usage in usage_by_job.items()}
 
+    def usage_of(self, job: JobKey) -> dict[str, Resources] | None:
+        """What the job's latest decision reserved, per node; None if none is known."""
+        for usage in self._by_policy.values():
+            if job in usage:
+                return usage[job]
+        return None
+
     def release(self, job: JobKey) -> None:
         for usage in self._by_policy.values():
             usage.pop(job, None)
