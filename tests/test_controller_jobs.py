@@ -164,7 +164,14 @@ def test_clean_pod_policy_all_scales_down_on_success():
 def test_missing_policy_is_reported():
     rt, kube = make_runtime(cluster(1))
     run(create_jobs(rt, kube, ps_job("bert", policy="nonexistent")))
-    assert cond(kube, "bert", "Admitted").reason == "PolicyNotFound"
+    admitted = cond(kube, "bert", "Admitted")
+    assert admitted.reason == "PolicyNotFound"
+    assert admitted.message == "SchedulingPolicy 'nonexistent' does not exist in this namespace"
+    # A Warning Event, once: the user must act (create the policy or fix the name).
+    warnings = [e for e in kube.events("bert") if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["PolicyNotFound"]
+    sync(rt, kube, "bert")
+    assert len([e for e in kube.events("bert") if e["type"] == "Warning"]) == 1
 
 
 def test_bad_mljob_is_reported_and_does_not_stall_the_others():

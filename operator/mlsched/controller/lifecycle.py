@@ -148,8 +148,10 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             nonlocal conds
             conds = set_condition(conds, type_, value, why, text, observed_generation=gen, now=now)
 
+        counts = ", ".join(f"{desired[r]} {r}" for r in roles)
+        # Not admitted: why not (the policy missing, the job cannot fit), not "0 ps, 0 worker".
         put(C.ADMITTED, admitted, "Allocated" if admitted else reason or "WaitingForAllocation",
-            ", ".join(f"{desired[r]} {r}" for r in roles))
+            counts if admitted or not message else message)
         put(C.RUNNING, phase == JobPhase.RUNNING, reason or phase.value, message)
         if phase == JobPhase.SUSPENDED or get_condition(conds, C.SUSPENDED):
             put(C.SUSPENDED, phase == JobPhase.SUSPENDED,
@@ -167,7 +169,7 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     out = Outcome(new, new != _owned(status))
     # Stuck for a reason the user must act on: say so once, when it starts.
     old_running = get_condition(status.get("conditions"), C.RUNNING)
-    if reason in ("Unschedulable", "CannotFit") and (
+    if reason in ("Unschedulable", "CannotFit", "PolicyNotFound") and (
             old_running is None or old_running.reason != reason):
         out.events.append(("Warning", reason, message))
     if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):
