@@ -140,3 +140,34 @@ def test_an_edit_the_running_allocation_no_longer_meets_is_redecided_within_seco
               f"{time.monotonic() - edited:.1f} s after the edit")
     assert status["replicaStatuses"]["worker"]["desired"] == 2
     assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round  # no round ran
+
+
+def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, mlsched, operator):
+    """A node uncordoned (as when a cluster autoscaler adds one, or an admin ends maintenance)
+    is new capacity: a job waiting for it starts within seconds, not at the next round."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    spare = "kwok-node-12"
+    core.patch_node(spare, {"spec": {"unschedulable": True}})
+    try:
+        mlsched.create(scheduling_policy("daily", allocation="fixed", interval=DAY))
+        # Every GPU of the 12 other nodes, then a job that needs one more.
+        mlsched.create(mljob("filler", ps=None, workers=(24, 24), epochs=1e9, policy="daily"))
+        wait_for(lambda: placed_as_decided(mlsched, "filler"), 90, "the filler to run",
+                 describe=lambda: placement_problems(mlsched, "filler"))
+        mlsched.create(mljob("waiter", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
+        time.sleep(3)  # its admission step has run and found no room
+        assert not (mlsched.job("waiter").get("status") or {}).get("placement", {}).get("worker")
+        last_round = mlsched.policy("daily")["status"].get("lastRoundTime")
+
+        freed = time.monotonic()
+        core.patch_node(spare, {"spec": {"unschedulable": None}})
+        status = wait_for(lambda: placed_as_decided(mlsched, "waiter"), 30,
+                          "the waiting job to run on the uncordoned node",
+                          describe=lambda: placement_problems(mlsched, "waiter"))
+        print(f"uncordoned: the waiting job ran {time.monotonic() - freed:.1f} s later")
+        assert status["placement"]["worker"] == [spare]
+        assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round
+    finally:
+        core.patch_node(spare, {"spec": {"unschedulable": None}})

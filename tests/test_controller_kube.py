@@ -88,7 +88,8 @@ def test_handlers_are_registered_for_the_right_resources():
     assert not list(registry._spawning.get_all_handlers())
     assert not list(registry._changing.get_all_handlers())
     watching = {h.id for h in registry._watching.get_all_handlers()}
-    assert watching >= {"policy_event", "mljob_event", "statefulset_event", "pod_event"}
+    assert watching >= {"policy_event", "mljob_event", "statefulset_event", "pod_event",
+                        "node_event", "foreign_pod_event"}
     # Index kwargs are named after the index functions: indexes_from must find every one.
     handlers.indexes_from({i: {} for i in ids})
 

@@ -183,8 +183,77 @@ def test_the_other_namespace_watch_lists_then_follows_events():
         def stop(self):
             pass
 
-    other = OtherNamespacePods(["mine"])
+    freed = []
+    other = OtherNamespacePods(["mine"], on_freed=lambda: freed.append(1))
     other.start(list_pods, FakeWatch)
     assert done.wait(5)
     other._thread.join(5)
     assert set(other.requests_by_node()) == {"node-2"}
+    assert freed == [1]  # the deleted pod's node has room again: waiting jobs are woken
+
+
+def test_new_capacity_wakes_every_policys_admission_and_a_heartbeat_does_not():
+    """A node added, uncordoned, untainted or grown, or another workload's pod gone, wakes the
+    admission of every running policy loop (waiting jobs start now, not at the next round)."""
+    from mlsched.controller import handlers
+
+    rt, kube = make_runtime(cluster(2))
+
+    class Loops:
+        def running(self):
+            return [(NS, "default"), ("team-b", "fast")]
+
+    rt.policy_loops = Loops()
+    memo = {"runtime": rt}
+
+    def woken() -> set:
+        out = {key for key in Loops().running() if "admission" in rt.wakeups.peek(key)}
+        for key in out:
+            rt.wakeups.drop(key, "admission")
+        return out
+
+    def node_event(body, type_="MODIFIED"):
+        run(handlers.node_event(event={"type": type_}, body=body, memo=memo))
+
+    fresh = node("n9")
+    node_event(fresh, "ADDED")
+    assert woken() == {(NS, "default"), ("team-b", "fast")}
+    beat = node("n9")
+    beat["status"]["conditions"][0]["lastHeartbeatTime"] = "2026-01-01T00:00:00Z"
+    node_event(beat)
+    assert woken() == set()  # nothing planning reads changed
+    cordoned = node("n9")
+    cordoned["spec"]["unschedulable"] = True
+    node_event(cordoned)
+    woken()
+    node_event(node("n9"))  # uncordoned
+    assert woken() == {(NS, "default"), ("team-b", "fast")}
+    node_event(node("n9", gpu="4"))  # grown
+    assert len(woken()) == 2
+    node_event(node("n9", gpu="4"), "DELETED")
+    assert woken() == set() and "n9" not in rt.node_states
+
+    def foreign(type_, **kwargs):
+        body = pod("other", "worker", 0, namespace="team-c", **kwargs)
+        del body["metadata"]["labels"]["mlsched.io/job-name"]
+        run(handlers.foreign_pod_event(event={"type": type_}, body=body, memo=memo))
+
+    foreign("MODIFIED", node_name="n1")  # running: holds its node
+    assert woken() == set()
+    foreign("MODIFIED", node_name="n1", phase="Succeeded")
+    assert len(woken()) == 2
+    foreign("DELETED", node_name="n1")
+    assert len(woken()) == 2
+    foreign("DELETED")  # never bound: it held nothing
+    assert woken() == set()
+
+
+def test_a_pod_of_another_namespace_that_ends_is_reported_freed():
+    from mlsched.controller.cluster_pods import OtherNamespacePods
+
+    other = OtherNamespacePods(["mine"])
+    busy = pod("x", "worker", 0, node_name="node-1", namespace="team-b")
+    assert other.apply("ADDED", busy) is False
+    assert other.apply("MODIFIED", busy) is False
+    assert other.apply("DELETED", busy) is True  # was counted, is not any more
+    assert other.apply("DELETED", busy) is False  # already gone

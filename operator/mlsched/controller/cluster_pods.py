@@ -36,8 +36,11 @@ def served(namespace: str, patterns: Iterable[str]) -> bool:
 class OtherNamespacePods:
     """Requests of bound, non-terminal pods in namespaces the operator does not serve."""
 
-    def __init__(self, patterns: Iterable[str]):
+    def __init__(self, patterns: Iterable[str], on_freed: Callable[[], None] | None = None):
         self.patterns = tuple(patterns)
+        # Called (from the watch thread) when a counted pod ends or goes: its node has room
+        # again, which waiting jobs may use now (handlers.wake_all_admissions).
+        self.on_freed = on_freed
         self._pods: dict[str, tuple[str, Resources]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -45,16 +48,17 @@ class OtherNamespacePods:
         self.synced = threading.Event()  # the first list has been read
 
     # -- what the watch feeds
-    def apply(self, event_type: str, pod: dict[str, Any]) -> None:
+    def apply(self, event_type: str, pod: dict[str, Any]) -> bool:
+        """True when a pod that was counted no longer is (its requests are free again)."""
         meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
         uid, node = meta.get("uid", ""), spec.get("nodeName")
         phase = (pod.get("status") or {}).get("phase")
         with self._lock:
             if event_type == "DELETED" or not node or phase in TERMINAL \
                     or served(meta.get("namespace", ""), self.patterns):
-                self._pods.pop(uid, None)
-            else:
-                self._pods[uid] = (node, pod_requests(spec))
+                return self._pods.pop(uid, None) is not None
+            self._pods[uid] = (node, pod_requests(spec))
+            return False
 
     def replace(self, pods: Iterable[dict[str, Any]]) -> None:
         """A fresh list: forget what the watch said before."""
@@ -104,7 +108,8 @@ class OtherNamespacePods:
                     if event.get("type") == "ERROR":  # 410 Gone: too old to resume, list again
                         version = None
                         break
-                    self.apply(event.get("type"), obj)
+                    if self.apply(event.get("type"), obj) and self.on_freed is not None:
+                        self.on_freed()
                     version = (obj.get("metadata") or {}).get("resourceVersion") or version
             except Exception as err:  # noqa: BLE001 - a lost watch is re-listed, never fatal
                 log.warning("watching pods in other namespaces failed (%s); listing again", err)

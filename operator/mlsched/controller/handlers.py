@@ -92,7 +92,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     rt.indexes = indexes_from(kwargs)
     if CONFIG.namespaces and isinstance(rt.api, ClientKubeApi):
         # Nodes are shared: count what other namespaces run on them (cluster_pods.py).
-        rt.indexes.other_namespaces = other = OtherNamespacePods(CONFIG.namespaces)
+        loop = asyncio.get_running_loop()
+        rt.indexes.other_namespaces = other = OtherNamespacePods(
+            CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
         other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
         memo["other_namespaces"] = other
     rt.metrics.watch_job_phases(
@@ -211,6 +213,38 @@ async def policy_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
         await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
     if rt.policy_loops.observe(body):
         rt.wakeups.signal(key, "policy")
+
+
+def wake_all_admissions(rt: Runtime) -> None:
+    """Capacity may have appeared (a node added, Ready again, uncordoned, untainted, grown or
+    relabelled; another workload's pod gone): every policy's waiting jobs get an admission
+    step now, not at their policy's next round. A policy with nothing waiting does nothing."""
+    for key in rt.policy_loops.running():
+        rt.wakeups.signal(key, "admission")
+
+
+@kopf.on.event("nodes")
+async def node_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A node whose record (what planning reads: allocatable, Ready, cordon, taints, labels)
+    changed wakes admission; a kubelet's heartbeat changes none of it and wakes nothing."""
+    rt = runtime(memo)
+    name = body["metadata"]["name"]
+    if event.get("type") == "DELETED":
+        rt.node_states.pop(name, None)
+        return
+    record = node_record(body)
+    if rt.node_states.get(name) != record:
+        rt.node_states[name] = record
+        wake_all_admissions(rt)
+
+
+@kopf.on.event("pods", labels={JOB_LABEL: kopf.ABSENT})
+async def foreign_pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                            **_: Any) -> None:
+    """Another workload's pod on a node ended or went: its requests are free again."""
+    if (body.get("spec") or {}).get("nodeName") and (
+            event.get("type") == "DELETED" or not is_active_pod(body)):
+        wake_all_admissions(runtime(memo))
 
 
 def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:

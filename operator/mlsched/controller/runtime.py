@@ -272,6 +272,8 @@ class Runtime:
     # (uid, generation) whose children were created and templates refreshed: a watch event
     # of another generation (an edit) reconciles again. Lost on restart: all are, once.
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
+    # Each node's record as last seen by the node handler: a change wakes admission.
+    node_states: dict[str, NodeRecord] = field(default_factory=dict)
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
