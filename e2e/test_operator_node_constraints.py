@@ -98,3 +98,51 @@ def test_a_job_no_node_allows_is_told_so_and_holds_nothing(control_plane, mlsche
     assert mlsched.pods("nowhere") == []
     body = mlsched.job("nowhere")
     assert not any((body["status"].get("placement") or {}).get(role) for role in ("ps", "worker"))
+
+
+@contextlib.contextmanager
+def tainted(core: client.CoreV1Api, names: list[str], taint: dict):
+    """Nodes of the shared plane given one more taint for one test, and without it after."""
+    before = {n: list(core.read_node(n).spec.taints or []) for n in names}
+    try:
+        for name in names:
+            core.patch_node(name, {"spec": {"taints": [
+                *[t.to_dict() for t in before[name]], taint]}})
+        yield
+    finally:
+        for name in names:
+            core.patch_node(name, {"spec": {"taints": [t.to_dict() for t in before[name]] or None}})
+
+
+def test_dedicated_nodes_are_used_only_by_jobs_that_tolerate_their_taint(control_plane, api,
+                                                                        mlsched, operator):
+    """The dedicated-node pattern: nodes tainted and labelled for one team; that team's
+    templates tolerate the taint and select the label. The operator tolerates only its own
+    taints for every pod, so other jobs stay off those nodes, and the team's job uses them."""
+    core = client.CoreV1Api(api)
+    team_nodes = ["kwok-node-5", "kwok-node-9"]
+    taint = {"key": "e2e.mlsched.io/dedicated", "value": "team-x", "effect": "NoSchedule"}
+    with labelled(core, team_nodes, "e2e.mlsched.io/team", "x"), tainted(core, team_nodes, taint):
+        mlsched.create(scheduling_policy("default", interval=600, allocation="fixed"))
+        team = mljob("team-job", workers=(4, 4), ps=(1, 1))
+        for spec in (team["spec"]["replicaSpecs"][r]["template"]["spec"] for r in ("ps", "worker")):
+            spec["tolerations"] = [*spec["tolerations"], {
+                "key": "e2e.mlsched.io/dedicated", "operator": "Equal", "value": "team-x",
+                "effect": "NoSchedule"}]
+            spec["nodeSelector"] = {"e2e.mlsched.io/team": "x"}
+        # Another job, wide enough that a planner ignoring the taint would use those nodes.
+        mlsched.create(mljob("others", ps=None, workers=(22, 22)))
+        mlsched.create(team)
+
+        def running(job: str):
+            pods = mlsched.pods(job)
+            return pods if pods and all(p.status.phase == "Running" for p in pods) else None
+
+        team_pods = wait_for(lambda: running("team-job"), 90, "the team's job to run",
+                             describe=lambda: _running(mlsched, "team-job"))
+        assert {p.spec.node_name for p in team_pods} <= set(team_nodes)
+        assert len(team_pods) == 5  # 4 workers on the 2 nodes' 4 GPUs, and its PS
+        others = wait_for(lambda: running("others"), 90, "the other job to run",
+                          describe=lambda: _running(mlsched, "others"))
+        assert not {p.spec.node_name for p in others} & set(team_nodes)
+        assert len(others) == 22  # every GPU of the other 11 nodes

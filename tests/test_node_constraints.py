@@ -186,3 +186,73 @@ def test_unconstrained_rounds_are_unchanged():
     assert ledger.allowed_nodes(snap.jobs[0], "worker") is None
     np.testing.assert_array_equal(ledger.fits_mask(snap.jobs[0].demand("worker"), snap.jobs[0], "worker"),
                                   ledger.fits_mask(snap.jobs[0].demand("worker")))
+
+
+@pytest.mark.parametrize("toleration, taint, tolerated", [
+    ({"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"},
+     ("dedicated", "ml", "NoSchedule"), True),
+    ({"key": "dedicated", "value": "ml"}, ("dedicated", "ml", "NoExecute"), True),  # any effect
+    ({"key": "dedicated", "value": "web"}, ("dedicated", "ml", "NoSchedule"), False),
+    ({"key": "dedicated", "operator": "Exists"}, ("dedicated", "ml", "NoSchedule"), True),
+    ({"key": "dedicated", "operator": "Exists", "effect": "NoExecute"},
+     ("dedicated", "ml", "NoSchedule"), False),
+    ({"operator": "Exists"}, ("anything", "x", "NoExecute"), True),  # tolerates every taint
+    ({"key": "sku", "operator": "Exists"}, ("dedicated", "ml", "NoSchedule"), False),
+    ({"key": "dedicated", "operator": "Exists", "effect": "PreferNoSchedule"},
+     ("dedicated", "ml", "NoSchedule"), False),  # a preference tolerates nothing here
+])
+def test_tolerations_with_kubernetes_semantics(toleration, taint, tolerated):
+    constraint = node_constraint({"tolerations": [toleration]})
+    allowed = (constraint or node_constraint({"nodeSelector": {"zone": "a"}})).allows(
+        "n1", LABELS, (taint,))
+    assert allowed is tolerated
+
+
+def _tainted_cluster():
+    dedicated = [{"key": "dedicated", "value": "ml", "effect": "NoSchedule"}]
+    gpu = [{"key": "nvidia.com/gpu", "value": "present", "effect": "NoSchedule"}]
+    nodes = [node_record(node(f"d{i}", taints=dedicated + gpu)) for i in range(2)]
+    nodes += [node_record(node(f"n{i}", taints=gpu)) for i in range(3)]
+    return ClusterState(nodes=nodes)
+
+
+def _tolerating(name, **job):
+    body = ps_job(name, **job)
+    for role in ("ps", "worker"):
+        spec = body["spec"]["replicaSpecs"][role]["template"]["spec"]
+        spec["tolerations"] = [{"key": "dedicated", "operator": "Exists"}]
+    body["metadata"].update(uid=name, creationTimestamp="2024-01-01T00:00:00Z", generation=1)
+    return job_record(body)
+
+
+def test_nodes_with_a_taint_only_some_templates_tolerate():
+    tolerated = frozenset({"nvidia.com/gpu"})  # the operator's own, for every pod
+    plain = ps_job("plain")
+    plain["metadata"].update(uid="plain", creationTimestamp="2024-01-01T00:00:01Z")
+    # No job tolerates `dedicated`: those nodes are not planned on at all.
+    snap = build_snapshot([job_record(plain)], _tainted_cluster(), now_s=0, interval_s=60,
+                          tolerated_taints=tolerated)
+    assert snap.node_names == ["n0", "n1", "n2"] and not snap.jobs[0].node_filters
+    # One does: they are, for its roles only.
+    snap = build_snapshot([_tolerating("team"), job_record(plain)], _tainted_cluster(), now_s=0,
+                          interval_s=60, tolerated_taints=tolerated)
+    assert snap.node_names == ["d0", "d1", "n0", "n1", "n2"]
+    team, other = snap.jobs
+    assert not team.node_filters  # tolerates every node here
+    assert other.node_filter("worker").tolist() == [False, False, True, True, True]
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("bin-pack"))
+    placed = _placed(snap, decision)
+    assert not any(n.startswith("d") for n in placed["plain"][0] + placed["plain"][1]), placed
+    # Nothing tolerates an unknown taint key unless the operator does.
+    assert build_snapshot([job_record(plain)], _tainted_cluster(), now_s=0, interval_s=60,
+                          tolerated_taints=frozenset()).node_names == []
+
+
+def test_cannot_fit_counts_the_tainted_nodes_a_template_tolerates():
+    fit = ClusterFit.of(list(_tainted_cluster().nodes), tolerated_taints=frozenset({"nvidia.com/gpu"}))
+    gang = ps_job("gang", min_workers=8, max_workers=8)  # 8 GPUs: untainted nodes have 6
+    why = fit.why_not(job_record(gang))
+    assert why and "the cluster's 3 schedulable nodes" in why, why
+    tolerating = _tolerating("gang2", min_workers=8, max_workers=8)
+    assert fit.why_not(tolerating) is None  # 10 GPUs on the 5 nodes it may use
+    assert str(tolerating.node_constraints["worker"]) == "tolerations dedicated"

@@ -12,9 +12,14 @@ affinity's terms are ORed, a term's requirements ANDed, a term with none matches
 In / NotIn / Exists / DoesNotExist / Gt / Lt on labels (NotIn and DoesNotExist hold where the
 label is absent; Gt and Lt compare integers), and In / NotIn on the field `metadata.name`.
 The hostname label in a nodeSelector is ignored, as desired.py drops it (it would fight the
-pin). Preferred affinity only ranks nodes for kube-scheduler and is left out; so are taints
-and tolerations (the nodes planned on are those whose taints the operator tolerates for
-every pod, OperatorConfig.tolerated_taints).
+pin). Preferred affinity only ranks nodes for kube-scheduler and is left out.
+
+Taints: the operator tolerates some taint keys for every pod it renders
+(OperatorConfig.tolerated_taints, e.g. `nvidia.com/gpu`). A node's other NoSchedule and
+NoExecute taints (a team's dedicated nodes, `sku=gpu` on an AKS GPU pool) must each be
+tolerated by the role's template, with Kubernetes' matching: an empty key with `Exists`
+tolerates every taint, otherwise the keys match and `Exists` or an equal value (`Equal`, the
+default); an empty effect matches every effect.
 """
 
 from __future__ import annotations
@@ -64,15 +69,39 @@ class Requirement:
         return f"{key} {self.operator} [{', '.join(self.values)}]"
 
 
+Taint = tuple[str, str, str]  # key, value, effect
+
+
+@dataclass(frozen=True, slots=True)
+class Toleration:
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""
+
+    def tolerates(self, taint: Taint) -> bool:
+        key, value, effect = taint
+        if self.effect and self.effect != effect:
+            return False
+        if not self.key:
+            return self.operator == "Exists"
+        return self.key == key and (self.operator == "Exists" or self.value == value)
+
+
 @dataclass(frozen=True, slots=True)
 class NodeConstraint:
-    """One role's template: its nodeSelector and required affinity terms (None: no affinity).
-    Hashable, so a round evaluates each distinct constraint once over the nodes."""
+    """One role's template: its nodeSelector, required affinity terms (None: no affinity) and
+    tolerations. Hashable, so a round evaluates each distinct constraint once over the nodes.
+    The empty constraint allows every node without a taint the operator does not tolerate."""
 
     selector: tuple[tuple[str, str], ...] = ()
     terms: tuple[tuple[Requirement, ...], ...] | None = None
+    tolerations: tuple[Toleration, ...] = ()
 
-    def allows(self, name: str, labels: Mapping[str, str]) -> bool:
+    def allows(self, name: str, labels: Mapping[str, str], taints: tuple[Taint, ...] = ()) -> bool:
+        """`taints`: the node's NoSchedule/NoExecute taints the operator does not tolerate."""
+        if any(not any(t.tolerates(taint) for t in self.tolerations) for taint in taints):
+            return False
         if any(labels.get(key) != value for key, value in self.selector):
             return False
         if self.terms is None:
@@ -86,7 +115,18 @@ class NodeConstraint:
         if self.terms is not None:
             terms = [" and ".join(str(r) for r in term) or "(empty term)" for term in self.terms]
             parts.append("required node affinity " + " or ".join(f"({t})" for t in terms))
-        return "; ".join(parts)
+        if self.tolerations:
+            parts.append("tolerations " + ", ".join(_describe_toleration(t)
+                                                    for t in self.tolerations))
+        return "; ".join(parts) or "no node constraint"
+
+
+EVERY_NODE = NodeConstraint()  # a template that constrains nothing and tolerates nothing
+
+
+def _describe_toleration(t: Toleration) -> str:
+    what = "every taint" if not t.key else t.key if t.operator == "Exists" else f"{t.key}={t.value}"
+    return what + (f":{t.effect}" if t.effect else "")
 
 
 def _requirements(items: Any, field: bool) -> list[Requirement]:
@@ -118,9 +158,16 @@ def node_constraint(pod_spec: Any) -> NodeConstraint | None:
         terms = tuple(tuple(_requirements(t.get("matchExpressions"), False)
                             + _requirements(t.get("matchFields"), True))
                       if isinstance(t, Mapping) else () for t in raw_terms)
-    if not pairs and terms is None:
+    tolerations = tuple(sorted(
+        {Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
+                    str(t.get("value") or ""), str(t.get("effect") or ""))
+         for t in pod_spec.get("tolerations") or () if isinstance(t, Mapping)
+         # Only these keep a pod off a node; PreferNoSchedule is a preference.
+         and (t.get("effect") or "") in ("", "NoSchedule", "NoExecute")},
+        key=lambda t: (t.key, t.operator, t.value, t.effect)))
+    if not pairs and terms is None and not tolerations:
         return None
-    return NodeConstraint(pairs, terms)
+    return NodeConstraint(pairs, terms, tolerations)
 
 
 def role_constraints(templates: Mapping[str, Any]) -> dict[str, NodeConstraint]:

@@ -77,6 +77,8 @@ class NodeRecord:
     taints: frozenset[str]  # keys of NoSchedule / NoExecute taints
     labels: Mapping[str, str]
     pool_owner: str | None = None  # POOL_OWNER_ANNOTATION: the operator labelled its pool
+    # (key, value, effect) of the NoSchedule / NoExecute taints: what pods must tolerate.
+    taint_specs: tuple[tuple[str, str, str], ...] = ()
 
     @property
     def pool(self) -> str | None:
@@ -87,12 +89,15 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
     meta, spec, status = body.get("metadata", {}), body.get("spec") or {}, body.get("status") or {}
     ready = any(c.get("type") == "Ready" and c.get("status") == "True"
                 for c in status.get("conditions") or ())
-    taints = frozenset(t.get("key", "") for t in spec.get("taints") or ()
-                       if t.get("effect") in ("NoSchedule", "NoExecute"))
+    specs = tuple(sorted((str(t.get("key") or ""), str(t.get("value") or ""), str(t.get("effect")))
+                         for t in spec.get("taints") or ()
+                         if t.get("effect") in ("NoSchedule", "NoExecute")))
     return NodeRecord(name=meta["name"], allocatable=resources_of(status.get("allocatable")),
-                      ready=ready, unschedulable=bool(spec.get("unschedulable")), taints=taints,
+                      ready=ready, unschedulable=bool(spec.get("unschedulable")),
+                      taints=frozenset(key for key, _, _ in specs),
                       labels=dict(meta.get("labels") or {}),
-                      pool_owner=(meta.get("annotations") or {}).get(POOL_OWNER_ANNOTATION))
+                      pool_owner=(meta.get("annotations") or {}).get(POOL_OWNER_ANNOTATION),
+                      taint_specs=specs)
 
 
 # ------------------------------------------------------------------------------------- pods

@@ -15,7 +15,7 @@ import numpy as np
 
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
 from mlsched.workloads.speed_curve import prior_curve
-from mlsched.controller.node_constraints import NodeConstraint
+from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
 )
@@ -36,12 +36,18 @@ class ClusterState:
     strays: Iterable[PodRecord] = ()
 
 
-def eligible(node: NodeRecord, node_selector: Mapping[str, str],
-             tolerated_taints: frozenset[str]) -> bool:
-    if not node.ready or node.unschedulable or node.taints - tolerated_taints:
+def usable(node: NodeRecord, node_selector: Mapping[str, str]) -> bool:
+    """Ready, not cordoned, and one of the nodes the operator places on (MLSCHED_NODE_SELECTOR)."""
+    if not node.ready or node.unschedulable:
         return False
     return all(key in node.labels and (not value or node.labels[key] == value)
                for key, value in node_selector.items())
+
+
+def untolerated(node: NodeRecord, tolerated_taints: frozenset[str]) -> tuple[Taint, ...]:
+    """The node's taints that the operator does not tolerate for every pod: a pod's template
+    must tolerate each of them itself (node_constraints.py)."""
+    return tuple(t for t in node.taint_specs if t[0] not in tolerated_taints)
 
 
 def held_elsewhere(cluster: ClusterState, own_jobs: set[JobKey],
@@ -116,24 +122,36 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
 
 class NodeFilters:
     """Each distinct template constraint evaluated once over a snapshot's nodes: jobs with the
-    same constraint share the array (the ledger and DL²'s state key their checks on it)."""
+    same constraint share the array (the ledger and DL²'s state key their checks on it). A
+    constraint that allows every node gives no filter, so jobs whose templates constrain
+    nothing cost nothing; where the snapshot holds nodes with taints some job tolerates,
+    every role that does not tolerate them gets a filter keeping it off them."""
 
-    def __init__(self, nodes: list[NodeRecord]):
+    def __init__(self, nodes: list[NodeRecord], tolerated_taints: frozenset[str]):
         self.nodes = nodes
-        self._masks: dict[NodeConstraint, np.ndarray] = {}
+        self.taints = [untolerated(n, tolerated_taints) for n in nodes]
+        self.any_tainted = any(self.taints)
+        self._masks: dict[NodeConstraint, np.ndarray | None] = {}
+
+    def mask(self, constraint: NodeConstraint) -> np.ndarray | None:
+        if constraint not in self._masks:
+            mask = np.fromiter((constraint.allows(n.name, n.labels, t)
+                                for n, t in zip(self.nodes, self.taints)),
+                               dtype=bool, count=len(self.nodes))
+            self._masks[constraint] = None if mask.all() else mask
+        return self._masks[constraint]
 
     def of(self, job: JobRecord) -> dict[str, np.ndarray] | None:
-        if not job.node_constraints:
+        if not job.node_constraints and not self.any_tainted:
             return None
         out = {}
-        for role, constraint in job.node_constraints.items():
-            mask = self._masks.get(constraint)
-            if mask is None:
-                mask = self._masks[constraint] = np.fromiter(
-                    (constraint.allows(n.name, n.labels) for n in self.nodes), dtype=bool,
-                    count=len(self.nodes))
-            out[role] = mask
-        return out
+        for role in (("ps", "worker") if job.arch == "ps" else ("worker",)):
+            constraint = job.node_constraints.get(role) or EVERY_NODE
+            mask = self.mask(constraint) if constraint is not EVERY_NODE or self.any_tainted \
+                else None
+            if mask is not None:
+                out[role] = mask
+        return out or None
 
 
 def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: float,
@@ -142,7 +160,13 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    tolerated_taints: frozenset[str] = frozenset()) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace."""
-    nodes = sorted((n for n in cluster.nodes if eligible(n, node_selector or {}, tolerated_taints)),
+    jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
+    # Nodes with a taint the operator does not tolerate are planned on only for the roles
+    # whose templates tolerate it (NodeFilters), so only when some job's template might.
+    tolerating = {c for j in jobs for c in j.node_constraints.values() if c.tolerations}
+    nodes = sorted((n for n in cluster.nodes if usable(n, node_selector or {})
+                    and (not (t := untolerated(n, tolerated_taints))
+                         or any(c.allows(n.name, n.labels, t) for c in tolerating))),
                    key=lambda n: n.name)
     node_index = {n.name: i for i, n in enumerate(nodes)}
     capacity = np.array([n.allocatable for n in nodes], dtype=np.float64).reshape(len(nodes), 3)
@@ -151,10 +175,10 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
         if i is not None:
             capacity[i] -= r
     np.maximum(capacity, 0.0, out=capacity)
-    filters = NodeFilters(nodes)
+    filters = NodeFilters(nodes, tolerated_taints)
     views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
                       node_index, interval_s, filters.of(j))
-             for j in sorted(jobs, key=lambda j: (j.created_s, j.name))]
+             for j in jobs]
     pools = [n.pool for n in nodes]
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
@@ -168,19 +192,17 @@ def _describe(r: Resources) -> str:
 
 @dataclass(frozen=True)
 class ClusterFit:
-    """The nodes the operator places on, summed once, to tell jobs that can never fit."""
+    """The nodes the operator places on, once per change of the node index, to tell jobs that
+    can never fit. `taints`: per node, what a template must tolerate itself."""
 
     nodes: tuple[NodeRecord, ...]
-    total: Resources
+    taints: Mapping[str, tuple[Taint, ...]]
 
     @classmethod
     def of(cls, nodes: Iterable[NodeRecord], *, node_selector: Mapping[str, str] | None = None,
            tolerated_taints: frozenset[str] = frozenset()) -> ClusterFit:
-        usable = tuple(n for n in nodes if eligible(n, node_selector or {}, tolerated_taints))
-        total = NO_RESOURCES
-        for n in usable:
-            total = add(total, n.allocatable)
-        return cls(usable, total)
+        usable_nodes = tuple(n for n in nodes if usable(n, node_selector or {}))
+        return cls(usable_nodes, {n.name: untolerated(n, tolerated_taints) for n in usable_nodes})
 
     def why_not(self, job: JobRecord) -> str | None:
         """Why the job's minimum (`min` of every role, admitted together) cannot run even on
@@ -189,12 +211,14 @@ class ClusterFit:
         roles = [("ps", job.bounds("ps")[0])] if job.arch == "ps" else []
         roles.append(("worker", job.min_workers))
         need = NO_RESOURCES
+        allowed_any: dict[str, NodeRecord] = {}
         for role, count in roles:
             demand = tuple(job.demands.get(role, NO_RESOURCES))
             constraint = job.node_constraints.get(role)
-            nodes = self.nodes if constraint is None else \
-                [n for n in self.nodes if constraint.allows(n.name, n.labels)]
-            where = (f"the cluster's {len(self.nodes)} schedulable nodes" if constraint is None
+            nodes = [n for n in self.nodes
+                     if (constraint or EVERY_NODE).allows(n.name, n.labels, self.taints[n.name])]
+            allowed_any.update((n.name, n) for n in nodes)
+            where = (f"the cluster's {len(nodes)} schedulable nodes" if constraint is None
                      else f"the {len(nodes)} schedulable nodes its template allows ({constraint})")
             if constraint is not None and not nodes:
                 return (f"no schedulable node matches the {role} template's {constraint} "
@@ -211,9 +235,12 @@ class ClusterFit:
                     return (f"its minimum of {count} {role} needs {_describe(role_need)}; "
                             f"{where} have {_describe(room)} allocatable in all")
             need = add(need, tuple(count * d for d in demand))
-        if any(n > h for n, h in zip(need, self.total)):
+        total = NO_RESOURCES
+        for n in allowed_any.values():
+            total = add(total, n.allocatable)
+        if any(n > h for n, h in zip(need, total)):
             wanted = " and ".join(f"{count} {role}" for role, count in roles)
             return (f"its minimum ({wanted}) needs {_describe(need)}; the cluster's "
-                    f"{len(self.nodes)} schedulable nodes have {_describe(self.total)} "
+                    f"{len(allowed_any)} schedulable nodes have {_describe(total)} "
                     f"allocatable in all")
         return None
