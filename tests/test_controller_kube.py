@@ -82,14 +82,14 @@ def test_handlers_are_registered_for_the_right_resources():
     registry = kopf.get_default_registry()
     ids = {h.id for h in registry._indexing.get_all_handlers()}
     assert ids >= {"node_index", "pod_index", "foreign_pod_index", "statefulset_index",
-                   "mljob_index", "policy_index"}
+                   "mljob_index", "policy_index", "quota_index"}
     # No daemon, timer or change handler: kopf would put a finalizer (and the whole spec, as an
     # annotation) on every MLJob and SchedulingPolicy (supervision.py says why).
     assert not list(registry._spawning.get_all_handlers())
     assert not list(registry._changing.get_all_handlers())
     watching = {h.id for h in registry._watching.get_all_handlers()}
     assert watching >= {"policy_event", "mljob_event", "statefulset_event", "pod_event",
-                        "node_event", "foreign_pod_event"}
+                        "node_event", "foreign_pod_event", "quota_event"}
     # Index kwargs are named after the index functions: indexes_from must find every one.
     handlers.indexes_from({i: {} for i in ids})
 

@@ -50,6 +50,8 @@ NEEDED = [
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     ("", "namespaces", "list"), ("", "namespaces", "watch"),
+    # The namespace's ResourceQuotas: a round's budget (controller/quotas.py).
+    ("", "resourcequotas", "list"), ("", "resourcequotas", "watch"),
 ]
 
 

@@ -256,3 +256,59 @@ def test_cannot_fit_counts_the_tainted_nodes_a_template_tolerates():
     tolerating = _tolerating("gang2", min_workers=8, max_workers=8)
     assert fit.why_not(tolerating) is None  # 10 GPUs on the 5 nodes it may use
     assert str(tolerating.node_constraints["worker"]) == "tolerations dedicated"
+
+
+# ---- a namespace's ResourceQuotas: the round's budget ----------------------------------------
+def _quota(hard, used=None, name="team", **spec):
+    from mlsched.controller.quotas import quota_record
+    return quota_record({"metadata": {"name": name, "namespace": "team-a"},
+                         "spec": {"hard": hard, **spec}, "status": {"used": used or {}}})
+
+
+def test_quota_records_read_what_the_planner_books():
+    from mlsched.controller.quotas import budget, why_not, why_waiting
+    q = _quota({"requests.nvidia.com/gpu": "4", "requests.cpu": "16", "memory": "64Gi",
+                "count/pods": "50", "limits.cpu": "8"},
+               {"requests.nvidia.com/gpu": "3", "requests.cpu": "6", "memory": "24Gi"})
+    assert q.hard == (16.0, 4.0, 64.0) and q.used == (6.0, 3.0, 24.0)
+    # Scoped quotas bound some pods only; quotas of nothing we plan bound none.
+    assert _quota({"requests.cpu": "1"}, scopes=["BestEffort"]) is None
+    assert _quota({"requests.cpu": "1"}, scopes=["NotBestEffort"]) is not None
+    assert _quota({"requests.cpu": "1"}, scopeSelector={"matchExpressions": []}) is None
+    assert _quota({"pods": "10", "limits.cpu": "4"}) is None
+    # Left for the round: hard less what others use (its own pods' requests are booked afresh).
+    np.testing.assert_allclose(budget([q], own=(2.0, 1.0, 8.0)), [12.0, 2.0, 48.0])
+    gpu_only = _quota({"requests.nvidia.com/gpu": "2"}, {"requests.nvidia.com/gpu": "2"}, name="b")
+    np.testing.assert_allclose(budget([q, gpu_only], own=(2.0, 1.0, 8.0)), [12.0, 1.0, 48.0])
+    assert budget([], own=(0.0, 0.0, 0.0)) is None
+    assert why_not((2.0, 4.0, 16.0), [q]) is None
+    assert why_not((2.0, 6.0, 16.0), [q]) == \
+        "its minimum requests 6 GPU; the namespace's ResourceQuota 'team' allows 4 in all"
+    assert why_waiting((2.0, 1.0, 8.0), [q]) is None
+    assert why_waiting((2.0, 2.0, 8.0), [q]) == \
+        "its minimum requests 2 GPU; the namespace's ResourceQuota 'team' has 1 of 4 left"
+
+
+def test_every_allocation_stays_within_the_budget():
+    from mlsched.controller.quotas import budget
+    jobs = [job_record({**b, "metadata": {**b["metadata"], "uid": b["metadata"]["name"],
+                                          "creationTimestamp": f"2024-01-01T00:00:0{i}Z"}})
+            for i, b in enumerate([ps_job("a"), ps_job("b"), ps_job("c")])]
+    cap = budget([_quota({"requests.nvidia.com/gpu": "3"})], own=(0.0, 0.0, 0.0))
+    cluster = ClusterState(nodes=[node_record(node(f"n{i}")) for i in range(6)])  # 12 GPUs
+    for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "fixed", "chic", "dl2"):
+        snap = build_snapshot(jobs, cluster, now_s=0, interval_s=60, budget=cap)
+        policy = DL2Policy.load(None) if allocation == "dl2" else registry.make_allocation(allocation)
+        decision = run_round(snap, policy, registry.make_placement("load-balance"))
+        gpus = sum(d.workers for d in decision.jobs.values())
+        assert gpus <= 3, (allocation, gpus)
+        # `fixed` gives a job its max (8 workers) or nothing: nothing fits the quota.
+        assert gpus >= (0 if allocation == "fixed" else 1), (allocation, gpus)
+    # Held jobs count against it too: an admission step books them first.
+    from mlsched.policies.round import run_admission
+    snap = build_snapshot(jobs, cluster, now_s=0, interval_s=60, budget=cap)
+    first = snap.jobs[0]
+    first.ps, first.workers, first.ps_nodes, first.worker_nodes = 1, 3, (0,), (1, 2, 3)
+    decision = run_admission(snap, registry.make_allocation("drf"),
+                             registry.make_placement("load-balance"))
+    assert set(decision.jobs) == {"a"}  # the quota is spent: nothing admitted beside it

@@ -61,6 +61,8 @@ class Ledger:
         self.inferences = 0
         self._pool_masks: dict[str, np.ndarray] = {}
         self._allowed: dict[tuple[str, int], np.ndarray] = {}  # (pool, id(node filter)) -> both
+        # Left to book in all (Snapshot.budget: a namespace's ResourceQuota), None: no cap.
+        self.budget = None if snapshot.budget is None else np.array(snapshot.budget, dtype=float)
         total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
         # Per distinct demand (a round places hundreds of tasks of a handful of demands):
@@ -105,6 +107,9 @@ class Ledger:
         a task of `role`, among the nodes its template allows (JobView.node_filters)."""
         column, _ = self._threshold(demand)
         mask = np.logical_and.reduce(self._free_t >= column, axis=0)
+        if self.budget is not None and not self.within_budget(demand):
+            mask[:] = False
+            return mask
         if job is not None and (job.pool is not None or job.node_filters):
             allowed = self.allowed_nodes(job, role)
             if allowed is not None:
@@ -119,10 +124,16 @@ class Ledger:
         for r, need_r in enumerate(need):
             if not free[r, node] >= need_r:
                 return False
+        if self.budget is not None and not self.within_budget(demand):
+            return False
         if job is None or (job.pool is None and not job.node_filters):
             return True
         allowed = self.allowed_nodes(job, role)
         return allowed is None or bool(allowed[node])
+
+    def within_budget(self, demand: np.ndarray) -> bool:
+        b = self.budget
+        return b is None or bool((demand <= b + _EPS).all())
 
     def allowed_nodes(self, job: JobView | None, role: Role | None = None) -> np.ndarray | None:
         """The nodes a task of `job` (of `role`, when given) may use whatever their free
@@ -230,6 +241,8 @@ class Ledger:
         if demand is None:
             demand = self.demand(job, role)
         self._free_t[:, node] -= demand
+        if self.budget is not None:
+            self.budget -= demand
         self.load[node] += self._load_step(demand, node)
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
@@ -242,6 +255,8 @@ class Ledger:
         for role, node in reversed(added):
             demand = self.demand(job, role)
             self._free_t[:, node] += demand
+            if self.budget is not None:
+                self.budget += demand
             self.load[node] -= self._load_step(demand, node)
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()

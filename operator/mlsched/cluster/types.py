@@ -125,6 +125,9 @@ class Snapshot:
     # resources; the operator only CPU (a GPU request is whole: co-location on GPUs relies on
     # the device plugin's time-slicing advertising several nvidia.com/gpu per GPU).
     divisible: tuple[int, ...] = (0, 1)
+    # What the round may book in all, per resource (cpu, gpu, mem_gib; inf where unlimited):
+    # in the cluster, what the namespace's ResourceQuotas leave its decided jobs. None: no cap.
+    budget: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)

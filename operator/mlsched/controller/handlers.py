@@ -36,6 +36,7 @@ from mlsched.controller.kube import ClientKubeApi
 from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.loop_health import LoopHealth
+from mlsched.controller.quotas import quota_record
 from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
 )
@@ -74,7 +75,8 @@ def configure(settings: kopf.OperatorSettings) -> None:
 def indexes_from(kwargs: dict[str, Any]) -> Indexes:
     return Indexes(nodes=kwargs["node_index"], pods=kwargs["pod_index"],
                    statefulsets=kwargs["statefulset_index"], foreign=kwargs["foreign_pod_index"],
-                   mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"])
+                   mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
+                   quotas=kwargs["quota_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -171,6 +173,13 @@ def foreign_pod_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     return {node: pod_requests(spec)} if node and is_active_pod(body) else None
 
 
+@kopf.index("resourcequotas")
+def quota_index(namespace: str, body: kopf.Body, **_: Any):
+    """Each namespace's ResourceQuotas: what its rounds may book (quotas.py)."""
+    record = quota_record(body)
+    return {namespace: record} if record else None
+
+
 @kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
 def statefulset_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     return {(namespace, labels[JOB_LABEL]): sts_record(body)}
@@ -245,6 +254,12 @@ async def foreign_pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
     if (body.get("spec") or {}).get("nodeName") and (
             event.get("type") == "DELETED" or not is_active_pod(body)):
         wake_all_admissions(runtime(memo))
+
+
+@kopf.on.event("resourcequotas")
+async def quota_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A quota raised, or its usage recounted after pods went: waiting jobs may fit it now."""
+    wake_all_admissions(runtime(memo))
 
 
 def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:

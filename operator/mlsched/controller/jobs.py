@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject
-from mlsched.controller import lifecycle, pools
+from mlsched.controller import lifecycle, pools, quotas
 from mlsched.controller.apply import (
     WaitingForOldChildren, ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
 )
@@ -23,9 +23,10 @@ from mlsched.controller.desired import DeletePod, PinPod, plan_statefulset, role
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
 from mlsched.controller.records import (
-    JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
+    NO_RESOURCES, JobRecord, Resources, StsRecord, add, job_record, parse_job, pod_record,
+    sts_record,
 )
-from mlsched.controller.runtime import Indexes, Runtime, flatten
+from mlsched.controller.runtime import Indexes, Runtime, flatten, values
 from mlsched.controller.supervision import key_of, plain
 
 log = logging.getLogger("mlsched.controller.jobs")
@@ -289,7 +290,10 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.unschedulable = sorted((p.name, p.unschedulable) for p in pods
                                 if p.unschedulable and not p.deleting)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
-        seen.cannot_fit = rt.cluster_fit(idx).why_not(job)
+        found = values(idx.quotas, job.namespace)
+        minimum = minimum_requests(job)
+        seen.cannot_fit = rt.cluster_fit(idx).why_not(job) or quotas.why_not(minimum, found)
+        seen.over_quota = quotas.why_waiting(minimum, found)
     seen.failures = rt.failures.total(job.key)
     seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
                                  and not p.deleting)
@@ -358,3 +362,13 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
                            f"StatefulSet {record.name} had {record.replicas} replicas; "
                            f"scaled back to the {want} its policy decided")
     return True
+
+
+def minimum_requests(job: JobRecord) -> Resources:
+    """What the job's minimum (every role's `min`, admitted together) requests in all."""
+    total = NO_RESOURCES
+    for role in roles_of(job):
+        count = job.bounds(role)[0]
+        demand = job.demands.get(role, NO_RESOURCES)
+        total = add(total, (count * demand[0], count * demand[1], count * demand[2]))
+    return total

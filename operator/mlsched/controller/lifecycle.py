@@ -39,6 +39,8 @@ class Observed:
     # (pod, kube-scheduler's message) for the job's pods the scheduler cannot place
     unschedulable: list[tuple[str, str]] = field(default_factory=list)
     cannot_fit: str | None = None  # why the job's minimum can never fit the cluster, if so
+    # why its minimum does not fit what its namespace's ResourceQuotas have left now, if so
+    over_quota: str | None = None
     workers_completed: int = 0  # worker pods whose every container has exited 0
     now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
 
@@ -133,6 +135,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
                                                         for r in roles)
         elif seen.cannot_fit:
             reason, message = "CannotFit", seen.cannot_fit
+        elif seen.over_quota:
+            reason, message = "WaitingForQuota", seen.over_quota
         else:
             reason, message = "WaitingForAllocation", \
                 "the scheduling policy has not allocated the minimum of every role yet"

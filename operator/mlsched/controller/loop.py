@@ -27,7 +27,7 @@ from typing import Any
 
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
-from mlsched.controller import pool_steps, pools, reporting, rewards, version_adoption
+from mlsched.controller import pool_steps, pools, quotas, reporting, rewards, version_adoption
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
@@ -35,8 +35,10 @@ from mlsched.controller.desired import (
 )
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
-from mlsched.controller.records import JobRecord, NodeRecord, PodPool, Resources, add
-from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten
+from mlsched.controller.records import (
+    NO_RESOURCES, TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodPool, Resources, add,
+)
+from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import build_snapshot, held_elsewhere
 from mlsched.controller.supervision import plain
@@ -151,7 +153,24 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     held = held_elsewhere(cluster, {j.key for j in schedulable}, others)
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
                           node_selector=rt.config.node_selector,
-                          tolerated_taints=rt.config.tolerated_taints)
+                          tolerated_taints=rt.config.tolerated_taints,
+                          budget=quota_budget(idx, schedulable))
+
+
+def quota_budget(idx: Indexes, schedulable: list[JobRecord]):
+    """What the namespace's ResourceQuotas leave the jobs a step decides (quotas.py): their
+    own pods' requests count as free, since the step books their tasks afresh."""
+    if not schedulable:
+        return None
+    found = values(idx.quotas, schedulable[0].namespace)
+    if not found:
+        return None
+    own = NO_RESOURCES
+    for job in schedulable:
+        for pod in idx.pods.get(job.key, ()):
+            if pod.phase not in TERMINAL_POD_PHASES:
+                own = add(own, pod.requests)
+    return quotas.budget(found, own)
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:

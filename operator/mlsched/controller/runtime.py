@@ -21,6 +21,7 @@ from mlsched.controller.leadership import Leadership
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.object_writer import ObjectWriter
+from mlsched.controller.quotas import QuotaRecord
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
 from mlsched.controller.rewards import OpenInterval
 from mlsched.controller.snapshot import ClusterFit, ClusterState
@@ -81,6 +82,8 @@ class Indexes:
     policies: Mapping[PolicyKey, Iterable[Any]]
     # With --namespace: pods of the other namespaces (cluster_pods.OtherNamespacePods).
     other_namespaces: Any = None
+    # ResourceQuotas by namespace (quotas.py): the budget of the namespace's rounds.
+    quotas: Mapping[str, Iterable[QuotaRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.statefulsets, Owned):

@@ -157,7 +157,8 @@ class NodeFilters:
 def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: float,
                    interval_s: float, held: Mapping[str, Resources] | None = None,
                    node_selector: Mapping[str, str] | None = None,
-                   tolerated_taints: frozenset[str] = frozenset()) -> Snapshot:
+                   tolerated_taints: frozenset[str] = frozenset(),
+                   budget: np.ndarray | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
@@ -182,7 +183,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
     pools = [n.pool for n in nodes]
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
-                    node_pools=pools if any(p is not None for p in pools) else None)
+                    node_pools=pools if any(p is not None for p in pools) else None,
+                    budget=budget)
 
 
 def _describe(r: Resources) -> str:

@@ -232,9 +232,10 @@ class WindowState:
                              for j in self.jobs]
         self._wkey = [key_of(j, "worker") for j in self.jobs]
         self._pskey = [key_of(j, "ps") for j in self.jobs]
-        # Some demands may use only some nodes: their fits are computed through the ledger.
-        self._restricted = any(self.ledger.allowed_nodes(j, r) is not None
-                               for _, j, r in self._demands)
+        # Some demands may use only some nodes, or the round has a budget (a namespace's
+        # quota): fits are then computed through the ledger.
+        self._restricted = self.ledger.budget is not None or any(
+            self.ledger.allowed_nodes(j, r) is not None for _, j, r in self._demands)
         self._demand_matrix = np.array([d for d, _, _ in self._demands]).reshape(-1, 3)  # (K, 3)
         # What a node's free capacity must reach, per distinct demand: as a (3, 1) column to
         # scan all nodes at once, and as plain floats to check one node.

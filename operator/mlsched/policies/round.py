@@ -41,9 +41,7 @@ def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: P
     running = [j for j in view.jobs if _running(j)]
     held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
     names = {j.name for j in running}
-    waiting = Snapshot(view.time_s, view.interval_s, view.node_names, view.capacity,
-                       [j for j in view.jobs if j.name not in names], view.node_pools, view.pool_shares,
-                       view.divisible)
+    waiting = dataclasses.replace(view, jobs=[j for j in view.jobs if j.name not in names])
     decision = _decide(waiting, plan, allocation, placement, held=held)
     decision.jobs.update({j.name: d for j, d in held})
     return decision
@@ -109,8 +107,8 @@ def with_pools(snapshot: Snapshot, plan: PoolPlan) -> Snapshot:
         jobs = [_in_pool(j, plan, snapshot.divisible) for j in snapshot.jobs]
     node_pools = list(plan.node_pools) if plan.node_pools is not None else snapshot.node_pools
     shares = dict(plan.shares) if not plan.is_shared else snapshot.pool_shares
-    return Snapshot(snapshot.time_s, snapshot.interval_s, snapshot.node_names, snapshot.capacity,
-                    jobs, node_pools, shares or None, snapshot.divisible)
+    return dataclasses.replace(snapshot, jobs=jobs, node_pools=node_pools,
+                               pool_shares=shares or None)
 
 
 def _in_pool(j: JobView, plan: PoolPlan, divisible: tuple[int, ...] = (0, 1)) -> JobView:

@@ -9,7 +9,7 @@
 --                a minimum no set of nodes can ever hold (CannotFit), pods kube-scheduler
 --                refuses (Unschedulable)
 --   Progressing  everything else: not evaluated yet, an edit not yet seen, waiting for an
---                allocation or for pods to start
+--                allocation, for the namespace's quota (WaitingForQuota) or for pods to start
 -- (Argo CD runs each health.lua on its own, with no way to share code between them: the
 -- condition lookup below is repeated in the other kind's script on purpose.)
 local hs = {}

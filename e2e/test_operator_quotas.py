@@ -1,0 +1,72 @@
+"""A namespace's ResourceQuota is planned within: the operator never scales a job past what the
+quota has left (whose pods the API server would refuse: FailedCreate), a job whose minimum the
+quota can never hold is told so, one waiting for others' usage says so, and it starts within
+seconds of the quota having room."""
+
+from __future__ import annotations
+
+import time
+
+from kubernetes import client
+
+from job_state import placed_as_decided, placement_problems
+from mlsched_objects import condition, mljob, scheduling_policy
+from waiting import wait_for
+
+DAY = 86400
+
+
+def _running(mlsched, name: str) -> tuple[str, str] | None:
+    c = condition(mlsched.job(name), "Running")
+    return (c["reason"], c.get("message", "")) if c else None
+
+
+def test_jobs_are_planned_within_the_namespaces_quota(api, mlsched, operator):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(mlsched.namespace, {
+        "metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}})
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    # DRF would give this job 8 GPUs of the 26 free; the quota leaves it 4.
+    mlsched.create(mljob("first", ps=None, workers=(2, 8), epochs=1e9, policy="daily"))
+    status = wait_for(lambda: placed_as_decided(mlsched, "first"), 60, "the first job to run",
+                      describe=lambda: placement_problems(mlsched, "first"))
+    assert status["replicaStatuses"]["worker"]["desired"] <= 4
+
+    mlsched.create(mljob("too-big", ps=None, workers=(6, 6), epochs=1e9, policy="daily"))
+    reason, message = wait_for(lambda: (r := _running(mlsched, "too-big")) and r[0] == "CannotFit"
+                               and r, 30, "the job the quota can never hold to be told so",
+                               describe=lambda: _running(mlsched, "too-big"))
+    assert message == "its minimum requests 6 GPU; the namespace's ResourceQuota 'gpus' " \
+                      "allows 4 in all", message
+
+    # Fill the quota, then a job that must wait for it.
+    used = status["replicaStatuses"]["worker"]["desired"]
+    if used < 4:
+        mlsched.create(mljob("filler", ps=None, workers=(4 - used, 4 - used), epochs=1e9,
+                             policy="daily"))
+        wait_for(lambda: placed_as_decided(mlsched, "filler"), 60, "the filler to run",
+                 describe=lambda: placement_problems(mlsched, "filler"))
+    mlsched.create(mljob("waiter", ps=None, workers=(2, 2), epochs=1e9, policy="daily"))
+    reason, message = wait_for(lambda: (r := _running(mlsched, "waiter"))
+                               and r[0] == "WaitingForQuota" and r, 30,
+                               "the waiting job to say it waits for quota",
+                               describe=lambda: _running(mlsched, "waiter"))
+    assert "ResourceQuota 'gpus' has 0 of 4 left" in message, message
+    assert mlsched.pods("waiter") == []
+    # No pod was ever refused by the quota: the operator did not ask for one past it.
+    refused = [e.message for e in core.list_namespaced_event(mlsched.namespace).items
+               if e.reason == "FailedCreate"]
+    assert not refused, refused
+
+    deleted = time.monotonic()
+    mlsched.custom.delete_namespaced_custom_object("mlsched.io", "v1alpha1", mlsched.namespace,
+                                                   "mljobs", "first")
+    # The quota counts terminating pods until they are gone (about 40 s here: garbage
+    # collection and the pods' grace period); the operator cannot admit before that.
+    wait_for(lambda: not mlsched.pods("first"), 90, "the deleted job's pods to go")
+    gone = time.monotonic()
+    wait_for(lambda: placed_as_decided(mlsched, "waiter"), 30,
+             "the waiting job to run once the quota has room",
+             describe=lambda: placement_problems(mlsched, "waiter"))
+    print(f"the deleted job's pods went {gone - deleted:.1f} s after the delete; the waiting "
+          f"job ran {time.monotonic() - gone:.1f} s after that")
