@@ -355,7 +355,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                    and ((decided[j.key] or {}).get("worker") or children_exist(j, idx))]
     # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
     # with the waiting ones, their tasks not held.
-    node_records = {n.name: n for n in flatten(idx.nodes)}
+    node_records = ({n.name: n for n in flatten(idx.nodes)}
+                    if any(j.node_constraints for j in schedulable) else {})
     redecided = {j.key: why for j in schedulable if (decided[j.key] or {}).get("worker")
                  and (why := outgrown(j, decided[j.key], node_records,
                                       rt.reservations.usage_of(j.key)))}
