@@ -18,7 +18,9 @@
    records and the decision (run_round: allocation and placement), target <= 1 s; the
    desired-state diff after it is shown beside it. Every job is new (a cold cluster, the
    most work a decision can have; the learned policy decides every job afresh each round
-   anyway), the garbage collector as the operator runs it (on).
+   anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
+   raised, what the indexes hold frozen, as its watcher freezes the survivors of every full
+   collection: controller/loop_health.py); `--gc-defaults` measures with CPython's.
 
 Ratios < 1.00 meet the target. Run: `python bench/bench_operator.py [--scale-jobs N --scale-nodes M]`.
 """
@@ -310,14 +312,21 @@ def measure_api_calls(jobs: list[dict]) -> list[tuple[str, dict]]:
             ("steady round: nothing changed", steady_calls)]
 
 
-def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3) -> None:
+def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3, gc_defaults: bool = False) -> None:
     """Section 4: snapshot + decide (and the diff) for DRF and DL² on a large cold cluster."""
+    from mlsched.controller.loop_health import tune_collector
     from mlsched.policies.allocation.dl2 import DL2Policy
 
+    if not gc_defaults:
+        tune_collector()
     rng = random.Random(11)
     jobs = [job_body(i, rng) for i in range(n_jobs)]
     nodes = [node_body(i) for i in range(n_nodes)]
     indexes = cold_indexes(nodes, jobs)
+    if not gc_defaults:  # the operator's watcher freezes the survivors of a full collection
+        gc.collect()
+        gc.freeze()
+    print(f"Collector: {'CPython defaults' if gc_defaults else 'as the operator runs it'}")
     pod_index, sts_index = indexes[2], indexes[3]
     placement = registry.make_placement("load-balance")
     print(f"Decision round at scale: {n_jobs} MLJobs (all new) on {n_nodes} nodes, load-balance "
@@ -350,9 +359,11 @@ def main() -> None:
     parser.add_argument("--scale-jobs", type=int, default=10_000)
     parser.add_argument("--scale-nodes", type=int, default=5_000)
     parser.add_argument("--only-scale", action="store_true", help="section 4 only")
+    parser.add_argument("--gc-defaults", action="store_true",
+                        help="section 4 with CPython's collector settings, not the operator's")
     args = parser.parse_args()
     if args.only_scale:
-        measure_scale(args.scale_jobs, args.scale_nodes)
+        measure_scale(args.scale_jobs, args.scale_nodes, gc_defaults=args.gc_defaults)
         return
     rng = random.Random(7)
     base_rss = rss_mb()
@@ -378,7 +389,7 @@ def main() -> None:
           f"{sum(len(v) for v in indexes[2].values())} pod records held)")
     del jobs, indexes
     gc.collect()
-    measure_scale(args.scale_jobs, args.scale_nodes)
+    measure_scale(args.scale_jobs, args.scale_nodes, gc_defaults=args.gc_defaults)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ class Ledger:
         # A copy, always: with one node, capacity.T is already contiguous and
         # ascontiguousarray would hand back a view, so booking tasks would change the snapshot.
         self._free_t = np.array(snapshot.capacity.T, order="C", copy=True)
+        # Free capacity summed over nodes, per resource, kept as tasks are booked: readers that
+        # want the cluster-wide free share each step (DL²'s state) need not sum N nodes.
+        self.free_total = self._free_t.sum(axis=1)
         # Normalised load per node (sum over resources of used/capacity); load-balancing
         # placement reads it, so it is kept incrementally rather than recomputed per task.
         self._inv_cap = np.where(self.capacity > 0, 1.0 / np.maximum(self.capacity, _EPS), 0.0)
@@ -241,6 +244,7 @@ class Ledger:
         if demand is None:
             demand = self.demand(job, role)
         self._free_t[:, node] -= demand
+        self.free_total -= demand
         if self.budget is not None:
             self.budget -= demand
         self.load[node] += self._load_step(demand, node)
@@ -255,6 +259,7 @@ class Ledger:
         for role, node in reversed(added):
             demand = self.demand(job, role)
             self._free_t[:, node] += demand
+            self.free_total += demand
             if self.budget is not None:
                 self.budget += demand
             self.load[node] -= self._load_step(demand, node)

@@ -199,7 +199,7 @@ class WindowState:
         self._ps_room[i] = ps < self._max_ps[i] and self._uses_ps[i]
 
     def _refresh_free(self) -> None:
-        self._free_share[:] = self._free.sum(axis=1) / self._cap_or_inf
+        self._free_share[:] = self.ledger.free_total / self._cap_or_inf
 
     # ---- masks ------------------------------------------------------------------------------
     def _index_demands(self) -> None:

@@ -21,6 +21,8 @@ MAX_CORRECTION = 8.0  # a prior is never trusted less than 8x off (a bad observa
 
 def correction(job: JobView) -> float:
     """observed / prior speed (geometric mean over recent observations); 1 without any."""
+    if not job.observations:  # a new job (most of a cold round): nothing to build
+        return 1.0
     speed = job.prior.speed_function()
     logs = []
     for o in job.observations[-RECENT:]:
