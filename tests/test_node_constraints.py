@@ -312,3 +312,40 @@ def test_every_allocation_stays_within_the_budget():
     decision = run_admission(snap, registry.make_allocation("drf"),
                              registry.make_placement("load-balance"))
     assert set(decision.jobs) == {"a"}  # the quota is spent: nothing admitted beside it
+
+
+# ---- which accelerator counts as a GPU ---------------------------------------------------------
+def test_another_vendors_accelerator_is_planned_as_the_gpu(monkeypatch):
+    """`--gpu-resource amd.com/gpu`: allocatable, requests and quotas of that resource are the
+    planner's GPUs, and the default tolerated taints follow it."""
+    import subprocess
+    import sys
+
+    from mlsched.controller import records
+    from mlsched.controller.__main__ import export, parse_args
+    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.quotas import keys
+    from mlsched.controller.records import pod_requests
+
+    monkeypatch.setattr(records, "GPU_RESOURCE", "amd.com/gpu")
+    amd = node("mi300", gpu="0")
+    amd["status"]["allocatable"]["amd.com/gpu"] = "8"
+    assert node_record(amd).allocatable == (8.0, 8.0, 48.0)
+    assert pod_requests({"containers": [{"resources": {"requests": {
+        "cpu": "4", "amd.com/gpu": "2", "nvidia.com/gpu": "1"}}}]}) == (4.0, 2.0, 0.0)
+    assert keys()[1] == ("requests.amd.com/gpu",)
+
+    config = OperatorConfig.from_env({"MLSCHED_GPU_RESOURCE": "amd.com/gpu"})
+    assert config.gpu_resource == "amd.com/gpu" and "amd.com/gpu" in config.tolerated_taints
+    assert "nvidia.com/gpu" not in config.tolerated_taints and not config.problems()
+    assert OperatorConfig.from_env({}).tolerated_taints == {"nvidia.com/gpu", "kwok.x-k8s.io/node"}
+    bad = OperatorConfig.from_env({"MLSCHED_GPU_RESOURCE": "gpu"})
+    assert any("not an extended resource name" in p for p in bad.problems())
+
+    # The flag reaches the module the index functions read, as the CLI runs it.
+    monkeypatch.delenv("MLSCHED_GPU_RESOURCE", raising=False)
+    export(parse_args(["--gpu-resource", "amd.com/gpu"]))
+    out = subprocess.run([sys.executable, "-c", "from mlsched.controller import records; "
+                          "print(records.GPU_RESOURCE)"], capture_output=True, text=True, check=True)
+    monkeypatch.delenv("MLSCHED_GPU_RESOURCE")
+    assert out.stdout.strip() == "amd.com/gpu"

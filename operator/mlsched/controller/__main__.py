@@ -57,6 +57,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--execution-provider", metavar="CPU|CUDA",
                    help="where learned policies' ONNX models run: CPU (default), or CUDA with "
                         "the gpu extra (onnxruntime-gpu) and a GPU")
+    p.add_argument("--gpu-resource", metavar="NAME",
+                   help="the accelerator's extended resource name the planner counts as GPUs "
+                        "(nvidia.com/gpu; e.g. amd.com/gpu); its taint key is tolerated by default")
     p.add_argument("--max-exploration", type=float, metavar="EPSILON",
                    help="largest spec.exploration.epsilon served; above it, clamped (0.2)")
     p.add_argument("--label-nodes", action="store_true", default=None,
@@ -76,7 +79,7 @@ def export(args: argparse.Namespace) -> None:
              "TRAINING_SERVICE_ACCOUNT": args.training_service_account,
              "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity,
              "MAX_MODEL_BYTES": args.max_model_bytes, "MAX_EXPLORATION": args.max_exploration,
-             "EXECUTION_PROVIDER": args.execution_provider,
+             "EXECUTION_PROVIDER": args.execution_provider, "GPU_RESOURCE": args.gpu_resource,
              "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None,
              "LABEL_NODES": "true" if args.label_nodes else None}
     for name, value in flags.items():

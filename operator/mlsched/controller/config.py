@@ -16,6 +16,7 @@ from mlsched.controller.model_sources import DEFAULT_MAX_MODEL_BYTES
 from mlsched.policies.onnx_runner import PROVIDERS
 
 ENV_PREFIX = "MLSCHED_"
+_EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def _csv(text: str | None) -> tuple[str, ...]:
@@ -99,7 +100,12 @@ class OperatorConfig:
     # Nodes the operator places tasks on: label selector, and NoSchedule/NoExecute taint keys
     # training pods are expected to tolerate (nodes with other such taints are left out).
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    tolerated_taints: frozenset[str] = frozenset({"nvidia.com/gpu", "kwok.x-k8s.io/node"})
+    # The accelerator's extended resource name (records.GPU_RESOURCE reads the same variable);
+    # a GPU node pool's taint conventionally has that key, so it is tolerated by default.
+    gpu_resource: str = field(default_factory=lambda: os.environ.get(ENV_PREFIX + "GPU_RESOURCE")
+                              or "nvidia.com/gpu")
+    # None: the GPU resource's key and kwok's (set in __post_init__).
+    tolerated_taints: frozenset[str] = None  # type: ignore[assignment]
     api_concurrency: int = 16  # API calls in flight during one round
     # Status records (controller/status_writer.py: interval records, placement): written in
     # the background, this many at a time, at most `record_rate` a second (bursts of
@@ -120,6 +126,11 @@ class OperatorConfig:
     leader_identity: str = field(default_factory=lambda: f"{socket.gethostname()}-"
                                                          f"{uuid.uuid4().hex[:8]}")
 
+    def __post_init__(self) -> None:
+        if self.tolerated_taints is None:
+            object.__setattr__(self, "tolerated_taints",
+                               frozenset({self.gpu_resource, "kwok.x-k8s.io/node"}))
+
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorConfig:
         env = os.environ if env is None else env
@@ -130,6 +141,7 @@ class OperatorConfig:
 
         defaults = cls()
         taints, max_bytes = get("TOLERATED_TAINTS"), get("MAX_MODEL_BYTES")
+        gpu = get("GPU_RESOURCE") or "nvidia.com/gpu"
         return cls(
             namespaces=_csv(get("NAMESPACES")),
             port=int(get("PORT") or defaults.port),
@@ -150,8 +162,8 @@ class OperatorConfig:
             max_model_bytes=parse_bytes(max_bytes) if max_bytes else defaults.max_model_bytes,
             execution_provider=get("EXECUTION_PROVIDER") or defaults.execution_provider,
             node_selector=_selector(get("NODE_SELECTOR")),
-            tolerated_taints=frozenset(_csv(taints)) if taints is not None
-            else defaults.tolerated_taints,
+            gpu_resource=gpu,
+            tolerated_taints=frozenset(_csv(taints)) if taints is not None else None,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
             record_concurrency=int(get("RECORD_CONCURRENCY") or defaults.record_concurrency),
             record_rate=float(get("RECORD_RATE") or defaults.record_rate),
@@ -165,6 +177,9 @@ class OperatorConfig:
     def problems(self) -> list[str]:
         """Settings that cannot work together; the CLI refuses to start with any."""
         out = []
+        if not _EXTENDED_RESOURCE.match(self.gpu_resource):
+            out.append(f"--gpu-resource {self.gpu_resource!r} is not an extended resource name "
+                       "(<domain>/<name>, e.g. nvidia.com/gpu or amd.com/gpu)")
         https = self.progress_url.startswith("https://")
         tls = bool(self.tls_secret or (self.tls_cert and self.tls_key))
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -9,7 +9,8 @@ namespace has left for the jobs it decides (cluster/ledger.py `budget`), and a j
 minimum exceeds a quota's hard limit is told it can never run.
 
 What counts: `requests.cpu` (or `cpu`), `requests.memory` (or `memory`) and
-`requests.nvidia.com/gpu`, the requests the operator plans with. Quotas with scopes other than
+`requests.<the GPU resource>` (`requests.nvidia.com/gpu` by default), the requests the operator
+plans with. Quotas with scopes other than
 NotTerminating and NotBestEffort (which training pods with requests always fall in) or with a
 scopeSelector apply to some pods only and are left out; so are limits.* and object counts.
 """
@@ -22,12 +23,17 @@ from typing import Any
 
 import numpy as np
 
-from mlsched.controller.records import GPU_RESOURCE, Resources, parse_quantity
+from mlsched.controller import records
+from mlsched.controller.records import Resources, parse_quantity
 
-#: Quota keys per resource, in the (cpu, gpu, mem) order; either spelling of cpu and memory.
-KEYS: tuple[tuple[str, ...], ...] = (("requests.cpu", "cpu"), (f"requests.{GPU_RESOURCE}",),
-                                     ("requests.memory", "memory"))
 UNITS = (1.0, 1.0, 2.0**30)  # memory in GiB, as everywhere in the planner
+
+
+def keys() -> tuple[tuple[str, ...], ...]:
+    """Quota keys per resource, in the (cpu, gpu, mem) order; either spelling of cpu and
+    memory. Extended resources (the GPU) are quota'd as requests only."""
+    return (("requests.cpu", "cpu"), (f"requests.{records.GPU_RESOURCE}",),
+            ("requests.memory", "memory"))
 ALWAYS_APPLY = {"NotTerminating", "NotBestEffort"}
 
 
@@ -45,8 +51,8 @@ class QuotaRecord:
 def _amounts(values: Mapping[str, Any] | None) -> list[float | None]:
     values = values or {}
     out: list[float | None] = []
-    for keys, unit in zip(KEYS, UNITS):
-        found = [parse_quantity(values[k]) / unit for k in keys if k in values]
+    for names, unit in zip(keys(), UNITS):
+        found = [parse_quantity(values[k]) / unit for k in names if k in values]
         out.append(min(found) if found else None)
     return out
 

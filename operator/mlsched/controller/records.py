@@ -8,6 +8,7 @@ instead of walking nested dicts. Everything here is pure: dict in, record out.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -24,7 +25,11 @@ from mlsched.workloads import catalog
 
 Resources = tuple[float, float, float]  # cpu, gpu, mem_gib: the order cluster/ uses
 NO_RESOURCES: Resources = (0.0, 0.0, 0.0)
-GPU_RESOURCE = "nvidia.com/gpu"
+# The accelerator the planner counts as "GPU" in requests, allocatable and quotas: one extended
+# resource name per operator (`--gpu-resource`, e.g. amd.com/gpu; nodes of another vendor's
+# devices would not hold these pods, so two names are never summed). Read once, at import,
+# like every MLSCHED_* setting the CLI exports before importing the handlers.
+GPU_RESOURCE = os.environ.get("MLSCHED_GPU_RESOURCE") or "nvidia.com/gpu"
 TERMINAL_POD_PHASES = ("Succeeded", "Failed")
 
 _QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E)?$")
