@@ -93,6 +93,9 @@ NOT_EXERCISED = {
 #: makes one depends on timing (two handlers creating a job's children at once), so these
 #: may or may not show up.
 AFTER_A_CONFLICT = {("", "services", "get"), ("apps", "statefulsets", "get")}
+#: Read only when a StatefulSet stays short of its pods for 5 s (the API server refusing them,
+#: or a slow control plane): it may or may not show up.
+WHEN_PODS_LAG = {("", "events", "list")}
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -363,7 +366,7 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
                            "verbs": [verb]}, where, r) for r in requests)}
     granted = {(group, resource, verb) for rule, _ in rules for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
-    assert granted - used - AFTER_A_CONFLICT == NOT_EXERCISED, (
+    assert granted - used - AFTER_A_CONFLICT - WHEN_PODS_LAG == NOT_EXERCISED, (
         f"granted but never requested: {sorted(granted - used - NOT_EXERCISED)}; "
         f"listed as not exercised but requested: {sorted(NOT_EXERCISED & used)}")
     print(f"\n{len(requests)} requests by the operator; rules used: {len(used)} of {len(granted)}"

@@ -63,3 +63,35 @@ def test_a_job_that_can_never_fit_says_so(mlsched, operator):
     # A job that fits is not told so, and runs beside them.
     wait_for(lambda: (_reason(mlsched, "fits") or ("",))[0] == "AllRolesReady", 90,
              "the job that fits to run", describe=lambda: _reason(mlsched, "fits"))
+
+
+def test_pods_the_api_server_refuses_to_create_say_why(api, control_plane, mlsched, operator):
+    """The training ServiceAccount missing from the namespace: every pod is refused at creation
+    (only the StatefulSet's FailedCreate Events say so). The job says it, and runs once the
+    account is back."""
+    import time
+
+    from kubernetes import client
+
+    core = client.CoreV1Api(api)
+    core.delete_namespaced_service_account("mlsched-training", mlsched.namespace)
+    mlsched.create(scheduling_policy("default", interval=600))
+    mlsched.create(mljob("no-account", ps=None))
+
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "no-account"))
+                               and r[0] == "PodsRefused" and r, 60,
+                               "the job to say its pods are refused",
+                               describe=lambda: _reason(mlsched, "no-account"))
+    assert message.startswith("the API server refuses to create its pods: no-account-worker: ")
+    assert 'serviceaccount "mlsched-training" not found' in message, message
+    assert any(r == "PodsRefused" for r, _ in _warnings(mlsched, "no-account"))
+    described = control_plane.kubectl("describe", "mljob", "no-account", "-n", mlsched.namespace).stdout
+    assert "PodsRefused" in described
+
+    core.create_namespaced_service_account(mlsched.namespace, {"metadata": {"name": "mlsched-training"},
+                                                               "automountServiceAccountToken": False})
+    back = time.monotonic()
+    wait_for(lambda: (_reason(mlsched, "no-account") or ("",))[0] == "AllRolesReady", 180,
+             "the job to run once the account exists",
+             describe=lambda: _reason(mlsched, "no-account"))
+    print(f"account recreated: the job ran {time.monotonic() - back:.1f} s later")

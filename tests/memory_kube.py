@@ -177,6 +177,13 @@ class MemoryKube:
         self._collect_garbage()
         return True
 
+    async def failed_creates(self, namespace: str, statefulset: str) -> list[dict]:
+        self.calls.append(("list", "Event", namespace, statefulset))
+        return [copy.deepcopy(e) for e in self.of_kind("Event")
+                if e["metadata"].get("namespace") == namespace and e.get("reason") == "FailedCreate"
+                and (e.get("involvedObject") or {}).get("kind") == "StatefulSet"
+                and e["involvedObject"].get("name") == statefulset]
+
     async def review_token(self, token: str, audiences: list[str]) -> dict:
         self.calls.append(("create", "TokenReview", "", ""))
         review = self.tokens.get(token)

@@ -297,3 +297,39 @@ def test_the_lifecycle_sweep_lets_the_event_loop_turn_while_it_checks_thousands_
         return turns
 
     assert run(scenario()) >= n // jobs.SWEEP_BATCH
+
+
+def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
+    """A StatefulSet short of its pods (a missing ServiceAccount, Pod Security, a webhook)
+    says why only in its FailedCreate Events: after a grace period the job shows it."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    # The StatefulSet controller could create no pod: status.replicas stays 0.
+    for sts in kube.of_kind("StatefulSet"):
+        sts["status"] = {"replicas": 0, "readyReplicas": 0}
+    refusal = ('create Pod bert-worker-0 in StatefulSet bert-worker failed error: pods '
+               '"bert-worker-0" is forbidden: error looking up service account '
+               'team-a/mlsched-training: serviceaccount "mlsched-training" not found')
+    kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedCreate",
+              "message": refusal, "metadata": {"name": "bert-worker.1", "namespace": NS},
+              "involvedObject": {"kind": "StatefulSet", "name": "bert-worker", "namespace": NS}})
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "PodsStarting"  # within the grace period
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
+    clock[0] += jobs.REFUSAL_GRACE_S
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "PodsRefused" and status(kube, "bert")["phase"] == "Pending"
+    assert running.message == f"the API server refuses to create its pods: bert-worker: {refusal}"
+    warnings = [e for e in kube.events("bert") if e["type"] == "Warning"]
+    assert [e["reason"] for e in warnings] == ["PodsRefused"]
+    # Once the pods exist, the report goes and nothing more is read.
+    kube.settle()
+    kube.calls.clear()
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason != "PodsRefused"
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.short_since

@@ -289,6 +289,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
         rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
     seen.unschedulable = sorted((p.name, p.unschedulable) for p in pods
                                 if p.unschedulable and not p.deleting)
+    seen.pods_refused = await pods_refused(rt, job, seen.statefulsets)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
         minimum = minimum_requests(job)
@@ -372,3 +373,32 @@ def minimum_requests(job: JobRecord) -> Resources:
         demand = job.demands.get(role, NO_RESOURCES)
         total = add(total, (count * demand[0], count * demand[1], count * demand[2]))
     return total
+
+
+#: How long a StatefulSet may have fewer pods than replicas before its FailedCreate Events are
+#: read: the controller creates a new allocation's pods within a second or two.
+REFUSAL_GRACE_S = 5.0
+
+
+async def pods_refused(rt: Runtime, job: JobRecord, statefulsets) -> str | None:
+    """Why the API server refuses to create the job's pods (a missing ServiceAccount, Pod
+    Security, a LimitRange, an admission webhook: only the StatefulSet's `FailedCreate` Events
+    say), once a StatefulSet has stayed short of its replicas for REFUSAL_GRACE_S; None
+    otherwise. Without it the job waited "PodsStarting" while its capacity stayed reserved."""
+    now = time.monotonic()
+    found = None
+    for sts in statefulsets:
+        key = (job.key, sts.name)
+        if sts.created >= sts.replicas:
+            rt.short_since.pop(key, None)
+            continue
+        since = rt.short_since.setdefault(key, now)
+        if found is None and now - since >= REFUSAL_GRACE_S:
+            try:
+                events = await rt.api.failed_creates(job.namespace, sts.name)
+            except KubeError as err:
+                log.warning("MLJob %s/%s: cannot read the Events of %s: %s", *job.key, sts.name, err)
+                continue
+            if events:
+                found = f"{sts.name}: {events[-1].get('message', 'FailedCreate')}"
+    return found

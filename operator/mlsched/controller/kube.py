@@ -79,6 +79,10 @@ class KubeApi(Protocol):
         published model versions, dataset records). `metadata_only`: kind, apiVersion and
         metadata of each (a PartialObjectMetadataList), not their data."""
 
+    async def failed_creates(self, namespace: str, statefulset: str) -> list[dict[str, Any]]:
+        """The `FailedCreate` Events of a StatefulSet (the API server refused its pods: a
+        missing ServiceAccount, Pod Security, a LimitRange, a webhook), oldest first."""
+
 
 def load_api_client(pool_size: int = 16):
     """In-cluster credentials when running in a pod, else the current kubeconfig.
@@ -273,6 +277,15 @@ class ClientKubeApi:
             token = ((page or {}).get("metadata") or {}).get("continue")
             if not token:
                 return items
+
+    async def failed_creates(self, namespace: str, statefulset: str) -> list[dict[str, Any]]:
+        self._count("list", "Event")
+        page = await self._call(
+            self._core.list_namespaced_event, namespace, limit=LIST_PAGE,
+            field_selector=f"involvedObject.kind=StatefulSet,involvedObject.name={statefulset},"
+                           "reason=FailedCreate")
+        events = (page or {}).get("items") or []
+        return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
     async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         self._count("create", "TokenReview")

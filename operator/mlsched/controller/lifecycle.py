@@ -41,6 +41,8 @@ class Observed:
     cannot_fit: str | None = None  # why the job's minimum can never fit the cluster, if so
     # why its minimum does not fit what its namespace's ResourceQuotas have left now, if so
     over_quota: str | None = None
+    # the API server's latest refusal to create one of its pods (a StatefulSet's FailedCreate)
+    pods_refused: str | None = None
     workers_completed: int = 0  # worker pods whose every container has exited 0
     now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
 
@@ -125,6 +127,9 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         if not seen.policy_exists:
             reason, message = "PolicyNotFound", \
                 f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this namespace"
+        elif admitted and seen.pods_refused:
+            reason, message = "PodsRefused", \
+                f"the API server refuses to create its pods: {seen.pods_refused}"
         elif admitted and seen.unschedulable:
             pod, why = seen.unschedulable[0]
             more = len(seen.unschedulable) - 1
@@ -173,7 +178,7 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     out = Outcome(new, new != _owned(status))
     # Stuck for a reason the user must act on: say so once, when it starts.
     old_running = get_condition(status.get("conditions"), C.RUNNING)
-    if reason in ("Unschedulable", "CannotFit", "PolicyNotFound") and (
+    if reason in ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused") and (
             old_running is None or old_running.reason != reason):
         out.events.append(("Warning", reason, message))
     if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):

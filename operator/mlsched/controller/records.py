@@ -225,6 +225,7 @@ class StsRecord:
     # owned by the old uid until the garbage collector removes them: never the new job's.
     owner_uid: str | None = None
     pool: PodPool | None = None  # the pool its template requires (STS_POOL_ANNOTATION)
+    created: int = 0  # status.replicas: pods the StatefulSet controller has created
 
 
 @dataclass(frozen=True, slots=True)
@@ -263,7 +264,8 @@ def sts_record(body: Mapping[str, Any]) -> StsRecord:
                      ready=int(status.get("readyReplicas") or 0),
                      template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
                      uid=meta.get("uid", ""), owner_uid=controller_uid(meta),
-                     pool=PodPool.parse((meta.get("annotations") or {}).get(STS_POOL_ANNOTATION)))
+                     pool=PodPool.parse((meta.get("annotations") or {}).get(STS_POOL_ANNOTATION)),
+                     created=int(status.get("replicas") or 0))
 
 
 # ------------------------------------------------------------------------------------ mljobs

@@ -275,6 +275,8 @@ class Runtime:
     # (uid, generation) whose children were created and templates refreshed: a watch event
     # of another generation (an edit) reconciles again. Lost on restart: all are, once.
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
+    # (job, StatefulSet) -> when it was first seen with fewer pods than replicas (jobs.py).
+    short_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
     node_states: dict[str, NodeRecord] = field(default_factory=dict)
     # The last transient error creating a job's children (reported once, retried each sweep).
@@ -349,6 +351,8 @@ class Runtime:
     def forget_job(self, key: JobKey) -> None:
         self.job_bodies.pop(key, None)
         self.reconciled.pop(key, None)
+        for stuck in [k for k in self.short_since if k[0] == key]:
+            del self.short_since[stuck]
         self.retrying.pop(key, None)
         self.placements.forget(key)
         self.reservations.release(key)

@@ -7,7 +7,7 @@
 --   Degraded     Failed (InvalidSpec, BackoffLimitExceeded, DeadlineExceeded), or waiting for
 --                something only a person can fix: no such SchedulingPolicy (PolicyNotFound),
 --                a minimum no set of nodes can ever hold (CannotFit), pods kube-scheduler
---                refuses (Unschedulable)
+--                refuses (Unschedulable), pods the API server refuses to create (PodsRefused)
 --   Progressing  everything else: not evaluated yet, an edit not yet seen, waiting for an
 --                allocation, for the namespace's quota (WaitingForQuota) or for pods to start
 -- (Argo CD runs each health.lua on its own, with no way to share code between them: the
@@ -68,7 +68,8 @@ elseif phase == "Running" then
 elseif phase == "Pending" then
   local running = condition("Running")
   local reason = running and running.reason or ""
-  if reason == "PolicyNotFound" or reason == "CannotFit" or reason == "Unschedulable" then
+  if reason == "PolicyNotFound" or reason == "CannotFit" or reason == "Unschedulable"
+      or reason == "PodsRefused" then
     hs.status = "Degraded"
   else
     hs.status = "Progressing"
