@@ -95,3 +95,26 @@ def test_pods_the_api_server_refuses_to_create_say_why(api, control_plane, mlsch
              "the job to run once the account exists",
              describe=lambda: _reason(mlsched, "no-account"))
     print(f"account recreated: the job ran {time.monotonic() - back:.1f} s later")
+
+
+def test_a_running_job_whose_policy_is_deleted_says_so(control_plane, mlsched, operator):
+    """Deleting a SchedulingPolicy leaves its running jobs where they are (nothing evicts
+    them), but nothing re-decides them any more: the job says so."""
+    mlsched.create(scheduling_policy("default", interval=600))
+    mlsched.create(mljob("orphan", ps=None))
+    wait_for(lambda: (_reason(mlsched, "orphan") or ("",))[0] == "AllRolesReady", 90,
+             "the job to run", describe=lambda: _reason(mlsched, "orphan"))
+    mlsched.custom.delete_namespaced_custom_object("mlsched.io", "v1alpha1", mlsched.namespace,
+                                                   "schedulingpolicies", "default")
+
+    def admitted():
+        c = condition(mlsched.job("orphan"), "Admitted")
+        return (c["status"], c["reason"], c.get("message", "")) if c else None
+
+    status, reason, message = wait_for(lambda: (a := admitted()) and a[1] == "PolicyNotFound" and a,
+                                       30, "the job to say its policy is gone", describe=admitted)
+    assert status == "True" and "SchedulingPolicy 'default' does not exist" in message, message
+    assert (_reason(mlsched, "orphan") or ("",))[0] == "AllRolesReady"  # still running
+    assert any(r == "PolicyNotFound" for r, _ in _warnings(mlsched, "orphan"))
+    described = control_plane.kubectl("describe", "mljob", "orphan", "-n", mlsched.namespace).stdout
+    assert "PolicyNotFound" in described

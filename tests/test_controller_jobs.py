@@ -333,3 +333,21 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason != "PodsRefused"
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.short_since
+
+
+def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
+    rt, kube = scheduled()
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Admitted").reason == "Allocated"
+    del kube.objects[("SchedulingPolicy", NS, "default")]
+    sync(rt, kube, "bert")
+    admitted = cond(kube, "bert", "Admitted")
+    assert admitted.status == "True" and admitted.reason == "PolicyNotFound"
+    assert "kept: SchedulingPolicy 'default' does not exist" in admitted.message
+    assert status(kube, "bert")["phase"] == "Running"  # its pods run on
+    sync(rt, kube, "bert")
+    warnings = [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
+    assert warnings == ["PolicyNotFound"]  # once
+    kube.put(policy())
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Admitted").reason == "Allocated"

@@ -158,9 +158,16 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             conds = set_condition(conds, type_, value, why, text, observed_generation=gen, now=now)
 
         counts = ", ".join(f"{desired[r]} {r}" for r in roles)
-        # Not admitted: why not (the policy missing, the job cannot fit), not "0 ps, 0 worker".
-        put(C.ADMITTED, admitted, "Allocated" if admitted else reason or "WaitingForAllocation",
-            counts if admitted or not message else message)
+        if admitted and not seen.policy_exists:
+            # Its policy was deleted (or the job edited to name a missing one): it keeps what
+            # it holds, but nothing re-decides it. Say so where `kubectl describe` shows it.
+            put(C.ADMITTED, True, "PolicyNotFound",
+                f"{counts}, kept: SchedulingPolicy {spec.scheduling_policy!r} does not exist in "
+                f"this namespace, so nothing re-decides the job until one of that name does")
+        else:
+            # Not admitted: why not (the policy missing, the job cannot fit), not "0 ps, 0 worker".
+            put(C.ADMITTED, admitted, "Allocated" if admitted else reason or "WaitingForAllocation",
+                counts if admitted or not message else message)
         put(C.RUNNING, phase == JobPhase.RUNNING, reason or phase.value, message)
         if phase == JobPhase.SUSPENDED or get_condition(conds, C.SUSPENDED):
             put(C.SUSPENDED, phase == JobPhase.SUSPENDED,
@@ -176,6 +183,12 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         new["completionTime"] = _time(now)
 
     out = Outcome(new, new != _owned(status))
+    old_admitted = get_condition(status.get("conditions"), C.ADMITTED)
+    if admitted and not seen.policy_exists and not final and (
+            old_admitted is None or old_admitted.reason != "PolicyNotFound"):
+        out.events.append(("Warning", "PolicyNotFound",
+                           f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this "
+                           f"namespace: the job keeps its tasks and is not re-decided"))
     # Stuck for a reason the user must act on: say so once, when it starts.
     old_running = get_condition(status.get("conditions"), C.RUNNING)
     if reason in ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused") and (
