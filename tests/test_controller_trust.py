@@ -6,7 +6,7 @@ from __future__ import annotations
 from mlsched.api import get_condition
 from mlsched.controller import jobs
 from mlsched.controller.desired import PodSettings, pod_template
-from mlsched.controller.records import job_record, pod_record, sts_record
+from mlsched.controller.records import job_record, pod_record
 from mlsched.controller.runtime import FailureBook
 from mlsched.controller.snapshot import ClusterFit
 from mlsched.controller.records import node_record

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
-
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import (
     WAITING_POOL, Decision, JobDecision, JobView, PoolPlan, Role, Snapshot, shared_demand,
