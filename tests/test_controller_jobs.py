@@ -351,3 +351,15 @@ def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     kube.put(policy())
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Admitted").reason == "Allocated"
+
+
+def test_an_admitted_job_still_starting_whose_policy_is_deleted_is_warned_once():
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    del kube.objects[("SchedulingPolicy", NS, "default")]
+    sync(rt, kube, "bert")  # admitted, no pod ready yet: Pending
+    assert cond(kube, "bert", "Running").reason == "PolicyNotFound"
+    assert cond(kube, "bert", "Admitted").reason == "PolicyNotFound"
+    assert [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"] == ["PolicyNotFound"]

@@ -184,7 +184,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
 
     out = Outcome(new, new != _owned(status))
     old_admitted = get_condition(status.get("conditions"), C.ADMITTED)
-    if admitted and not seen.policy_exists and not final and (
+    # (A Pending job's Running condition says PolicyNotFound too; its Warning comes below.)
+    if admitted and not seen.policy_exists and not final and reason != "PolicyNotFound" and (
             old_admitted is None or old_admitted.reason != "PolicyNotFound"):
         out.events.append(("Warning", "PolicyNotFound",
                            f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this "
