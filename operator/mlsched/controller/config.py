@@ -102,8 +102,7 @@ class OperatorConfig:
     node_selector: Mapping[str, str] = field(default_factory=dict)
     # The accelerator's extended resource name (records.GPU_RESOURCE reads the same variable);
     # a GPU node pool's taint conventionally has that key, so it is tolerated by default.
-    gpu_resource: str = field(default_factory=lambda: os.environ.get(ENV_PREFIX + "GPU_RESOURCE")
-                              or "nvidia.com/gpu")
+    gpu_resource: str = "nvidia.com/gpu"
     # None: the GPU resource's key and kwok's (set in __post_init__).
     tolerated_taints: frozenset[str] = None  # type: ignore[assignment]
     api_concurrency: int = 16  # API calls in flight during one round
@@ -141,7 +140,6 @@ class OperatorConfig:
 
         defaults = cls()
         taints, max_bytes = get("TOLERATED_TAINTS"), get("MAX_MODEL_BYTES")
-        gpu = get("GPU_RESOURCE") or "nvidia.com/gpu"
         return cls(
             namespaces=_csv(get("NAMESPACES")),
             port=int(get("PORT") or defaults.port),
@@ -162,7 +160,7 @@ class OperatorConfig:
             max_model_bytes=parse_bytes(max_bytes) if max_bytes else defaults.max_model_bytes,
             execution_provider=get("EXECUTION_PROVIDER") or defaults.execution_provider,
             node_selector=_selector(get("NODE_SELECTOR")),
-            gpu_resource=gpu,
+            gpu_resource=get("GPU_RESOURCE") or defaults.gpu_resource,
             tolerated_taints=frozenset(_csv(taints)) if taints is not None else None,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
             record_concurrency=int(get("RECORD_CONCURRENCY") or defaults.record_concurrency),

@@ -23,8 +23,7 @@ from mlsched.controller.desired import DeletePod, PinPod, plan_statefulset, role
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
 from mlsched.controller.records import (
-    NO_RESOURCES, JobRecord, Resources, StsRecord, add, job_record, parse_job, pod_record,
-    sts_record,
+    JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
 )
 from mlsched.controller.runtime import Indexes, Runtime, flatten, values
 from mlsched.controller.supervision import key_of, plain
@@ -292,7 +291,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.pods_refused = await pods_refused(rt, job, seen.statefulsets)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
-        minimum = minimum_requests(job)
+        minimum = job.minimum_requests()
         seen.cannot_fit = rt.cluster_fit(idx).why_not(job) or quotas.why_not(minimum, found)
         seen.over_quota = quotas.why_waiting(minimum, found)
     seen.failures = rt.failures.total(job.key)
@@ -363,16 +362,6 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
                            f"StatefulSet {record.name} had {record.replicas} replicas; "
                            f"scaled back to the {want} its policy decided")
     return True
-
-
-def minimum_requests(job: JobRecord) -> Resources:
-    """What the job's minimum (every role's `min`, admitted together) requests in all."""
-    total = NO_RESOURCES
-    for role in roles_of(job):
-        count = job.bounds(role)[0]
-        demand = job.demands.get(role, NO_RESOURCES)
-        total = add(total, (count * demand[0], count * demand[1], count * demand[2]))
-    return total
 
 
 #: How long a StatefulSet may have fewer pods than replicas before its FailedCreate Events are

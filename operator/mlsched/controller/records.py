@@ -342,6 +342,15 @@ class JobRecord:
             return (self.min_ps, self.max_ps) if self.arch == "ps" else (0, 0)
         return (self.min_workers, self.max_workers)
 
+    def minimum_requests(self) -> Resources:
+        """What the job's minimum (every role's `min`, admitted together) requests in all."""
+        total = NO_RESOURCES
+        for role in ("ps", "worker"):  # an all-reduce job's PS minimum is 0
+            count = self.bounds(role)[0]
+            d = self.demands.get(role, NO_RESOURCES)
+            total = add(total, (count * d[0], count * d[1], count * d[2]))
+        return total
+
 
 INVALID_SPEC = "InvalidSpec"  # the reason of a Failed condition the user can still fix
 

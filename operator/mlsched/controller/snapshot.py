@@ -15,6 +15,7 @@ import numpy as np
 
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
 from mlsched.workloads.speed_curve import prior_curve
+from mlsched.controller.desired import roles_of
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
@@ -145,7 +146,7 @@ class NodeFilters:
         if not job.node_constraints and not self.any_tainted:
             return None
         out = {}
-        for role in (("ps", "worker") if job.arch == "ps" else ("worker",)):
+        for role in roles_of(job):
             constraint = job.node_constraints.get(role) or EVERY_NODE
             mask = self.mask(constraint) if constraint is not EVERY_NODE or self.any_tainted \
                 else None
@@ -212,7 +213,6 @@ class ClusterFit:
         never told this (Kueue's "inadmissible" as against "pending")."""
         roles = [("ps", job.bounds("ps")[0])] if job.arch == "ps" else []
         roles.append(("worker", job.min_workers))
-        need = NO_RESOURCES
         allowed_any: dict[str, NodeRecord] = {}
         for role, count in roles:
             demand = tuple(job.demands.get(role, NO_RESOURCES))
@@ -236,7 +236,7 @@ class ClusterFit:
                 if any(x > h for x, h in zip(role_need, room)):
                     return (f"its minimum of {count} {role} needs {_describe(role_need)}; "
                             f"{where} have {_describe(room)} allocatable in all")
-            need = add(need, tuple(count * d for d in demand))
+        need = job.minimum_requests()
         total = NO_RESOURCES
         for n in allowed_any.values():
             total = add(total, n.allocatable)
