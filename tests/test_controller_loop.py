@@ -482,3 +482,17 @@ def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
     snapshot = loop.policy_snapshot(rt, idx, jobs_, jobs_, NOW, 1200.0)
     assert len(snapshot.jobs) == jobs_n
     assert len(reads) <= 20 * jobs_n, f"{len(reads)} key reads for {jobs_n} jobs"
+
+
+def test_a_round_with_every_node_cordoned_completes_and_the_job_waits():
+    """Maintenance of the whole cluster: the round used to fail (the policies were asked to
+    place on no node), every interval, with a traceback and nothing recorded."""
+    rt, kube = setup(nodes=2, job_bodies=[ps_job("bert", max_workers=4)])
+    for n in kube.of_kind("Node"):
+        n["spec"]["unschedulable"] = True
+    report = round_(rt, kube)
+    assert report.targets["bert"].count("worker") == 0
+    assert kube.obj("SchedulingPolicy", NS, "default")["status"]["lastRoundTime"]
+    for n in kube.of_kind("Node"):
+        n["spec"]["unschedulable"] = False
+    assert admit(rt, kube).targets["bert"].count("worker") > 0

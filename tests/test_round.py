@@ -14,7 +14,7 @@ from mlsched.cluster.types import JobDecision, JobView, PoolPlan, SpeedObservati
 from mlsched.features import speed_fit
 from mlsched.policies import registry
 from mlsched.policies.base import PlacementRequest, TaskByTaskPlacement
-from mlsched.policies.round import run_round
+from mlsched.policies.round import run_admission, run_round
 from mlsched.workloads.speed_curve import catalog_curve, prior_curve
 
 
@@ -50,6 +50,18 @@ def test_a_round_changes_nothing_it_was_given(nodes, allocation):
     again = run_round(snap, registry.make_allocation(allocation), registry.make_placement("load-balance"), grouping)
     assert {n: (d.ps_nodes, d.worker_nodes) for n, d in first.jobs.items()} == \
         {n: (d.ps_nodes, d.worker_nodes) for n, d in again.jobs.items()}
+
+
+@pytest.mark.parametrize("placement", ["load-balance", "bin-pack", "first-fit", "tetris", "tiresias",
+                                       "lif-line", "harmony"])
+@pytest.mark.parametrize("allocation", ["drf", "optimus", "fifo", "srtf", "tetris", "fixed", "dl2"])
+def test_a_cluster_with_no_usable_node_gives_nothing_and_fails_nothing(allocation, placement):
+    """Every node cordoned (maintenance) or outside the operator's selector: the policies were
+    asked anyway and raised (argmin of an empty array), so every round failed."""
+    snap = make_snapshot([job("a"), job("c", arch="allreduce", arrival=2)], nodes=0)
+    alloc, place = registry.make_allocation(allocation), registry.make_placement(placement)
+    assert run_round(snap, alloc, place).jobs == {}
+    assert run_admission(snap, alloc, place).jobs == {}
 
 
 def test_grouping_pools_confine_each_job_to_its_nodes():
@@ -219,7 +231,6 @@ def test_every_phase_has_a_registry_with_context_and_learned_flags():
 
 
 # ---- admission between rounds ------------------------------------------------------------------
-from mlsched.policies.round import run_admission  # noqa: E402
 
 
 class Recording:

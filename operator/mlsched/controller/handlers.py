@@ -235,11 +235,14 @@ def wake_all_admissions(rt: Runtime) -> None:
 @kopf.on.event("nodes")
 async def node_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A node whose record (what planning reads: allocatable, Ready, cordon, taints, labels)
-    changed wakes admission; a kubelet's heartbeat changes none of it and wakes nothing."""
+    changed, or that was deleted, wakes admission: new capacity admits waiting jobs, lost
+    capacity displaces tasks; a kubelet's heartbeat changes none of it and wakes nothing."""
     rt = runtime(memo)
     name = body["metadata"]["name"]
     if event.get("type") == "DELETED":
+        # Its jobs' tasks are placed again (displacement.py) once their pods are gone.
         rt.node_states.pop(name, None)
+        wake_all_admissions(rt)
         return
     record = node_record(body)
     if rt.node_states.get(name) != record:

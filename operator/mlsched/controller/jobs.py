@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject
-from mlsched.controller import lifecycle, pools, quotas
+from mlsched.controller import displacement, lifecycle, pools, quotas
 from mlsched.controller.apply import (
     WaitingForOldChildren, ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
 )
@@ -22,6 +22,7 @@ from mlsched.controller.constants import JOB_LABEL, LEGACY_ANNOTATIONS, LEGACY_F
 from mlsched.controller.desired import DeletePod, PinPod, plan_statefulset, roles_of
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
+from mlsched.controller.node_constraints import EVERY_NODE
 from mlsched.controller.records import (
     JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
 )
@@ -327,6 +328,12 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
         node = decided[pod.ordinal] if pod.ordinal < len(decided) else None
     if node is None or rt.pinned.get(pod.uid) == node:
         return  # not decided yet (it stays gated until a round gives its ordinal a node)
+    job = idx.job(namespace, job_name)
+    if job is not None and refused_by(rt, idx, job, pod.role, node):
+        # Drained, deleted, tainted since: pinned there it would stay Pending. It stays gated;
+        # the admission step woken here places it again (displacement.py).
+        rt.wakeups.signal((namespace, job.policy), "admission")
+        return
     if pod.pinned not in (None, node):
         action: PinPod | DeletePod = DeletePod(namespace, pod.name, pod.uid, pod.role,
                                                pod.ordinal, node, pod.pinned)
@@ -340,6 +347,14 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
         raise
     log.info("MLJob %s/%s: %s %s on %s", namespace, job_name,
              "pinned" if isinstance(action, PinPod) else "recreating", pod.name, node)
+
+
+def refused_by(rt: Runtime, idx: Indexes, job: JobRecord, role: str, node: str) -> str | None:
+    """Why `node` would refuse a new pod of the job's role now (displacement.refusal)."""
+    found = values(idx.nodes, node)
+    return displacement.refusal(found[0] if found else None,
+                                job.node_constraints.get(role, EVERY_NODE),
+                                rt.config.node_selector, rt.config.tolerated_taints)
 
 
 async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[str, Any],

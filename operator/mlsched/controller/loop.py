@@ -27,7 +27,9 @@ from typing import Any
 
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
-from mlsched.controller import pool_steps, pools, quotas, reporting, rewards, version_adoption
+from mlsched.controller import (
+    displacement, pool_steps, pools, quotas, reporting, rewards, version_adoption,
+)
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
@@ -101,6 +103,25 @@ def outgrown(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
                 abs(a - b) > 1e-9 for node, r in now.items() for a, b in zip(r, reserved[node])):
             return "its pods' requests were edited"
     return None
+
+
+def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
+                   decided: Mapping[JobKey, Mapping[str, tuple[str, ...]] | None],
+                   ) -> dict[JobKey, displacement.Displaced]:
+    """The running jobs among `jobs` with tasks their decided node no longer takes."""
+    nodes = {n.name: n for n in flatten(idx.nodes)}
+    cache: dict = {}
+    out = {}
+    for job in jobs:
+        nodes_of = decided.get(job.key)
+        if not (nodes_of or {}).get("worker"):
+            continue
+        tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
+                                             rt.config.node_selector, rt.config.tolerated_taints,
+                                             cache)
+        if tasks:
+            out[job.key] = tasks
+    return out
 
 
 def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
@@ -362,8 +383,11 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                                       rt.reservations.usage_of(j.key)))}
     for job_key in redecided:
         decided[job_key] = None
+    # Running jobs some of whose tasks lost their node (drained, deleted, tainted): those
+    # tasks are placed again now (displacement.py).
+    displaced = displaced_jobs(rt, idx, schedulable, decided)
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
-    if not waiting:
+    if not waiting and not displaced:
         return None
     resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
@@ -382,10 +406,13 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
                                                 body.get("status") or {},
                                                 serving.phases["grouping"])
+        index = {name: i for i, name in enumerate(snapshot.node_names)}
+        slots = {j.name: displacement.slots(decided[j.key], displaced[j.key], index)
+                 for j in schedulable if j.key in displaced}
         try:
             phases = serving.phases
             decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
-                                               phases["placement"], grouping)
+                                               phases["placement"], grouping, slots)
         except Exception:  # noqa: BLE001 - a policy bug must not stop admission
             failed_policy = True
             log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
@@ -393,10 +420,12 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
             decision = await asyncio.to_thread(run_admission, snapshot,
                                                registry.make_allocation(resolved.fallback),
                                                resolved.fallback_placement or resolved.placement,
-                                               grouping)
+                                               grouping, slots)
         targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
-        # Admitted: given tasks now; a re-decided job is changed even when it is given none.
+        # Admitted: given tasks now; a re-decided or displaced job is changed even when it is
+        # given none (it could not get its starting gang back: it waits).
         admitted = [j for j in waiting if targets[j.name].count("worker") or j.key in redecided]
+        admitted += [j for j in schedulable if j.key in displaced]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
     if open_interval is not None and not failed_policy:
         rt.dataset.admitted(key, number, open_interval.start,
@@ -409,6 +438,10 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
         f"spec edited: {redecided[j.key]}; decided again now, not at the next round")
         for j in admitted if j.key in redecided))
+    await asyncio.gather(*(rt.recorder.emit(
+        ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Displaced",
+        f"{displacement.describe(j.name, displaced[j.key])}: placed again now, not at the "
+        f"next round") for j in admitted if j.key in displaced))
     await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
     before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
               for j in admitted}
@@ -429,6 +462,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     opened = {}
     if open_interval is not None:  # the admitted jobs' rewards count from now, in this interval
         for j in admitted:
+            if j.key in displaced and j.name in open_interval.grants:
+                continue  # a repair, not a decision: the interval keeps the round's grant
             grant = open_interval.grants[j.name] = rewards.Grant(
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
                 targets[j.name].placement(), rt.epochs_done(j), j.epochs)

@@ -23,26 +23,105 @@ from mlsched.policies.base import (
 def run_round(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
               grouping: GroupingPolicy | None = None) -> Decision:
     """The full round: every job's counts and nodes are decided afresh."""
+    if not snapshot.node_names:
+        # No node to use (every node cordoned, not Ready, or outside the operator's node
+        # selector): nobody gets anything, and the phases, whose arithmetic (least-loaded
+        # node, mean node, argmax over nodes) assumes a node, are not asked.
+        return Decision(jobs={})
     plan = grouping.group(snapshot) if grouping is not None else PoolPlan()
     return _decide(with_pools(snapshot, plan), plan, allocation, placement, held=[])
 
 
+#: Per displaced job, per role: the decided node index of each ordinal, None for a task to
+#: place again (controller/displacement.py).
+Slots = dict[str, tuple[int | None, ...]]
+
+
 def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
-                  grouping: GroupingPolicy | None = None) -> Decision:
+                  grouping: GroupingPolicy | None = None,
+                  displaced: dict[str, Slots] | None = None) -> Decision:
     """Admission between rounds (policies/base.py): jobs holding no task are decided by the
     same policies, with every running job held at its current counts and nodes. The Decision
-    lists every job that has tasks afterwards, the held ones unchanged."""
+    lists every job that has tasks afterwards, the held ones unchanged.
+
+    `displaced` jobs lost some tasks' nodes: those tasks are placed again first (`_restore`),
+    and a job that cannot get back its starting gang waits with the others."""
+    if not snapshot.node_names:
+        return Decision(jobs={})  # no node to use: see run_round
     plan = grouping.group(snapshot) if grouping is not None else PoolPlan()
     if not plan.is_shared or snapshot.node_pools is not None:
         plan = admissible(snapshot, plan)
     view = with_pools(snapshot, plan)
-    running = [j for j in view.jobs if _running(j)]
+    displaced = displaced or {}
+    running = [j for j in view.jobs if _running(j) and j.name not in displaced]
     held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
-    names = {j.name for j in running}
-    waiting = dataclasses.replace(view, jobs=[j for j in view.jobs if j.name not in names])
+    restored, released = _restore(view, plan, placement, held,
+                                  [j for j in view.jobs if j.name in displaced], displaced)
+    held += restored
+    names = {j.name for j, _ in held}
+    waiting = dataclasses.replace(view, jobs=[_emptied(j) if j.name in released else j
+                                              for j in view.jobs if j.name not in names])
     decision = _decide(waiting, plan, allocation, placement, held=held)
     decision.jobs.update({j.name: d for j, d in held})
     return decision
+
+
+def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
+             held: list[tuple[JobView, JobDecision]], jobs: list[JobView],
+             displaced: dict[str, Slots]) -> tuple[list[tuple[JobView, JobDecision]], set[str]]:
+    """Displaced jobs, in arrival order, before any waiting job: their kept tasks are booked
+    where they are, the others placed again one at a time by the placement policy's rule up to
+    the decided count (fewer if capacity is short). A new node takes the ordinal of the task
+    it replaces, so no kept task moves unless the job shrank. Returns the jobs held as
+    restored and the names of those left below their starting gang (released: they wait)."""
+    ledger = Ledger(view, placement, plan)
+    book_held(ledger, held)
+    restored: list[tuple[JobView, JobDecision]] = []
+    released: set[str] = set()
+    for job in sorted(jobs, key=lambda j: (j.arrival_s, j.name)):
+        slots = displaced[job.name]
+        kept = {role: [n for n in slots.get(role, ()) if n is not None] for role in ("ps", "worker")}
+        job = dataclasses.replace(job, ps=len(kept["ps"]), workers=len(kept["worker"]),
+                                  ps_nodes=tuple(kept["ps"]), worker_nodes=tuple(kept["worker"]))
+        book_held(ledger, [(job, JobDecision(list(kept["ps"]), list(kept["worker"])))])
+        for role in ("ps", "worker"):
+            want = len(slots.get(role, ()))
+            while _count(ledger, job, role) < want and ledger.grow(job, role):  # type: ignore[arg-type]
+                pass
+        got = ledger.jobs.get(job.name) or JobDecision()
+        if not _meets_gang(job, got):
+            _release(ledger, job, got)
+            released.add(job.name)
+            continue
+        decision = JobDecision(
+            _by_ordinal(slots.get("ps", ()), got.ps_nodes[len(kept["ps"]):], got.ps),
+            _by_ordinal(slots.get("worker", ()), got.worker_nodes[len(kept["worker"]):],
+                        got.workers))
+        restored.append((dataclasses.replace(
+            job, ps=decision.ps, workers=decision.workers, ps_nodes=tuple(decision.ps_nodes),
+            worker_nodes=tuple(decision.worker_nodes)), decision))
+    return restored, released
+
+
+def _count(ledger: Ledger, job: JobView, role: Role) -> int:
+    d = ledger.jobs.get(job.name)
+    return 0 if d is None else (d.ps if role == "ps" else d.workers)
+
+
+def _by_ordinal(slots: tuple[int | None, ...], new: list[int], count: int) -> list[int]:
+    """The nodes of ordinals 0..count-1: each kept task's node at its ordinal, the new nodes
+    in the holes; when fewer tasks than decided fit, the kept nodes of the ordinals beyond the
+    new count fill the remaining holes (the StatefulSet removes the highest ordinals)."""
+    spare = list(new) + [n for n in slots[count:] if n is not None]
+    out = []
+    for k in range(count):
+        node = slots[k] if k < len(slots) else None
+        out.append(node if node is not None else spare.pop(0))
+    return out
+
+
+def _emptied(j: JobView) -> JobView:
+    return dataclasses.replace(j, ps=0, workers=0, ps_nodes=(), worker_nodes=())
 
 
 def _running(j: JobView) -> bool:

@@ -1,0 +1,69 @@
+"""A node drained for maintenance (`kubectl drain`: cordoned, its pods evicted): the job's
+tasks there are placed again within seconds, on other nodes, its other pods untouched.
+
+Before, the StatefulSets recreated the evicted pods and the operator pinned them back to the
+cordoned node, where they stayed Pending until the policy's next round (20 minutes by
+default; a day here), while a parameter-server job missing a PS trained nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from kubernetes import client
+
+from job_state import placed_as_decided, placement_problems
+from mlsched_objects import mljob, scheduling_policy
+from waiting import wait_for
+
+DAY = 86400
+
+
+@contextlib.contextmanager
+def drained(core: client.CoreV1Api, node: str, namespace: str):
+    """Cordon the node and evict our namespace's pods from it through the Eviction API, as
+    `kubectl drain` does; uncordoned after the test (the plane is shared)."""
+    core.patch_node(node, {"spec": {"unschedulable": True}})
+    try:
+        for pod in core.list_namespaced_pod(namespace, field_selector=f"spec.nodeName={node}").items:
+            core.create_namespaced_pod_eviction(pod.metadata.name, namespace, client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=pod.metadata.name, namespace=namespace)))
+        yield
+    finally:
+        core.patch_node(node, {"spec": {"unschedulable": False}})
+
+
+def test_tasks_of_a_drained_node_are_placed_again_within_seconds(api, mlsched, operator, emulator):
+    core = client.CoreV1Api(api)
+    mlsched.create(scheduling_policy("daily", allocation="fixed", interval=DAY))
+    mlsched.create(mljob("tenant", ps=(2, 2), workers=(4, 4), epochs=1e9, policy="daily"))
+    status = wait_for(lambda: placed_as_decided(mlsched, "tenant"), 60, "the job to be placed",
+                      describe=lambda: placement_problems(mlsched, "tenant"))
+    last_round = mlsched.policy("daily")["status"].get("lastRoundTime")
+    node = status["placement"]["ps"][0]  # a node holding a PS: the job trains nothing without it
+    on_node = {p.metadata.name for p in mlsched.pods("tenant") if p.spec.node_name == node}
+    others = {p.metadata.name: p.metadata.uid for p in mlsched.pods("tenant")
+              if p.spec.node_name != node}
+
+    with drained(core, node, mlsched.namespace):
+        started = time.monotonic()
+
+        def repaired():
+            s = placed_as_decided(mlsched, "tenant")
+            placed = s and [n for role in ("ps", "worker") for n in s["placement"][role]]
+            return s if placed and node not in placed else None
+
+        status = wait_for(repaired, 30, f"the tasks evicted from {node} to run elsewhere",
+                          describe=lambda: placement_problems(mlsched, "tenant"))
+        print(f"drained {node}: {sorted(on_node)} running elsewhere "
+              f"{time.monotonic() - started:.1f} s after the drain")
+        assert status["replicaStatuses"]["ps"]["desired"] == 2
+        assert status["replicaStatuses"]["worker"]["desired"] == 4
+        # The pods on other nodes were not restarted.
+        assert {p.metadata.name: p.metadata.uid for p in mlsched.pods("tenant")
+                if p.metadata.name in others} == others
+        events = [e.message for e in mlsched.events("tenant", "MLJob") if e.reason == "Displaced"]
+        assert events and f"on {node} (cordoned)" in events[0], events
+        assert all(name in events[0] for name in on_node), events
+        assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round  # no round
