@@ -187,12 +187,18 @@ def test_an_invalid_policy_is_reported_and_skipped():
 
 def test_the_loop_outlives_a_failing_round(monkeypatch):
     rt, kube = setup()
-    calls = []
+    calls, seen = [], []
+
+    def ready():
+        c = get_condition(kube.obj("SchedulingPolicy", NS, "default")["status"]["conditions"], "Ready")
+        return c.status, c.reason, c.message
 
     async def flaky(rt_, body, idx, now=None):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("apiserver hiccup")
+        await rt_.records.flush(5)
+        seen.append(ready())  # what `kubectl get schedulingpolicy` showed before this round
         return await real(rt_, body, idx, now=now)
 
     real = loop.run_policy_round
@@ -207,6 +213,12 @@ def test_the_loop_outlives_a_failing_round(monkeypatch):
     assert len(calls) == 3
     assert waits[0] == pytest.approx(60, abs=1) and waits[1] == pytest.approx(1200, abs=1)
     assert rt.intervals == {}  # forgotten when the daemon stops
+    # The failure was visible, not only in the log; the next round that completed cleared it.
+    assert seen[0] == ("False", "RoundFailed",
+                       "RuntimeError: apiserver hiccup; retrying every 60 s"), seen
+    assert seen[1][:2] == ("True", "Scheduling"), seen
+    assert [e["reason"] for e in kube.events("default") if e["type"] == "Warning"] == ["RoundFailed"]
+    assert rt.metrics.step_failures.labels(NS, "default", "round")._value.get() == 1
 
 
 def test_status_write_failures_do_not_stop_the_round():

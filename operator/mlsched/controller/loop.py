@@ -551,6 +551,18 @@ def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]
     return dataclasses.replace(snapshot, jobs=views)
 
 
+async def _report_failure(rt: Runtime, body: Mapping[str, Any], key: tuple[str, str],
+                          err: BaseException) -> None:
+    rt.metrics.step_failures.labels(*key, "round").inc()
+    body, ref = one_version(body)
+    try:
+        await reporting.report_round_failure(rt, body, ref, err,
+                                             rt.config.round_seconds(INVALID_RETRY_SECONDS))
+    except Exception as report_err:  # noqa: BLE001 - the API server may be why the round failed
+        log.warning("SchedulingPolicy %s/%s: cannot report the failed round: %s", *key,
+                    report_err)
+
+
 #: A burst of arrivals is admitted in one step: the step waits until no arrival has come for
 #: ADMISSION_QUIET_S and every arrived job has its StatefulSets (a trailing debounce), but
 #: never longer than ADMISSION_MAX_WAIT_S after the first, so a steady stream of arrivals is
@@ -573,9 +585,10 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
             began = time.monotonic()
             try:
                 report = await run_policy_round(rt, body, idx)
-            except Exception:  # noqa: BLE001 - the loop must outlive any one round
+            except Exception as err:  # noqa: BLE001 - the loop must outlive any one round
                 log.exception("SchedulingPolicy %s/%s: round failed", *key)
                 report = None
+                await _report_failure(rt, body, key, err)
             wait = report.interval_s if report else rt.config.round_seconds(INVALID_RETRY_SECONDS)
             while not stopped():
                 left = wait - (time.monotonic() - began)
@@ -593,6 +606,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                     await run_policy_admission(rt, body, idx)
                 except Exception:  # noqa: BLE001
                     log.exception("SchedulingPolicy %s/%s: admission failed", *key)
+                    rt.metrics.step_failures.labels(*key, "admission").inc()
     finally:
         rt.reservations.drop_policy(key)
         rt.intervals.pop(key, None)

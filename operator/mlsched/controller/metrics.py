@@ -53,6 +53,9 @@ class Metrics:
             ["result"], registry=r)  # authenticated | unauthenticated | error
         self.api_errors = Counter("mlsched_api_errors_total", "API calls that failed",
                                   ["action"], registry=r)
+        self.step_failures = Counter(
+            "mlsched_step_failures_total", "Rounds and admission steps that raised (retried)",
+            ["namespace", "policy", "step"], registry=r)  # step: round | admission
         # Every call the operator's KubeApi sends (kopf's own watches excepted): what a round,
         # a sweep or a report costs the API server. verb: create | get | patch | delete |
         # review; resource: the kind (statefulsets, pods, mljobs/status, ...).

@@ -40,6 +40,21 @@ async def report_invalid_policy(rt: Runtime, body: Mapping, ref: ObjectRef, mess
         await rt.recorder.emit(ref, "Warning", "InvalidSpec", message)
 
 
+async def report_round_failure(rt: Runtime, body: Mapping, ref: ObjectRef, err: BaseException,
+                               retry_s: float) -> None:
+    """A round that raised: `Ready=False/RoundFailed` with the error and a Warning Event, once
+    per distinct error (the next round that completes sets Ready again). Without this the
+    policy said Ready while nothing was scheduled, and only the operator's log knew why."""
+    status = body.get("status") or {}
+    message = f"{type(err).__name__}: {err}"[:900] + f"; retrying every {retry_s:.0f} s"
+    conds = set_condition(status.get("conditions"), P.READY, False, "RoundFailed", message,
+                          observed_generation=body["metadata"].get("generation"))
+    if condition_changed(status.get("conditions"), conds, P.READY):
+        await rt.api.patch("SchedulingPolicy", ref.namespace, ref.name,
+                           {"status": {"conditions": wire(conds)}}, status=True)
+        await rt.recorder.emit(ref, "Warning", "RoundFailed", message)
+
+
 async def job_events(rt: Runtime, job: JobRecord, target: JobTarget, actions: list[Action],
                      before: dict[str, int],
                      failures: list[tuple[Action, BaseException]] = ()) -> None:

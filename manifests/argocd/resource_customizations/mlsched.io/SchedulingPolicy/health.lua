@@ -1,9 +1,9 @@
 -- Argo CD health of a SchedulingPolicy, from the conditions the mlsched operator writes after
 -- each scheduling round (docs/operator.md, "Learned models"):
---   Degraded     Ready=False (a spec the operator cannot use), or ModelLoaded=False: a learned
---                model is missing or refused, and the policy schedules with spec.fallback
---                until it is fixed; or Ready=True/FallbackActive for another reason (an
---                algorithm name the operator does not know)
+--   Degraded     Ready=False (a spec the operator cannot use, or a round that failed), or
+--                ModelLoaded=False: a learned model is missing or refused, and the policy
+--                schedules with spec.fallback until it is fixed; or Ready=True/FallbackActive
+--                for another reason (an algorithm name the operator does not know)
 --   Healthy      Ready=True and the models it needs loaded (ModelLoaded=True)
 --   Progressing  no round yet, or an edit the latest round has not seen
 -- (Argo CD runs each health.lua on its own, with no way to share code between them: the
