@@ -295,6 +295,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
         minimum = job.minimum_requests()
         seen.cannot_fit = rt.cluster_fit(idx).why_not(job) or quotas.why_not(minimum, found)
         seen.over_quota = quotas.why_waiting(minimum, found)
+        seen.waiting_for = rt.waiting.get(job.key)
     seen.failures = rt.failures.total(job.key)
     seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
                                  and not p.deleting)

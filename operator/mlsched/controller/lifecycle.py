@@ -41,6 +41,8 @@ class Observed:
     cannot_fit: str | None = None  # why the job's minimum can never fit the cluster, if so
     # why its minimum does not fit what its namespace's ResourceQuotas have left now, if so
     over_quota: str | None = None
+    # why its policy's latest step gave it nothing (waiting.py), if it did
+    waiting_for: str | None = None
     # the API server's latest refusal to create one of its pods (a StatefulSet's FailedCreate)
     pods_refused: str | None = None
     workers_completed: int = 0  # worker pods whose every container has exited 0
@@ -142,6 +144,9 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             reason, message = "CannotFit", seen.cannot_fit
         elif seen.over_quota:
             reason, message = "WaitingForQuota", seen.over_quota
+        elif seen.waiting_for:
+            reason, message = "WaitingForAllocation", \
+                f"SchedulingPolicy {spec.scheduling_policy!r}: {seen.waiting_for}"
         else:
             reason, message = "WaitingForAllocation", \
                 "the scheduling policy has not allocated the minimum of every role yet"

@@ -28,7 +28,7 @@ from typing import Any
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
 from mlsched.controller import (
-    displacement, pool_steps, pools, quotas, reporting, rewards, version_adoption,
+    displacement, pool_steps, pools, quotas, reporting, rewards, version_adoption, waiting,
 )
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
@@ -122,6 +122,22 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
         if tasks:
             out[job.key] = tasks
     return out
+
+
+async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str, JobTarget],
+                       snapshot, decision: Decision, allocation: str) -> None:
+    """Why each of `jobs` that the decision gave nothing still waits (waiting.py), for its
+    Admitted condition; forgotten for the jobs it admitted."""
+    if not any(not targets[j.name].count("worker") for j in jobs):
+        for j in jobs:
+            rt.waiting.pop(j.key, None)
+        return
+    reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation)
+    for j in jobs:
+        if targets[j.name].count("worker"):
+            rt.waiting.pop(j.key, None)
+        elif j.name in reasons:
+            rt.waiting[j.key] = reasons[j.name]
 
 
 def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
@@ -277,6 +293,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
+    await note_waiting(rt, schedulable, targets, snapshot, decision,
+                       resolved.fallback if failure else resolved.allocation.name)
     if failure:
         resolved.model_loaded.status, resolved.model_loaded.reason = False, "InferenceFailed"
         resolved.model_loaded.message = failure
@@ -427,6 +445,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         admitted = [j for j in waiting if targets[j.name].count("worker") or j.key in redecided]
         admitted += [j for j in schedulable if j.key in displaced]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
+    await note_waiting(rt, waiting, targets, snapshot, decision,
+                       resolved.fallback if failed_policy else resolved.allocation.name)
     if open_interval is not None and not failed_policy:
         rt.dataset.admitted(key, number, open_interval.start,
                             Opening(body["metadata"].get("uid", ""), algorithms(resolved),

@@ -279,6 +279,9 @@ class Runtime:
     short_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
     node_states: dict[str, NodeRecord] = field(default_factory=dict)
+    # Why each job its policy's latest round or admission step gave nothing still waits
+    # (waiting.py): the message of its Admitted=False condition.
+    waiting: dict[JobKey, str] = field(default_factory=dict)
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
@@ -354,6 +357,7 @@ class Runtime:
         for stuck in [k for k in self.short_since if k[0] == key]:
             del self.short_since[stuck]
         self.retrying.pop(key, None)
+        self.waiting.pop(key, None)
         self.placements.forget(key)
         self.reservations.release(key)
         self.failures.forget(key)

@@ -86,7 +86,7 @@ def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
         book_held(ledger, [(job, JobDecision(list(kept["ps"]), list(kept["worker"])))])
         for role in ("ps", "worker"):
             want = len(slots.get(role, ()))
-            while _count(ledger, job, role) < want and ledger.grow(job, role):  # type: ignore[arg-type]
+            while ledger.count(job, role) < want and ledger.grow(job, role):  # type: ignore[arg-type]
                 pass
         got = ledger.jobs.get(job.name) or JobDecision()
         if not _meets_gang(job, got):
@@ -101,11 +101,6 @@ def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
             job, ps=decision.ps, workers=decision.workers, ps_nodes=tuple(decision.ps_nodes),
             worker_nodes=tuple(decision.worker_nodes)), decision))
     return restored, released
-
-
-def _count(ledger: Ledger, job: JobView, role: Role) -> int:
-    d = ledger.jobs.get(job.name)
-    return 0 if d is None else (d.ps if role == "ps" else d.workers)
 
 
 def _by_ordinal(slots: tuple[int | None, ...], new: list[int], count: int) -> list[int]:

@@ -1,0 +1,85 @@
+"""Why a job the policy did not admit is still waiting, in the words `kubectl describe` shows.
+
+"Pending" is the question users ask most, and "the scheduling policy has not allocated the
+minimum of every role yet" does not answer it. After each round and admission step, every
+job given nothing gets one of:
+
+- its minimum does not fit what is free now: how much it needs, how much is free, and the most
+  one node has, so a user sees whether to wait or to ask for less;
+- its minimum would fit, but the policy gave the capacity to others (or, for a learned
+  policy, chose to stop): a fairness or ordering decision, not a shortage;
+- its grouping has not given it a node pool yet.
+
+"Free now" is what the decision leaves: the snapshot's capacity (other policies' and other
+workloads' use already taken out, the namespace's quota as budget) less every task decided.
+The test is a first-fit of the job's starting gang, honouring its template's node
+constraints and its pool, so "would fit" means a node set for it exists.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import WAITING_POOL, Decision, JobDecision, JobView, Snapshot
+from mlsched.policies.base import book_held
+from mlsched.policies.placement.heuristics import FirstFit
+from mlsched.policies.round import with_pools
+
+
+def _amount(v: np.ndarray) -> str:
+    cpu, gpu, mem = (float(x) for x in v)
+    return f"{gpu:g} GPU, {cpu:g} CPU, {mem:g} GiB"
+
+
+def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict[str, str]:
+    """Per job of the snapshot that the decision gives nothing: why it waits."""
+    view = with_pools(snapshot, decision.pools)
+    waiting = [j for j in view.jobs if not (decision.jobs.get(j.name) or JobDecision()).workers]
+    if not waiting:
+        return {}
+    if not view.node_names:
+        return {j.name: "no node is schedulable now (cordoned, not Ready, or outside the "
+                        "operator's node selector)" for j in waiting}
+    ledger = Ledger(view, FirstFit(), decision.pools)
+    jobs = {j.name: j for j in view.jobs}
+    book_held(ledger, [(jobs[name], d) for name, d in decision.jobs.items() if name in jobs])
+    free = ledger.free_total.copy()
+    most = ledger.free_by_resource.max(axis=1)  # per resource, the most one node has free
+    nodes = len(view.node_names)
+    out = {}
+    for job in waiting:
+        if job.pool == WAITING_POOL:
+            out[job.name] = "its grouping has not given it a node pool yet"
+            continue
+        gang = _gang(job)
+        need = _need(job, gang)
+        if np.all(need <= free + 1e-9) and ledger.grant(job, *gang):
+            ledger.release(job, [("ps", n) for n in ledger.jobs[job.name].ps_nodes]
+                           + [("worker", n) for n in ledger.jobs[job.name].worker_nodes])
+            out[job.name] = (f"its minimum would fit what is free now, but {allocation} gave "
+                             f"the capacity to other jobs this time")
+            continue
+        out[job.name] = (f"its minimum ({_counts(job, gang)}: {_amount(need)}) does not fit "
+                         f"what is free now: {_amount(free)} on {nodes} nodes, at most "
+                         f"{_amount(most)} on any one")
+    return out
+
+
+def _gang(job: JobView) -> tuple[int, int]:
+    """(ps, workers) of the job's starting gang, as the ledger starts a job."""
+    return (max(job.min_ps, 1) if job.uses_ps else 0), max(job.min_workers, 1)
+
+
+def _need(job: JobView, gang: tuple[int, int]) -> np.ndarray:
+    ps, workers = gang
+    total = workers * np.asarray(job.demand("worker"), dtype=float)
+    if ps:
+        total = total + ps * np.asarray(job.demand("ps"), dtype=float)
+    return total
+
+
+def _counts(job: JobView, gang: tuple[int, int]) -> str:
+    ps, workers = gang
+    return " and ".join(([f"{ps} ps"] if ps else []) + [f"{workers} worker"])
+
