@@ -36,3 +36,23 @@ def test_a_model_outside_the_catalog_runs_on_its_own_requests(mlsched, operator,
     trained = wait_for(lambda: [h for h in (mlsched.job("my-llm")["status"].get("history") or ())
                                 if h["epochs"] > 0], 120, "an interval with training in it")
     assert trained[0]["reward"] > 0
+
+
+def test_a_sidecar_s_requests_are_planned_with_the_app_container_s(mlsched, operator, node_shape):
+    """A worker of 2 CPU with a native sidecar (an init container with restartPolicy Always,
+    as service meshes and log shippers inject) of 3 CPU asks kube-scheduler for 5 CPU. The
+    operator counted max(2, 3) = 3 (the init-container rule), so bin-packing put two workers
+    on an 8-CPU node, and the second stayed Pending with "Insufficient cpu"."""
+    mlsched.create(scheduling_policy("packed", allocation="fixed", placement="bin-pack"))
+    job = mljob("meshed", ps=None, workers=(4, 4), epochs=1e9, policy="packed")
+    spec = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    proxy = {"cpu": "3", "memory": "1Gi"}
+    spec["initContainers"] = [{"name": "proxy", "image": "registry.invalid/proxy:1",
+                               "restartPolicy": "Always",
+                               "resources": {"requests": proxy, "limits": proxy}}]
+    mlsched.create(job)
+    status = wait_for(lambda: placed_as_decided(mlsched, "meshed"), 90,
+                      "every worker to run where its policy placed it",
+                      describe=lambda: placement_problems(mlsched, "meshed"))
+    per_node = Counter(status["placement"]["worker"])
+    assert all(5 * n <= node_shape.cpu for n in per_node.values()), per_node

@@ -178,6 +178,19 @@ def test_a_grouped_pod_requires_its_pool_and_requests_its_share_of_cpu_only():
     assert POOL_LABEL not in str(plain["spec"]["affinity"])
 
 
+def test_pod_level_cpu_is_shared_too_and_a_template_without_it_is_left_as_it_was():
+    from mlsched.controller.desired import share_cpu
+
+    spec = {"containers": [{"name": "t", "resources": {"requests": {"cpu": "4"}}}],
+            "resources": {"limits": {"cpu": "6", "memory": "8Gi"}}}
+    share_cpu(spec, 2)
+    assert spec["resources"]["requests"]["cpu"] == "3000m"  # what the scheduler reserves
+    assert spec["containers"][0]["resources"]["requests"]["cpu"] == "2000m"
+    plain = {"containers": [{"name": "t", "resources": {"requests": {"cpu": "4"}}}]}
+    share_cpu(plain, 2)
+    assert "resources" not in plain  # no pod-level block added: the template hash is unchanged
+
+
 def test_changing_pool_is_a_template_change_and_refresh_keeps_the_pool():
     job = _job()
     counts = {"ps": 1, "worker": 2}

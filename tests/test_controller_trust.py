@@ -154,6 +154,31 @@ def test_pod_requests_count_limits_init_containers_and_overhead_as_the_scheduler
     assert pod_requests(spec) == (1.75, 1.0, 8.0)
 
 
+def test_pod_requests_count_sidecars_and_pod_level_resources_as_the_scheduler_does():
+    """Sidecars (init containers with restartPolicy Always) run beside the app containers:
+    they add to the pod's request, and to every init container declared after them. They used
+    to count only as init containers (the larger of, not the sum), so a template with a 2-CPU
+    sidecar was planned 2 CPUs short and its pods stayed Pending on full nodes."""
+    from mlsched.controller.records import pod_requests
+
+    def box(cpu, mem="0"):
+        return {"resources": {"requests": {"cpu": cpu, "memory": mem}}}
+
+    spec = {"containers": [{"name": "trainer", **box("4", "16Gi")}],
+            "initContainers": [
+                {"name": "fetch", **box("3", "1Gi")},  # alone: 3 CPU
+                {"name": "proxy", "restartPolicy": "Always", **box("2", "1Gi")},  # a sidecar
+                {"name": "warm", **box("5", "1Gi")}]}  # after the sidecar: 5 + 2 CPU
+    # Running: trainer + proxy = 6 CPU, 17 GiB; init phase at most 7 CPU (warm beside proxy).
+    assert pod_requests(spec) == (7.0, 0.0, 17.0)
+    spec["initContainers"].pop()  # without `warm`: the running containers' 6 CPU
+    assert pod_requests(spec) == (6.0, 0.0, 17.0)
+    # Pod-level resources (CPU and memory) replace the containers' sum; the GPU stays theirs.
+    spec["containers"][0]["resources"]["limits"] = {"nvidia.com/gpu": "1"}
+    spec["resources"] = {"requests": {"cpu": "10"}, "limits": {"memory": "32Gi"}}
+    assert pod_requests(spec) == (10.0, 1.0, 32.0)
+
+
 def test_the_other_namespace_watch_lists_then_follows_events():
     import threading
 

@@ -143,7 +143,10 @@ def share_cpu(spec: dict, share: int) -> None:
     request. Memory and GPUs are never divided (docs/grouping.md, "In the cluster")."""
     if share <= 1:
         return
-    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]:
+    # The pod itself too: pod-level resources, where set, replace its containers' CPU sum.
+    pod_level = [spec] if spec.get("resources") else []
+    for container in [*(spec.get("containers") or ()), *(spec.get("initContainers") or ()),
+                      *pod_level]:
         res = container["resources"] = container.get("resources") or {}
         requests, limits = res.get("requests") or {}, res.get("limits") or {}
         cpu = requests.get("cpu", limits.get("cpu"))

@@ -116,16 +116,38 @@ def container_requests(container: Mapping[str, Any]) -> Resources:
 
 
 def pod_requests(spec: Mapping[str, Any]) -> Resources:
-    """What kube-scheduler reserves for a pod: per resource, the larger of the sum over its
-    containers and the largest init container (init containers run one at a time, before the
-    others), plus the pod overhead of its RuntimeClass."""
-    total = NO_RESOURCES
+    """What kube-scheduler reserves for a pod, by Kubernetes' own rule, per resource:
+    - app containers and sidecars (init containers with `restartPolicy: Always`, which keep
+      running) are summed;
+    - a regular init container runs alone, one after another, but beside the sidecars declared
+      before it: its own request plus theirs; the largest of these is the init phase's need;
+    - the pod needs the larger of the two, plus the pod overhead of its RuntimeClass;
+    - pod-level `spec.resources` (CPU and memory), where set, replaces the containers' sum.
+    Without the sidecars, a template with an istio or log-shipping sidecar was packed by its
+    app container alone and its pods stayed Pending on nodes that had no room for them."""
+    running = NO_RESOURCES
     for c in spec.get("containers") or ():
-        total = add(total, container_requests(c))
+        running = add(running, container_requests(c))
+    sidecars, init_phase = NO_RESOURCES, NO_RESOURCES
     for c in spec.get("initContainers") or ():
-        init = container_requests(c)
-        total = (max(total[0], init[0]), max(total[1], init[1]), max(total[2], init[2]))
+        need = container_requests(c)
+        if c.get("restartPolicy") == "Always":
+            running = add(running, need)
+            sidecars = add(sidecars, need)
+            need = sidecars
+        else:
+            need = add(need, sidecars)
+        init_phase = _larger(init_phase, need)
+    total = _larger(running, init_phase)
+    pod_level = container_requests(spec)  # spec.resources: same defaulting as a container's
+    if any(pod_level):
+        cpu, gpu, mem = total
+        total = (pod_level[0] or cpu, gpu, pod_level[2] or mem)
     return add(total, resources_of(spec.get("overhead")))
+
+
+def _larger(a: Resources, b: Resources) -> Resources:
+    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
 
 
 def pod_node(spec: Mapping[str, Any]) -> str | None:
