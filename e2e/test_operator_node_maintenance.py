@@ -67,3 +67,28 @@ def test_tasks_of_a_drained_node_are_placed_again_within_seconds(api, mlsched, o
         assert events and f"on {node} (cordoned)" in events[0], events
         assert all(name in events[0] for name in on_node), events
         assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round  # no round
+
+
+def test_a_pod_kube_scheduler_refuses_is_placed_again_elsewhere(mlsched, operator):
+    """A constraint the operator does not plan with, here a required pod anti-affinity (one
+    worker per node): bin-packing puts two workers on a node, kube-scheduler refuses the
+    second. It used to stay Pending until the next round (a day here), which would decide
+    the same; now the refused task is placed again, never back on a node that refused it."""
+    mlsched.create(scheduling_policy("packed", allocation="fixed", placement="bin-pack",
+                                     interval=DAY))
+    job = mljob("spread", ps=None, workers=(4, 4), epochs=1e9, policy="packed")
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["affinity"] = {"podAntiAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": [{
+            "topologyKey": "kubernetes.io/hostname",
+            "labelSelector": {"matchLabels": {"mlsched.io/job-name": "spread",
+                                              "mlsched.io/role": "worker"}}}]}}
+    started = time.monotonic()
+    mlsched.create(job)
+    status = wait_for(lambda: placed_as_decided(mlsched, "spread"), 60,
+                      "every worker to run, one per node",
+                      describe=lambda: placement_problems(mlsched, "spread"))
+    print(f"4 workers running on {len(set(status['placement']['worker']))} nodes "
+          f"{time.monotonic() - started:.1f} s after the create")
+    assert len(set(status["placement"]["worker"])) == 4
+    events = [e.message for e in mlsched.events("spread", "MLJob") if e.reason == "Displaced"]
+    assert events and "kube-scheduler" in events[0] and "anti-affinity" in events[0], events

@@ -3,6 +3,8 @@ step (controller/displacement.py, round._restore), not left Pending until the ne
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 
 from mlsched.cluster.types import JobDecision, Snapshot
@@ -12,7 +14,7 @@ from mlsched.controller.records import node_record
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission
 from conftest import job
-from test_controller_fixtures import NS, node, policy, ps_job
+from test_controller_fixtures import NS, node, policy, ps_job, run
 from test_controller_loop import admit, round_, settle, setup
 
 
@@ -170,3 +172,54 @@ def test_restore_below_the_starting_gang_decides_the_job_again_as_a_waiting_one(
     snap = Snapshot(0.0, 1200.0, ["n0"], cap, [_job([], [0, 0])])
     decision = _admit(snap, {"ps": (None,), "worker": (0, 0)})
     assert decision.jobs["j"] == JobDecision([0], [0])
+
+
+def _refuse(rt, kube, name, message="0/6 nodes are available: 1 node(s) didn't match pod "
+                                     "anti-affinity rules, 5 node(s) didn't match Pod's node "
+                                     "affinity/selector."):
+    """kube-scheduler refusing a pinned pod: unbound, Pending, PodScheduled=False."""
+    from mlsched.controller import jobs
+
+    pod = kube.obj("Pod", NS, name)
+    pod["spec"].pop("nodeName", None)
+    pod["status"] = {"phase": "Pending", "conditions": [
+        {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
+    run(jobs.on_pod_event(rt, "MODIFIED", pod, kube.indexes()))
+    return pod["spec"]["nodeSelector"]["kubernetes.io/hostname"]
+
+
+def test_a_pod_kube_scheduler_refuses_where_it_was_pinned_is_placed_elsewhere():
+    """A constraint the operator does not plan with (here, as kube-scheduler would report a
+    required pod anti-affinity): the refused pod used to stay Pending until the next round,
+    which could decide the same node again."""
+    rt, kube, before = _placed_job()
+    refused_on = _refuse(rt, kube, "bert-worker-1")
+    assert "admission" in rt.wakeups.peek((NS, "default"))  # woken, not left for the round
+    report = admit(rt, kube)
+    after = report.targets["bert"]
+    assert after.nodes["worker"][1] != refused_on
+    assert [n for k, n in enumerate(after.nodes["worker"]) if k != 1] == \
+        [n for k, n in enumerate(before.nodes["worker"]) if k != 1]
+    events = [e["message"] for e in kube.events("bert") if e["reason"] == "Displaced"]
+    assert events and "bert-worker-1 on" in events[0] and "kube-scheduler: 0/6 nodes" in events[0]
+    settle(rt, kube)
+    assert kube.obj("Pod", NS, "bert-worker-1")["spec"]["nodeName"] == after.nodes["worker"][1]
+    assert admit(rt, kube) is None
+
+
+def test_refused_pods_are_moved_a_bounded_number_of_times():
+    """What a pod lacks may be lacking everywhere (a resource no node has): after as many
+    refusing nodes as the role has tasks (at least 3), the pod stays, reported Unschedulable."""
+    rt, kube, before = _placed_job()
+    moves = 0
+    for _ in range(10):
+        settle(rt, kube)
+        _refuse(rt, kube, "bert-worker-0", "0/6 nodes are available: 1 Insufficient example.com/fpga")
+        if admit(rt, kube) is None:
+            break
+        moves += 1
+    limit = max(3, before.count("worker"))
+    assert len(rt.refusals.of((NS, "bert"), "worker", time.time())) == limit
+    assert moves == limit - 1, moves  # the last refusing node keeps it
+    assert kube.obj("Pod", NS, "bert-worker-0")["spec"]["nodeSelector"]  # pinned, Pending
+    assert rt.refusals.of((NS, "bert"), "worker", time.time() + 601) == frozenset()  # faded

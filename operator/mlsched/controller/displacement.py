@@ -14,6 +14,13 @@ or NotReady node is left alone, as Kubernetes leaves it (a cordon is often the f
 maintenance, a NotReady spell often passes); once it is evicted, it is displaced. The round
 itself moves every task off a node it may no longer use (loop.held_as_decided).
 
+A task is displaced too when kube-scheduler refuses its pod on the decided node (PodScheduled
+False, Unschedulable): a constraint the operator does not plan with (required pod
+anti-affinity, a topology spread, a volume's node affinity, a host port) or capacity a
+preemptor took since. Such a node is remembered for the job's role (`Refusals`) and avoided
+when the role's tasks are placed again, so a job is not sent back where it was refused; the
+memory fades after REFUSAL_TTL_S, since capacity comes back.
+
 `round.run_admission` places the displaced tasks again with the policy's placement rule, the
 job's other tasks kept on their nodes and ordinals.
 """
@@ -28,6 +35,32 @@ from mlsched.controller.snapshot import untolerated, usable
 
 #: (role, ordinal) -> why its decided node no longer takes it
 Displaced = dict[tuple[str, int], str]
+
+REFUSAL_TTL_S = 600.0
+MIN_MOVES = 3  # distinct refusing nodes a role's refused pods may be moved away from, at least
+
+
+class Refusals:
+    """Per job and role, the nodes kube-scheduler refused a pinned pod on, and when."""
+
+    def __init__(self, ttl_s: float = REFUSAL_TTL_S) -> None:
+        self.ttl_s = ttl_s
+        self._at: dict[tuple[tuple[str, str], str], dict[str, float]] = {}
+
+    def note(self, job: tuple[str, str], role: str, node: str, now: float) -> None:
+        self._at.setdefault((job, role), {})[node] = now
+
+    def of(self, job: tuple[str, str], role: str, now: float) -> frozenset[str]:
+        nodes = self._at.get((job, role))
+        if not nodes:
+            return frozenset()
+        for node in [n for n, t in nodes.items() if now - t > self.ttl_s]:
+            del nodes[node]
+        return frozenset(nodes)
+
+    def forget(self, job: tuple[str, str]) -> None:
+        for key in [k for k in self._at if k[0] == job]:
+            del self._at[key]
 
 
 def refusal(node: NodeRecord | None, constraint: NodeConstraint, node_selector: Mapping[str, str],
@@ -60,26 +93,40 @@ def _holds(pod: PodRecord, node: str) -> bool:
 def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
                     pods: Iterable[PodRecord], nodes: Mapping[str, NodeRecord],
                     node_selector: Mapping[str, str], tolerated_taints: frozenset[str],
+                    refused: Mapping[str, frozenset[str]] | None = None,
                     cache: dict | None = None) -> Displaced:
-    """The job's displaced tasks (see the module docstring); {} when none. `cache` (one dict
-    per admission step) keeps each (node, constraint) verdict: most jobs share both."""
+    """The job's displaced tasks (see the module docstring); {} when none. `refused`: per
+    role, the nodes kube-scheduler refused its pods on lately (Refusals.of); once they are
+    as many as the role's tasks (at least 3), a refused pod stays where it is, reported
+    Unschedulable: what it lacks is then likely lacking everywhere (a resource no node has),
+    and moving it on would only restart it again and again. `cache` (one dict per admission
+    step) keeps each (node, constraint) verdict: most jobs share both."""
     cache = {} if cache is None else cache
+    refused = refused or {}
     by_task = {(p.role, p.ordinal): p for p in pods}
     out: Displaced = {}
     for role, names in decided.items():
         constraint = job.node_constraints.get(role, EVERY_NODE)
+        may_move = len(refused.get(role, ())) < max(MIN_MOVES, len(names))
         for ordinal, name in enumerate(names):
+            pod = by_task.get((role, ordinal))
+            if pod is not None and refused_there(pod, name):
+                if may_move:
+                    out[(role, ordinal)] = f"{name} (kube-scheduler: {pod.unschedulable})"
+                continue
             key = (name, constraint)
             if key not in cache:
                 cache[key] = refusal(nodes.get(name), constraint, node_selector, tolerated_taints)
             why = cache[key]
-            if why is None:
-                continue
-            pod = by_task.get((role, ordinal))
-            if pod is not None and _holds(pod, name):
+            if why is None or (pod is not None and _holds(pod, name)):
                 continue
             out[(role, ordinal)] = f"{name} ({why})"
     return out
+
+
+def refused_there(pod: PodRecord, node: str) -> bool:
+    """kube-scheduler refuses the pod on `node`, where the operator pinned it."""
+    return bool(pod.unschedulable) and pod.pinned == node and not pod.deleting and not pod.bound
 
 
 def describe(job_name: str, tasks: Displaced) -> str:
@@ -88,6 +135,21 @@ def describe(job_name: str, tasks: Displaced) -> str:
     for (role, ordinal), where in sorted(tasks.items()):
         by_node.setdefault(where, []).append(f"{job_name}-{role}-{ordinal}")
     return "; ".join(f"{', '.join(names)} on {where}" for where, names in by_node.items())
+
+
+def avoided(job: JobRecord, decided: Mapping[str, tuple[str, ...]], pods: Iterable[PodRecord],
+            refusals: Refusals, now: float, index: Mapping[str, int]) -> dict[str, frozenset[int]]:
+    """Per role, the node indices its tasks must not be placed again on: where kube-scheduler
+    refused one of its pods lately, or refuses one now."""
+    out = {}
+    for role, names in decided.items():
+        nodes = set(refusals.of(job.key, role, now))
+        nodes.update(p.pinned for p in pods if p.role == role and p.ordinal < len(names)
+                     and refused_there(p, names[p.ordinal]))
+        found = frozenset(index[n] for n in nodes if n in index)
+        if found:
+            out[role] = found
+    return out
 
 
 def slots(decided: Mapping[str, tuple[str, ...]], tasks: Displaced,

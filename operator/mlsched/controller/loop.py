@@ -107,7 +107,7 @@ def outgrown(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
 
 def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
                    decided: Mapping[JobKey, Mapping[str, tuple[str, ...]] | None],
-                   ) -> dict[JobKey, displacement.Displaced]:
+                   now: float) -> dict[JobKey, displacement.Displaced]:
     """The running jobs among `jobs` with tasks their decided node no longer takes."""
     nodes = {n.name: n for n in flatten(idx.nodes)}
     cache: dict = {}
@@ -116,9 +116,10 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
         nodes_of = decided.get(job.key)
         if not (nodes_of or {}).get("worker"):
             continue
+        refused = {role: rt.refusals.of(job.key, role, now) for role in nodes_of}
         tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
                                              rt.config.node_selector, rt.config.tolerated_taints,
-                                             cache)
+                                             refused, cache)
         if tasks:
             out[job.key] = tasks
     return out
@@ -403,7 +404,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         decided[job_key] = None
     # Running jobs some of whose tasks lost their node (drained, deleted, tainted): those
     # tasks are placed again now (displacement.py).
-    displaced = displaced_jobs(rt, idx, schedulable, decided)
+    displaced = displaced_jobs(rt, idx, schedulable, decided, now)
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting and not displaced:
         return None
@@ -427,10 +428,13 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         index = {name: i for i, name in enumerate(snapshot.node_names)}
         slots = {j.name: displacement.slots(decided[j.key], displaced[j.key], index)
                  for j in schedulable if j.key in displaced}
+        avoid = {j.name: displacement.avoided(j, decided[j.key], idx.pods.get(j.key, ()),
+                                              rt.refusals, now, index)
+                 for j in schedulable if j.key in displaced}
         try:
             phases = serving.phases
             decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
-                                               phases["placement"], grouping, slots)
+                                               phases["placement"], grouping, slots, avoid)
         except Exception:  # noqa: BLE001 - a policy bug must not stop admission
             failed_policy = True
             log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
@@ -438,7 +442,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
             decision = await asyncio.to_thread(run_admission, snapshot,
                                                registry.make_allocation(resolved.fallback),
                                                resolved.fallback_placement or resolved.placement,
-                                               grouping, slots)
+                                               grouping, slots, avoid)
         targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         # Admitted: given tasks now; a re-decided or displaced job is changed even when it is
         # given none (it could not get its starting gang back: it waits).

@@ -15,6 +15,7 @@ from typing import Any
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.dataset import Dataset
 from mlsched.controller.desired import PodSettings
+from mlsched.controller.displacement import Refusals
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
@@ -282,6 +283,9 @@ class Runtime:
     # Why each job its policy's latest round or admission step gave nothing still waits
     # (waiting.py): the message of its Admitted=False condition.
     waiting: dict[JobKey, str] = field(default_factory=dict)
+    # Nodes kube-scheduler refused each job's pods on lately, avoided when they are placed
+    # again (displacement.py).
+    refusals: Refusals = field(default_factory=Refusals)
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
@@ -358,6 +362,7 @@ class Runtime:
             del self.short_since[stuck]
         self.retrying.pop(key, None)
         self.waiting.pop(key, None)
+        self.refusals.forget(key)
         self.placements.forget(key)
         self.reservations.release(key)
         self.failures.forget(key)

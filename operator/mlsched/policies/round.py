@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import (
     WAITING_POOL, Decision, JobDecision, JobView, PoolPlan, Role, Snapshot, shared_demand,
@@ -39,13 +41,15 @@ Slots = dict[str, tuple[int | None, ...]]
 
 def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
                   grouping: GroupingPolicy | None = None,
-                  displaced: dict[str, Slots] | None = None) -> Decision:
+                  displaced: dict[str, Slots] | None = None,
+                  avoid: dict[str, dict[str, frozenset[int]]] | None = None) -> Decision:
     """Admission between rounds (policies/base.py): jobs holding no task are decided by the
     same policies, with every running job held at its current counts and nodes. The Decision
     lists every job that has tasks afterwards, the held ones unchanged.
 
     `displaced` jobs lost some tasks' nodes: those tasks are placed again first (`_restore`),
-    and a job that cannot get back its starting gang waits with the others."""
+    never on the nodes `avoid` lists for their role, and a job that cannot get back its
+    starting gang waits with the others."""
     if not snapshot.node_names:
         return Decision(jobs={})  # no node to use: see run_round
     plan = grouping.group(snapshot) if grouping is not None else PoolPlan()
@@ -56,7 +60,8 @@ def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: P
     running = [j for j in view.jobs if _running(j) and j.name not in displaced]
     held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
     restored, released = _restore(view, plan, placement, held,
-                                  [j for j in view.jobs if j.name in displaced], displaced)
+                                  [j for j in view.jobs if j.name in displaced], displaced,
+                                  avoid or {})
     held += restored
     names = {j.name for j, _ in held}
     waiting = dataclasses.replace(view, jobs=[_emptied(j) if j.name in released else j
@@ -68,7 +73,8 @@ def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: P
 
 def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
              held: list[tuple[JobView, JobDecision]], jobs: list[JobView],
-             displaced: dict[str, Slots]) -> tuple[list[tuple[JobView, JobDecision]], set[str]]:
+             displaced: dict[str, Slots], avoid: dict[str, dict[str, frozenset[int]]],
+             ) -> tuple[list[tuple[JobView, JobDecision]], set[str]]:
     """Displaced jobs, in arrival order, before any waiting job: their kept tasks are booked
     where they are, the others placed again one at a time by the placement policy's rule up to
     the decided count (fewer if capacity is short). A new node takes the ordinal of the task
@@ -84,9 +90,10 @@ def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
         job = dataclasses.replace(job, ps=len(kept["ps"]), workers=len(kept["worker"]),
                                   ps_nodes=tuple(kept["ps"]), worker_nodes=tuple(kept["worker"]))
         book_held(ledger, [(job, JobDecision(list(kept["ps"]), list(kept["worker"])))])
+        grower = _avoiding(job, avoid.get(job.name) or {}, len(view.node_names))
         for role in ("ps", "worker"):
             want = len(slots.get(role, ()))
-            while ledger.count(job, role) < want and ledger.grow(job, role):  # type: ignore[arg-type]
+            while ledger.count(job, role) < want and ledger.grow(grower, role):  # type: ignore[arg-type]
                 pass
         got = ledger.jobs.get(job.name) or JobDecision()
         if not _meets_gang(job, got):
@@ -101,6 +108,20 @@ def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
             job, ps=decision.ps, workers=decision.workers, ps_nodes=tuple(decision.ps_nodes),
             worker_nodes=tuple(decision.worker_nodes)), decision))
     return restored, released
+
+
+def _avoiding(job: JobView, avoid: dict[str, frozenset[int]], n_nodes: int) -> JobView:
+    """The job with the `avoid` nodes taken out of its roles' node filters: what its new tasks
+    may use (its kept tasks are booked where they are, whatever the filter)."""
+    if not avoid:
+        return job
+    filters = dict(job.node_filters or {})
+    for role, nodes in avoid.items():
+        base = filters.get(role)  # type: ignore[call-overload]
+        mask = np.ones(n_nodes, dtype=bool) if base is None else base.copy()
+        mask[sorted(nodes)] = False
+        filters[role] = mask  # type: ignore[index]
+    return dataclasses.replace(job, node_filters=filters)
 
 
 def _by_ordinal(slots: tuple[int | None, ...], new: list[int], count: int) -> list[int]:
