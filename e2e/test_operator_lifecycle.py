@@ -39,6 +39,8 @@ def test_the_samples_run_as_shipped_with_kubectl_apply_k(control_plane, mlsched,
     table = control_plane.kubectl("get", "mljobs", "-n", mlsched.namespace).stdout
     lines = {line.split()[0]: line for line in table.splitlines()[1:]}
     assert set(lines) == set(ROLES) and all("Running" in line for line in lines.values()), table
+    assert table.split()[:3] == ["NAME", "PHASE", "REASON"], table
+    assert all(line.split()[1:3] == ["Running", "AllRolesReady"] for line in lines.values()), table
 
 
 def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator):

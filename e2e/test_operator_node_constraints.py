@@ -92,6 +92,10 @@ def test_a_job_no_node_allows_is_told_so_and_holds_nothing(control_plane, mlsche
     assert any(r == "CannotFit" and "example.com/gpu-model=h200" in m for r, m in warnings)
     described = control_plane.kubectl("describe", "mljob", "nowhere", "-n", mlsched.namespace).stdout
     assert "example.com/gpu-model=h200" in described
+    # `kubectl get` says why at a glance (the REASON column).
+    row = control_plane.kubectl("get", "mljob", "nowhere", "-n", mlsched.namespace,
+                                "--no-headers").stdout.split()
+    assert row[1:3] == ["Pending", "CannotFit"], row
     # The job that fits runs; the one that cannot holds no pod (not even its parameter server).
     wait_for(lambda: (_running(mlsched, "fits") or ("",))[0] == "AllRolesReady", 90,
              "the job that fits to run", describe=lambda: _running(mlsched, "fits"))

@@ -69,7 +69,8 @@ def test_generation_is_deterministic_across_processes(tmp_path):
 
 
 @pytest.mark.parametrize("kind, plural, short, columns", [
-    ("MLJob", "mljobs", "mlj", ["Phase", "PS", "Workers", "Progress", "Policy", "Group", "Age"]),
+    ("MLJob", "mljobs", "mlj", ["Phase", "Reason", "PS", "Workers", "Progress", "Policy", "Group",
+                                "Age"]),
     ("SchedulingPolicy", "schedulingpolicies", "schedpol",
      ["Allocation", "Placement", "Model loaded", "Ready", "Model version", "Last round", "Age"]),
 ])

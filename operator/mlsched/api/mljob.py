@@ -309,6 +309,10 @@ CRD = CrdInfo(
     short_names=("mlj", "mljob"),
     columns=(
         PrinterColumn("Phase", ".status.phase"),
+        # Why it is (not) running at a glance, as a Pod's STATUS column says CrashLoopBackOff:
+        # WaitingForAllocation, CannotFit, WaitingForQuota, Unschedulable, AllRolesReady, ...
+        PrinterColumn("Reason", '.status.conditions[?(@.type=="Running")].reason',
+                      description="The Running condition's reason"),
         PrinterColumn("PS", ".status.replicaStatuses.ps.desired", "integer",
                       "Parameter servers allocated"),
         PrinterColumn("Workers", ".status.replicaStatuses.worker.desired", "integer",
