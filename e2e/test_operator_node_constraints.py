@@ -150,3 +150,50 @@ def test_dedicated_nodes_are_used_only_by_jobs_that_tolerate_their_taint(control
                           describe=lambda: _running(mlsched, "others"))
         assert not {p.spec.node_name for p in others} & set(team_nodes)
         assert len(others) == 22  # every GPU of the other 11 nodes
+
+
+@contextlib.contextmanager
+def with_extended_resource(core: client.CoreV1Api, name: str, resource: str, amount: str):
+    """One node of the shared plane advertising an extended resource (as a device plugin's
+    node status would), and without it after."""
+    core.patch_node_status(name, {"status": {"capacity": {resource: amount},
+                                             "allocatable": {resource: amount}}})
+    try:
+        yield
+    finally:
+        core.patch_node_status(name, {"status": {"capacity": {resource: None},
+                                                 "allocatable": {resource: None}}})
+
+
+def test_a_role_asking_for_an_extended_resource_runs_where_nodes_have_it(api, mlsched, operator):
+    """A worker asking for `example.com/fpga` used to be pinned to any node and refused there
+    by kube-scheduler ("Insufficient example.com/fpga"); now only the node that has the
+    resource is planned on for it, and a job asking for more than any node has is CannotFit."""
+    core = client.CoreV1Api(api)
+    with with_extended_resource(core, "kwok-node-11", "example.com/fpga", "2"):
+        mlsched.create(scheduling_policy("default", interval=600, allocation="fixed"))
+        job = mljob("accelerated", ps=(1, 1), workers=(2, 2))
+        worker = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+        for part in ("requests", "limits"):
+            worker["resources"][part] = {**worker["resources"][part], "example.com/fpga": "1"}
+        mlsched.create(job)
+        greedy = mljob("greedy-fpga", ps=None, workers=(1, 1))
+        worker = greedy["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+        for part in ("requests", "limits"):
+            worker["resources"][part] = {**worker["resources"][part], "example.com/fpga": "4"}
+        mlsched.create(greedy)
+
+        def running():
+            pods = _pods_by_role(mlsched, "accelerated")
+            ok = len(pods["worker"]) == 2 and pods["ps"] and all(
+                p.status.phase == "Running" for role in pods.values() for p in role)
+            return pods if ok else None
+
+        pods = wait_for(running, 90, "the job's pods to run",
+                        describe=lambda: _running(mlsched, "accelerated"))
+        assert {p.spec.node_name for p in pods["worker"]} == {"kwok-node-11"}
+        assert not [e for e in mlsched.events("accelerated", "MLJob") if e.reason == "Displaced"]
+        reason, message = wait_for(lambda: (r := _running(mlsched, "greedy-fpga")) and
+                                   r[0] == "CannotFit" and r, 60, "the greedy job to be told",
+                                   describe=lambda: _running(mlsched, "greedy-fpga"))
+        assert "requests 4 example.com/fpga" in message, message

@@ -3,6 +3,8 @@ the MLJob's conditions, Events and `kubectl get`."""
 
 from __future__ import annotations
 
+from kubernetes import client
+
 from mlsched_objects import condition, mljob, scheduling_policy
 from waiting import wait_for
 
@@ -16,24 +18,30 @@ def _warnings(mlsched, name: str) -> list[tuple[str, str]]:
     return [(e.reason, e.message) for e in mlsched.events(name, "MLJob") if e.type == "Warning"]
 
 
-def test_a_pod_the_scheduler_refuses_shows_the_schedulers_reason(control_plane, mlsched,
+def test_a_pod_the_scheduler_refuses_shows_the_schedulers_reason(control_plane, api, mlsched,
                                                                  operator):
     mlsched.create(scheduling_policy("default", interval=600))
     picky = mljob("picky", ps=None)
-    # A resource the operator does not plan with (it knows CPU, GPU and memory) and no node
-    # has: every pod stays Pending whichever node it is pinned to. (A node constraint no node
-    # meets is foreseen instead: test_operator_node_constraints.py.)
-    container = picky["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
-    for part in ("requests", "limits"):
-        container["resources"][part] = {**container["resources"][part], "example.com/fpga": "1"}
+    # A volume that cannot bind (a claim no PersistentVolume satisfies, no provisioner): the
+    # operator does not plan with volumes, and every node refuses the pods. (A node constraint
+    # or an extended resource no node has is foreseen instead: test_operator_node_constraints.)
+    core = client.CoreV1Api(api)
+    core.create_namespaced_persistent_volume_claim(mlsched.namespace, {
+        "metadata": {"name": "dataset"},
+        "spec": {"storageClassName": "", "accessModes": ["ReadOnlyMany"],
+                 "resources": {"requests": {"storage": "1Ti"}}}})
+    spec = picky["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["volumes"] = [{"name": "dataset", "persistentVolumeClaim": {"claimName": "dataset"}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "dataset", "mountPath": "/data"}]
     mlsched.create(picky)
 
+    # (Refused pods are first placed again on a few other nodes: displacement.py.)
     reason, message = wait_for(lambda: (r := _reason(mlsched, "picky")) and
-                               r[0] == "Unschedulable" and r, 60,
+                               r[0] == "Unschedulable" and "picky-worker-0" in r[1] and r, 60,
                                "the job to say its pods cannot be scheduled",
                                describe=lambda: _reason(mlsched, "picky"))
-    assert "picky-worker-0" in message and "nodes are available" in message, message
-    assert "Insufficient example.com/fpga" in message, message
+    assert "nodes are available" in message, message
+    assert "unbound immediate PersistentVolumeClaims" in message, message
     assert any(r == "Unschedulable" for r, _ in _warnings(mlsched, "picky"))
     # What `kubectl describe` shows a user, not only the API.
     described = control_plane.kubectl("describe", "mljob", "picky", "-n", mlsched.namespace).stdout

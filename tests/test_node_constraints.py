@@ -257,3 +257,38 @@ def test_cannot_fit_counts_the_tainted_nodes_a_template_tolerates():
     assert fit.why_not(tolerating) is None  # 10 GPUs on the 5 nodes it may use
     assert str(tolerating.node_constraints["worker"]) == "tolerations dedicated"
 
+
+
+def _fpga_node(name, fpgas):
+    body = node(name)
+    body["status"]["allocatable"]["example.com/fpga"] = str(fpgas)
+    return node_record(body)
+
+
+def _fpga_job(name="fpga", per_worker="1"):
+    body = ps_job(name, min_workers=2, max_workers=2)
+    res = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"]
+    res["requests"]["example.com/fpga"] = res.setdefault("limits", {})["example.com/fpga"] = per_worker
+    return job_record(body)
+
+
+def test_extended_resources_send_a_role_only_to_nodes_that_have_them():
+    """`example.com/fpga`, `rdma/hca`, MIG profiles: a worker asking for one used to be pinned
+    to any node and refused there by kube-scheduler; now only nodes whose allocatable has
+    enough of it are planned on for that role (how much other pods use is kube-scheduler's)."""
+    job = _fpga_job()
+    assert job.node_constraints["worker"].resources == (("example.com/fpga", 1.0),)
+    assert "ps" not in job.node_constraints  # the PS asks for none
+    assert str(job.node_constraints["worker"]) == "requests 1 example.com/fpga"
+    cluster = ClusterState(nodes=[node_record(node("a")), _fpga_node("b", 2), node_record(node("c"))])
+    snap = build_snapshot([job], cluster, now_s=0, interval_s=60)
+    assert snap.jobs[0].node_filter("worker").tolist() == [False, True, False]
+    decision = run_round(snap, registry.make_allocation("fixed"), registry.make_placement("load-balance"))
+    assert _placed(snap, decision)["fpga"][1] == ["b", "b"]
+    # No node has enough: the job cannot fit, and says what it asks for.
+    why = ClusterFit.of(list(cluster.nodes)).why_not(_fpga_job("greedy", per_worker="4"))
+    assert why == ("no schedulable node matches the worker template's requests 4 "
+                   "example.com/fpga (of the cluster's 3 schedulable nodes)"), why
+    from mlsched.controller.displacement import refusal
+    assert refusal(node_record(node("a")), job.node_constraints["worker"], {}, frozenset()) == \
+        "lacks example.com/fpga"

@@ -76,9 +76,12 @@ def refusal(node: NodeRecord | None, constraint: NodeConstraint, node_selector: 
     if not usable(node, node_selector):
         return "outside the operator's node selector"
     taints = untolerated(node, tolerated_taints)
-    if constraint.allows(node.name, node.labels, taints):
+    if constraint.allows(node.name, node.labels, taints, node.extended):
         return None
-    if not constraint.allows(node.name, node.labels):
+    if not constraint.has_resources(node.extended):
+        return "lacks " + ", ".join(k for k, v in constraint.resources
+                                    if node.extended.get(k, 0.0) < v)
+    if not constraint.allows(node.name, node.labels, (), node.extended):
         return "labels its template does not select"
     refused = [t for t in taints if not any(tol.tolerates(t) for tol in constraint.tolerations)]
     return "tainted " + ", ".join(f"{k}={v}:{e}" if v else f"{k}:{e}" for k, v, e in refused)

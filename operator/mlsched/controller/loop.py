@@ -95,7 +95,7 @@ def outgrown(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
         if constraint is not None:
             for name in decided.get(role, ()):
                 node = nodes.get(name)
-                if node is not None and not constraint.allows(name, node.labels):
+                if node is not None and not constraint.allows(name, node.labels, (), node.extended):
                     return f"its {role} on {name}, which the edited template does not allow"
     if reserved is not None:
         now = usage_of(job, {role: decided.get(role, ()) for role in roles_of(job)})

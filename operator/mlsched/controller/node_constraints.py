@@ -24,7 +24,8 @@ default); an empty effect matches every effect.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -97,16 +98,26 @@ class NodeConstraint:
     selector: tuple[tuple[str, str], ...] = ()
     terms: tuple[tuple[Requirement, ...], ...] | None = None
     tolerations: tuple[Toleration, ...] = ()
+    # Extended resources one pod asks for (records.extended_requests): a node must have at
+    # least that much allocatable. How much of it other pods use is kube-scheduler's to check.
+    resources: tuple[tuple[str, float], ...] = ()
 
-    def allows(self, name: str, labels: Mapping[str, str], taints: tuple[Taint, ...] = ()) -> bool:
-        """`taints`: the node's NoSchedule/NoExecute taints the operator does not tolerate."""
+    def allows(self, name: str, labels: Mapping[str, str], taints: tuple[Taint, ...] = (),
+               extended: Mapping[str, float] | None = None) -> bool:
+        """`taints`: the node's NoSchedule/NoExecute taints the operator does not tolerate;
+        `extended`: its allocatable extended resources."""
         if any(not any(t.tolerates(taint) for t in self.tolerations) for taint in taints):
+            return False
+        if not self.has_resources(extended):
             return False
         if any(labels.get(key) != value for key, value in self.selector):
             return False
         if self.terms is None:
             return True
         return any(term and all(r.allows(name, labels) for r in term) for term in self.terms)
+
+    def has_resources(self, extended: Mapping[str, float] | None) -> bool:
+        return all((extended or {}).get(k, 0.0) >= v for k, v in self.resources)
 
     def __str__(self) -> str:
         parts = []
@@ -118,6 +129,8 @@ class NodeConstraint:
         if self.tolerations:
             parts.append("tolerations " + ", ".join(_describe_toleration(t)
                                                     for t in self.tolerations))
+        if self.resources:
+            parts.append("requests " + ", ".join(f"{v:g} {k}" for k, v in self.resources))
         return "; ".join(parts) or "no node constraint"
 
 
@@ -170,13 +183,19 @@ def node_constraint(pod_spec: Any) -> NodeConstraint | None:
     return NodeConstraint(pairs, terms, tolerations)
 
 
-def role_constraints(templates: Mapping[str, Any]) -> dict[str, NodeConstraint]:
-    """Per role, the constraint of its template (roles that constrain nothing left out)."""
+def role_constraints(templates: Mapping[str, Any],
+                     extended: Callable[[Mapping[str, Any]], tuple[tuple[str, float], ...]]
+                     | None = None) -> dict[str, NodeConstraint]:
+    """Per role, the constraint of its template (roles that constrain nothing left out);
+    `extended`: the extended resources a pod spec requests (records.extended_requests)."""
     out = {}
     for role in ("ps", "worker"):
         template = templates.get(role)
         spec = template.get("spec") if isinstance(template, Mapping) else None
         constraint = node_constraint(spec)
+        resources = extended(spec) if extended is not None and isinstance(spec, Mapping) else ()
+        if resources:
+            constraint = dataclasses.replace(constraint or EVERY_NODE, resources=resources)
         if constraint is not None:
             out[role] = constraint
     return out

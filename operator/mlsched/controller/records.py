@@ -84,6 +84,9 @@ class NodeRecord:
     pool_owner: str | None = None  # POOL_OWNER_ANNOTATION: the operator labelled its pool
     # (key, value, effect) of the NoSchedule / NoExecute taints: what pods must tolerate.
     taint_specs: tuple[tuple[str, str, str], ...] = ()
+    # Allocatable extended resources (is_extended), by name: which nodes a template asking
+    # for one can use at all.
+    extended: Mapping[str, float] = field(default_factory=dict)
 
     @property
     def pool(self) -> str | None:
@@ -102,7 +105,9 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
                       taints=frozenset(key for key, _, _ in specs),
                       labels=dict(meta.get("labels") or {}),
                       pool_owner=(meta.get("annotations") or {}).get(POOL_OWNER_ANNOTATION),
-                      taint_specs=specs)
+                      taint_specs=specs,
+                      extended={k: parse_quantity(v) for k, v in
+                                (status.get("allocatable") or {}).items() if is_extended(k)})
 
 
 # ------------------------------------------------------------------------------------- pods
@@ -111,12 +116,31 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
 def container_requests(container: Mapping[str, Any]) -> Resources:
     """A container's requests; a resource with a limit and no request requests its limit (the
     API server defaults it so, per resource: a GPU limit next to a CPU request counts)."""
+    return _planned(_requested(container))
+
+
+def _requested(container: Mapping[str, Any]) -> dict[str, float]:
+    """Every resource a container (or a pod's own `spec.resources`) requests, by name, a limit
+    without a request counting as its request."""
     res = container.get("resources") or {}
-    return resources_of({**(res.get("limits") or {}), **(res.get("requests") or {})})
+    return {name: parse_quantity(q) for name, q in
+            {**(res.get("limits") or {}), **(res.get("requests") or {})}.items()}
 
 
-def pod_requests(spec: Mapping[str, Any]) -> Resources:
-    """What kube-scheduler reserves for a pod, by Kubernetes' own rule, per resource:
+def _planned(by_name: Mapping[str, float]) -> Resources:
+    return (by_name.get("cpu", 0.0), by_name.get(GPU_RESOURCE, 0.0),
+            by_name.get("memory", 0.0) / 2.0**30)
+
+
+def is_extended(name: str) -> bool:
+    """An extended resource (a device plugin's or an admin's: `example.com/fpga`, `rdma/hca`,
+    `nvidia.com/mig-1g.10gb`, `amd.com/gpu`): a domain-prefixed name other than the GPU the
+    operator plans with by amount. The operator plans with these by which nodes have them."""
+    return "/" in name and name != GPU_RESOURCE and not name.startswith("kubernetes.io/")
+
+
+def pod_totals(spec: Mapping[str, Any]) -> dict[str, float]:
+    """What kube-scheduler reserves for a pod, by resource name, by Kubernetes' own rule:
     - app containers and sidecars (init containers with `restartPolicy: Always`, which keep
       running) are summed;
     - a regular init container runs alone, one after another, but beside the sidecars declared
@@ -125,29 +149,41 @@ def pod_requests(spec: Mapping[str, Any]) -> Resources:
     - pod-level `spec.resources` (CPU and memory), where set, replaces the containers' sum.
     Without the sidecars, a template with an istio or log-shipping sidecar was packed by its
     app container alone and its pods stayed Pending on nodes that had no room for them."""
-    running = NO_RESOURCES
+    running: dict[str, float] = {}
     for c in spec.get("containers") or ():
-        running = add(running, container_requests(c))
-    sidecars, init_phase = NO_RESOURCES, NO_RESOURCES
+        running = _sum(running, _requested(c))
+    sidecars: dict[str, float] = {}
+    init_phase: dict[str, float] = {}
     for c in spec.get("initContainers") or ():
-        need = container_requests(c)
+        need = _requested(c)
         if c.get("restartPolicy") == "Always":
-            running = add(running, need)
-            sidecars = add(sidecars, need)
+            running = _sum(running, need)
+            sidecars = _sum(sidecars, need)
             need = sidecars
         else:
-            need = add(need, sidecars)
-        init_phase = _larger(init_phase, need)
-    total = _larger(running, init_phase)
-    pod_level = container_requests(spec)  # spec.resources: same defaulting as a container's
-    if any(pod_level):
-        cpu, gpu, mem = total
-        total = (pod_level[0] or cpu, gpu, pod_level[2] or mem)
-    return add(total, resources_of(spec.get("overhead")))
+            need = _sum(need, sidecars)
+        init_phase = {k: max(init_phase.get(k, 0.0), need.get(k, 0.0))
+                      for k in init_phase.keys() | need.keys()}
+    total = {k: max(running.get(k, 0.0), init_phase.get(k, 0.0))
+             for k in running.keys() | init_phase.keys()}
+    pod_level = _requested(spec)  # spec.resources: same defaulting as a container's
+    total.update({k: v for k, v in pod_level.items() if k in ("cpu", "memory") and v})
+    overhead = {name: parse_quantity(q) for name, q in (spec.get("overhead") or {}).items()}
+    return _sum(total, overhead)
 
 
-def _larger(a: Resources, b: Resources) -> Resources:
-    return (max(a[0], b[0]), max(a[1], b[1]), max(a[2], b[2]))
+def _sum(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
+    return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
+
+
+def pod_requests(spec: Mapping[str, Any]) -> Resources:
+    """(CPU, GPU, memory GiB) kube-scheduler reserves for the pod (pod_totals)."""
+    return _planned(pod_totals(spec))
+
+
+def extended_requests(spec: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+    """The pod's extended resources (is_extended) and how much of each it requests."""
+    return tuple(sorted((k, v) for k, v in pod_totals(spec).items() if is_extended(k) and v > 0))
 
 
 def pod_node(spec: Mapping[str, Any]) -> str | None:
@@ -468,7 +504,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
     model = model_label(job.spec.model_type)
     return JobRecord(
         **common, model=model, demands=role_demands(model, common["templates"]),
-        node_constraints=role_constraints(common["templates"]),
+        node_constraints=role_constraints(common["templates"], extended_requests),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",

@@ -136,7 +136,7 @@ class NodeFilters:
 
     def mask(self, constraint: NodeConstraint) -> np.ndarray | None:
         if constraint not in self._masks:
-            mask = np.fromiter((constraint.allows(n.name, n.labels, t)
+            mask = np.fromiter((constraint.allows(n.name, n.labels, t, n.extended)
                                 for n, t in zip(self.nodes, self.taints)),
                                dtype=bool, count=len(self.nodes))
             self._masks[constraint] = None if mask.all() else mask
@@ -168,7 +168,7 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
     tolerating = {c for j in jobs for c in j.node_constraints.values() if c.tolerations}
     nodes = sorted((n for n in cluster.nodes if usable(n, node_selector or {})
                     and (not (t := untolerated(n, tolerated_taints))
-                         or any(c.allows(n.name, n.labels, t) for c in tolerating))),
+                         or any(c.allows(n.name, n.labels, t, n.extended) for c in tolerating))),
                    key=lambda n: n.name)
     node_index = {n.name: i for i, n in enumerate(nodes)}
     capacity = np.array([n.allocatable for n in nodes], dtype=np.float64).reshape(len(nodes), 3)
@@ -218,7 +218,8 @@ class ClusterFit:
             demand = tuple(job.demands.get(role, NO_RESOURCES))
             constraint = job.node_constraints.get(role)
             nodes = [n for n in self.nodes
-                     if (constraint or EVERY_NODE).allows(n.name, n.labels, self.taints[n.name])]
+                     if (constraint or EVERY_NODE).allows(n.name, n.labels, self.taints[n.name],
+                                                         n.extended)]
             allowed_any.update((n.name, n) for n in nodes)
             where = (f"the cluster's {len(nodes)} schedulable nodes" if constraint is None
                      else f"the {len(nodes)} schedulable nodes its template allows ({constraint})")
