@@ -3,8 +3,6 @@ step (controller/displacement.py, round._restore), not left Pending until the ne
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 
 from mlsched.cluster.types import JobDecision, Snapshot
@@ -14,7 +12,7 @@ from mlsched.controller.records import node_record
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission
 from conftest import job
-from test_controller_fixtures import NS, node, policy, ps_job, run
+from test_controller_fixtures import NOW, NS, node, policy, ps_job, run
 from test_controller_loop import admit, round_, settle, setup
 
 
@@ -219,7 +217,22 @@ def test_refused_pods_are_moved_a_bounded_number_of_times():
             break
         moves += 1
     limit = max(3, before.count("worker"))
-    assert len(rt.refusals.of((NS, "bert"), "worker", time.time())) == limit
-    assert moves == limit - 1, moves  # the last refusing node keeps it
+    assert moves == limit, moves  # moved away from `limit` refusing nodes, then kept
+    assert len(rt.refusals.of((NS, "bert"), "worker", NOW + 30)) == limit
     assert kube.obj("Pod", NS, "bert-worker-0")["spec"]["nodeSelector"]  # pinned, Pending
-    assert rt.refusals.of((NS, "bert"), "worker", time.time() + 601) == frozenset()  # faded
+    assert rt.refusals.of((NS, "bert"), "worker", NOW + 30 + 601) == frozenset()  # faded
+
+
+def test_a_refusal_where_our_own_pod_is_still_terminating_waits_for_it():
+    """A round moved a task onto a node another task of ours is leaving: kube-scheduler
+    refuses the new pod until the old one's grace period ends. That is not a displacement."""
+    rt, kube, before = _placed_job()
+    shared = [k for k, n in enumerate(before.nodes["worker"]) if n in before.nodes["ps"]]
+    k = shared[0]  # a worker whose node also runs a PS of the job
+    node = _refuse(rt, kube, f"bert-worker-{k}", "0/6 nodes are available: 1 Insufficient cpu")
+    leaving = next(p for p in kube.of_kind("Pod") if p["spec"].get("nodeName") == node)
+    leaving["metadata"]["deletionTimestamp"] = "2023-11-14T22:15:00Z"
+    assert admit(rt, kube) is None
+    assert rt.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
+    del kube.objects[("Pod", NS, leaving["metadata"]["name"])]  # gone: now it is a refusal
+    assert admit(rt, kube).targets["bert"].nodes["worker"][k] != node

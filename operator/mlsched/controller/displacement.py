@@ -19,7 +19,8 @@ False, Unschedulable): a constraint the operator does not plan with (required po
 anti-affinity, a topology spread, a volume's node affinity, a host port) or capacity a
 preemptor took since. Such a node is remembered for the job's role (`Refusals`) and avoided
 when the role's tasks are placed again, so a job is not sent back where it was refused; the
-memory fades after REFUSAL_TTL_S, since capacity comes back.
+memory fades after REFUSAL_TTL_S, since capacity comes back. A refusal on a node where one of
+the policy's own pods is still terminating waits for that pod to go (it may hold the room).
 
 `round.run_admission` places the displaced tasks again with the policy's placement rule, the
 job's other tasks kept on their nodes and ordinals.
@@ -28,13 +29,23 @@ job's other tasks kept on their nodes and ordinals.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import NamedTuple
 
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint
 from mlsched.controller.records import TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodRecord
 from mlsched.controller.snapshot import untolerated, usable
 
-#: (role, ordinal) -> why its decided node no longer takes it
-Displaced = dict[tuple[str, int], str]
+class Displacement(NamedTuple):
+    """Why one task is displaced: its decided node, why that node no longer takes it, and
+    whether kube-scheduler said so (a refusal to remember) rather than the node's state."""
+
+    node: str
+    why: str
+    by_scheduler: bool = False
+
+
+#: (role, ordinal) -> its displacement
+Displaced = dict[tuple[str, int], Displacement]
 
 REFUSAL_TTL_S = 600.0
 MIN_MOVES = 3  # distinct refusing nodes a role's refused pods may be moved away from, at least
@@ -97,13 +108,18 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
                     pods: Iterable[PodRecord], nodes: Mapping[str, NodeRecord],
                     node_selector: Mapping[str, str], tolerated_taints: frozenset[str],
                     refused: Mapping[str, frozenset[str]] | None = None,
+                    terminating: frozenset[str] = frozenset(),
                     cache: dict | None = None) -> Displaced:
-    """The job's displaced tasks (see the module docstring); {} when none. `refused`: per
-    role, the nodes kube-scheduler refused its pods on lately (Refusals.of); once they are
-    as many as the role's tasks (at least 3), a refused pod stays where it is, reported
-    Unschedulable: what it lacks is then likely lacking everywhere (a resource no node has),
-    and moving it on would only restart it again and again. `cache` (one dict per admission
-    step) keeps each (node, constraint) verdict: most jobs share both."""
+    """The job's displaced tasks (see the module docstring); {} when none.
+
+    `refused`: per role, the nodes its pods were moved away from after kube-scheduler refused
+    them, lately (Refusals.of); once they are as many as the role's tasks (at least 3), a
+    refused pod stays where it is, reported Unschedulable: what it lacks is then likely
+    lacking everywhere (a resource no node has), and moving it on would restart it again and
+    again. `terminating`: nodes where a pod of the policy's jobs is still being deleted; a
+    refusal there may be the room that pod still holds (a round moved tasks: their old pods
+    take their grace period to go), so it waits for that pod's deletion, which wakes the next
+    admission step. `cache` (one dict per step) keeps each (node, constraint) verdict."""
     cache = {} if cache is None else cache
     refused = refused or {}
     by_task = {(p.role, p.ordinal): p for p in pods}
@@ -114,8 +130,9 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
         for ordinal, name in enumerate(names):
             pod = by_task.get((role, ordinal))
             if pod is not None and refused_there(pod, name):
-                if may_move:
-                    out[(role, ordinal)] = f"{name} (kube-scheduler: {pod.unschedulable})"
+                if may_move and name not in terminating:
+                    out[(role, ordinal)] = Displacement(name, f"kube-scheduler: {pod.unschedulable}",
+                                                        by_scheduler=True)
                 continue
             key = (name, constraint)
             if key not in cache:
@@ -123,7 +140,7 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
             why = cache[key]
             if why is None or (pod is not None and _holds(pod, name)):
                 continue
-            out[(role, ordinal)] = f"{name} ({why})"
+            out[(role, ordinal)] = Displacement(name, why)
     return out
 
 
@@ -135,21 +152,18 @@ def refused_there(pod: PodRecord, node: str) -> bool:
 def describe(job_name: str, tasks: Displaced) -> str:
     """`bert-ps-1, bert-ps-3 on node-3 (cordoned)`: the tasks grouped by node and reason."""
     by_node: dict[str, list[str]] = {}
-    for (role, ordinal), where in sorted(tasks.items()):
-        by_node.setdefault(where, []).append(f"{job_name}-{role}-{ordinal}")
+    for (role, ordinal), d in sorted(tasks.items()):
+        by_node.setdefault(f"{d.node} ({d.why})", []).append(f"{job_name}-{role}-{ordinal}")
     return "; ".join(f"{', '.join(names)} on {where}" for where, names in by_node.items())
 
 
-def avoided(job: JobRecord, decided: Mapping[str, tuple[str, ...]], pods: Iterable[PodRecord],
-            refusals: Refusals, now: float, index: Mapping[str, int]) -> dict[str, frozenset[int]]:
+def avoided(job: JobRecord, roles: Iterable[str], refusals: Refusals, now: float,
+            index: Mapping[str, int]) -> dict[str, frozenset[int]]:
     """Per role, the node indices its tasks must not be placed again on: where kube-scheduler
-    refused one of its pods lately, or refuses one now."""
+    refused one of its pods lately (this step's refusals noted already)."""
     out = {}
-    for role, names in decided.items():
-        nodes = set(refusals.of(job.key, role, now))
-        nodes.update(p.pinned for p in pods if p.role == role and p.ordinal < len(names)
-                     and refused_there(p, names[p.ordinal]))
-        found = frozenset(index[n] for n in nodes if n in index)
+    for role in roles:
+        found = frozenset(index[n] for n in refusals.of(job.key, role, now) if n in index)
         if found:
             out[role] = found
     return out

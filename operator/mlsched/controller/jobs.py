@@ -319,9 +319,8 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
         return  # the leader's first round pins what is gated
     if (event_type != "DELETED" and displacement.refused_there(pod, pod.pinned or "")
             and (job := idx.job(namespace, job_name)) is not None):
-        # kube-scheduler refuses it where it was pinned: remembered, and placed again by the
-        # admission step woken here (displacement.py).
-        rt.refusals.note(key, pod.role, pod.pinned, time.time())
+        # kube-scheduler refuses it where it was pinned: the admission step woken here places
+        # it again (displacement.py).
         rt.wakeups.signal((namespace, job.policy), "admission")
     if event_type == "DELETED" or pod.deleting or not pod.gated:
         rt.pinned.pop(pod.uid, None)

@@ -110,6 +110,8 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
                    now: float) -> dict[JobKey, displacement.Displaced]:
     """The running jobs among `jobs` with tasks their decided node no longer takes."""
     nodes = {n.name: n for n in flatten(idx.nodes)}
+    terminating = frozenset(p.node for j in jobs for p in idx.pods.get(j.key, ())
+                            if p.deleting and p.node)
     cache: dict = {}
     out = {}
     for job in jobs:
@@ -119,7 +121,10 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
         refused = {role: rt.refusals.of(job.key, role, now) for role in nodes_of}
         tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
                                              rt.config.node_selector, rt.config.tolerated_taints,
-                                             refused, cache)
+                                             refused, terminating, cache)
+        for (role, _), d in tasks.items():
+            if d.by_scheduler:  # remembered: the task is not sent back there (displacement.py)
+                rt.refusals.note(job.key, role, d.node, now)
         if tasks:
             out[job.key] = tasks
     return out
@@ -428,8 +433,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         index = {name: i for i, name in enumerate(snapshot.node_names)}
         slots = {j.name: displacement.slots(decided[j.key], displaced[j.key], index)
                  for j in schedulable if j.key in displaced}
-        avoid = {j.name: displacement.avoided(j, decided[j.key], idx.pods.get(j.key, ()),
-                                              rt.refusals, now, index)
+        avoid = {j.name: displacement.avoided(j, decided[j.key], rt.refusals, now, index)
                  for j in schedulable if j.key in displaced}
         try:
             phases = serving.phases
