@@ -48,30 +48,48 @@ class Displacement(NamedTuple):
 Displaced = dict[tuple[str, int], Displacement]
 
 REFUSAL_TTL_S = 600.0
-MIN_MOVES = 3  # distinct refusing nodes a role's refused pods may be moved away from, at least
+#: Moves (admission steps that displace some of a role's refused pods) per REFUSAL_TTL_S:
+#: after these, refused pods stay where they are, reported Unschedulable. Bin-packed tasks
+#: refused by a one-per-node anti-affinity are spread in about log2(tasks) moves; what no
+#: node can take (a volume that cannot bind) must not restart pods forever.
+MAX_MOVES = 5
 
 
 class Refusals:
-    """Per job and role, the nodes kube-scheduler refused a pinned pod on, and when."""
+    """Per job and role, the nodes kube-scheduler refused a pinned pod on and the moves made
+    for such refusals, each with when: both fade after `ttl_s`."""
 
     def __init__(self, ttl_s: float = REFUSAL_TTL_S) -> None:
         self.ttl_s = ttl_s
-        self._at: dict[tuple[tuple[str, str], str], dict[str, float]] = {}
+        self._nodes: dict[tuple[tuple[str, str], str], dict[str, float]] = {}
+        self._moves: dict[tuple[tuple[str, str], str], list[float]] = {}
 
-    def note(self, job: tuple[str, str], role: str, node: str, now: float) -> None:
-        self._at.setdefault((job, role), {})[node] = now
+    def note(self, job: tuple[str, str], role: str, nodes: Iterable[str], now: float) -> None:
+        """One move of the role's tasks away from `nodes`, which refused them."""
+        seen = self._nodes.setdefault((job, role), {})
+        for node in nodes:
+            seen[node] = now
+        self._moves.setdefault((job, role), []).append(now)
 
     def of(self, job: tuple[str, str], role: str, now: float) -> frozenset[str]:
-        nodes = self._at.get((job, role))
+        nodes = self._nodes.get((job, role))
         if not nodes:
             return frozenset()
         for node in [n for n, t in nodes.items() if now - t > self.ttl_s]:
             del nodes[node]
         return frozenset(nodes)
 
+    def moves(self, job: tuple[str, str], role: str, now: float) -> int:
+        times = self._moves.get((job, role))
+        if not times:
+            return 0
+        times[:] = [t for t in times if now - t <= self.ttl_s]
+        return len(times)
+
     def forget(self, job: tuple[str, str]) -> None:
-        for key in [k for k in self._at if k[0] == job]:
-            del self._at[key]
+        for book in (self._nodes, self._moves):
+            for key in [k for k in book if k[0] == job]:
+                del book[key]
 
 
 def refusal(node: NodeRecord | None, constraint: NodeConstraint, node_selector: Mapping[str, str],
@@ -107,26 +125,25 @@ def _holds(pod: PodRecord, node: str) -> bool:
 def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
                     pods: Iterable[PodRecord], nodes: Mapping[str, NodeRecord],
                     node_selector: Mapping[str, str], tolerated_taints: frozenset[str],
-                    refused: Mapping[str, frozenset[str]] | None = None,
+                    moves: Mapping[str, int] | None = None,
                     terminating: frozenset[str] = frozenset(),
                     cache: dict | None = None) -> Displaced:
     """The job's displaced tasks (see the module docstring); {} when none.
 
-    `refused`: per role, the nodes its pods were moved away from after kube-scheduler refused
-    them, lately (Refusals.of); once they are as many as the role's tasks (at least 3), a
-    refused pod stays where it is, reported Unschedulable: what it lacks is then likely
-    lacking everywhere (a resource no node has), and moving it on would restart it again and
-    again. `terminating`: nodes where a pod of the policy's jobs is still being deleted; a
+    `moves`: per role, the moves made lately for kube-scheduler's refusals (Refusals.moves);
+    after MAX_MOVES a refused pod stays where it is, reported Unschedulable: what it lacks is
+    then likely lacking everywhere, and moving it on would restart it again and again.
+    `terminating`: nodes where a pod of the policy's jobs is still being deleted; a
     refusal there may be the room that pod still holds (a round moved tasks: their old pods
     take their grace period to go), so it waits for that pod's deletion, which wakes the next
     admission step. `cache` (one dict per step) keeps each (node, constraint) verdict."""
     cache = {} if cache is None else cache
-    refused = refused or {}
+    moves = moves or {}
     by_task = {(p.role, p.ordinal): p for p in pods}
     out: Displaced = {}
     for role, names in decided.items():
         constraint = job.node_constraints.get(role, EVERY_NODE)
-        may_move = len(refused.get(role, ())) < max(MIN_MOVES, len(names))
+        may_move = moves.get(role, 0) < MAX_MOVES
         for ordinal, name in enumerate(names):
             pod = by_task.get((role, ordinal))
             if pod is not None and refused_there(pod, name):

@@ -118,13 +118,14 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
         nodes_of = decided.get(job.key)
         if not (nodes_of or {}).get("worker"):
             continue
-        refused = {role: rt.refusals.of(job.key, role, now) for role in nodes_of}
+        moves = {role: rt.refusals.moves(job.key, role, now) for role in nodes_of}
         tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
                                              rt.config.node_selector, rt.config.tolerated_taints,
-                                             refused, terminating, cache)
-        for (role, _), d in tasks.items():
-            if d.by_scheduler:  # remembered: the task is not sent back there (displacement.py)
-                rt.refusals.note(job.key, role, d.node, now)
+                                             moves, terminating, cache)
+        for role in nodes_of:  # remembered: not sent back there, and moves are counted
+            refusing = {d.node for (r, _), d in tasks.items() if r == role and d.by_scheduler}
+            if refusing:
+                rt.refusals.note(job.key, role, refusing, now)
         if tasks:
             out[job.key] = tasks
     return out
