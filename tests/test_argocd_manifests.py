@@ -70,8 +70,9 @@ def test_mljob_cases_show_every_phase_and_every_reason_the_operator_writes():
 def test_policy_cases_show_every_condition_reason_the_operator_writes():
     objects = [obj for obj, _ in cases("SchedulingPolicy")]
     written = written_reasons(CONTROLLER / "models.py", r'Verdict\(True, "(\w+)"')
-    written |= written_reasons(CONTROLLER / "reporting.py", r'P\.READY, False, "(\w+)"')
-    assert {"NoModelNeeded", "ModelVerified", "Scheduling", "FallbackActive", "InvalidSpec"} <= written
+    written |= written_reasons(CONTROLLER / "reporting.py", r'_policy_not_ready\(rt, body, ref, "(\w+)"')
+    assert {"NoModelNeeded", "ModelVerified", "Scheduling", "FallbackActive", "InvalidSpec",
+            "RoundFailed"} <= written
     shown = set().union(*(reasons(obj) for obj in objects))
     assert written <= shown, written - shown
     loaded = {c["status"] for obj in objects for c in (obj.get("status") or {}).get("conditions", [])

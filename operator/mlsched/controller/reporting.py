@@ -31,13 +31,7 @@ def condition_changed(old: Any, new: Any, type_: str) -> bool:
 
 
 async def report_invalid_policy(rt: Runtime, body: Mapping, ref: ObjectRef, message: str) -> None:
-    status = body.get("status") or {}
-    conds = set_condition(status.get("conditions"), P.READY, False, "InvalidSpec", message,
-                          observed_generation=body["metadata"].get("generation"))
-    if condition_changed(status.get("conditions"), conds, P.READY):
-        await rt.api.patch("SchedulingPolicy", ref.namespace, ref.name,
-                           {"status": {"conditions": wire(conds)}}, status=True)
-        await rt.recorder.emit(ref, "Warning", "InvalidSpec", message)
+    await _policy_not_ready(rt, body, ref, "InvalidSpec", message)
 
 
 async def report_round_failure(rt: Runtime, body: Mapping, ref: ObjectRef, err: BaseException,
@@ -45,14 +39,20 @@ async def report_round_failure(rt: Runtime, body: Mapping, ref: ObjectRef, err: 
     """A round that raised: `Ready=False/RoundFailed` with the error and a Warning Event, once
     per distinct error (the next round that completes sets Ready again). Without this the
     policy said Ready while nothing was scheduled, and only the operator's log knew why."""
-    status = body.get("status") or {}
     message = f"{type(err).__name__}: {err}"[:900] + f"; retrying every {retry_s:.0f} s"
-    conds = set_condition(status.get("conditions"), P.READY, False, "RoundFailed", message,
+    await _policy_not_ready(rt, body, ref, "RoundFailed", message)
+
+
+async def _policy_not_ready(rt: Runtime, body: Mapping, ref: ObjectRef, reason: str,
+                            message: str) -> None:
+    """`Ready=False/<reason>` and a Warning Event, written only when that changes it."""
+    status = body.get("status") or {}
+    conds = set_condition(status.get("conditions"), P.READY, False, reason, message,
                           observed_generation=body["metadata"].get("generation"))
     if condition_changed(status.get("conditions"), conds, P.READY):
         await rt.api.patch("SchedulingPolicy", ref.namespace, ref.name,
                            {"status": {"conditions": wire(conds)}}, status=True)
-        await rt.recorder.emit(ref, "Warning", "RoundFailed", message)
+        await rt.recorder.emit(ref, "Warning", reason, message)
 
 
 async def job_events(rt: Runtime, job: JobRecord, target: JobTarget, actions: list[Action],
