@@ -19,7 +19,8 @@ False, Unschedulable): a constraint the operator does not plan with (required po
 anti-affinity, a topology spread, a volume's node affinity, a host port) or capacity a
 preemptor took since. Such a node is remembered for the job's role (`Refusals`) and avoided
 when the role's tasks are placed again, so a job is not sent back where it was refused; the
-memory fades after REFUSAL_TTL_S, since capacity comes back. A refusal on a node where one of
+memory fades after REFUSAL_TTL_S, since capacity comes back, and after MAX_MOVES moves in
+that time a refused pod is left where it is, reported Unschedulable. A refusal on a node where one of
 the policy's own pods is still terminating waits for that pod to go (it may hold the room).
 
 `round.run_admission` places the displaced tasks again with the policy's placement rule, the
@@ -34,6 +35,7 @@ from typing import NamedTuple
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint
 from mlsched.controller.records import TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodRecord
 from mlsched.controller.snapshot import untolerated, usable
+
 
 class Displacement(NamedTuple):
     """Why one task is displaced: its decided node, why that node no longer takes it, and
@@ -148,8 +150,8 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
             pod = by_task.get((role, ordinal))
             if pod is not None and refused_there(pod, name):
                 if may_move and name not in terminating:
-                    out[(role, ordinal)] = Displacement(name, f"kube-scheduler: {pod.unschedulable}",
-                                                        by_scheduler=True)
+                    out[(role, ordinal)] = Displacement(
+                        name, f"kube-scheduler: {pod.unschedulable}", by_scheduler=True)
                 continue
             key = (name, constraint)
             if key not in cache:
