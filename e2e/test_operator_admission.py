@@ -142,7 +142,8 @@ def test_an_edit_the_running_allocation_no_longer_meets_is_redecided_within_seco
     assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round  # no round ran
 
 
-def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, mlsched, operator):
+def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, control_plane, mlsched,
+                                                                   operator):
     """A node uncordoned (as when a cluster autoscaler adds one, or an admin ends maintenance)
     is new capacity: a job waiting for it starts within seconds, not at the next round."""
     from kubernetes import client
@@ -160,6 +161,14 @@ def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, mlsched,
         time.sleep(3)  # its admission step has run and found no room
         assert not (mlsched.job("waiter").get("status") or {}).get("placement", {}).get("worker")
         last_round = mlsched.policy("daily")["status"].get("lastRoundTime")
+        # What `kubectl get schedpol` and `kubectl describe mljob` tell the user meanwhile.
+        table = control_plane.kubectl("get", "schedpol", "daily", "-n", mlsched.namespace).stdout
+        header, row = table.splitlines()[:2]
+        start = header.index("ADMITTED")  # columns are aligned; some headers have two words
+        assert row[start:header.index("MODEL VERSION")].split() == ["1", "1"], table
+        described = control_plane.kubectl("describe", "mljob", "waiter", "-n",
+                                          mlsched.namespace).stdout
+        assert "does not fit what is free now: 0 GPU" in described, described
 
         freed = time.monotonic()
         core.patch_node(spare, {"spec": {"unschedulable": None}})
@@ -169,5 +178,8 @@ def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, mlsched,
         print(f"uncordoned: the waiting job ran {time.monotonic() - freed:.1f} s later")
         assert status["placement"]["worker"] == [spare]
         assert mlsched.policy("daily")["status"].get("lastRoundTime") == last_round
+        counts = wait_for(lambda: (s := mlsched.policy("daily")["status"]).get("waitingJobs") == 0
+                          and s, 10, "the policy to count no waiting job")
+        assert counts["admittedJobs"] == 2
     finally:
         core.patch_node(spare, {"spec": {"unschedulable": None}})

@@ -30,6 +30,11 @@ def test_a_job_that_does_not_fit_what_is_free_says_what_it_needs_and_what_is_fre
                                        "worker: 2 GPU, "), admitted.message
     assert "does not fit what is free now: 0 GPU, " in admitted.message
     assert "on 2 nodes" in admitted.message
+    # The policy counts them (the Admitted / Waiting columns of `kubectl get schedpol`).
+    pol = kube.obj("SchedulingPolicy", NS, "default")["status"]
+    assert (pol["admittedJobs"], pol["waitingJobs"]) == (1, 1), pol
+    writes = len(kube.writes())
+    assert admit(rt, kube) is None and len(kube.writes()) == writes  # unchanged: not rewritten
 
 
 def _snapshot(jobs, gpus=(2, 2)):

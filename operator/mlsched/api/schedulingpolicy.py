@@ -274,6 +274,11 @@ class SchedulingPolicyStatus(StatusModel):
     last_round_duration_seconds: float | None = Field(
         None, ge=0, description="Wall time the latest round's decisions took.")
     decisions: int | None = Field(None, ge=0, description="Decisions made since the policy loaded.")
+    admitted_jobs: int | None = Field(
+        None, ge=0, description="Its jobs holding tasks after its latest round or admission step.")
+    waiting_jobs: int | None = Field(
+        None, ge=0, description="Its jobs (not suspended or finished) holding nothing then; each "
+                                "says why in its Admitted condition.")
     rewards: list[RewardEntry] = Field(default_factory=list, max_length=MAX_HISTORY,
                                        description="Newest last; trimmed to historyLimit.")
     observed_generation: int | None = Field(
@@ -314,6 +319,8 @@ CRD = CrdInfo(
         PrinterColumn("Placement", ".spec.placement"),
         PrinterColumn("Model loaded", _condition_status(PolicyConditionType.MODEL_LOADED)),
         PrinterColumn("Ready", _condition_status(PolicyConditionType.READY)),
+        PrinterColumn("Admitted", ".status.admittedJobs", "integer", "Jobs holding tasks"),
+        PrinterColumn("Waiting", ".status.waitingJobs", "integer", "Jobs holding nothing"),
         PrinterColumn("Model version", ".status.modelVersion"),
         PrinterColumn("Last round", ".status.lastRoundTime", "date"),
         AGE,

@@ -131,6 +131,27 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
     return out
 
 
+def job_counts(rt: Runtime, key: tuple[str, str], jobs: list[JobRecord],
+               status: Mapping[str, Any]) -> dict[str, int]:
+    """status.admittedJobs / waitingJobs after a step (the `kubectl get` columns), where they
+    changed since last written or queued: the policy's jobs holding tasks as decided, and
+    those (not suspended or finished) holding nothing."""
+    admitted = sum(1 for j in jobs if j.schedulable and (rt.placements.of(j.key) or {}).get("worker"))
+    counts = {"admittedJobs": admitted,
+              "waitingJobs": sum(1 for j in jobs if j.schedulable) - admitted}
+    before = rt.policy_counts.get(key) or {k: status.get(k) for k in counts}
+    rt.policy_counts[key] = counts
+    return {k: v for k, v in counts.items() if before.get(k) != v}
+
+
+def queue_counts(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any],
+                 jobs: list[JobRecord]) -> None:
+    counts = job_counts(rt, (ref.namespace, ref.name), jobs, body.get("status") or {})
+    if counts:
+        rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                           uid=body["metadata"].get("uid"), fields=counts)
+
+
 async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str, JobTarget],
                        snapshot, decision: Decision, allocation: str) -> None:
     """Why each of `jobs` that the decision gave nothing still waits (waiting.py), for its
@@ -369,6 +390,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                                   rt.config.max_exploration))
     extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
                                                 targets, now))
+    extra.update(job_counts(rt, key, jobs, status))
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
                                          duration, spec.history_limit, extra)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
@@ -413,6 +435,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     displaced = displaced_jobs(rt, idx, schedulable, decided, now)
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting and not displaced:
+        queue_counts(rt, ref, body, jobs)  # e.g. a job finished or was deleted
         return None
     resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
@@ -462,6 +485,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                                     len(snapshot.node_names)),
                             serving.decisions(), spec.retraining.dataset_limit)
     if not admitted:
+        queue_counts(rt, ref, body, jobs)  # e.g. a job arrived and waits
         return None
     await asyncio.gather(*(rt.recorder.emit(
         ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
@@ -503,6 +527,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                                               opened, spec.history_limit, group_fields)
     groups_patch = await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup,
                                                   spec, targets, now, round_=False)
+    groups_patch.update(job_counts(rt, key, jobs, body.get("status") or {}))
     if groups_patch:
         rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
                            uid=body["metadata"].get("uid"), fields=groups_patch)
@@ -643,6 +668,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.served_versions.pop(key, None)
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
+        rt.policy_counts.pop(key, None)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)
         rt.policy_nodes.pop(key, None)

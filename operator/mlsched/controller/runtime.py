@@ -302,6 +302,8 @@ class Runtime:
     # status.groups as last queued; newer than the index until the status writes come back.
     groups: dict[JobKey, Any] = field(default_factory=dict)
     policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
+    # Each policy's status.admittedJobs / waitingJobs as last queued (loop.job_counts).
+    policy_counts: dict[PolicyKey, dict[str, int]] = field(default_factory=dict)
     policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)  # node → label
     # Policies named by jobs or node labels but missing from the index: since when (jobs.py).
     orphans: dict[PolicyKey, float] = field(default_factory=dict)
