@@ -491,6 +491,10 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
         f"spec edited: {redecided[j.key]}; decided again now, not at the next round")
         for j in admitted if j.key in redecided))
+    for tasks in displaced.values():
+        for d in tasks.values():
+            rt.metrics.displaced_tasks.labels(ref.namespace, ref.name,
+                                              "scheduler" if d.by_scheduler else "node").inc()
     await asyncio.gather(*(rt.recorder.emit(
         ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Displaced",
         f"{displacement.describe(j.name, displaced[j.key])}: placed again now, not at the "

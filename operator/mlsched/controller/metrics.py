@@ -53,6 +53,10 @@ class Metrics:
             ["result"], registry=r)  # authenticated | unauthenticated | error
         self.api_errors = Counter("mlsched_api_errors_total", "API calls that failed",
                                   ["action"], registry=r)
+        self.displaced_tasks = Counter(
+            "mlsched_displaced_tasks_total", "Tasks placed again between rounds because their "
+            "node no longer took them", ["namespace", "policy", "cause"],
+            registry=r)  # cause: node (drained, deleted, tainted, ...) | scheduler (refused)
         self.step_failures = Counter(
             "mlsched_step_failures_total", "Rounds and admission steps that raised (retried)",
             ["namespace", "policy", "step"], registry=r)  # step: round | admission
