@@ -217,8 +217,7 @@ class Ledger:
         return self._add_many(job, list(roles))
 
     def _start_gang(self, job: JobView) -> bool:
-        min_ps = max(job.min_ps, 1) if job.uses_ps else 0
-        min_w = max(job.min_workers, 1)
+        min_ps, min_w = job.starting_gang
         return self._add_many(job, ["ps"] * min_ps + ["worker"] * min_w)
 
     def _add_many(self, job: JobView, roles: list[Role]) -> bool:

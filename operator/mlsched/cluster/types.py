@@ -100,6 +100,12 @@ class JobView:
     def uses_ps(self) -> bool:
         return self.arch == "ps"
 
+    @property
+    def starting_gang(self) -> tuple[int, int]:
+        """(ps, workers) a job holding nothing starts with: its minimums, at least one of each
+        role it uses (tasks are admitted together)."""
+        return (max(self.min_ps, 1) if self.uses_ps else 0), max(self.min_workers, 1)
+
     def bounds(self, role: Role) -> tuple[int, int]:
         if role == "ps":
             return (0, 0) if not self.uses_ps else (self.min_ps, self.max_ps)

@@ -317,8 +317,9 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero)
     if not rt.leadership.leading:
         return  # the leader's first round pins what is gated
-    if (event_type != "DELETED" and displacement.refused_there(pod, pod.pinned or "")
-            and (job := idx.job(namespace, job_name)) is not None):
+    job = idx.job(namespace, job_name)
+    if (event_type != "DELETED" and job is not None
+            and displacement.refused_there(pod, pod.pinned or "")):
         # kube-scheduler refuses it where it was pinned: the admission step woken here places
         # it again (displacement.py).
         rt.wakeups.signal((namespace, job.policy), "admission")
@@ -329,12 +330,10 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     if node is None:
         # After an operator restart, before the policy's first round: the last decision
         # recorded in the job's status.
-        job = idx.job(namespace, job_name)
         decided = ((job.placement or {}).get(pod.role) or ()) if job and job.schedulable else ()
         node = decided[pod.ordinal] if pod.ordinal < len(decided) else None
     if node is None or rt.pinned.get(pod.uid) == node:
         return  # not decided yet (it stays gated until a round gives its ordinal a node)
-    job = idx.job(namespace, job_name)
     if job is not None and refused_by(rt, idx, job, pod.role, node):
         # Drained, deleted, tainted since: pinned there it would stay Pending. It stays gated;
         # the admission step woken here places it again (displacement.py).

@@ -107,9 +107,9 @@ def outgrown(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
 
 def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
                    decided: Mapping[JobKey, Mapping[str, tuple[str, ...]] | None],
-                   now: float) -> dict[JobKey, displacement.Displaced]:
+                   nodes: Mapping[str, NodeRecord], now: float,
+                   ) -> dict[JobKey, displacement.Displaced]:
     """The running jobs among `jobs` with tasks their decided node no longer takes."""
-    nodes = {n.name: n for n in flatten(idx.nodes)}
     terminating = frozenset(p.node for j in jobs for p in idx.pods.get(j.key, ())
                             if p.deleting and p.node)
     cache: dict = {}
@@ -156,15 +156,14 @@ async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str,
                        snapshot, decision: Decision, allocation: str) -> None:
     """Why each of `jobs` that the decision gave nothing still waits (waiting.py), for its
     Admitted condition; forgotten for the jobs it admitted."""
-    if not any(not targets[j.name].count("worker") for j in jobs):
-        for j in jobs:
-            rt.waiting.pop(j.key, None)
-        return
-    reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation)
     for j in jobs:
         if targets[j.name].count("worker"):
             rt.waiting.pop(j.key, None)
-        elif j.name in reasons:
+    if all(targets[j.name].count("worker") for j in jobs):
+        return
+    reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation)
+    for j in jobs:
+        if not targets[j.name].count("worker") and j.name in reasons:
             rt.waiting[j.key] = reasons[j.name]
 
 
@@ -423,8 +422,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                    and ((decided[j.key] or {}).get("worker") or children_exist(j, idx))]
     # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
     # with the waiting ones, their tasks not held.
-    node_records = ({n.name: n for n in flatten(idx.nodes)}
-                    if any(j.node_constraints for j in schedulable) else {})
+    node_records = {n.name: n for n in flatten(idx.nodes)}
     redecided = {j.key: why for j in schedulable if (decided[j.key] or {}).get("worker")
                  and (why := outgrown(j, decided[j.key], node_records,
                                       rt.reservations.usage_of(j.key)))}
@@ -432,7 +430,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         decided[job_key] = None
     # Running jobs some of whose tasks lost their node (drained, deleted, tainted): those
     # tasks are placed again now (displacement.py).
-    displaced = displaced_jobs(rt, idx, schedulable, decided, now)
+    displaced = displaced_jobs(rt, idx, schedulable, decided, node_records, now)
     waiting = [j for j in schedulable if not (decided[j.key] or {}).get("worker")]
     if not waiting and not displaced:
         queue_counts(rt, ref, body, jobs)  # e.g. a job finished or was deleted

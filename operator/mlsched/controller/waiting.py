@@ -52,7 +52,7 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
         if job.pool == WAITING_POOL:
             out[job.name] = "its grouping has not given it a node pool yet"
             continue
-        gang = _gang(job)
+        gang = job.starting_gang
         need = _need(job, gang)
         if np.all(need <= free + 1e-9) and ledger.grant(job, *gang):
             ledger.release(job, [("ps", n) for n in ledger.jobs[job.name].ps_nodes]
@@ -64,11 +64,6 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
                          f"what is free now: {_amount(free)} on {nodes} nodes, at most "
                          f"{_amount(most)} on any one")
     return out
-
-
-def _gang(job: JobView) -> tuple[int, int]:
-    """(ps, workers) of the job's starting gang, as the ledger starts a job."""
-    return (max(job.min_ps, 1) if job.uses_ps else 0), max(job.min_workers, 1)
 
 
 def _need(job: JobView, gang: tuple[int, int]) -> np.ndarray:

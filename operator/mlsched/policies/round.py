@@ -253,8 +253,8 @@ def checked(request: PlacementRequest,
 
 
 def _meets_gang(job: JobView, d: JobDecision) -> bool:
-    min_ps = max(job.min_ps, 1) if job.uses_ps else 0
-    return d.workers >= max(job.min_workers, 1) and d.ps >= min_ps
+    min_ps, min_w = job.starting_gang
+    return d.workers >= min_w and d.ps >= min_ps
 
 
 def _release(ledger: Ledger, job: JobView, d: JobDecision) -> None:
