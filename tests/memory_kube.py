@@ -293,7 +293,7 @@ class MemoryKube:
 
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
-            "policy_index", "quota_index")}
+            "policy_index", "quota_index", "limit_range_index")}
 
         def add(index: str, entries: dict | None) -> None:
             for k, v in (entries or {}).items():
@@ -316,4 +316,6 @@ class MemoryKube:
                 add("policy_index", handlers.policy_index(**common))
             elif kind == "ResourceQuota":
                 add("quota_index", handlers.quota_index(**common))
+            elif kind == "LimitRange":
+                add("limit_range_index", handlers.limit_range_index(**common))
         return handlers.indexes_from({k: dict(v) for k, v in found.items()})

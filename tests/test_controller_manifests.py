@@ -52,6 +52,8 @@ NEEDED = [
     ("", "namespaces", "list"), ("", "namespaces", "watch"),
     # The namespace's ResourceQuotas: a round's budget (controller/quotas.py).
     ("", "resourcequotas", "list"), ("", "resourcequotas", "watch"),
+    # The namespace's LimitRanges: the requests its pods get (controller/limitranges.py).
+    ("", "limitranges", "list"), ("", "limitranges", "watch"),
     # A StatefulSet's FailedCreate Events: why the API server refuses a job's pods.
     ("", "events", "list"),
 ]

@@ -36,6 +36,7 @@ from mlsched.controller.kube import ClientKubeApi
 from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.loop_health import LoopHealth
+from mlsched.controller.limitranges import limit_range_record
 from mlsched.controller.quotas import quota_record
 from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
@@ -76,7 +77,7 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
     return Indexes(nodes=kwargs["node_index"], pods=kwargs["pod_index"],
                    statefulsets=kwargs["statefulset_index"], foreign=kwargs["foreign_pod_index"],
                    mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
-                   quotas=kwargs["quota_index"])
+                   quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -180,6 +181,13 @@ def quota_index(namespace: str, body: kopf.Body, **_: Any):
     return {namespace: record} if record else None
 
 
+@kopf.index("limitranges")
+def limit_range_index(namespace: str, body: kopf.Body, **_: Any):
+    """Each namespace's LimitRanges: the requests its pods will be given (limitranges.py)."""
+    record = limit_range_record(body)
+    return {namespace: record} if record else None
+
+
 @kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
 def statefulset_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     return {(namespace, labels[JOB_LABEL]): sts_record(body)}
@@ -262,6 +270,14 @@ async def foreign_pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
 @kopf.on.event("resourcequotas")
 async def quota_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A quota raised, or its usage recounted after pods went: waiting jobs may fit it now."""
+    wake_all_admissions(runtime(memo))
+
+
+@kopf.on.event("limitranges")
+async def limit_range_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                            **_: Any) -> None:
+    """Defaults lowered or removed: waiting jobs may fit now (raised: they are decided again
+    with the larger requests at the next step, which needs no wake-up of its own)."""
     wake_all_admissions(runtime(memo))
 
 

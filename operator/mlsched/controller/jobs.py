@@ -240,7 +240,7 @@ async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                          rejected: str | None = None) -> lifecycle.Outcome:
     """Phase, conditions and run-policy actions (suspend, cleanPodPolicy, TTL) for one job.
     `rejected`: the API server's message when it just refused one of the job's children."""
-    job = job_record(body)
+    job = idx.as_planned(job_record(body))
     statefulsets = list(idx.statefulsets.get(job.key, ()))
     seen = lifecycle.Observed(statefulsets=statefulsets)
     if now is not None:

@@ -119,12 +119,16 @@ def container_requests(container: Mapping[str, Any]) -> Resources:
     return _planned(_requested(container))
 
 
-def _requested(container: Mapping[str, Any]) -> dict[str, float]:
+def _requested(container: Mapping[str, Any],
+               defaults: Mapping[str, float] | None = None) -> dict[str, float]:
     """Every resource a container (or a pod's own `spec.resources`) requests, by name, a limit
-    without a request counting as its request."""
+    without a request counting as its request; `defaults` (the namespace's LimitRange default
+    requests, limitranges.py) for what it neither requests nor limits, as the LimitRanger
+    admission plugin fills them in when the pod is created."""
     res = container.get("resources") or {}
-    return {name: parse_quantity(q) for name, q in
-            {**(res.get("limits") or {}), **(res.get("requests") or {})}.items()}
+    given = {name: parse_quantity(q) for name, q in
+             {**(res.get("limits") or {}), **(res.get("requests") or {})}.items()}
+    return {**defaults, **given} if defaults else given
 
 
 def _planned(by_name: Mapping[str, float]) -> Resources:
@@ -139,8 +143,10 @@ def is_extended(name: str) -> bool:
     return "/" in name and name != GPU_RESOURCE and not name.startswith("kubernetes.io/")
 
 
-def pod_totals(spec: Mapping[str, Any]) -> dict[str, float]:
-    """What kube-scheduler reserves for a pod, by resource name, by Kubernetes' own rule:
+def pod_totals(spec: Mapping[str, Any],
+               defaults: Mapping[str, float] | None = None) -> dict[str, float]:
+    """What kube-scheduler reserves for a pod, by resource name, by Kubernetes' own rule
+    (`defaults`: the LimitRange default requests every container gets where it sets none):
     - app containers and sidecars (init containers with `restartPolicy: Always`, which keep
       running) are summed;
     - a regular init container runs alone, one after another, but beside the sidecars declared
@@ -151,11 +157,11 @@ def pod_totals(spec: Mapping[str, Any]) -> dict[str, float]:
     app container alone and its pods stayed Pending on nodes that had no room for them."""
     running: dict[str, float] = {}
     for c in spec.get("containers") or ():
-        running = _sum(running, _requested(c))
+        running = _sum(running, _requested(c, defaults))
     sidecars: dict[str, float] = {}
     init_phase: dict[str, float] = {}
-    for c in spec.get("initContainers") or ():
-        need = _requested(c)
+    for c in spec.get("initContainers") or ():  # LimitRanger defaults these too (1.34)
+        need = _requested(c, defaults)
         if c.get("restartPolicy") == "Always":
             running = _sum(running, need)
             sidecars = _sum(sidecars, need)
@@ -176,14 +182,16 @@ def _sum(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
     return {k: a.get(k, 0.0) + b.get(k, 0.0) for k in a.keys() | b.keys()}
 
 
-def pod_requests(spec: Mapping[str, Any]) -> Resources:
+def pod_requests(spec: Mapping[str, Any], defaults: Mapping[str, float] | None = None) -> Resources:
     """(CPU, GPU, memory GiB) kube-scheduler reserves for the pod (pod_totals)."""
-    return _planned(pod_totals(spec))
+    return _planned(pod_totals(spec, defaults))
 
 
-def extended_requests(spec: Mapping[str, Any]) -> tuple[tuple[str, float], ...]:
+def extended_requests(spec: Mapping[str, Any],
+                      defaults: Mapping[str, float] | None = None) -> tuple[tuple[str, float], ...]:
     """The pod's extended resources (is_extended) and how much of each it requests."""
-    return tuple(sorted((k, v) for k, v in pod_totals(spec).items() if is_extended(k) and v > 0))
+    return tuple(sorted((k, v) for k, v in pod_totals(spec, defaults).items()
+                        if is_extended(k) and v > 0))
 
 
 def pod_node(spec: Mapping[str, Any]) -> str | None:
@@ -456,14 +464,16 @@ def model_label(model_type: str | None) -> str:
     return catalog.canonical_name(model_type) if catalog.is_known(model_type) else model_type
 
 
-def role_demands(model: str, templates: Mapping[str, Mapping[str, Any]]) -> dict[str, Resources]:
-    """Per role: the template's requests; where it requests nothing, the catalog's demand
+def role_demands(model: str, templates: Mapping[str, Mapping[str, Any]],
+                 defaults: Mapping[str, float] | None = None) -> dict[str, Resources]:
+    """Per role: what its pods will request (the template's requests, with the namespace's
+    LimitRange `defaults` where it sets none); where that is nothing, the catalog's demand
     for a catalog model (a prior, as for speeds), else nothing."""
     out: dict[str, Resources] = {}
     for role in ("ps", "worker"):
         template = templates.get(role) or {}
         spec = template.get("spec") if isinstance(template, Mapping) else None
-        requested = pod_requests(spec) if isinstance(spec, Mapping) else NO_RESOURCES
+        requested = pod_requests(spec, defaults) if isinstance(spec, Mapping) else NO_RESOURCES
         if requested == NO_RESOURCES and catalog.is_known(model):
             requested = tuple(float(x) for x in catalog.get(model).demand(role))  # type: ignore[assignment]
         out[role] = requested

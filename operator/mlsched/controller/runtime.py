@@ -19,6 +19,9 @@ from mlsched.controller.displacement import Refusals
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
+from mlsched.controller.limitranges import (
+    Defaulted, LimitRangeRecord, container_defaults, defaulted,
+)
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.object_writer import ObjectWriter
@@ -73,7 +76,9 @@ class Indexes:
     """kopf's in-memory indexes (live objects: they update as watch events arrive).
 
     `statefulsets` and `pods` only show the children of the MLJob that has the name now
-    (Owned); everything that reads them per job gets that rule for free."""
+    (Owned); everything that reads them per job gets that rule for free. `mljobs` shows each
+    job with its namespace's LimitRange defaults applied (limitranges.Defaulted), so that
+    everything plans with what the pods will request."""
 
     nodes: Mapping[str, Iterable[NodeRecord]]
     pods: Mapping[JobKey, Iterable[PodRecord]]
@@ -85,8 +90,12 @@ class Indexes:
     other_namespaces: Any = None
     # ResourceQuotas by namespace (quotas.py): the budget of the namespace's rounds.
     quotas: Mapping[str, Iterable[QuotaRecord]] = field(default_factory=dict)
+    # LimitRanges by namespace (limitranges.py): the requests its pods will be given.
+    limit_ranges: Mapping[str, Iterable[LimitRangeRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.mljobs, Defaulted):
+            self.mljobs = Defaulted(self.mljobs, self.limit_ranges)
         if not isinstance(self.statefulsets, Owned):
             self.statefulsets = Owned(self.statefulsets, self._owns_statefulset)
         if not isinstance(self.pods, Owned):
@@ -115,6 +124,11 @@ class Indexes:
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))
         return found[0] if found else None
+
+    def as_planned(self, job: JobRecord) -> JobRecord:
+        """A record read from a body (not the index) with its namespace's LimitRange defaults."""
+        ranges = values(self.limit_ranges, job.namespace)
+        return defaulted(job, container_defaults(ranges)) if ranges else job
 
     def jobs_of_policy(self, namespace: str, policy: str) -> list[JobRecord]:
         return [j for j in flatten(self.mljobs) if j.namespace == namespace and j.policy == policy]
