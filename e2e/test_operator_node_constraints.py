@@ -197,3 +197,27 @@ def test_a_role_asking_for_an_extended_resource_runs_where_nodes_have_it(api, ml
                                    r[0] == "CannotFit" and r, 60, "the greedy job to be told",
                                    describe=lambda: _running(mlsched, "greedy-fpga"))
         assert "requests 4 example.com/fpga" in message, message
+
+
+def test_a_template_s_own_node_pin_is_kept(mlsched, operator):
+    """Workers pinned by the user (`nodeName`) and parameter servers pinned by the hostname
+    label run there. Both pins used to be dropped from the rendered pods without a trace, and
+    the tasks ran wherever placement chose (load-balancing spread them over the cluster)."""
+    mlsched.create(scheduling_policy("default", interval=600))
+    job = mljob("pinned-by-user", workers=(2, 2), ps=(1, 1))
+    specs = job["spec"]["replicaSpecs"]
+    specs["worker"]["template"]["spec"]["nodeName"] = "kwok-node-5"
+    specs["ps"]["template"]["spec"]["nodeSelector"] = {"kubernetes.io/hostname": "kwok-node-9"}
+    mlsched.create(job)
+
+    def running():
+        pods = _pods_by_role(mlsched, "pinned-by-user")
+        ok = len(pods["worker"]) == 2 and len(pods["ps"]) == 1 and all(
+            p.status.phase == "Running" for role in pods.values() for p in role)
+        return pods if ok else None
+
+    pods = wait_for(running, 90, "every pod of the job to run",
+                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                      for p in mlsched.pods("pinned-by-user")])
+    assert {p.spec.node_name for p in pods["worker"]} == {"kwok-node-5"}
+    assert {p.spec.node_name for p in pods["ps"]} == {"kwok-node-9"}

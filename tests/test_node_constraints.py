@@ -15,7 +15,7 @@ from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round
 from test_controller_fixtures import node, ps_job
 
-LABELS = {"disk": "ssd", "gpu": "a100", "cores": "64", "zone": "a"}
+LABELS = {"disk": "ssd", "gpu": "a100", "cores": "64", "zone": "a", "kubernetes.io/hostname": "n1"}
 
 
 def _affinity(*terms: list[dict]) -> dict:
@@ -32,7 +32,12 @@ def _expr(key: str, op: str, *values: str) -> dict:
     ({"nodeSelector": {"disk": "ssd"}}, True),
     ({"nodeSelector": {"disk": "ssd", "gpu": "h100"}}, False),  # every pair must hold
     ({"nodeSelector": {"disk": ""}}, False),  # an empty value is a value, not "exists"
-    ({"nodeSelector": {"kubernetes.io/hostname": "elsewhere"}}, True),  # the operator's pin
+    # A user's own pin is planned with (desired.py renders the operator's pin in its place).
+    ({"nodeSelector": {"kubernetes.io/hostname": "elsewhere"}}, False),
+    ({"nodeSelector": {"kubernetes.io/hostname": "n1"}}, True),
+    ({"nodeName": "n1"}, True),
+    ({"nodeName": "n2"}, False),
+    ({"nodeName": "n1", "nodeSelector": {"disk": "hdd"}}, False),
     (_affinity([_expr("gpu", "In", "a100", "h100")]), True),
     (_affinity([_expr("gpu", "NotIn", "a100")]), False),
     (_affinity([_expr("spot", "NotIn", "true")]), True),  # absent label: NotIn holds
@@ -71,6 +76,9 @@ def test_constraints_are_per_role_and_described():
     assert str(got["ps"]) == "required node affinity (gpu DoesNotExist)"
     assert job_record(body).node_constraints == got
     assert job_record(ps_job("plain")).node_constraints == {}
+    specs["worker"]["template"]["spec"]["nodeName"] = "g7"
+    assert str(role_constraints({"worker": specs["worker"]["template"]})["worker"]) == \
+        "nodeName g7; nodeSelector gpu=a100"
 
 
 def _cluster(n_gpu_nodes=2, n_cpu_nodes=4):

@@ -11,8 +11,11 @@ them): every nodeSelector label must be present with exactly that value; the req
 affinity's terms are ORed, a term's requirements ANDed, a term with none matches no node;
 In / NotIn / Exists / DoesNotExist / Gt / Lt on labels (NotIn and DoesNotExist hold where the
 label is absent; Gt and Lt compare integers), and In / NotIn on the field `metadata.name`.
-The hostname label in a nodeSelector is ignored, as desired.py drops it (it would fight the
-pin). Preferred affinity only ranks nodes for kube-scheduler and is left out.
+A user's own pin, `nodeName` or the hostname label in a nodeSelector, is a constraint like
+any other: desired.py drops both from the rendered pods (a gated pod cannot carry a nodeName,
+and two pins would fight), so the operator's pin must land on that node. They used to be
+dropped without a trace, and the pods ran wherever placement chose. Preferred affinity only
+ranks nodes for kube-scheduler and is left out.
 
 Taints: the operator tolerates some taint keys for every pod it renders
 (OperatorConfig.tolerated_taints, e.g. `nvidia.com/gpu`). A node's other NoSchedule and
@@ -28,8 +31,6 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
-
-from mlsched.controller.constants import HOSTNAME_LABEL
 
 NAME_FIELD = "metadata.name"
 
@@ -101,6 +102,7 @@ class NodeConstraint:
     # Extended resources one pod asks for (records.extended_requests): a node must have at
     # least that much allocatable. How much of it other pods use is kube-scheduler's to check.
     resources: tuple[tuple[str, float], ...] = ()
+    node_name: str = ""  # the template's spec.nodeName: that node only
 
     def allows(self, name: str, labels: Mapping[str, str], taints: tuple[Taint, ...] = (),
                extended: Mapping[str, float] | None = None) -> bool:
@@ -109,6 +111,8 @@ class NodeConstraint:
         if any(not any(t.tolerates(taint) for t in self.tolerations) for taint in taints):
             return False
         if not self.has_resources(extended):
+            return False
+        if self.node_name and name != self.node_name:
             return False
         if any(labels.get(key) != value for key, value in self.selector):
             return False
@@ -120,7 +124,7 @@ class NodeConstraint:
         return all((extended or {}).get(k, 0.0) >= v for k, v in self.resources)
 
     def __str__(self) -> str:
-        parts = []
+        parts = [f"nodeName {self.node_name}"] if self.node_name else []
         if self.selector:
             parts.append("nodeSelector " + ", ".join(f"{k}={v}" for k, v in self.selector))
         if self.terms is not None:
@@ -159,8 +163,10 @@ def node_constraint(pod_spec: Any) -> NodeConstraint | None:
     if not isinstance(pod_spec, Mapping):
         return None
     selector = pod_spec.get("nodeSelector")
-    pairs = tuple(sorted((str(k), str(v)) for k, v in selector.items() if k != HOSTNAME_LABEL)) \
+    pairs = tuple(sorted((str(k), str(v)) for k, v in selector.items())) \
         if isinstance(selector, Mapping) else ()
+    node_name = pod_spec.get("nodeName")
+    node_name = node_name if isinstance(node_name, str) else ""
     affinity = pod_spec.get("affinity")
     node_affinity = affinity.get("nodeAffinity") if isinstance(affinity, Mapping) else None
     required = node_affinity.get("requiredDuringSchedulingIgnoredDuringExecution") \
@@ -178,9 +184,9 @@ def node_constraint(pod_spec: Any) -> NodeConstraint | None:
          # Only these keep a pod off a node; PreferNoSchedule is a preference.
          and (t.get("effect") or "") in ("", "NoSchedule", "NoExecute")},
         key=lambda t: (t.key, t.operator, t.value, t.effect)))
-    if not pairs and terms is None and not tolerations:
+    if not pairs and terms is None and not tolerations and not node_name:
         return None
-    return NodeConstraint(pairs, terms, tolerations)
+    return NodeConstraint(pairs, terms, tolerations, node_name=node_name)
 
 
 def role_constraints(templates: Mapping[str, Any],
