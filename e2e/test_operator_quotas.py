@@ -70,3 +70,37 @@ def test_jobs_are_planned_within_the_namespaces_quota(api, mlsched, operator):
              describe=lambda: placement_problems(mlsched, "waiter"))
     print(f"the deleted job's pods went {gone - deleted:.1f} s after the delete; the waiting "
           f"job ran {time.monotonic() - gone:.1f} s after that")
+
+
+def test_a_quota_on_limits_and_pods_is_planned_within(api, mlsched, operator):
+    """`limits.cpu` and `pods` quotas, with the LimitRange that gives containers their default
+    limit (the usual pair in multi-tenant clusters). They were not planned with: DRF scaled the
+    job to 8 workers, the API server refused 4 pods (FailedCreate), and the job showed Running
+    with half its workers while the other half's GPUs stayed reserved."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_limit_range(mlsched.namespace, {
+        "metadata": {"name": "defaults"},
+        "spec": {"limits": [{"type": "Container", "default": {"cpu": "2"},
+                             "defaultRequest": {"cpu": "1"}}]}})
+    core.create_namespaced_resource_quota(mlsched.namespace, {
+        "metadata": {"name": "limits"}, "spec": {"hard": {"limits.cpu": "8", "pods": "6"}}})
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    job = mljob("limited", ps=None, workers=(2, 8), epochs=1e9, policy="daily")
+    worker = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+    worker["resources"] = {"requests": {"nvidia.com/gpu": "1", "memory": "8Gi"},
+                           "limits": {"nvidia.com/gpu": "1"}}  # CPU: the LimitRange's
+    mlsched.create(job)
+    status = wait_for(lambda: placed_as_decided(mlsched, "limited"), 60, "the job to run",
+                      describe=lambda: placement_problems(mlsched, "limited"))
+    assert status["replicaStatuses"]["worker"] == {"desired": 4, "ready": 4}, status
+    # Within the pod count too: 4 of 6 used, so a 3-worker minimum waits for it.
+    mlsched.create(mljob("second", ps=None, workers=(3, 3), epochs=1e9, policy="daily"))
+    reason, message = wait_for(lambda: (r := _running(mlsched, "second"))
+                               and r[0] in ("WaitingForQuota", "CannotFit") and r, 30,
+                               "the second job to say it waits for quota",
+                               describe=lambda: _running(mlsched, "second"))
+    assert reason == "WaitingForQuota" and "ResourceQuota 'limits' has 0 of 8 left" in message, \
+        (reason, message)
+    refused = [e.message for e in core.list_namespaced_event(mlsched.namespace).items
+               if e.reason == "FailedCreate"]
+    assert not refused, refused

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections import Counter
 
 from mlsched.controller.limitranges import (
-    Defaulted, container_defaults, defaulted, limit_range_record,
+    ContainerDefaults, Defaulted, container_defaults, defaulted, limit_range_record,
 )
 from mlsched.controller.records import job_record, pod_requests
 from test_controller_fixtures import NS, policy, ps_job
@@ -31,22 +31,23 @@ def test_a_limit_range_is_read_with_the_api_server_s_own_defaulting():
                                                  "max": {"memory": "6Gi"},
                                                  "min": {"ephemeral-storage": "1Mi"}}))
     # What the API server stores for this object (verified on 1.34): each becomes a request.
-    assert dict(record.defaults) == {"cpu": 3.0, "memory": 6 * GIB, "ephemeral-storage": 2.0**20}
+    assert dict(record.requests) == {"cpu": 3.0, "memory": 6 * GIB, "ephemeral-storage": 2.0**20}
+    assert dict(record.limits) == {"cpu": 3.0, "memory": 6 * GIB}
     explicit = limit_range_record(_range("e", NS, {"type": "Container", "default": {"cpu": "3"},
                                                    "defaultRequest": {"cpu": "500m"}}))
-    assert dict(explicit.defaults) == {"cpu": 0.5}
+    assert dict(explicit.requests) == {"cpu": 0.5} and dict(explicit.limits) == {"cpu": 3.0}
     # A later Container item overrides an earlier one; Pod and PVC items default nothing.
     two = limit_range_record(_range("t", NS, {"type": "Container", "defaultRequest": {"cpu": "1"}},
                                     {"type": "Container", "defaultRequest": {"cpu": "2"}},
                                     {"type": "Pod", "max": {"cpu": "64"}}))
-    assert dict(two.defaults) == {"cpu": 2.0}
+    assert dict(two.requests) == {"cpu": 2.0}
     assert limit_range_record(_range("p", NS, {"type": "Pod", "max": {"cpu": "64"}},
                                      {"type": "PersistentVolumeClaim", "min": {"storage": "1Gi"}})) is None
     # Several LimitRanges: the first by name sets what it defaults.
     a = limit_range_record(_range("a", NS, {"type": "Container", "defaultRequest": {"cpu": "1"}}))
     b = limit_range_record(_range("b", NS, {"type": "Container",
                                             "defaultRequest": {"cpu": "4", "memory": "1Gi"}}))
-    assert container_defaults([b, a]) == {"cpu": 1.0, "memory": GIB}
+    assert container_defaults([b, a]).requests == {"cpu": 1.0, "memory": GIB}
 
 
 def test_defaults_fill_only_what_each_container_leaves_unset():
@@ -69,11 +70,12 @@ def test_a_template_that_requests_nothing_is_planned_with_the_defaults_not_the_c
     job = job_record(body)
     catalog_worker = job.demands["worker"]
     assert catalog_worker != (0.0, 0.0, 0.0)  # the catalog's prior, with no LimitRange
-    planned = defaulted(job, {"cpu": 3.0, "memory": 4 * GIB, "example.com/fpga": 1.0})
+    planned = defaulted(job, ContainerDefaults({"cpu": 3.0, "memory": 4 * GIB,
+                                                "example.com/fpga": 1.0}, {}))
     assert planned.demands["worker"] == planned.demands["ps"] == (3.0, 0.0, 4.0)
     # An extended resource a LimitRange defaults sends the role to nodes that have it.
     assert planned.node_constraints["worker"].resources == (("example.com/fpga", 1.0),)
-    assert defaulted(job, {}) is job
+    assert defaulted(job, ContainerDefaults({}, {})) is job
 
 
 def test_the_job_index_is_seen_with_each_namespace_s_defaults():

@@ -22,25 +22,105 @@ def _quota(hard, used=None, name="team", **spec):
 def test_quota_records_read_what_the_planner_books():
     from mlsched.controller.quotas import budget, why_not, why_waiting
     q = _quota({"requests.nvidia.com/gpu": "4", "requests.cpu": "16", "memory": "64Gi",
-                "count/pods": "50", "limits.cpu": "8"},
-               {"requests.nvidia.com/gpu": "3", "requests.cpu": "6", "memory": "24Gi"})
-    assert q.hard == (16.0, 4.0, 64.0) and q.used == (6.0, 3.0, 24.0)
+                "count/pods": "50", "limits.cpu": "8", "count/services": "3"},
+               {"requests.nvidia.com/gpu": "3", "requests.cpu": "6", "memory": "24Gi",
+                "count/pods": "5", "limits.cpu": "7"})
+    # Requests of CPU, GPU, memory; limits of CPU, memory; pods (records.QUOTA_DIMS).
+    assert q.hard == (16.0, 4.0, 64.0, 8.0, None, 50.0)
+    assert q.used == (6.0, 3.0, 24.0, 7.0, 0.0, 5.0)
     # Scoped quotas bound some pods only; quotas of nothing we plan bound none.
     assert _quota({"requests.cpu": "1"}, scopes=["BestEffort"]) is None
     assert _quota({"requests.cpu": "1"}, scopes=["NotBestEffort"]) is not None
     assert _quota({"requests.cpu": "1"}, scopeSelector={"matchExpressions": []}) is None
-    assert _quota({"pods": "10", "limits.cpu": "4"}) is None
-    # Left for the round: hard less what others use (its own pods' requests are booked afresh).
-    np.testing.assert_allclose(budget([q], own=(2.0, 1.0, 8.0)), [12.0, 2.0, 48.0])
+    assert _quota({"count/services": "10", "requests.storage": "4Ti"}) is None
+    assert _quota({"pods": "10"}).hard[5] == 10.0 and _quota({"limits.memory": "1Gi"}).hard[4] == 1.0
+    # Left for the round: hard less what others use (its own pods' usage is booked afresh).
+    own = (2.0, 1.0, 8.0, 2.0, 8.0, 1.0)
+    np.testing.assert_allclose(budget([q], own=own), [12.0, 2.0, 48.0, 3.0, np.inf, 46.0])
     gpu_only = _quota({"requests.nvidia.com/gpu": "2"}, {"requests.nvidia.com/gpu": "2"}, name="b")
-    np.testing.assert_allclose(budget([q, gpu_only], own=(2.0, 1.0, 8.0)), [12.0, 1.0, 48.0])
-    assert budget([], own=(0.0, 0.0, 0.0)) is None
-    assert why_not((2.0, 4.0, 16.0), [q]) is None
-    assert why_not((2.0, 6.0, 16.0), [q]) == \
+    np.testing.assert_allclose(budget([q, gpu_only], own=own), [12.0, 1.0, 48.0, 3.0, np.inf, 46.0])
+    assert budget([], own=own) is None
+
+    def minimum(cpu=2.0, gpu=4.0, mem=16.0, lim_cpu=2.0, lim_mem=16.0, pods=2.0):
+        return (cpu, gpu, mem, lim_cpu, lim_mem, pods)
+
+    assert why_not(minimum(), [q]) is None
+    assert why_not(minimum(gpu=6.0), [q]) == \
         "its minimum requests 6 GPU; the namespace's ResourceQuota 'team' allows 4 in all"
-    assert why_waiting((2.0, 1.0, 8.0), [q]) is None
-    assert why_waiting((2.0, 2.0, 8.0), [q]) == \
+    assert why_not(minimum(lim_cpu=10.0), [q]) == \
+        "its minimum has limits of 10 CPU; the namespace's ResourceQuota 'team' allows 8 in all"
+    assert why_not(minimum(lim_cpu=float("nan")), [q]) == (
+        "its pods do not set a CPU limit in every container (init containers included), so the "
+        "API server refuses them: the namespace's ResourceQuota 'team' bounds limits.cpu")
+    assert why_not(minimum(lim_mem=float("nan")), [q]) is None  # no quota bounds limits.memory
+    assert why_waiting(minimum(gpu=1.0, lim_cpu=1.0), [q]) is None
+    assert why_waiting(minimum(gpu=2.0, lim_cpu=1.0), [q]) == \
         "its minimum requests 2 GPU; the namespace's ResourceQuota 'team' has 1 of 4 left"
+    assert why_waiting(minimum(gpu=1.0, lim_cpu=2.0), [q]) == \
+        "its minimum has limits of 2 CPU; the namespace's ResourceQuota 'team' has 1 of 8 left"
+
+
+def test_a_pod_counts_against_quotas_what_the_api_server_counts():
+    """Requests and limits by the pod rule (sidecars and init containers), LimitRange defaults
+    applied, one pod; NaN where a container leaves a request or limit unset (the quota
+    admission refuses such a pod wherever that resource is bounded: verified on 1.34)."""
+    from mlsched.controller.records import quota_usage
+    gib = 2.0**30
+    box = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
+    spec = {"containers": [{"name": "a", "resources": box},
+                           {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "1Gi",
+                                                                  "nvidia.com/gpu": "1"}}}],
+            "initContainers": [{"name": "side", "restartPolicy": "Always", "resources": box}]}
+    assert quota_usage(spec) == (3.0, 1.0, 3.0, 5.0, 5.0, 1.0)
+    spec["containers"].append({"name": "bare"})
+    usage = quota_usage(spec)
+    assert usage[1] == 1.0 and usage[5] == 1.0 and all(np.isnan(usage[r]) for r in (0, 2, 3, 4))
+    # The namespace's LimitRange fills them in, as LimitRanger does when the pod is created.
+    assert quota_usage(spec, {"cpu": 0.5, "memory": gib}, {"cpu": 1.0, "memory": gib}) == \
+        (3.5, 1.0, 4.0, 6.0, 6.0, 1.0)
+
+
+def test_limits_and_pod_count_quotas_bound_a_round():
+    """A job of 2-CPU-limit workers under `limits.cpu: 8` gets four workers, not eight (four
+    pods were refused with FailedCreate and the job ran short while their GPUs stayed
+    reserved); under `pods: 3`, three tasks; without a CPU limit, none."""
+    from mlsched.controller.quotas import budget
+    body = ps_job("capped", max_workers=8, min_workers=1)
+    for role in body["spec"]["replicaSpecs"].values():
+        for c in role["template"]["spec"]["containers"]:
+            c["resources"] = {"requests": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"},
+                              "limits": {"cpu": "2", "memory": "4Gi", "nvidia.com/gpu": "1"}}
+    body["spec"]["replicaSpecs"]["ps"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2", "memory": "4Gi"}, "limits": {"cpu": "2", "memory": "4Gi"}}
+    body["spec"]["replicaSpecs"]["ps"].update(min=1, max=1)
+    job = job_record({**body, "metadata": {**body["metadata"], "uid": "u"}})
+    cluster = ClusterState(nodes=[node_record(node(f"n{i}", cpu="32", gpu="8")) for i in range(4)])
+    own = (0.0,) * 6
+
+    def tasks(hard):
+        snap = build_snapshot([job], cluster, now_s=0, interval_s=60,
+                              budget=budget([_quota(hard)], own=own))
+        d = run_round(snap, registry.make_allocation("fixed"),
+                      registry.make_placement("load-balance")).jobs.get("capped")
+        return (d.ps, d.workers) if d else (0, 0)
+
+    assert tasks({"requests.cpu": "64"}) == (1, 8)
+    assert tasks({"limits.cpu": "10"}) == (0, 0)  # `fixed`: its max (1 + 8 tasks) or nothing
+    for allocation in ("drf", "fifo", "optimus", "tetris", "srtf"):
+        snap = build_snapshot([job], cluster, now_s=0, interval_s=60,
+                              budget=budget([_quota({"limits.cpu": "10", "pods": "4"})], own=own))
+        d = run_round(snap, registry.make_allocation(allocation),
+                      registry.make_placement("load-balance")).jobs["capped"]
+        assert d.ps + d.workers <= 4 and 2 * (d.ps + d.workers) <= 10, (allocation, d)
+        assert d.workers >= 1, allocation
+    unlimited = dict(body, spec={**body["spec"]})
+    for role in unlimited["spec"]["replicaSpecs"].values():
+        role["template"]["spec"]["containers"][0]["resources"].pop("limits")
+    bare = job_record({**unlimited, "metadata": {**body["metadata"], "uid": "u"}})
+    snap = build_snapshot([bare], cluster, now_s=0, interval_s=60,
+                          budget=budget([_quota({"limits.cpu": "100"})], own=own))
+    assert not run_round(snap, registry.make_allocation("drf"),
+                         registry.make_placement("load-balance")).jobs.get("capped")
 
 
 def test_every_allocation_stays_within_the_budget():

@@ -64,8 +64,10 @@ class Ledger:
         self.inferences = 0
         self._pool_masks: dict[str, np.ndarray] = {}
         self._allowed: dict[tuple[str, int], np.ndarray] = {}  # (pool, id(node filter)) -> both
-        # Left to book in all (Snapshot.budget: a namespace's ResourceQuota), None: no cap.
+        # Left to book in all (Snapshot.budget: a namespace's ResourceQuotas, per the dimensions
+        # of JobView.quota_charge), None: no cap. Each task books its job's quota charge.
         self.budget = None if snapshot.budget is None else np.array(snapshot.budget, dtype=float)
+        self._charges: dict[tuple[str, Role], np.ndarray] = {}
         total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
         # Per distinct demand (a round places hundreds of tasks of a handful of demands):
@@ -110,7 +112,7 @@ class Ledger:
         a task of `role`, among the nodes its template allows (JobView.node_filters)."""
         column, _ = self._threshold(demand)
         mask = np.logical_and.reduce(self._free_t >= column, axis=0)
-        if self.budget is not None and not self.within_budget(demand):
+        if self.budget is not None and not self.within_budget(self.charge(job, role, demand)):
             mask[:] = False
             return mask
         if job is not None and (job.pool is not None or job.node_filters):
@@ -127,16 +129,30 @@ class Ledger:
         for r, need_r in enumerate(need):
             if not free[r, node] >= need_r:
                 return False
-        if self.budget is not None and not self.within_budget(demand):
+        if self.budget is not None and not self.within_budget(self.charge(job, role, demand)):
             return False
         if job is None or (job.pool is None and not job.node_filters):
             return True
         allowed = self.allowed_nodes(job, role)
         return allowed is None or bool(allowed[node])
 
-    def within_budget(self, demand: np.ndarray) -> bool:
+    def within_budget(self, charge: np.ndarray) -> bool:
+        """Whether the quotas have room for one more task charging `charge` (a NaN, a request
+        or limit its pods do not set where a quota bounds it, never has)."""
         b = self.budget
-        return b is None or bool((demand <= b + _EPS).all())
+        return b is None or bool((charge <= b + _EPS).all())
+
+    def charge(self, job: JobView | None, role: Role | None, demand: np.ndarray) -> np.ndarray:
+        """What one task books against the budget: its job's quota charge for `role`, with the
+        dimensions no quota bounds zeroed (so that a limit nobody checks is never NaN there)."""
+        if job is None or role is None:
+            return np.array([*demand, 0.0, 0.0, 1.0])[:len(self.budget)]
+        key = (job.name, role)
+        found = self._charges.get(key)
+        if found is None:
+            charge = job.quota_charge(role)[:len(self.budget)]
+            found = self._charges[key] = np.where(np.isinf(self.budget), 0.0, charge)
+        return found
 
     def allowed_nodes(self, job: JobView | None, role: Role | None = None) -> np.ndarray | None:
         """The nodes a task of `job` (of `role`, when given) may use whatever their free
@@ -245,7 +261,7 @@ class Ledger:
         self._free_t[:, node] -= demand
         self.free_total -= demand
         if self.budget is not None:
-            self.budget -= demand
+            self.budget -= self.charge(job, role, demand)
         self.load[node] += self._load_step(demand, node)
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
@@ -260,7 +276,7 @@ class Ledger:
             self._free_t[:, node] += demand
             self.free_total += demand
             if self.budget is not None:
-                self.budget += demand
+                self.budget += self.charge(job, role, demand)
             self.load[node] -= self._load_step(demand, node)
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()

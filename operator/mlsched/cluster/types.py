@@ -73,6 +73,11 @@ class JobView:
     # may use every node. Jobs with the same constraint share one array (a round keys its
     # fit checks on the array's identity).
     node_filters: dict[Role, np.ndarray] = field(default_factory=dict)
+    # Per role, what one task counts against its namespace's ResourceQuotas, in the cluster
+    # (controller/records.QUOTA_DIMS: requests of CPU, GPU, memory, limits of CPU, memory, one
+    # pod; NaN where its pods set no such request or limit). A role absent: its demand, no
+    # limits, one pod.
+    quota_charges: dict[Role, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -91,6 +96,13 @@ class JobView:
 
     def demand(self, role: Role) -> np.ndarray:
         return self.ps_demand if role == "ps" else self.worker_demand  # type: ignore[return-value]
+
+    def quota_charge(self, role: Role) -> np.ndarray:
+        charge = self.quota_charges.get(role)
+        if charge is None:
+            d = self.demand(role)
+            charge = self.quota_charges[role] = np.array([d[0], d[1], d[2], 0.0, 0.0, 1.0])
+        return charge
 
     @property
     def remaining_epochs(self) -> float:

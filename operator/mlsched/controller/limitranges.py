@@ -12,7 +12,9 @@ each job with its namespace's defaults applied, as the pods will be.
 
 Several LimitRanges defaulting one resource: Kubernetes applies them one after another in no
 stated order, the first to set a value winning; here they are taken in name order. Within one
-LimitRange a later `Container` item overrides an earlier one, as in the plugin.
+LimitRange a later `Container` item overrides an earlier one, as in the plugin. The default
+*limits* (`default`, else `max`) count too: a ResourceQuota on `limits.cpu` refuses pods whose
+containers set no CPU limit, and namespaces that have one usually give the limit by default.
 """
 
 from __future__ import annotations
@@ -23,50 +25,76 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlsched.controller.node_constraints import role_constraints
-from mlsched.controller.records import JobRecord, extended_requests, parse_quantity, role_demands
+from mlsched.controller.records import (
+    JobRecord, extended_requests, parse_quantity, role_charges, role_demands,
+)
 
-Defaults = Mapping[str, float]  # resource name -> default request (cores, bytes, units)
+Amounts = tuple[tuple[str, float], ...]  # (resource name, cores / bytes / units), sorted
 
 
 @dataclass(frozen=True)
 class LimitRangeRecord:
     namespace: str
     name: str
-    defaults: tuple[tuple[str, float], ...]  # (resource, default request), sorted
+    requests: Amounts  # the default request of each resource
+    limits: Amounts = ()  # the default limit of each resource
+
+
+@dataclass(frozen=True)
+class ContainerDefaults:
+    """What a container that sets no request (limit) for a resource is given, per resource."""
+
+    requests: Mapping[str, float]
+    limits: Mapping[str, float]
+
+    def __bool__(self) -> bool:
+        return bool(self.requests or self.limits)
 
 
 def limit_range_record(body: Mapping[str, Any]) -> LimitRangeRecord | None:
-    """The container default requests of one LimitRange; None when it defaults nothing."""
-    merged: dict[str, Any] = {}
+    """The container defaults of one LimitRange; None when it defaults nothing."""
+    requests: dict[str, Any] = {}
+    limits: dict[str, Any] = {}
     for item in (body.get("spec") or {}).get("limits") or ():
         if not isinstance(item, Mapping) or item.get("type") != "Container":
             continue
         limit = {**(item.get("max") or {}), **(item.get("default") or {})}
-        merged.update({**(item.get("min") or {}), **limit, **(item.get("defaultRequest") or {})})
-    if not merged:
+        limits.update(limit)
+        requests.update({**(item.get("min") or {}), **limit, **(item.get("defaultRequest") or {})})
+    if not requests:
         return None
     meta = body.get("metadata") or {}
     return LimitRangeRecord(meta.get("namespace", ""), meta.get("name", ""),
-                            tuple(sorted((k, parse_quantity(v)) for k, v in merged.items())))
+                            _amounts(requests), _amounts(limits))
 
 
-def container_defaults(records: Iterable[LimitRangeRecord]) -> dict[str, float]:
-    """What a container that sets no request for a resource ends up requesting, per resource."""
-    out: dict[str, float] = {}
+def _amounts(values: Mapping[str, Any]) -> Amounts:
+    return tuple(sorted((k, parse_quantity(v)) for k, v in values.items()))
+
+
+def container_defaults(records: Iterable[LimitRangeRecord]) -> ContainerDefaults:
+    """The namespace's defaults: per resource, the first LimitRange (by name) that sets one."""
+    requests: dict[str, float] = {}
+    limits: dict[str, float] = {}
     for record in sorted(records, key=lambda r: r.name):
-        for resource, value in record.defaults:
-            out.setdefault(resource, value)
-    return out
+        for resource, value in record.requests:
+            requests.setdefault(resource, value)
+        for resource, value in record.limits:
+            limits.setdefault(resource, value)
+    return ContainerDefaults(requests, limits)
 
 
-def defaulted(job: JobRecord, defaults: Defaults) -> JobRecord:
-    """The job as its pods will be: its demands and extended resources with `defaults`."""
+def defaulted(job: JobRecord, defaults: ContainerDefaults) -> JobRecord:
+    """The job as its pods will be: its demands, extended resources and quota charges with
+    the namespace's `defaults`."""
     if not defaults or job.error is not None:
         return job
+    requests = defaults.requests
     return dataclasses.replace(
-        job, demands=role_demands(job.model, job.templates, defaults),
+        job, demands=role_demands(job.model, job.templates, requests),
+        charges=role_charges(job.templates, requests, defaults.limits),
         node_constraints=role_constraints(job.templates,
-                                          lambda spec: extended_requests(spec, defaults)))
+                                          lambda spec: extended_requests(spec, requests)))
 
 
 class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):

@@ -38,7 +38,7 @@ from mlsched.controller.desired import (
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
 from mlsched.controller.records import (
-    NO_RESOURCES, TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodPool, Resources, add,
+    QUOTA_DIMS, TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodPool, Resources, add,
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
@@ -229,12 +229,13 @@ def quota_budget(idx: Indexes, schedulable: list[JobRecord]):
     found = values(idx.quotas, schedulable[0].namespace)
     if not found:
         return None
-    own = NO_RESOURCES
+    own = [0.0] * QUOTA_DIMS
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
-                own = add(own, pod.requests)
-    return quotas.budget(found, own)
+                for r, used in enumerate((*pod.requests, *pod.limits, 1.0)):
+                    own[r] += used
+    return quotas.budget(found, tuple(own))
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:

@@ -8,11 +8,17 @@ it: a round's ledger may book no more CPU, GPU and memory requests than every qu
 namespace has left for the jobs it decides (cluster/ledger.py `budget`), and a job whose
 minimum exceeds a quota's hard limit is told it can never run.
 
-What counts: `requests.cpu` (or `cpu`), `requests.memory` (or `memory`) and
-`requests.<the GPU resource>` (`requests.nvidia.com/gpu` by default), the requests the operator
-plans with. Quotas with scopes other than
-NotTerminating and NotBestEffort (which training pods with requests always fall in) or with a
-scopeSelector apply to some pods only and are left out; so are limits.* and object counts.
+What counts (records.QUOTA_DIMS): `requests.cpu` (or `cpu`), `requests.memory` (or `memory`),
+`requests.<the GPU resource>` (`requests.nvidia.com/gpu` by default), `limits.cpu`,
+`limits.memory` and `pods` (or `count/pods`), each pod charged what records.quota_usage says
+(LimitRange defaults applied). Namespaces that bound limits or the pod count were planned as if
+unbounded: a job of eight 2-CPU-limit workers under `limits.cpu: 8` was scaled to 8, four pods
+were refused with `FailedCreate`, and the job showed Running with half its workers while the
+other half's GPUs stayed reserved. A pod that sets no limit (or request) of a resource a quota
+bounds is refused outright by the API server; such a job is told it can never run. Quotas with
+scopes other than NotTerminating and NotBestEffort (which training pods with requests always
+fall in) or with a scopeSelector apply to some pods only and are left out; so are other object
+counts and extended resources other than the GPU.
 """
 
 from __future__ import annotations
@@ -24,16 +30,17 @@ from typing import Any
 import numpy as np
 
 from mlsched.controller import records
-from mlsched.controller.records import Resources, parse_quantity
+from mlsched.controller.records import QUOTA_DIMS, QuotaUsage, parse_quantity
 
-UNITS = (1.0, 1.0, 2.0**30)  # memory in GiB, as everywhere in the planner
+UNITS = (1.0, 1.0, 2.0**30, 1.0, 2.0**30, 1.0)  # memory in GiB, as everywhere in the planner
 
 
 def keys() -> tuple[tuple[str, ...], ...]:
-    """Quota keys per resource, in the (cpu, gpu, mem) order; either spelling of cpu and
-    memory. Extended resources (the GPU) are quota'd as requests only."""
+    """Quota keys per dimension, in records.QUOTA_DIMS order; either spelling where Kubernetes
+    has two. Extended resources (the GPU) are quota'd as requests only."""
     return (("requests.cpu", "cpu"), (f"requests.{records.GPU_RESOURCE}",),
-            ("requests.memory", "memory"))
+            ("requests.memory", "memory"), ("limits.cpu",), ("limits.memory",),
+            ("pods", "count/pods"))
 ALWAYS_APPLY = {"NotTerminating", "NotBestEffort"}
 
 
@@ -41,8 +48,8 @@ ALWAYS_APPLY = {"NotTerminating", "NotBestEffort"}
 class QuotaRecord:
     namespace: str
     name: str
-    hard: tuple[float | None, float | None, float | None]  # None: that resource is not limited
-    used: Resources
+    hard: tuple[float | None, ...]  # per QUOTA_DIMS; None: that one is not bounded
+    used: tuple[float, ...]
 
     def limits_anything(self) -> bool:
         return any(h is not None for h in self.hard)
@@ -64,19 +71,18 @@ def quota_record(body: Mapping[str, Any]) -> QuotaRecord | None:
         return None
     hard = _amounts(spec.get("hard"))
     used = tuple(u or 0.0 for u in _amounts(status.get("used")))
-    record = QuotaRecord(meta.get("namespace", ""), meta.get("name", ""),
-                         (hard[0], hard[1], hard[2]), (used[0], used[1], used[2]))
+    record = QuotaRecord(meta.get("namespace", ""), meta.get("name", ""), tuple(hard), used)
     return record if record.limits_anything() else None
 
 
-def budget(quotas: Iterable[QuotaRecord], own: Resources) -> np.ndarray | None:
-    """What a round may book in all, per resource (inf where nothing limits it): each quota's
-    hard limit less what it counts as used by pods other than `own` (the requests of the pods
-    of the jobs the round decides, which it books afresh). None without any quota."""
+def budget(quotas: Iterable[QuotaRecord], own: QuotaUsage) -> np.ndarray | None:
+    """What a round may book in all, per QUOTA_DIMS (inf where nothing bounds it): each quota's
+    hard limit less what it counts as used by pods other than `own` (the usage of the pods of
+    the jobs the round decides, which it books afresh). None without any quota."""
     quotas = list(quotas)
     if not quotas:
         return None
-    out = np.full(3, np.inf)
+    out = np.full(QUOTA_DIMS, np.inf)
     for q in quotas:
         for r, hard in enumerate(q.hard):
             if hard is not None:
@@ -84,26 +90,45 @@ def budget(quotas: Iterable[QuotaRecord], own: Resources) -> np.ndarray | None:
     return np.maximum(out, 0.0)
 
 
-_NAMES = ("CPU", "GPU", "GiB of memory")
+# How a message names each dimension: (the minimum ..., unit, what a pod must set for it).
+_SAYS = (("requests", "CPU", "a CPU request"), ("requests", "GPU", "a GPU request"),
+         ("requests", "GiB of memory", "a memory request"), ("has limits of", "CPU", "a CPU limit"),
+         ("has limits of", "GiB of memory", "a memory limit"), ("is", "pods", ""))
 
 
-def why_not(minimum: Resources, quotas: Iterable[QuotaRecord]) -> str | None:
-    """Why a job whose minimum requests `minimum` can never run in its namespace; None if it can."""
+def _minimum(r: int, amount: float) -> str:
+    verb, unit, _ = _SAYS[r]
+    return f"its minimum {verb} {amount:g} {unit}"
+
+
+def _unset(r: int, q: QuotaRecord) -> str:
+    return (f"its pods do not set {_SAYS[r][2]} in every container (init containers included), "
+            f"so the API server refuses them: the namespace's ResourceQuota {q.name!r} bounds "
+            f"{keys()[r][0]}")
+
+
+def why_not(minimum: QuotaUsage, quotas: Iterable[QuotaRecord]) -> str | None:
+    """Why a job whose minimum counts `minimum` (QUOTA_DIMS) against its namespace's quotas can
+    never run there; None if it can."""
     for q in quotas:
         for r, hard in enumerate(q.hard):
-            if hard is not None and minimum[r] > hard + 1e-9:
-                return (f"its minimum requests {minimum[r]:g} {_NAMES[r]}; the namespace's "
-                        f"ResourceQuota {q.name!r} allows {hard:g} in all")
+            if hard is None:
+                continue
+            if np.isnan(minimum[r]):
+                return _unset(r, q)
+            if minimum[r] > hard + 1e-9:
+                return (f"{_minimum(r, minimum[r])}; the namespace's ResourceQuota {q.name!r} "
+                        f"allows {hard:g} in all")
     return None
 
 
-def why_waiting(minimum: Resources, quotas: Iterable[QuotaRecord]) -> str | None:
-    """Why a job whose minimum requests `minimum` cannot start now for want of quota (others'
+def why_waiting(minimum: QuotaUsage, quotas: Iterable[QuotaRecord]) -> str | None:
+    """Why a job whose minimum counts `minimum` cannot start now for want of quota (others'
     pods use it; Kueue's "insufficient quota"); None if the quotas have room for it."""
     for q in quotas:
         for r, hard in enumerate(q.hard):
             if hard is not None and minimum[r] > hard - q.used[r] + 1e-9:
                 left = max(hard - q.used[r], 0.0)
-                return (f"its minimum requests {minimum[r]:g} {_NAMES[r]}; the namespace's "
-                        f"ResourceQuota {q.name!r} has {left:g} of {hard:g} left")
+                return (f"{_minimum(r, minimum[r])}; the namespace's ResourceQuota {q.name!r} "
+                        f"has {left:g} of {hard:g} left")
     return None

@@ -155,13 +155,30 @@ def pod_totals(spec: Mapping[str, Any],
     - pod-level `spec.resources` (CPU and memory), where set, replaces the containers' sum.
     Without the sidecars, a template with an istio or log-shipping sidecar was packed by its
     app container alone and its pods stayed Pending on nodes that had no room for them."""
+    return _pod_rule(spec, lambda c: _requested(c, defaults), _requested(spec))
+
+
+def pod_limits(spec: Mapping[str, Any],
+               defaults: Mapping[str, float] | None = None) -> dict[str, float]:
+    """A pod's limits by resource name, by the same rule as its requests (what a ResourceQuota's
+    `limits.*` counts); `defaults`: the LimitRange default limits. A resource some container
+    leaves unlimited is summed over those that limit it (see quota_usage for why that is moot)."""
+    def given(c: Mapping[str, Any]) -> dict[str, float]:
+        return {k: parse_quantity(q) for k, q in ((c.get("resources") or {}).get("limits") or {}).items()}
+
+    def limited(c: Mapping[str, Any]) -> dict[str, float]:
+        return {**defaults, **given(c)} if defaults else given(c)
+    return _pod_rule(spec, limited, given(spec))  # pod-level: never defaulted
+
+
+def _pod_rule(spec: Mapping[str, Any], per_container, pod_level: Mapping[str, float]) -> dict[str, float]:
     running: dict[str, float] = {}
     for c in spec.get("containers") or ():
-        running = _sum(running, _requested(c, defaults))
+        running = _sum(running, per_container(c))
     sidecars: dict[str, float] = {}
     init_phase: dict[str, float] = {}
     for c in spec.get("initContainers") or ():  # LimitRanger defaults these too (1.34)
-        need = _requested(c, defaults)
+        need = per_container(c)
         if c.get("restartPolicy") == "Always":
             running = _sum(running, need)
             sidecars = _sum(sidecars, need)
@@ -172,10 +189,51 @@ def pod_totals(spec: Mapping[str, Any],
                       for k in init_phase.keys() | need.keys()}
     total = {k: max(running.get(k, 0.0), init_phase.get(k, 0.0))
              for k in running.keys() | init_phase.keys()}
-    pod_level = _requested(spec)  # spec.resources: same defaulting as a container's
     total.update({k: v for k, v in pod_level.items() if k in ("cpu", "memory") and v})
     overhead = {name: parse_quantity(q) for name, q in (spec.get("overhead") or {}).items()}
     return _sum(total, overhead)
+
+
+def _limits_planned(spec: Mapping[str, Any]) -> tuple[float, float]:
+    limits = pod_limits(spec)
+    return (limits.get("cpu", 0.0), limits.get("memory", 0.0) / 2.0**30)
+
+
+#: What a ResourceQuota can bound that the operator plans with, in this order: requests of
+#: CPU, GPU and memory (GiB), limits of CPU and memory (GiB), and the number of pods.
+QUOTA_DIMS = 6
+QuotaUsage = tuple[float, float, float, float, float, float]
+NO_CHARGE: QuotaUsage = (0.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+
+
+def quota_usage(spec: Mapping[str, Any], request_defaults: Mapping[str, float] | None = None,
+                limit_defaults: Mapping[str, float] | None = None) -> QuotaUsage:
+    """What one pod of `spec` counts against its namespace's ResourceQuotas (QUOTA_DIMS order),
+    LimitRange defaults applied. NaN for CPU or memory where a container (init containers
+    included) sets no such request, or no such limit: the API server refuses such a pod
+    outright wherever a quota bounds that resource ("must specify limits.cpu for: trainer",
+    checked on 1.34), so it can never be booked against one."""
+    requests = pod_totals(spec, request_defaults)
+    limits = pod_limits(spec, limit_defaults)
+    containers = [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]
+    pod_level = spec.get("resources") or {}
+
+    def every(kind: str, name: str, defaults: Mapping[str, float] | None) -> bool:
+        if name in (defaults or {}) or name in (pod_level.get(kind) or {}):
+            return True
+        kinds = ("requests", "limits") if kind == "requests" else ("limits",)  # request = limit
+        return all(any(name in ((c.get("resources") or {}).get(k) or {}) for k in kinds)
+                   for c in containers)
+
+    def amount(value: float, kind: str, name: str, defaults, unit: float = 1.0) -> float:
+        return value / unit if every(kind, name, defaults) else float("nan")
+
+    return (amount(requests.get("cpu", 0.0), "requests", "cpu", request_defaults),
+            requests.get(GPU_RESOURCE, 0.0),
+            amount(requests.get("memory", 0.0), "requests", "memory", request_defaults, 2.0**30),
+            amount(limits.get("cpu", 0.0), "limits", "cpu", limit_defaults),
+            amount(limits.get("memory", 0.0), "limits", "memory", limit_defaults, 2.0**30),
+            1.0)
 
 
 def _sum(a: Mapping[str, float], b: Mapping[str, float]) -> dict[str, float]:
@@ -220,6 +278,7 @@ class PodRecord:
     deleting: bool
     requests: Resources
     owner_uid: str | None = None  # its StatefulSet's uid (None: no owner reference)
+    limits: tuple[float, float] = (0.0, 0.0)  # (CPU, memory GiB): what quotas' limits.* count
     # kube-scheduler's reason when it cannot place the pod (PodScheduled=False, Unschedulable):
     # "0/13 nodes are available: 1 node(s) had untolerated taint ...".
     unschedulable: str | None = None
@@ -256,7 +315,8 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         gates=tuple(g.get("name", "") for g in spec.get("schedulingGates") or ()),
         phase=phase, restarts=restarts + (1 if phase == "Failed" else 0),
         deleting=bool(meta.get("deletionTimestamp")), requests=pod_requests(spec),
-        owner_uid=controller_uid(meta), unschedulable=unschedulable_reason(status),
+        limits=_limits_planned(spec), owner_uid=controller_uid(meta),
+        unschedulable=unschedulable_reason(status),
         last_exit_zero=bool(restarts) and all(e in (0, None) for e in last_exits)
         and 0 in last_exits,
         completed=bool(exits) and all(0 in pair for pair in exits),
@@ -388,6 +448,8 @@ class JobRecord:
     # Per role, the nodes its template allows (nodeSelector, required node affinity): the
     # rounds place its tasks there only. Roles that constrain nothing are absent.
     node_constraints: Mapping[str, NodeConstraint] = field(default_factory=dict)
+    # Per role, what one pod counts against the namespace's ResourceQuotas (quota_usage).
+    charges: Mapping[str, QuotaUsage] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -407,6 +469,15 @@ class JobRecord:
         if role == "ps":
             return (self.min_ps, self.max_ps) if self.arch == "ps" else (0, 0)
         return (self.min_workers, self.max_workers)
+
+    def minimum_charge(self) -> QuotaUsage:
+        """What the job's minimum counts against its namespace's ResourceQuotas in all."""
+        total = [0.0] * QUOTA_DIMS
+        for role in ("ps", "worker"):
+            count = self.bounds(role)[0]
+            if count:
+                total = [t + count * c for t, c in zip(total, self.charges.get(role, NO_CHARGE))]
+        return tuple(total)  # type: ignore[return-value]
 
     def minimum_requests(self) -> Resources:
         """What the job's minimum (every role's `min`, admitted together) requests in all."""
@@ -480,6 +551,19 @@ def role_demands(model: str, templates: Mapping[str, Mapping[str, Any]],
     return out
 
 
+def role_charges(templates: Mapping[str, Mapping[str, Any]],
+                 request_defaults: Mapping[str, float] | None = None,
+                 limit_defaults: Mapping[str, float] | None = None) -> dict[str, QuotaUsage]:
+    """Per role, what one of its pods counts against the namespace's ResourceQuotas."""
+    out = {}
+    for role in ("ps", "worker"):
+        template = templates.get(role)
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        if isinstance(spec, Mapping):
+            out[role] = quota_usage(spec, request_defaults, limit_defaults)
+    return out
+
+
 def job_record(body: Mapping[str, Any]) -> JobRecord:
     meta, spec = body.get("metadata", {}), body.get("spec") or {}
     status = body.get("status") or {}
@@ -514,6 +598,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
     model = model_label(job.spec.model_type)
     return JobRecord(
         **common, model=model, demands=role_demands(model, common["templates"]),
+        charges=role_charges(common["templates"]),
         node_constraints=role_constraints(common["templates"], extended_requests),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),

@@ -118,6 +118,7 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         worker_demand=np.array(job.demands.get("worker", (0.0, 0.0, 0.0)), dtype=float),
         prior=prior_curve(job.model, job.arch, job.declared_epochs_per_hour),
         node_filters=node_filters or {},
+        quota_charges={r: np.array(c, dtype=float) for r, c in job.charges.items()},
     )
 
 
