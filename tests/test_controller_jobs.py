@@ -335,6 +335,36 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.short_since
 
 
+def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch):
+    """On its minimum with the rest refused (an admission webhook, say): Running, but not
+    "AllRolesReady" as it used to, with a Warning Event naming the refusal."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert", min_workers=1, max_workers=4)))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    kube.settle()
+    ps = kube.obj("StatefulSet", NS, "bert-ps")
+    ps["status"] = {"replicas": ps["spec"]["replicas"], "readyReplicas": ps["spec"]["replicas"]}
+    worker = kube.obj("StatefulSet", NS, "bert-worker")
+    assert worker["spec"]["replicas"] >= 2
+    worker["status"] = {"replicas": 1, "readyReplicas": 1}
+    kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedCreate",
+              "message": "admission webhook denied the request: at most 1 GPU pod per user",
+              "metadata": {"name": "bert-worker.1", "namespace": NS},
+              "involvedObject": {"kind": "StatefulSet", "name": "bert-worker", "namespace": NS}})
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    sync(rt, kube, "bert")
+    clock[0] += jobs.REFUSAL_GRACE_S
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert status(kube, "bert")["phase"] == "Running" and running.status == "True"
+    assert running.reason == "PodsRefused", running
+    assert f"1/{worker['spec']['replicas']} worker ready;" in running.message
+    assert running.message.endswith("at most 1 GPU pod per user")
+    assert "PodsRefused" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
+
+
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     rt, kube = scheduled()
     sync(rt, kube, "bert")

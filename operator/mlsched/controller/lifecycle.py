@@ -124,6 +124,13 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     elif admitted and all(ready[r] >= minimum[r] for r in roles):
         phase, reason, message = JobPhase.RUNNING, "AllRolesReady", \
             ", ".join(f"{ready[r]} {r} ready" for r in roles)
+        if seen.pods_refused:
+            # Running on its minimum while the rest of what was decided cannot be created
+            # (a webhook, a quota the operator does not plan with): it used to say
+            # AllRolesReady, and an all-reduce job waits for peers that never come.
+            reason = "PodsRefused"
+            message = (", ".join(f"{ready[r]}/{desired[r]} {r} ready" for r in roles)
+                       + f"; the API server refuses to create the rest: {seen.pods_refused}")
     else:
         phase = JobPhase.PENDING
         if not seen.policy_exists:

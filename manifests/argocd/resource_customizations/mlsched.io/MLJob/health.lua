@@ -7,7 +7,8 @@
 --   Degraded     Failed (InvalidSpec, BackoffLimitExceeded, DeadlineExceeded), or waiting for
 --                something only a person can fix: no such SchedulingPolicy (PolicyNotFound),
 --                a minimum no set of nodes can ever hold (CannotFit), pods kube-scheduler
---                refuses (Unschedulable), pods the API server refuses to create (PodsRefused)
+--                refuses (Unschedulable), pods the API server refuses to create (PodsRefused,
+--                also while Running on its minimum without the rest of what was decided)
 --   Progressing  everything else: not evaluated yet, an edit not yet seen, waiting for an
 --                allocation, for the namespace's quota (WaitingForQuota) or for pods to start
 -- (Argo CD runs each health.lua on its own, with no way to share code between them: the
@@ -63,8 +64,13 @@ elseif phase == "Suspended" then
   hs.status = "Suspended"
   hs.message = explain(condition("Suspended"), "Suspended")
 elseif phase == "Running" then
-  hs.status = "Healthy"
-  hs.message = explain(condition("Running"), "Running")
+  local running = condition("Running")
+  if running ~= nil and running.reason == "PodsRefused" then
+    hs.status = "Degraded"
+  else
+    hs.status = "Healthy"
+  end
+  hs.message = explain(running, "Running")
 elseif phase == "Pending" then
   local running = condition("Running")
   local reason = running and running.reason or ""
