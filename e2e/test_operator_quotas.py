@@ -104,3 +104,38 @@ def test_a_quota_on_limits_and_pods_is_planned_within(api, mlsched, operator):
     refused = [e.message for e in core.list_namespaced_event(mlsched.namespace).items
                if e.reason == "FailedCreate"]
     assert not refused, refused
+
+
+def test_two_policies_of_one_namespace_share_its_quota(api, mlsched, operator):
+    """Two SchedulingPolicies in one namespace, a quota of 4 GPUs, a job of 2 to 4 workers
+    under each, created together. The quota counts a pod only once it exists, and the second
+    policy's step booked what the first had just been given: both jobs were scaled past the
+    quota, pods of both were refused (FailedCreate), and neither ran whole."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(mlsched.namespace, {
+        "metadata": {"name": "gpus"}, "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}})
+    for name in ("team-x", "team-y"):
+        mlsched.create(scheduling_policy(name, allocation="fixed", interval=DAY))
+    for name, policy in (("x1", "team-x"), ("y1", "team-y")):
+        mlsched.create(mljob(name, ps=None, workers=(2, 4), epochs=1e9, policy=policy))
+
+    def one_runs():
+        for name in ("x1", "y1"):
+            status = placed_as_decided(mlsched, name)
+            workers = (status or {}).get("replicaStatuses", {}).get("worker", {})
+            if workers.get("desired") and workers.get("ready") == workers["desired"]:
+                return name, status
+        return None
+
+    winner, status = wait_for(one_runs, 60, "one of the jobs to run",
+                              describe=lambda: [placement_problems(mlsched, n) for n in ("x1", "y1")])
+    assert status["replicaStatuses"]["worker"] == {"desired": 4, "ready": 4}
+    other = "y1" if winner == "x1" else "x1"
+    reason, message = wait_for(lambda: (r := _running(mlsched, other))
+                               and r[0] == "WaitingForQuota" and r, 30,
+                               "the other job to wait for the quota",
+                               describe=lambda: _running(mlsched, other))
+    assert mlsched.pods(other) == []
+    refused = [e.message for e in core.list_namespaced_event(mlsched.namespace).items
+               if e.reason == "FailedCreate"]
+    assert not refused, refused

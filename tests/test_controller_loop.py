@@ -153,6 +153,22 @@ def test_two_policies_never_hand_out_the_same_capacity():
     assert ra.targets["a1"].count("worker") > 0
 
 
+def test_two_policies_of_a_namespace_never_book_the_same_quota():
+    """A quota counts a pod once it exists: policy b's round, right after policy a decided
+    and before a's pods were created, booked the GPUs the quota had left for a; both jobs were
+    half-created (FailedCreate) and neither ran whole."""
+    rt, kube = setup(nodes=6, policies=(policy("a"), policy("b")),
+                     job_bodies=[ps_job("a1", policy="a", min_workers=2, max_workers=4),
+                                 ps_job("b1", policy="b", min_workers=2, max_workers=4)])
+    kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
+              "metadata": {"name": "gpus", "namespace": NS},
+              "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}, "status": {"used": {}}})
+    ra = round_(rt, kube, "a")
+    assert ra.targets["a1"].count("worker") == 4  # a's pods are not created yet: used 0 of 4
+    rb = round_(rt, kube, "b")
+    assert rb.targets["b1"].count("worker") == 0
+
+
 def test_other_schedulers_pods_reduce_capacity():
     rt, kube = setup(nodes=1, job_bodies=[ps_job("bert", max_workers=8)])
     kube.put({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "other", "namespace": "x", "labels": {}},

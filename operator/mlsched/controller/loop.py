@@ -20,7 +20,9 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import math
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -218,15 +220,19 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
                           node_selector=rt.config.node_selector,
                           tolerated_taints=rt.config.tolerated_taints,
-                          budget=quota_budget(idx, schedulable))
+                          budget=quota_budget(rt, idx, schedulable))
 
 
-def quota_budget(idx: Indexes, schedulable: list[JobRecord]):
+def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     """What the namespace's ResourceQuotas leave the jobs a step decides (quotas.py): their
-    own pods' requests count as free, since the step books their tasks afresh."""
+    own pods' usage counts as free, since the step books their tasks afresh; the tasks other
+    jobs of the namespace were decided and have no pod for yet count as used, since the quota
+    counts a pod only once it exists (two policies of one namespace deciding one after the
+    other each booked what the quota had left, and both jobs were half-created)."""
     if not schedulable:
         return None
-    found = values(idx.quotas, schedulable[0].namespace)
+    namespace = schedulable[0].namespace
+    found = values(idx.quotas, namespace)
     if not found:
         return None
     own = [0.0] * QUOTA_DIMS
@@ -235,7 +241,21 @@ def quota_budget(idx: Indexes, schedulable: list[JobRecord]):
             if pod.phase not in TERMINAL_POD_PHASES:
                 for r, used in enumerate((*pod.requests, *pod.limits, 1.0)):
                     own[r] += used
-    return quotas.budget(found, tuple(own))
+    mine = {j.key for j in schedulable}
+    pending = [0.0] * QUOTA_DIMS
+    for job in flatten(idx.mljobs):
+        decided = rt.placements.of(job.key) if job.namespace == namespace else None
+        if not decided or job.key in mine:
+            continue
+        exist = Counter(p.role for p in idx.pods.get(job.key, ())
+                        if p.phase not in TERMINAL_POD_PHASES)
+        for role, nodes in decided.items():
+            missing = len(nodes) - exist[role]
+            charge = job.charges.get(role)
+            if missing > 0 and charge is not None:
+                for r, c in enumerate(charge):
+                    pending[r] += missing * (0.0 if math.isnan(c) else c)
+    return quotas.budget(found, tuple(own), tuple(pending))
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:
@@ -321,6 +341,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
+        for job in schedulable:  # before the lock goes: others' quota budgets read it
+            rt.placements.set(job.key, targets[job.name].nodes)
     await note_waiting(rt, schedulable, targets, snapshot, decision,
                        resolved.fallback if failure else resolved.allocation.name)
     if failure:
@@ -334,7 +356,6 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     for job in schedulable:
         by_job[job.key] = plan_job(rt, job, targets[job.name], idx,
                                    pools.pod_pool(decision.pools, job.name, setup))
-        rt.placements.set(job.key, targets[job.name].nodes)
     actions = ordered(a for plan in by_job.values() for a in plan)
     # Counts before the changes, for the Events: the indexes move as soon as the watch reports.
     before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
@@ -476,6 +497,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         admitted = [j for j in waiting if targets[j.name].count("worker") or j.key in redecided]
         admitted += [j for j in schedulable if j.key in displaced]
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
+        for job in admitted:  # before the lock goes: others' quota budgets read it
+            rt.placements.set(job.key, targets[job.name].nodes)
     await note_waiting(rt, waiting, targets, snapshot, decision,
                        resolved.fallback if failed_policy else resolved.allocation.name)
     if open_interval is not None and not failed_policy:
@@ -503,8 +526,6 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
               for j in admitted}
     by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
                               pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
-    for job in admitted:
-        rt.placements.set(job.key, targets[job.name].nodes)
     actions = ordered(a for plan in by_job.values() for a in plan)
     results = await execute_all(rt.api, actions)
     failed = {id(a): r for a, r in zip(actions, results) if isinstance(r, BaseException)}

@@ -75,10 +75,12 @@ def quota_record(body: Mapping[str, Any]) -> QuotaRecord | None:
     return record if record.limits_anything() else None
 
 
-def budget(quotas: Iterable[QuotaRecord], own: QuotaUsage) -> np.ndarray | None:
+def budget(quotas: Iterable[QuotaRecord], own: QuotaUsage,
+           pending: QuotaUsage | None = None) -> np.ndarray | None:
     """What a round may book in all, per QUOTA_DIMS (inf where nothing bounds it): each quota's
     hard limit less what it counts as used by pods other than `own` (the usage of the pods of
-    the jobs the round decides, which it books afresh). None without any quota."""
+    the jobs the round decides, which it books afresh) and less `pending` (pods other jobs
+    were decided and that do not exist yet). None without any quota."""
     quotas = list(quotas)
     if not quotas:
         return None
@@ -86,7 +88,8 @@ def budget(quotas: Iterable[QuotaRecord], own: QuotaUsage) -> np.ndarray | None:
     for q in quotas:
         for r, hard in enumerate(q.hard):
             if hard is not None:
-                out[r] = min(out[r], hard - max(q.used[r] - own[r], 0.0))
+                out[r] = min(out[r], hard - max(q.used[r] - own[r], 0.0)
+                             - (pending[r] if pending else 0.0))
     return np.maximum(out, 0.0)
 
 
