@@ -57,28 +57,3 @@ def test_a_sidecar_s_requests_are_planned_with_the_app_container_s(mlsched, oper
     per_node = Counter(status["placement"]["worker"])
     assert all(5 * n <= node_shape.cpu for n in per_node.values()), per_node
 
-
-def test_a_template_without_requests_is_planned_with_its_namespace_s_limit_range(
-        mlsched, operator, node_shape):
-    """The namespace's LimitRange defaults every container to 3 CPU, and the job's template
-    requests nothing: each pod asks kube-scheduler for 3 CPU. The operator planned the
-    template as requesting nothing, so bin-packing pinned all four workers to one node and
-    kube-scheduler refused two of them (`Displaced`, moved only after the refusal)."""
-    mlsched.core.create_namespaced_limit_range(mlsched.namespace, {
-        "apiVersion": "v1", "kind": "LimitRange", "metadata": {"name": "defaults"},
-        "spec": {"limits": [{"type": "Container", "defaultRequest": {"cpu": "3", "memory": "1Gi"},
-                             "default": {"cpu": "3", "memory": "1Gi"}}]}})
-    mlsched.create(scheduling_policy("packed", allocation="fixed", placement="bin-pack"))
-    job = mljob("defaulted", model="my-net", ps=None, workers=(4, 4), epochs=1e9, policy="packed")
-    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0].pop("resources")
-    mlsched.create(job)
-    status = wait_for(lambda: placed_as_decided(mlsched, "defaulted"), 90,
-                      "every worker to run where its policy placed it",
-                      describe=lambda: placement_problems(mlsched, "defaulted"))
-    per_node = Counter(status["placement"]["worker"])
-    assert sum(per_node.values()) == 4
-    assert all(3 * n <= node_shape.cpu for n in per_node.values()), per_node
-    pods = mlsched.core.list_namespaced_pod(mlsched.namespace,
-                                            label_selector="mlsched.io/job-name=defaulted").items
-    assert {p.spec.containers[0].resources.requests["cpu"] for p in pods} == {"3"}  # LimitRanger's
-    assert not [e.message for e in mlsched.events("defaulted", "MLJob") if e.reason == "Displaced"]

@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections import Counter
 
 from mlsched.controller.limitranges import (
-    ContainerDefaults, Defaulted, container_defaults, defaulted, limit_range_record,
+    ContainerDefaults, Defaulted, as_planned, container_defaults, defaulted, limit_range_record,
+    refusal,
 )
 from mlsched.controller.records import job_record, pod_requests
 from test_controller_fixtures import NS, policy, ps_job
@@ -41,8 +42,10 @@ def test_a_limit_range_is_read_with_the_api_server_s_own_defaulting():
                                     {"type": "Container", "defaultRequest": {"cpu": "2"}},
                                     {"type": "Pod", "max": {"cpu": "64"}}))
     assert dict(two.requests) == {"cpu": 2.0}
-    assert limit_range_record(_range("p", NS, {"type": "Pod", "max": {"cpu": "64"}},
-                                     {"type": "PersistentVolumeClaim", "min": {"storage": "1Gi"}})) is None
+    assert limit_range_record(_range("p", NS, {"type": "PersistentVolumeClaim",
+                                               "min": {"storage": "1Gi"}})) is None
+    pod_only = limit_range_record(_range("p", NS, {"type": "Pod", "max": {"cpu": "64"}}))
+    assert pod_only.requests == () and pod_only.checks == (("Pod", "max", "cpu", 64.0),)
     # Several LimitRanges: the first by name sets what it defaults.
     a = limit_range_record(_range("a", NS, {"type": "Container", "defaultRequest": {"cpu": "1"}}))
     b = limit_range_record(_range("b", NS, {"type": "Container",
@@ -116,3 +119,62 @@ def test_a_round_packs_pods_by_the_requests_their_namespace_gives_them():
     report = round_(rt, kube)
     per_node = Counter(report.targets["net"].nodes["worker"])
     assert sum(per_node.values()) == 4 and max(per_node.values()) == 2, per_node
+
+
+def test_a_job_whose_pods_a_limit_range_refuses_is_blocked_with_limit_ranger_s_words():
+    """The objections below are the ones kube-apiserver 1.34 gave for the same pods (a
+    Container max applies to init containers too; a Pod max to the pod's sum, sidecars
+    included). Such a job used to be admitted and hold its GPUs while every pod got
+    FailedCreate; now it is given nothing and told why."""
+    caps = limit_range_record(_range("caps", NS,
+                                     {"type": "Container", "max": {"cpu": "2"},
+                                      "maxLimitRequestRatio": {"memory": "2"}},
+                                     {"type": "Pod", "max": {"cpu": "6"}}))
+    defaults = container_defaults([caps])
+
+    def objection(spec):
+        return refusal(spec, caps, defaults)
+
+    mem = {"requests": {"memory": "1Gi"}, "limits": {"memory": "2Gi"}}
+    assert objection({"initContainers": [{"name": "i", "resources": {
+        "limits": {"cpu": "4", "memory": "1Gi"}}}], "containers": [{"name": "a", "resources": mem}]}) \
+        == "maximum cpu usage per Container is 2, but limit is 4"
+    assert objection({"containers": [{"name": n, "resources": mem} for n in "abcd"]}) == \
+        "maximum cpu usage per Pod is 6, but limit is 8"  # 4 x the default limit of 2
+    assert objection({"containers": [{"name": "a", "resources": {
+        "requests": {"memory": "1Gi"}, "limits": {"memory": "4Gi"}}}]}) == \
+        "memory max limit to request ratio per Container is 2, but provided ratio is 4"
+    assert objection({"containers": [{"name": "a"}]}) == \
+        "memory max limit to request ratio per Container is 2, but no request is specified or request is 0"
+    assert objection({"containers": [{"name": "a", "resources": mem},
+                                     {"name": "b", "resources": mem}]}) is None
+
+    body = ps_job("greedy")
+    for role in body["spec"]["replicaSpecs"].values():
+        role["template"]["spec"]["containers"][0]["resources"] = mem
+    assert as_planned(job_record(body), [caps]).blocked is None
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"memory": "8Gi"}, "limits": {"memory": "32Gi", "nvidia.com/gpu": "1"}}
+    job = as_planned(job_record(body), [caps])
+    assert job.blocked == ("the namespace's LimitRange 'caps' refuses its worker pods: memory "
+                           "max limit to request ratio per Container is 2, but provided ratio is 4")
+    assert not job.schedulable
+
+
+def test_a_blocked_job_gets_no_tasks_and_says_cannot_fit():
+    from test_controller_jobs import cond, sync
+    body = ps_job("greedy", max_workers=4)
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"] = {
+        "requests": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"},
+        "limits": {"cpu": "2", "memory": "32Gi", "nvidia.com/gpu": "1"}}
+    rt, kube = setup(nodes=4, job_bodies=[])
+    kube.put(_range("caps", NS, {"type": "Container", "max": {"memory": "16Gi"}}))
+    from test_controller_fixtures import create_jobs, run
+    run(create_jobs(rt, kube, body))
+    report = round_(rt, kube)
+    assert "greedy" not in report.targets or not report.targets["greedy"].count("worker")
+    sync(rt, kube, "greedy")
+    running = cond(kube, "greedy", "Running")
+    assert running.reason == "CannotFit" and running.message == (
+        "the namespace's LimitRange 'caps' refuses its worker pods: maximum memory usage per "
+        "Container is 16Gi, but limit is 32Gi")

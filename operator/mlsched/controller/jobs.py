@@ -293,7 +293,8 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
         minimum = job.minimum_charge()
-        seen.cannot_fit = rt.cluster_fit(idx).why_not(job) or quotas.why_not(minimum, found)
+        seen.cannot_fit = (job.blocked or rt.cluster_fit(idx).why_not(job)
+                           or quotas.why_not(minimum, found))
         seen.over_quota = quotas.why_waiting(minimum, found)
         seen.waiting_for = rt.waiting.get(job.key)
     seen.failures = rt.failures.total(job.key)

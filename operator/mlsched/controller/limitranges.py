@@ -26,7 +26,8 @@ from typing import Any
 
 from mlsched.controller.node_constraints import role_constraints
 from mlsched.controller.records import (
-    JobRecord, extended_requests, parse_quantity, role_charges, role_demands,
+    JobRecord, extended_requests, parse_quantity, pod_limits, pod_totals, role_charges,
+    role_demands,
 )
 
 Amounts = tuple[tuple[str, float], ...]  # (resource name, cores / bytes / units), sorted
@@ -38,6 +39,9 @@ class LimitRangeRecord:
     name: str
     requests: Amounts  # the default request of each resource
     limits: Amounts = ()  # the default limit of each resource
+    # What LimitRanger checks on a pod: (item type `Container` or `Pod`, `min`, `max` or
+    # `maxLimitRequestRatio`, resource, amount).
+    checks: tuple[tuple[str, str, str, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,21 +55,30 @@ class ContainerDefaults:
         return bool(self.requests or self.limits)
 
 
+CHECKED = ("min", "max", "maxLimitRequestRatio")
+
+
 def limit_range_record(body: Mapping[str, Any]) -> LimitRangeRecord | None:
-    """The container defaults of one LimitRange; None when it defaults nothing."""
+    """The container defaults and the pod checks of one LimitRange; None when it has neither
+    (PersistentVolumeClaim items only)."""
     requests: dict[str, Any] = {}
     limits: dict[str, Any] = {}
+    checks = []
     for item in (body.get("spec") or {}).get("limits") or ():
-        if not isinstance(item, Mapping) or item.get("type") != "Container":
+        if not isinstance(item, Mapping) or item.get("type") not in ("Container", "Pod"):
             continue
-        limit = {**(item.get("max") or {}), **(item.get("default") or {})}
-        limits.update(limit)
-        requests.update({**(item.get("min") or {}), **limit, **(item.get("defaultRequest") or {})})
-    if not requests:
+        checks += [(item["type"], kind, resource, parse_quantity(value))
+                   for kind in CHECKED for resource, value in (item.get(kind) or {}).items()]
+        if item["type"] == "Container":
+            limit = {**(item.get("max") or {}), **(item.get("default") or {})}
+            limits.update(limit)
+            requests.update({**(item.get("min") or {}), **limit,
+                             **(item.get("defaultRequest") or {})})
+    if not requests and not checks:
         return None
     meta = body.get("metadata") or {}
     return LimitRangeRecord(meta.get("namespace", ""), meta.get("name", ""),
-                            _amounts(requests), _amounts(limits))
+                            _amounts(requests), _amounts(limits), tuple(checks))
 
 
 def _amounts(values: Mapping[str, Any]) -> Amounts:
@@ -97,6 +110,105 @@ def defaulted(job: JobRecord, defaults: ContainerDefaults) -> JobRecord:
                                           lambda spec: extended_requests(spec, requests)))
 
 
+def as_planned(job: JobRecord, records: Iterable[LimitRangeRecord]) -> JobRecord:
+    """The job as its namespace's LimitRanges make its pods: their defaults applied
+    (`defaulted`), and `blocked` with LimitRanger's refusal when they break one of its checks
+    (such a job is given no tasks: it used to be admitted, hold its capacity and get
+    `FailedCreate` for every pod)."""
+    records = sorted(records, key=lambda r: r.name)
+    if not records or job.error is not None:
+        return job
+    defaults = container_defaults(records)
+    planned = defaulted(job, defaults)
+    for role in ("ps", "worker"):
+        template = job.templates.get(role)
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        if job.bounds(role)[1] and isinstance(spec, Mapping):
+            for record in records:
+                refused = refusal(spec, record, defaults)
+                if refused:
+                    return dataclasses.replace(
+                        planned, blocked=f"the namespace's LimitRange {record.name!r} refuses "
+                                         f"its {role} pods: {refused}")
+    return planned
+
+
+def refusal(spec: Mapping[str, Any], record: LimitRangeRecord,
+            defaults: ContainerDefaults) -> str | None:
+    """LimitRanger's first objection to a pod of `spec` (its wording), None if it has none.
+    Container checks apply to every container, init containers and sidecars included, and
+    Pod checks to the pod's requests and limits by the scheduler's rule (both checked on
+    Kubernetes 1.34)."""
+    containers = [*(spec.get("containers") or ()), *(spec.get("initContainers") or ())]
+    effective = [_effective(c, defaults) for c in containers if isinstance(c, Mapping)]
+    for type_, kind, resource, bound in record.checks:
+        if type_ == "Container":
+            for requests, limits in effective:
+                why = _check(kind, resource, bound, requests, limits, type_)
+                if why:
+                    return why
+        else:
+            requests = pod_totals(spec, defaults.requests)
+            limits = pod_limits(spec, defaults.limits)
+            given = [lim for _, lim in effective]
+            if not given or any(resource not in lim for lim in given):
+                limits.pop(resource, None)  # some container sets no such limit
+            given = [req for req, _ in effective]
+            if not given or any(resource not in req for req in given):
+                requests.pop(resource, None)
+            why = _check(kind, resource, bound, requests, limits, type_)
+            if why:
+                return why
+    return None
+
+
+def _effective(container: Mapping[str, Any], defaults: ContainerDefaults):
+    """(requests, limits) of a container once created: a request defaults to its limit, then
+    LimitRanger fills what is still unset."""
+    res = container.get("resources") or {}
+    limits = {k: parse_quantity(v) for k, v in (res.get("limits") or {}).items()}
+    requests = {**limits, **{k: parse_quantity(v) for k, v in (res.get("requests") or {}).items()}}
+    return ({**defaults.requests, **requests}, {**defaults.limits, **limits})
+
+
+def _check(kind: str, resource: str, bound: float, requests: Mapping[str, float],
+           limits: Mapping[str, float], type_: str) -> str | None:
+    req, lim = requests.get(resource), limits.get(resource)
+    per = f"{resource} usage per {type_} is {_show(resource, bound)}"
+    if kind == "min":
+        if req is None:
+            return f"minimum {per}, but no request is specified"
+        if req < bound - 1e-9:
+            return f"minimum {per}, but request is {_show(resource, req)}"
+        if lim is not None and lim < bound - 1e-9:
+            return f"minimum {per}, but limit is {_show(resource, lim)}"
+    elif kind == "max":
+        if lim is None:
+            return f"maximum {per}, but no limit is specified"
+        if lim > bound + 1e-9:
+            return f"maximum {per}, but limit is {_show(resource, lim)}"
+        if req is not None and req > bound + 1e-9:
+            return f"maximum {per}, but request is {_show(resource, req)}"
+    elif kind == "maxLimitRequestRatio":
+        ratio = f"{resource} max limit to request ratio per {type_} is {bound:g}"
+        if not req:
+            return f"{ratio}, but no request is specified or request is 0"
+        if not lim:
+            return f"{ratio}, but no limit is specified or limit is 0"
+        if lim / req > bound + 1e-9:
+            return f"{ratio}, but provided ratio is {lim / req:g}"
+    return None
+
+
+def _show(resource: str, amount: float) -> str:
+    """An amount as a person writes it: bytes in Gi or Mi where they divide evenly."""
+    if resource in ("memory", "ephemeral-storage") or resource.startswith("hugepages-"):
+        for unit, size in (("Gi", 2.0**30), ("Mi", 2.0**20), ("Ki", 2.0**10)):
+            if amount >= size and (amount / size) == int(amount / size):
+                return f"{amount / size:g}{unit}"
+    return f"{amount:g}"
+
+
 class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
     """The MLJob index seen with each namespace's LimitRange defaults applied (`defaulted`),
     so that every reader (rounds, admission, waiting reasons, CannotFit) plans with what the
@@ -116,7 +228,7 @@ class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
         cached = self._cache.get(job.key)
         if cached is not None and cached[0] is job and cached[1] == ranges:
             return cached[2]
-        result = defaulted(job, container_defaults(ranges))
+        result = as_planned(job, ranges)
         if len(self._cache) > 2 * len(self.raw) + 64:  # forget deleted jobs now and then
             self._cache = {k: v for k, v in self._cache.items() if k in self.raw}
         self._cache[job.key] = (job, ranges, result)

@@ -450,6 +450,9 @@ class JobRecord:
     node_constraints: Mapping[str, NodeConstraint] = field(default_factory=dict)
     # Per role, what one pod counts against the namespace's ResourceQuotas (quota_usage).
     charges: Mapping[str, QuotaUsage] = field(default_factory=dict)
+    # Why the namespace's LimitRanges refuse its pods, if they do (limitranges.as_planned): the
+    # job gets no tasks and is told CannotFit until the template or the LimitRange changes.
+    blocked: str | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -463,7 +466,7 @@ class JobRecord:
     def schedulable(self) -> bool:
         """Whether the scheduling loop should give this job tasks."""
         return (self.error is None and not self.suspend and not self.finished
-                and not self.refused and self.epochs_done < self.epochs)
+                and not self.refused and self.blocked is None and self.epochs_done < self.epochs)
 
     def bounds(self, role: str) -> tuple[int, int]:
         if role == "ps":

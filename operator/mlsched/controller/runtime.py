@@ -19,9 +19,7 @@ from mlsched.controller.displacement import Refusals
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
-from mlsched.controller.limitranges import (
-    Defaulted, LimitRangeRecord, container_defaults, defaulted,
-)
+from mlsched.controller.limitranges import Defaulted, LimitRangeRecord, as_planned
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.object_writer import ObjectWriter
@@ -128,7 +126,7 @@ class Indexes:
     def as_planned(self, job: JobRecord) -> JobRecord:
         """A record read from a body (not the index) with its namespace's LimitRange defaults."""
         ranges = values(self.limit_ranges, job.namespace)
-        return defaulted(job, container_defaults(ranges)) if ranges else job
+        return as_planned(job, ranges) if ranges else job
 
     def jobs_of_policy(self, namespace: str, policy: str) -> list[JobRecord]:
         return [j for j in flatten(self.mljobs) if j.namespace == namespace and j.policy == policy]
