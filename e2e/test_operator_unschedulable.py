@@ -126,3 +126,24 @@ def test_a_running_job_whose_policy_is_deleted_says_so(control_plane, mlsched, o
     assert any(r == "PolicyNotFound" for r, _ in _warnings(mlsched, "orphan"))
     described = control_plane.kubectl("describe", "mljob", "orphan", "-n", mlsched.namespace).stdout
     assert "PolicyNotFound" in described
+
+
+def test_pods_whose_scheduler_does_not_run_here_are_reported(mlsched, start_operator):
+    """A template brought over from Volcano names `schedulerName: volcano`, and no Volcano
+    runs here: the operator pins and ungates the pods, nothing ever binds them, and
+    `kubectl get` keeps showing them SchedulingGated. The job said PodsStarting forever while
+    its GPUs stayed held; now it is Unschedulable naming the scheduler after the grace
+    (3 s here, 30 s by default)."""
+    start_operator(extra_env={"MLSCHED_SCHEDULER_GRACE_SECONDS": "3",
+                              "MLSCHED_JOB_SYNC_SECONDS": "2"})
+    mlsched.create(scheduling_policy("default", interval=600))
+    job = mljob("brought-over", ps=None, workers=(2, 2))
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["schedulerName"] = "volcano"
+    mlsched.create(job)
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "brought-over"))
+                               and r[0] == "Unschedulable" and r, 60,
+                               "the job to say no scheduler acts on its pods",
+                               describe=lambda: _reason(mlsched, "brought-over"))
+    assert "its scheduler 'volcano' (spec.schedulerName) has not acted on it" in message, message
+    assert any(r == "Unschedulable" and "volcano" in m for r, m in _warnings(mlsched, "brought-over"))
+    assert all(not p.spec.node_name for p in mlsched.pods("brought-over"))

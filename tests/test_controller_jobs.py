@@ -365,6 +365,43 @@ def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch)
     assert "PodsRefused" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
 
 
+def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
+    """A template naming a scheduler that does not run here: the operator pins and ungates
+    its pods, nothing binds them, and `kubectl get` keeps saying SchedulingGated. The job
+    said PodsStarting forever while its GPUs stayed held; after the grace it is Unschedulable
+    naming the scheduler, and the report goes once a scheduler binds the pods."""
+    body = ps_job("bert", min_workers=1, max_workers=2)
+    for role in body["spec"]["replicaSpecs"].values():
+        role["template"]["spec"]["schedulerName"] = "volcano"
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, body))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    kube.run_statefulsets()
+    for p in kube.of_kind("Pod"):
+        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+        p["status"] = {"phase": "Pending", "conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
+            "message": "Scheduling is blocked due to non-empty scheduling gates"}]}
+    pods = kube.of_kind("Pod")
+    assert pods and all(not p["spec"].get("schedulingGates") and p["spec"]["nodeSelector"]
+                        for p in pods)
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "PodsStarting"
+    clock[0] += rt.config.scheduler_grace_seconds
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "Unschedulable", running
+    assert "its scheduler 'volcano' (spec.schedulerName) has not acted on it in 30 s" in \
+        running.message, running.message
+    assert "Unschedulable" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
+    kube.run_scheduler()  # it turns out to run after all
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason != "Unschedulable" and not rt.unseen_since
+
+
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     rt, kube = scheduled()
     sync(rt, kube, "bert")

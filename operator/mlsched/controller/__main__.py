@@ -36,6 +36,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="multiply every SchedulingPolicy's interval (e.g. 0.01 in tests)")
     p.add_argument("--job-sync-seconds", type=float,
                    help="how often each MLJob's lifecycle is re-evaluated (10)")
+    p.add_argument("--scheduler-grace-seconds", type=float,
+                   help="how long a placed pod may go without a word from its scheduler "
+                        "before its job reports it (30)")
     p.add_argument("--progress-url", help="URL training pods report progress to")
     p.add_argument("--tls-cert", help="serve the endpoint over HTTPS with this certificate")
     p.add_argument("--tls-key", help="... and this key")
@@ -74,6 +77,7 @@ def export(args: argparse.Namespace) -> None:
     """Flags → MLSCHED_* variables, which handlers.py reads when imported."""
     flags = {"NAMESPACES": ",".join(args.namespace) or None, "PORT": args.port,
              "INTERVAL_SCALE": args.interval_scale, "JOB_SYNC_SECONDS": args.job_sync_seconds,
+             "SCHEDULER_GRACE_SECONDS": args.scheduler_grace_seconds,
              "OPERATOR_PROGRESS_URL": args.progress_url, "TLS_CERT": args.tls_cert,
              "TLS_KEY": args.tls_key, "TLS_CA": args.tls_ca, "TLS_SECRET": args.tls_secret,
              "TRAINING_SERVICE_ACCOUNT": args.training_service_account,

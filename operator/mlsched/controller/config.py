@@ -66,6 +66,9 @@ class OperatorConfig:
     # Multiplies every SchedulingPolicy's spec.interval; 0.01 turns 1200 s into 12 s for tests.
     interval_scale: float = 1.0
     job_sync_seconds: float = 10.0  # how often each MLJob's lifecycle is re-evaluated
+    # How long a pinned pod may wait for its scheduler to act at all before the job says so
+    # (jobs.unscheduled): a schedulerName with no such scheduler running, kube-scheduler down.
+    scheduler_grace_seconds: float = 30.0
     # The URL training pods are told to report to (the operator's Service in-cluster).
     progress_url: str = "http://mlsched-operator.mlsched-system.svc:8080/v1/progress"
     token_audience: str = TOKEN_AUDIENCE
@@ -145,6 +148,8 @@ class OperatorConfig:
             port=int(get("PORT") or defaults.port),
             interval_scale=float(get("INTERVAL_SCALE") or defaults.interval_scale),
             job_sync_seconds=float(get("JOB_SYNC_SECONDS") or defaults.job_sync_seconds),
+            scheduler_grace_seconds=float(get("SCHEDULER_GRACE_SECONDS")
+                                          or defaults.scheduler_grace_seconds),
             progress_url=get("OPERATOR_PROGRESS_URL") or defaults.progress_url,
             token_audience=get("TOKEN_AUDIENCE") or defaults.token_audience,
             tls_cert=get("TLS_CERT"),

@@ -24,9 +24,10 @@ from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
 from mlsched.controller.node_constraints import EVERY_NODE
 from mlsched.controller.records import (
-    JobRecord, StsRecord, job_record, parse_job, pod_record, sts_record,
+    DEFAULT_SCHEDULER, JobRecord, PodRecord, StsRecord, job_record, parse_job, pod_record,
+    sts_record,
 )
-from mlsched.controller.runtime import Indexes, Runtime, flatten, values
+from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.supervision import key_of, plain
 
 log = logging.getLogger("mlsched.controller.jobs")
@@ -287,8 +288,9 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     pods = list(idx.pods.get(job.key, ()))
     for pod in pods:
         rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
-    seen.unschedulable = sorted((p.name, p.unschedulable) for p in pods
-                                if p.unschedulable and not p.deleting)
+    seen.unschedulable = sorted([(p.name, p.unschedulable) for p in pods
+                                 if p.unschedulable and not p.deleting]
+                                + unscheduled(rt, job.key, pods))
     seen.pods_refused = await pods_refused(rt, job, seen.statefulsets)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
@@ -383,6 +385,34 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
                            f"StatefulSet {record.name} had {record.replicas} replicas; "
                            f"scaled back to the {want} its policy decided")
     return True
+
+
+def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[str, str]]:
+    """(pod, why) for the job's pods that were pinned and ungated at least
+    `scheduler_grace_seconds` ago and that no scheduler has acted on since: not bound, no
+    Unschedulable verdict. A template naming a scheduler that does not run here (a Volcano
+    template brought along) left its pods `SchedulingGated` in `kubectl get` and the job
+    PodsStarting forever, its GPUs held."""
+    now, grace = time.monotonic(), rt.config.scheduler_grace_seconds
+    out = []
+    waiting = set()
+    for p in pods:
+        if not (p.pinned and not p.gated and not p.bound and p.unseen and not p.deleting
+                and p.unschedulable is None):
+            continue
+        waiting.add((key, p.uid))
+        since = rt.unseen_since.setdefault((key, p.uid), now)
+        if now - since >= grace:
+            who = ("kube-scheduler (default-scheduler)" if p.scheduler == DEFAULT_SCHEDULER
+                   else f"its scheduler {p.scheduler!r} (spec.schedulerName)")
+            hint = ("is it running?" if p.scheduler == DEFAULT_SCHEDULER else
+                    "is it running in this cluster? Without spec.schedulerName, kube-scheduler "
+                    "binds it")
+            out.append((p.name, f"{who} has not acted on it in {now - since:.0f} s since it "
+                                f"was placed on {p.pinned}: {hint}"))
+    for stale in [k for k in rt.unseen_since if k[0] == key and k not in waiting]:
+        del rt.unseen_since[stale]
+    return out
 
 
 #: How long a StatefulSet may have fewer pods than replicas before its FailedCreate Events are

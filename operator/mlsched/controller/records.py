@@ -261,6 +261,9 @@ def is_active_pod(body: Mapping[str, Any]) -> bool:
     return (body.get("status") or {}).get("phase") not in TERMINAL_POD_PHASES
 
 
+DEFAULT_SCHEDULER = "default-scheduler"
+
+
 @dataclass(frozen=True, slots=True)
 class PodRecord:
     """A pod of one of our jobs."""
@@ -287,6 +290,11 @@ class PodRecord:
     # container has exited 0 has completed its work.
     last_exit_zero: bool = False  # the latest restart followed an exit 0
     completed: bool = False
+    scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: who binds it once pinned
+    # Not bound and no scheduler has said anything about it: PodScheduled is absent or still
+    # the "SchedulingGated" it had while gated (kube-scheduler binds a pinned pod within a
+    # second or says why not; a scheduler that is not running says nothing).
+    unseen: bool = False
 
     @property
     def gated(self) -> bool:
@@ -320,12 +328,21 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         last_exit_zero=bool(restarts) and all(e in (0, None) for e in last_exits)
         and 0 in last_exits,
         completed=bool(exits) and all(0 in pair for pair in exits),
+        scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
+        unseen=not spec.get("nodeName") and _scheduler_silent(status),
     )
 
 
 def _exit_code(state: Mapping[str, Any] | None) -> int | None:
     terminated = (state or {}).get("terminated")
     return None if terminated is None else int(terminated.get("exitCode") or 0)
+
+
+def _scheduler_silent(status: Mapping[str, Any]) -> bool:
+    for c in status.get("conditions") or ():
+        if c.get("type") == "PodScheduled":
+            return c.get("reason") == "SchedulingGated"
+    return True
 
 
 def unschedulable_reason(status: Mapping[str, Any]) -> str | None:

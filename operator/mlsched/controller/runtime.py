@@ -290,6 +290,9 @@ class Runtime:
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
     # (job, StatefulSet) -> when it was first seen with fewer pods than replicas (jobs.py).
     short_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
+    # (job, pod uid) -> when the pod was first seen pinned, ungated and with no word from any
+    # scheduler (jobs.unscheduled).
+    unseen_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
     node_states: dict[str, NodeRecord] = field(default_factory=dict)
     # Why each job its policy's latest round or admission step gave nothing still waits
@@ -374,6 +377,8 @@ class Runtime:
         self.reconciled.pop(key, None)
         for stuck in [k for k in self.short_since if k[0] == key]:
             del self.short_since[stuck]
+        for stuck in [k for k in self.unseen_since if k[0] == key]:
+            del self.unseen_since[stuck]
         self.retrying.pop(key, None)
         self.waiting.pop(key, None)
         self.refusals.forget(key)
