@@ -183,3 +183,33 @@ def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, control_
         assert counts["admittedJobs"] == 2
     finally:
         core.patch_node(spare, {"spec": {"unschedulable": None}})
+
+
+def test_a_deleted_job_s_capacity_admits_a_waiting_job_within_seconds(mlsched, operator,
+                                                                     node_shape):
+    """Every GPU held by one job, another waiting; the first is deleted. Its pods go after it,
+    and their going woke nothing (the pod handler looked for the job's policy through the job,
+    which was gone): the waiting job waited for the next round. The policy also went on
+    counting the deleted job as admitted."""
+    mlsched.create(scheduling_policy("daily", allocation="fixed", interval=DAY))
+    gpus = node_shape.count * node_shape.gpu
+    mlsched.create(mljob("hog", ps=None, workers=(gpus, gpus), epochs=1e9, policy="daily"))
+    wait_for(lambda: placed_as_decided(mlsched, "hog"), 90, "the job holding every GPU to run",
+             describe=lambda: placement_problems(mlsched, "hog"))
+    mlsched.create(mljob("next", ps=None, workers=(2, 2), epochs=1e9, policy="daily"))
+    wait_for(lambda: (mlsched.policy("daily").get("status") or {}).get("waitingJobs") == 1, 30,
+             "the second job to wait")
+    deleted = time.monotonic()
+    mlsched.custom.delete_namespaced_custom_object("mlsched.io", "v1alpha1", mlsched.namespace,
+                                                   "mljobs", "hog")
+    # Its pods take their grace period to go (about 40 s here), holding the GPUs till then.
+    wait_for(lambda: not mlsched.pods("hog"), 90, "the deleted job's pods to go")
+    gone = time.monotonic()
+    wait_for(lambda: placed_as_decided(mlsched, "next"), 30,
+             "the waiting job to run once the deleted job's pods are gone",
+             describe=lambda: placement_problems(mlsched, "next"))
+    print(f"deleted: its pods went {gone - deleted:.1f} s later, and the waiting job ran "
+          f"{time.monotonic() - gone:.1f} s after that")
+    counts = wait_for(lambda: (s := mlsched.policy("daily")["status"]).get("waitingJobs") == 0
+                      and s, 10, "the policy to count no waiting job")
+    assert counts["admittedJobs"] == 1

@@ -282,3 +282,41 @@ def test_a_pod_of_another_namespace_that_ends_is_reported_freed():
     assert other.apply("MODIFIED", busy) is False
     assert other.apply("DELETED", busy) is True  # was counted, is not any more
     assert other.apply("DELETED", busy) is False  # already gone
+
+
+def test_a_deleted_job_s_pods_going_wake_its_policy_and_a_moved_job_wakes_the_one_it_left():
+    """A job deleted: its pods go after it, and their going frees its capacity. The pod
+    handler looked the job up to find its policy, found nothing, and the policy's waiting jobs
+    waited for its next round (20 minutes by default). A job moved to another policy: the one
+    it left went on counting it in `kubectl get schedulingpolicy`."""
+    from mlsched.controller import handlers
+
+    rt, kube = make_runtime(cluster(2))
+    memo = {"runtime": rt}
+    rt.indexes = kube.indexes()
+
+    def woken() -> set:
+        out = {key for key in [(NS, "default"), (NS, "other")]
+               if "admission" in rt.wakeups.peek(key)}
+        for key in out:
+            rt.wakeups.drop(key, "admission")
+        return out
+
+    body = ps_job("bert")
+    kube.put(body)
+    rt.indexes = kube.indexes()
+    run(handlers.mljob_event(event={"type": "ADDED"}, body=kube.obj("MLJob", NS, "bert"), memo=memo))
+    assert woken() == {(NS, "default")}
+    moved = kube.obj("MLJob", NS, "bert")
+    moved["spec"]["schedulingPolicy"] = "other"
+    moved["metadata"]["generation"] = 2
+    rt.indexes = kube.indexes()
+    run(handlers.mljob_event(event={"type": "MODIFIED"}, body=moved, memo=memo))
+    assert (NS, "default") in woken()  # the policy it left recounts
+    run(handlers.mljob_event(event={"type": "DELETED"}, body=moved, memo=memo))
+    assert woken() == {(NS, "other")}
+    run(kube.delete("MLJob", NS, "bert"))
+    rt.indexes = kube.indexes()
+    gone = pod("bert", "worker", 0, node_name="node-1")
+    run(handlers.pod_event(event={"type": "DELETED"}, body=gone, memo=memo))
+    assert woken() == {(NS, "other")}

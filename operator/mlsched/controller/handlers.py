@@ -282,9 +282,13 @@ async def limit_range_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
 
 
 def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
+    """Wake the admission of the job's policy; of the policy it had, for a job deleted since
+    (its pods go after it, and their going is what frees its capacity: the waiting jobs of its
+    policy used to wait for the next round)."""
     job = rt.indexes.job(namespace, job_name) if rt.indexes else None
-    if job is not None:
-        rt.wakeups.signal((namespace, job.policy), "admission")
+    policy = job.policy if job is not None else rt.departed.get((namespace, job_name))
+    if policy is not None:
+        rt.wakeups.signal((namespace, policy), "admission")
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
@@ -318,10 +322,18 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     edited = (event.get("type") == "MODIFIED" and reconciled is not None
               and reconciled != (meta.get("uid"), int(meta.get("generation") or 0))
               and rt.placements.of(key) is not None)
-    if event.get("type") == "ADDED" or edited:
+    if event.get("type") in ("ADDED", "DELETED") or edited:
         # Wake the policy now: its admission step then waits for the burst this job may be
-        # part of, and for the children of every job in it (loop._quiet).
+        # part of, and for the children of every job in it (loop._quiet); a deleted job's
+        # policy recounts its jobs (the capacity it held frees as its pods go, below).
         rt.wakeups.signal(policy_key, "admission")
+    previous = rt.job_bodies.get(key)
+    before = ((previous.get("spec") or {}).get("schedulingPolicy") or "default") \
+        if previous is not None else policy_key[1]
+    if before != policy_key[1]:
+        # Moved to another policy: the one it left recounts its jobs (and may admit others
+        # into what the job held); it used to go on showing the job as its own.
+        rt.wakeups.signal((policy_key[0], before), "admission")
     await jobs.on_job_event(rt, event.get("type"), body, rt.indexes)
 
 

@@ -44,8 +44,10 @@ async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     key = key_of(body)
     if event_type == "DELETED":
         # Children go with the owner references; only the in-memory books need forgetting. The
-        # capacity it held frees as its pods go (each pod's deletion wakes admission).
+        # capacity it held frees as its pods go (each pod's deletion wakes the admission of
+        # the policy it had: rt.departed).
         rt.forget_job(key)
+        rt.note_departed(key, (body.get("spec") or {}).get("schedulingPolicy") or "default")
         return
     body = plain(body)
     rt.job_bodies[key] = body

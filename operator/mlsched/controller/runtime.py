@@ -31,6 +31,7 @@ from mlsched.controller.status_writer import Seen, StatusWriter
 
 JobKey = tuple[str, str]
 PolicyKey = tuple[str, str]
+MAX_DEPARTED = 10_000  # deleted jobs whose policy is remembered (runtime.departed)
 
 
 def values(index: Mapping[Any, Iterable[Any]], key: Any) -> list[Any]:
@@ -290,6 +291,9 @@ class Runtime:
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
     # (job, StatefulSet) -> when it was first seen with fewer pods than replicas (jobs.py).
     short_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
+    # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
+    # to wake that policy's admission. The latest MAX_DEPARTED only.
+    departed: dict[JobKey, str] = field(default_factory=dict)
     # (job, pod uid) -> when the pod was first seen pinned, ungated and with no word from any
     # scheduler (jobs.unscheduled).
     unseen_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
@@ -371,6 +375,12 @@ class Runtime:
         """The newest progress known: the index, or a report whose status write is in flight."""
         cached = self.progress.get(job.key)
         return max(job.epochs_done, cached[0] if cached else 0.0)
+
+    def note_departed(self, key: JobKey, policy: str) -> None:
+        self.departed.pop(key, None)
+        self.departed[key] = policy
+        while len(self.departed) > MAX_DEPARTED:
+            del self.departed[next(iter(self.departed))]
 
     def forget_job(self, key: JobKey) -> None:
         self.job_bodies.pop(key, None)
