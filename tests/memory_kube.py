@@ -293,7 +293,7 @@ class MemoryKube:
 
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
-            "policy_index", "quota_index", "limit_range_index")}
+            "policy_index", "quota_index", "limit_range_index", "runtime_class_index")}
 
         def add(index: str, entries: dict | None) -> None:
             for k, v in (entries or {}).items():
@@ -318,4 +318,6 @@ class MemoryKube:
                 add("quota_index", handlers.quota_index(**common))
             elif kind == "LimitRange":
                 add("limit_range_index", handlers.limit_range_index(**common))
+            elif kind == "RuntimeClass":
+                add("runtime_class_index", handlers.runtime_class_index(**common))
         return handlers.indexes_from({k: dict(v) for k, v in found.items()})

@@ -50,6 +50,8 @@ NEEDED = [
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     ("", "namespaces", "list"), ("", "namespaces", "watch"),
+    # RuntimeClasses: what pods naming one will be (controller/runtimeclasses.py).
+    ("node.k8s.io", "runtimeclasses", "list"), ("node.k8s.io", "runtimeclasses", "watch"),
     # The namespace's ResourceQuotas: a round's budget (controller/quotas.py).
     ("", "resourcequotas", "list"), ("", "resourcequotas", "watch"),
     # The namespace's LimitRanges: the requests its pods get (controller/limitranges.py).

@@ -37,6 +37,7 @@ from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.loop_health import LoopHealth
 from mlsched.controller.limitranges import limit_range_record
+from mlsched.controller.runtimeclasses import runtime_class_record
 from mlsched.controller.quotas import quota_record
 from mlsched.controller.records import (
     is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
@@ -77,7 +78,8 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
     return Indexes(nodes=kwargs["node_index"], pods=kwargs["pod_index"],
                    statefulsets=kwargs["statefulset_index"], foreign=kwargs["foreign_pod_index"],
                    mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
-                   quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"])
+                   quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"],
+                   runtime_classes=kwargs["runtime_class_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -188,6 +190,12 @@ def limit_range_index(namespace: str, body: kopf.Body, **_: Any):
     return {namespace: record} if record else None
 
 
+@kopf.index("node.k8s.io", "v1", "runtimeclasses")
+def runtime_class_index(name: str, body: kopf.Body, **_: Any):
+    """RuntimeClasses by name: what the pods of a template naming one will be."""
+    return {name: runtime_class_record(body)}
+
+
 @kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
 def statefulset_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     return {(namespace, labels[JOB_LABEL]): sts_record(body)}
@@ -278,6 +286,13 @@ async def limit_range_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
                             **_: Any) -> None:
     """Defaults lowered or removed: waiting jobs may fit now (raised: they are decided again
     with the larger requests at the next step, which needs no wake-up of its own)."""
+    wake_all_admissions(runtime(memo))
+
+
+@kopf.on.event("node.k8s.io", "v1", "runtimeclasses")
+async def runtime_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                              **_: Any) -> None:
+    """A RuntimeClass created or changed: jobs naming it may be plannable now."""
     wake_all_admissions(runtime(memo))
 
 

@@ -24,11 +24,13 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlsched.controller import runtimeclasses
 from mlsched.controller.node_constraints import role_constraints
 from mlsched.controller.records import (
     JobRecord, extended_requests, parse_quantity, pod_limits, pod_totals, role_charges,
     role_demands,
 )
+from mlsched.controller.runtimeclasses import RuntimeClassRecord
 
 Amounts = tuple[tuple[str, float], ...]  # (resource name, cores / bytes / units), sorted
 
@@ -97,40 +99,57 @@ def container_defaults(records: Iterable[LimitRangeRecord]) -> ContainerDefaults
     return ContainerDefaults(requests, limits)
 
 
-def defaulted(job: JobRecord, defaults: ContainerDefaults) -> JobRecord:
-    """The job as its pods will be: its demands, extended resources and quota charges with
-    the namespace's `defaults`."""
-    if not defaults or job.error is not None:
+def defaulted(job: JobRecord, defaults: ContainerDefaults,
+              templates: Mapping[str, Mapping[str, Any]] | None = None) -> JobRecord:
+    """The job as its pods will be: its demands, extended resources, node constraints and
+    quota charges from `templates` (its own, or as a RuntimeClass makes them) with the
+    namespace's `defaults`."""
+    if job.error is not None or (not defaults and templates is None):
         return job
+    templates = job.templates if templates is None else templates
     requests = defaults.requests
     return dataclasses.replace(
-        job, demands=role_demands(job.model, job.templates, requests),
-        charges=role_charges(job.templates, requests, defaults.limits),
-        node_constraints=role_constraints(job.templates,
+        job, demands=role_demands(job.model, templates, requests),
+        charges=role_charges(templates, requests, defaults.limits),
+        node_constraints=role_constraints(templates,
                                           lambda spec: extended_requests(spec, requests)))
 
 
-def as_planned(job: JobRecord, records: Iterable[LimitRangeRecord]) -> JobRecord:
-    """The job as its namespace's LimitRanges make its pods: their defaults applied
-    (`defaulted`), and `blocked` with LimitRanger's refusal when they break one of its checks
+def as_planned(job: JobRecord, records: Iterable[LimitRangeRecord],
+               classes: Mapping[str, RuntimeClassRecord] | None = None) -> JobRecord:
+    """The job as the API server will make its pods: the RuntimeClasses its templates name
+    applied (runtimeclasses.effective), then its namespace's LimitRange defaults
+    (`defaulted`); `blocked` with the API server's objection when either refuses its pods
     (such a job is given no tasks: it used to be admitted, hold its capacity and get
     `FailedCreate` for every pod)."""
     records = sorted(records, key=lambda r: r.name)
-    if not records or job.error is not None:
+    if job.error is not None or (not records and not job.runtime_classes):
         return job
+    templates: dict[str, Mapping[str, Any]] = dict(job.templates)
+    blocked = None
+    for role, template in job.templates.items():
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        if not isinstance(spec, Mapping) or not job.bounds(role)[1]:
+            continue
+        spec, refused = runtimeclasses.effective(spec, classes or {})
+        templates[role] = {**template, "spec": spec}
+        if refused and blocked is None:
+            blocked = f"its {role} pods {refused}"
     defaults = container_defaults(records)
-    planned = defaulted(job, defaults)
-    for role in ("ps", "worker"):
-        template = job.templates.get(role)
+    planned = defaulted(job, defaults, templates if job.runtime_classes else None)
+    for role in ("ps", "worker") if blocked is None else ():
+        template = templates.get(role)
         spec = template.get("spec") if isinstance(template, Mapping) else None
         if job.bounds(role)[1] and isinstance(spec, Mapping):
             for record in records:
                 refused = refusal(spec, record, defaults)
                 if refused:
-                    return dataclasses.replace(
-                        planned, blocked=f"the namespace's LimitRange {record.name!r} refuses "
-                                         f"its {role} pods: {refused}")
-    return planned
+                    blocked = (f"the namespace's LimitRange {record.name!r} refuses its {role} "
+                               f"pods: {refused}")
+                    break
+        if blocked:
+            break
+    return dataclasses.replace(planned, blocked=blocked) if blocked else planned
 
 
 def refusal(spec: Mapping[str, Any], record: LimitRangeRecord,
@@ -210,35 +229,43 @@ def _show(resource: str, amount: float) -> str:
 
 
 class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
-    """The MLJob index seen with each namespace's LimitRange defaults applied (`defaulted`),
-    so that every reader (rounds, admission, waiting reasons, CannotFit) plans with what the
-    pods will request. A job's record is recomputed only when it or its namespace's
-    LimitRanges changed; without any LimitRange this is the index itself."""
+    """The MLJob index seen as the API server will make each job's pods (`as_planned`: the
+    RuntimeClasses its templates name, its namespace's LimitRanges), so that every reader
+    (rounds, admission, waiting reasons, CannotFit) plans with what the pods will request and
+    where they may run. A job's record is recomputed only when it, its namespace's
+    LimitRanges or its RuntimeClasses changed; a job touched by neither is seen as it is."""
 
     def __init__(self, raw: Mapping[tuple[str, str], Iterable[JobRecord]],
-                 limit_ranges: Mapping[str, Iterable[LimitRangeRecord]]):
+                 limit_ranges: Mapping[str, Iterable[LimitRangeRecord]],
+                 runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] | None = None):
         self.raw = raw
         self.limit_ranges = limit_ranges
+        self.runtime_classes = runtime_classes if runtime_classes is not None else {}
         self._cache: dict[tuple[str, str], tuple[JobRecord, tuple, JobRecord]] = {}
+
+    def _classes(self, job: JobRecord) -> tuple[RuntimeClassRecord | None, ...]:
+        return tuple(next(iter(self.runtime_classes.get(name, ())), None)
+                     for name in job.runtime_classes)
 
     def apply(self, job: JobRecord) -> JobRecord:
         ranges = tuple(self.limit_ranges.get(job.namespace, ()))
-        if not ranges:
+        classes = self._classes(job) if job.runtime_classes else ()
+        if not ranges and not job.runtime_classes:
             return job
         cached = self._cache.get(job.key)
-        if cached is not None and cached[0] is job and cached[1] == ranges:
+        if cached is not None and cached[0] is job and cached[1] == (ranges, classes):
             return cached[2]
-        result = as_planned(job, ranges)
+        result = as_planned(job, ranges, {c.name: c for c in classes if c is not None})
         if len(self._cache) > 2 * len(self.raw) + 64:  # forget deleted jobs now and then
             self._cache = {k: v for k, v in self._cache.items() if k in self.raw}
-        self._cache[job.key] = (job, ranges, result)
+        self._cache[job.key] = (job, (ranges, classes), result)
         return result
 
     def __getitem__(self, key: tuple[str, str]) -> Iterable[JobRecord]:
         records = self.raw[key]
-        if not self.limit_ranges or key[0] not in self.limit_ranges:
-            return records
-        return [self.apply(r) for r in records]
+        if key[0] in self.limit_ranges or any(r.runtime_classes for r in records):
+            return [self.apply(r) for r in records]
+        return records
 
     def __iter__(self):
         return iter(self.raw)
@@ -247,6 +274,4 @@ class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
         return len(self.raw)
 
     def values(self):  # type: ignore[override]
-        if not self.limit_ranges:  # the common case, kept as fast as the index itself
-            return self.raw.values()
         return [self[key] for key in self.raw]

@@ -16,6 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject, MLJob
+from mlsched.controller import runtimeclasses
 from mlsched.controller.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION,
@@ -467,6 +468,7 @@ class JobRecord:
     node_constraints: Mapping[str, NodeConstraint] = field(default_factory=dict)
     # Per role, what one pod counts against the namespace's ResourceQuotas (quota_usage).
     charges: Mapping[str, QuotaUsage] = field(default_factory=dict)
+    runtime_classes: tuple[str, ...] = ()  # the RuntimeClasses its templates name
     # Why the namespace's LimitRanges refuse its pods, if they do (limitranges.as_planned): the
     # job gets no tasks and is told CannotFit until the template or the LimitRange changes.
     blocked: str | None = None
@@ -619,6 +621,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
     return JobRecord(
         **common, model=model, demands=role_demands(model, common["templates"]),
         charges=role_charges(common["templates"]),
+        runtime_classes=runtimeclasses.named(common["templates"]),
         node_constraints=role_constraints(common["templates"], extended_requests),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),

@@ -20,6 +20,7 @@ from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
 from mlsched.controller.limitranges import Defaulted, LimitRangeRecord, as_planned
+from mlsched.controller.runtimeclasses import RuntimeClassRecord
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.object_writer import ObjectWriter
@@ -91,10 +92,12 @@ class Indexes:
     quotas: Mapping[str, Iterable[QuotaRecord]] = field(default_factory=dict)
     # LimitRanges by namespace (limitranges.py): the requests its pods will be given.
     limit_ranges: Mapping[str, Iterable[LimitRangeRecord]] = field(default_factory=dict)
+    # RuntimeClasses by name (runtimeclasses.py): what pods naming one will be.
+    runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mljobs, Defaulted):
-            self.mljobs = Defaulted(self.mljobs, self.limit_ranges)
+            self.mljobs = Defaulted(self.mljobs, self.limit_ranges, self.runtime_classes)
         if not isinstance(self.statefulsets, Owned):
             self.statefulsets = Owned(self.statefulsets, self._owns_statefulset)
         if not isinstance(self.pods, Owned):
@@ -125,9 +128,13 @@ class Indexes:
         return found[0] if found else None
 
     def as_planned(self, job: JobRecord) -> JobRecord:
-        """A record read from a body (not the index) with its namespace's LimitRange defaults."""
+        """A record read from a body (not the index) as the index shows it (Defaulted)."""
+        assert isinstance(self.mljobs, Defaulted)
         ranges = values(self.limit_ranges, job.namespace)
-        return as_planned(job, ranges) if ranges else job
+        if not ranges and not job.runtime_classes:
+            return job
+        classes = {c.name: c for c in self.mljobs._classes(job) if c is not None}
+        return as_planned(job, ranges, classes)
 
     def jobs_of_policy(self, namespace: str, policy: str) -> list[JobRecord]:
         return [j for j in flatten(self.mljobs) if j.namespace == namespace and j.policy == policy]
