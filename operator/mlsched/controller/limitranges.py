@@ -274,4 +274,11 @@ class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
         return len(self.raw)
 
     def values(self):  # type: ignore[override]
-        return [self[key] for key in self.raw]
+        ranges, out = self.limit_ranges, []
+        for key, records in self.raw.items():
+            for r in records:
+                if r.runtime_classes or (ranges and key[0] in ranges):
+                    records = [self.apply(r) for r in records]
+                    break
+            out.append(records)
+        return out
