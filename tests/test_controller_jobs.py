@@ -402,6 +402,31 @@ def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
     assert cond(kube, "bert", "Running").reason != "Unschedulable" and not rt.unseen_since
 
 
+def test_a_pod_held_by_a_gate_of_its_template_s_own_says_so(monkeypatch):
+    """A template carrying another controller's scheduling gate: the operator removes only
+    its own, and the pod waits for the other. That is no scheduler's fault: say which gate."""
+    body = ps_job("bert", min_workers=1, max_workers=1)
+    for role in body["spec"]["replicaSpecs"].values():
+        role["template"]["spec"]["schedulingGates"] = [{"name": "example.com/quota-check"}]
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, body))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    kube.run_statefulsets()
+    for p in kube.of_kind("Pod"):
+        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+    assert all(p["spec"]["schedulingGates"] == [{"name": "example.com/quota-check"}]
+               for p in kube.of_kind("Pod"))
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    sync(rt, kube, "bert")
+    clock[0] += rt.config.scheduler_grace_seconds
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "Unschedulable"
+    assert "still carries the scheduling gate example.com/quota-check" in running.message
+
+
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     rt, kube = scheduled()
     sync(rt, kube, "bert")

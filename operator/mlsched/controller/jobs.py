@@ -404,14 +404,21 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
             continue
         waiting.add((key, p.uid))
         since = rt.unseen_since.setdefault((key, p.uid), now)
-        if now - since >= grace:
-            who = ("kube-scheduler (default-scheduler)" if p.scheduler == DEFAULT_SCHEDULER
-                   else f"its scheduler {p.scheduler!r} (spec.schedulerName)")
-            hint = ("is it running?" if p.scheduler == DEFAULT_SCHEDULER else
-                    "is it running in this cluster? Without spec.schedulerName, kube-scheduler "
-                    "binds it")
-            out.append((p.name, f"{who} has not acted on it in {now - since:.0f} s since it "
-                                f"was placed on {p.pinned}: {hint}"))
+        if now - since < grace:
+            continue
+        if p.gates:  # a gate of the template's own (another controller's), still on it
+            out.append((p.name, f"it still carries the scheduling gate "
+                                f"{', '.join(p.gates)} {now - since:.0f} s after it was placed "
+                                f"on {p.pinned}: no scheduler looks at it until whatever put "
+                                f"that gate in the template removes it"))
+            continue
+        who = ("kube-scheduler (default-scheduler)" if p.scheduler == DEFAULT_SCHEDULER
+               else f"its scheduler {p.scheduler!r} (spec.schedulerName)")
+        hint = ("is it running?" if p.scheduler == DEFAULT_SCHEDULER else
+                "is it running in this cluster? Without spec.schedulerName, kube-scheduler "
+                "binds it")
+        out.append((p.name, f"{who} has not acted on it in {now - since:.0f} s since it "
+                            f"was placed on {p.pinned}: {hint}"))
     for stale in [k for k in rt.unseen_since if k[0] == key and k not in waiting]:
         del rt.unseen_since[stale]
     return out
