@@ -28,6 +28,8 @@ JOB_LABEL = "mlsched.io/job-name"
 ROLE_LABEL = "mlsched.io/role"
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 IMAGE = "registry.invalid/mlsched/trainer:e2e"  # never pulled: kwok runs no containers
+# An image the kwok "kubelet" cannot pull (kwok_stages.yaml, pod-image-missing).
+MISSING_IMAGE = "registry.invalid/e2e/missing:404"
 
 
 def load_yaml(path: Path) -> list[dict]:

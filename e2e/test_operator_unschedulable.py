@@ -147,3 +147,22 @@ def test_pods_whose_scheduler_does_not_run_here_are_reported(mlsched, start_oper
     assert "its scheduler 'volcano' (spec.schedulerName) has not acted on it" in message, message
     assert any(r == "Unschedulable" and "volcano" in m for r, m in _warnings(mlsched, "brought-over"))
     assert all(not p.spec.node_name for p in mlsched.pods("brought-over"))
+
+
+def test_pods_whose_image_cannot_be_pulled_are_reported(mlsched, operator):
+    """A typo in an image tag: the pods are bound and hold their GPUs, the kubelet backs off
+    pulling, and the job said PodsStarting for as long as it lasted."""
+    from mlsched_objects import MISSING_IMAGE
+
+    mlsched.create(scheduling_policy("default", interval=600))
+    job = mljob("typo", ps=None, workers=(2, 2))
+    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["image"] = \
+        MISSING_IMAGE
+    mlsched.create(job)
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "typo"))
+                               and r[0] == "PodsCannotStart" and r, 60,
+                               "the job to say its pods cannot start",
+                               describe=lambda: _reason(mlsched, "typo"))
+    assert message.startswith("pod typo-worker-"), message
+    assert f'ImagePullBackOff: Back-off pulling image "{MISSING_IMAGE}"' in message, message
+    assert any(r == "PodsCannotStart" for r, _ in _warnings(mlsched, "typo"))

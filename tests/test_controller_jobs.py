@@ -427,6 +427,31 @@ def test_a_pod_held_by_a_gate_of_its_template_s_own_says_so(monkeypatch):
     assert "still carries the scheduling gate example.com/quota-check" in running.message
 
 
+def test_pods_whose_containers_cannot_start_are_reported():
+    """An image that cannot be pulled: the pods are bound and hold their GPUs, and never
+    start. The job said PodsStarting for as long as that lasted."""
+    rt, kube = scheduled()
+    for p in kube.of_kind("Pod"):
+        p["status"] = {"phase": "Pending", "containerStatuses": [{
+            "name": "worker", "ready": False, "restartCount": 0, "state": {"waiting": {
+                "reason": "ImagePullBackOff",
+                "message": 'Back-off pulling image "registry.example.com/trainer:2.l"'}}}]}
+    for sts in kube.of_kind("StatefulSet"):
+        sts["status"] = {**sts["status"], "readyReplicas": 0}
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "PodsCannotStart" and status(kube, "bert")["phase"] == "Pending"
+    assert running.message.startswith("pod bert-") and running.message.count("cannot start") == 1
+    assert 'ImagePullBackOff: Back-off pulling image "registry.example.com/trainer:2.l"' in \
+        running.message and "more pod" in running.message
+    assert "PodsCannotStart" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
+    for p in kube.of_kind("Pod"):  # fixed: the image is there now
+        p["status"] = {"phase": "Running"}
+    kube.settle()
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "AllRolesReady"
+
+
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     rt, kube = scheduled()
     sync(rt, kube, "bert")

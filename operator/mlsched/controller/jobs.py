@@ -290,6 +290,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     pods = list(idx.pods.get(job.key, ()))
     for pod in pods:
         rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
+    seen.cannot_start = sorted((p.name, p.stuck) for p in pods if p.stuck and not p.deleting)
     seen.unschedulable = sorted([(p.name, p.unschedulable) for p in pods
                                  if p.unschedulable and not p.deleting]
                                 + unscheduled(rt, job.key, pods))

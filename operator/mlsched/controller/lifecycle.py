@@ -45,6 +45,9 @@ class Observed:
     waiting_for: str | None = None
     # the API server's latest refusal to create one of its pods (a StatefulSet's FailedCreate)
     pods_refused: str | None = None
+    # (pod, "ImagePullBackOff: Back-off pulling image ...") for the job's pods whose
+    # containers the kubelet cannot start (records.STUCK_REASONS)
+    cannot_start: list[tuple[str, str]] = field(default_factory=list)
     workers_completed: int = 0  # worker pods whose every container has exited 0
     now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
 
@@ -131,6 +134,10 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             reason = "PodsRefused"
             message = (", ".join(f"{ready[r]}/{desired[r]} {r} ready" for r in roles)
                        + f"; the API server refuses to create the rest: {seen.pods_refused}")
+        elif seen.cannot_start:
+            reason = "PodsCannotStart"
+            message = (", ".join(f"{ready[r]}/{desired[r]} {r} ready" for r in roles)
+                       + f"; {_cannot_start(seen.cannot_start)}")
     else:
         phase = JobPhase.PENDING
         if not seen.policy_exists:
@@ -139,6 +146,10 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         elif admitted and seen.pods_refused:
             reason, message = "PodsRefused", \
                 f"the API server refuses to create its pods: {seen.pods_refused}"
+        elif admitted and seen.cannot_start:
+            # An image that cannot be pulled, a missing Secret or ConfigMap: the pods hold
+            # their nodes and never start. It used to say PodsStarting, its GPUs held.
+            reason, message = "PodsCannotStart", _cannot_start(seen.cannot_start)
         elif admitted and seen.unschedulable:
             pod, why = seen.unschedulable[0]
             more = len(seen.unschedulable) - 1
@@ -204,7 +215,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
                            f"namespace: the job keeps its tasks and is not re-decided"))
     # Stuck for a reason the user must act on: say so once, when it starts.
     old_running = get_condition(status.get("conditions"), C.RUNNING)
-    if reason in ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused") and (
+    if reason in ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused",
+                  "PodsCannotStart") and (
             old_running is None or old_running.reason != reason):
         out.events.append(("Warning", reason, message))
     if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):
@@ -220,3 +232,10 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     out.delete_job = bool(finished and run.ttl_seconds_after_finished is not None and done_at
                           and now.timestamp() - done_at >= run.ttl_seconds_after_finished)
     return out
+
+
+def _cannot_start(pods: list[tuple[str, str]]) -> str:
+    pod, why = pods[0]
+    more = len(pods) - 1
+    return f"pod {pod} cannot start: {why}" + (
+        f" (and {more} more pod{'s' * (more > 1)})" if more else "")

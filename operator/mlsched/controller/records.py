@@ -291,6 +291,9 @@ class PodRecord:
     # container has exited 0 has completed its work.
     last_exit_zero: bool = False  # the latest restart followed an exit 0
     completed: bool = False
+    # Why the kubelet cannot start one of its containers, when it is one of STUCK_REASONS:
+    # "ImagePullBackOff: Back-off pulling image ...".
+    stuck: str | None = None
     scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: who binds it once pinned
     # Not bound and no scheduler has said anything about it: PodScheduled is absent or still
     # the "SchedulingGated" it had while gated (kube-scheduler binds a pinned pod within a
@@ -329,6 +332,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         last_exit_zero=bool(restarts) and all(e in (0, None) for e in last_exits)
         and 0 in last_exits,
         completed=bool(exits) and all(0 in pair for pair in exits),
+        stuck=_stuck(status),
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
     )
@@ -337,6 +341,23 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
 def _exit_code(state: Mapping[str, Any] | None) -> int | None:
     terminated = (state or {}).get("terminated")
     return None if terminated is None else int(terminated.get("exitCode") or 0)
+
+
+#: Container waiting reasons that do not pass by themselves: the pod holds its node and
+#: never starts until the template, or what it refers to, is fixed.
+STUCK_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff", "InvalidImageName",
+                           "CreateContainerConfigError", "CreateContainerError",
+                           "RunContainerError"})
+
+
+def _stuck(status: Mapping[str, Any]) -> str | None:
+    for c in [*(status.get("initContainerStatuses") or ()),
+              *(status.get("containerStatuses") or ())]:
+        waiting = ((c or {}).get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in STUCK_REASONS:
+            message = waiting.get("message")
+            return f"{waiting['reason']}: {message}" if message else waiting["reason"]
+    return None
 
 
 def _scheduler_silent(status: Mapping[str, Any]) -> bool:

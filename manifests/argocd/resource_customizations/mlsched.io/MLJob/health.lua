@@ -7,8 +7,9 @@
 --   Degraded     Failed (InvalidSpec, BackoffLimitExceeded, DeadlineExceeded), or waiting for
 --                something only a person can fix: no such SchedulingPolicy (PolicyNotFound),
 --                a minimum no set of nodes can ever hold (CannotFit), pods kube-scheduler
---                refuses (Unschedulable), pods the API server refuses to create (PodsRefused,
---                also while Running on its minimum without the rest of what was decided)
+--                refuses (Unschedulable), pods the API server refuses to create (PodsRefused)
+--                or whose containers cannot start (PodsCannotStart: an image that cannot be
+--                pulled), also while Running on its minimum without the rest of its pods
 --   Progressing  everything else: not evaluated yet, an edit not yet seen, waiting for an
 --                allocation, for the namespace's quota (WaitingForQuota) or for pods to start
 -- (Argo CD runs each health.lua on its own, with no way to share code between them: the
@@ -65,7 +66,7 @@ elseif phase == "Suspended" then
   hs.message = explain(condition("Suspended"), "Suspended")
 elseif phase == "Running" then
   local running = condition("Running")
-  if running ~= nil and running.reason == "PodsRefused" then
+  if running ~= nil and (running.reason == "PodsRefused" or running.reason == "PodsCannotStart") then
     hs.status = "Degraded"
   else
     hs.status = "Healthy"
@@ -75,7 +76,7 @@ elseif phase == "Pending" then
   local running = condition("Running")
   local reason = running and running.reason or ""
   if reason == "PolicyNotFound" or reason == "CannotFit" or reason == "Unschedulable"
-      or reason == "PodsRefused" then
+      or reason == "PodsRefused" or reason == "PodsCannotStart" then
     hs.status = "Degraded"
   else
     hs.status = "Progressing"
