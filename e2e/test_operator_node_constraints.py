@@ -56,7 +56,7 @@ def test_tasks_land_only_on_nodes_their_template_allows(control_plane, api, mlsc
 
         def settled():
             pods = _pods_by_role(mlsched, "picky-disks")
-            if not pods["worker"] or not pods["ps"]:
+            if len(pods["worker"]) < 4 or not pods["ps"]:  # the gang, created in parallel
                 return None
             if any(p.status.phase != "Running" for role in pods.values() for p in role):
                 return None
@@ -138,18 +138,21 @@ def test_dedicated_nodes_are_used_only_by_jobs_that_tolerate_their_taint(control
         mlsched.create(mljob("others", ps=None, workers=(22, 22)))
         mlsched.create(team)
 
-        def running(job: str):
+        def running(job: str, count: int):
+            """All `count` pods of the job Running (all of them: the StatefulSet creates
+            them in parallel, and a check on the ones that exist so far raced that)."""
             pods = mlsched.pods(job)
-            return pods if pods and all(p.status.phase == "Running" for p in pods) else None
+            ok = len(pods) == count and all(p.status.phase == "Running" for p in pods)
+            return pods if ok else None
 
-        team_pods = wait_for(lambda: running("team-job"), 90, "the team's job to run",
+        # 4 workers on the 2 nodes' 4 GPUs, and its PS.
+        team_pods = wait_for(lambda: running("team-job", 5), 90, "the team's job to run",
                              describe=lambda: _running(mlsched, "team-job"))
         assert {p.spec.node_name for p in team_pods} <= set(team_nodes)
-        assert len(team_pods) == 5  # 4 workers on the 2 nodes' 4 GPUs, and its PS
-        others = wait_for(lambda: running("others"), 90, "the other job to run",
+        # Every GPU of the other 11 nodes.
+        others = wait_for(lambda: running("others", 22), 90, "the other job to run",
                           describe=lambda: _running(mlsched, "others"))
         assert not {p.spec.node_name for p in others} & set(team_nodes)
-        assert len(others) == 22  # every GPU of the other 11 nodes
 
 
 @contextlib.contextmanager

@@ -133,7 +133,7 @@ def test_pods_whose_scheduler_does_not_run_here_are_reported(mlsched, start_oper
     runs here: the operator pins and ungates the pods, nothing ever binds them, and
     `kubectl get` keeps showing them SchedulingGated. The job said PodsStarting forever while
     its GPUs stayed held; now it is Unschedulable naming the scheduler after the grace
-    (3 s here, 30 s by default)."""
+    (3 s here, 60 s by default)."""
     start_operator(extra_env={"MLSCHED_SCHEDULER_GRACE_SECONDS": "3",
                               "MLSCHED_JOB_SYNC_SECONDS": "2"})
     mlsched.create(scheduling_policy("default", interval=600))

@@ -394,7 +394,7 @@ def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert running.reason == "Unschedulable", running
-    assert "its scheduler 'volcano' (spec.schedulerName) has not acted on it in 30 s" in \
+    assert "its scheduler 'volcano' (spec.schedulerName) has not acted on it in 60 s" in \
         running.message, running.message
     assert "Unschedulable" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
     kube.run_scheduler()  # it turns out to run after all

@@ -38,7 +38,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="how often each MLJob's lifecycle is re-evaluated (10)")
     p.add_argument("--scheduler-grace-seconds", type=float,
                    help="how long a placed pod may go without a word from its scheduler "
-                        "before its job reports it (30)")
+                        "before its job reports it (60)")
     p.add_argument("--progress-url", help="URL training pods report progress to")
     p.add_argument("--tls-cert", help="serve the endpoint over HTTPS with this certificate")
     p.add_argument("--tls-key", help="... and this key")

@@ -68,7 +68,9 @@ class OperatorConfig:
     job_sync_seconds: float = 10.0  # how often each MLJob's lifecycle is re-evaluated
     # How long a pinned pod may wait for its scheduler to act at all before the job says so
     # (jobs.unscheduled): a schedulerName with no such scheduler running, kube-scheduler down.
-    scheduler_grace_seconds: float = 30.0
+    # Generous: kube-scheduler binds a pinned pod in a second, but a burst of thousands of
+    # pods can queue it for tens of seconds, which must not read as a scheduler that is down.
+    scheduler_grace_seconds: float = 60.0
     # The URL training pods are told to report to (the operator's Service in-cluster).
     progress_url: str = "http://mlsched-operator.mlsched-system.svc:8080/v1/progress"
     token_audience: str = TOKEN_AUDIENCE
