@@ -90,9 +90,11 @@ def test_a_quota_on_limits_and_pods_is_planned_within(api, mlsched, operator):
     worker["resources"] = {"requests": {"nvidia.com/gpu": "1", "memory": "8Gi"},
                            "limits": {"nvidia.com/gpu": "1"}}  # CPU: the LimitRange's
     mlsched.create(job)
-    status = wait_for(lambda: placed_as_decided(mlsched, "limited"), 60, "the job to run",
-                      describe=lambda: placement_problems(mlsched, "limited"))
-    assert status["replicaStatuses"]["worker"] == {"desired": 4, "ready": 4}, status
+    wait_for(lambda: placed_as_decided(mlsched, "limited"), 60, "the job to run",
+             describe=lambda: placement_problems(mlsched, "limited"))
+    workers = wait_for(lambda: (w := mlsched.job("limited")["status"]["replicaStatuses"]["worker"])
+                       ["ready"] == w["desired"] and w, 30, "its pods to be ready")
+    assert workers == {"desired": 4, "ready": 4}, workers
     # Within the pod count too: 4 of 6 used, so a 3-worker minimum waits for it.
     mlsched.create(mljob("second", ps=None, workers=(3, 3), epochs=1e9, policy="daily"))
     reason, message = wait_for(lambda: (r := _running(mlsched, "second"))
