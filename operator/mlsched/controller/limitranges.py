@@ -27,8 +27,8 @@ from typing import Any
 from mlsched.controller import runtimeclasses
 from mlsched.controller.node_constraints import role_constraints
 from mlsched.controller.records import (
-    JobRecord, extended_requests, parse_quantity, pod_limits, pod_totals, role_charges,
-    role_demands,
+    JobRecord, container_limited, container_requested, extended_requests, parse_quantity,
+    pod_limits, pod_totals, role_charges, role_demands,
 )
 from mlsched.controller.runtimeclasses import RuntimeClassRecord
 
@@ -137,19 +137,24 @@ def as_planned(job: JobRecord, records: Iterable[LimitRangeRecord],
             blocked = f"its {role} pods {refused}"
     defaults = container_defaults(records)
     planned = defaulted(job, defaults, templates if job.runtime_classes else None)
-    for role in ("ps", "worker") if blocked is None else ():
+    blocked = blocked or _refused_by(records, templates, job, defaults)
+    return dataclasses.replace(planned, blocked=blocked) if blocked else planned
+
+
+def _refused_by(records: list[LimitRangeRecord], templates: Mapping[str, Mapping[str, Any]],
+                job: JobRecord, defaults: ContainerDefaults) -> str | None:
+    """The first LimitRange objection to one of the job's roles, worded for `blocked`."""
+    for role in ("ps", "worker"):
         template = templates.get(role)
         spec = template.get("spec") if isinstance(template, Mapping) else None
-        if job.bounds(role)[1] and isinstance(spec, Mapping):
-            for record in records:
-                refused = refusal(spec, record, defaults)
-                if refused:
-                    blocked = (f"the namespace's LimitRange {record.name!r} refuses its {role} "
-                               f"pods: {refused}")
-                    break
-        if blocked:
-            break
-    return dataclasses.replace(planned, blocked=blocked) if blocked else planned
+        if not job.bounds(role)[1] or not isinstance(spec, Mapping):
+            continue
+        for record in records:
+            refused = refusal(spec, record, defaults)
+            if refused:
+                return (f"the namespace's LimitRange {record.name!r} refuses its {role} pods: "
+                        f"{refused}")
+    return None
 
 
 def refusal(spec: Mapping[str, Any], record: LimitRangeRecord,
@@ -183,11 +188,9 @@ def refusal(spec: Mapping[str, Any], record: LimitRangeRecord,
 
 def _effective(container: Mapping[str, Any], defaults: ContainerDefaults):
     """(requests, limits) of a container once created: a request defaults to its limit, then
-    LimitRanger fills what is still unset."""
-    res = container.get("resources") or {}
-    limits = {k: parse_quantity(v) for k, v in (res.get("limits") or {}).items()}
-    requests = {**limits, **{k: parse_quantity(v) for k, v in (res.get("requests") or {}).items()}}
-    return ({**defaults.requests, **requests}, {**defaults.limits, **limits})
+    LimitRanger fills what is still unset (records' own rules)."""
+    return (container_requested(container, defaults.requests),
+            container_limited(container, defaults.limits))
 
 
 def _check(kind: str, resource: str, bound: float, requests: Mapping[str, float],
@@ -247,15 +250,28 @@ class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
         return tuple(next(iter(self.runtime_classes.get(name, ())), None)
                      for name in job.runtime_classes)
 
-    def apply(self, job: JobRecord) -> JobRecord:
+    def plan(self, job: JobRecord) -> JobRecord:
+        """`as_planned` for any record (one read from a body, say), not cached."""
+        return self._plan(job, *self._inputs(job))
+
+    def _inputs(self, job: JobRecord):
         ranges = tuple(self.limit_ranges.get(job.namespace, ()))
-        classes = self._classes(job) if job.runtime_classes else ()
+        return ranges, self._classes(job) if job.runtime_classes else ()
+
+    def _plan(self, job: JobRecord, ranges: tuple, classes: tuple) -> JobRecord:
+        if not ranges and not job.runtime_classes:
+            return job
+        return as_planned(job, ranges, {c.name: c for c in classes if c is not None})
+
+    def apply(self, job: JobRecord) -> JobRecord:
+        """`plan`, cached per job until its record, LimitRanges or RuntimeClasses change."""
+        ranges, classes = self._inputs(job)
         if not ranges and not job.runtime_classes:
             return job
         cached = self._cache.get(job.key)
         if cached is not None and cached[0] is job and cached[1] == (ranges, classes):
             return cached[2]
-        result = as_planned(job, ranges, {c.name: c for c in classes if c is not None})
+        result = self._plan(job, ranges, classes)
         if len(self._cache) > 2 * len(self.raw) + 64:  # forget deleted jobs now and then
             self._cache = {k: v for k, v in self._cache.items() if k in self.raw}
         self._cache[job.key] = (job, (ranges, classes), result)

@@ -117,11 +117,11 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
 def container_requests(container: Mapping[str, Any]) -> Resources:
     """A container's requests; a resource with a limit and no request requests its limit (the
     API server defaults it so, per resource: a GPU limit next to a CPU request counts)."""
-    return _planned(_requested(container))
+    return _planned(container_requested(container))
 
 
-def _requested(container: Mapping[str, Any],
-               defaults: Mapping[str, float] | None = None) -> dict[str, float]:
+def container_requested(container: Mapping[str, Any],
+                        defaults: Mapping[str, float] | None = None) -> dict[str, float]:
     """Every resource a container (or a pod's own `spec.resources`) requests, by name, a limit
     without a request counting as its request; `defaults` (the namespace's LimitRange default
     requests, limitranges.py) for what it neither requests nor limits, as the LimitRanger
@@ -156,7 +156,7 @@ def pod_totals(spec: Mapping[str, Any],
     - pod-level `spec.resources` (CPU and memory), where set, replaces the containers' sum.
     Without the sidecars, a template with an istio or log-shipping sidecar was packed by its
     app container alone and its pods stayed Pending on nodes that had no room for them."""
-    return _pod_rule(spec, lambda c: _requested(c, defaults), _requested(spec))
+    return _pod_rule(spec, lambda c: container_requested(c, defaults), container_requested(spec))
 
 
 def pod_limits(spec: Mapping[str, Any],
@@ -164,12 +164,17 @@ def pod_limits(spec: Mapping[str, Any],
     """A pod's limits by resource name, by the same rule as its requests (what a ResourceQuota's
     `limits.*` counts); `defaults`: the LimitRange default limits. A resource some container
     leaves unlimited is summed over those that limit it (see quota_usage for why that is moot)."""
-    def given(c: Mapping[str, Any]) -> dict[str, float]:
-        return {k: parse_quantity(q) for k, q in ((c.get("resources") or {}).get("limits") or {}).items()}
+    return _pod_rule(spec, lambda c: container_limited(c, defaults),
+                     container_limited(spec))  # pod-level: never defaulted
 
-    def limited(c: Mapping[str, Any]) -> dict[str, float]:
-        return {**defaults, **given(c)} if defaults else given(c)
-    return _pod_rule(spec, limited, given(spec))  # pod-level: never defaulted
+
+def container_limited(container: Mapping[str, Any],
+                      defaults: Mapping[str, float] | None = None) -> dict[str, float]:
+    """Every limit a container (or a pod's `spec.resources`) sets, by name; `defaults` (the
+    LimitRange default limits) for what it does not."""
+    given = {k: parse_quantity(q)
+             for k, q in ((container.get("resources") or {}).get("limits") or {}).items()}
+    return {**defaults, **given} if defaults else given
 
 
 def _pod_rule(spec: Mapping[str, Any], per_container, pod_level: Mapping[str, float]) -> dict[str, float]:

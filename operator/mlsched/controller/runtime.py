@@ -19,7 +19,7 @@ from mlsched.controller.displacement import Refusals
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
-from mlsched.controller.limitranges import Defaulted, LimitRangeRecord, as_planned
+from mlsched.controller.limitranges import Defaulted, LimitRangeRecord
 from mlsched.controller.runtimeclasses import RuntimeClassRecord
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
@@ -130,11 +130,7 @@ class Indexes:
     def as_planned(self, job: JobRecord) -> JobRecord:
         """A record read from a body (not the index) as the index shows it (Defaulted)."""
         assert isinstance(self.mljobs, Defaulted)
-        ranges = values(self.limit_ranges, job.namespace)
-        if not ranges and not job.runtime_classes:
-            return job
-        classes = {c.name: c for c in self.mljobs._classes(job) if c is not None}
-        return as_planned(job, ranges, classes)
+        return self.mljobs.plan(job)
 
     def jobs_of_policy(self, namespace: str, policy: str) -> list[JobRecord]:
         return [j for j in flatten(self.mljobs) if j.namespace == namespace and j.policy == policy]
