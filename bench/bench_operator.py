@@ -251,6 +251,9 @@ class AcceptingApi:
         self._count("delete", kind)
         return True
 
+    async def dry_run_create(self, body):
+        self._count("dry-run", body["kind"])
+
     async def review_token(self, token, audiences):
         self._count("create", "TokenReview")
         return {}

@@ -29,7 +29,8 @@ TRAINING_SA = "mlsched-training"
 #: listing published versions and dataset records: (verb, group, resource, subresource).
 NAMESPACED_RIGHTS = [
     ("create", "apps", "statefulsets", ""), ("patch", "apps", "statefulsets", ""),
-    ("patch", "", "pods", ""), ("delete", "", "pods", ""), ("create", "", "services", ""),
+    ("patch", "", "pods", ""), ("delete", "", "pods", ""), ("create", "", "pods", ""),
+    ("create", "", "services", ""),
     ("get", "", "configmaps", ""), ("list", "", "configmaps", ""),
     ("create", "", "configmaps", ""), ("patch", "", "configmaps", ""),
     ("delete", "", "configmaps", ""), ("create", "", "events", ""),

@@ -74,9 +74,10 @@ def test_a_job_that_can_never_fit_says_so(mlsched, operator):
 
 
 def test_pods_the_api_server_refuses_to_create_say_why(api, control_plane, mlsched, operator):
-    """The training ServiceAccount missing from the namespace: every pod is refused at creation
-    (only the StatefulSet's FailedCreate Events say so). The job says it, and runs once the
-    account is back."""
+    """The training ServiceAccount missing from the namespace: every pod would be refused at
+    creation (which only the StatefulSet's FailedCreate Events used to say, once the job had
+    been given its GPUs). A dry-run create finds it first: the job says why, holds nothing, and
+    runs once the account is back."""
     import time
 
     from kubernetes import client
@@ -90,8 +91,11 @@ def test_pods_the_api_server_refuses_to_create_say_why(api, control_plane, mlsch
                                and r[0] == "PodsRefused" and r, 60,
                                "the job to say its pods are refused",
                                describe=lambda: _reason(mlsched, "no-account"))
-    assert message.startswith("the API server refuses to create its pods: no-account-worker: ")
+    assert message.startswith('the API server would refuse to create its pods: pods '
+                              '"no-account-worker-0" is forbidden: error looking up service '
+                              'account'), message
     assert 'serviceaccount "mlsched-training" not found' in message, message
+    assert mlsched.job("no-account")["status"]["replicaStatuses"]["worker"]["desired"] == 0
     assert any(r == "PodsRefused" for r, _ in _warnings(mlsched, "no-account"))
     described = control_plane.kubectl("describe", "mljob", "no-account", "-n", mlsched.namespace).stdout
     assert "PodsRefused" in described

@@ -18,6 +18,7 @@ import copy
 import itertools
 import uuid
 from collections import defaultdict
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -119,6 +120,9 @@ class MemoryKube:
         # (verb, name) → HTTP status to fail with: 500 plays an outage, 422 a refused object.
         self.failing: dict[tuple[str, str], int] = {}
         self._clock = itertools.count()
+        # Admission of pods (a stand-in for Pod Security, a webhook): the pod's body -> the API
+        # server's 403 message, or None to admit. Dry runs and the StatefulSet controller ask it.
+        self.pod_admission: Callable[[dict], str | None] | None = None
 
     # ---- the KubeApi seam -------------------------------------------------------------------
     def _check(self, verb: str, name: str) -> None:
@@ -176,6 +180,14 @@ class MemoryKube:
         del self.objects[(kind, namespace, name)]
         self._collect_garbage()
         return True
+
+    async def dry_run_create(self, body: dict) -> None:
+        meta = body["metadata"]
+        self.calls.append(("dry-run", body["kind"], meta.get("namespace", ""), meta["name"]))
+        self._check("dry-run", meta["name"])
+        refusal = self.pod_admission(body) if self.pod_admission else None
+        if refusal:
+            raise KubeError(403, refusal)
 
     async def failed_creates(self, namespace: str, statefulset: str) -> list[dict]:
         self.calls.append(("list", "Event", namespace, statefulset))
@@ -262,15 +274,31 @@ class MemoryKube:
                 tpl = copy.deepcopy(spec["template"])
                 labels = {**tpl["metadata"].get("labels", {}), POD_INDEX_LABEL: str(k),
                           "controller-revision-hash": revision}
-                self.put({"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
-                                       "ownerReferences": [{"kind": "StatefulSet", "name": name,
-                                                            "uid": meta["uid"]}]},
-                          "spec": tpl["spec"], "status": {"phase": "Pending"}})
+                pod = {"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": pod_name, "namespace": ns, "labels": labels,
+                                    "ownerReferences": [{"kind": "StatefulSet", "name": name,
+                                                         "uid": meta["uid"]}]},
+                       "spec": tpl["spec"], "status": {"phase": "Pending"}}
+                refusal = self.pod_admission(pod) if self.pod_admission else None
+                if refusal:  # as the StatefulSet controller reports it
+                    self._failed_create(ns, name, f"create Pod {pod_name} in StatefulSet {name} "
+                                                  f"failed error: {refusal}")
+                    continue
+                self.put(pod)
             ready = sum(1 for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
                         and p["metadata"]["name"].rsplit("-", 1)[0] == name
                         and p["status"].get("phase") == "Running")
-            sts["status"] = {"replicas": replicas, "readyReplicas": ready}
+            created = sum(1 for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
+                          and p["metadata"]["name"].rsplit("-", 1)[0] == name)
+            sts["status"] = {"replicas": created, "readyReplicas": ready}
+
+    def _failed_create(self, namespace: str, statefulset: str, message: str) -> None:
+        name = f"{statefulset}.failed-create"
+        if ("Event", namespace, name) not in self.objects:
+            self.put({"apiVersion": "v1", "kind": "Event", "reason": "FailedCreate",
+                      "type": "Warning", "message": message,
+                      "metadata": {"name": name, "namespace": namespace},
+                      "involvedObject": {"kind": "StatefulSet", "name": statefulset}})
 
     def run_scheduler(self) -> None:
         """Bind every ungated, unbound pod to the node its nodeSelector names; it runs."""

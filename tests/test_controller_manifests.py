@@ -58,6 +58,8 @@ NEEDED = [
     ("", "limitranges", "list"), ("", "limitranges", "watch"),
     # A StatefulSet's FailedCreate Events: why the API server refuses a job's pods.
     ("", "events", "list"),
+    # Dry-run creates of a job's pods before it is given capacity (controller/preflight.py).
+    ("", "pods", "create"),
 ]
 
 

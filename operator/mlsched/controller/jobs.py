@@ -7,6 +7,7 @@ fake API and plain dicts; handlers.py only wires them to kopf's decorators.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, MutableMapping
@@ -14,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject
-from mlsched.controller import displacement, lifecycle, pools, quotas
+from mlsched.controller import displacement, lifecycle, pools, preflight, quotas
 from mlsched.controller.apply import (
     WaitingForOldChildren, ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
 )
@@ -209,17 +210,61 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
     job = job_record(body)
     rejected, waiting = None, None
     if job.error is None:
+        existing = list(idx.statefulsets.get(job.key, ()))
+        # A job about to be given capacity: is it sure its pods will be created? Asked beside
+        # the creation of its children (no latency added), held from admission meanwhile.
+        check = asyncio.ensure_future(preflight.check(rt, job)) if (
+            _waiting_for_capacity(job, existing) and not rt.preflight.checked(job)
+            and rt.preflight.start(job)) else None
         try:
-            await _create_children(rt, body, job, list(idx.statefulsets.get(job.key, ())))
+            await _create_children(rt, body, job, existing)
         except KubeError as err:
             if not err.rejected:
                 raise
             rejected = err.message
         except WaitingForOldChildren as err:
             waiting = err  # the lifecycle still shows the job (Pending); then retried
+        finally:
+            if check is not None:
+                await check
     await sync_lifecycle(rt, body, idx, patch, rejected=rejected)
     if waiting is not None:
         raise waiting
+
+
+def _waiting_for_capacity(job: JobRecord, statefulsets: list[StsRecord]) -> bool:
+    """Not running and not meant to (no replicas yet, or given back), and could be admitted."""
+    return (job.error is None and not job.suspend and not job.final
+            and not any(s.replicas for s in statefulsets))
+
+
+async def _pods_verdict(rt: Runtime, job: JobRecord, seen: lifecycle.Observed) -> str | None:
+    """Whether the API server would refuse the job's pods, asked again when a refusal is old
+    (what refused it is not watched) or when the pods of a job given capacity are all refused;
+    such a job gives its capacity back (its policy's next round would have taken it, a day
+    later under a daily interval)."""
+    if job.error is not None or job.suspend or job.final:
+        return None
+    book = rt.preflight
+    none_created = not any(s.created for s in seen.statefulsets)
+    ask = book.due(job) or (seen.pods_refused is not None and none_created
+                            and not book.recent(job))
+    if ask and book.start(job):
+        await preflight.check(rt, job)
+    refusal = book.refusal(job)
+    held = {s.role: s.replicas for s in seen.statefulsets if s.replicas}
+    if refusal is not None and held and none_created:
+        # The decision goes first: the StatefulSets' watch events during the scaling must not
+        # find it and restore the replicas (restore_replicas).
+        rt.reservations.release(job.key)
+        rt.placements.forget(job.key)
+        await execute_all(rt.api, scale_to_zero_plan(seen.statefulsets, job.namespace))
+        rt.wakeups.signal((job.namespace, job.policy), "admission")
+        await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
+                               "Released", "gave back " + ", ".join(f"{n} {r}" for r, n in held.items())
+                               + ": the API server refuses to create its pods")
+        seen.statefulsets = [dataclasses.replace(s, replicas=0) for s in seen.statefulsets]
+    return refusal
 
 
 async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
@@ -295,6 +340,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
                                  if p.unschedulable and not p.deleting]
                                 + unscheduled(rt, job.key, pods))
     seen.pods_refused = await pods_refused(rt, job, seen.statefulsets)
+    seen.would_be_refused = await _pods_verdict(rt, job, seen)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
         minimum = job.minimum_charge()
@@ -378,8 +424,9 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
     meta = body.get("metadata", {})
     job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
     decided = rt.placements.of(job.key) if job is not None else None
-    if job is None or decided is None or not job.schedulable or meta.get("deletionTimestamp"):
-        return False  # not decided by this operator yet, or suspended/finished: the lifecycle owns it
+    if job is None or decided is None or not job.schedulable or meta.get("deletionTimestamp") \
+            or rt.preflight.refusal(job) is not None:
+        return False  # not decided by this operator yet, or suspended/finished/refused: the lifecycle owns it
     want = len(decided.get(record.role, ()))
     if record.replicas == want:
         return False

@@ -70,6 +70,10 @@ class KubeApi(Protocol):
     async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (only the object with this uid, when given); False if it did not exist."""
 
+    async def dry_run_create(self, body: dict[str, Any]) -> None:
+        """Create a pod with dryRun=All: every admission check runs, nothing is stored. Raises
+        KubeError with the API server's refusal (controller/preflight.py)."""
+
     async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         """A TokenReview's status: {authenticated, user: {username, extra, ...}, error}."""
 
@@ -211,6 +215,13 @@ class ClientKubeApi:
                 return False
             raise
         return True
+
+    async def dry_run_create(self, body: dict[str, Any]) -> None:
+        kind, ns = body["kind"], body["metadata"]["namespace"]
+        self._count("dry-run", kind)
+        query = [("dryRun", "All"), ("fieldManager", COMPONENT), ("fieldValidation", "Strict")]
+        async with self._create_slots:
+            await self._call(self._post, CREATE_PATHS[kind].format(namespace=ns), body, query)
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self._count("get", kind)

@@ -23,6 +23,7 @@ from mlsched.api import (
     CleanPodPolicy, Condition, JobConditionType as C, JobPhase, MLJobSpec, get_condition,
     set_condition,
 )
+from mlsched.controller.preflight import RECHECK_S
 from mlsched.controller.records import INVALID_SPEC, StsRecord, is_final, parse_time
 
 FINAL = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
@@ -45,6 +46,9 @@ class Observed:
     waiting_for: str | None = None
     # the API server's latest refusal to create one of its pods (a StatefulSet's FailedCreate)
     pods_refused: str | None = None
+    # the API server's refusal of a dry-run create of one of its pods (preflight.py): it is
+    # given no capacity until that passes
+    would_be_refused: str | None = None
     # (pod, "ImagePullBackOff: Back-off pulling image ...") for the job's pods whose
     # containers the kubelet cannot start (records.STUCK_REASONS)
     cannot_start: list[tuple[str, str]] = field(default_factory=list)
@@ -160,6 +164,13 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
                                                         for r in roles)
         elif seen.cannot_fit:
             reason, message = "CannotFit", seen.cannot_fit
+        elif seen.would_be_refused:
+            # Asked with a dry run before it was given anything: it used to be admitted, every
+            # pod refused, its capacity held until its policy's next round.
+            reason, message = "PodsRefused", \
+                f"the API server would refuse to create its pods: {seen.would_be_refused} " \
+                f"(a dry-run create; it is given nothing until its pods would be created, " \
+                f"asked again every {RECHECK_S:g} s)"
         elif seen.over_quota:
             reason, message = "WaitingForQuota", seen.over_quota
         elif seen.waiting_for:

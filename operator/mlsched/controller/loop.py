@@ -324,8 +324,10 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     serving = serving_for(rt, ref, spec, resolved, number, "round", now, versions_served)
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
-    # replicas nothing can scale, until the next round.
-    schedulable = [j for j in jobs if j.schedulable and children_exist(j, idx)]
+    # replicas nothing can scale, until the next round. One whose pods the API server would
+    # refuse (preflight.py) gets nothing.
+    schedulable = [j for j in jobs if j.schedulable and children_exist(j, idx)
+                   and not rt.preflight.holds(j)]
 
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
@@ -440,7 +442,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     # waiting once all its StatefulSets exist (admitting it earlier would reserve capacity for
     # replicas that nothing can scale yet).
     decided = {j.key: rt.placements.of(j.key) for j in jobs}
-    schedulable = [j for j in jobs if j.schedulable
+    schedulable = [j for j in jobs if j.schedulable and not rt.preflight.holds(j)
                    and ((decided[j.key] or {}).get("worker") or children_exist(j, idx))]
     # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
     # with the waiting ones, their tasks not held.
@@ -676,7 +678,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                 if not reasons or "policy" in reasons:
                     break
                 await _quiet(rt, key, sleep,
-                             pending=lambda: children_pending(idx, key[0], key[1]))
+                             pending=lambda: children_pending(rt, idx, key[0], key[1]))
                 if "policy" in rt.wakeups.peek(key):
                     break
                 rt.wakeups.drop(key, "admission")
@@ -713,9 +715,10 @@ async def _quiet(rt: Runtime, key, sleep, clock: Callable[[], float] = time.mono
         seen = now
 
 
-def children_pending(idx: Indexes, namespace: str, policy: str) -> bool:
-    """A job of the policy has arrived whose StatefulSets are still being created."""
-    return any(j.schedulable and not children_exist(j, idx)
+def children_pending(rt: Runtime, idx: Indexes, namespace: str, policy: str) -> bool:
+    """A job of the policy has arrived whose StatefulSets are still being created, or whose
+    pods are being checked with a dry run (preflight.py)."""
+    return any(j.schedulable and (not children_exist(j, idx) or j.key in rt.preflight.in_flight)
                for j in idx.jobs_of_policy(namespace, policy))
 
 

@@ -57,12 +57,17 @@ class Metrics:
             "mlsched_displaced_tasks_total", "Tasks placed again between rounds because their "
             "node no longer took them", ["namespace", "policy", "cause"],
             registry=r)  # cause: node (drained, deleted, tainted, ...) | scheduler (refused)
+        # Dry-run creates of a job's pods before it is given capacity (controller/preflight.py):
+        # verdict passed | refused (no capacity until the API server would take its pods).
+        self.preflights = Counter(
+            "mlsched_pod_preflights_total", "Jobs' pods checked with a dry-run create, by verdict",
+            ["verdict"], registry=r)
         self.step_failures = Counter(
             "mlsched_step_failures_total", "Rounds and admission steps that raised (retried)",
             ["namespace", "policy", "step"], registry=r)  # step: round | admission
         # Every call the operator's KubeApi sends (kopf's own watches excepted): what a round,
         # a sweep or a report costs the API server. verb: create | get | patch | delete |
-        # review; resource: the kind (statefulsets, pods, mljobs/status, ...).
+        # review | dry-run; resource: the kind (statefulsets, pods, mljobs/status, ...).
         self.api_requests = Counter("mlsched_api_requests_total", "Requests sent to the API server",
                                     ["verb", "resource"], registry=r)
         # Per pool of a grouping (controller/pools.py): kind predicted (the grouping's forecast)

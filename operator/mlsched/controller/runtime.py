@@ -23,6 +23,7 @@ from mlsched.controller.limitranges import Defaulted, LimitRangeRecord
 from mlsched.controller.runtimeclasses import RuntimeClassRecord
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
+from mlsched.controller.preflight import Preflight
 from mlsched.controller.object_writer import ObjectWriter
 from mlsched.controller.quotas import QuotaRecord
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
@@ -308,6 +309,8 @@ class Runtime:
     # Nodes kube-scheduler refused each job's pods on lately, avoided when they are placed
     # again (displacement.py).
     refusals: Refusals = field(default_factory=Refusals)
+    # Each job's dry-run verdict: would the API server create its pods (preflight.py)?
+    preflight: Preflight = field(default_factory=Preflight)
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
@@ -394,6 +397,7 @@ class Runtime:
             del self.unseen_since[stuck]
         self.retrying.pop(key, None)
         self.waiting.pop(key, None)
+        self.preflight.forget(key)
         self.refusals.forget(key)
         self.placements.forget(key)
         self.reservations.release(key)

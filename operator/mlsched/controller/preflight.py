@@ -1,0 +1,192 @@
+"""Would the API server create the job's pods? Asked with one dry-run create per role before
+the job is given capacity, and again whenever its pods are refused.
+
+Some refusals come only when a pod is created, never when its StatefulSet is: Pod Security
+admission (a namespace labelled `pod-security.kubernetes.io/enforce: restricted` and a template
+that runs as root), a `serviceAccountName` that does not exist, a ValidatingAdmissionPolicy,
+an admission webhook. Such a job used to be admitted, its StatefulSets scaled, and every pod
+refused (`FailedCreate`): it said `PodsRefused`, but held what it was given until its policy's
+next round. Tried on a sandbox: a typo in `serviceAccountName` held 8 GPUs under a policy with
+a daily interval while a job that needed them waited. A pod created with `dryRun=All` goes
+through every admission plugin and every webhook that declares it has no side effects, and is
+not stored; the refusal is the one the real pod would get, word for word.
+
+Verdicts, per job generation:
+- refused: the job is given no capacity and is told why (`PodsRefused`, a Warning Event).
+  What refused it (a namespace label, a ServiceAccount, a webhook's configuration) is not
+  watched, so a refused job is asked again every RECHECK_S; when it passes, its policy's
+  admission runs at once.
+- passed, or no answer worth acting on: the job is scheduled as before this check. That
+  covers refusals the rounds plan with themselves (ResourceQuota: the API server refuses a pod
+  over quota, which the ledger books in advance; a transient race must not block a job), and
+  checks that cannot be made: the operator not allowed to create pods (an older RBAC), a
+  webhook that does not support dry run, the API server failing (5xx, 429). The real creation
+  still says so if the pods are then refused (jobs.pods_refused), which asks again.
+
+A job that was admitted and whose pods are then all refused (the namespace relabelled after the
+check, a webhook installed) is asked again; refused, it gives its capacity back (jobs.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from mlsched.controller.desired import pod_template, roles_of, sts_name
+from mlsched.controller.kube import KubeError
+from mlsched.controller.records import JobRecord
+
+log = logging.getLogger("mlsched.controller.preflight")
+
+JobKey = tuple[str, str]
+
+#: How often a refused job is asked again (what refused it is not watched).
+RECHECK_S = 30.0
+#: After the operator was refused the right to create pods: how long before it tries again.
+UNAVAILABLE_S = 600.0
+
+# Refusals that are not about the pod: the rounds book quotas themselves (a dry run over
+# quota only means the quota is in use now), and a namespace being deleted takes its jobs.
+_NOT_ABOUT_THE_POD = ("exceeded quota", "failed quota", "is being terminated")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    uid: str
+    generation: int
+    refusal: str | None  # the API server's refusal of one pod of the job, or None
+    at: float  # time.monotonic() of the check
+
+
+class Preflight:
+    """Each job's latest verdict, and the jobs whose check is in flight."""
+
+    def __init__(self, clock=time.monotonic) -> None:
+        self.clock = clock
+        self.verdicts: dict[JobKey, Verdict] = {}
+        self.in_flight: set[JobKey] = set()
+        # Jobs a policy step left out while their check was in flight: they wake it when done.
+        self.passed_over: set[JobKey] = set()
+        self.unavailable_until = 0.0  # the operator may not create pods: no checks until then
+
+    def _current(self, job: JobRecord) -> Verdict | None:
+        v = self.verdicts.get(job.key)
+        return v if v is not None and (v.uid, v.generation) == (job.uid, job.generation) else None
+
+    def refusal(self, job: JobRecord) -> str | None:
+        v = self._current(job)
+        return v.refusal if v is not None else None
+
+    def holds(self, job: JobRecord) -> bool:
+        """Not to be given capacity: its check is in flight (noted, so that its end wakes the
+        policy again), or the API server refuses its pods."""
+        if job.key in self.in_flight:
+            self.passed_over.add(job.key)
+            return True
+        return self.refusal(job) is not None
+
+    def checked(self, job: JobRecord) -> bool:
+        return self._current(job) is not None
+
+    def due(self, job: JobRecord) -> bool:
+        """A refusal old enough to ask again."""
+        v = self._current(job)
+        return v is not None and v.refusal is not None and self.clock() - v.at >= RECHECK_S
+
+    def recent(self, job: JobRecord) -> bool:
+        """Checked this generation less than RECHECK_S ago."""
+        v = self._current(job)
+        return v is not None and self.clock() - v.at < RECHECK_S
+
+    def start(self, job: JobRecord) -> bool:
+        """Mark the job's check in flight (synchronously, before anything awaits, so no
+        admission step can slip in between); False if one is already, or checks are off."""
+        if job.key in self.in_flight or self.clock() < self.unavailable_until:
+            return False
+        self.in_flight.add(job.key)
+        return True
+
+    def forget(self, key: JobKey) -> None:
+        self.verdicts.pop(key, None)
+        self.passed_over.discard(key)
+
+
+def dry_run_pod(job: JobRecord, role: str, settings) -> dict[str, Any]:
+    """The role's first pod as its StatefulSet would create it: the rendered template, the
+    StatefulSet's name for pod 0, its hostname and subdomain, the labels the StatefulSet
+    controller adds. (Node placement and pool affinity do not change what admission decides.)"""
+    counts = {r: job.bounds(r)[0] for r in roles_of(job)}
+    template = pod_template(job, role, counts, settings)
+    name = f"{sts_name(job.name, role)}-0"
+    meta = template.get("metadata") or {}
+    metadata: dict[str, Any] = {
+        "name": name, "namespace": job.namespace,
+        "labels": {**(meta.get("labels") or {}), "statefulset.kubernetes.io/pod-name": name,
+                   "apps.kubernetes.io/pod-index": "0"}}
+    if meta.get("annotations"):
+        metadata["annotations"] = meta["annotations"]
+    spec = {**template["spec"], "hostname": name, "subdomain": job.name}
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+
+
+def classify(err: KubeError) -> tuple[str, str]:
+    """("refused" | "passed" | "unavailable" | "unknown", why) for the API server's answer to a
+    dry-run pod create that failed."""
+    text = err.message
+    if err.status == 409:  # admission passed; a pod of that name exists already
+        return "passed", text
+    if err.status == 403 and "cannot create resource" in text:  # RBAC: the operator's own rights
+        return "unavailable", text
+    if err.status in (400, 403, 422):
+        if "does not support dry run" in text:  # a webhook with side effects: cannot be asked
+            return "unknown", text
+        if any(s in text for s in _NOT_ABOUT_THE_POD):
+            return "passed", text
+        return "refused", text
+    return "unknown", text  # 5xx, 429, a timeout: the real creation will tell
+
+
+async def check(rt: Any, job: JobRecord) -> str | None:
+    """Ask the API server about one pod of each role; store and return the verdict's refusal.
+    (`rt`: the Runtime, which holds the book as `rt.preflight`; the caller has called
+    `rt.preflight.start(job)`.) A job that passes after its policy left it out (refused
+    before, or checked while a step ran) wakes the policy's admission."""
+    book = rt.preflight
+    was_refused = book.refusal(job) is not None
+    try:
+        answers = await asyncio.gather(
+            *(_ask(rt, dry_run_pod(job, role, rt.pod_settings)) for role in roles_of(job)))
+    finally:
+        book.in_flight.discard(job.key)
+    refusal = next((a for a in answers if a is not None), None)
+    book.verdicts[job.key] = Verdict(job.uid, job.generation, refusal, book.clock())
+    rt.metrics.preflights.labels("refused" if refusal else "passed").inc()
+    passed_over = job.key in book.passed_over
+    book.passed_over.discard(job.key)
+    if refusal is None and (was_refused or passed_over):
+        rt.wakeups.signal((job.namespace, job.policy), "admission")
+    return refusal
+
+
+async def _ask(rt: Any, pod: dict[str, Any]) -> str | None:
+    try:
+        await rt.api.dry_run_create(pod)
+        return None
+    except KubeError as err:
+        kind, why = classify(err)
+    except Exception as err:  # noqa: BLE001 - a check that cannot be made never blocks a job
+        kind, why = "unknown", str(err)
+    if kind == "refused":
+        return why
+    if kind == "unavailable":
+        rt.preflight.unavailable_until = rt.preflight.clock() + UNAVAILABLE_S
+        log.warning("cannot check pods with a dry-run create (%s): the operator's RBAC lacks "
+                    "pods create (manifests/base/rbac.yaml); jobs are admitted unchecked for "
+                    "%.0f s", why, UNAVAILABLE_S)
+    elif kind == "unknown":
+        log.info("dry-run create of pod %s/%s answered without a verdict: %s",
+                 pod["metadata"]["namespace"], pod["metadata"]["name"], why)
+    return None
