@@ -223,3 +223,47 @@ def test_without_the_right_to_create_pods_the_operator_stops_asking(caplog):
     assert "lacks pods create" in caplog.text
     round_(rt, kube)
     assert replicas(kube, "a")["a-worker"] >= 1 and replicas(kube, "b")["b-worker"] >= 1
+
+
+def test_jobs_made_from_one_manifest_are_checked_once_per_role():
+    """A sweep of 20 jobs from one template costs one dry run per role, not per job; a
+    template that differs is asked about, and a pass is forgotten after PASS_TTL_S."""
+    clock = Clock()
+    rt, kube = make_runtime(cluster(2))
+    rt.preflight.clock = clock
+    kube.put(policy())
+    run(create_jobs(rt, kube, *(ps_job(f"sweep-{i}") for i in range(20))))
+    assert sorted(c[3] for c in dry_runs(kube)) == ["sweep-0-ps-0", "sweep-0-worker-0"]
+    assert all(rt.preflight.checked(j) and not rt.preflight.holds(j)
+               for j in kube.indexes().jobs_of_policy(NS, "default"))
+    run(create_jobs(rt, kube, ps_job("bigger", max_workers=6)))  # worker bounds are not the template
+    assert len(dry_runs(kube)) == 2
+    run(create_jobs(rt, kube, typo_job("other")))  # another template: asked
+    assert len(dry_runs(kube)) == 4
+    clock.now += preflight.PASS_TTL_S
+    run(create_jobs(rt, kube, ps_job("late")))
+    assert len(dry_runs(kube)) == 6
+
+
+def test_a_burst_from_one_manifest_shares_the_dry_run_in_flight():
+    """Created at once, the jobs' checks overlap: the first one's dry run answers the others."""
+    import asyncio
+
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    asked = kube.dry_run_create
+
+    async def slow(body):
+        await asyncio.sleep(0.01)
+        await asked(body)
+
+    kube.dry_run_create = slow
+    bodies = [kube.put(ps_job(f"burst-{i}")) for i in range(10)]
+
+    async def arrive():
+        await asyncio.gather(*(jobs.reconcile_children(rt, b, kube.indexes(), {}) for b in bodies))
+
+    run(arrive())
+    assert sorted(c[3] for c in dry_runs(kube)) == ["burst-0-ps-0", "burst-0-worker-0"]
+    assert all(rt.preflight.checked(j) and not rt.preflight.holds(j)
+               for j in kube.indexes().jobs_of_policy(NS, "default"))

@@ -213,9 +213,8 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         existing = list(idx.statefulsets.get(job.key, ()))
         # A job about to be given capacity: is it sure its pods will be created? Asked beside
         # the creation of its children (no latency added), held from admission meanwhile.
-        check = asyncio.ensure_future(preflight.check(rt, job)) if (
-            _waiting_for_capacity(job, existing) and not rt.preflight.checked(job)
-            and rt.preflight.start(job)) else None
+        check = preflight.begin(rt, job) if (
+            _waiting_for_capacity(job, existing) and not rt.preflight.checked(job)) else None
         try:
             await _create_children(rt, body, job, existing)
         except KubeError as err:
