@@ -69,7 +69,11 @@ class Clock:
     (403, MISSING_SA.format(pod="x-0"), "refused"),
     (400, 'admission webhook "gpu.example.com" denied the request: at most 2 GPUs', "refused"),
     (422, 'Pod "x-0" is invalid: spec.hostname: Invalid value', "refused"),
-    (403, 'ValidatingAdmissionPolicy \'no-root\' with binding \'b\' denied request: root', "refused"),
+    # kube-apiserver 1.34's words for a ValidatingAdmissionPolicy (422 for an admin, 403 here).
+    (422, 'The pods "g-worker-0" is invalid: : ValidatingAdmissionPolicy \'gpu-cap\' with binding '
+          '\'gpu-cap-team-a\' denied request: at most 1 GPU per container', "refused"),
+    (403, 'pods "g2-worker-0" is forbidden: ValidatingAdmissionPolicy \'gpu-cap\' with binding '
+          '\'gpu-cap-team-a\' denied request: at most 1 GPU per container', "refused"),
     # Planned by the rounds themselves, or not about the pod: no verdict against the job.
     (403, 'pods "x-0" is forbidden: exceeded quota: q, requested: requests.nvidia.com/gpu=1',
      "passed"),
