@@ -202,6 +202,42 @@ def test_a_role_asking_for_an_extended_resource_runs_where_nodes_have_it(api, ml
         assert "requests 4 example.com/fpga" in message, message
 
 
+def test_a_role_asking_for_scratch_disk_runs_where_nodes_have_it(api, mlsched, operator):
+    """Pods asking for `ephemeral-storage` (a dataset staged on local disk) go only to nodes
+    with that much; a job asking more than any node has is CannotFit in the units it was
+    written in. The latter used to be admitted with every pod Pending ("Insufficient
+    ephemeral-storage"), its GPUs held. (kwok nodes advertise no local storage: one is given
+    400Gi for the test.)"""
+    core = client.CoreV1Api(api)
+    with with_extended_resource(core, "kwok-node-7", "ephemeral-storage", "400Gi"):
+        mlsched.create(scheduling_policy("default", interval=600, allocation="fixed"))
+        job = mljob("staged", ps=None, workers=(2, 2))
+        worker = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+        worker["resources"]["requests"] = {**worker["resources"]["requests"],
+                                           "ephemeral-storage": "150Gi"}
+        mlsched.create(job)
+        huge = mljob("huge-scratch", ps=None, workers=(1, 1))
+        worker = huge["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]
+        worker["resources"]["requests"] = {**worker["resources"]["requests"],
+                                           "ephemeral-storage": "1Ti"}
+        mlsched.create(huge)
+
+        def running():
+            pods = _pods_by_role(mlsched, "staged")
+            ok = len(pods["worker"]) == 2 and all(p.status.phase == "Running" for p in pods["worker"])
+            return pods if ok else None
+
+        pods = wait_for(running, 90, "the job's pods to run",
+                        describe=lambda: _running(mlsched, "staged"))
+        assert {p.spec.node_name for p in pods["worker"]} == {"kwok-node-7"}
+        assert not [e for e in mlsched.events("staged", "MLJob") if e.reason == "Displaced"]
+        reason, message = wait_for(lambda: (r := _running(mlsched, "huge-scratch")) and
+                                   r[0] == "CannotFit" and r, 60, "the job asking 1Ti to be told",
+                                   describe=lambda: _running(mlsched, "huge-scratch"))
+        assert "requests 1Ti ephemeral-storage" in message, message
+        assert mlsched.pods("huge-scratch") == []
+
+
 def test_a_template_s_own_node_pin_is_kept(mlsched, operator):
     """Workers pinned by the user (`nodeName`) and parameter servers pinned by the hostname
     label run there. Both pins used to be dropped from the rendered pods without a trace, and

@@ -300,3 +300,33 @@ def test_extended_resources_send_a_role_only_to_nodes_that_have_them():
     from mlsched.controller.displacement import refusal
     assert refusal(node_record(node("a")), job.node_constraints["worker"], {}, frozenset()) == \
         "lacks example.com/fpga"
+
+
+def _disk_node(name, disk, hugepages=None):
+    body = node(name)
+    body["status"]["allocatable"]["ephemeral-storage"] = disk
+    if hugepages:
+        body["status"]["allocatable"]["hugepages-2Mi"] = hugepages
+    return node_record(body)
+
+
+def test_local_storage_and_hugepages_send_a_role_only_to_nodes_that_have_them():
+    """`ephemeral-storage` and `hugepages-<size>` are node-local too: a template asking 500Gi
+    of scratch disk on nodes with 100Gi was admitted and every pod stayed Pending
+    (kube-scheduler: `Insufficient ephemeral-storage`), its GPUs held. Now it cannot fit and
+    says so in the units it was written in, and a smaller one goes only where it fits."""
+    body = ps_job("scratch", min_workers=2, max_workers=2)
+    res = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"]
+    res["requests"]["ephemeral-storage"] = "200Gi"
+    res["requests"]["hugepages-2Mi"] = res["limits"]["hugepages-2Mi"] = "1Gi"
+    job = job_record(body)
+    assert str(job.node_constraints["worker"]) == "requests 200Gi ephemeral-storage, 1Gi hugepages-2Mi"
+    cluster = ClusterState(nodes=[_disk_node("a-small", "100Gi", "2Gi"), _disk_node("b-big", "400Gi", "2Gi"),
+                                  _disk_node("c-no-hugepages", "400Gi")])
+    snap = build_snapshot([job], cluster, now_s=0, interval_s=60)
+    assert snap.node_names == ["a-small", "b-big", "c-no-hugepages"]
+    assert snap.jobs[0].node_filter("worker").tolist() == [False, True, False]
+    res["requests"]["ephemeral-storage"] = "500Gi"
+    why = ClusterFit.of(list(cluster.nodes)).why_not(job_record(body))
+    assert why == ("no schedulable node matches the worker template's requests 500Gi "
+                   "ephemeral-storage, 1Gi hugepages-2Mi (of the cluster's 3 schedulable nodes)"), why

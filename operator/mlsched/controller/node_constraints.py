@@ -134,11 +134,20 @@ class NodeConstraint:
             parts.append("tolerations " + ", ".join(_describe_toleration(t)
                                                     for t in self.tolerations))
         if self.resources:
-            parts.append("requests " + ", ".join(f"{v:g} {k}" for k, v in self.resources))
+            parts.append("requests " + ", ".join(f"{_amount(k, v)} {k}" for k, v in self.resources))
         return "; ".join(parts) or "no node constraint"
 
 
 EVERY_NODE = NodeConstraint()  # a template that constrains nothing and tolerates nothing
+
+
+def _amount(name: str, value: float) -> str:
+    """A request as a person wrote it: bytes (ephemeral-storage, hugepages) in Ki/Mi/Gi/Ti."""
+    if name == "ephemeral-storage" or name.startswith("hugepages-"):
+        for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):
+            if value >= size:
+                return f"{value / size:.4g}{unit}"
+    return f"{value:g}"
 
 
 def _describe_toleration(t: Toleration) -> str:

@@ -138,9 +138,14 @@ def _planned(by_name: Mapping[str, float]) -> Resources:
 
 
 def is_extended(name: str) -> bool:
-    """An extended resource (a device plugin's or an admin's: `example.com/fpga`, `rdma/hca`,
-    `nvidia.com/mig-1g.10gb`, `amd.com/gpu`): a domain-prefixed name other than the GPU the
-    operator plans with by amount. The operator plans with these by which nodes have them."""
+    """A resource the operator plans with by which nodes have enough of it for one pod (not by
+    amount: kube-scheduler's refusals move the rest, displacement.py): an extended resource (a
+    device plugin's or an admin's: `example.com/fpga`, `rdma/hca`, `nvidia.com/mig-1g.10gb`,
+    `amd.com/gpu`: a domain-prefixed name other than the GPU planned by amount), local
+    `ephemeral-storage` and `hugepages-<size>`. A template asking more of one than any node has
+    used to be admitted and every pod left Pending (`Insufficient ephemeral-storage`)."""
+    if name == "ephemeral-storage" or name.startswith("hugepages-"):
+        return True
     return "/" in name and name != GPU_RESOURCE and not name.startswith("kubernetes.io/")
 
 
