@@ -251,6 +251,10 @@ class AcceptingApi:
         self._count("delete", kind)
         return True
 
+    async def pod_warnings(self, namespace, pod):
+        self._count("list", "Event")
+        return []
+
     async def dry_run_create(self, body):
         self._count("dry-run", body["kind"])
 

@@ -30,6 +30,8 @@ KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": 
 IMAGE = "registry.invalid/mlsched/trainer:e2e"  # never pulled: kwok runs no containers
 # An image the kwok "kubelet" cannot pull (kwok_stages.yaml, pod-image-missing).
 MISSING_IMAGE = "registry.invalid/e2e/missing:404"
+# A ConfigMap never created, whose volume the kwok "kubelet" cannot mount (pod-volume-missing).
+MISSING_CONFIGMAP = "e2e-missing-settings"
 
 
 def load_yaml(path: Path) -> list[dict]:

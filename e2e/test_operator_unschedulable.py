@@ -170,3 +170,29 @@ def test_pods_whose_image_cannot_be_pulled_are_reported(mlsched, operator):
     assert message.startswith("pod typo-worker-"), message
     assert f'ImagePullBackOff: Back-off pulling image "{MISSING_IMAGE}"' in message, message
     assert any(r == "PodsCannotStart" for r, _ in _warnings(mlsched, "typo"))
+
+
+def test_pods_whose_volume_cannot_be_mounted_are_reported(mlsched, start_operator):
+    """A typo in a ConfigMap volume's name: the pods are bound and hold their GPUs, status
+    says only ContainerCreating, and only the pods' FailedMount Events say why. The job said
+    PodsStarting for as long as it lasted; now it says why after the grace (3 s here, 60 s by
+    default)."""
+    from mlsched_objects import MISSING_CONFIGMAP
+
+    start_operator(extra_env={"MLSCHED_CREATING_GRACE_SECONDS": "3",
+                              "MLSCHED_JOB_SYNC_SECONDS": "2"})
+    mlsched.create(scheduling_policy("default", interval=600))
+    job = mljob("unmounted", ps=None, workers=(2, 2))
+    spec = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["volumes"] = [{"name": "settings", "configMap": {"name": MISSING_CONFIGMAP}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "settings", "mountPath": "/etc/settings"}]
+    mlsched.create(job)
+    reason, message = wait_for(lambda: (r := _reason(mlsched, "unmounted"))
+                               and r[0] == "PodsCannotStart" and r, 60,
+                               "the job to say its pods cannot start",
+                               describe=lambda: _reason(mlsched, "unmounted"))
+    assert message.startswith("pod unmounted-worker-"), message
+    assert (f'FailedMount: MountVolume.SetUp failed for volume "settings" : configmap '
+            f'"{MISSING_CONFIGMAP}" not found') in message, message
+    assert any(r == "PodsCannotStart" for r, _ in _warnings(mlsched, "unmounted"))
+    assert all(p.spec.node_name for p in mlsched.pods("unmounted"))  # bound, holding their GPUs

@@ -181,6 +181,13 @@ class MemoryKube:
         self._collect_garbage()
         return True
 
+    async def pod_warnings(self, namespace: str, pod: str) -> list[dict]:
+        self.calls.append(("list", "Event", namespace, pod))
+        return [copy.deepcopy(e) for e in self.of_kind("Event")
+                if e["metadata"].get("namespace") == namespace and e.get("type") == "Warning"
+                and (e.get("involvedObject") or {}).get("kind") == "Pod"
+                and e["involvedObject"].get("name") == pod]
+
     async def dry_run_create(self, body: dict) -> None:
         meta = body["metadata"]
         self.calls.append(("dry-run", body["kind"], meta.get("namespace", ""), meta["name"]))

@@ -452,6 +452,44 @@ def test_pods_whose_containers_cannot_start_are_reported():
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"
 
 
+def test_pods_whose_volumes_cannot_be_mounted_are_reported(monkeypatch):
+    """A ConfigMap volume whose ConfigMap does not exist: the kubelet never creates the
+    containers, status only says `ContainerCreating`, and the pod's FailedMount Events say why.
+    The job said PodsStarting for ever, its GPUs held. Now, after creating_grace_seconds, it says
+    why; the Events are read once per CREATING_RECHECK_S, not every sweep."""
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    rt, kube = scheduled()
+    for p in kube.of_kind("Pod"):
+        p["status"] = {"phase": "Pending", "containerStatuses": [{
+            "name": "worker", "ready": False, "restartCount": 0,
+            "state": {"waiting": {"reason": "ContainerCreating"}}}]}
+    for sts in kube.of_kind("StatefulSet"):
+        sts["status"] = {**sts["status"], "readyReplicas": 0}
+    stuck = sorted(p["metadata"]["name"] for p in kube.of_kind("Pod"))[0]
+    mount = 'MountVolume.SetUp failed for volume "settings" : configmap "settngs" not found'
+    kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedMount",
+              "message": mount, "metadata": {"name": f"{stuck}.1", "namespace": NS},
+              "involvedObject": {"kind": "Pod", "name": stuck, "namespace": NS}})
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "PodsStarting"  # pulling an image takes time
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
+    clock[0] += rt.config.creating_grace_seconds
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "PodsCannotStart", running
+    assert running.message == f"pod {stuck} cannot start: FailedMount: {mount}"
+    assert "PodsCannotStart" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
+    sync(rt, kube, "bert")
+    assert len([c for c in kube.calls if c[:2] == ("list", "Event")]) == 1
+    for p in kube.of_kind("Pod"):  # the ConfigMap was created: the kubelet mounts it
+        p["status"] = {"phase": "Running"}
+    kube.settle()
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "AllRolesReady"
+    assert not rt.creating_since and not rt.creating_checks
+
+
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     rt, kube = scheduled()
     sync(rt, kube, "bert")

@@ -39,6 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--scheduler-grace-seconds", type=float,
                    help="how long a placed pod may go without a word from its scheduler "
                         "before its job reports it (60)")
+    p.add_argument("--creating-grace-seconds", type=float,
+                   help="how long a bound pod may wait for its containers to be created while "
+                        "the kubelet reports why it cannot (FailedMount) before its job "
+                        "reports it (60)")
     p.add_argument("--progress-url", help="URL training pods report progress to")
     p.add_argument("--tls-cert", help="serve the endpoint over HTTPS with this certificate")
     p.add_argument("--tls-key", help="... and this key")
@@ -78,6 +82,7 @@ def export(args: argparse.Namespace) -> None:
     flags = {"NAMESPACES": ",".join(args.namespace) or None, "PORT": args.port,
              "INTERVAL_SCALE": args.interval_scale, "JOB_SYNC_SECONDS": args.job_sync_seconds,
              "SCHEDULER_GRACE_SECONDS": args.scheduler_grace_seconds,
+             "CREATING_GRACE_SECONDS": args.creating_grace_seconds,
              "OPERATOR_PROGRESS_URL": args.progress_url, "TLS_CERT": args.tls_cert,
              "TLS_KEY": args.tls_key, "TLS_CA": args.tls_ca, "TLS_SECRET": args.tls_secret,
              "TRAINING_SERVICE_ACCOUNT": args.training_service_account,

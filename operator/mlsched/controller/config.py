@@ -71,6 +71,10 @@ class OperatorConfig:
     # Generous: kube-scheduler binds a pinned pod in a second, but a burst of thousands of
     # pods can queue it for tens of seconds, which must not read as a scheduler that is down.
     scheduler_grace_seconds: float = 60.0
+    # How long a bound pod may wait for its containers to be created before its Warning Events
+    # are read (jobs.stuck_creating): mounting volumes and pulling images take seconds to
+    # minutes, a volume that does not exist is never mounted.
+    creating_grace_seconds: float = 60.0
     # The URL training pods are told to report to (the operator's Service in-cluster).
     progress_url: str = "http://mlsched-operator.mlsched-system.svc:8080/v1/progress"
     token_audience: str = TOKEN_AUDIENCE
@@ -152,6 +156,8 @@ class OperatorConfig:
             job_sync_seconds=float(get("JOB_SYNC_SECONDS") or defaults.job_sync_seconds),
             scheduler_grace_seconds=float(get("SCHEDULER_GRACE_SECONDS")
                                           or defaults.scheduler_grace_seconds),
+            creating_grace_seconds=float(get("CREATING_GRACE_SECONDS")
+                                         or defaults.creating_grace_seconds),
             progress_url=get("OPERATOR_PROGRESS_URL") or defaults.progress_url,
             token_audience=get("TOKEN_AUDIENCE") or defaults.token_audience,
             tls_cert=get("TLS_CERT"),

@@ -334,7 +334,8 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     pods = list(idx.pods.get(job.key, ()))
     for pod in pods:
         rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
-    seen.cannot_start = sorted((p.name, p.stuck) for p in pods if p.stuck and not p.deleting)
+    seen.cannot_start = sorted([(p.name, p.stuck) for p in pods if p.stuck and not p.deleting]
+                               + await stuck_creating(rt, job.key, job.namespace, pods))
     seen.unschedulable = sorted([(p.name, p.unschedulable) for p in pods
                                  if p.unschedulable and not p.deleting]
                                 + unscheduled(rt, job.key, pods))
@@ -469,6 +470,48 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
     for stale in [k for k in rt.unseen_since if k[0] == key and k not in waiting]:
         del rt.unseen_since[stale]
     return out
+
+
+#: How often a pod still waiting for its containers is asked again why (its Warning Events),
+#: once `creating_grace_seconds` have passed.
+CREATING_RECHECK_S = 30.0
+#: The kubelet's Event reasons for a pod whose containers it cannot create.
+CREATING_FAILURES = frozenset({"FailedMount", "FailedAttachVolume", "FailedMapVolume",
+                               "FailedCreatePodSandBox"})
+
+
+async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
+                         pods: list[PodRecord]) -> list[tuple[str, str]]:
+    """(pod, "FailedMount: MountVolume.SetUp failed for volume ...") for a pod of the job whose
+    containers have been waiting to be created for `creating_grace_seconds` while the kubelet reports
+    why it cannot create them. A ConfigMap or Secret volume that does not exist looks like
+    this: the pod shows `ContainerCreating` for ever (only its FailedMount Events say why),
+    the job said PodsStarting and held its GPUs."""
+    now, grace = time.monotonic(), rt.config.creating_grace_seconds
+    creating = {p.uid: p for p in pods if p.creating and not p.deleting}
+    for gone in [k for k in rt.creating_since if k[0] == key and k[1] not in creating]:
+        del rt.creating_since[gone]
+    overdue = [p for uid, p in creating.items()
+               if now - rt.creating_since.setdefault((key, uid), now) >= grace]
+    if not overdue:
+        rt.creating_checks.pop(key, None)
+        return []
+    checked = rt.creating_checks.get(key)
+    if checked is None or now - checked[0] >= CREATING_RECHECK_S \
+            or checked[1] not in {p.name for p in overdue}:
+        pod, why = overdue[0], None
+        try:
+            events = await rt.api.pod_warnings(namespace, pod.name)
+        except KubeError as err:
+            log.warning("MLJob %s/%s: cannot read the Events of pod %s: %s", *key, pod.name, err)
+            events = []
+        failures = [e for e in events if e.get("reason") in CREATING_FAILURES]
+        if failures:
+            why = f"{failures[-1]['reason']}: {failures[-1].get('message', '')}"
+        checked = (now, pod.name, why)
+        rt.creating_checks[key] = checked
+    _, name, why = checked
+    return [(name, why)] if why else []
 
 
 #: How long a StatefulSet may have fewer pods than replicas before its FailedCreate Events are

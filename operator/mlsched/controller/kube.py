@@ -70,6 +70,10 @@ class KubeApi(Protocol):
     async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (only the object with this uid, when given); False if it did not exist."""
 
+    async def pod_warnings(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        """The Warning Events of a pod (FailedMount: a volume the kubelet cannot mount), oldest
+        first."""
+
     async def dry_run_create(self, body: dict[str, Any]) -> None:
         """Create a pod with dryRun=All: every admission check runs, nothing is stored. Raises
         KubeError with the API server's refusal (controller/preflight.py)."""
@@ -295,6 +299,14 @@ class ClientKubeApi:
             self._core.list_namespaced_event, namespace, limit=LIST_PAGE,
             field_selector=f"involvedObject.kind=StatefulSet,involvedObject.name={statefulset},"
                            "reason=FailedCreate")
+        events = (page or {}).get("items") or []
+        return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+
+    async def pod_warnings(self, namespace: str, pod: str) -> list[dict[str, Any]]:
+        self._count("list", "Event")
+        page = await self._call(
+            self._core.list_namespaced_event, namespace, limit=LIST_PAGE,
+            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning")
         events = (page or {}).get("items") or []
         return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 

@@ -304,6 +304,10 @@ class PodRecord:
     # Why the kubelet cannot start one of its containers, when it is one of STUCK_REASONS:
     # "ImagePullBackOff: Back-off pulling image ...".
     stuck: str | None = None
+    # Bound and its containers still being created (waiting `ContainerCreating` or
+    # `PodInitializing`): what a volume that cannot be mounted looks like in status; only the
+    # pod's FailedMount Events say why (jobs.stuck_creating).
+    creating: bool = False
     scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: who binds it once pinned
     # Not bound and no scheduler has said anything about it: PodScheduled is absent or still
     # the "SchedulingGated" it had while gated (kube-scheduler binds a pinned pod within a
@@ -343,6 +347,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         and 0 in last_exits,
         completed=bool(exits) and all(0 in pair for pair in exits),
         stuck=_stuck(status),
+        creating=bool(spec.get("nodeName")) and phase == "Pending" and _creating(status),
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
     )
@@ -368,6 +373,13 @@ def _stuck(status: Mapping[str, Any]) -> str | None:
             message = waiting.get("message")
             return f"{waiting['reason']}: {message}" if message else waiting["reason"]
     return None
+
+
+def _creating(status: Mapping[str, Any]) -> bool:
+    return any((((c or {}).get("state") or {}).get("waiting") or {}).get("reason")
+               in ("ContainerCreating", "PodInitializing")
+               for c in [*(status.get("initContainerStatuses") or ()),
+                         *(status.get("containerStatuses") or ())])
 
 
 def _scheduler_silent(status: Mapping[str, Any]) -> bool:

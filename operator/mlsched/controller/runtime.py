@@ -301,6 +301,11 @@ class Runtime:
     # (job, pod uid) -> when the pod was first seen pinned, ungated and with no word from any
     # scheduler (jobs.unscheduled).
     unseen_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
+    # (job, pod uid) -> when the pod was first seen bound with its containers still being
+    # created; per job, the latest read of such a pod's Warning Events: (when, pod, why or
+    # None) (jobs.stuck_creating).
+    creating_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
+    creating_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
     node_states: dict[str, NodeRecord] = field(default_factory=dict)
     # Why each job its policy's latest round or admission step gave nothing still waits
@@ -395,6 +400,9 @@ class Runtime:
             del self.short_since[stuck]
         for stuck in [k for k in self.unseen_since if k[0] == key]:
             del self.unseen_since[stuck]
+        for stuck in [k for k in self.creating_since if k[0] == key]:
+            del self.creating_since[stuck]
+        self.creating_checks.pop(key, None)
         self.retrying.pop(key, None)
         self.waiting.pop(key, None)
         self.preflight.forget(key)
