@@ -47,7 +47,7 @@ def test_a_job_pod_security_refuses_is_told_so_and_holds_nothing(api, control_pl
                                                                    operator):
     """The namespace enforces Pod Security `restricted`; the job's template runs as root. It is
     told why before anything is scaled, while a compliant job beside it runs; relabelled
-    `baseline`, the namespace takes its pods and it runs without being touched."""
+    `baseline`, the namespace takes its pods and it runs at once (the relabelling asks again)."""
     core = client.CoreV1Api(api)
     _label_namespace(core, mlsched.namespace, RESTRICTED)
     mlsched.create(scheduling_policy("default", interval=86400))

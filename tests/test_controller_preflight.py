@@ -79,6 +79,14 @@ class Clock:
      "passed"),
     (403, 'pods "x-0" is forbidden: failed quota: q: must specify limits.cpu', "passed"),
     (409, 'pods "x-0" already exists', "passed"),
+    # LimitRange and RuntimeClass: planned with (limitranges.py, runtimeclasses.py), which
+    # unblock the job as soon as the object changes. kube-apiserver 1.34's words:
+    (403, 'pods "l-worker-0" is forbidden: [maximum memory usage per Container is 16Gi, but '
+          'limit is 32Gi, cpu max limit to request ratio per Container is 2, but provided ratio '
+          'is 3.000000]', "passed"),
+    (403, 'pods "l-worker-0" is forbidden: minimum cpu usage per Pod is 2, but request is 1',
+     "passed"),
+    (403, 'pods "r-worker-0" is forbidden: pod rejected: RuntimeClass "kata-x" not found', "passed"),
     # Checks that cannot be made are not held against the job either.
     (403, 'pods is forbidden: User "system:serviceaccount:mlsched-system:mlsched-operator" cannot '
           'create resource "pods" in API group "" in the namespace "team-a"', "unavailable"),
@@ -271,3 +279,28 @@ def test_a_burst_from_one_manifest_shares_the_dry_run_in_flight():
     assert sorted(c[3] for c in dry_runs(kube)) == ["burst-0-ps-0", "burst-0-worker-0"]
     assert all(rt.preflight.checked(j) and not rt.preflight.holds(j)
                for j in kube.indexes().jobs_of_policy(NS, "default"))
+
+
+def test_a_relabelled_namespace_has_its_refused_jobs_asked_again_at_once():
+    """Pod Security's level lowered (or a label an admission policy selects on removed): the
+    namespace's refused jobs are asked again by the namespace's watch event, not 30 s later."""
+    from mlsched.controller import handlers
+
+    rt, kube = make_runtime(cluster(2))
+    kube.pod_admission = refuse_service_account
+    kube.put(policy())
+    run(create_jobs(rt, kube, typo_job("typo")))
+    rt.indexes = kube.indexes()
+    namespace = {"metadata": {"name": NS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
+    memo = {"runtime": rt}
+    run(handlers.namespace_event({"type": "ADDED"}, namespace, memo))
+    assert len(dry_runs(kube)) == 2  # first sight of the namespace: nothing to compare
+    kube.pod_admission = None
+    wakeups = rt.wakeups.signals((NS, "default"))
+    namespace["metadata"]["labels"] = {"pod-security.kubernetes.io/enforce": "baseline"}
+    run(handlers.namespace_event({"type": "MODIFIED"}, namespace, memo))
+    assert len(dry_runs(kube)) == 4
+    assert not rt.preflight.holds(rt.indexes.job(NS, "typo"))
+    assert rt.wakeups.signals((NS, "default")) == wakeups + 1
+    run(handlers.namespace_event({"type": "MODIFIED"}, namespace, memo))  # unchanged: nothing
+    assert len(dry_runs(kube)) == 4

@@ -28,7 +28,7 @@ import kopf
 import kubernetes.watch
 
 from mlsched.api import GROUP, VERSION
-from mlsched.controller import jobs, progress_server
+from mlsched.controller import jobs, preflight, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespacePods
@@ -287,6 +287,24 @@ async def limit_range_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
     """Defaults lowered or removed: waiting jobs may fit now (raised: they are decided again
     with the larger requests at the next step, which needs no wake-up of its own)."""
     wake_all_admissions(runtime(memo))
+
+
+@kopf.on.event("namespaces")
+async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                          **_: Any) -> None:
+    """A namespace relabelled (Pod Security's enforce level, a label a ValidatingAdmissionPolicy
+    selects on): its jobs whose pods the API server refused are asked again now, not at their
+    next recheck 30 s later (preflight.py)."""
+    rt = runtime(memo)
+    name = body["metadata"]["name"]
+    if event.get("type") == "DELETED":
+        rt.namespace_labels.pop(name, None)
+        return
+    labels = dict(body["metadata"].get("labels") or {})
+    before = rt.namespace_labels.get(name)
+    rt.namespace_labels[name] = labels
+    if before is not None and before != labels and rt.leadership.leading:
+        await preflight.recheck_refused(rt, name)
 
 
 @kopf.on.event("node.k8s.io", "v1", "runtimeclasses")

@@ -445,13 +445,13 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
     PodsStarting forever, its GPUs held."""
     now, grace = time.monotonic(), rt.config.scheduler_grace_seconds
     out = []
-    waiting = set()
+    clocks = rt.unseen_since.get(key, {})
+    kept: dict[str, float] = {}  # only the pods waiting now: the others' clocks go
     for p in pods:
         if not (p.pinned and not p.gated and not p.bound and p.unseen and not p.deleting
                 and p.unschedulable is None):
             continue
-        waiting.add((key, p.uid))
-        since = rt.unseen_since.setdefault((key, p.uid), now)
+        since = kept[p.uid] = clocks.get(p.uid, now)
         if now - since < grace:
             continue
         if p.gates:  # a gate of the template's own (another controller's), still on it
@@ -467,8 +467,10 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
                 "binds it")
         out.append((p.name, f"{who} has not acted on it in {now - since:.0f} s since it "
                             f"was placed on {p.pinned}: {hint}"))
-    for stale in [k for k in rt.unseen_since if k[0] == key and k not in waiting]:
-        del rt.unseen_since[stale]
+    if kept:
+        rt.unseen_since[key] = kept
+    else:
+        rt.unseen_since.pop(key, None)
     return out
 
 
@@ -488,11 +490,13 @@ async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
     this: the pod shows `ContainerCreating` for ever (only its FailedMount Events say why),
     the job said PodsStarting and held its GPUs."""
     now, grace = time.monotonic(), rt.config.creating_grace_seconds
-    creating = {p.uid: p for p in pods if p.creating and not p.deleting}
-    for gone in [k for k in rt.creating_since if k[0] == key and k[1] not in creating]:
-        del rt.creating_since[gone]
-    overdue = [p for uid, p in creating.items()
-               if now - rt.creating_since.setdefault((key, uid), now) >= grace]
+    clocks = rt.creating_since.get(key, {})
+    kept = {p.uid: clocks.get(p.uid, now) for p in pods if p.creating and not p.deleting}
+    if kept:  # only the pods still waiting: the others' clocks go
+        rt.creating_since[key] = kept
+    else:
+        rt.creating_since.pop(key, None)
+    overdue = [p for p in pods if p.uid in kept and now - kept[p.uid] >= grace]
     if not overdue:
         rt.creating_checks.pop(key, None)
         return []

@@ -13,12 +13,14 @@ not stored; the refusal is the one the real pod would get, word for word.
 
 Verdicts, per job generation:
 - refused: the job is given no capacity and is told why (`PodsRefused`, a Warning Event).
-  What refused it (a namespace label, a ServiceAccount, a webhook's configuration) is not
-  watched, so a refused job is asked again every RECHECK_S; when it passes, its policy's
-  admission runs at once.
+  A refused job is asked again at once when its namespace's labels change (Pod Security's
+  level, a label an admission policy selects on), and every RECHECK_S otherwise, since the
+  rest of what may refuse it (a ServiceAccount, a webhook's configuration) is not watched;
+  when it passes, its policy's admission runs at once.
 - passed, or no answer worth acting on: the job is scheduled as before this check. That
-  covers refusals the rounds plan with themselves (ResourceQuota: the API server refuses a pod
-  over quota, which the ledger books in advance; a transient race must not block a job), and
+  covers refusals the operator plans with itself (ResourceQuota: the API server refuses a pod
+  over quota, which the ledger books in advance, and a transient race must not block a job;
+  LimitRange and RuntimeClass, which block the job by their own rules until they change), and
   checks that cannot be made: the operator not allowed to create pods (an older RBAC), a
   webhook that does not support dry run, the API server failing (5xx, 429). The real creation
   still says so if the pods are then refused (jobs.pods_refused), which asks again.
@@ -55,9 +57,16 @@ UNAVAILABLE_S = 600.0
 PASS_TTL_S = RECHECK_S
 PASSES_KEPT = 1024
 
-# Refusals that are not about the pod: the rounds book quotas themselves (a dry run over
-# quota only means the quota is in use now), and a namespace being deleted takes its jobs.
-_NOT_ABOUT_THE_POD = ("exceeded quota", "failed quota", "is being terminated")
+# Refusals the operator plans with itself, and ones not about the pod: ResourceQuota (the
+# rounds book quotas; a dry run over quota only means the quota is in use now), LimitRange
+# and RuntimeClass (limitranges.py and runtimeclasses.py block such a job in the same words
+# and unblock it the moment the object changes, which a held refusal would delay to the next
+# recheck), and a namespace being deleted, which takes its jobs. The phrases are kube-apiserver
+# 1.34's ("[maximum memory usage per Container is 16Gi, but limit is 32Gi, cpu max limit to
+# request ratio per Container is 2, ...]", "pod rejected: RuntimeClass \"kata\" not found").
+_PLANNED_OR_NOT_ABOUT_THE_POD = (
+    "exceeded quota", "failed quota", " usage per Container is ", " usage per Pod is ",
+    " limit to request ratio per ", "pod rejected: RuntimeClass ", "is being terminated")
 
 
 @dataclass(frozen=True)
@@ -185,7 +194,7 @@ def classify(err: KubeError) -> tuple[str, str]:
     if err.status in (400, 403, 422):
         if "does not support dry run" in text:  # a webhook with side effects: cannot be asked
             return "unknown", text
-        if any(s in text for s in _NOT_ABOUT_THE_POD):
+        if any(s in text for s in _PLANNED_OR_NOT_ABOUT_THE_POD):
             return "passed", text
         return "refused", text
     return "unknown", text  # 5xx, 429, a timeout: the real creation will tell
@@ -210,6 +219,16 @@ async def check(rt: Any, job: JobRecord) -> str | None:
     if refusal is None and (was_refused or passed_over):
         rt.wakeups.signal((job.namespace, job.policy), "admission")
     return refusal
+
+
+async def recheck_refused(rt: Any, namespace: str) -> None:
+    """Ask again now for the namespace's refused jobs (it was relabelled: Pod Security's enforce
+    level, a label an admission policy selects namespaces by), not at their next recheck."""
+    book: Preflight = rt.preflight
+    jobs = [rt.indexes.job(*key) for key, v in list(book.verdicts.items())
+            if v.refusal is not None and key[0] == namespace] if rt.indexes else []
+    await asyncio.gather(*(check(rt, job) for job in jobs
+                           if job is not None and book.refusal(job) is not None and book.start(job)))
 
 
 async def _ask_role(rt: Any, job: JobRecord, role: str) -> tuple[str, str]:

@@ -298,14 +298,16 @@ class Runtime:
     # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
     # to wake that policy's admission. The latest MAX_DEPARTED only.
     departed: dict[JobKey, str] = field(default_factory=dict)
-    # (job, pod uid) -> when the pod was first seen pinned, ungated and with no word from any
-    # scheduler (jobs.unscheduled).
-    unseen_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
-    # (job, pod uid) -> when the pod was first seen bound with its containers still being
+    # job -> pod uid -> when the pod was first seen pinned, ungated and with no word from any
+    # scheduler (jobs.unscheduled). Per job: a sweep touches one job's clocks, not everyone's.
+    unseen_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
+    # job -> pod uid -> when the pod was first seen bound with its containers still being
     # created; per job, the latest read of such a pod's Warning Events: (when, pod, why or
     # None) (jobs.stuck_creating).
-    creating_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
+    creating_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
     creating_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
+    # Each namespace's labels as last seen: a change asks again about its refused jobs' pods.
+    namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
     node_states: dict[str, NodeRecord] = field(default_factory=dict)
     # Why each job its policy's latest round or admission step gave nothing still waits
@@ -398,10 +400,8 @@ class Runtime:
         self.reconciled.pop(key, None)
         for stuck in [k for k in self.short_since if k[0] == key]:
             del self.short_since[stuck]
-        for stuck in [k for k in self.unseen_since if k[0] == key]:
-            del self.unseen_since[stuck]
-        for stuck in [k for k in self.creating_since if k[0] == key]:
-            del self.creating_since[stuck]
+        self.unseen_since.pop(key, None)
+        self.creating_since.pop(key, None)
         self.creating_checks.pop(key, None)
         self.retrying.pop(key, None)
         self.waiting.pop(key, None)
