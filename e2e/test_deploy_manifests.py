@@ -82,8 +82,6 @@ NOT_EXERCISED = {
     ("", "pods", "get"), ("mlsched.io", "mljobs", "get"),
     # Renewing the progress endpoint's certificate (within 30 days of expiry).
     ("", "secrets", "patch"),
-    # Namespace globs (-n 'team-*'); the dev overlay serves every namespace.
-    ("", "namespaces", "list"), ("", "namespaces", "watch"),
     # Deleting a pod whose decided node changed (a node lost, a new placement): this run's
     # nodes stay Ready, and rounds keep jobs where they are.
     ("", "pods", "delete"),
