@@ -304,3 +304,8 @@ def test_a_relabelled_namespace_has_its_refused_jobs_asked_again_at_once():
     assert rt.wakeups.signals((NS, "default")) == wakeups + 1
     run(handlers.namespace_event({"type": "MODIFIED"}, namespace, memo))  # unchanged: nothing
     assert len(dry_runs(kube)) == 4
+    # Relabelled again: what passed before it is asked about again.
+    namespace["metadata"]["labels"] = {"pod-security.kubernetes.io/enforce": "restricted"}
+    run(handlers.namespace_event({"type": "MODIFIED"}, namespace, memo))
+    run(create_jobs(rt, kube, typo_job("after")))
+    assert [c[3] for c in dry_runs(kube)[4:]] == ["after-ps-0", "after-worker-0"]

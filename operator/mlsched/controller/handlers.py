@@ -304,7 +304,7 @@ async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     before = rt.namespace_labels.get(name)
     rt.namespace_labels[name] = labels
     if before is not None and before != labels and rt.leadership.leading:
-        await preflight.recheck_refused(rt, name)
+        await preflight.namespace_relabelled(rt, name)
 
 
 @kopf.on.event("node.k8s.io", "v1", "runtimeclasses")

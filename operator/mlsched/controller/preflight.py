@@ -133,7 +133,7 @@ class Preflight:
 
     def passed_lately(self, keys: list[tuple]) -> bool:
         now = self.clock()
-        return all(now - self.passes.get(k, -PASS_TTL_S) < PASS_TTL_S for k in keys)
+        return all(k in self.passes and now - self.passes[k] < PASS_TTL_S for k in keys)
 
     def note_pass(self, key: tuple) -> None:
         if len(self.passes) >= PASSES_KEPT:
@@ -221,10 +221,12 @@ async def check(rt: Any, job: JobRecord) -> str | None:
     return refusal
 
 
-async def recheck_refused(rt: Any, namespace: str) -> None:
-    """Ask again now for the namespace's refused jobs (it was relabelled: Pod Security's enforce
-    level, a label an admission policy selects namespaces by), not at their next recheck."""
+async def namespace_relabelled(rt: Any, namespace: str) -> None:
+    """The namespace's labels changed (Pod Security's enforce level, a label an admission policy
+    selects namespaces by): its templates' recent passes no longer hold, and its refused jobs
+    are asked again now, not at their next recheck."""
     book: Preflight = rt.preflight
+    book.passes = {k: t for k, t in book.passes.items() if k[0] != namespace}
     jobs = [rt.indexes.job(*key) for key, v in list(book.verdicts.items())
             if v.refusal is not None and key[0] == namespace] if rt.indexes else []
     await asyncio.gather(*(check(rt, job) for job in jobs
