@@ -293,22 +293,21 @@ class ClientKubeApi:
             if not token:
                 return items
 
-    async def failed_creates(self, namespace: str, statefulset: str) -> list[dict[str, Any]]:
+    async def _events(self, namespace: str, field_selector: str) -> list[dict[str, Any]]:
+        """One page of a namespace's Events matching `field_selector`, oldest first."""
         self._count("list", "Event")
-        page = await self._call(
-            self._core.list_namespaced_event, namespace, limit=LIST_PAGE,
-            field_selector=f"involvedObject.kind=StatefulSet,involvedObject.name={statefulset},"
-                           "reason=FailedCreate")
+        page = await self._call(self._core.list_namespaced_event, namespace, limit=LIST_PAGE,
+                                field_selector=field_selector)
         events = (page or {}).get("items") or []
         return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
 
+    async def failed_creates(self, namespace: str, statefulset: str) -> list[dict[str, Any]]:
+        return await self._events(namespace, f"involvedObject.kind=StatefulSet,"
+                                             f"involvedObject.name={statefulset},reason=FailedCreate")
+
     async def pod_warnings(self, namespace: str, pod: str) -> list[dict[str, Any]]:
-        self._count("list", "Event")
-        page = await self._call(
-            self._core.list_namespaced_event, namespace, limit=LIST_PAGE,
-            field_selector=f"involvedObject.kind=Pod,involvedObject.name={pod},type=Warning")
-        events = (page or {}).get("items") or []
-        return sorted(events, key=lambda e: e.get("lastTimestamp") or e.get("eventTime") or "")
+        return await self._events(namespace, f"involvedObject.kind=Pod,involvedObject.name={pod},"
+                                             f"type=Warning")
 
     async def review_token(self, token: str, audiences: list[str]) -> dict[str, Any]:
         self._count("create", "TokenReview")
