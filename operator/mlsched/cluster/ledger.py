@@ -10,6 +10,8 @@ ledger the same way. Two rules live here, not in every policy:
   at least one of each its architecture needs) atomically, or nothing. A job never holds a
   partial set of tasks that cannot train.
 - Caps: a job never exceeds its max PS / max workers.
+- Host ports (JobView.host_ports): a node holds at most one task holding a given port,
+  counting what the snapshot says is held there already (Snapshot.ports_in_use).
 
 Every grant is logged in order (`grants`): the placement phase may replay it.
 A ledger never changes the snapshot it was built from.
@@ -73,6 +75,13 @@ class Ledger:
         # Per distinct demand (a round places hundreds of tasks of a handful of demands):
         self._thresholds: dict[tuple, tuple[np.ndarray, tuple[float, ...]]] = {}  # see _threshold
         self._load_steps: dict[tuple, float] = {}  # (demand, node) -> load one such task adds
+        # Per host port, how many tasks (and pods the round does not re-decide) hold it on each
+        # node: a count, not a flag, so that releasing one of two tasks kept where they were
+        # (book_held books kept tasks whatever they conflict with) does not free the port.
+        self._port_holders: dict[object, np.ndarray] = {}
+        for node, ports in enumerate(snapshot.ports_in_use or ()):
+            for port in ports:
+                self._holders(port)[node] += 1
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -119,6 +128,11 @@ class Ledger:
             allowed = self.allowed_nodes(job, role)
             if allowed is not None:
                 mask &= allowed
+        if job is not None and role is not None and job.host_ports:
+            for port in job.ports(role):
+                holders = self._port_holders.get(port)
+                if holders is not None:
+                    mask &= holders == 0
         return mask
 
     def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None,
@@ -131,10 +145,40 @@ class Ledger:
                 return False
         if self.budget is not None and not self.within_budget(self.charge(job, role, demand)):
             return False
-        if job is None or (job.pool is None and not job.node_filters):
+        if job is None:
+            return True
+        if job.host_ports and role is not None and not self.ports_free(job, role, node):
+            return False
+        if job.pool is None and not job.node_filters:
             return True
         allowed = self.allowed_nodes(job, role)
         return allowed is None or bool(allowed[node])
+
+    def ports_free(self, job: JobView, role: Role, node: int) -> bool:
+        """Whether no task on `node` holds a host port a task of `job`'s `role` needs."""
+        for port in job.ports(role):
+            holders = self._port_holders.get(port)
+            if holders is not None and holders[node]:
+                return False
+        return True
+
+    def port_free_nodes(self, job: JobView, role: Role) -> np.ndarray | None:
+        """The nodes where every host port of `job`'s `role` is free (None: it holds none)."""
+        ports = job.ports(role)
+        if not ports:
+            return None
+        mask = np.ones(self._free_t.shape[1], dtype=bool)
+        for port in ports:
+            holders = self._port_holders.get(port)
+            if holders is not None:
+                mask &= holders == 0
+        return mask
+
+    def _holders(self, port: object) -> np.ndarray:
+        holders = self._port_holders.get(port)
+        if holders is None:
+            holders = self._port_holders[port] = np.zeros(self._free_t.shape[1], dtype=np.int32)
+        return holders
 
     def within_budget(self, charge: np.ndarray) -> bool:
         """Whether the quotas have room for one more task charging `charge` (a NaN, a request
@@ -263,6 +307,9 @@ class Ledger:
         if self.budget is not None:
             self.budget -= self.charge(job, role, demand)
         self.load[node] += self._load_step(demand, node)
+        if job.host_ports:
+            for port in job.ports(role):
+                self._holders(port)[node] += 1
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
@@ -278,6 +325,9 @@ class Ledger:
             if self.budget is not None:
                 self.budget += self.charge(job, role, demand)
             self.load[node] -= self._load_step(demand, node)
+            if job.host_ports:
+                for port in job.ports(role):
+                    self._holders(port)[node] -= 1
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))

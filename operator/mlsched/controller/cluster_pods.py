@@ -9,8 +9,9 @@ runs on them must be counted whoever owns it. This needs only read access to pod
 
 A thread runs the `kubernetes` client's list+watch (the client is synchronous; one thread for
 the whole cluster is cheaper than kopf watching every namespace with handlers on each pod) and
-keeps {pod uid: (node, requests)} for bound, non-terminal pods. The scheduling loop reads it as
-one more source of foreign requests (`requests_by_node`).
+keeps {pod uid: (node, requests, host ports)} for bound, non-terminal pods. The scheduling loop
+reads it as one more source of foreign requests (`requests_by_node`) and of host ports held
+(`ports_by_node`, host_ports.py).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import defaultdict
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from mlsched.controller.host_ports import HostPort, host_ports
 from mlsched.controller.records import Resources, pod_requests
 
 log = logging.getLogger("mlsched.controller.cluster_pods")
@@ -41,7 +43,7 @@ class OtherNamespacePods:
         # Called (from the watch thread) when a counted pod ends or goes: its node has room
         # again, which waiting jobs may use now (handlers.wake_all_admissions).
         self.on_freed = on_freed
-        self._pods: dict[str, tuple[str, Resources]] = {}
+        self._pods: dict[str, tuple[str, Resources, frozenset[HostPort]]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -57,7 +59,7 @@ class OtherNamespacePods:
             if event_type == "DELETED" or not node or phase in TERMINAL \
                     or served(meta.get("namespace", ""), self.patterns):
                 return self._pods.pop(uid, None) is not None
-            self._pods[uid] = (node, pod_requests(spec))
+            self._pods[uid] = (node, pod_requests(spec), host_ports(spec))
             return False
 
     def replace(self, pods: Iterable[dict[str, Any]]) -> None:
@@ -72,8 +74,17 @@ class OtherNamespacePods:
         with self._lock:
             pods = list(self._pods.values())
         out: dict[str, list[Resources]] = defaultdict(list)
-        for node, requests in pods:
+        for node, requests, _ in pods:
             out[node].append(requests)
+        return dict(out)
+
+    def ports_by_node(self) -> dict[str, list[frozenset[HostPort]]]:
+        with self._lock:
+            pods = list(self._pods.values())
+        out: dict[str, list[frozenset[HostPort]]] = defaultdict(list)
+        for node, _, ports in pods:
+            if ports:
+                out[node].append(ports)
         return dict(out)
 
     # -- the watch thread

@@ -32,6 +32,7 @@ from mlsched.controller import jobs, preflight, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespacePods
+from mlsched.controller.host_ports import host_ports
 from mlsched.controller.kube import ClientKubeApi
 from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
@@ -79,7 +80,8 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
                    statefulsets=kwargs["statefulset_index"], foreign=kwargs["foreign_pod_index"],
                    mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
                    quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"],
-                   runtime_classes=kwargs["runtime_class_index"])
+                   runtime_classes=kwargs["runtime_class_index"],
+                   foreign_ports=kwargs["foreign_port_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -174,6 +176,17 @@ def foreign_pod_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Requests of other schedulers' pods per node: capacity our jobs cannot have."""
     node = spec.get("nodeName")
     return {node: pod_requests(spec)} if node and is_active_pod(body) else None
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
+def foreign_port_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
+    """Host ports of other schedulers' pods per node, for those holding any (host_ports.py):
+    a node where one holds 29500 takes no task that needs it."""
+    node = spec.get("nodeName")
+    if not node or not is_active_pod(body):
+        return None
+    ports = host_ports(spec)
+    return {node: ports} if ports else None
 
 
 @kopf.index("resourcequotas")

@@ -44,7 +44,7 @@ from mlsched.controller.records import (
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
-from mlsched.controller.snapshot import build_snapshot, held_elsewhere
+from mlsched.controller.snapshot import build_snapshot, held_elsewhere, held_ports
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round
@@ -216,11 +216,13 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     mine = {j.key for j in jobs}  # built once: inside the comprehension it was O(jobs²), 50 %
     # of the operator's time and 8-15 s event-loop stalls per step at 2,000 jobs
     others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
-    held = held_elsewhere(cluster, {j.key for j in schedulable}, others)
+    deciding = {j.key for j in schedulable}
+    held = held_elsewhere(cluster, deciding, others)
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
                           node_selector=rt.config.node_selector,
                           tolerated_taints=rt.config.tolerated_taints,
-                          budget=quota_budget(rt, idx, schedulable))
+                          budget=quota_budget(rt, idx, schedulable),
+                          ports=held_ports(cluster, deciding))
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):

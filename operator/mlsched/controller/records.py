@@ -21,6 +21,7 @@ from mlsched.controller.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION,
 )
+from mlsched.controller.host_ports import host_ports, role_host_ports
 from mlsched.controller.node_constraints import NodeConstraint, role_constraints
 from mlsched.workloads import catalog
 
@@ -313,6 +314,7 @@ class PodRecord:
     # the "SchedulingGated" it had while gated (kube-scheduler binds a pinned pod within a
     # second or says why not; a scheduler that is not running says nothing).
     unseen: bool = False
+    host_ports: frozenset[tuple[str, int]] = frozenset()  # host_ports.py: held on its node
 
     @property
     def gated(self) -> bool:
@@ -350,6 +352,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         creating=bool(spec.get("nodeName")) and phase == "Pending" and _creating(status),
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
+        host_ports=host_ports(spec),
     )
 
 
@@ -515,6 +518,9 @@ class JobRecord:
     # Why the namespace's LimitRanges refuse its pods, if they do (limitranges.as_planned): the
     # job gets no tasks and is told CannotFit until the template or the LimitRange changes.
     blocked: str | None = None
+    # Per role, the host ports one pod holds on its node (host_ports.py): at most one such
+    # pod per node and port. Roles holding none are absent.
+    host_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -666,6 +672,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         charges=role_charges(common["templates"]),
         runtime_classes=runtimeclasses.named(common["templates"]),
         node_constraints=role_constraints(common["templates"], extended_requests),
+        host_ports=role_host_ports(common["templates"]),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",

@@ -95,6 +95,8 @@ class Indexes:
     limit_ranges: Mapping[str, Iterable[LimitRangeRecord]] = field(default_factory=dict)
     # RuntimeClasses by name (runtimeclasses.py): what pods naming one will be.
     runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] = field(default_factory=dict)
+    # Host ports of other schedulers' pods by node (host_ports.py), for those holding any.
+    foreign_ports: Mapping[str, Iterable[frozenset]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mljobs, Defaulted):
@@ -115,14 +117,19 @@ class Indexes:
 
     def cluster(self) -> ClusterState:
         foreign: Mapping[str, Iterable[Resources]] = self.foreign
+        ports: Mapping[str, Iterable[frozenset]] = self.foreign_ports
         if self.other_namespaces is not None:
             merged = {node: list(requests) for node, requests in self.foreign.items()}
             for node, requests in self.other_namespaces.requests_by_node().items():
                 merged.setdefault(node, []).extend(requests)
             foreign = merged
+            merged_ports = {node: list(held) for node, held in self.foreign_ports.items()}
+            for node, held in self.other_namespaces.ports_by_node().items():
+                merged_ports.setdefault(node, []).extend(held)
+            ports = merged_ports
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
                             statefulsets=self.statefulsets, foreign=foreign,
-                            strays=self.pods.strays())
+                            foreign_ports=ports, strays=self.pods.strays())
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))

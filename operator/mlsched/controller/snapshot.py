@@ -16,6 +16,7 @@ import numpy as np
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
 from mlsched.workloads.speed_curve import prior_curve
 from mlsched.controller.desired import roles_of
+from mlsched.controller.host_ports import HostPort, describe
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
@@ -32,6 +33,8 @@ class ClusterState:
     pods: Mapping[JobKey, Iterable[PodRecord]] = field(default_factory=dict)
     statefulsets: Mapping[JobKey, Iterable[StsRecord]] = field(default_factory=dict)
     foreign: Mapping[str, Iterable[Resources]] = field(default_factory=dict)  # node → requests
+    # node → the host ports of each such pod that holds any (host_ports.py)
+    foreign_ports: Mapping[str, Iterable[frozenset[HostPort]]] = field(default_factory=dict)
     # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
     # occupy their nodes until they are gone.
     strays: Iterable[PodRecord] = ()
@@ -67,6 +70,22 @@ def held_elsewhere(cluster: ClusterState, own_jobs: set[JobKey],
     for pod in [*others, *cluster.strays]:
         if pod.node and pod.phase not in ("Succeeded", "Failed"):
             held[pod.node] = add(held.get(pod.node, NO_RESOURCES), pod.requests)
+    return held
+
+
+def held_ports(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, set[HostPort]]:
+    """Per node: the host ports held there by pods this policy does not re-decide (other
+    workloads', other jobs', strays). What other policies reserved for pods that do not exist
+    yet is not here: ports are planned from pods, and a pod refused for a port another
+    policy's new pod took first is displaced (displacement.py)."""
+    held: dict[str, set[HostPort]] = {}
+    for node, port_sets in cluster.foreign_ports.items():
+        for ports in port_sets:
+            held.setdefault(node, set()).update(ports)
+    others = [pod for key, pods in cluster.pods.items() if key not in own_jobs for pod in pods]
+    for pod in [*others, *cluster.strays]:
+        if pod.host_ports and pod.node and pod.phase not in ("Succeeded", "Failed"):
+            held.setdefault(pod.node, set()).update(pod.host_ports)
     return held
 
 
@@ -121,6 +140,7 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         worker_demand=np.array(job.demands.get("worker", (0.0, 0.0, 0.0)), dtype=float),
         prior=prior_curve(job.model, job.arch, job.declared_epochs_per_hour),
         node_filters=node_filters or {},
+        host_ports=dict(job.host_ports),
         quota_charges=({r: np.array(c, dtype=float) for r, c in job.charges.items()}
                        if quota_bound else {}),
     )
@@ -164,9 +184,11 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    interval_s: float, held: Mapping[str, Resources] | None = None,
                    node_selector: Mapping[str, str] | None = None,
                    tolerated_taints: frozenset[str] = frozenset(),
-                   budget: np.ndarray | None = None) -> Snapshot:
+                   budget: np.ndarray | None = None,
+                   ports: Mapping[str, Iterable[HostPort]] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
-    unique within a snapshot because a policy only schedules jobs of its own namespace."""
+    unique within a snapshot because a policy only schedules jobs of its own namespace.
+    `ports`: per node, the host ports held there already (held_ports)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -187,10 +209,11 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                       node_index, interval_s, filters.of(j), budget is not None)
              for j in jobs]
     pools = [n.pool for n in nodes]
+    in_use = [frozenset((ports or {}).get(n.name, ())) for n in nodes] if ports else None
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None,
-                    budget=budget)
+                    budget=budget, ports_in_use=in_use)
 
 
 def _describe(r: Resources) -> str:
@@ -219,6 +242,7 @@ class ClusterFit:
         roles = [("ps", job.bounds("ps")[0])] if job.arch == "ps" else []
         roles.append(("worker", job.min_workers))
         allowed_any: dict[str, NodeRecord] = {}
+        fitting: dict[str, set[str]] = {}  # per role, the nodes that can hold one of its pods
         for role, count in roles:
             demand = tuple(job.demands.get(role, NO_RESOURCES))
             constraint = job.node_constraints.get(role)
@@ -231,7 +255,9 @@ class ClusterFit:
             if constraint is not None and not nodes:
                 return (f"no schedulable node matches the {role} template's {constraint} "
                         f"(of the cluster's {len(self.nodes)} schedulable nodes)")
-            if not any(all(d <= a for d, a in zip(demand, n.allocatable)) for n in nodes):
+            fitting[role] = {n.name for n in nodes
+                             if all(d <= a for d, a in zip(demand, n.allocatable))}
+            if not fitting[role]:
                 return (f"one {role} asks for {_describe(demand)} and none of {where} has that "
                         f"much allocatable")
             if constraint is not None and count:
@@ -251,4 +277,19 @@ class ClusterFit:
             return (f"its minimum ({wanted}) needs {_describe(need)}; the cluster's "
                     f"{len(allowed_any)} schedulable nodes have {_describe(total)} "
                     f"allocatable in all")
+        return self._ports_why_not(job, roles, fitting)
+
+    @staticmethod
+    def _ports_why_not(job: JobRecord, roles: list[tuple[str, int]],
+                       fitting: Mapping[str, set[str]]) -> str | None:
+        """A host port its minimum holds more often than there are nodes to hold it."""
+        for port in sorted(set().union(*job.host_ports.values()), key=lambda p: (p[1], p[0])):
+            holders = [(role, count) for role, count in roles
+                       if count and port in job.host_ports.get(role, ())]
+            nodes = set().union(*(fitting[role] for role, _ in holders))
+            if sum(count for _, count in holders) > len(nodes):
+                who = " and ".join(f"{count} {role}" for role, count in holders)
+                return (f"its minimum ({who}) holds host port {describe([port])} (a hostPort, or "
+                        f"a containerPort under hostNetwork): one such pod per node, and only "
+                        f"{len(nodes)} schedulable nodes can take one")
         return None

@@ -22,6 +22,7 @@ import numpy as np
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import WAITING_POOL, Decision, JobDecision, JobView, Snapshot
+from mlsched.controller.host_ports import describe
 from mlsched.policies.base import book_held
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import with_pools
@@ -60,10 +61,26 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
             out[job.name] = (f"its minimum would fit what is free now, but {allocation} gave "
                              f"the capacity to other jobs this time")
             continue
+        ports = _ports_short(ledger, job, gang) if job.host_ports else None
+        if ports:
+            out[job.name] = ports
+            continue
         out[job.name] = (f"its minimum ({_counts(job, gang)}: {_amount(need)}) does not fit "
                          f"what is free now: {_amount(free)} on {nodes} nodes, at most "
                          f"{_amount(most)} on any one")
     return out
+
+
+def _ports_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
+    """Its minimum needs more nodes with its host ports free than there are now."""
+    ps, workers = gang
+    for role, count in (("ps", ps), ("worker", workers)):
+        free_nodes = ledger.port_free_nodes(job, role) if count else None
+        if free_nodes is not None and int(free_nodes.sum()) < count:
+            return (f"its minimum ({_counts(job, gang)}) needs {count} nodes where host port "
+                    f"{describe(job.ports(role))} is free (one {role} pod per node holds it); other pods hold it on "
+                    f"{len(free_nodes) - int(free_nodes.sum())} of the {len(free_nodes)} nodes")
+    return None
 
 
 def _need(job: JobView, gang: tuple[int, int]) -> np.ndarray:

@@ -1,0 +1,77 @@
+"""Host ports on the real control plane: pods on the host's network (`hostNetwork: true`, as
+RDMA/NCCL training runs them) hold their containerPorts on the node, and kube-scheduler puts
+one such pod per node and port. The operator plans with that (controller/host_ports.py):
+tasks are placed one per node at once, a job whose port is taken everywhere waits holding
+nothing, and one whose minimum needs more nodes than there are is told CannotFit."""
+
+from __future__ import annotations
+
+from mlsched_objects import condition, mljob, scheduling_policy
+from waiting import wait_for
+
+PORT = 29500
+
+
+def on_host_network(job: dict) -> dict:
+    spec = job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["containers"][0]["ports"] = [{"containerPort": PORT, "name": "nccl"}]
+    return job
+
+
+def _reason(mlsched, name: str, kind: str) -> tuple[str, str] | None:
+    c = condition(mlsched.job(name), kind)
+    return (c["reason"], c.get("message", "")) if c else None
+
+
+def test_host_network_jobs_get_one_pod_per_node_and_a_second_one_waits_holding_nothing(
+        control_plane, mlsched, operator):
+    # Bin-packing puts two 1-GPU workers on each 2-GPU node; with the port, one per node.
+    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(on_host_network(mljob("nccl-a", ps=None, workers=(4, 40))))
+
+    def running():
+        pods = mlsched.pods("nccl-a")
+        if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
+            return None
+        return pods
+
+    pods = wait_for(running, 90, "every pod of nccl-a to run",
+                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                      for p in mlsched.pods("nccl-a")])
+    nodes = [p.spec.node_name for p in pods]
+    assert len(nodes) == len(set(nodes)), nodes  # never two on a node
+    nodes_total = len(control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines())
+    assert len(nodes) == nodes_total, (nodes, nodes_total)  # one on every node, not fewer
+    # Placed right the first time: kube-scheduler refused nothing, nothing was moved.
+    reasons = [e.reason for e in mlsched.events("nccl-a", "MLJob")]
+    assert "Displaced" not in reasons and "Unschedulable" not in reasons, reasons
+
+    # The same port on every node is taken: a second such job waits, creates no pod, and
+    # says why; it used to be given workers whose pods stayed Pending ("didn't have free
+    # ports for the requested pod ports") while holding their GPUs.
+    mlsched.create(on_host_network(mljob("nccl-b", ps=None, workers=(2, 4))))
+    # A job holding no port uses the GPUs the first one leaves.
+    mlsched.create(mljob("plain", ps=None, workers=(2, 4)))
+    wait_for(lambda: (r := _reason(mlsched, "plain", "Running")) and r[0] == "AllRolesReady",
+             90, "the job without host ports to run",
+             describe=lambda: _reason(mlsched, "plain", "Running"))
+    reason, message = wait_for(
+        lambda: (r := _reason(mlsched, "nccl-b", "Admitted")) and "host port" in r[1] and r,
+        60, "nccl-b to say why it waits", describe=lambda: _reason(mlsched, "nccl-b", "Admitted"))
+    assert reason == "WaitingForAllocation", (reason, message)
+    assert f"needs 2 nodes where host port {PORT}/TCP is free" in message, message
+    assert mlsched.pods("nccl-b") == []
+
+
+def test_a_minimum_wider_than_the_cluster_is_told_cannot_fit(control_plane, mlsched, operator):
+    mlsched.create(scheduling_policy("default", interval=600))
+    nodes_total = len(control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines())
+    wide = nodes_total + 1  # fewer GPUs than the cluster has, more nodes than it has
+    mlsched.create(on_host_network(mljob("nccl-wide", ps=None, workers=(wide, wide))))
+    reason, message = wait_for(
+        lambda: (r := _reason(mlsched, "nccl-wide", "Running")) and r[0] == "CannotFit" and r,
+        60, "the job to be told it cannot fit", describe=lambda: _reason(mlsched, "nccl-wide", "Running"))
+    assert (f"its minimum ({wide} worker) holds host port {PORT}/TCP" in message
+            and f"only {nodes_total} schedulable nodes can take one" in message), message
+    assert mlsched.pods("nccl-wide") == []

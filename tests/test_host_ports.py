@@ -1,0 +1,193 @@
+"""Host ports are planned like capacity (controller/host_ports.py): one pod holding a port
+per node, across jobs and other workloads, so kube-scheduler never has to refuse a pinned pod
+for "didn't have free ports for the requested pod ports"."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mlsched.api import get_condition
+from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import JobView, Snapshot
+from mlsched.controller.host_ports import host_ports, role_host_ports
+from mlsched.controller.records import job_record, node_record, pod_record
+from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
+from mlsched.policies import registry
+from mlsched.policies.placement.heuristics import FirstFit
+from mlsched.policies.round import run_round
+from test_controller_fixtures import NS, allreduce_job, create_jobs, node, pod, policy, run
+from test_controller_jobs import sync
+from test_controller_loop import admit, round_, settle, setup
+
+NCCL = ("TCP", 29500)
+
+
+def host_network(body: dict, port: int = 29500) -> dict:
+    """The job's worker pods on the host's network, listening on `port`."""
+    spec = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["hostNetwork"] = True
+    spec["containers"][0]["ports"] = [{"containerPort": port, "name": "nccl"}]
+    return body
+
+
+# ---------------------------------------------------------------- which ports a pod holds
+
+
+def test_host_network_container_ports_are_host_ports_and_plain_container_ports_are_not():
+    plain = {"containers": [{"name": "c", "ports": [{"containerPort": 29500}]}]}
+    assert host_ports(plain) == frozenset()
+    assert host_ports({**plain, "hostNetwork": True}) == {NCCL}
+    explicit = {"containers": [{"name": "c", "ports": [
+        {"containerPort": 80, "hostPort": 8080}, {"containerPort": 53, "hostPort": 53, "protocol": "UDP"}]}]}
+    assert host_ports(explicit) == {("TCP", 8080), ("UDP", 53)}
+
+
+def test_sidecars_hold_their_ports_and_regular_init_containers_do_not():
+    # kube-scheduler 1.34, tried on the e2e control plane: a second pod whose sidecar
+    # (restartPolicy Always) declares hostPort 30001 is refused on the same node; two pods
+    # whose regular init container declares 30002 both run there.
+    spec = {"containers": [{"name": "c"}], "initContainers": [
+        {"name": "side", "restartPolicy": "Always", "ports": [{"containerPort": 1, "hostPort": 30001}]},
+        {"name": "init", "ports": [{"containerPort": 1, "hostPort": 30002}]}]}
+    assert host_ports(spec) == {("TCP", 30001)}
+
+
+def test_bad_shapes_hold_nothing():
+    assert host_ports(None) == frozenset()
+    assert host_ports({"containers": [{"name": "c", "ports": ["29500", None, {"hostPort": "x"}]}]}) == frozenset()
+    assert role_host_ports({"worker": {"spec": {"hostNetwork": True, "containers": [
+        {"name": "c", "ports": [{"containerPort": 29500}]}]}}, "ps": {}}) == {"worker": {NCCL}}
+
+
+def test_job_and_pod_records_carry_the_ports():
+    job = job_record({**host_network(allreduce_job("ring")), "metadata": {
+        "name": "ring", "namespace": NS, "uid": "u", "creationTimestamp": "2024-01-01T00:00:00Z"}})
+    assert job.host_ports == {"worker": {NCCL}}
+    body = pod("ring", "worker", 0, node_name="n0")
+    body["spec"]["hostNetwork"] = True
+    body["spec"]["containers"][0]["ports"] = [{"containerPort": 29500}]
+    assert pod_record(body).host_ports == {NCCL}
+
+
+# ---------------------------------------------------------------- the ledger
+
+
+def _view(name: str, workers: tuple[int, int], ports=frozenset({NCCL}), arrival: float = 0.0) -> JobView:
+    return JobView(name=name, model="resnet-50", arch="allreduce", arrival_s=arrival, total_epochs=10,
+                   min_workers=workers[0], max_workers=workers[1],
+                   worker_demand=np.array([2.0, 1.0, 8.0]),
+                   host_ports={"worker": frozenset(ports)} if ports else {})
+
+
+def _snapshot(jobs, nodes: int = 6, ports_in_use=None) -> Snapshot:
+    return Snapshot(time_s=0.0, interval_s=600.0, node_names=[f"n{i}" for i in range(nodes)],
+                    capacity=np.array([[8.0, 2.0, 48.0]] * nodes), jobs=jobs,
+                    ports_in_use=ports_in_use)
+
+
+def test_a_node_takes_one_task_per_port_whoever_holds_it():
+    a, b, free = _view("a", (1, 8)), _view("b", (1, 4)), _view("free", (1, 6), ports=())
+    ledger = Ledger(_snapshot([a, b, free]), FirstFit())
+    while ledger.grow(a, "worker"):
+        pass
+    # 2 GPUs per node would take 12 tasks; the port allows 6, one per node.
+    assert sorted(ledger.jobs["a"].worker_nodes) == list(range(6))
+    assert not ledger.grow(b, "worker")  # the same port everywhere: nothing
+    while ledger.grow(free, "worker"):  # a job holding no port uses the GPUs left
+        pass
+    assert ledger.jobs["free"].workers == 6
+    last = ledger.jobs["a"].worker_nodes[-1]
+    ledger.release(a, [("worker", last)])
+    assert ledger.grow(b, "worker") and ledger.jobs["b"].worker_nodes == [last]  # freed there only
+    ledger2 = Ledger(_snapshot([b]), FirstFit())
+    ledger2.book(a, "worker", 0)
+    ledger2.book(a, "worker", 0)  # kept where they were (book_held), even in conflict
+    ledger2.release(a, [("worker", 0)])
+    assert not ledger2.fits_on(b.worker_demand, 0, b, "worker")  # one holder is left
+    assert ledger2.fits_on(b.worker_demand, 1, b, "worker")
+
+
+def test_ports_held_by_other_pods_keep_tasks_off_their_nodes():
+    a = _view("a", (1, 8))
+    other_port = frozenset({("TCP", 9090)})
+    held = [frozenset({NCCL}), frozenset(), other_port, frozenset({NCCL}), frozenset(), frozenset()]
+    ledger = Ledger(_snapshot([a], ports_in_use=held), FirstFit())
+    while ledger.grow(a, "worker"):
+        pass
+    assert sorted(ledger.jobs["a"].worker_nodes) == [1, 2, 4, 5]
+    assert list(ledger.port_free_nodes(a, "worker")) == [False] * 6
+
+
+def test_every_policy_plans_with_the_ports():
+    jobs = [_view(f"j{i}", (2, 6), arrival=float(i)) for i in range(3)]
+    pairs = [(a, "bin-pack") for a in registry.ALLOCATION if a not in ("optimus-oracle",)]
+    pairs += [("drf", p) for p in registry.PLACEMENT]
+    for allocation, placement in pairs:
+        decision = run_round(_snapshot(jobs), registry.make_allocation(allocation),
+                             registry.make_placement(placement))
+        nodes = [n for d in decision.jobs.values() for n in d.worker_nodes]
+        assert nodes and len(nodes) == len(set(nodes)), (allocation, placement, decision.jobs)
+
+
+# ---------------------------------------------------------------- the cluster's view
+
+
+def _ported_pod(job: str, ordinal: int, node_name: str, *, labelled: bool = True) -> dict:
+    body = pod(job, "worker", ordinal, node_name=node_name)
+    body["spec"]["hostNetwork"] = True
+    body["spec"]["containers"][0]["ports"] = [{"containerPort": 29500}]
+    if not labelled:
+        body["metadata"]["labels"] = {}
+    return body
+
+
+def test_ports_of_pods_the_round_does_not_redecide_are_held():
+    nodes = [node_record(node(f"n{i}")) for i in range(3)]
+    mine = pod_record(_ported_pod("ring", 0, "n0"))
+    theirs = pod_record(_ported_pod("other", 0, "n1"))
+    state = ClusterState(nodes=nodes, pods={(NS, "ring"): [mine], (NS, "other"): [theirs]},
+                         foreign_ports={"n2": [frozenset({("UDP", 53)})]})
+    held = held_ports(state, own_jobs={(NS, "ring")})
+    assert held == {"n1": {NCCL}, "n2": {("UDP", 53)}}
+    snap = build_snapshot([], state, now_s=0, interval_s=60, ports=held)
+    assert snap.ports_in_use == [frozenset(), {NCCL}, {("UDP", 53)}]
+    assert build_snapshot([], state, now_s=0, interval_s=60).ports_in_use is None
+
+
+def test_a_minimum_needing_more_nodes_than_there_are_is_told_cannot_fit():
+    fit = ClusterFit.of([node_record(node(f"n{i}")) for i in range(6)])
+    body = host_network(allreduce_job("wide", max_workers=8))
+    body["spec"]["replicaSpecs"]["worker"]["min"] = 8
+    job = job_record({**body, "metadata": {**body["metadata"], "uid": "u",
+                                           "creationTimestamp": "2024-01-01T00:00:00Z"}})
+    assert fit.why_not(job) == (
+        "its minimum (8 worker) holds host port 29500/TCP (a hostPort, or a containerPort under "
+        "hostNetwork): one such pod per node, and only 6 schedulable nodes can take one")
+    body["spec"]["replicaSpecs"]["worker"]["min"] = 6
+    job = job_record({**body, "metadata": {**body["metadata"], "uid": "u",
+                                           "creationTimestamp": "2024-01-01T00:00:00Z"}})
+    assert fit.why_not(job) is None
+
+
+# ---------------------------------------------------------------- through the operator
+
+
+def test_the_operator_places_one_port_holding_pod_per_node_and_a_second_job_waits_saying_why():
+    first = host_network(allreduce_job("first", max_workers=8))
+    rt, kube = setup(nodes=4, policies=(policy(placement="bin-pack"),), job_bodies=[first])
+    report = round_(rt, kube)
+    nodes = report.targets["first"].nodes["worker"]
+    assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # bin-packing put 2 per node before
+    settle(rt, kube)
+    second = host_network(allreduce_job("second", max_workers=4))
+    second["spec"]["replicaSpecs"]["worker"]["min"] = 2
+    run(create_jobs(rt, kube, second))
+    settle(rt, kube)
+    report = admit(rt, kube)
+    assert report is None or "second" not in report.targets  # it used to be given 2 workers
+    assert not [p for p in kube.of_kind("Pod") if p["metadata"]["name"].startswith("second-")]
+    sync(rt, kube, "second")
+    admitted = get_condition(kube.obj("MLJob", NS, "second")["status"]["conditions"], "Admitted")
+    assert admitted.reason == "WaitingForAllocation", admitted
+    assert "needs 2 nodes where host port 29500/TCP is free" in admitted.message, admitted.message
+    assert "other pods hold it on 4 of the 4 nodes" in admitted.message, admitted.message
