@@ -10,8 +10,9 @@ ledger the same way. Two rules live here, not in every policy:
   at least one of each its architecture needs) atomically, or nothing. A job never holds a
   partial set of tasks that cannot train.
 - Caps: a job never exceeds its max PS / max workers.
-- Host ports (JobView.host_ports): a node holds at most one task holding a given port,
-  counting what the snapshot says is held there already (Snapshot.ports_in_use).
+- Exclusive tokens (JobView.exclusive: host ports, pod anti-affinity groups): a node holds
+  at most one task holding a given token, counting what the snapshot says is held there
+  already (Snapshot.exclusive_in_use).
 
 Every grant is logged in order (`grants`): the placement phase may replay it.
 A ledger never changes the snapshot it was built from.
@@ -75,13 +76,13 @@ class Ledger:
         # Per distinct demand (a round places hundreds of tasks of a handful of demands):
         self._thresholds: dict[tuple, tuple[np.ndarray, tuple[float, ...]]] = {}  # see _threshold
         self._load_steps: dict[tuple, float] = {}  # (demand, node) -> load one such task adds
-        # Per host port, how many tasks (and pods the round does not re-decide) hold it on each
-        # node: a count, not a flag, so that releasing one of two tasks kept where they were
-        # (book_held books kept tasks whatever they conflict with) does not free the port.
-        self._port_holders: dict[object, np.ndarray] = {}
-        for node, ports in enumerate(snapshot.ports_in_use or ()):
-            for port in ports:
-                self._holders(port)[node] += 1
+        # Per exclusive token, how many tasks (and pods the round does not re-decide) hold it on
+        # each node: a count, not a flag, so that releasing one of two tasks kept where they were
+        # (book_held books kept tasks whatever they conflict with) does not free the token.
+        self._holders_of: dict[object, np.ndarray] = {}
+        for node, tokens in enumerate(snapshot.exclusive_in_use or ()):
+            for token in tokens:
+                self._holders(token)[node] += 1
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -128,9 +129,9 @@ class Ledger:
             allowed = self.allowed_nodes(job, role)
             if allowed is not None:
                 mask &= allowed
-        if job is not None and role is not None and job.host_ports:
-            for port in job.ports(role):
-                holders = self._port_holders.get(port)
+        if job is not None and role is not None and job.exclusive:
+            for token in job.holds(role):
+                holders = self._holders_of.get(token)
                 if holders is not None:
                     mask &= holders == 0
         return mask
@@ -147,37 +148,38 @@ class Ledger:
             return False
         if job is None:
             return True
-        if job.host_ports and role is not None and not self.ports_free(job, role, node):
+        if job.exclusive and role is not None and not self.exclusive_free(job, role, node):
             return False
         if job.pool is None and not job.node_filters:
             return True
         allowed = self.allowed_nodes(job, role)
         return allowed is None or bool(allowed[node])
 
-    def ports_free(self, job: JobView, role: Role, node: int) -> bool:
-        """Whether no task on `node` holds a host port a task of `job`'s `role` needs."""
-        for port in job.ports(role):
-            holders = self._port_holders.get(port)
+    def exclusive_free(self, job: JobView, role: Role, node: int) -> bool:
+        """Whether no task on `node` holds a token a task of `job`'s `role` holds."""
+        for token in job.holds(role):
+            holders = self._holders_of.get(token)
             if holders is not None and holders[node]:
                 return False
         return True
 
-    def port_free_nodes(self, job: JobView, role: Role) -> np.ndarray | None:
-        """The nodes where every host port of `job`'s `role` is free (None: it holds none)."""
-        ports = job.ports(role)
-        if not ports:
+    def exclusive_free_nodes(self, job: JobView, role: Role, token: object | None = None) -> np.ndarray | None:
+        """The nodes where every token of `job`'s `role` (or just `token`) is free (None: it
+        holds none)."""
+        tokens = job.holds(role) if token is None else (token,)
+        if not tokens:
             return None
         mask = np.ones(self._free_t.shape[1], dtype=bool)
-        for port in ports:
-            holders = self._port_holders.get(port)
+        for t in tokens:
+            holders = self._holders_of.get(t)
             if holders is not None:
                 mask &= holders == 0
         return mask
 
-    def _holders(self, port: object) -> np.ndarray:
-        holders = self._port_holders.get(port)
+    def _holders(self, token: object) -> np.ndarray:
+        holders = self._holders_of.get(token)
         if holders is None:
-            holders = self._port_holders[port] = np.zeros(self._free_t.shape[1], dtype=np.int32)
+            holders = self._holders_of[token] = np.zeros(self._free_t.shape[1], dtype=np.int32)
         return holders
 
     def within_budget(self, charge: np.ndarray) -> bool:
@@ -307,9 +309,9 @@ class Ledger:
         if self.budget is not None:
             self.budget -= self.charge(job, role, demand)
         self.load[node] += self._load_step(demand, node)
-        if job.host_ports:
-            for port in job.ports(role):
-                self._holders(port)[node] += 1
+        if job.exclusive:
+            for token in job.holds(role):
+                self._holders(token)[node] += 1
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
@@ -325,9 +327,9 @@ class Ledger:
             if self.budget is not None:
                 self.budget += self.charge(job, role, demand)
             self.load[node] -= self._load_step(demand, node)
-            if job.host_ports:
-                for port in job.ports(role):
-                    self._holders(port)[node] -= 1
+            if job.exclusive:
+                for token in job.holds(role):
+                    self._holders(token)[node] -= 1
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))

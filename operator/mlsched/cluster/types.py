@@ -30,7 +30,7 @@ class SpeedObservation(NamedTuple):
     epochs_per_s: float
 
 
-_NO_PORTS: frozenset = frozenset()
+_NOTHING: frozenset = frozenset()
 
 
 @dataclass
@@ -81,10 +81,12 @@ class JobView:
     # pod; NaN where its pods set no such request or limit). A role absent: its demand, no
     # limits, one pod.
     quota_charges: dict[Role, np.ndarray] = field(default_factory=dict)
-    # Per role, what else one task holds on its node, one per node: in the cluster, the host
-    # ports of its pod template (controller/host_ports.py), ("TCP", 29500). Two tasks holding
-    # the same one never share a node, whatever their jobs. A role absent holds none.
-    host_ports: dict[Role, frozenset] = field(default_factory=dict)
+    # Per role, what one task holds on its node alone (tokens compared by equality): in the
+    # cluster, the host ports of its pod template, ("TCP", 29500) (controller/host_ports.py),
+    # and the required pod anti-affinity groups its pods belong to (pod_anti_affinity.py).
+    # Two tasks holding the same token never share a node, whatever their jobs. A role
+    # absent holds none.
+    exclusive: dict[Role, frozenset] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -133,8 +135,9 @@ class JobView:
     def node_filter(self, role: Role) -> np.ndarray | None:
         return self.node_filters.get(role) if self.node_filters else None
 
-    def ports(self, role: Role) -> frozenset:
-        return self.host_ports.get(role, _NO_PORTS) if self.host_ports else _NO_PORTS
+    def holds(self, role: Role) -> frozenset:
+        """The tokens one task of `role` holds on its node alone (`exclusive`)."""
+        return self.exclusive.get(role, _NOTHING) if self.exclusive else _NOTHING
 
 
 @dataclass
@@ -156,9 +159,9 @@ class Snapshot:
     # What the round may book in all, per resource (cpu, gpu, mem_gib; inf where unlimited):
     # in the cluster, what the namespace's ResourceQuotas leave its decided jobs. None: no cap.
     budget: np.ndarray | None = None
-    # Per node, the host ports (JobView.host_ports) held there by what the round does not
-    # re-decide (other workloads' pods). None: none anywhere.
-    ports_in_use: list[frozenset] | None = None
+    # Per node, the tokens (JobView.exclusive) held there by what the round does not
+    # re-decide (other workloads' pods and their host ports). None: none anywhere.
+    exclusive_in_use: list[frozenset] | None = None
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)

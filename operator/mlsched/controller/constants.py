@@ -54,6 +54,15 @@ COMPONENT = "mlsched-operator"
 
 ROLES = ("ps", "worker")
 
+
+def operator_labels(job: str, role: str | None = None) -> dict[str, str]:
+    """The labels the operator puts on a job's children (and, with the role, on its pods,
+    over the template's own)."""
+    out = {JOB_LABEL: job, "app.kubernetes.io/managed-by": COMPONENT}
+    if role:
+        out[ROLE_LABEL] = role
+    return out
+
 #: What earlier versions of the operator left on objects through kopf (a finalizer; the last-handled spec
 #: and handler progress as annotations). Removed when seen: nothing needs them any more.
 LEGACY_FINALIZER = f"{GROUP}/finalizer"

@@ -19,9 +19,9 @@ from typing import Any
 from mlsched.api import API_VERSION
 from mlsched.cluster.types import Decision, Snapshot
 from mlsched.controller.constants import (
-    COMPONENT, HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POD_INDEX_LABEL, ROLE_LABEL, ROLES,
+    HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POD_INDEX_LABEL, ROLES,
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, TOKEN_AUDIENCE, TOKEN_DIR, TOKEN_EXPIRATION_SECONDS, TOKEN_PATH,
-    TOKEN_VOLUME,
+    TOKEN_VOLUME, operator_labels,
 )
 from mlsched.controller.records import (
     JobRecord, PodPool, PodRecord, StsRecord, parse_quantity,
@@ -56,10 +56,7 @@ def roles_of(job: JobRecord) -> tuple[str, ...]:
 
 
 def labels(job: JobRecord, role: str | None = None) -> dict[str, str]:
-    out = {JOB_LABEL: job.name, "app.kubernetes.io/managed-by": COMPONENT}
-    if role:
-        out[ROLE_LABEL] = role
-    return out
+    return operator_labels(job.name, role)
 
 
 def owner_reference(job: JobRecord) -> dict[str, Any]:

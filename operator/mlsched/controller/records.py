@@ -19,9 +19,10 @@ from mlsched.api import InvalidObject, MLJob
 from mlsched.controller import runtimeclasses
 from mlsched.controller.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
-    STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION,
+    STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, operator_labels,
 )
 from mlsched.controller.host_ports import host_ports, role_host_ports
+from mlsched.controller.pod_anti_affinity import Selector, role_spreads
 from mlsched.controller.node_constraints import NodeConstraint, role_constraints
 from mlsched.workloads import catalog
 
@@ -356,6 +357,12 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
     )
 
 
+def _template_labels(template: Any) -> dict[str, str]:
+    meta = template.get("metadata") if isinstance(template, Mapping) else None
+    labels = meta.get("labels") if isinstance(meta, Mapping) else None
+    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+
+
 def _exit_code(state: Mapping[str, Any] | None) -> int | None:
     terminated = (state or {}).get("terminated")
     return None if terminated is None else int(terminated.get("exitCode") or 0)
@@ -521,6 +528,10 @@ class JobRecord:
     # Per role, the host ports one pod holds on its node (host_ports.py): at most one such
     # pod per node and port. Roles holding none are absent.
     host_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
+    # Per role, the selectors of its template's required pod anti-affinity that spread its
+    # pods one per node (pod_anti_affinity.py), and the labels its pods carry.
+    spreads: Mapping[str, tuple[Selector, ...]] = field(default_factory=dict)
+    pod_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -667,12 +678,15 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
                          min_workers=0, max_workers=0, suspend=False, error=str(exc))
     rs = job.spec.replica_specs
     model = model_label(job.spec.model_type)
+    labels = {role: {**_template_labels(t), **operator_labels(common["name"], role)}
+              for role, t in common["templates"].items()}
     return JobRecord(
         **common, model=model, demands=role_demands(model, common["templates"]),
         charges=role_charges(common["templates"]),
         runtime_classes=runtimeclasses.named(common["templates"]),
         node_constraints=role_constraints(common["templates"], extended_requests),
         host_ports=role_host_ports(common["templates"]),
+        pod_labels=labels, spreads=role_spreads(common["templates"], labels),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",

@@ -16,7 +16,8 @@ import numpy as np
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
 from mlsched.workloads.speed_curve import prior_curve
 from mlsched.controller.desired import roles_of
-from mlsched.controller.host_ports import HostPort, describe
+from mlsched.controller.host_ports import HostPort
+from mlsched.controller.pod_anti_affinity import Selector, describe_exclusive, token
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
@@ -89,6 +90,23 @@ def held_ports(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, set[Ho
     return held
 
 
+def exclusive_of(job: JobRecord, selectors: Iterable[Selector]) -> dict[str, frozenset]:
+    """Per role, what one task holds on its node alone (JobView.exclusive): its host ports,
+    and a token for each spreading selector its pods match (pod_anti_affinity.py), whichever
+    job's template carries it. Roles holding nothing are left out."""
+    selectors = tuple(selectors)
+    if not job.host_ports and not selectors:
+        return {}
+    out = {}
+    for role in roles_of(job):
+        labels = job.pod_labels.get(role) or {}
+        held = set(job.host_ports.get(role, ()))
+        held.update(token(s) for s in selectors if s.matches(labels))
+        if held:
+            out[role] = frozenset(held)
+    return out
+
+
 def _placed_prefix(pods: list[PodRecord], count: int, node_index: Mapping[str, int]) -> tuple[int, ...]:
     """Node indexes of ordinals 0, 1, ... up to the first ordinal without a usable node.
 
@@ -116,9 +134,10 @@ def observations(trained: Iterable[tuple[int, int, float]],
 def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[StsRecord],
              node_index: Mapping[str, int], interval_s: float,
              node_filters: dict[str, np.ndarray] | None = None,
-             quota_bound: bool = False) -> JobView:
+             quota_bound: bool = False, selectors: Iterable[Selector] = ()) -> JobView:
     """`quota_bound`: a ResourceQuota bounds the step, which then books each task's quota
-    charge (left out otherwise: 20,000 small arrays cost a 10,000-job round 20 ms)."""
+    charge (left out otherwise: 20,000 small arrays cost a 10,000-job round 20 ms).
+    `selectors`: the spreading anti-affinity selectors of every job decided with it."""
     replicas = {s.role: s.replicas for s in statefulsets}
     by_role: dict[str, list[PodRecord]] = {"ps": [], "worker": []}
     for p in pods:
@@ -140,7 +159,7 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         worker_demand=np.array(job.demands.get("worker", (0.0, 0.0, 0.0)), dtype=float),
         prior=prior_curve(job.model, job.arch, job.declared_epochs_per_hour),
         node_filters=node_filters or {},
-        host_ports=dict(job.host_ports),
+        exclusive=exclusive_of(job, selectors),
         quota_charges=({r: np.array(c, dtype=float) for r, c in job.charges.items()}
                        if quota_bound else {}),
     )
@@ -188,7 +207,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    ports: Mapping[str, Iterable[HostPort]] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
-    `ports`: per node, the host ports held there already (held_ports)."""
+    `ports`: per node, the host ports held there already (held_ports); pods spread by
+    anti-affinity are planned among the jobs decided together only (pod_anti_affinity.py)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -205,15 +225,16 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
             capacity[i] -= r
     np.maximum(capacity, 0.0, out=capacity)
     filters = NodeFilters(nodes, tolerated_taints)
+    selectors = list(dict.fromkeys(s for j in jobs for found in j.spreads.values() for s in found))
     views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
-                      node_index, interval_s, filters.of(j), budget is not None)
+                      node_index, interval_s, filters.of(j), budget is not None, selectors)
              for j in jobs]
     pools = [n.pool for n in nodes]
     in_use = [frozenset((ports or {}).get(n.name, ())) for n in nodes] if ports else None
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None,
-                    budget=budget, ports_in_use=in_use)
+                    budget=budget, exclusive_in_use=in_use)
 
 
 def _describe(r: Resources) -> str:
@@ -277,19 +298,19 @@ class ClusterFit:
             return (f"its minimum ({wanted}) needs {_describe(need)}; the cluster's "
                     f"{len(allowed_any)} schedulable nodes have {_describe(total)} "
                     f"allocatable in all")
-        return self._ports_why_not(job, roles, fitting)
+        return self._exclusive_why_not(job, roles, fitting)
 
     @staticmethod
-    def _ports_why_not(job: JobRecord, roles: list[tuple[str, int]],
-                       fitting: Mapping[str, set[str]]) -> str | None:
-        """A host port its minimum holds more often than there are nodes to hold it."""
-        for port in sorted(set().union(*job.host_ports.values()), key=lambda p: (p[1], p[0])):
-            holders = [(role, count) for role, count in roles
-                       if count and port in job.host_ports.get(role, ())]
+    def _exclusive_why_not(job: JobRecord, roles: list[tuple[str, int]],
+                           fitting: Mapping[str, set[str]]) -> str | None:
+        """A host port or spreading anti-affinity its minimum holds more often than there are
+        nodes to hold it."""
+        held = exclusive_of(job, [s for found in job.spreads.values() for s in found])
+        for thing in sorted(set().union(*held.values()), key=str):
+            holders = [(role, count) for role, count in roles if count and thing in held.get(role, ())]
             nodes = set().union(*(fitting[role] for role, _ in holders))
             if sum(count for _, count in holders) > len(nodes):
                 who = " and ".join(f"{count} {role}" for role, count in holders)
-                return (f"its minimum ({who}) holds host port {describe([port])} (a hostPort, or "
-                        f"a containerPort under hostNetwork): one such pod per node, and only "
-                        f"{len(nodes)} schedulable nodes can take one")
+                return (f"its minimum ({who}) {describe_exclusive(thing)}: one such pod per node, "
+                        f"and only {len(nodes)} schedulable nodes can take one")
         return None

@@ -23,6 +23,7 @@ import numpy as np
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import WAITING_POOL, Decision, JobDecision, JobView, Snapshot
 from mlsched.controller.host_ports import describe
+from mlsched.controller.pod_anti_affinity import TOKEN
 from mlsched.policies.base import book_held
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import with_pools
@@ -61,9 +62,9 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
             out[job.name] = (f"its minimum would fit what is free now, but {allocation} gave "
                              f"the capacity to other jobs this time")
             continue
-        ports = _ports_short(ledger, job, gang) if job.host_ports else None
-        if ports:
-            out[job.name] = ports
+        short = _exclusive_short(ledger, job, gang) if job.exclusive else None
+        if short:
+            out[job.name] = short
             continue
         out[job.name] = (f"its minimum ({_counts(job, gang)}: {_amount(need)}) does not fit "
                          f"what is free now: {_amount(free)} on {nodes} nodes, at most "
@@ -71,15 +72,23 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
     return out
 
 
-def _ports_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
-    """Its minimum needs more nodes with its host ports free than there are now."""
+def _exclusive_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
+    """Its minimum needs more nodes where a host port (or its spreading anti-affinity) is
+    free than there are now."""
     ps, workers = gang
     for role, count in (("ps", ps), ("worker", workers)):
-        free_nodes = ledger.port_free_nodes(job, role) if count else None
-        if free_nodes is not None and int(free_nodes.sum()) < count:
+        for thing in sorted(job.holds(role) if count else (), key=str):
+            free_nodes = ledger.exclusive_free_nodes(job, role, thing)
+            taken, total = len(free_nodes) - int(free_nodes.sum()), len(free_nodes)
+            if total - taken >= count:
+                continue
+            if thing[0] == TOKEN:
+                return (f"its minimum ({_counts(job, gang)}) needs {count} nodes without a pod "
+                        f"its required pod anti-affinity ({thing[1]}) keeps its {role} pods "
+                        f"from; such pods are on {taken} of the {total} nodes")
             return (f"its minimum ({_counts(job, gang)}) needs {count} nodes where host port "
-                    f"{describe(job.ports(role))} is free (one {role} pod per node holds it); other pods hold it on "
-                    f"{len(free_nodes) - int(free_nodes.sum())} of the {len(free_nodes)} nodes")
+                    f"{describe([thing])} is free (one {role} pod per node holds it); other "
+                    f"pods hold it on {taken} of the {total} nodes")
     return None
 
 

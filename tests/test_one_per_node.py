@@ -1,6 +1,8 @@
-"""Host ports are planned like capacity (controller/host_ports.py): one pod holding a port
-per node, across jobs and other workloads, so kube-scheduler never has to refuse a pinned pod
-for "didn't have free ports for the requested pod ports"."""
+"""Host ports (controller/host_ports.py) and spreading pod anti-affinity
+(controller/pod_anti_affinity.py) are planned like capacity: one pod holding a port, or
+matching the selector, per node, across jobs, so kube-scheduler never has to refuse a pinned
+pod for "didn't have free ports for the requested pod ports" or "didn't match pod
+anti-affinity rules"."""
 
 from __future__ import annotations
 
@@ -8,8 +10,9 @@ import numpy as np
 
 from mlsched.api import get_condition
 from mlsched.cluster.ledger import Ledger
-from mlsched.cluster.types import JobView, Snapshot
+from mlsched.cluster.types import JobDecision, JobView, Snapshot
 from mlsched.controller.host_ports import host_ports, role_host_ports
+from mlsched.controller.pod_anti_affinity import spreading_selectors
 from mlsched.controller.records import job_record, node_record, pod_record
 from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
 from mlsched.policies import registry
@@ -76,13 +79,13 @@ def _view(name: str, workers: tuple[int, int], ports=frozenset({NCCL}), arrival:
     return JobView(name=name, model="resnet-50", arch="allreduce", arrival_s=arrival, total_epochs=10,
                    min_workers=workers[0], max_workers=workers[1],
                    worker_demand=np.array([2.0, 1.0, 8.0]),
-                   host_ports={"worker": frozenset(ports)} if ports else {})
+                   exclusive={"worker": frozenset(ports)} if ports else {})
 
 
 def _snapshot(jobs, nodes: int = 6, ports_in_use=None) -> Snapshot:
     return Snapshot(time_s=0.0, interval_s=600.0, node_names=[f"n{i}" for i in range(nodes)],
                     capacity=np.array([[8.0, 2.0, 48.0]] * nodes), jobs=jobs,
-                    ports_in_use=ports_in_use)
+                    exclusive_in_use=ports_in_use)
 
 
 def test_a_node_takes_one_task_per_port_whoever_holds_it():
@@ -115,7 +118,7 @@ def test_ports_held_by_other_pods_keep_tasks_off_their_nodes():
     while ledger.grow(a, "worker"):
         pass
     assert sorted(ledger.jobs["a"].worker_nodes) == [1, 2, 4, 5]
-    assert list(ledger.port_free_nodes(a, "worker")) == [False] * 6
+    assert list(ledger.exclusive_free_nodes(a, "worker")) == [False] * 6
 
 
 def test_every_policy_plans_with_the_ports():
@@ -150,8 +153,8 @@ def test_ports_of_pods_the_round_does_not_redecide_are_held():
     held = held_ports(state, own_jobs={(NS, "ring")})
     assert held == {"n1": {NCCL}, "n2": {("UDP", 53)}}
     snap = build_snapshot([], state, now_s=0, interval_s=60, ports=held)
-    assert snap.ports_in_use == [frozenset(), {NCCL}, {("UDP", 53)}]
-    assert build_snapshot([], state, now_s=0, interval_s=60).ports_in_use is None
+    assert snap.exclusive_in_use == [frozenset(), {NCCL}, {("UDP", 53)}]
+    assert build_snapshot([], state, now_s=0, interval_s=60).exclusive_in_use is None
 
 
 def test_a_minimum_needing_more_nodes_than_there_are_is_told_cannot_fit():
@@ -191,3 +194,87 @@ def test_the_operator_places_one_port_holding_pod_per_node_and_a_second_job_wait
     assert admitted.reason == "WaitingForAllocation", admitted
     assert "needs 2 nodes where host port 29500/TCP is free" in admitted.message, admitted.message
     assert "other pods hold it on 4 of the 4 nodes" in admitted.message, admitted.message
+
+
+# ---------------------------------------------------------------- required pod anti-affinity
+
+
+def spread(body: dict, label: str = "trainer", term: bool = True) -> dict:
+    """The job's worker pods labelled app=<label>, and (with `term`) kept one per node from
+    every pod so labelled by a required anti-affinity."""
+    template = body["spec"]["replicaSpecs"]["worker"]["template"]
+    template.setdefault("metadata", {})["labels"] = {"app": label}
+    if term:
+        template["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"labelSelector": {"matchLabels": {"app": label}}, "topologyKey": "kubernetes.io/hostname"}]}}
+    return body
+
+
+def _record(body: dict):
+    return job_record({**body, "metadata": {**body["metadata"], "uid": "u-" + body["metadata"]["name"],
+                                            "creationTimestamp": "2024-01-01T00:00:00Z"}})
+
+
+def test_only_per_node_terms_matching_the_pods_own_labels_are_planned():
+    own = {"app": "trainer", "mlsched.io/role": "worker"}
+
+    def selectors(**term):
+        spec = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+            {"topologyKey": "kubernetes.io/hostname", **term}]}}}
+        return spreading_selectors(spec, own)
+
+    (found,) = selectors(labelSelector={"matchLabels": {"app": "trainer"}})
+    assert str(found) == "app=trainer"
+    (found,) = selectors(labelSelector={"matchExpressions": [
+        {"key": "app", "operator": "In", "values": ["trainer", "eval"]}]})
+    assert found.matches(own) and not found.matches({"app": "web"})
+    assert selectors(labelSelector={"matchLabels": {"app": "web"}}) == ()  # repels others only
+    assert selectors(labelSelector={"matchLabels": {"app": "trainer"}}, namespaces=["x"]) == ()
+    assert selectors() == ()  # no labelSelector: matches no pod
+    zone = {"affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchLabels": {"app": "trainer"}}, "topologyKey": "topology.kubernetes.io/zone"}]}}}
+    assert spreading_selectors(zone, own) == ()
+
+
+def test_a_selector_spreads_every_job_whose_pods_match_it():
+    nodes = [node_record(node(f"n{i}")) for i in range(3)]
+    carrier = _record(spread(allreduce_job("carrier", max_workers=8)))
+    copy = _record(spread(allreduce_job("copy", max_workers=8), term=False))  # same label, no term
+    other = _record(allreduce_job("other", max_workers=8))
+    snap = build_snapshot([carrier, copy, other], ClusterState(nodes=nodes), now_s=0, interval_s=60)
+    held = {v.name: v.exclusive for v in snap.jobs}
+    assert held["carrier"] == held["copy"] and len(held["carrier"]["worker"]) == 1
+    assert held["other"] == {}
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("bin-pack"))
+    spread_nodes = decision.jobs["carrier"].worker_nodes + (decision.jobs.get("copy") or JobDecision()).worker_nodes
+    assert len(spread_nodes) == len(set(spread_nodes)) == 3, decision.jobs
+    assert decision.jobs["other"].workers >= 3  # the GPUs left are used
+
+
+def test_a_spread_minimum_wider_than_the_cluster_is_told_cannot_fit():
+    fit = ClusterFit.of([node_record(node(f"n{i}")) for i in range(6)])
+    body = spread(allreduce_job("wide", max_workers=8))
+    body["spec"]["replicaSpecs"]["worker"]["min"] = 7
+    assert fit.why_not(_record(body)) == (
+        "its minimum (7 worker) is spread one pod per node by its required pod anti-affinity "
+        "(app=trainer): one such pod per node, and only 6 schedulable nodes can take one")
+
+
+def test_the_operator_spreads_a_job_with_anti_affinity_and_a_matching_job_waits():
+    rt, kube = setup(nodes=4, policies=(policy(placement="bin-pack"),),
+                     job_bodies=[spread(allreduce_job("first", max_workers=8))])
+    report = round_(rt, kube)
+    nodes = report.targets["first"].nodes["worker"]
+    assert len(nodes) == 4 and len(set(nodes)) == 4, nodes
+    settle(rt, kube)
+    second = spread(allreduce_job("second", max_workers=4), term=False)
+    second["spec"]["replicaSpecs"]["worker"]["min"] = 2
+    run(create_jobs(rt, kube, second))
+    settle(rt, kube)
+    report = admit(rt, kube)
+    assert report is None or "second" not in report.targets
+    sync(rt, kube, "second")
+    admitted = get_condition(kube.obj("MLJob", NS, "second")["status"]["conditions"], "Admitted")
+    assert admitted.reason == "WaitingForAllocation", admitted
+    assert ("needs 2 nodes without a pod its required pod anti-affinity (app=trainer) keeps its "
+            "worker pods from; such pods are on 4 of the 4 nodes") in admitted.message, admitted.message

@@ -1,8 +1,10 @@
-"""Host ports on the real control plane: pods on the host's network (`hostNetwork: true`, as
-RDMA/NCCL training runs them) hold their containerPorts on the node, and kube-scheduler puts
-one such pod per node and port. The operator plans with that (controller/host_ports.py):
-tasks are placed one per node at once, a job whose port is taken everywhere waits holding
-nothing, and one whose minimum needs more nodes than there are is told CannotFit."""
+"""One pod per node, on the real control plane. Pods on the host's network (`hostNetwork:
+true`, as RDMA/NCCL training runs them) hold their containerPorts on the node, and
+kube-scheduler puts one such pod per node and port; a required pod anti-affinity on the
+hostname spreads the pods it matches the same way. The operator plans with both
+(controller/host_ports.py, controller/pod_anti_affinity.py): tasks are placed one per node at
+once, a job whose port (or spread) is taken everywhere waits holding nothing, and one whose
+minimum needs more nodes than there are is told CannotFit."""
 
 from __future__ import annotations
 
@@ -75,3 +77,44 @@ def test_a_minimum_wider_than_the_cluster_is_told_cannot_fit(control_plane, mlsc
     assert (f"its minimum ({wide} worker) holds host port {PORT}/TCP" in message
             and f"only {nodes_total} schedulable nodes can take one" in message), message
     assert mlsched.pods("nccl-wide") == []
+
+
+def spread_out(job: dict, label: str, term: bool = True) -> dict:
+    template = job["spec"]["replicaSpecs"]["worker"]["template"]
+    template.setdefault("metadata", {})["labels"] = {"app": label}
+    if term:
+        template["spec"]["affinity"] = {"podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": label}},
+                 "topologyKey": "kubernetes.io/hostname"}]}}
+    return job
+
+
+def test_required_anti_affinity_spreads_workers_one_per_node_at_once(control_plane, mlsched, operator):
+    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(spread_out(mljob("spread", ps=None, workers=(4, 40)), "spread"))
+
+    def running():
+        pods = mlsched.pods("spread")
+        if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
+            return None
+        return pods
+
+    pods = wait_for(running, 90, "every pod of the spread job to run",
+                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                      for p in mlsched.pods("spread")])
+    nodes = [p.spec.node_name for p in pods]
+    nodes_total = len(control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines())
+    assert len(nodes) == len(set(nodes)) == nodes_total, (nodes, nodes_total)
+    reasons = [e.reason for e in mlsched.events("spread", "MLJob")]
+    assert "Displaced" not in reasons and "Unschedulable" not in reasons, reasons
+    # A job whose pods carry the label the term repels (kube-scheduler refuses them next to
+    # the carriers too) waits, holding nothing, and says why.
+    mlsched.create(spread_out(mljob("same-label", ps=None, workers=(2, 4)), "spread", term=False))
+    reason, message = wait_for(
+        lambda: (r := _reason(mlsched, "same-label", "Admitted")) and "anti-affinity" in r[1] and r,
+        60, "same-label to say why it waits",
+        describe=lambda: _reason(mlsched, "same-label", "Admitted"))
+    assert reason == "WaitingForAllocation", (reason, message)
+    assert "required pod anti-affinity (app=spread)" in message, message
+    assert mlsched.pods("same-label") == []

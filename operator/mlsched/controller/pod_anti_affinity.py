@@ -1,0 +1,119 @@
+"""Required pod anti-affinity per node: "at most one of these pods on a node", planned.
+
+Users spread a job's workers over nodes (bandwidth, failure isolation) with a template like
+
+    affinity:
+      podAntiAffinity:
+        requiredDuringSchedulingIgnoredDuringExecution:
+        - labelSelector: {matchLabels: {app: trainer}}
+          topologyKey: kubernetes.io/hostname
+
+kube-scheduler then refuses a pod on a node where a pod matching the selector runs (and, by
+symmetry, a matching pod next to one carrying the term). The rounds used to pack such tasks by
+resources alone; kube-scheduler refused them where they were pinned and displacement.py moved
+them, a job shrinking when the moves ran out. Such a term is now one more thing a task holds
+on its node alone, as a host port is (host_ports.py, the ledger's `exclusive`): a token per
+distinct selector, held by every role (of any job its policy decides) whose pods match it.
+
+What is planned, and what is left to kube-scheduler (a refusal moves the task):
+- terms with `topologyKey: kubernetes.io/hostname` whose selector matches the role's own pods
+  (the spreading case); a term on another topology key (zone), a term that only repels other
+  pods, or one with `namespaces`, a `namespaceSelector`, `matchLabelKeys` or
+  `mismatchLabelKeys` is not planned;
+- pods the round does not re-decide (other policies' jobs, other workloads) are not matched
+  against the selectors;
+- a role that matches a selector without carrying the term is kept apart from its own kind
+  too, which kube-scheduler would allow (they repel only the term's carriers): the planner is
+  stricter, never looser.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from mlsched.controller.constants import HOSTNAME_LABEL
+from mlsched.controller.node_constraints import Requirement
+
+#: The token a selector's holders share on a node (the ledger compares tokens by equality).
+TOKEN = "pod-anti-affinity"
+_UNPLANNED_KEYS = ("namespaces", "namespaceSelector", "matchLabelKeys", "mismatchLabelKeys")
+
+
+@dataclass(frozen=True, slots=True)
+class Selector:
+    """A metav1.LabelSelector: matchLabels and matchExpressions (In, NotIn, Exists,
+    DoesNotExist), ANDed. Hashable: equal selectors are one token."""
+
+    labels: tuple[tuple[str, str], ...] = ()
+    expressions: tuple[Requirement, ...] = ()
+
+    def matches(self, labels: Mapping[str, str]) -> bool:
+        return (all(labels.get(k) == v for k, v in self.labels)
+                and all(r.allows("", labels) for r in self.expressions))
+
+    def __str__(self) -> str:
+        return ", ".join([f"{k}={v}" for k, v in self.labels] + [str(r) for r in self.expressions]) \
+            or "every pod"
+
+
+def _selector(raw: Any) -> Selector | None:
+    if not isinstance(raw, Mapping):
+        return None  # a term without a labelSelector matches no pod
+    match = raw.get("matchLabels") or {}
+    expressions = []
+    for item in raw.get("matchExpressions") or ():
+        if not isinstance(item, Mapping) or item.get("operator") not in ("In", "NotIn", "Exists", "DoesNotExist"):
+            return None
+        values = item.get("values") or ()
+        expressions.append(Requirement(str(item.get("key", "")), str(item["operator"]),
+                                       tuple(sorted(str(v) for v in values)) if isinstance(values, list) else ()))
+    if not isinstance(match, Mapping):
+        return None
+    return Selector(tuple(sorted((str(k), str(v)) for k, v in match.items())),
+                    tuple(sorted(expressions, key=lambda r: (r.key, r.operator, r.values))))
+
+
+def spreading_selectors(spec: Any, own_labels: Mapping[str, str]) -> tuple[Selector, ...]:
+    """The selectors of the pod spec's required anti-affinity terms that are planned (see the
+    module docstring): per node, and matching the pod's own labels."""
+    affinity = spec.get("affinity") if isinstance(spec, Mapping) else None
+    anti = affinity.get("podAntiAffinity") if isinstance(affinity, Mapping) else None
+    terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(anti, Mapping) else None
+    out = []
+    for term in terms if isinstance(terms, list) else ():
+        if not isinstance(term, Mapping) or term.get("topologyKey") != HOSTNAME_LABEL \
+                or any(term.get(k) for k in _UNPLANNED_KEYS):
+            continue
+        selector = _selector(term.get("labelSelector"))
+        if selector is not None and selector.matches(own_labels) and selector not in out:
+            out.append(selector)
+    return tuple(out)
+
+
+def role_spreads(templates: Mapping[str, Any],
+                 labels: Mapping[str, Mapping[str, str]]) -> dict[str, tuple[Selector, ...]]:
+    """Per role, spreading_selectors of its template (roles with none left out); `labels`:
+    per role, what its pods carry."""
+    out = {}
+    for role, template in templates.items():
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        found = spreading_selectors(spec, labels.get(role) or {})
+        if found:
+            out[role] = found
+    return out
+
+
+def token(selector: Selector) -> tuple[str, Selector]:
+    return (TOKEN, selector)
+
+
+def describe_exclusive(thing: tuple) -> str:
+    """What a JobView.exclusive token is, in a condition's words: a host port or a spreading
+    anti-affinity."""
+    if thing and thing[0] == TOKEN:
+        return f"is spread one pod per node by its required pod anti-affinity ({thing[1]})"
+    protocol, number = thing
+    return (f"holds host port {number}/{protocol} (a hostPort, or a containerPort under "
+            f"hostNetwork)")
