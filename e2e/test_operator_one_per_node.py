@@ -4,11 +4,16 @@ kube-scheduler puts one such pod per node and port; a required pod anti-affinity
 hostname spreads the pods it matches the same way. The operator plans with both
 (controller/host_ports.py, controller/pod_anti_affinity.py): tasks are placed one per node at
 once, a job whose port (or spread) is taken everywhere waits holding nothing, and one whose
-minimum needs more nodes than there are is told CannotFit."""
+minimum needs more nodes than there are is told CannotFit. And topologySpreadConstraints,
+which the operator's pin hides from kube-scheduler, are enforced by the planner
+(controller/topology_spread.py)."""
 
 from __future__ import annotations
 
+from kubernetes import client
+
 from mlsched_objects import condition, mljob, scheduling_policy
+from test_operator_node_constraints import labelled
 from waiting import wait_for
 
 PORT = 29500
@@ -118,3 +123,58 @@ def test_required_anti_affinity_spreads_workers_one_per_node_at_once(control_pla
     assert reason == "WaitingForAllocation", (reason, message)
     assert "required pod anti-affinity (app=spread)" in message, message
     assert mlsched.pods("same-label") == []
+
+
+def with_spread(job: dict, label: str, key: str = "kubernetes.io/hostname") -> dict:
+    template = job["spec"]["replicaSpecs"]["worker"]["template"]
+    template.setdefault("metadata", {})["labels"] = {"app": label}
+    template["spec"]["topologySpreadConstraints"] = [{
+        "maxSkew": 1, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": label}}}]
+    return job
+
+
+def test_topology_spread_constraints_are_kept_though_the_pin_makes_kube_scheduler_blind_to_them(
+        control_plane, mlsched, operator):
+    # kube-scheduler counts matching pods only over the nodes a pod's nodeSelector allows
+    # (nodeAffinityPolicy: Honor); the operator's hostname pin makes that one node, so it
+    # never refuses a pinned pod for spread. Before the planner enforced the constraint, this
+    # bin-packed job ran 2 workers on each of 2 nodes, silently breaking maxSkew 1.
+    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(with_spread(mljob("even", ps=None, workers=(4, 4)), "even"))
+
+    def running():
+        pods = mlsched.pods("even")
+        if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
+            return None
+        return pods
+
+    pods = wait_for(running, 90, "every pod of the job to run",
+                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                      for p in mlsched.pods("even")])
+    nodes = [p.spec.node_name for p in pods]
+    assert len(set(nodes)) == 4, nodes  # maxSkew 1 over 13 nodes: one per node
+
+
+def test_workers_spread_over_zones_and_never_on_nodes_without_one(control_plane, api, mlsched, operator):
+    zone = "topology.kubernetes.io/zone"
+    core = client.CoreV1Api(api)
+    with labelled(core, ["kwok-node-0", "kwok-node-1"], zone, "e2e-a"), \
+            labelled(core, ["kwok-node-2", "kwok-node-3"], zone, "e2e-b"):
+        mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+        mlsched.create(with_spread(mljob("zonal", ps=None, workers=(4, 6)), "zonal", key=zone))
+
+        def running():
+            pods = mlsched.pods("zonal")
+            if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
+                return None
+            return pods
+
+        pods = wait_for(running, 90, "every pod of the job to run",
+                        describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                          for p in mlsched.pods("zonal")])
+        nodes = [p.spec.node_name for p in pods]
+        a = sum(n in ("kwok-node-0", "kwok-node-1") for n in nodes)
+        b = sum(n in ("kwok-node-2", "kwok-node-3") for n in nodes)
+        assert a + b == len(nodes), nodes  # only nodes with a zone
+        assert abs(a - b) <= 1, nodes  # maxSkew 1

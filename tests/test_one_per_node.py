@@ -13,6 +13,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobDecision, JobView, Snapshot
 from mlsched.controller.host_ports import host_ports, role_host_ports
 from mlsched.controller.pod_anti_affinity import spreading_selectors
+from mlsched.controller.topology_spread import spread_constraints
 from mlsched.controller.records import job_record, node_record, pod_record
 from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
 from mlsched.policies import registry
@@ -278,3 +279,78 @@ def test_the_operator_spreads_a_job_with_anti_affinity_and_a_matching_job_waits(
     assert admitted.reason == "WaitingForAllocation", admitted
     assert ("needs 2 nodes without a pod its required pod anti-affinity (app=trainer) keeps its "
             "worker pods from; such pods are on 4 of the 4 nodes") in admitted.message, admitted.message
+
+
+# ---------------------------------------------------------------- topology spread constraints
+
+
+def topology_spread(body: dict, key: str = "kubernetes.io/hostname", skew: int = 1, **extra) -> dict:
+    template = body["spec"]["replicaSpecs"]["worker"]["template"]
+    template.setdefault("metadata", {})["labels"] = {"app": "spread"}
+    template["spec"]["topologySpreadConstraints"] = [{
+        "maxSkew": skew, "topologyKey": key, "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {"app": "spread"}}, **extra}]
+    return body
+
+
+def test_which_spread_constraints_are_enforced():
+    own = {"app": "spread"}
+
+    def found(**c):
+        return spread_constraints({"topologySpreadConstraints": [c]}, own)
+
+    base = dict(maxSkew=2, topologyKey="topology.kubernetes.io/zone", whenUnsatisfiable="DoNotSchedule",
+                labelSelector={"matchLabels": own})
+    (c,) = found(**base, minDomains=3, nodeAffinityPolicy="Ignore")
+    assert (c.max_skew, c.topology_key, c.min_domains, c.honor_affinity) == (2, "topology.kubernetes.io/zone", 3, False)
+    assert found(**{**base, "whenUnsatisfiable": "ScheduleAnyway"}) == ()  # a preference
+    assert found(**base, matchLabelKeys=["pod-template-hash"]) == ()
+    assert found(**{**base, "labelSelector": {"matchLabels": {"app": "other"}}}) == ()
+    assert found(**{**base, "maxSkew": 0}) == ()
+
+
+def _zoned(n: int, zones: int) -> list:
+    return [node_record(node(f"n{i}", labels={"topology.kubernetes.io/zone": f"z{i % zones}"}))
+            for i in range(n)]
+
+
+def test_tasks_spread_by_hostname_and_by_zone_as_the_template_asks():
+    # Bin-packing would put two 1-GPU workers per 2-GPU node: n0, n0, n1, n1.
+    job = _record(topology_spread(allreduce_job("spread", max_workers=4)))
+    snap = build_snapshot([job], ClusterState(nodes=_zoned(6, 3)), now_s=0, interval_s=60)
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("bin-pack"))
+    nodes = decision.jobs["spread"].worker_nodes
+    assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # skew 1 over 6 nodes: one each
+    # By zone, skew 1: six workers on three zones of two nodes, two per zone.
+    job = _record(topology_spread(allreduce_job("zonal", max_workers=6), key="topology.kubernetes.io/zone"))
+    snap = build_snapshot([job], ClusterState(nodes=_zoned(6, 3)), now_s=0, interval_s=60)
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("bin-pack"))
+    zones = [i % 3 for i in decision.jobs["zonal"].worker_nodes]
+    assert sorted(zones) == [0, 0, 1, 1, 2, 2], decision.jobs
+    # Skew 2 by hostname lets bin-packing put two per node.
+    job = _record(topology_spread(allreduce_job("loose", max_workers=4), skew=2))
+    snap = build_snapshot([job], ClusterState(nodes=_zoned(6, 3)), now_s=0, interval_s=60)
+    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("bin-pack"))
+    assert sorted(decision.jobs["loose"].worker_nodes) == [0, 0, 1, 1]
+
+
+def test_nodes_without_the_topology_key_are_not_used_and_dl2_respects_the_spread():
+    nodes = _zoned(4, 2) + [node_record(node("bare"))]
+    job = _record(topology_spread(allreduce_job("zonal", max_workers=8), key="topology.kubernetes.io/zone"))
+    snap = build_snapshot([job], ClusterState(nodes=nodes), now_s=0, interval_s=60)
+    for allocation in ("drf", "dl2"):
+        decision = run_round(snap, registry.make_allocation(allocation), registry.make_placement("bin-pack"))
+        placed = decision.jobs["zonal"].worker_nodes
+        bare = snap.node_names.index("bare")
+        assert placed and bare not in placed, (allocation, placed)
+        zones = [snap.node_names[i] for i in placed]
+        per_zone = [sum(1 for n in zones if int(n[1:]) % 2 == z) for z in (0, 1)]
+        assert abs(per_zone[0] - per_zone[1]) <= 1, (allocation, zones)
+
+
+def test_the_operator_spreads_a_bin_packed_job_as_its_template_asks():
+    rt, kube = setup(nodes=4, policies=(policy(placement="bin-pack"),),
+                     job_bodies=[topology_spread(allreduce_job("first", max_workers=4))])
+    report = round_(rt, kube)
+    nodes = report.targets["first"].nodes["worker"]
+    assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # it used to be node-0, node-0, node-1, node-1

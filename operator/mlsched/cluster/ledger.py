@@ -13,6 +13,8 @@ ledger the same way. Two rules live here, not in every policy:
 - Exclusive tokens (JobView.exclusive: host ports, pod anti-affinity groups): a node holds
   at most one task holding a given token, counting what the snapshot says is held there
   already (Snapshot.exclusive_in_use).
+- Spread caps (JobView.spreads, topology spread constraints): a task goes only where its
+  domain holds fewer than the emptiest allowed domain's count plus the skew.
 
 Every grant is logged in order (`grants`): the placement phase may replay it.
 A ledger never changes the snapshot it was built from.
@@ -20,11 +22,12 @@ A ledger never changes the snapshot it was built from.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from typing import Protocol
 
 import numpy as np
 
-from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot
+from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot, Spread
 
 _EPS = 1e-9
 
@@ -83,6 +86,8 @@ class Ledger:
         for node, tokens in enumerate(snapshot.exclusive_in_use or ()):
             for token in tokens:
                 self._holders(token)[node] += 1
+        # Per Spread token, the tasks counted in each domain of its topology.
+        self._spread_counts: dict[Hashable, np.ndarray] = {}
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -134,6 +139,9 @@ class Ledger:
                 holders = self._holders_of.get(token)
                 if holders is not None:
                     mask &= holders == 0
+        if job is not None and role is not None and job.spreads:
+            for spread in job.spreads.get(role, ()):
+                mask &= self._spread_room(spread)
         return mask
 
     def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None,
@@ -149,6 +157,9 @@ class Ledger:
         if job is None:
             return True
         if job.exclusive and role is not None and not self.exclusive_free(job, role, node):
+            return False
+        if job.spreads and role is not None and not all(
+                self._spread_room(s)[node] for s in job.spreads.get(role, ())):
             return False
         if job.pool is None and not job.node_filters:
             return True
@@ -175,6 +186,29 @@ class Ledger:
             if holders is not None:
                 mask &= holders == 0
         return mask
+
+    def _spread_room(self, spread: Spread) -> np.ndarray:
+        """The nodes one more task under `spread` may go on (see Spread)."""
+        domains = self.snapshot.topology[spread.key]
+        counts = self._counts(spread.token, domains)
+        eligible = counts[spread.eligible]
+        low = int(eligible.min()) if len(eligible) >= spread.min_domains and len(eligible) else 0
+        room = counts + 1 - low <= spread.max_skew  # per domain
+        return (domains >= 0) & room[np.maximum(domains, 0)]
+
+    def _counts(self, token: Hashable, domains: np.ndarray) -> np.ndarray:
+        counts = self._spread_counts.get(token)
+        if counts is None:
+            counts = self._spread_counts[token] = np.zeros(int(domains.max(initial=-1)) + 1,
+                                                           dtype=np.int32)
+        return counts
+
+    def _count_spread(self, job: JobView, role: Role, node: int, step: int) -> None:
+        for token in job.spread_counts.get(role, ()):
+            key = token[1]
+            domains = self.snapshot.topology[key]
+            if domains[node] >= 0:
+                self._counts(token, domains)[domains[node]] += step
 
     def _holders(self, token: object) -> np.ndarray:
         holders = self._holders_of.get(token)
@@ -312,6 +346,8 @@ class Ledger:
         if job.exclusive:
             for token in job.holds(role):
                 self._holders(token)[node] += 1
+        if job.spread_counts:
+            self._count_spread(job, role, node, 1)
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
@@ -330,6 +366,8 @@ class Ledger:
             if job.exclusive:
                 for token in job.holds(role):
                     self._holders(token)[node] -= 1
+            if job.spread_counts:
+                self._count_spread(job, role, node, -1)
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))

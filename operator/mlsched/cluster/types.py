@@ -6,6 +6,7 @@ types, so a policy cannot tell which of them called it.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -31,6 +32,21 @@ class SpeedObservation(NamedTuple):
 
 
 _NOTHING: frozenset = frozenset()
+
+
+@dataclass(frozen=True, eq=False)
+class Spread:
+    """A cap on how unevenly a role's tasks may spread over topology domains (in the
+    cluster, a template's topologySpreadConstraints: controller/topology_spread.py). A task may
+    go on a node whose domain holds fewer than `min + max_skew` tasks counted under `token`,
+    `min` being the fewest in any `eligible` domain (0 when fewer than `min_domains` are
+    eligible); nodes outside every domain are not allowed."""
+
+    token: Hashable  # what the counted tasks hold (JobView.spread_counts)
+    key: str  # the topology: Snapshot.topology[key] gives each node's domain
+    max_skew: int
+    eligible: np.ndarray  # (domains,) bool: the domains the minimum is taken over
+    min_domains: int = 1
 
 
 @dataclass
@@ -87,6 +103,10 @@ class JobView:
     # Two tasks holding the same token never share a node, whatever their jobs. A role
     # absent holds none.
     exclusive: dict[Role, frozenset] = field(default_factory=dict)
+    # Per role, the spread caps its tasks must respect (Spread), and the Spread tokens its
+    # tasks count toward (whichever job's template carries the constraint).
+    spreads: dict[Role, tuple[Spread, ...]] = field(default_factory=dict)
+    spread_counts: dict[Role, frozenset] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -162,6 +182,8 @@ class Snapshot:
     # Per node, the tokens (JobView.exclusive) held there by what the round does not
     # re-decide (other workloads' pods and their host ports). None: none anywhere.
     exclusive_in_use: list[frozenset] | None = None
+    # Per topology key that some Spread uses, each node's domain index (-1: the node lacks it).
+    topology: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)

@@ -30,49 +30,14 @@ What is planned, and what is left to kube-scheduler (a refusal moves the task):
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from mlsched.controller.constants import HOSTNAME_LABEL
-from mlsched.controller.node_constraints import Requirement
+from mlsched.controller.label_selector import Selector, parse_selector
 
 #: The token a selector's holders share on a node (the ledger compares tokens by equality).
 TOKEN = "pod-anti-affinity"
 _UNPLANNED_KEYS = ("namespaces", "namespaceSelector", "matchLabelKeys", "mismatchLabelKeys")
-
-
-@dataclass(frozen=True, slots=True)
-class Selector:
-    """A metav1.LabelSelector: matchLabels and matchExpressions (In, NotIn, Exists,
-    DoesNotExist), ANDed. Hashable: equal selectors are one token."""
-
-    labels: tuple[tuple[str, str], ...] = ()
-    expressions: tuple[Requirement, ...] = ()
-
-    def matches(self, labels: Mapping[str, str]) -> bool:
-        return (all(labels.get(k) == v for k, v in self.labels)
-                and all(r.allows("", labels) for r in self.expressions))
-
-    def __str__(self) -> str:
-        return ", ".join([f"{k}={v}" for k, v in self.labels] + [str(r) for r in self.expressions]) \
-            or "every pod"
-
-
-def _selector(raw: Any) -> Selector | None:
-    if not isinstance(raw, Mapping):
-        return None  # a term without a labelSelector matches no pod
-    match = raw.get("matchLabels") or {}
-    expressions = []
-    for item in raw.get("matchExpressions") or ():
-        if not isinstance(item, Mapping) or item.get("operator") not in ("In", "NotIn", "Exists", "DoesNotExist"):
-            return None
-        values = item.get("values") or ()
-        expressions.append(Requirement(str(item.get("key", "")), str(item["operator"]),
-                                       tuple(sorted(str(v) for v in values)) if isinstance(values, list) else ()))
-    if not isinstance(match, Mapping):
-        return None
-    return Selector(tuple(sorted((str(k), str(v)) for k, v in match.items())),
-                    tuple(sorted(expressions, key=lambda r: (r.key, r.operator, r.values))))
 
 
 def spreading_selectors(spec: Any, own_labels: Mapping[str, str]) -> tuple[Selector, ...]:
@@ -86,13 +51,13 @@ def spreading_selectors(spec: Any, own_labels: Mapping[str, str]) -> tuple[Selec
         if not isinstance(term, Mapping) or term.get("topologyKey") != HOSTNAME_LABEL \
                 or any(term.get(k) for k in _UNPLANNED_KEYS):
             continue
-        selector = _selector(term.get("labelSelector"))
+        selector = parse_selector(term.get("labelSelector"))
         if selector is not None and selector.matches(own_labels) and selector not in out:
             out.append(selector)
     return tuple(out)
 
 
-def role_spreads(templates: Mapping[str, Any],
+def role_anti_affinity(templates: Mapping[str, Any],
                  labels: Mapping[str, Mapping[str, str]]) -> dict[str, tuple[Selector, ...]]:
     """Per role, spreading_selectors of its template (roles with none left out); `labels`:
     per role, what its pods carry."""

@@ -22,7 +22,9 @@ from mlsched.controller.constants import (
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, operator_labels,
 )
 from mlsched.controller.host_ports import host_ports, role_host_ports
-from mlsched.controller.pod_anti_affinity import Selector, role_spreads
+from mlsched.controller.label_selector import Selector
+from mlsched.controller.pod_anti_affinity import role_anti_affinity
+from mlsched.controller.topology_spread import SpreadConstraint, role_spread_constraints
 from mlsched.controller.node_constraints import NodeConstraint, role_constraints
 from mlsched.workloads import catalog
 
@@ -530,7 +532,9 @@ class JobRecord:
     host_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
     # Per role, the selectors of its template's required pod anti-affinity that spread its
     # pods one per node (pod_anti_affinity.py), and the labels its pods carry.
-    spreads: Mapping[str, tuple[Selector, ...]] = field(default_factory=dict)
+    anti_affinity: Mapping[str, tuple[Selector, ...]] = field(default_factory=dict)
+    # Per role, the topologySpreadConstraints the planner enforces (topology_spread.py).
+    spread_constraints: Mapping[str, tuple[SpreadConstraint, ...]] = field(default_factory=dict)
     pod_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
@@ -686,7 +690,8 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         runtime_classes=runtimeclasses.named(common["templates"]),
         node_constraints=role_constraints(common["templates"], extended_requests),
         host_ports=role_host_ports(common["templates"]),
-        pod_labels=labels, spreads=role_spreads(common["templates"], labels),
+        pod_labels=labels, anti_affinity=role_anti_affinity(common["templates"], labels),
+        spread_constraints=role_spread_constraints(common["templates"], labels),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",

@@ -13,11 +13,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
+from mlsched.cluster.types import JobView, Snapshot, SpeedObservation, Spread
 from mlsched.workloads.speed_curve import prior_curve
 from mlsched.controller.desired import roles_of
 from mlsched.controller.host_ports import HostPort
-from mlsched.controller.pod_anti_affinity import Selector, describe_exclusive, token
+from mlsched.controller.label_selector import Selector
+from mlsched.controller.pod_anti_affinity import describe_exclusive, token
+from mlsched.controller.topology_spread import SpreadConstraint
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
     NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
@@ -107,6 +109,53 @@ def exclusive_of(job: JobRecord, selectors: Iterable[Selector]) -> dict[str, fro
     return out
 
 
+class Spreads:
+    """The topology spread constraints of a round's jobs (topology_spread.py) as the ledger
+    enforces them (cluster.types.Spread): each node's domain per topology key, one Spread per
+    distinct constraint and node filter (jobs from one template share it), and which roles
+    count toward which constraint (their pods match its selector, whoever carries it)."""
+
+    def __init__(self, jobs: list[JobRecord], nodes: list[NodeRecord]):
+        self.constraints = list(dict.fromkeys(
+            c for j in jobs for found in j.spread_constraints.values() for c in found))
+        self.topology: dict[str, np.ndarray] = {}
+        for key in dict.fromkeys(c.topology_key for c in self.constraints):
+            values: dict[str, int] = {}
+            self.topology[key] = np.array([values.setdefault(n.labels[key], len(values))
+                                           if key in n.labels else -1 for n in nodes], dtype=np.int64)
+        self._made: dict[tuple, Spread] = {}
+
+    def checks(self, job: JobRecord, node_filters: Mapping[str, np.ndarray] | None
+               ) -> dict[str, tuple[Spread, ...]]:
+        out = {}
+        for role, found in job.spread_constraints.items():
+            allowed = (node_filters or {}).get(role)
+            out[role] = tuple(self._spread(c, allowed if c.honor_affinity else None) for c in found)
+        return out
+
+    def counted(self, job: JobRecord) -> dict[str, frozenset]:
+        out = {}
+        for role in roles_of(job):
+            labels = job.pod_labels.get(role) or {}
+            tokens = frozenset((c.selector, c.topology_key) for c in self.constraints
+                               if c.selector.matches(labels))
+            if tokens:
+                out[role] = tokens
+        return out
+
+    def _spread(self, c: SpreadConstraint, allowed: np.ndarray | None) -> Spread:
+        key = (c, None if allowed is None else id(allowed))
+        found = self._made.get(key)
+        if found is None:
+            domains = self.topology[c.topology_key]
+            nodes = domains >= 0 if allowed is None else (domains >= 0) & allowed
+            eligible = np.zeros(int(domains.max(initial=-1)) + 1, dtype=bool)
+            eligible[domains[nodes]] = True
+            found = self._made[key] = Spread((c.selector, c.topology_key), c.topology_key,
+                                             c.max_skew, eligible, c.min_domains)
+        return found
+
+
 def _placed_prefix(pods: list[PodRecord], count: int, node_index: Mapping[str, int]) -> tuple[int, ...]:
     """Node indexes of ordinals 0, 1, ... up to the first ordinal without a usable node.
 
@@ -134,10 +183,12 @@ def observations(trained: Iterable[tuple[int, int, float]],
 def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[StsRecord],
              node_index: Mapping[str, int], interval_s: float,
              node_filters: dict[str, np.ndarray] | None = None,
-             quota_bound: bool = False, selectors: Iterable[Selector] = ()) -> JobView:
+             quota_bound: bool = False, selectors: Iterable[Selector] = (),
+             spreads: Spreads | None = None) -> JobView:
     """`quota_bound`: a ResourceQuota bounds the step, which then books each task's quota
     charge (left out otherwise: 20,000 small arrays cost a 10,000-job round 20 ms).
-    `selectors`: the spreading anti-affinity selectors of every job decided with it."""
+    `selectors`: the spreading anti-affinity selectors of every job decided with it;
+    `spreads`: the round's topology spread constraints (Spreads)."""
     replicas = {s.role: s.replicas for s in statefulsets}
     by_role: dict[str, list[PodRecord]] = {"ps": [], "worker": []}
     for p in pods:
@@ -160,6 +211,8 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         prior=prior_curve(job.model, job.arch, job.declared_epochs_per_hour),
         node_filters=node_filters or {},
         exclusive=exclusive_of(job, selectors),
+        spreads=spreads.checks(job, node_filters) if spreads else {},
+        spread_counts=spreads.counted(job) if spreads else {},
         quota_charges=({r: np.array(c, dtype=float) for r, c in job.charges.items()}
                        if quota_bound else {}),
     )
@@ -225,16 +278,19 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
             capacity[i] -= r
     np.maximum(capacity, 0.0, out=capacity)
     filters = NodeFilters(nodes, tolerated_taints)
-    selectors = list(dict.fromkeys(s for j in jobs for found in j.spreads.values() for s in found))
+    selectors = list(dict.fromkeys(s for j in jobs for found in j.anti_affinity.values() for s in found))
+    spreads = Spreads(jobs, nodes) if any(j.spread_constraints for j in jobs) else None
     views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
-                      node_index, interval_s, filters.of(j), budget is not None, selectors)
+                      node_index, interval_s, filters.of(j), budget is not None, selectors,
+                      spreads)
              for j in jobs]
     pools = [n.pool for n in nodes]
     in_use = [frozenset((ports or {}).get(n.name, ())) for n in nodes] if ports else None
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None,
-                    budget=budget, exclusive_in_use=in_use)
+                    budget=budget, exclusive_in_use=in_use,
+                    topology=spreads.topology if spreads else {})
 
 
 def _describe(r: Resources) -> str:
@@ -305,7 +361,7 @@ class ClusterFit:
                            fitting: Mapping[str, set[str]]) -> str | None:
         """A host port or spreading anti-affinity its minimum holds more often than there are
         nodes to hold it."""
-        held = exclusive_of(job, [s for found in job.spreads.values() for s in found])
+        held = exclusive_of(job, [s for found in job.anti_affinity.values() for s in found])
         for thing in sorted(set().union(*held.values()), key=str):
             holders = [(role, count) for role, count in roles if count and thing in held.get(role, ())]
             nodes = set().union(*(fitting[role] for role, _ in holders))
