@@ -10,6 +10,8 @@ which the operator's pin hides from kube-scheduler, are enforced by the planner
 
 from __future__ import annotations
 
+import json
+
 from kubernetes import client
 
 from mlsched_objects import condition, mljob, scheduling_policy
@@ -26,6 +28,24 @@ def on_host_network(job: dict) -> dict:
     return job
 
 
+def all_running(mlsched, name: str, at_least: int):
+    """Every pod the job was decided (status.replicaStatuses), at least `at_least`, Running;
+    None until then (the StatefulSet creates them a few at a time)."""
+    status = (mlsched.job(name) or {}).get("status") or {}
+    desired = ((status.get("replicaStatuses") or {}).get("worker") or {}).get("desired") or 0
+    pods = mlsched.pods(name)
+    if desired < at_least or len(pods) != desired or any(p.status.phase != "Running" for p in pods):
+        return None
+    return pods
+
+
+def schedulable_nodes(control_plane) -> int:
+    """Nodes Ready and not cordoned now (the previous test may have left one recovering)."""
+    items = json.loads(control_plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
+    return sum(1 for n in items if not n["spec"].get("unschedulable") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in n["status"].get("conditions", ())))
+
+
 def _reason(mlsched, name: str, kind: str) -> tuple[str, str] | None:
     c = condition(mlsched.job(name), kind)
     return (c["reason"], c.get("message", "")) if c else None
@@ -37,18 +57,12 @@ def test_host_network_jobs_get_one_pod_per_node_and_a_second_one_waits_holding_n
     mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
     mlsched.create(on_host_network(mljob("nccl-a", ps=None, workers=(4, 40))))
 
-    def running():
-        pods = mlsched.pods("nccl-a")
-        if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
-            return None
-        return pods
-
-    pods = wait_for(running, 90, "every pod of nccl-a to run",
+    pods = wait_for(lambda: all_running(mlsched, "nccl-a", 4), 90, "every pod of nccl-a to run",
                     describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
                                       for p in mlsched.pods("nccl-a")])
     nodes = [p.spec.node_name for p in pods]
     assert len(nodes) == len(set(nodes)), nodes  # never two on a node
-    nodes_total = len(control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines())
+    nodes_total = schedulable_nodes(control_plane)
     assert len(nodes) == nodes_total, (nodes, nodes_total)  # one on every node, not fewer
     # Placed right the first time: kube-scheduler refused nothing, nothing was moved.
     reasons = [e.reason for e in mlsched.events("nccl-a", "MLJob")]
@@ -73,7 +87,7 @@ def test_host_network_jobs_get_one_pod_per_node_and_a_second_one_waits_holding_n
 
 def test_a_minimum_wider_than_the_cluster_is_told_cannot_fit(control_plane, mlsched, operator):
     mlsched.create(scheduling_policy("default", interval=600))
-    nodes_total = len(control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines())
+    nodes_total = schedulable_nodes(control_plane)
     wide = nodes_total + 1  # fewer GPUs than the cluster has, more nodes than it has
     mlsched.create(on_host_network(mljob("nccl-wide", ps=None, workers=(wide, wide))))
     reason, message = wait_for(
@@ -99,17 +113,11 @@ def test_required_anti_affinity_spreads_workers_one_per_node_at_once(control_pla
     mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
     mlsched.create(spread_out(mljob("spread", ps=None, workers=(4, 40)), "spread"))
 
-    def running():
-        pods = mlsched.pods("spread")
-        if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
-            return None
-        return pods
-
-    pods = wait_for(running, 90, "every pod of the spread job to run",
+    pods = wait_for(lambda: all_running(mlsched, "spread", 4), 90, "every pod of the spread job to run",
                     describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
                                       for p in mlsched.pods("spread")])
     nodes = [p.spec.node_name for p in pods]
-    nodes_total = len(control_plane.kubectl("get", "nodes", "--no-headers").stdout.splitlines())
+    nodes_total = schedulable_nodes(control_plane)
     assert len(nodes) == len(set(nodes)) == nodes_total, (nodes, nodes_total)
     reasons = [e.reason for e in mlsched.events("spread", "MLJob")]
     assert "Displaced" not in reasons and "Unschedulable" not in reasons, reasons
@@ -143,13 +151,7 @@ def test_topology_spread_constraints_are_kept_though_the_pin_makes_kube_schedule
     mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
     mlsched.create(with_spread(mljob("even", ps=None, workers=(4, 4)), "even"))
 
-    def running():
-        pods = mlsched.pods("even")
-        if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
-            return None
-        return pods
-
-    pods = wait_for(running, 90, "every pod of the job to run",
+    pods = wait_for(lambda: all_running(mlsched, "even", 4), 90, "every pod of the job to run",
                     describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
                                       for p in mlsched.pods("even")])
     nodes = [p.spec.node_name for p in pods]
@@ -164,13 +166,7 @@ def test_workers_spread_over_zones_and_never_on_nodes_without_one(control_plane,
         mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
         mlsched.create(with_spread(mljob("zonal", ps=None, workers=(4, 6)), "zonal", key=zone))
 
-        def running():
-            pods = mlsched.pods("zonal")
-            if len(pods) < 4 or any(p.status.phase != "Running" for p in pods):
-                return None
-            return pods
-
-        pods = wait_for(running, 90, "every pod of the job to run",
+        pods = wait_for(lambda: all_running(mlsched, "zonal", 4), 90, "every pod of the job to run",
                         describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
                                           for p in mlsched.pods("zonal")])
         nodes = [p.spec.node_name for p in pods]

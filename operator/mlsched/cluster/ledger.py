@@ -204,8 +204,7 @@ class Ledger:
         return counts
 
     def _count_spread(self, job: JobView, role: Role, node: int, step: int) -> None:
-        for token in job.spread_counts.get(role, ()):
-            key = token[1]
+        for token, key in job.spread_counts.get(role, ()):
             domains = self.snapshot.topology[key]
             if domains[node] >= 0:
                 self._counts(token, domains)[domains[node]] += step

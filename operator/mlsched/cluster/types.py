@@ -103,10 +103,10 @@ class JobView:
     # Two tasks holding the same token never share a node, whatever their jobs. A role
     # absent holds none.
     exclusive: dict[Role, frozenset] = field(default_factory=dict)
-    # Per role, the spread caps its tasks must respect (Spread), and the Spread tokens its
-    # tasks count toward (whichever job's template carries the constraint).
+    # Per role, the spread caps its tasks must respect (Spread), and the (Spread.token,
+    # Spread.key) pairs its tasks count toward (whichever job's template carries the cap).
     spreads: dict[Role, tuple[Spread, ...]] = field(default_factory=dict)
-    spread_counts: dict[Role, frozenset] = field(default_factory=dict)
+    spread_counts: dict[Role, frozenset[tuple[Hashable, str]]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):

@@ -137,8 +137,8 @@ class Spreads:
         out = {}
         for role in roles_of(job):
             labels = job.pod_labels.get(role) or {}
-            tokens = frozenset((c.selector, c.topology_key) for c in self.constraints
-                               if c.selector.matches(labels))
+            tokens = frozenset(((c.selector, c.topology_key), c.topology_key)
+                               for c in self.constraints if c.selector.matches(labels))
             if tokens:
                 out[role] = tokens
         return out
