@@ -39,6 +39,12 @@ def all_running(mlsched, name: str, at_least: int):
     return pods
 
 
+def wait_all_running(mlsched, name: str, at_least: int):
+    return wait_for(lambda: all_running(mlsched, name, at_least), 90, f"every pod of {name} to run",
+                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
+                                      for p in mlsched.pods(name)])
+
+
 def schedulable_nodes(control_plane) -> int:
     """Nodes Ready and not cordoned now (the previous test may have left one recovering)."""
     items = json.loads(control_plane.kubectl("get", "nodes", "-o", "json").stdout)["items"]
@@ -57,9 +63,7 @@ def test_host_network_jobs_get_one_pod_per_node_and_a_second_one_waits_holding_n
     mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
     mlsched.create(on_host_network(mljob("nccl-a", ps=None, workers=(4, 40))))
 
-    pods = wait_for(lambda: all_running(mlsched, "nccl-a", 4), 90, "every pod of nccl-a to run",
-                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
-                                      for p in mlsched.pods("nccl-a")])
+    pods = wait_all_running(mlsched, "nccl-a", 4)
     nodes = [p.spec.node_name for p in pods]
     assert len(nodes) == len(set(nodes)), nodes  # never two on a node
     nodes_total = schedulable_nodes(control_plane)
@@ -113,9 +117,7 @@ def test_required_anti_affinity_spreads_workers_one_per_node_at_once(control_pla
     mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
     mlsched.create(spread_out(mljob("spread", ps=None, workers=(4, 40)), "spread"))
 
-    pods = wait_for(lambda: all_running(mlsched, "spread", 4), 90, "every pod of the spread job to run",
-                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
-                                      for p in mlsched.pods("spread")])
+    pods = wait_all_running(mlsched, "spread", 4)
     nodes = [p.spec.node_name for p in pods]
     nodes_total = schedulable_nodes(control_plane)
     assert len(nodes) == len(set(nodes)) == nodes_total, (nodes, nodes_total)
@@ -151,9 +153,7 @@ def test_topology_spread_constraints_are_kept_though_the_pin_makes_kube_schedule
     mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
     mlsched.create(with_spread(mljob("even", ps=None, workers=(4, 4)), "even"))
 
-    pods = wait_for(lambda: all_running(mlsched, "even", 4), 90, "every pod of the job to run",
-                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
-                                      for p in mlsched.pods("even")])
+    pods = wait_all_running(mlsched, "even", 4)
     nodes = [p.spec.node_name for p in pods]
     assert len(set(nodes)) == 4, nodes  # maxSkew 1 over 13 nodes: one per node
 
@@ -166,9 +166,7 @@ def test_workers_spread_over_zones_and_never_on_nodes_without_one(control_plane,
         mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
         mlsched.create(with_spread(mljob("zonal", ps=None, workers=(4, 6)), "zonal", key=zone))
 
-        pods = wait_for(lambda: all_running(mlsched, "zonal", 4), 90, "every pod of the job to run",
-                        describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
-                                          for p in mlsched.pods("zonal")])
+        pods = wait_all_running(mlsched, "zonal", 4)
         nodes = [p.spec.node_name for p in pods]
         a = sum(n in ("kwok-node-0", "kwok-node-1") for n in nodes)
         b = sum(n in ("kwok-node-2", "kwok-node-3") for n in nodes)

@@ -3,7 +3,7 @@ to pick the pods they count. Pure."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,3 +44,16 @@ def parse_selector(raw: Any) -> Selector | None:
         return None
     return Selector(tuple(sorted((str(k), str(v)) for k, v in match.items())),
                     tuple(sorted(expressions, key=lambda r: (r.key, r.operator, r.values))))
+
+
+def per_role(templates: Mapping[str, Any], labels: Mapping[str, Mapping[str, str]],
+             parse: Callable[[Any, Mapping[str, str]], tuple]) -> dict[str, tuple]:
+    """Per role, what `parse(its template's pod spec, its pods' labels)` finds; roles where it
+    finds nothing are left out."""
+    out = {}
+    for role, template in templates.items():
+        spec = template.get("spec") if isinstance(template, Mapping) else None
+        found = parse(spec, labels.get(role) or {})
+        if found:
+            out[role] = found
+    return out

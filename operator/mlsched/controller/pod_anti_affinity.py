@@ -33,7 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlsched.controller.constants import HOSTNAME_LABEL
-from mlsched.controller.label_selector import Selector, parse_selector
+from mlsched.controller.label_selector import Selector, parse_selector, per_role
 
 #: The token a selector's holders share on a node (the ledger compares tokens by equality).
 TOKEN = "pod-anti-affinity"
@@ -58,16 +58,10 @@ def spreading_selectors(spec: Any, own_labels: Mapping[str, str]) -> tuple[Selec
 
 
 def role_anti_affinity(templates: Mapping[str, Any],
-                 labels: Mapping[str, Mapping[str, str]]) -> dict[str, tuple[Selector, ...]]:
+                       labels: Mapping[str, Mapping[str, str]]) -> dict[str, tuple[Selector, ...]]:
     """Per role, spreading_selectors of its template (roles with none left out); `labels`:
     per role, what its pods carry."""
-    out = {}
-    for role, template in templates.items():
-        spec = template.get("spec") if isinstance(template, Mapping) else None
-        found = spreading_selectors(spec, labels.get(role) or {})
-        if found:
-            out[role] = found
-    return out
+    return per_role(templates, labels, spreading_selectors)
 
 
 def token(selector: Selector) -> tuple[str, Selector]:

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlsched.controller.label_selector import Selector, parse_selector
+from mlsched.controller.label_selector import Selector, parse_selector, per_role
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,10 +74,4 @@ def spread_constraints(spec: Any, own_labels: Mapping[str, str]) -> tuple[Spread
 def role_spread_constraints(templates: Mapping[str, Any], labels: Mapping[str, Mapping[str, str]]
                             ) -> dict[str, tuple[SpreadConstraint, ...]]:
     """Per role, spread_constraints of its template (roles with none left out)."""
-    out = {}
-    for role, template in templates.items():
-        spec = template.get("spec") if isinstance(template, Mapping) else None
-        found = spread_constraints(spec, labels.get(role) or {})
-        if found:
-            out[role] = found
-    return out
+    return per_role(templates, labels, spread_constraints)
