@@ -135,10 +135,9 @@ class Ledger:
             if allowed is not None:
                 mask &= allowed
         if job is not None and role is not None and job.exclusive:
-            for token in job.holds(role):
-                holders = self._holders_of.get(token)
-                if holders is not None:
-                    mask &= holders == 0
+            free = self.exclusive_free_nodes(job, role)
+            if free is not None:
+                mask &= free
         if job is not None and role is not None and job.spreads:
             for spread in job.spreads.get(role, ()):
                 mask &= self._spread_room(spread)

@@ -222,7 +222,9 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           node_selector=rt.config.node_selector,
                           tolerated_taints=rt.config.tolerated_taints,
                           budget=quota_budget(rt, idx, schedulable),
-                          ports=held_ports(cluster, deciding))
+                          # Others' ports matter only to tasks holding ports themselves.
+                          ports=held_ports(cluster, deciding)
+                          if any(j.host_ports for j in schedulable) else None)
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):

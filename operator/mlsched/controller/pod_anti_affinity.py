@@ -33,6 +33,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from mlsched.controller.constants import HOSTNAME_LABEL
+from mlsched.controller.host_ports import describe
 from mlsched.controller.label_selector import Selector, parse_selector, per_role
 
 #: The token a selector's holders share on a node (the ledger compares tokens by equality).
@@ -73,6 +74,4 @@ def describe_exclusive(thing: tuple) -> str:
     anti-affinity."""
     if thing and thing[0] == TOKEN:
         return f"is spread one pod per node by its required pod anti-affinity ({thing[1]})"
-    protocol, number = thing
-    return (f"holds host port {number}/{protocol} (a hostPort, or a containerPort under "
-            f"hostNetwork)")
+    return f"holds host port {describe([thing])} (a hostPort, or a containerPort under hostNetwork)"

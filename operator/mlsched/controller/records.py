@@ -359,10 +359,13 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
     )
 
 
-def _template_labels(template: Any) -> dict[str, str]:
+def pod_labels(job: str, role: str, template: Any) -> dict[str, str]:
+    """The labels a job's pods of `role` carry: the template's, then the operator's over them
+    (desired.pod_template renders them the same way)."""
     meta = template.get("metadata") if isinstance(template, Mapping) else None
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
-    return {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    own = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
+    return {**own, **operator_labels(job, role)}
 
 
 def _exit_code(state: Mapping[str, Any] | None) -> int | None:
@@ -531,15 +534,19 @@ class JobRecord:
     # pod per node and port. Roles holding none are absent.
     host_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
     # Per role, the selectors of its template's required pod anti-affinity that spread its
-    # pods one per node (pod_anti_affinity.py), and the labels its pods carry.
+    # pods one per node (pod_anti_affinity.py).
     anti_affinity: Mapping[str, tuple[Selector, ...]] = field(default_factory=dict)
     # Per role, the topologySpreadConstraints the planner enforces (topology_spread.py).
     spread_constraints: Mapping[str, tuple[SpreadConstraint, ...]] = field(default_factory=dict)
-    pod_labels: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
         return (self.namespace, self.name)
+
+    def pod_labels(self, role: str) -> dict[str, str]:
+        """The labels its pods of `role` carry: the template's and the operator's (derived
+        when a round has selectors to match, not kept for every job)."""
+        return pod_labels(self.name, role, self.templates.get(role))
 
     @property
     def finished(self) -> bool:
@@ -682,15 +689,14 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
                          min_workers=0, max_workers=0, suspend=False, error=str(exc))
     rs = job.spec.replica_specs
     model = model_label(job.spec.model_type)
-    labels = {role: {**_template_labels(t), **operator_labels(common["name"], role)}
-              for role, t in common["templates"].items()}
+    labels = {role: pod_labels(common["name"], role, t) for role, t in common["templates"].items()}
     return JobRecord(
         **common, model=model, demands=role_demands(model, common["templates"]),
         charges=role_charges(common["templates"]),
         runtime_classes=runtimeclasses.named(common["templates"]),
         node_constraints=role_constraints(common["templates"], extended_requests),
         host_ports=role_host_ports(common["templates"]),
-        pod_labels=labels, anti_affinity=role_anti_affinity(common["templates"], labels),
+        anti_affinity=role_anti_affinity(common["templates"], labels),
         spread_constraints=role_spread_constraints(common["templates"], labels),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),

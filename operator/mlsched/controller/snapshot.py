@@ -101,7 +101,7 @@ def exclusive_of(job: JobRecord, selectors: Iterable[Selector]) -> dict[str, fro
         return {}
     out = {}
     for role in roles_of(job):
-        labels = job.pod_labels.get(role) or {}
+        labels = job.pod_labels(role)
         held = set(job.host_ports.get(role, ()))
         held.update(token(s) for s in selectors if s.matches(labels))
         if held:
@@ -136,7 +136,7 @@ class Spreads:
     def counted(self, job: JobRecord) -> dict[str, frozenset]:
         out = {}
         for role in roles_of(job):
-            labels = job.pod_labels.get(role) or {}
+            labels = job.pod_labels(role)
             tokens = frozenset(((c.selector, c.topology_key), c.topology_key)
                                for c in self.constraints if c.selector.matches(labels))
             if tokens:
