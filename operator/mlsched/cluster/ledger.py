@@ -15,6 +15,8 @@ ledger the same way. Two rules live here, not in every policy:
   already (Snapshot.exclusive_in_use).
 - Spread caps (JobView.spreads, topology spread constraints): a task goes only where its
   domain holds fewer than the emptiest allowed domain's count plus the skew.
+- Counted resources (JobView.counted: a node's pod slots, extended resources): a task goes
+  only where enough of each is free (Snapshot.counted_free), booked like CPU.
 
 Every grant is logged in order (`grants`): the placement phase may replay it.
 A ledger never changes the snapshot it was built from.
@@ -88,6 +90,10 @@ class Ledger:
                 self._holders(token)[node] += 1
         # Per Spread token, the tasks counted in each domain of its topology.
         self._spread_counts: dict[Hashable, np.ndarray] = {}
+        # Per counted resource, what each node has free (a copy: booking must not change the
+        # snapshot).
+        self.counted_free = {name: np.array(free, dtype=float, copy=True)
+                             for name, free in snapshot.counted_free.items()}
 
     # ---- queries -------------------------------------------------------------------------
     @property
@@ -141,6 +147,9 @@ class Ledger:
         if job is not None and role is not None and job.spreads:
             for spread in job.spreads.get(role, ()):
                 mask &= self._spread_room(spread)
+        if job is not None and role is not None and job.counted:
+            for name, amount in job.takes(role):
+                mask &= self.counted_free[name] >= amount - _EPS
         return mask
 
     def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None,
@@ -159,6 +168,9 @@ class Ledger:
             return False
         if job.spreads and role is not None and not all(
                 self._spread_room(s)[node] for s in job.spreads.get(role, ())):
+            return False
+        if job.counted and role is not None and not all(
+                self.counted_free[name][node] >= amount - _EPS for name, amount in job.takes(role)):
             return False
         if job.pool is None and not job.node_filters:
             return True
@@ -346,6 +358,9 @@ class Ledger:
                 self._holders(token)[node] += 1
         if job.spread_counts:
             self._count_spread(job, role, node, 1)
+        if job.counted:
+            for name, amount in job.takes(role):
+                self.counted_free[name][node] -= amount
         d = self.jobs.setdefault(job.name, JobDecision())
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
@@ -366,6 +381,9 @@ class Ledger:
                     self._holders(token)[node] -= 1
             if job.spread_counts:
                 self._count_spread(job, role, node, -1)
+            if job.counted:
+                for name, amount in job.takes(role):
+                    self.counted_free[name][node] += amount
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))

@@ -107,6 +107,10 @@ class JobView:
     # Spread.key) pairs its tasks count toward (whichever job's template carries the cap).
     spreads: dict[Role, tuple[Spread, ...]] = field(default_factory=dict)
     spread_counts: dict[Role, frozenset[tuple[Hashable, str]]] = field(default_factory=dict)
+    # Per role, how much one task takes of each per-node resource counted beside CPU, GPU and
+    # memory (Snapshot.counted_free): in the cluster, the pod itself ("pods", 1) and its
+    # extended resources (an RDMA NIC, a MIG slice, scratch disk). A role absent takes none.
+    counted: dict[Role, tuple[tuple[str, float], ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -155,6 +159,10 @@ class JobView:
     def node_filter(self, role: Role) -> np.ndarray | None:
         return self.node_filters.get(role) if self.node_filters else None
 
+    def takes(self, role: Role) -> tuple[tuple[str, float], ...]:
+        """What one task of `role` takes of the counted resources (`counted`)."""
+        return self.counted.get(role, ()) if self.counted else ()
+
     def holds(self, role: Role) -> frozenset:
         """The tokens one task of `role` holds on its node alone (`exclusive`)."""
         return self.exclusive.get(role, _NOTHING) if self.exclusive else _NOTHING
@@ -184,6 +192,10 @@ class Snapshot:
     exclusive_in_use: list[frozenset] | None = None
     # Per topology key that some Spread uses, each node's domain index (-1: the node lacks it).
     topology: dict[str, np.ndarray] = field(default_factory=dict)
+    # Per resource counted beside CPU, GPU and memory (JobView.counted), how much of it each
+    # node has free for the round: in the cluster, its allocatable pods and extended resources
+    # less what pods the round does not re-decide use (controller/counted_resources.py).
+    counted_free: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)

@@ -9,9 +9,10 @@ runs on them must be counted whoever owns it. This needs only read access to pod
 
 A thread runs the `kubernetes` client's list+watch (the client is synchronous; one thread for
 the whole cluster is cheaper than kopf watching every namespace with handlers on each pod) and
-keeps {pod uid: (node, requests, host ports)} for bound, non-terminal pods. The scheduling loop
-reads it as one more source of foreign requests (`requests_by_node`) and of host ports held
-(`ports_by_node`, host_ports.py).
+keeps {pod uid: (node, requests, host ports, extended resources)} for bound, non-terminal pods.
+The scheduling loop reads it as one more source of foreign requests (`requests_by_node`, one
+entry per pod: its pod slots too), of host ports held (`ports_by_node`, host_ports.py) and of
+extended resources held (`extended_by_node`, counted_resources.py).
 """
 
 from __future__ import annotations
@@ -24,11 +25,12 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from mlsched.controller.host_ports import HostPort, host_ports
-from mlsched.controller.records import Resources, pod_requests
+from mlsched.controller.records import Resources, extended_requests, pod_requests
 
 log = logging.getLogger("mlsched.controller.cluster_pods")
 
 TERMINAL = ("Succeeded", "Failed")
+Extended = tuple[tuple[str, float], ...]  # records.extended_requests
 
 
 def served(namespace: str, patterns: Iterable[str]) -> bool:
@@ -43,7 +45,7 @@ class OtherNamespacePods:
         # Called (from the watch thread) when a counted pod ends or goes: its node has room
         # again, which waiting jobs may use now (handlers.wake_all_admissions).
         self.on_freed = on_freed
-        self._pods: dict[str, tuple[str, Resources, frozenset[HostPort]]] = {}
+        self._pods: dict[str, tuple[str, Resources, frozenset[HostPort], Extended]] = {}
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -59,7 +61,7 @@ class OtherNamespacePods:
             if event_type == "DELETED" or not node or phase in TERMINAL \
                     or served(meta.get("namespace", ""), self.patterns):
                 return self._pods.pop(uid, None) is not None
-            self._pods[uid] = (node, pod_requests(spec), host_ports(spec))
+            self._pods[uid] = (node, pod_requests(spec), host_ports(spec), extended_requests(spec))
             return False
 
     def replace(self, pods: Iterable[dict[str, Any]]) -> None:
@@ -74,7 +76,7 @@ class OtherNamespacePods:
         with self._lock:
             pods = list(self._pods.values())
         out: dict[str, list[Resources]] = defaultdict(list)
-        for node, requests, _ in pods:
+        for node, requests, _, _ in pods:
             out[node].append(requests)
         return dict(out)
 
@@ -82,9 +84,18 @@ class OtherNamespacePods:
         with self._lock:
             pods = list(self._pods.values())
         out: dict[str, list[frozenset[HostPort]]] = defaultdict(list)
-        for node, _, ports in pods:
+        for node, _, ports, _ in pods:
             if ports:
                 out[node].append(ports)
+        return dict(out)
+
+    def extended_by_node(self) -> dict[str, list[Extended]]:
+        with self._lock:
+            pods = list(self._pods.values())
+        out: dict[str, list[Extended]] = defaultdict(list)
+        for node, _, _, extended in pods:
+            if extended:
+                out[node].append(extended)
         return dict(out)
 
     # -- the watch thread

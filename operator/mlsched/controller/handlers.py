@@ -41,7 +41,8 @@ from mlsched.controller.limitranges import limit_range_record
 from mlsched.controller.runtimeclasses import runtime_class_record
 from mlsched.controller.quotas import quota_record
 from mlsched.controller.records import (
-    is_active_pod, job_record, node_record, pod_record, pod_requests, sts_record,
+    extended_requests, is_active_pod, job_record, node_record, pod_record, pod_requests,
+    sts_record,
 )
 from mlsched.controller.runtime import Indexes, Runtime, flatten
 from mlsched.controller.supervision import LiveBody, PolicyLoops, sweep_forever
@@ -81,7 +82,8 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
                    mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
                    quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"],
                    runtime_classes=kwargs["runtime_class_index"],
-                   foreign_ports=kwargs["foreign_port_index"])
+                   foreign_ports=kwargs["foreign_port_index"],
+                   foreign_extended=kwargs["foreign_extended_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -187,6 +189,18 @@ def foreign_port_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
         return None
     ports = host_ports(spec)
     return {node: ports} if ports else None
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
+def foreign_extended_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
+    """Extended resources of other schedulers' pods per node, for those requesting any
+    (counted_resources.py): a node whose two RDMA NICs another pod holds takes no task
+    that needs one."""
+    node = spec.get("nodeName")
+    if not node or not is_active_pod(body):
+        return None
+    extended = extended_requests(spec)
+    return {node: extended} if extended else None
 
 
 @kopf.index("resourcequotas")

@@ -44,7 +44,7 @@ from mlsched.controller.records import (
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
-from mlsched.controller.snapshot import build_snapshot, held_elsewhere, held_ports
+from mlsched.controller.snapshot import build_snapshot, held_counted, held_elsewhere, held_ports
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round
@@ -224,7 +224,8 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           budget=quota_budget(rt, idx, schedulable),
                           # Others' ports matter only to tasks holding ports themselves.
                           ports=held_ports(cluster, deciding)
-                          if any(j.host_ports for j in schedulable) else None)
+                          if any(j.host_ports for j in schedulable) else None,
+                          counted_used=held_counted(cluster, deciding))
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):

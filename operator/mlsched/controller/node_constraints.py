@@ -100,7 +100,8 @@ class NodeConstraint:
     terms: tuple[tuple[Requirement, ...], ...] | None = None
     tolerations: tuple[Toleration, ...] = ()
     # Extended resources one pod asks for (records.extended_requests): a node must have at
-    # least that much allocatable. How much of it other pods use is kube-scheduler's to check.
+    # least that much allocatable; how much other pods use is counted per round
+    # (counted_resources.py).
     resources: tuple[tuple[str, float], ...] = ()
     node_name: str = ""  # the template's spec.nodeName: that node only
 
@@ -134,14 +135,14 @@ class NodeConstraint:
             parts.append("tolerations " + ", ".join(_describe_toleration(t)
                                                     for t in self.tolerations))
         if self.resources:
-            parts.append("requests " + ", ".join(f"{_amount(k, v)} {k}" for k, v in self.resources))
+            parts.append("requests " + ", ".join(f"{amount_text(k, v)} {k}" for k, v in self.resources))
         return "; ".join(parts) or "no node constraint"
 
 
 EVERY_NODE = NodeConstraint()  # a template that constrains nothing and tolerates nothing
 
 
-def _amount(name: str, value: float) -> str:
+def amount_text(name: str, value: float) -> str:
     """A request as a person wrote it: bytes (ephemeral-storage, hugepages) in Ki/Mi/Gi/Ti."""
     if name == "ephemeral-storage" or name.startswith("hugepages-"):
         for unit, size in (("Ti", 2**40), ("Gi", 2**30), ("Mi", 2**20), ("Ki", 2**10)):

@@ -92,6 +92,9 @@ class NodeRecord:
     # Allocatable extended resources (is_extended), by name: which nodes a template asking
     # for one can use at all.
     extended: Mapping[str, float] = field(default_factory=dict)
+    # Allocatable `pods`: how many pods the kubelet runs at once (110 by default; on EKS with
+    # the VPC CNI as few as 17 or 29 for small instance types). inf when not reported.
+    pods: float = float("inf")
 
     @property
     def pool(self) -> str | None:
@@ -112,7 +115,13 @@ def node_record(body: Mapping[str, Any]) -> NodeRecord:
                       pool_owner=(meta.get("annotations") or {}).get(POOL_OWNER_ANNOTATION),
                       taint_specs=specs,
                       extended={k: parse_quantity(v) for k, v in
-                                (status.get("allocatable") or {}).items() if is_extended(k)})
+                                (status.get("allocatable") or {}).items() if is_extended(k)},
+                      pods=_pod_slots(status.get("allocatable")))
+
+
+def _pod_slots(allocatable: Mapping[str, Any] | None) -> float:
+    value = (allocatable or {}).get("pods")
+    return float("inf") if value is None else parse_quantity(value)
 
 
 # ------------------------------------------------------------------------------------- pods
@@ -318,6 +327,9 @@ class PodRecord:
     # second or says why not; a scheduler that is not running says nothing).
     unseen: bool = False
     host_ports: frozenset[tuple[str, int]] = frozenset()  # host_ports.py: held on its node
+    # Its extended resources (is_extended) and how much of each: counted on its node
+    # (counted_resources.py).
+    extended: tuple[tuple[str, float], ...] = ()
 
     @property
     def gated(self) -> bool:
@@ -356,6 +368,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
         host_ports=host_ports(spec),
+        extended=extended_requests(spec),
     )
 
 

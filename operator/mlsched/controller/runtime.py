@@ -45,6 +45,14 @@ def flatten(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
     return [v for store in index.values() for v in store]
 
 
+def _merged(index: Mapping[str, Iterable[Any]], more: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
+    """A per-node index with more entries per node (other namespaces' pods)."""
+    merged = {node: list(found) for node, found in index.items()}
+    for node, found in more.items():
+        merged.setdefault(node, []).extend(found)
+    return merged
+
+
 class Owned(Mapping[JobKey, list]):
     """A children index (keyed by job name) seen through the MLJobs that have those names now:
     only the children of the job with that name today. A job deleted and recreated under the
@@ -97,6 +105,8 @@ class Indexes:
     runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] = field(default_factory=dict)
     # Host ports of other schedulers' pods by node (host_ports.py), for those holding any.
     foreign_ports: Mapping[str, Iterable[frozenset]] = field(default_factory=dict)
+    # Extended resources of other schedulers' pods by node (counted_resources.py).
+    foreign_extended: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mljobs, Defaulted):
@@ -118,18 +128,15 @@ class Indexes:
     def cluster(self) -> ClusterState:
         foreign: Mapping[str, Iterable[Resources]] = self.foreign
         ports: Mapping[str, Iterable[frozenset]] = self.foreign_ports
+        extended: Mapping[str, Iterable[tuple]] = self.foreign_extended
         if self.other_namespaces is not None:
-            merged = {node: list(requests) for node, requests in self.foreign.items()}
-            for node, requests in self.other_namespaces.requests_by_node().items():
-                merged.setdefault(node, []).extend(requests)
-            foreign = merged
-            merged_ports = {node: list(held) for node, held in self.foreign_ports.items()}
-            for node, held in self.other_namespaces.ports_by_node().items():
-                merged_ports.setdefault(node, []).extend(held)
-            ports = merged_ports
+            foreign = _merged(self.foreign, self.other_namespaces.requests_by_node())
+            ports = _merged(self.foreign_ports, self.other_namespaces.ports_by_node())
+            extended = _merged(self.foreign_extended, self.other_namespaces.extended_by_node())
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
                             statefulsets=self.statefulsets, foreign=foreign,
-                            foreign_ports=ports, strays=self.pods.strays())
+                            foreign_ports=ports, foreign_extended=extended,
+                            strays=self.pods.strays())
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))

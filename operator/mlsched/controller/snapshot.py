@@ -15,6 +15,10 @@ import numpy as np
 
 from mlsched.cluster.types import JobView, Snapshot, SpeedObservation, Spread
 from mlsched.workloads.speed_curve import prior_curve
+from mlsched.controller.counted_resources import (
+    POD_SLOTS, Counted, CountedResources, available, extended_of, pods_room,
+)
+from mlsched.controller.counted_resources import describe as describe_counted
 from mlsched.controller.desired import roles_of
 from mlsched.controller.host_ports import HostPort
 from mlsched.controller.label_selector import Selector
@@ -38,6 +42,8 @@ class ClusterState:
     foreign: Mapping[str, Iterable[Resources]] = field(default_factory=dict)  # node → requests
     # node → the host ports of each such pod that holds any (host_ports.py)
     foreign_ports: Mapping[str, Iterable[frozenset[HostPort]]] = field(default_factory=dict)
+    # node → the extended resources of each such pod that requests any (counted_resources.py)
+    foreign_extended: Mapping[str, Iterable[Counted]] = field(default_factory=dict)
     # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
     # occupy their nodes until they are gone.
     strays: Iterable[PodRecord] = ()
@@ -89,6 +95,31 @@ def held_ports(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, set[Ho
     for pod in [*others, *cluster.strays]:
         if pod.host_ports and pod.node and pod.phase not in ("Succeeded", "Failed"):
             held.setdefault(pod.node, set()).update(pod.host_ports)
+    return held
+
+
+def held_counted(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, dict[str, float]]:
+    """Per node: the pods this policy does not re-decide (other workloads', other jobs',
+    strays) and the extended resources they request, what counted_resources.py counts. Unlike
+    held_elsewhere, other policies' reservations are not here: they are CPU, GPU and memory."""
+    held: dict[str, dict[str, float]] = {}
+
+    def count(node: str, pods: int, extended: Counted) -> None:
+        on = held.setdefault(node, {})
+        if pods:
+            on[POD_SLOTS] = on.get(POD_SLOTS, 0.0) + pods
+        for name, amount in extended:
+            on[name] = on.get(name, 0.0) + amount
+
+    for node, requests in cluster.foreign.items():
+        count(node, sum(1 for _ in requests), ())
+    for node, found in cluster.foreign_extended.items():
+        for extended in found:
+            count(node, 0, extended)
+    others = [pod for key, pods in cluster.pods.items() if key not in own_jobs for pod in pods]
+    for pod in [*others, *cluster.strays]:
+        if pod.node and pod.phase not in ("Succeeded", "Failed"):
+            count(pod.node, 1, pod.extended)
     return held
 
 
@@ -184,11 +215,13 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
              node_index: Mapping[str, int], interval_s: float,
              node_filters: dict[str, np.ndarray] | None = None,
              quota_bound: bool = False, selectors: Iterable[Selector] = (),
-             spreads: Spreads | None = None) -> JobView:
+             spreads: Spreads | None = None,
+             counted: Mapping[str, Counted] | None = None) -> JobView:
     """`quota_bound`: a ResourceQuota bounds the step, which then books each task's quota
     charge (left out otherwise: 20,000 small arrays cost a 10,000-job round 20 ms).
     `selectors`: the spreading anti-affinity selectors of every job decided with it;
-    `spreads`: the round's topology spread constraints (Spreads)."""
+    `spreads`: the round's topology spread constraints (Spreads); `counted`: per role, what
+    one task takes of the counted resources (counted_resources.py)."""
     replicas = {s.role: s.replicas for s in statefulsets}
     by_role: dict[str, list[PodRecord]] = {"ps": [], "worker": []}
     for p in pods:
@@ -213,6 +246,7 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         exclusive=exclusive_of(job, selectors),
         spreads=spreads.checks(job, node_filters) if spreads else {},
         spread_counts=spreads.counted(job) if spreads else {},
+        counted=dict(counted) if counted else {},
         quota_charges=({r: np.array(c, dtype=float) for r, c in job.charges.items()}
                        if quota_bound else {}),
     )
@@ -257,11 +291,14 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    node_selector: Mapping[str, str] | None = None,
                    tolerated_taints: frozenset[str] = frozenset(),
                    budget: np.ndarray | None = None,
-                   ports: Mapping[str, Iterable[HostPort]] | None = None) -> Snapshot:
+                   ports: Mapping[str, Iterable[HostPort]] | None = None,
+                   counted_used: Mapping[str, Mapping[str, float]] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
     `ports`: per node, the host ports held there already (held_ports); pods spread by
-    anti-affinity are planned among the jobs decided together only (pod_anti_affinity.py)."""
+    anti-affinity are planned among the jobs decided together only (pod_anti_affinity.py).
+    `counted_used`: per node, the pod slots and extended resources held there already
+    (held_counted)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -277,12 +314,13 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
         if i is not None:
             capacity[i] -= r
     np.maximum(capacity, 0.0, out=capacity)
+    counted = CountedResources(jobs, nodes, capacity, counted_used)
     filters = NodeFilters(nodes, tolerated_taints)
     selectors = list(dict.fromkeys(s for j in jobs for found in j.anti_affinity.values() for s in found))
     spreads = Spreads(jobs, nodes) if any(j.spread_constraints for j in jobs) else None
     views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
                       node_index, interval_s, filters.of(j), budget is not None, selectors,
-                      spreads)
+                      spreads, counted.takes.get(j.key))
              for j in jobs]
     pools = [n.pool for n in nodes]
     in_use = [frozenset((ports or {}).get(n.name, ())) for n in nodes] if ports else None
@@ -290,7 +328,7 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None,
                     budget=budget, exclusive_in_use=in_use,
-                    topology=spreads.topology if spreads else {})
+                    topology=spreads.topology if spreads else {}, counted_free=counted.free)
 
 
 def _describe(r: Resources) -> str:
@@ -354,7 +392,33 @@ class ClusterFit:
             return (f"its minimum ({wanted}) needs {_describe(need)}; the cluster's "
                     f"{len(allowed_any)} schedulable nodes have {_describe(total)} "
                     f"allocatable in all")
-        return self._exclusive_why_not(job, roles, fitting)
+        return (self._exclusive_why_not(job, roles, fitting)
+                or self._counted_why_not(job, roles, fitting, allowed_any))
+
+    def _counted_why_not(self, job: JobRecord, roles: list[tuple[str, int]],
+                         fitting: Mapping[str, set[str]],
+                         allowed_any: Mapping[str, NodeRecord]) -> str | None:
+        """A minimum needing more pod slots, or more of an extended resource, than the nodes
+        that could take its pods have allocatable (counted_resources.py)."""
+        by_name = {n.name: n for n in self.nodes}
+        for role, count in roles:
+            nodes = [by_name[name] for name in fitting[role]]
+            for name, amount in (*extended_of(job, role), (POD_SLOTS, 1.0)):
+                room = sum(pods_room(available(n, name), amount) for n in nodes)
+                if count > room:
+                    what = ("pods" if name == POD_SLOTS
+                            else f"pods taking {describe_counted(name, amount)} each")
+                    return (f"its minimum of {count} {role} needs {count} {what}; the "
+                            f"{len(nodes)} schedulable nodes that can take one have room for "
+                            f"{room:g} (allocatable {name})")
+        total = sum(count for _, count in roles)
+        slots = sum(n.pods for n in allowed_any.values())
+        if total > slots:
+            wanted = " and ".join(f"{count} {role}" for role, count in roles)
+            return (f"its minimum ({wanted}) needs {total} pods; the cluster's "
+                    f"{len(allowed_any)} schedulable nodes allow {slots:g} in all "
+                    f"(allocatable pods)")
+        return None
 
     @staticmethod
     def _exclusive_why_not(job: JobRecord, roles: list[tuple[str, int]],

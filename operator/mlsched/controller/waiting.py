@@ -22,6 +22,8 @@ import numpy as np
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import WAITING_POOL, Decision, JobDecision, JobView, Snapshot
+from mlsched.controller.counted_resources import POD_SLOTS, pods_room
+from mlsched.controller.counted_resources import describe as describe_counted
 from mlsched.controller.host_ports import describe
 from mlsched.controller.pod_anti_affinity import TOKEN
 from mlsched.policies.base import book_held
@@ -63,6 +65,7 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
                              f"the capacity to other jobs this time")
             continue
         short = _exclusive_short(ledger, job, gang) if job.exclusive else None
+        short = short or (_counted_short(ledger, job, gang) if job.counted else None)
         if short:
             out[job.name] = short
             continue
@@ -89,6 +92,32 @@ def _exclusive_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str
             return (f"its minimum ({_counts(job, gang)}) needs {count} nodes where host port "
                     f"{describe([thing])} is free (one {role} pod per node holds it); other "
                     f"pods hold it on {taken} of the {total} nodes")
+    return None
+
+
+def _counted_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
+    """Its minimum needs more pod slots (or more of an extended resource) than the nodes it
+    may use have free now (counted_resources.py)."""
+    ps, workers = gang
+    for role, count in (("ps", ps), ("worker", workers)):
+        allowed = ledger.allowed_nodes(job, role) if count else None
+        for name, amount in job.takes(role) if count else ():
+            free = ledger.counted_free[name] if allowed is None else ledger.counted_free[name][allowed]
+            room = float(pods_room(free, amount).sum())
+            if room >= count:
+                continue
+            if name == POD_SLOTS:
+                return (f"its minimum ({_counts(job, gang)}) needs {count} {role} pods; the "
+                        f"{len(free)} nodes it may use have {room:g} pod slots free now (other "
+                        f"pods take the rest of their allocatable pods)")
+            return (f"its minimum ({_counts(job, gang)}) needs {count} {role} pods taking "
+                    f"{describe_counted(name, amount)} each; the {len(free)} nodes it may use "
+                    f"have room for {room:g} such pods now (other pods hold the rest)")
+    slots = ledger.counted_free.get(POD_SLOTS)
+    if slots is not None and ps + workers > slots.sum() + 1e-9:
+        return (f"its minimum ({_counts(job, gang)}) needs {ps + workers} pods; the "
+                f"{len(slots)} nodes have {slots.sum():g} pod slots free now (other pods "
+                f"take the rest of their allocatable pods)")
     return None
 
 

@@ -213,7 +213,8 @@ class WindowState:
             demand = self.ledger.demand(job, role)
             node_filter = job.node_filter(role)
             k = (demand.tobytes(), job.pool, None if node_filter is None else id(node_filter),
-                 job.holds(role), tuple(id(s) for s in job.spreads.get(role, ())))
+                 job.holds(role), tuple(id(s) for s in job.spreads.get(role, ())),
+                 job.takes(role))
             if k not in keys:
                 keys[k] = len(self._demands)
                 self._demands.append((demand, job, role))
@@ -233,11 +234,13 @@ class WindowState:
                              for j in self.jobs]
         self._wkey = [key_of(j, "worker") for j in self.jobs]
         self._pskey = [key_of(j, "ps") for j in self.jobs]
-        # Some demands may use only some nodes (or, holding host ports or spread over
-        # domains, only nodes where those allow one more), or the round has a budget (a
-        # namespace's quota): fits are then computed through the ledger.
+        # Some demands may use only some nodes (or, holding host ports, spread over domains
+        # or taking pod slots or extended resources, only nodes where those allow one more),
+        # or the round has a budget (a namespace's quota): fits are then computed through
+        # the ledger.
         self._restricted = self.ledger.budget is not None or any(
             self.ledger.allowed_nodes(j, r) is not None or j.holds(r) or j.spreads.get(r)
+            or j.takes(r)
             for _, j, r in self._demands)
         self._demand_matrix = np.array([d for d, _, _ in self._demands]).reshape(-1, 3)  # (K, 3)
         # What a node's free capacity must reach, per distinct demand: as a (3, 1) column to
