@@ -10,7 +10,7 @@ import time
 from kubernetes import client
 
 from job_state import placed_as_decided, placement_problems
-from mlsched_objects import condition, mljob, scheduling_policy
+from mlsched_objects import GROUP, VERSION, condition, mljob, scheduling_policy
 from waiting import wait_for
 
 DAY = 86400
@@ -146,3 +146,42 @@ def test_two_policies_of_one_namespace_share_its_quota(api, mlsched, operator):
     refused = [e.message for e in core.list_namespaced_event(mlsched.namespace).items
                if e.reason == "FailedCreate" and e.involved_object.name == f"{other}-worker"]
     assert not refused, refused
+
+
+def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_when_it_has_room(
+        api, mlsched, operator):
+    """A quota on object counts (`services`, `count/statefulsets.apps`) full: the job's Service
+    cannot be created. It used to show no phase and no condition at all while its create was
+    retried every second."""
+    core = client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(mlsched.namespace, {
+        "metadata": {"name": "objects"}, "spec": {"hard": {"services": "1"}}})
+    mlsched.create(scheduling_policy("default", interval=DAY))
+    mlsched.create(mljob("holder", ps=None, workers=(1, 2), epochs=1e9))
+    wait_for(lambda: placed_as_decided(mlsched, "holder"), 60, "the first job to run",
+             describe=lambda: placement_problems(mlsched, "holder"))
+    mlsched.create(mljob("second", ps=None, workers=(1, 2), epochs=1e9))
+
+    def admitted():
+        c = condition(mlsched.job("second"), "Admitted")
+        return (c["reason"], c.get("message", "")) if c else None
+
+    reason, message = wait_for(lambda: (r := admitted()) and r[0] == "WaitingForQuota" and r, 30,
+                               "the second job to say why it waits", describe=admitted)
+    assert message.startswith(
+        "its Service cannot be created until the namespace's ResourceQuota has room (services "
+        '"second" is forbidden: exceeded quota: objects'), message
+    assert mlsched.job("second")["status"]["phase"] == "Pending"
+    assert mlsched.statefulsets("second") == {} and mlsched.pods("second") == []
+    # Not a create call every second: one Event, and the holder is not told its children
+    # were not created (a full quota refuses even the create of an object that exists).
+    time.sleep(3)
+    assert [e.reason for e in mlsched.events("second", "MLJob")].count("WaitingForQuota") == 1
+    assert "ChildrenNotCreated" not in [e.reason for e in mlsched.events("holder", "MLJob")]
+
+    # The first job deleted: its Service goes, the quota recounts, the second one starts.
+    mlsched.custom.delete_namespaced_custom_object(GROUP, VERSION, mlsched.namespace, "mljobs",
+                                                   "holder")
+    wait_for(lambda: placed_as_decided(mlsched, "second"), 90, "the second job to run",
+             describe=lambda: (admitted(), placement_problems(mlsched, "second")))
+    assert mlsched.service("second") is not None

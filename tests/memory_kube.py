@@ -123,6 +123,10 @@ class MemoryKube:
         # Admission of pods (a stand-in for Pod Security, a webhook): the pod's body -> the API
         # server's 403 message, or None to admit. Dry runs and the StatefulSet controller ask it.
         self.pod_admission: Callable[[dict], str | None] | None = None
+        # Object counts a namespace's ResourceQuota allows, by kind ("Service": 1). As the API
+        # server's quota admission does, a create over it is refused (403) before the name is
+        # looked up, so the create of an object that exists is refused too.
+        self.object_quota: dict[str, int] = {}
 
     # ---- the KubeApi seam -------------------------------------------------------------------
     def _check(self, verb: str, name: str) -> None:
@@ -135,6 +139,13 @@ class MemoryKube:
         key = (body["kind"], meta.get("namespace", ""), meta["name"])
         self.calls.append(("create", *key))
         self._check("create", meta["name"])
+        limit = self.object_quota.get(body["kind"])
+        used = sum(1 for k in self.objects if k[0] == body["kind"] and k[1] == key[1])
+        if limit is not None and used >= limit:
+            resource = body["kind"].lower() + "s"
+            raise KubeError(403, f'{resource} "{meta["name"]}" is forbidden: exceeded quota: '
+                                 f'objects, requested: {resource}=1, used: {resource}={used}, '
+                                 f'limited: {resource}={limit}')
         if key in self.objects:
             return False
         self.put(body)

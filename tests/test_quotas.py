@@ -182,3 +182,51 @@ def test_another_vendors_accelerator_is_planned_as_the_gpu(monkeypatch):
                           "print(records.GPU_RESOURCE)"], capture_output=True, text=True, check=True)
     monkeypatch.delenv("MLSCHED_GPU_RESOURCE")
     assert out.stdout.strip() == "amd.com/gpu"
+
+
+# ---------------------------------------------------------------- object counts
+
+
+def test_a_job_whose_children_a_full_object_count_quota_refuses_waits_saying_why(monkeypatch):
+    """A quota on `services` (or `count/statefulsets.apps`) full: the job's Service cannot be
+    created. Found in the sandbox: the MLJob showed no phase and no condition at all, its
+    create was retried (and a warning logged) every second; a job whose children existed was
+    told "could not create the job's children", since a full quota refuses a create (403)
+    before the API server looks for the name."""
+    from mlsched.api import get_condition
+    from mlsched.controller import handlers, jobs
+    from test_controller_fixtures import NS, allreduce_job, cluster, make_runtime, policy, run
+
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    kube.object_quota = {"Service": 1}
+    for name in ("first", "second"):
+        kube.put(allreduce_job(name))
+        run(jobs.on_job_event(rt, "ADDED", kube.obj("MLJob", NS, name), kube.indexes()))
+    status = kube.obj("MLJob", NS, "second")["status"]
+    admitted = get_condition(status["conditions"], "Admitted")
+    assert status["phase"] == "Pending" and admitted.reason == "WaitingForQuota", status
+    assert admitted.message.startswith(
+        "its Service cannot be created until the namespace's ResourceQuota has room (services "
+        '"second" is forbidden: exceeded quota: objects, requested: services=1'), admitted.message
+    assert [e["reason"] for e in kube.events("second")] == ["WaitingForQuota"]
+    # Not a create call every sweep while the quota stays full.
+    creates = len([c for c in kube.calls if c[0] == "create"])
+    for _ in range(3):
+        run(jobs.sweep(rt, kube.indexes()))
+    assert len([c for c in kube.calls if c[0] == "create"]) == creates
+    # The first job's children exist: reconciled again (an edit), it is not told otherwise.
+    rt.reconciled.clear()
+    first = kube.obj("MLJob", NS, "first")
+    run(jobs.reconcile_if_needed(rt, first, kube.indexes()))
+    assert "ChildrenNotCreated" not in [e["reason"] for e in kube.events("first")]
+    assert rt.reconciled.get((NS, "first")) is not None
+    # The quota raised: its event lets the next sweep create the children at once.
+    kube.object_quota = {"Service": 2}
+    monkeypatch.setattr(handlers, "wake_all_admissions", lambda rt: None)  # no policy loops here
+    run(handlers.quota_event(event={}, body={"metadata": {"namespace": NS}},
+                             memo={"runtime": rt}))
+    run(jobs.sweep(rt, kube.indexes()))
+    assert ("StatefulSet", NS, "second-worker") in kube.objects
+    status = kube.obj("MLJob", NS, "second")["status"]
+    assert get_condition(status["conditions"], "Admitted").reason == "WaitingForAllocation", status

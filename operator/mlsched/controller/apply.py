@@ -12,7 +12,7 @@ from mlsched.controller.desired import (
     Action, DeletePod, PatchStatefulSet, PinPod, PodSettings, plan_statefulset, roles_of,
     service_manifest, statefulset_manifest,
 )
-from mlsched.controller.kube import KubeApi
+from mlsched.controller.kube import KubeApi, KubeError
 from mlsched.controller.records import JobRecord, StsRecord, controller_uid
 
 log = logging.getLogger("mlsched.controller.apply")
@@ -27,13 +27,32 @@ class WaitingForOldChildren(Exception):
                          f"(uid {owner_uid}); waiting for the garbage collector to delete it")
 
 
+class ChildOverQuota(Exception):
+    """The namespace's ResourceQuota has no room for one of the job's children (an object
+    count: `services`, `count/statefulsets.apps`). Created once the quota has room."""
+
+    def __init__(self, kind: str, message: str):
+        super().__init__(f"its {kind} cannot be created until the namespace's ResourceQuota has "
+                         f"room ({message}); it is created as soon as the quota has")
+
+
 async def _create_owned(api: KubeApi, job: JobRecord, body: dict[str, Any]) -> bool:
     """Create a child; True if created now, False if this job already has it. A 409 is only
-    "already there" when the object found is this job's (checked by owner uid)."""
-    if await api.create(body):
-        return True
+    "already there" when the object found is this job's (checked by owner uid). A quota that
+    is full refuses the create (403) before the API server looks for the name, so a child that
+    exists is looked for then too: it used to be reported as not created."""
     kind, name = body["kind"], body["metadata"]["name"]
+    over_quota = None
+    try:
+        if await api.create(body):
+            return True
+    except KubeError as err:
+        if not err.over_quota:
+            raise
+        over_quota = err.message
     found = await api.get(kind, job.namespace, name)
+    if found is None and over_quota is not None:
+        raise ChildOverQuota(kind, over_quota)
     owner = controller_uid(found["metadata"]) if found else None
     if found is not None and owner != job.uid:
         raise WaitingForOldChildren(kind, name, owner)

@@ -304,8 +304,13 @@ async def foreign_pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
 
 @kopf.on.event("resourcequotas")
 async def quota_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A quota raised, or its usage recounted after pods went: waiting jobs may fit it now."""
-    wake_all_admissions(runtime(memo))
+    """A quota raised, or its usage recounted after pods went: waiting jobs may fit it now,
+    and jobs whose children it had no room for are tried again at the next sweep."""
+    rt = runtime(memo)
+    namespace = (body.get("metadata") or {}).get("namespace")
+    for key in [k for k in rt.over_quota if k[0] == namespace]:
+        del rt.over_quota[key]
+    wake_all_admissions(rt)
 
 
 @kopf.on.event("limitranges")

@@ -17,7 +17,8 @@ from typing import Any
 from mlsched.api import InvalidObject
 from mlsched.controller import displacement, lifecycle, pools, preflight, quotas
 from mlsched.controller.apply import (
-    WaitingForOldChildren, ensure_service, ensure_statefulsets, execute, execute_all, refresh_plan, scale_to_zero_plan,
+    ChildOverQuota, WaitingForOldChildren, ensure_service, ensure_statefulsets, execute,
+    execute_all, refresh_plan, scale_to_zero_plan,
 )
 from mlsched.controller.constants import JOB_LABEL, LEGACY_ANNOTATIONS, LEGACY_FINALIZER
 from mlsched.controller.desired import DeletePod, PinPod, plan_statefulset, roles_of
@@ -62,13 +63,30 @@ async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
             log.warning("MLJob %s/%s: %s", *key, err)
 
 
+#: A job whose children the namespace's ResourceQuota has no room for is tried again when a
+#: quota of its namespace changes (handlers.quota_event), an edit of the job, or after this.
+OVER_QUOTA_RETRY_S = 30.0
+
+
 async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -> None:
     job = job_record(body)
     if rt.reconciled.get(job.key) == (job.uid, job.generation):
         return
+    blocked = rt.over_quota.get(job.key)
+    if blocked and blocked[:2] == (job.uid, job.generation) \
+            and time.monotonic() - blocked[2] < OVER_QUOTA_RETRY_S:
+        return  # not a create call per job per sweep while the quota stays full
     patch: dict[str, Any] = {}
     try:
         await reconcile_children(rt, body, idx, patch)
+    except ChildOverQuota as err:
+        # Waiting, not failing: the status says why (WaitingForQuota), an Event once.
+        await write_status(rt, body, patch)
+        rt.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
+        if rt.retrying.get(job.key) != str(err):
+            rt.retrying[job.key] = str(err)
+            await rt.recorder.emit(_ref(body), "Normal", "WaitingForQuota", str(err))
+        return
     except Exception as err:
         # Transient (the API server unavailable, an earlier job's children still there): say
         # so once, retry each sweep. The phase the lifecycle found is shown meanwhile.
@@ -84,6 +102,7 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
             await rt.recorder.emit(_ref(body), type_, reason, message)
         raise
     rt.retrying.pop(job.key, None)
+    rt.over_quota.pop(job.key, None)
     rt.reconciled[job.key] = (job.uid, job.generation)
     await write_status(rt, body, patch)
 
@@ -208,7 +227,7 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
     server's message until the spec is fixed; kopf retries only transient errors.
     """
     job = job_record(body)
-    rejected, waiting = None, None
+    rejected, waiting, over_quota = None, None, None
     if job.error is None:
         existing = list(idx.statefulsets.get(job.key, ()))
         # A job about to be given capacity: is it sure its pods will be created? Asked beside
@@ -223,12 +242,15 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
             rejected = err.message
         except WaitingForOldChildren as err:
             waiting = err  # the lifecycle still shows the job (Pending); then retried
+        except ChildOverQuota as err:
+            over_quota = err  # the lifecycle shows why (WaitingForQuota); then retried
         finally:
             if check is not None:
                 await check
-    await sync_lifecycle(rt, body, idx, patch, rejected=rejected)
-    if waiting is not None:
-        raise waiting
+    await sync_lifecycle(rt, body, idx, patch, rejected=rejected,
+                         over_quota=str(over_quota) if over_quota else None)
+    if waiting is not None or over_quota is not None:
+        raise waiting or over_quota  # type: ignore[misc]
 
 
 def _waiting_for_capacity(job: JobRecord, statefulsets: list[StsRecord]) -> bool:
@@ -284,12 +306,14 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
 
 async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                          patch: MutableMapping[str, Any], now: datetime | None = None,
-                         rejected: str | None = None) -> lifecycle.Outcome:
+                         rejected: str | None = None,
+                         over_quota: str | None = None) -> lifecycle.Outcome:
     """Phase, conditions and run-policy actions (suspend, cleanPodPolicy, TTL) for one job.
-    `rejected`: the API server's message when it just refused one of the job's children."""
+    `rejected`: the API server's message when it just refused one of the job's children;
+    `over_quota`: why one of them cannot be created yet (apply.ChildOverQuota)."""
     job = idx.as_planned(job_record(body))
     statefulsets = list(idx.statefulsets.get(job.key, ()))
-    seen = lifecycle.Observed(statefulsets=statefulsets)
+    seen = lifecycle.Observed(statefulsets=statefulsets, children_over_quota=over_quota)
     if now is not None:
         seen.now = now
     outcome = await _evaluate(rt, body, job, idx, seen, rejected)
@@ -319,7 +343,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     if rejected is None and job.refused and status.get("observedGeneration") == job.generation:
         # Refused and not edited since: nothing to retry (an edit runs reconcile_children).
         return lifecycle.Outcome(status=dict(status), changed=False)
-    if rejected is None and not job.finished:
+    if rejected is None and not job.finished and not seen.children_over_quota:
         try:  # self-healing: a StatefulSet deleted by hand comes back (with zero replicas)
             await ensure_statefulsets(rt.api, job, seen.statefulsets, rt.pod_settings)
         except KubeError as err:
@@ -328,6 +352,8 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
             rejected = err.message
         except WaitingForOldChildren:
             pass  # reported by reconcile_if_needed, which the sweep retries
+        except ChildOverQuota as err:
+            seen.children_over_quota = str(err)  # created when the quota has room
     if rejected is not None:
         return lifecycle.invalid(status, f"the API server refused the job's StatefulSet: "
                                  f"{rejected}", job.generation, seen.now)

@@ -48,6 +48,12 @@ class KubeError(RuntimeError):
         """The API server refused the object itself (invalid): retrying cannot help."""
         return self.status in (400, 422)
 
+    @property
+    def over_quota(self) -> bool:
+        """The namespace's ResourceQuota has no room for the object (an object count such as
+        `services` or `count/statefulsets.apps`): it may have once others go."""
+        return self.status == 403 and "exceeded quota" in self.message
+
 
 def _message(err) -> str:
     """The API server's own explanation (Status.message), else the HTTP reason."""

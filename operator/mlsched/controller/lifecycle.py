@@ -44,6 +44,9 @@ class Observed:
     over_quota: str | None = None
     # why its policy's latest step gave it nothing (waiting.py), if it did
     waiting_for: str | None = None
+    # why one of its children (Service, StatefulSet) cannot be created now: the namespace's
+    # ResourceQuota has no room for another (apply.ChildOverQuota)
+    children_over_quota: str | None = None
     # the API server's latest refusal to create one of its pods (a StatefulSet's FailedCreate)
     pods_refused: str | None = None
     # the API server's refusal of a dry-run create of one of its pods (preflight.py): it is
@@ -164,6 +167,9 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
                                                         for r in roles)
         elif seen.cannot_fit:
             reason, message = "CannotFit", seen.cannot_fit
+        elif seen.children_over_quota:
+            # It used to show no phase and no condition at all, its create retried every second.
+            reason, message = "WaitingForQuota", seen.children_over_quota
         elif seen.would_be_refused:
             # Asked with a dry run before it was given anything: it used to be admitted, every
             # pod refused, its capacity held until its policy's next round.

@@ -334,6 +334,9 @@ class Runtime:
     preflight: Preflight = field(default_factory=Preflight)
     # The last transient error creating a job's children (reported once, retried each sweep).
     retrying: dict[JobKey, str] = field(default_factory=dict)
+    # Jobs whose children the namespace's ResourceQuota had no room for: (uid, generation,
+    # monotonic time of the refusal), so they are not retried every sweep (jobs.py).
+    over_quota: dict[JobKey, tuple[str, int, float]] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
     # Per policy, the published model versions its latest round adopted (phase -> algorithm ->
     # ModelRef), so that admission steps serve what the round served. Lost on restart: the
@@ -418,6 +421,7 @@ class Runtime:
         self.creating_since.pop(key, None)
         self.creating_checks.pop(key, None)
         self.retrying.pop(key, None)
+        self.over_quota.pop(key, None)
         self.waiting.pop(key, None)
         self.preflight.forget(key)
         self.refusals.forget(key)
