@@ -193,3 +193,21 @@ def test_the_operator_plans_with_extended_resources_other_pods_use():
     report = round_(rt, kube)
     nodes = report.targets["nics"].nodes["worker"]
     assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2, 2, 2], nodes  # 8 on one node before
+
+
+def test_two_policies_deciding_one_after_the_other_count_each_others_tasks_before_pods_exist():
+    # Found in the sandbox: two policies' jobs submitted together were both bin-packed onto the
+    # same two nodes of three pod slots (the first one's pods did not exist yet, and
+    # reservations are CPU, GPU and memory); kube-scheduler refused three pods.
+    first = small_workers(allreduce_job("first", max_workers=6), min_workers=6)
+    second = small_workers(allreduce_job("second", max_workers=6), min_workers=6)
+    first["spec"]["schedulingPolicy"], second["spec"]["schedulingPolicy"] = "a", "b"
+    rt, kube = setup(nodes=6, policies=(policy("a", placement="bin-pack"),
+                                        policy("b", placement="bin-pack")),
+                     job_bodies=[first, second])
+    _slots(kube, 3)
+    one = admit(rt, kube, name="a").targets["first"].nodes["worker"]
+    two = admit(rt, kube, name="b").targets["second"].nodes["worker"]
+    assert not [p for p in kube.of_kind("Pod")]  # neither job's pods exist yet
+    assert not set(one) & set(two), (one, two)
+    assert max(one.count(n) for n in one) == 3 and max(two.count(n) for n in two) == 3

@@ -354,3 +354,19 @@ def test_the_operator_spreads_a_bin_packed_job_as_its_template_asks():
     report = round_(rt, kube)
     nodes = report.targets["first"].nodes["worker"]
     assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # it used to be node-0, node-0, node-1, node-1
+
+
+def test_ports_of_tasks_another_policy_decided_count_before_their_pods_exist():
+    first = host_network(allreduce_job("first", max_workers=4))
+    second = host_network(allreduce_job("second", max_workers=4))
+    first["spec"]["replicaSpecs"]["worker"]["min"] = 4
+    second["spec"]["replicaSpecs"]["worker"]["min"] = 2
+    first["spec"]["schedulingPolicy"], second["spec"]["schedulingPolicy"] = "a", "b"
+    rt, kube = setup(nodes=4, policies=(policy("a", placement="bin-pack"),
+                                        policy("b", placement="bin-pack")),
+                     job_bodies=[first, second])
+    nodes = admit(rt, kube, name="a").targets["first"].nodes["worker"]
+    assert len(set(nodes)) == 4
+    report = admit(rt, kube, name="b")
+    assert not kube.of_kind("Pod")  # the first job's pods do not exist yet
+    assert report is None or report.targets["second"].nodes["worker"] == ()  # given 2 before

@@ -16,9 +16,9 @@ and held their nodes while two stayed Pending for good, so the gang never traine
 
 So a round counts them like CPU: `Snapshot.counted_free` per node (the node's allocatable less
 what the pods the round does not re-decide use: other workloads' pods, other jobs' and
-strays'), `JobView.counted` per role, and the ledger books every task's share. Pods of other
-policies' jobs that do not exist yet are not seen (their reservations are CPU, GPU and
-memory): a refusal then displaces the later pod (displacement.py). Only the extended
+strays', and the tasks other policies decided, by their decided nodes, before their pods
+exist: snapshot.other_tasks), `JobView.counted` per role, and the ledger books every task's
+share. Only the extended
 resources some decided job requests are counted, and pod slots only where they could run out
 before CPU, GPU or memory do (a node's free slots fewer than the tasks its free capacity could
 hold), so a round on nodes with room for every pod costs nothing more.

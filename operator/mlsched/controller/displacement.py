@@ -16,8 +16,8 @@ itself moves every task off a node it may no longer use (loop.held_as_decided).
 
 A task is displaced too when kube-scheduler refuses its pod on the decided node (PodScheduled
 False, Unschedulable): a constraint the operator does not plan with (a pod anti-affinity
-pod_anti_affinity.py does not plan, pod affinity, a volume's node affinity, a host port another
-policy's new pod took first) or capacity a preemptor took since. Such a node is remembered for the job's role (`Refusals`) and avoided
+pod_anti_affinity.py does not plan, pod affinity, a volume's node affinity) or capacity a
+preemptor took since. Such a node is remembered for the job's role (`Refusals`) and avoided
 when the role's tasks are placed again, so a job is not sent back where it was refused; the
 memory fades after REFUSAL_TTL_S, since capacity comes back, and after MAX_MOVES moves in
 that time a refused pod is left where it is, reported Unschedulable. A refusal on a node where one of

@@ -218,14 +218,18 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
     deciding = {j.key for j in schedulable}
     held = held_elsewhere(cluster, deciding, others)
+    # Ports and counted resources (pod slots, devices) of the tasks other policies decided,
+    # whose pods may not exist yet: their reservations are CPU, GPU and memory only.
+    decided = {k: (job, nodes) for k in others
+               if (nodes := rt.placements.of(k)) is not None and (job := idx.job(*k)) is not None}
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
                           node_selector=rt.config.node_selector,
                           tolerated_taints=rt.config.tolerated_taints,
                           budget=quota_budget(rt, idx, schedulable),
                           # Others' ports matter only to tasks holding ports themselves.
-                          ports=held_ports(cluster, deciding)
+                          ports=held_ports(cluster, deciding, decided)
                           if any(j.host_ports for j in schedulable) else None,
-                          counted_used=held_counted(cluster, deciding))
+                          counted_used=held_counted(cluster, deciding, decided))
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):

@@ -8,8 +8,10 @@ sum because the round re-decides every one of their tasks.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -82,26 +84,60 @@ def held_elsewhere(cluster: ClusterState, own_jobs: set[JobKey],
     return held
 
 
-def held_ports(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, set[HostPort]]:
+#: Other policies' jobs and the nodes their latest step decided for each role's tasks (pods
+#: that may not exist yet): JobKey -> (its record, role -> node of each ordinal).
+Decided = Mapping[JobKey, tuple[JobRecord, Mapping[str, tuple[str, ...]]]]
+
+
+def other_tasks(cluster: ClusterState, own_jobs: set[JobKey], decided: Decided | None = None
+                ) -> Iterable[tuple[str, str, int, JobRecord | None, PodRecord | None]]:
+    """(node, role, how many, job, pod) for the tasks this policy does not re-decide: pods of
+    other jobs and strays, and, for the jobs in `decided`, the tasks their policy decided, so
+    that what two policies decide one after the other never meets on a node before the first
+    one's pods exist. Per node and role, the larger of the decided tasks and the pods there
+    (a pod being moved holds its old node until it is gone)."""
+    decided = decided or {}
+    for key, pods in cluster.pods.items():
+        if key in own_jobs:
+            continue
+        active = [p for p in pods if p.node and p.phase not in ("Succeeded", "Failed")]
+        if key not in decided:
+            for pod in active:
+                yield pod.node, pod.role, 1, None, pod  # type: ignore[misc]
+    for key, (job, nodes_of) in decided.items():
+        if key in own_jobs:
+            continue
+        counts = Counter((node, role) for role, nodes in nodes_of.items() for node in nodes)
+        pods = Counter((p.node, p.role) for p in cluster.pods.get(key, ())
+                       if p.node and p.phase not in ("Succeeded", "Failed"))
+        for (node, role), n in (counts | pods).items():  # the larger of the two
+            yield node, role, n, job, None
+    for pod in cluster.strays:
+        if pod.node and pod.phase not in ("Succeeded", "Failed"):
+            yield pod.node, pod.role, 1, None, pod
+
+
+def held_ports(cluster: ClusterState, own_jobs: set[JobKey],
+               decided: Decided | None = None) -> dict[str, set[HostPort]]:
     """Per node: the host ports held there by pods this policy does not re-decide (other
-    workloads', other jobs', strays). What other policies reserved for pods that do not exist
-    yet is not here: ports are planned from pods, and a pod refused for a port another
-    policy's new pod took first is displaced (displacement.py)."""
+    workloads', other jobs', strays) and by the tasks other policies decided (`decided`:
+    other_tasks)."""
     held: dict[str, set[HostPort]] = {}
     for node, port_sets in cluster.foreign_ports.items():
         for ports in port_sets:
             held.setdefault(node, set()).update(ports)
-    others = [pod for key, pods in cluster.pods.items() if key not in own_jobs for pod in pods]
-    for pod in [*others, *cluster.strays]:
-        if pod.host_ports and pod.node and pod.phase not in ("Succeeded", "Failed"):
-            held.setdefault(pod.node, set()).update(pod.host_ports)
+    for node, role, _, job, pod in other_tasks(cluster, own_jobs, decided):
+        ports = pod.host_ports if pod is not None else job.host_ports.get(role)  # type: ignore[union-attr]
+        if ports:
+            held.setdefault(node, set()).update(ports)
     return held
 
 
-def held_counted(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, dict[str, float]]:
+def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
+                 decided: Decided | None = None) -> dict[str, dict[str, float]]:
     """Per node: the pods this policy does not re-decide (other workloads', other jobs',
-    strays) and the extended resources they request, what counted_resources.py counts. Unlike
-    held_elsewhere, other policies' reservations are not here: they are CPU, GPU and memory."""
+    strays) and the tasks other policies decided (`decided`: other_tasks), and the extended
+    resources they request: what counted_resources.py counts."""
     held: dict[str, dict[str, float]] = {}
 
     def count(node: str, pods: int, extended: Counted) -> None:
@@ -116,10 +152,10 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey]) -> dict[str, dict
     for node, found in cluster.foreign_extended.items():
         for extended in found:
             count(node, 0, extended)
-    others = [pod for key, pods in cluster.pods.items() if key not in own_jobs for pod in pods]
-    for pod in [*others, *cluster.strays]:
-        if pod.node and pod.phase not in ("Succeeded", "Failed"):
-            count(pod.node, 1, pod.extended)
+    for node, role, n, job, pod in other_tasks(cluster, own_jobs, decided):
+        extended = pod.extended if pod is not None else extended_of(job, role)  # type: ignore[arg-type]
+        for _ in range(n):
+            count(node, 1, extended)
     return held
 
 
@@ -350,6 +386,14 @@ class ClusterFit:
         usable_nodes = tuple(n for n in nodes if usable(n, node_selector or {}))
         return cls(usable_nodes, {n.name: untolerated(n, tolerated_taints) for n in usable_nodes})
 
+    @cached_property
+    def _fewest_slots(self) -> float:
+        return min((n.pods for n in self.nodes), default=0.0)
+
+    @cached_property
+    def _by_name(self) -> dict[str, NodeRecord]:
+        return {n.name: n for n in self.nodes}
+
     def why_not(self, job: JobRecord) -> str | None:
         """Why the job's minimum (`min` of every role, admitted together) cannot run even on
         an empty cluster; None when it can. A job that only waits for others to finish is
@@ -399,11 +443,14 @@ class ClusterFit:
                          fitting: Mapping[str, set[str]],
                          allowed_any: Mapping[str, NodeRecord]) -> str | None:
         """A minimum needing more pod slots, or more of an extended resource, than the nodes
-        that could take its pods have allocatable (counted_resources.py)."""
-        by_name = {n.name: n for n in self.nodes}
+        that could take its pods have allocatable (counted_resources.py). Pod slots are summed
+        only when the fewest any node has could be too few (a sweep asks this of every job)."""
         for role, count in roles:
-            nodes = [by_name[name] for name in fitting[role]]
-            for name, amount in (*extended_of(job, role), (POD_SLOTS, 1.0)):
+            counted = extended_of(job, role)
+            if count > len(fitting[role]) * self._fewest_slots:
+                counted += ((POD_SLOTS, 1.0),)
+            nodes = [self._by_name[name] for name in fitting[role]] if counted else []
+            for name, amount in counted:
                 room = sum(pods_room(available(n, name), amount) for n in nodes)
                 if count > room:
                     what = ("pods" if name == POD_SLOTS
@@ -412,8 +459,8 @@ class ClusterFit:
                             f"{len(nodes)} schedulable nodes that can take one have room for "
                             f"{room:g} (allocatable {name})")
         total = sum(count for _, count in roles)
-        slots = sum(n.pods for n in allowed_any.values())
-        if total > slots:
+        if total > len(allowed_any) * self._fewest_slots and \
+                total > (slots := sum(n.pods for n in allowed_any.values())):
             wanted = " and ".join(f"{count} {role}" for role, count in roles)
             return (f"its minimum ({wanted}) needs {total} pods; the cluster's "
                     f"{len(allowed_any)} schedulable nodes allow {slots:g} in all "
