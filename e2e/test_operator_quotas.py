@@ -169,7 +169,7 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     reason, message = wait_for(lambda: (r := admitted()) and r[0] == "WaitingForQuota" and r, 30,
                                "the second job to say why it waits", describe=admitted)
     assert message.startswith(
-        "its Service cannot be created until the namespace's ResourceQuota has room (services "
+        "its Service second cannot be created until the namespace's ResourceQuota has room (services "
         '"second" is forbidden: exceeded quota: objects'), message
     assert mlsched.job("second")["status"]["phase"] == "Pending"
     assert mlsched.statefulsets("second") == {} and mlsched.pods("second") == []

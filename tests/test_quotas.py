@@ -207,7 +207,7 @@ def test_a_job_whose_children_a_full_object_count_quota_refuses_waits_saying_why
     admitted = get_condition(status["conditions"], "Admitted")
     assert status["phase"] == "Pending" and admitted.reason == "WaitingForQuota", status
     assert admitted.message.startswith(
-        "its Service cannot be created until the namespace's ResourceQuota has room (services "
+        "its Service second cannot be created until the namespace's ResourceQuota has room (services "
         '"second" is forbidden: exceeded quota: objects, requested: services=1'), admitted.message
     assert [e["reason"] for e in kube.events("second")] == ["WaitingForQuota"]
     # Not a create call every sweep while the quota stays full.

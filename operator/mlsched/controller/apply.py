@@ -31,9 +31,10 @@ class ChildOverQuota(Exception):
     """The namespace's ResourceQuota has no room for one of the job's children (an object
     count: `services`, `count/statefulsets.apps`). Created once the quota has room."""
 
-    def __init__(self, kind: str, message: str):
-        super().__init__(f"its {kind} cannot be created until the namespace's ResourceQuota has "
-                         f"room ({message}); it is created as soon as the quota has")
+    def __init__(self, kind: str, name: str, message: str):
+        super().__init__(f"its {kind} {name} cannot be created until the namespace's "
+                         f"ResourceQuota has room ({message}); it is created as soon as the "
+                         f"quota has")
 
 
 async def _create_owned(api: KubeApi, job: JobRecord, body: dict[str, Any]) -> bool:
@@ -52,7 +53,7 @@ async def _create_owned(api: KubeApi, job: JobRecord, body: dict[str, Any]) -> b
         over_quota = err.message
     found = await api.get(kind, job.namespace, name)
     if found is None and over_quota is not None:
-        raise ChildOverQuota(kind, over_quota)
+        raise ChildOverQuota(kind, name, over_quota)
     owner = controller_uid(found["metadata"]) if found else None
     if found is not None and owner != job.uid:
         raise WaitingForOldChildren(kind, name, owner)
