@@ -5,6 +5,7 @@ seconds of the quota having room."""
 
 from __future__ import annotations
 
+import re
 import time
 
 from kubernetes import client
@@ -178,6 +179,10 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     time.sleep(3)
     assert [e.reason for e in mlsched.events("second", "MLJob")].count("WaitingForQuota") == 1
     assert "ChildrenNotCreated" not in [e.reason for e in mlsched.events("holder", "MLJob")]
+    # What an alert on stuck jobs watches.
+    waiting = re.search(r'^mlsched_jobs_by_reason\{phase="Pending",reason="WaitingForQuota"\} (\S+)$',
+                        operator.metrics(), re.M)
+    assert waiting and float(waiting.group(1)) >= 1, waiting
 
     # The first job deleted: its Service goes, the quota recounts, the second one starts.
     mlsched.custom.delete_namespaced_custom_object(GROUP, VERSION, mlsched.namespace, "mljobs",

@@ -107,7 +107,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
         memo["other_namespaces"] = other
     rt.metrics.watch_job_phases(
-        lambda: Counter(j.phase or "Unknown" for j in flatten(rt.indexes.mljobs)))
+        lambda: Counter((j.phase or "Unknown", j.reason or "") for j in flatten(rt.indexes.mljobs)))
     rt.policy_loops = policy_loops(rt)
     if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
         rt.leadership = Leadership(leading=False)

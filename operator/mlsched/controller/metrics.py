@@ -16,17 +16,27 @@ ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 
 class _JobsByPhase:
-    """Counted at scrape time from the MLJob index, so the gauge can never drift."""
+    """Counted at scrape time from the MLJob index, so the gauges can never drift: by phase
+    (every phase, zeros included), and by phase and reason (the Running condition's, as
+    `kubectl get mljobs` shows it; the pairs present only), which says why jobs wait or are
+    stuck (`WaitingForQuota`, `CannotFit`, `PodsCannotStart`, ...): what an alert watches."""
 
-    def __init__(self, count: Callable[[], Mapping[str, int]]):
+    def __init__(self, count: Callable[[], Mapping[tuple[str, str], int]]):
         self.count = count
 
     def collect(self):
-        family = GaugeMetricFamily("mlsched_jobs", "MLJobs by phase", labels=["phase"])
         counts = self.count()
+        by_phase: dict[str, int] = {}
+        by_reason = GaugeMetricFamily("mlsched_jobs_by_reason", "MLJobs by phase and reason",
+                                      labels=["phase", "reason"])
+        for (phase, reason), n in sorted(counts.items()):
+            by_phase[phase] = by_phase.get(phase, 0) + n
+            by_reason.add_metric([phase, reason], n)
+        family = GaugeMetricFamily("mlsched_jobs", "MLJobs by phase", labels=["phase"])
         for phase in [p.value for p in JobPhase] + ["Unknown"]:
-            family.add_metric([phase], counts.get(phase, 0))
+            family.add_metric([phase], by_phase.get(phase, 0))
         yield family
+        yield by_reason
 
 
 class Metrics:
@@ -93,7 +103,8 @@ class Metrics:
             self.pool_utilisation.remove(*labels)
         self._pool_series[(namespace, policy)] = now
 
-    def watch_job_phases(self, count: Callable[[], Mapping[str, int]]) -> None:
+    def watch_job_phases(self, count: Callable[[], Mapping[tuple[str, str], int]]) -> None:
+        """`count`: MLJobs per (phase, reason); "Unknown" and "" where the status has none."""
         self.registry.register(_JobsByPhase(count))
 
     def watch_pending_records(self, pending: Callable[[], int]) -> None:

@@ -543,6 +543,9 @@ class JobRecord:
     # Why the namespace's LimitRanges refuse its pods, if they do (limitranges.as_planned): the
     # job gets no tasks and is told CannotFit until the template or the LimitRange changes.
     blocked: str | None = None
+    # The Running condition's reason (what `kubectl get mljobs` shows as REASON): WaitingForQuota,
+    # CannotFit, PodsCannotStart, AllRolesReady, ... (metrics: mlsched_jobs_by_reason).
+    reason: str | None = None
     # Per role, the host ports one pod holds on its node (host_ports.py): at most one such
     # pod per node and port. Roles holding none are absent.
     host_ports: Mapping[str, frozenset[tuple[str, int]]] = field(default_factory=dict)
@@ -680,6 +683,8 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         generation=int(meta.get("generation") or 0),
         created_s=parse_time(meta.get("creationTimestamp")) or 0.0,
         policy=str(spec.get("schedulingPolicy") or "default"), phase=status.get("phase"),
+        reason=next((c.get("reason") for c in status.get("conditions") or ()
+                     if isinstance(c, Mapping) and c.get("type") == "Running"), None),
         final=is_final(status), refused=is_refused(status),
         epochs_done=float(progress.get("epochsDone") or 0.0),
         speed=float(progress.get("speed") or 0.0),
