@@ -422,3 +422,41 @@ def test_incremental_mask_with_failed_grants_and_can_grow():
         assert np.array_equal(st.vector, fresh.vector), step
         assert np.array_equal(st.mask()[: st.void], (fresh.mask() & ~st._failed)[: st.void]), step
     assert failures > 0 and not st.can_grow()
+
+
+@pytest.mark.parametrize("budget", [False, True])
+def test_incremental_mask_under_the_ledgers_restrictions_equals_a_fresh_encoding(budget):
+    """With node filters, host ports, counted pod slots (and a quota budget) the state checks
+    fits through the ledger; it rechecks only witnesses the grant could have changed, and the
+    mask must still equal a fresh encoding's after every grant."""
+    import dataclasses
+
+    rng = np.random.default_rng(5)
+    models = list(catalog.MODEL_NAMES)
+    filters = np.array([True, True, False, True, True, False])
+    jobs = []
+    for i in range(J):
+        extra: dict = {}
+        if i % 3 == 0:
+            extra["node_filters"] = {"worker": filters}
+        if i % 4 == 1:
+            extra["exclusive"] = {"worker": frozenset({("TCP", 29500)})}
+        extra["counted"] = {"ps": (("pods", 1.0),), "worker": (("pods", 1.0),)}
+        jobs.append(job(f"j{i}", model=models[i % len(models)],
+                        arch="allreduce" if i % 3 == 0 else "ps", arrival=i, max_workers=6,
+                        max_ps=3, **extra))
+    snap = dataclasses.replace(make_snapshot(jobs, nodes=6),
+                               counted_free={"pods": np.array([3.0, 5.0, 2.0, 4.0, 6.0, 3.0])},
+                               budget=np.array([30.0, 9.0, 200.0, np.inf, np.inf, 20.0]) if budget else None)
+    ledger = Ledger(snap, LB)
+    st = WindowState(snap, ledger, jobs, J)
+    assert st._restricted
+    for step in range(80):
+        mask = st.mask()
+        if not st.can_grow():
+            break
+        choices = np.flatnonzero(mask[: st.void]) if rng.random() < 0.8 else np.arange(3 * len(jobs))
+        st.apply(int(rng.choice(choices)))
+        fresh = WindowState(snap, ledger, jobs, J)
+        assert np.array_equal(st.mask()[: st.void], (fresh.mask() & ~st._failed)[: st.void]), step
+    assert step > 5 and not st.can_grow()

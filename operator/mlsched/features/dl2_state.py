@@ -238,6 +238,7 @@ class WindowState:
         # or taking pod slots or extended resources, only nodes where those allow one more),
         # or the round has a budget (a namespace's quota): fits are then computed through
         # the ledger.
+        self._spreads = any(j.spreads.get(r) for _, j, r in self._demands)
         self._restricted = self.ledger.budget is not None or any(
             self.ledger.allowed_nodes(j, r) is not None or j.holds(r) or j.spreads.get(r)
             or j.takes(r)
@@ -262,9 +263,8 @@ class WindowState:
     def _recheck_fits(self, touched: list[int]) -> bool:
         """After a grant that used `touched` nodes: capacity fell there and nowhere else, so a
         demand can stop fitting only if its witness was one of them. True if one stopped."""
-        if self._restricted:  # pools and node constraints are rare: recompute
-            before, self._fits = self._fits, self._fits_any_node()
-            return before != self._fits
+        if self._restricted:
+            return self._recheck_restricted(touched)
         free, changed = self._free, False
         for k, node in enumerate(self._witness):
             if node not in touched:
@@ -273,6 +273,31 @@ class WindowState:
             if free[0, node] >= c and free[1, node] >= g and free[2, node] >= m:
                 continue
             room = (free >= self._need[k]).all(axis=0)
+            self._witness[k] = int(room.argmax()) if room.any() else -1
+            if self._witness[k] < 0:
+                self._fits[k], changed = False, True
+        return changed
+
+    def _recheck_restricted(self, touched: list[int]) -> bool:
+        """_recheck_fits through the ledger's checks (node filters, pools, a quota budget, host
+        ports, counted resources). All of them only shrink as tasks are granted, on the nodes
+        used (the budget: everywhere), so a demand whose witness still fits still fits, and
+        one that fit nowhere never fits again; only a witness that no longer fits costs a
+        scan. Spread caps can grow (a task in the emptiest domain raises the minimum): with
+        any, every demand is scanned again. At 10,000 jobs under a quota, scanning every
+        demand after each grant cost DL² 0.6 s a round."""
+        if self._spreads:
+            before, self._fits = self._fits, self._fits_any_node()
+            return before != self._fits
+        ledger, changed = self.ledger, False
+        everywhere = ledger.budget is not None
+        for k, node in enumerate(self._witness):
+            if node < 0 or not (everywhere or node in touched):
+                continue
+            demand, job, role = self._demands[k]
+            if ledger.fits_on(demand, node, job, role):
+                continue
+            room = ledger.fits_mask(demand, job, role)
             self._witness[k] = int(room.argmax()) if room.any() else -1
             if self._witness[k] < 0:
                 self._fits[k], changed = False, True
