@@ -14,7 +14,7 @@ import json
 
 from kubernetes import client
 
-from mlsched_objects import condition, mljob, scheduling_policy
+from mlsched_objects import IMAGE, KWOK_TOLERATION, condition, mljob, scheduling_policy
 from test_operator_node_constraints import labelled
 from waiting import wait_for
 
@@ -133,6 +133,28 @@ def test_required_anti_affinity_spreads_workers_one_per_node_at_once(control_pla
     assert reason == "WaitingForAllocation", (reason, message)
     assert "required pod anti-affinity (app=spread)" in message, message
     assert mlsched.pods("same-label") == []
+
+
+def test_spread_tasks_keep_off_nodes_where_another_workloads_matching_pod_runs(
+        control_plane, mlsched, operator):
+    """A pod that is not an MLJob's (a notebook, a Kubeflow job) with the label a job's
+    required anti-affinity repels, in the job's namespace: kube-scheduler keeps the job's pods
+    off its node, and so does the planner now; it used to pin one there, refused."""
+    node = "kwok-node-2"
+    mlsched.core.create_namespaced_pod(mlsched.namespace, {
+        "metadata": {"name": "notebook", "labels": {"app": "shared"}},
+        "spec": {"nodeName": node, "tolerations": [KWOK_TOLERATION],
+                 "containers": [{"name": "c", "image": IMAGE}]}})
+    wait_for(lambda: mlsched.core.read_namespaced_pod("notebook", mlsched.namespace).status.phase
+             == "Running", 60, "the other workload's pod to run")
+    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(spread_out(mljob("beside", ps=None, workers=(4, 40)), "shared"))
+    pods = wait_all_running(mlsched, "beside", 4)
+    nodes = [p.spec.node_name for p in pods]
+    assert node not in nodes and len(nodes) == len(set(nodes)), nodes
+    assert len(nodes) == schedulable_nodes(control_plane) - 1, nodes  # every other node
+    reasons = [e.reason for e in mlsched.events("beside", "MLJob")]
+    assert "Displaced" not in reasons and "Unschedulable" not in reasons, reasons
 
 
 def with_spread(job: dict, label: str, key: str = "kubernetes.io/hostname") -> dict:

@@ -340,7 +340,7 @@ class MemoryKube:
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
             "policy_index", "quota_index", "limit_range_index", "runtime_class_index",
-            "foreign_port_index", "foreign_extended_index")}
+            "foreign_port_index", "foreign_extended_index", "foreign_label_index")}
 
         def add(index: str, entries: dict | None) -> None:
             for k, v in (entries or {}).items():
@@ -358,6 +358,7 @@ class MemoryKube:
                 if which == "foreign_pod_index":
                     add("foreign_port_index", handlers.foreign_port_index(**common))
                     add("foreign_extended_index", handlers.foreign_extended_index(**common))
+                    add("foreign_label_index", handlers.foreign_label_index(**common))
             elif kind == "StatefulSet" and handlers.JOB_LABEL in labels:
                 add("statefulset_index", handlers.statefulset_index(**common))
             elif kind == "MLJob":

@@ -370,3 +370,37 @@ def test_ports_of_tasks_another_policy_decided_count_before_their_pods_exist():
     report = admit(rt, kube, name="b")
     assert not kube.of_kind("Pod")  # the first job's pods do not exist yet
     assert report is None or report.targets["second"].nodes["worker"] == ()  # given 2 before
+
+
+def test_pods_the_round_does_not_redecide_hold_the_selectors_they_match():
+    """kube-scheduler keeps a pod with a required anti-affinity (no namespaces named) off nodes
+    where a matching pod of its namespace runs, whoever runs it; the round used to match only
+    the jobs it decided, so it pinned a task next to another workload's matching pod and
+    kube-scheduler refused it."""
+    from mlsched.controller.pod_anti_affinity import token
+    from mlsched.controller.snapshot import held_selected
+
+    carrier = _record(spread(allreduce_job("carrier", max_workers=8)))
+    (selector,) = carrier.anti_affinity["worker"]
+    other = pod_record({**pod("other", "worker", 0, node_name="n2"), "metadata": {
+        **pod("other", "worker", 0)["metadata"],
+        "labels": {"app": "trainer", "mlsched.io/job-name": "other", "mlsched.io/role": "worker"}}})
+    state = ClusterState(nodes=[node_record(node(f"n{i}")) for i in range(4)],
+                         pods={(NS, "other"): [other]},
+                         foreign_labels={NS: [("n1", {"app": "trainer"}), ("n3", {"app": "web"})],
+                                         "elsewhere": [("n0", {"app": "trainer"})]})
+    held = held_selected(state, {carrier.key}, NS, [selector])
+    assert held == {"n1": {token(selector)}, "n2": {token(selector)}}
+    assert held_selected(state, {carrier.key, (NS, "other")}, NS, [selector]) == {"n1": {token(selector)}}
+
+
+def test_the_operator_keeps_spread_tasks_off_nodes_where_another_workloads_matching_pod_runs():
+    rt, kube = setup(nodes=4, policies=(policy(placement="bin-pack"),),
+                     job_bodies=[spread(allreduce_job("spread", max_workers=4))])
+    web = pod("web", "worker", 0, node_name="node-0")
+    web["metadata"]["labels"] = {"app": "trainer"}  # not an MLJob's pod, same label
+    web["metadata"]["name"] = "notebook-0"
+    kube.put(web)
+    report = round_(rt, kube)
+    nodes = report.targets["spread"].nodes["worker"]
+    assert "node-0" not in nodes and len(nodes) == len(set(nodes)) == 3, nodes  # 4, node-0 too, before

@@ -83,7 +83,8 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
                    quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"],
                    runtime_classes=kwargs["runtime_class_index"],
                    foreign_ports=kwargs["foreign_port_index"],
-                   foreign_extended=kwargs["foreign_extended_index"])
+                   foreign_extended=kwargs["foreign_extended_index"],
+                   foreign_labels=kwargs["foreign_label_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -201,6 +202,18 @@ def foreign_extended_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
         return None
     extended = extended_requests(spec)
     return {node: extended} if extended else None
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
+def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, body: kopf.Body,
+                        **_: Any):
+    """Node and labels of other schedulers' pods per namespace, for those with labels: a
+    job's required anti-affinity keeps its pods off nodes where a matching pod of its
+    namespace runs (snapshot.held_selected)."""
+    node = spec.get("nodeName")
+    if not node or not labels or not is_active_pod(body):
+        return None
+    return {namespace: (node, dict(labels))}
 
 
 @kopf.index("resourcequotas")

@@ -44,7 +44,9 @@ from mlsched.controller.records import (
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
-from mlsched.controller.snapshot import build_snapshot, held_counted, held_elsewhere, held_ports
+from mlsched.controller.snapshot import (
+    build_snapshot, held_counted, held_elsewhere, held_ports, held_selected,
+)
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round
@@ -217,6 +219,7 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     # of the operator's time and 8-15 s event-loop stalls per step at 2,000 jobs
     others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
     deciding = {j.key for j in schedulable}
+    selectors = {s for j in schedulable for found in j.anti_affinity.values() for s in found}
     held = held_elsewhere(cluster, deciding, others)
     # Ports and counted resources (pod slots, devices) of the tasks other policies decided,
     # whose pods may not exist yet: their reservations are CPU, GPU and memory only.
@@ -229,7 +232,10 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           # Others' ports matter only to tasks holding ports themselves.
                           ports=held_ports(cluster, deciding, decided)
                           if any(j.host_ports for j in schedulable) else None,
-                          counted_used=held_counted(cluster, deciding, decided))
+                          counted_used=held_counted(cluster, deciding, decided),
+                          # Pods others hold matter only to jobs spread by anti-affinity.
+                          selected=held_selected(cluster, deciding, schedulable[0].namespace,
+                                                 selectors, decided) if selectors else None)
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):

@@ -20,8 +20,9 @@ What is planned, and what is left to kube-scheduler (a refusal moves the task):
   (the spreading case); a term on another topology key (zone), a term that only repels other
   pods, or one with `namespaces`, a `namespaceSelector`, `matchLabelKeys` or
   `mismatchLabelKeys` is not planned;
-- pods the round does not re-decide (other policies' jobs, other workloads) are not matched
-  against the selectors;
+- pods the round does not re-decide (other policies' jobs, other workloads) hold a selector
+  on their node when they are in the job's namespace and match it (snapshot.held_selected);
+  their own anti-affinity terms, which repel the job's pods by symmetry, are not read;
 - a role that matches a selector without carrying the term is kept apart from its own kind
   too, which kube-scheduler would allow (they repel only the term's carriers): the planner is
   stricter, never looser.

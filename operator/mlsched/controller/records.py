@@ -330,6 +330,8 @@ class PodRecord:
     # Its extended resources (is_extended) and how much of each: counted on its node
     # (counted_resources.py).
     extended: tuple[tuple[str, float], ...] = ()
+    # Its labels: what other jobs' anti-affinity selectors match (snapshot.held_selected).
+    labels: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def gated(self) -> bool:
@@ -369,6 +371,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
         host_ports=host_ports(spec),
         extended=extended_requests(spec),
+        labels=dict(labels),
     )
 
 

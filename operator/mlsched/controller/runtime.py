@@ -107,6 +107,8 @@ class Indexes:
     foreign_ports: Mapping[str, Iterable[frozenset]] = field(default_factory=dict)
     # Extended resources of other schedulers' pods by node (counted_resources.py).
     foreign_extended: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
+    # (node, labels) of other schedulers' pods by namespace (pod_anti_affinity.py).
+    foreign_labels: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mljobs, Defaulted):
@@ -136,7 +138,7 @@ class Indexes:
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
                             statefulsets=self.statefulsets, foreign=foreign,
                             foreign_ports=ports, foreign_extended=extended,
-                            strays=self.pods.strays())
+                            foreign_labels=self.foreign_labels, strays=self.pods.strays())
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))

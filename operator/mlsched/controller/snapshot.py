@@ -46,6 +46,8 @@ class ClusterState:
     foreign_ports: Mapping[str, Iterable[frozenset[HostPort]]] = field(default_factory=dict)
     # node → the extended resources of each such pod that requests any (counted_resources.py)
     foreign_extended: Mapping[str, Iterable[Counted]] = field(default_factory=dict)
+    # namespace → (node, labels) of each such pod with labels (pod_anti_affinity.py)
+    foreign_labels: Mapping[str, Iterable[tuple[str, Mapping[str, str]]]] = field(default_factory=dict)
     # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
     # occupy their nodes until they are gone.
     strays: Iterable[PodRecord] = ()
@@ -130,6 +132,33 @@ def held_ports(cluster: ClusterState, own_jobs: set[JobKey],
         ports = pod.host_ports if pod is not None else job.host_ports.get(role)  # type: ignore[union-attr]
         if ports:
             held.setdefault(node, set()).update(ports)
+    return held
+
+
+def held_selected(cluster: ClusterState, own_jobs: set[JobKey], namespace: str,
+                  selectors: Iterable[Selector], decided: Decided | None = None
+                  ) -> dict[str, set]:
+    """Per node: the anti-affinity tokens (pod_anti_affinity.token) held there by pods of
+    `namespace` this policy does not re-decide whose labels match one of `selectors` (other
+    workloads', other jobs' and their decided tasks): kube-scheduler keeps a pod whose
+    required anti-affinity names no namespace off nodes where such a pod runs. (Strays, pods
+    of an earlier job of a name, are left out: they are on their way out.)"""
+    selectors = tuple(selectors)
+    held: dict[str, set] = {}
+    if not selectors:
+        return held
+
+    def hold(node: str, labels: Mapping[str, str]) -> None:
+        for s in selectors:
+            if s.matches(labels):
+                held.setdefault(node, set()).add(token(s))
+
+    for node, labels in cluster.foreign_labels.get(namespace, ()):
+        hold(node, labels)
+    mine = {k: v for k, v in (decided or {}).items() if k[0] == namespace}
+    here = {k: v for k, v in cluster.pods.items() if k[0] == namespace}
+    for node, role, _, job, pod in other_tasks(ClusterState(nodes=(), pods=here), own_jobs, mine):
+        hold(node, pod.labels if pod is not None else job.pod_labels(role))  # type: ignore[union-attr]
     return held
 
 
@@ -328,13 +357,15 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    tolerated_taints: frozenset[str] = frozenset(),
                    budget: np.ndarray | None = None,
                    ports: Mapping[str, Iterable[HostPort]] | None = None,
-                   counted_used: Mapping[str, Mapping[str, float]] | None = None) -> Snapshot:
+                   counted_used: Mapping[str, Mapping[str, float]] | None = None,
+                   selected: Mapping[str, Iterable] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
     `ports`: per node, the host ports held there already (held_ports); pods spread by
     anti-affinity are planned among the jobs decided together only (pod_anti_affinity.py).
     `counted_used`: per node, the pod slots and extended resources held there already
-    (held_counted)."""
+    (held_counted); `selected`: per node, the anti-affinity tokens held there already
+    (held_selected)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -359,7 +390,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                       spreads, counted.takes.get(j.key))
              for j in jobs]
     pools = [n.pool for n in nodes]
-    in_use = [frozenset((ports or {}).get(n.name, ())) for n in nodes] if ports else None
+    in_use = [frozenset((*(ports or {}).get(n.name, ()), *(selected or {}).get(n.name, ())))
+              for n in nodes] if ports or selected else None
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None,
