@@ -19,6 +19,9 @@ from test_operator_node_constraints import labelled
 from waiting import wait_for
 
 PORT = 29500
+# A day (432 s at the e2e operator's interval scale): no round re-decides the jobs while a
+# test looks (a round may rightly give the waiting job a share of the first one's nodes).
+DAY = 86400
 
 
 def on_host_network(job: dict) -> dict:
@@ -60,7 +63,7 @@ def _reason(mlsched, name: str, kind: str) -> tuple[str, str] | None:
 def test_host_network_jobs_get_one_pod_per_node_and_a_second_one_waits_holding_nothing(
         control_plane, mlsched, operator):
     # Bin-packing puts two 1-GPU workers on each 2-GPU node; with the port, one per node.
-    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
     mlsched.create(on_host_network(mljob("nccl-a", ps=None, workers=(4, 40))))
 
     pods = wait_all_running(mlsched, "nccl-a", 4)
@@ -90,7 +93,7 @@ def test_host_network_jobs_get_one_pod_per_node_and_a_second_one_waits_holding_n
 
 
 def test_a_minimum_wider_than_the_cluster_is_told_cannot_fit(control_plane, mlsched, operator):
-    mlsched.create(scheduling_policy("default", interval=600))
+    mlsched.create(scheduling_policy("default", interval=DAY))
     nodes_total = schedulable_nodes(control_plane)
     wide = nodes_total + 1  # fewer GPUs than the cluster has, more nodes than it has
     mlsched.create(on_host_network(mljob("nccl-wide", ps=None, workers=(wide, wide))))
@@ -114,7 +117,7 @@ def spread_out(job: dict, label: str, term: bool = True) -> dict:
 
 
 def test_required_anti_affinity_spreads_workers_one_per_node_at_once(control_plane, mlsched, operator):
-    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
     mlsched.create(spread_out(mljob("spread", ps=None, workers=(4, 40)), "spread"))
 
     pods = wait_all_running(mlsched, "spread", 4)
@@ -147,7 +150,7 @@ def test_spread_tasks_keep_off_nodes_where_another_workloads_matching_pod_runs(
                  "containers": [{"name": "c", "image": IMAGE}]}})
     wait_for(lambda: mlsched.core.read_namespaced_pod("notebook", mlsched.namespace).status.phase
              == "Running", 60, "the other workload's pod to run")
-    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
     mlsched.create(spread_out(mljob("beside", ps=None, workers=(4, 40)), "shared"))
     pods = wait_all_running(mlsched, "beside", 4)
     nodes = [p.spec.node_name for p in pods]
@@ -172,7 +175,7 @@ def test_topology_spread_constraints_are_kept_though_the_pin_makes_kube_schedule
     # (nodeAffinityPolicy: Honor); the operator's hostname pin makes that one node, so it
     # never refuses a pinned pod for spread. Before the planner enforced the constraint, this
     # bin-packed job ran 2 workers on each of 2 nodes, silently breaking maxSkew 1.
-    mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+    mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
     mlsched.create(with_spread(mljob("even", ps=None, workers=(4, 4)), "even"))
 
     pods = wait_all_running(mlsched, "even", 4)
@@ -185,7 +188,7 @@ def test_workers_spread_over_zones_and_never_on_nodes_without_one(control_plane,
     core = client.CoreV1Api(api)
     with labelled(core, ["kwok-node-0", "kwok-node-1"], zone, "e2e-a"), \
             labelled(core, ["kwok-node-2", "kwok-node-3"], zone, "e2e-b"):
-        mlsched.create(scheduling_policy("default", interval=600, placement="bin-pack"))
+        mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
         mlsched.create(with_spread(mljob("zonal", ps=None, workers=(4, 6)), "zonal", key=zone))
 
         pods = wait_all_running(mlsched, "zonal", 4)

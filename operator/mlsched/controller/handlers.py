@@ -177,18 +177,22 @@ def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
 @kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_pod_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Requests of other schedulers' pods per node: capacity our jobs cannot have."""
+    node = _bound_to(spec, body)
+    return {node: pod_requests(spec)} if node else None
+
+
+def _bound_to(spec: kopf.Spec, body: kopf.Body) -> str | None:
+    """The node a pod is bound to, while it holds it (not Succeeded or Failed)."""
     node = spec.get("nodeName")
-    return {node: pod_requests(spec)} if node and is_active_pod(body) else None
+    return node if node and is_active_pod(body) else None
 
 
 @kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_port_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Host ports of other schedulers' pods per node, for those holding any (host_ports.py):
     a node where one holds 29500 takes no task that needs it."""
-    node = spec.get("nodeName")
-    if not node or not is_active_pod(body):
-        return None
-    ports = host_ports(spec)
+    node = _bound_to(spec, body)
+    ports = host_ports(spec) if node else None
     return {node: ports} if ports else None
 
 
@@ -197,10 +201,8 @@ def foreign_extended_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Extended resources of other schedulers' pods per node, for those requesting any
     (counted_resources.py): a node whose two RDMA NICs another pod holds takes no task
     that needs one."""
-    node = spec.get("nodeName")
-    if not node or not is_active_pod(body):
-        return None
-    extended = extended_requests(spec)
+    node = _bound_to(spec, body)
+    extended = extended_requests(spec) if node else None
     return {node: extended} if extended else None
 
 
@@ -210,10 +212,8 @@ def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, bo
     """Node and labels of other schedulers' pods per namespace, for those with labels: a
     job's required anti-affinity keeps its pods off nodes where a matching pod of its
     namespace runs (snapshot.held_selected)."""
-    node = spec.get("nodeName")
-    if not node or not labels or not is_active_pod(body):
-        return None
-    return {namespace: (node, dict(labels))}
+    node = _bound_to(spec, body) if labels else None
+    return {namespace: (node, dict(labels))} if node else None
 
 
 @kopf.index("resourcequotas")
