@@ -155,9 +155,10 @@ def held_selected(cluster: ClusterState, own_jobs: set[JobKey], namespace: str,
 
     for node, labels in cluster.foreign_labels.get(namespace, ()):
         hold(node, labels)
-    mine = {k: v for k, v in (decided or {}).items() if k[0] == namespace}
-    here = {k: v for k, v in cluster.pods.items() if k[0] == namespace}
-    for node, role, _, job, pod in other_tasks(ClusterState(nodes=(), pods=here), own_jobs, mine):
+    decided_here = {k: v for k, v in (decided or {}).items() if k[0] == namespace}
+    pods_here = {k: v for k, v in cluster.pods.items() if k[0] == namespace}
+    for node, role, _, job, pod in other_tasks(ClusterState(nodes=(), pods=pods_here), own_jobs,
+                                               decided_here):
         hold(node, pod.labels if pod is not None else job.pod_labels(role))  # type: ignore[union-attr]
     return held
 
@@ -361,11 +362,10 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    selected: Mapping[str, Iterable] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
-    `ports`: per node, the host ports held there already (held_ports); pods spread by
-    anti-affinity are planned among the jobs decided together only (pod_anti_affinity.py).
-    `counted_used`: per node, the pod slots and extended resources held there already
-    (held_counted); `selected`: per node, the anti-affinity tokens held there already
-    (held_selected)."""
+    `ports`: per node, the host ports held there already (held_ports); `counted_used`: the
+    pod slots and extended resources held there already (held_counted); `selected`: the
+    anti-affinity tokens held there already by pods the round does not re-decide
+    (held_selected; the jobs decided together hold theirs through JobView.exclusive)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
