@@ -340,7 +340,9 @@ class MemoryKube:
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
             "policy_index", "quota_index", "limit_range_index", "runtime_class_index",
-            "foreign_port_index", "foreign_extended_index", "foreign_label_index")}
+            "foreign_port_index", "foreign_extended_index", "foreign_label_index",
+            "device_class_index", "resource_slice_index", "claim_template_index",
+            "resource_claim_index")}
 
         def add(index: str, entries: dict | None) -> None:
             for k, v in (entries or {}).items():
@@ -371,4 +373,12 @@ class MemoryKube:
                 add("limit_range_index", handlers.limit_range_index(**common))
             elif kind == "RuntimeClass":
                 add("runtime_class_index", handlers.runtime_class_index(**common))
+            elif kind == "DeviceClass":
+                add("device_class_index", handlers.device_class_index(**common))
+            elif kind == "ResourceSlice":
+                add("resource_slice_index", handlers.resource_slice_index(**common))
+            elif kind == "ResourceClaimTemplate":
+                add("claim_template_index", handlers.claim_template_index(**common))
+            elif kind == "ResourceClaim":
+                add("resource_claim_index", handlers.resource_claim_index(**common))
         return handlers.indexes_from({k: dict(v) for k, v in found.items()})

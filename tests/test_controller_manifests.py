@@ -52,6 +52,9 @@ NEEDED = [
     ("", "namespaces", "list"), ("", "namespaces", "watch"),
     # RuntimeClasses: what pods naming one will be (controller/runtimeclasses.py).
     ("node.k8s.io", "runtimeclasses", "list"), ("node.k8s.io", "runtimeclasses", "watch"),
+    # Dynamic Resource Allocation: devices per node and what claims take (controller/dra.py).
+    *(("resource.k8s.io", r, v) for r in ("deviceclasses", "resourceslices", "resourceclaimtemplates",
+                                          "resourceclaims") for v in ("list", "watch")),
     # The namespace's ResourceQuotas: a round's budget (controller/quotas.py).
     ("", "resourcequotas", "list"), ("", "resourcequotas", "watch"),
     # The namespace's LimitRanges: the requests its pods get (controller/limitranges.py).

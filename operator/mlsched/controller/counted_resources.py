@@ -31,7 +31,7 @@ from collections.abc import Collection, Mapping, Sequence
 import numpy as np
 
 from mlsched.controller.desired import roles_of
-from mlsched.controller.node_constraints import amount_text
+from mlsched.controller.node_constraints import DEVICE_PREFIX, resource_text
 from mlsched.controller.records import JobRecord, NodeRecord
 
 #: The counted resource every pod takes one of: the node's allocatable `pods`.
@@ -110,7 +110,15 @@ def pods_room(free: float | np.ndarray, amount: float) -> float | np.ndarray:
 
 
 def describe(name: str, amount: float) -> str:
-    """One pod's take of a counted resource, for messages: "1 pod slot", "1 example.com/nic"."""
+    """One pod's take of a counted resource, for messages: "1 pod slot", "1 example.com/nic",
+    "1 gpu.example.com device"."""
     if name == POD_SLOTS:
         return f"{amount:g} pod slot{'' if amount == 1 else 's'}"
-    return f"{amount_text(name, amount)} {name}"
+    return resource_text(name, amount)
+
+
+def source(name: str) -> str:
+    """Where a node's amount of a counted resource comes from, for messages."""
+    if name.startswith(DEVICE_PREFIX):
+        return f"the {name[len(DEVICE_PREFIX):]} devices their ResourceSlices publish"
+    return f"allocatable {name}"

@@ -28,7 +28,7 @@ import kopf
 import kubernetes.watch
 
 from mlsched.api import GROUP, VERSION
-from mlsched.controller import jobs, preflight, progress_server
+from mlsched.controller import dra, jobs, preflight, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespacePods
@@ -46,6 +46,8 @@ from mlsched.controller.records import (
 )
 from mlsched.controller.runtime import Indexes, Runtime, flatten
 from mlsched.controller.supervision import LiveBody, PolicyLoops, sweep_forever
+
+DRA = ("resource.k8s.io", "v1")  # Dynamic Resource Allocation's API (dra.py)
 
 MLJOBS = (GROUP, VERSION, "mljobs")
 POLICIES = (GROUP, VERSION, "schedulingpolicies")
@@ -84,7 +86,11 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
                    runtime_classes=kwargs["runtime_class_index"],
                    foreign_ports=kwargs["foreign_port_index"],
                    foreign_extended=kwargs["foreign_extended_index"],
-                   foreign_labels=kwargs["foreign_label_index"])
+                   foreign_labels=kwargs["foreign_label_index"],
+                   device_classes=kwargs["device_class_index"],
+                   resource_slices=kwargs["resource_slice_index"],
+                   claim_templates=kwargs["claim_template_index"],
+                   resource_claims=kwargs["resource_claim_index"])
 
 
 def runtime(memo: Any) -> Runtime:
@@ -236,6 +242,34 @@ def runtime_class_index(name: str, body: kopf.Body, **_: Any):
     return {name: runtime_class_record(body)}
 
 
+# Dynamic Resource Allocation (dra.py). On a cluster without resource.k8s.io/v1 (before
+# Kubernetes 1.34) kopf logs that these are not served and the rest runs as before.
+@kopf.index(*DRA, "deviceclasses")
+def device_class_index(name: str, body: kopf.Body, **_: Any):
+    """DeviceClasses by name: which devices a claim of the class can be given."""
+    return {name: dra.device_class_record(body)}
+
+
+@kopf.index(*DRA, "resourceslices")
+def resource_slice_index(name: str, body: kopf.Body, **_: Any):
+    """Node-local ResourceSlices by name: the devices each node has."""
+    record = dra.resource_slice_record(body)
+    return {name: record} if record.node else None
+
+
+@kopf.index(*DRA, "resourceclaimtemplates")
+def claim_template_index(namespace: str, body: kopf.Body, **_: Any):
+    """Each namespace's ResourceClaimTemplates: the devices each pod naming one claims."""
+    return {namespace: dra.claim_template_record(body)}
+
+
+@kopf.index(*DRA, "resourceclaims")
+def resource_claim_index(namespace: str, body: kopf.Body, **_: Any):
+    """Allocated ResourceClaims by namespace: the devices in use."""
+    record = dra.resource_claim_record(body)
+    return {namespace: record} if record else None
+
+
 @kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
 def statefulset_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     return {(namespace, labels[JOB_LABEL]): sts_record(body)}
@@ -357,6 +391,23 @@ async def runtime_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.
                               **_: Any) -> None:
     """A RuntimeClass created or changed: jobs naming it may be plannable now."""
     wake_all_admissions(runtime(memo))
+
+
+@kopf.on.event(*DRA, "deviceclasses")
+@kopf.on.event(*DRA, "resourceslices")
+@kopf.on.event(*DRA, "resourceclaimtemplates")
+async def device_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """Devices published, a class or claim template created or changed: jobs claiming them may
+    be plannable or fit now."""
+    wake_all_admissions(runtime(memo))
+
+
+@kopf.on.event(*DRA, "resourceclaims")
+async def resource_claim_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                               **_: Any) -> None:
+    """A claim gone (its pod deleted before): its devices are free for waiting jobs."""
+    if event.get("type") == "DELETED":
+        wake_all_admissions(runtime(memo))
 
 
 def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:

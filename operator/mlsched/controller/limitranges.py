@@ -24,8 +24,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from mlsched.controller import runtimeclasses
-from mlsched.controller.node_constraints import role_constraints
+from mlsched.controller import dra, runtimeclasses
+from mlsched.controller.node_constraints import EVERY_NODE, role_constraints
 from mlsched.controller.records import (
     JobRecord, container_limited, container_requested, extended_requests, parse_quantity,
     pod_limits, pod_totals, role_charges, role_demands,
@@ -231,24 +231,60 @@ def _show(resource: str, amount: float) -> str:
     return f"{amount:g}"
 
 
+def with_devices(job: JobRecord, templates: Mapping[str, dra.ClaimTemplateRecord],
+                 classes: Mapping[str, dra.DeviceClassRecord]) -> JobRecord:
+    """The job with the devices each pod of a role claims added to that role's node constraint
+    (its `resources`, which counted_resources.py counts per node: dra.py), or `blocked` if a claim
+    template or class it names does not exist (its pods would wait for good)."""
+    constraints = dict(job.node_constraints)
+    for role, names in job.claim_templates.items():
+        if not job.bounds(role)[1]:
+            continue
+        taken, missing = dra.template_takes(names, templates, classes)
+        if missing:
+            if job.blocked is not None:
+                return job
+            return dataclasses.replace(
+                job, blocked=f"its {role} pods {missing}: kube-scheduler cannot place them")
+        if taken:
+            constraint = constraints.get(role, EVERY_NODE)
+            resources = dict(constraint.resources)
+            for name, amount in taken:
+                resources[name] = resources.get(name, 0.0) + amount
+            constraints[role] = dataclasses.replace(constraint, resources=tuple(sorted(resources.items())))
+    return dataclasses.replace(job, node_constraints=constraints)
+
+
 class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
     """The MLJob index seen as the API server will make each job's pods (`as_planned`: the
-    RuntimeClasses its templates name, its namespace's LimitRanges), so that every reader
-    (rounds, admission, waiting reasons, CannotFit) plans with what the pods will request and
-    where they may run. A job's record is recomputed only when it, its namespace's
-    LimitRanges or its RuntimeClasses changed; a job touched by neither is seen as it is."""
+    RuntimeClasses its templates name, its namespace's LimitRanges; `with_devices`: the
+    devices its ResourceClaimTemplates claim), so that every reader (rounds, admission,
+    waiting reasons, CannotFit) plans with what the pods will request and where they may run.
+    A job's record is recomputed only when it or what it depends on changed; a job touched by
+    none of them is seen as it is."""
 
     def __init__(self, raw: Mapping[tuple[str, str], Iterable[JobRecord]],
                  limit_ranges: Mapping[str, Iterable[LimitRangeRecord]],
-                 runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] | None = None):
+                 runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] | None = None,
+                 claim_templates: Mapping[str, Iterable[dra.ClaimTemplateRecord]] | None = None,
+                 device_classes: Mapping[str, Iterable[dra.DeviceClassRecord]] | None = None):
         self.raw = raw
         self.limit_ranges = limit_ranges
         self.runtime_classes = runtime_classes if runtime_classes is not None else {}
+        self.claim_templates = claim_templates if claim_templates is not None else {}
+        self.device_classes = device_classes if device_classes is not None else {}
         self._cache: dict[tuple[str, str], tuple[JobRecord, tuple, JobRecord]] = {}
 
     def _classes(self, job: JobRecord) -> tuple[RuntimeClassRecord | None, ...]:
         return tuple(next(iter(self.runtime_classes.get(name, ())), None)
                      for name in job.runtime_classes)
+
+    def _claims(self, job: JobRecord) -> tuple:
+        """The claim templates of its namespace and the DeviceClasses (dra.with_devices)."""
+        if not job.claim_templates:
+            return ()
+        return (tuple(self.claim_templates.get(job.namespace, ())),
+                tuple(c for found in self.device_classes.values() for c in found))
 
     def plan(self, job: JobRecord) -> JobRecord:
         """`as_planned` for any record (one read from a body, say), not cached."""
@@ -256,30 +292,38 @@ class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
 
     def _inputs(self, job: JobRecord):
         ranges = tuple(self.limit_ranges.get(job.namespace, ()))
-        return ranges, self._classes(job) if job.runtime_classes else ()
+        return ranges, self._classes(job) if job.runtime_classes else (), self._claims(job)
 
-    def _plan(self, job: JobRecord, ranges: tuple, classes: tuple) -> JobRecord:
-        if not ranges and not job.runtime_classes:
-            return job
-        return as_planned(job, ranges, {c.name: c for c in classes if c is not None})
+    def _plan(self, job: JobRecord, ranges: tuple, classes: tuple, claims: tuple) -> JobRecord:
+        if ranges or job.runtime_classes:
+            job = as_planned(job, ranges, {c.name: c for c in classes if c is not None})
+        if claims:
+            templates, device_classes = claims
+            job = with_devices(job, {t.name: t for t in templates},
+                                   {c.name: c for c in device_classes})
+        return job
+
+    @staticmethod
+    def _touched(job: JobRecord, ranges: tuple | bool) -> bool:
+        return bool(ranges or job.runtime_classes or job.claim_templates)
 
     def apply(self, job: JobRecord) -> JobRecord:
-        """`plan`, cached per job until its record, LimitRanges or RuntimeClasses change."""
-        ranges, classes = self._inputs(job)
-        if not ranges and not job.runtime_classes:
+        """`plan`, cached per job until its record or what it depends on changes."""
+        inputs = self._inputs(job)
+        if not self._touched(job, inputs[0]):
             return job
         cached = self._cache.get(job.key)
-        if cached is not None and cached[0] is job and cached[1] == (ranges, classes):
+        if cached is not None and cached[0] is job and cached[1] == inputs:
             return cached[2]
-        result = self._plan(job, ranges, classes)
+        result = self._plan(job, *inputs)
         if len(self._cache) > 2 * len(self.raw) + 64:  # forget deleted jobs now and then
             self._cache = {k: v for k, v in self._cache.items() if k in self.raw}
-        self._cache[job.key] = (job, (ranges, classes), result)
+        self._cache[job.key] = (job, inputs, result)
         return result
 
     def __getitem__(self, key: tuple[str, str]) -> Iterable[JobRecord]:
         records = self.raw[key]
-        if key[0] in self.limit_ranges or any(r.runtime_classes for r in records):
+        if any(self._touched(r, key[0] in self.limit_ranges) for r in records):
             return [self.apply(r) for r in records]
         return records
 
@@ -293,7 +337,7 @@ class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):
         ranges, out = self.limit_ranges, []
         for key, records in self.raw.items():
             for r in records:
-                if r.runtime_classes or (ranges and key[0] in ranges):
+                if self._touched(r, bool(ranges) and key[0] in ranges):
                     records = [self.apply(r) for r in records]
                     break
             out.append(records)

@@ -135,11 +135,23 @@ class NodeConstraint:
             parts.append("tolerations " + ", ".join(_describe_toleration(t)
                                                     for t in self.tolerations))
         if self.resources:
-            parts.append("requests " + ", ".join(f"{amount_text(k, v)} {k}" for k, v in self.resources))
+            parts.append("requests " + ", ".join(resource_text(k, v) for k, v in self.resources))
         return "; ".join(parts) or "no node constraint"
 
 
 EVERY_NODE = NodeConstraint()  # a template that constrains nothing and tolerates nothing
+
+
+#: The prefix of a DRA DeviceClass counted as a resource (dra.py).
+DEVICE_PREFIX = "dra:"
+
+
+def resource_text(name: str, value: float) -> str:
+    """An amount of a counted resource: '2 example.com/nic', '1Gi ephemeral-storage',
+    '1 gpu.example.com device' (a DRA DeviceClass)."""
+    if name.startswith(DEVICE_PREFIX):
+        return f"{value:g} {name[len(DEVICE_PREFIX):]} device{'' if value == 1 else 's'}"
+    return f"{amount_text(name, value)} {name}"
 
 
 def amount_text(name: str, value: float) -> str:

@@ -16,7 +16,7 @@ from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject, MLJob
-from mlsched.controller import runtimeclasses
+from mlsched.controller import dra, runtimeclasses
 from mlsched.controller.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, operator_labels,
@@ -543,6 +543,9 @@ class JobRecord:
     # Per role, what one pod counts against the namespace's ResourceQuotas (quota_usage).
     charges: Mapping[str, QuotaUsage] = field(default_factory=dict)
     runtime_classes: tuple[str, ...] = ()  # the RuntimeClasses its templates name
+    # Per role, the ResourceClaimTemplates its template's resourceClaims name (dra.py): the
+    # devices each pod claims are added to its node constraint's resources when planned.
+    claim_templates: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     # Why the namespace's LimitRanges refuse its pods, if they do (limitranges.as_planned): the
     # job gets no tasks and is told CannotFit until the template or the LimitRange changes.
     blocked: str | None = None
@@ -715,6 +718,8 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         **common, model=model, demands=role_demands(model, common["templates"]),
         charges=role_charges(common["templates"]),
         runtime_classes=runtimeclasses.named(common["templates"]),
+        claim_templates={role: names for role, t in common["templates"].items()
+                         if (names := dra.claim_template_names(t))},
         node_constraints=role_constraints(common["templates"], extended_requests),
         host_ports=role_host_ports(common["templates"]),
         anti_affinity=role_anti_affinity(common["templates"], labels),

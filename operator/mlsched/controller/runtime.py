@@ -7,11 +7,13 @@ small in-memory books; each says below what is lost on an operator restart and w
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from mlsched.controller import dra
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.dataset import Dataset
 from mlsched.controller.desired import PodSettings
@@ -43,6 +45,10 @@ def values(index: Mapping[Any, Iterable[Any]], key: Any) -> list[Any]:
 
 def flatten(index: Mapping[Any, Iterable[Any]]) -> list[Any]:
     return [v for store in index.values() for v in store]
+
+
+def _same(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _merged(index: Mapping[str, Iterable[Any]], more: Mapping[str, list[Any]]) -> dict[str, list[Any]]:
@@ -80,6 +86,46 @@ class Owned(Mapping[JobKey, list]):
                 if not self._keep(key, r)]
 
 
+class WithDevices(Mapping[str, list]):
+    """The node index with each node's DRA devices (dra.Catalogue: the devices its ResourceSlices
+    publish, per DeviceClass) added to its extended resources, so that every reader (rounds,
+    NodeFilters, CannotFit) counts them as it counts `example.com/nic`. A cluster without
+    ResourceSlices sees the index as it is."""
+
+    def __init__(self, raw: Mapping[str, Iterable[NodeRecord]], catalogue: Callable[[], dra.Catalogue]):
+        self.raw = raw
+        self._catalogue = catalogue
+        self._cache: dict[str, tuple[NodeRecord, Mapping[str, float], NodeRecord]] = {}
+
+    def _with(self, node: NodeRecord, devices: Mapping[str, float] | None) -> NodeRecord:
+        if not devices:
+            return node
+        cached = self._cache.get(node.name)
+        if cached is not None and cached[0] is node and cached[1] == devices:
+            return cached[2]
+        result = dataclasses.replace(node, extended={**node.extended, **devices})
+        if len(self._cache) > 2 * len(self.raw) + 64:
+            self._cache = {k: v for k, v in self._cache.items() if k in self.raw}
+        self._cache[node.name] = (node, devices, result)
+        return result
+
+    def __getitem__(self, name: str) -> list:
+        by_node = self._catalogue().by_node
+        return [self._with(n, by_node.get(n.name)) for n in self.raw[name]]
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+    def values(self):  # type: ignore[override]
+        by_node = self._catalogue().by_node
+        if not by_node:
+            return self.raw.values()
+        return [[self._with(n, by_node.get(n.name)) for n in found] for found in self.raw.values()]
+
+
 @dataclass
 class Indexes:
     """kopf's in-memory indexes (live objects: they update as watch events arrive).
@@ -109,10 +155,20 @@ class Indexes:
     foreign_extended: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
     # (node, labels) of other schedulers' pods by namespace (pod_anti_affinity.py).
     foreign_labels: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
+    # Dynamic Resource Allocation (dra.py): DeviceClasses and ResourceSlices by name,
+    # ResourceClaimTemplates and allocated ResourceClaims by namespace.
+    device_classes: Mapping[str, Iterable[dra.DeviceClassRecord]] = field(default_factory=dict)
+    resource_slices: Mapping[str, Iterable[dra.SliceRecord]] = field(default_factory=dict)
+    claim_templates: Mapping[str, Iterable[dra.ClaimTemplateRecord]] = field(default_factory=dict)
+    resource_claims: Mapping[str, Iterable[dra.ClaimRecord]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not isinstance(self.mljobs, Defaulted):
-            self.mljobs = Defaulted(self.mljobs, self.limit_ranges, self.runtime_classes)
+            self.mljobs = Defaulted(self.mljobs, self.limit_ranges, self.runtime_classes,
+                                    self.claim_templates, self.device_classes)
+        if not isinstance(self.nodes, WithDevices):
+            self.nodes = WithDevices(self.nodes, self.catalogue)
+        self._catalogue: tuple[tuple, tuple, dra.Catalogue] | None = None
         if not isinstance(self.statefulsets, Owned):
             self.statefulsets = Owned(self.statefulsets, self._owns_statefulset)
         if not isinstance(self.pods, Owned):
@@ -138,7 +194,18 @@ class Indexes:
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
                             statefulsets=self.statefulsets, foreign=foreign,
                             foreign_ports=ports, foreign_extended=extended,
-                            foreign_labels=self.foreign_labels, strays=self.pods.strays())
+                            foreign_labels=self.foreign_labels, strays=self.pods.strays(),
+                            device_claims=dra.claimed(flatten(self.resource_claims), self.catalogue())
+                            if self.resource_claims else ())
+
+    def catalogue(self) -> dra.Catalogue:
+        """The cluster's node-local DRA devices by class, rebuilt when a ResourceSlice or a
+        DeviceClass changed (kopf replaces a changed object's record)."""
+        slices, classes = tuple(flatten(self.resource_slices)), tuple(flatten(self.device_classes))
+        cached = self._catalogue
+        if cached is None or not (_same(cached[0], slices) and _same(cached[1], classes)):
+            cached = self._catalogue = (slices, classes, dra.Catalogue.of(slices, classes))
+        return cached[2]
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))

@@ -21,6 +21,7 @@ from mlsched.controller.counted_resources import (
     POD_SLOTS, Counted, CountedResources, available, extended_of, pods_room,
 )
 from mlsched.controller.counted_resources import describe as describe_counted
+from mlsched.controller.counted_resources import source as counted_source
 from mlsched.controller.desired import roles_of
 from mlsched.controller.host_ports import HostPort
 from mlsched.controller.label_selector import Selector
@@ -51,6 +52,8 @@ class ClusterState:
     # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
     # occupy their nodes until they are gone.
     strays: Iterable[PodRecord] = ()
+    # (namespace, pod, node, devices per class) of each allocated ResourceClaim (dra.claimed)
+    device_claims: Iterable[tuple[str, str | None, str, Counted]] = ()
 
 
 def usable(node: NodeRecord, node_selector: Mapping[str, str]) -> bool:
@@ -186,6 +189,15 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
         extended = pod.extended if pod is not None else extended_of(job, role)  # type: ignore[arg-type]
         for _ in range(n):
             count(node, 1, extended)
+    # DRA devices are in no pod's requests but in its claims: those of every pod but the ones
+    # the round books afresh (its own jobs') and the tasks of `decided`, counted above by
+    # their templates (extended_of: dra.with_devices).
+    if cluster.device_claims:
+        booked = {(key[0], p.name) for key in (*own_jobs, *(decided or {}))
+                  for p in cluster.pods.get(key, ())}
+        for namespace, pod, node, devices in cluster.device_claims:
+            if (namespace, pod) not in booked:
+                count(node, 0, devices)
     return held
 
 
@@ -489,7 +501,7 @@ class ClusterFit:
                             else f"pods taking {describe_counted(name, amount)} each")
                     return (f"its minimum of {count} {role} needs {count} {what}; the "
                             f"{len(nodes)} schedulable nodes that can take one have room for "
-                            f"{room:g} (allocatable {name})")
+                            f"{room:g} ({counted_source(name)})")
         total = sum(count for _, count in roles)
         if total > len(allowed_any) * self._fewest_slots and \
                 total > (slots := sum(n.pods for n in allowed_any.values())):

@@ -1,0 +1,110 @@
+"""Devices claimed through Dynamic Resource Allocation (resource.k8s.io/v1), on the real
+control plane: a DeviceClass selecting a driver's GPUs by CEL, ResourceSlices publishing two
+per node, and a ResourceClaimTemplate the workers name. kube-controller-manager makes one
+ResourceClaim per pod and kube-scheduler allocates it a device on the node it picks, refusing
+a node with none left ("cannot allocate all claims"). The operator counts the devices per
+node like extended resources (controller/dra.py): tasks are placed where their devices are, at
+once, and a job whose minimum the devices left cannot hold waits holding nothing and says why.
+
+Found on the plane before: the workers' containers request 1 CPU and no GPU, so bin-packing
+pinned all six to one node with two devices; kube-scheduler refused four, and a second job was
+admitted onto devices the first held."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+
+from kubernetes import client
+
+from mlsched_objects import GROUP, VERSION, condition, mljob, scheduling_policy
+from test_operator_counted_resources import DAY, NODES, POOL, _placed_at_once, _waits_saying, small_workers
+from test_operator_node_constraints import labelled
+from test_operator_one_per_node import wait_all_running
+from waiting import wait_for
+
+DRA = ("resource.k8s.io", "v1")
+
+
+@contextlib.contextmanager
+def published_devices(api: client.ApiClient, nodes: list[str], per_node: int):
+    """A DeviceClass of its own driver's GPUs and a ResourceSlice per node publishing
+    `per_node` of them, as a DRA driver's kubelet plugin would; removed afterwards (they are
+    cluster-scoped, on the session's shared plane). Yields the class's name."""
+    custom = client.CustomObjectsApi(api)
+    driver = f"gpu-{uuid.uuid4().hex[:6]}.e2e.mlsched.io"
+    custom.create_cluster_custom_object(*DRA, "deviceclasses", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
+        "spec": {"selectors": [{"cel": {"expression":
+                 f"device.driver == '{driver}' && device.attributes['{driver}'].type == 'gpu'"}}]}})
+    slices = []
+    try:
+        for node in nodes:
+            name = f"{node}-{driver}"
+            custom.create_cluster_custom_object(*DRA, "resourceslices", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
+                "spec": {"driver": driver, "nodeName": node,
+                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                         "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
+                                     for i in range(per_node)]}})
+            slices.append(name)
+        yield driver
+    finally:
+        for name in slices:
+            custom.delete_cluster_custom_object(*DRA, "resourceslices", name)
+        custom.delete_cluster_custom_object(*DRA, "deviceclasses", driver)
+
+
+def claim_template(api: client.ApiClient, namespace: str, device_class: str, name: str = "one-gpu") -> None:
+    client.CustomObjectsApi(api).create_namespaced_custom_object(*DRA, namespace, "resourceclaimtemplates", {
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"spec": {"devices": {"requests": [
+            {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": 1}}]}}}})
+
+
+def claiming(job: dict, template: str = "one-gpu") -> dict:
+    spec = small_workers(job, cpu="1")["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return job
+
+
+def test_devices_claimed_through_dra_are_counted_per_node(api, mlsched, operator):
+    core = client.CoreV1Api(api)
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus:
+        claim_template(api, mlsched.namespace, gpus)
+        mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
+        mlsched.create(claiming(mljob("dra-a", ps=None, workers=(6, 6))))
+        pods = wait_all_running(mlsched, "dra-a", 6)
+        per_node = sorted([p.spec.node_name for p in pods].count(n) for n in NODES)
+        assert per_node == [2, 2, 2], [p.spec.node_name for p in pods]  # six on one node before
+        _placed_at_once(mlsched, "dra-a")
+        # Every device of the three nodes is claimed: a second job waits and creates no pod.
+        mlsched.create(claiming(mljob("dra-b", ps=None, workers=(2, 2))))
+        message = _waits_saying(mlsched, "dra-b", "device")
+        assert (f"needs 2 worker pods taking 1 {gpus} device each; the 3 nodes it may use have "
+                "room for 0 such pods now") in message, message
+        # The first job deleted, its pods and then their claims go: the second one runs, long
+        # before the day's round.
+        mlsched.custom.delete_namespaced_custom_object(GROUP, VERSION, mlsched.namespace, "mljobs",
+                                                       "dra-a")
+        wait_all_running(mlsched, "dra-b", 2)
+        _placed_at_once(mlsched, "dra-b")
+
+
+def test_a_job_naming_a_claim_template_that_does_not_exist_is_told_so(api, mlsched, operator):
+    mlsched.create(scheduling_policy("default", interval=DAY))
+    job = claiming(mljob("dra-typo", ps=None, workers=(1, 2)), template="one-gpuu")
+    del job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"]  # any node
+    mlsched.create(job)
+
+    def running():
+        c = condition(mlsched.job("dra-typo"), "Running")
+        return (c["reason"], c.get("message", "")) if c else None
+
+    reason, message = wait_for(lambda: (r := running()) and r[0] == "CannotFit" and r, 60,
+                               "the job to be told its claim template does not exist",
+                               describe=running)
+    assert "its worker pods name ResourceClaimTemplate 'one-gpuu', which does not exist" in message
+    assert mlsched.pods("dra-typo") == []

@@ -1,0 +1,349 @@
+"""Dynamic Resource Allocation (resource.k8s.io/v1, GA in Kubernetes 1.34): devices a pod
+asks for through ResourceClaims, counted per node like extended resources. Pure.
+
+A GPU, NIC or FPGA exposed by a DRA driver is not in a node's allocatable: the driver
+publishes the node's devices in ResourceSlices, a DeviceClass selects devices by CEL over
+their driver and attributes, and a pod names a ResourceClaimTemplate whose requests ask for
+`count` devices of a class; kube-controller-manager makes one ResourceClaim per pod and
+kube-scheduler allocates it devices on the node it picks ("cannot allocate all claims" where
+the node has too few left). Planned from the template's container requests alone, such a job
+asked for no device at all: bin-packing put eight one-GPU workers on a node with two devices,
+kube-scheduler refused six, and a second job was admitted onto devices the first held.
+
+Here each DeviceClass becomes a counted resource, `dra:<class>` (counted_resources.py does the
+rest, as for `example.com/nic`): a node has as many as its node-local ResourceSlices hold
+devices the class selects (`Catalogue`); a role's pods take what their claim templates'
+requests ask (`template_takes`); the devices allocated to claims of pods the round does not
+re-decide are used (`claimed`). A template or class that does not exist blocks the job with
+the reason, as the API server's own objections do (limitranges.as_planned).
+
+What is not counted, left to kube-scheduler as before (documented in docs/operator.md):
+- class selectors other than conjunctions of `device.driver == '...'` and
+  `device.attributes['<domain>'].<name> == <literal>` (no CEL library; those are the forms
+  drivers' classes use); such a class's requests count nothing;
+- requests with their own selectors, `allocationMode: All`, `firstAvailable` lists and
+  `adminAccess` (which allocates no device exclusively);
+- shared claims named by `resourceClaimName` (one claim for many pods), and slices that are
+  not node-local (`nodeSelector`, `allNodes`: network-attached devices).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from mlsched.controller.node_constraints import DEVICE_PREFIX
+
+#: The counted resource a DeviceClass becomes: `dra:<class>`.
+PREFIX = DEVICE_PREFIX
+
+Value = str | bool | int
+# ("driver", value) or (domain, attribute, value): one equality of a class's selector.
+Condition = tuple[str, str, Value] | tuple[str, Value]
+Counted = tuple[tuple[str, float], ...]
+
+
+def key(class_name: str) -> str:
+    return PREFIX + class_name
+
+
+# ---------------------------------------------------------------------------- DeviceClasses
+
+_STRING = r"""'([^'\\]*)'|"([^"\\]*)\""""
+_DRIVER = re.compile(r"device\.driver")
+_ATTRIBUTE = re.compile(rf"device\.attributes\[(?:{_STRING})\](?:\.([A-Za-z_][\w]*)|\[(?:{_STRING})\])")
+_LITERAL = re.compile(rf"(?:{_STRING})|(true|false)|(-?\d+)")
+
+
+def _literal(text: str) -> Value | None:
+    m = _LITERAL.fullmatch(text)
+    if m is None:
+        return None
+    single, double, boolean, integer = m.groups()
+    if single is not None or double is not None:
+        return single if single is not None else double
+    if boolean is not None:
+        return boolean == "true"
+    return int(integer)
+
+
+def _subject(text: str) -> tuple[str, ...] | None:
+    if _DRIVER.fullmatch(text):
+        return ("driver",)
+    m = _ATTRIBUTE.fullmatch(text)
+    if m is None:
+        return None
+    d1, d2, name, n1, n2 = m.groups()
+    domain = d1 if d1 is not None else d2
+    return (domain, name if name is not None else (n1 if n1 is not None else n2))
+
+
+def _split_and(expression: str) -> list[str] | None:
+    """The `&&` operands of an expression, outside quotes; None for `||` or `!`."""
+    parts, depth, quote, start = [], 0, "", 0
+    text = expression
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if quote:
+            quote = "" if c == quote else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+        elif text.startswith("&&", i) and depth == 0:
+            parts.append(text[start:i])
+            start = i + 2
+            i += 1
+        elif text.startswith("||", i) or (c == "!" and not text.startswith("!=", i)):
+            return None
+        i += 1
+    parts.append(text[start:])
+    return parts
+
+
+def _strip_parens(text: str) -> str:
+    text = text.strip()
+    while text.startswith("(") and text.endswith(")") and _balanced(text[1:-1]):
+        text = text[1:-1].strip()
+    return text
+
+
+def _balanced(text: str) -> bool:
+    depth = 0
+    for c in text:
+        depth += {"(": 1, ")": -1}.get(c, 0)
+        if depth < 0:
+            return False
+    return depth == 0
+
+
+def parse_selector(expression: str) -> tuple[Condition, ...] | None:
+    """The equalities a CEL selector is the conjunction of; None if it is anything else."""
+    conditions: list[Condition] = []
+    stack = [expression]
+    while stack:
+        parts = _split_and(_strip_parens(stack.pop()))
+        if parts is None:
+            return None
+        if len(parts) > 1:
+            stack.extend(parts)
+            continue
+        sides = parts[0].split("==")
+        if len(sides) != 2:
+            return None
+        left, right = (s.strip() for s in sides)
+        subject, value = _subject(left), _literal(right)
+        if subject is None or value is None:
+            subject, value = _subject(right), _literal(left)
+        if subject is None or value is None:
+            return None
+        conditions.append((*subject, value))  # type: ignore[arg-type]
+    return tuple(conditions)
+
+
+@dataclass(frozen=True)
+class DeviceClassRecord:
+    name: str
+    # The equalities its selectors require together; None: a selector this module cannot
+    # read (its requests are not counted).
+    conditions: tuple[Condition, ...] | None
+
+    def selects(self, driver: str, attributes: Mapping[tuple[str, str], Value]) -> bool:
+        assert self.conditions is not None
+        for condition in self.conditions:
+            if len(condition) == 2:
+                if driver != condition[1]:
+                    return False
+            elif attributes.get((condition[0], condition[1])) != condition[2]:  # type: ignore[misc]
+                return False
+        return True
+
+
+def device_class_record(body: Mapping[str, Any]) -> DeviceClassRecord:
+    spec = body.get("spec") or {}
+    conditions: list[Condition] | None = []
+    for selector in spec.get("selectors") or ():
+        expression = ((selector or {}).get("cel") or {}).get("expression")
+        parsed = parse_selector(expression) if isinstance(expression, str) else None
+        if parsed is None:
+            conditions = None
+            break
+        conditions.extend(parsed)  # type: ignore[union-attr]
+    return DeviceClassRecord(name=(body.get("metadata") or {}).get("name", ""),
+                             conditions=tuple(conditions) if conditions is not None else None)
+
+
+# ---------------------------------------------------------------------------- ResourceSlices
+
+
+@dataclass(frozen=True)
+class SliceRecord:
+    name: str
+    driver: str
+    pool: str
+    generation: int
+    node: str | None  # spec.nodeName; None for network-attached devices (not counted)
+    # (device name, {(domain, attribute): value}) per device.
+    devices: tuple[tuple[str, Mapping[tuple[str, str], Value]], ...] = ()
+
+
+def _attribute_value(value: Any) -> Value | None:
+    if not isinstance(value, Mapping):
+        return None
+    for kind in ("string", "bool", "int", "version"):
+        if kind in value:
+            return value[kind]
+    return None
+
+
+def resource_slice_record(body: Mapping[str, Any]) -> SliceRecord:
+    spec = body.get("spec") or {}
+    driver = str(spec.get("driver") or "")
+    pool = spec.get("pool") or {}
+    devices = []
+    for device in spec.get("devices") or ():
+        attributes: dict[tuple[str, str], Value] = {}
+        for qualified, value in ((device or {}).get("attributes") or {}).items():
+            domain, _, name = str(qualified).rpartition("/")
+            parsed = _attribute_value(value)
+            if parsed is not None:
+                attributes[(domain or driver, name)] = parsed
+        devices.append((str((device or {}).get("name") or ""), attributes))
+    return SliceRecord(name=(body.get("metadata") or {}).get("name", ""), driver=driver,
+                       pool=str(pool.get("name") or ""), generation=int(pool.get("generation") or 0),
+                       node=spec.get("nodeName") or None, devices=tuple(devices))
+
+
+@dataclass
+class Catalogue:
+    """The node-local devices of the cluster by class: how many each node has (`by_node`) and
+    which node and classes each device (driver, pool, device) counts for (`where`). Only the
+    newest generation of each pool counts (a driver republishing leaves old slices behind for
+    a moment)."""
+
+    by_node: dict[str, dict[str, float]] = field(default_factory=dict)
+    where: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, slices: Iterable[SliceRecord], classes: Iterable[DeviceClassRecord]) -> Catalogue:
+        readable = [c for c in classes if c.conditions is not None]
+        slices = list(slices)
+        newest: dict[tuple[str, str], int] = {}
+        for s in slices:
+            newest[(s.driver, s.pool)] = max(newest.get((s.driver, s.pool), s.generation), s.generation)
+        out = cls()
+        for s in slices:
+            if s.node is None or s.generation != newest[(s.driver, s.pool)]:
+                continue
+            on = out.by_node.setdefault(s.node, {})
+            for name, attributes in s.devices:
+                keys = tuple(key(c.name) for c in readable if c.selects(s.driver, attributes))
+                out.where[(s.driver, s.pool, name)] = (s.node, keys)
+                for k in keys:
+                    on[k] = on.get(k, 0.0) + 1.0
+        return out
+
+
+# ---------------------------------------------------------------- ResourceClaimTemplates
+
+
+@dataclass(frozen=True)
+class ClaimTemplateRecord:
+    name: str
+    # (class, devices) per request this module counts.
+    requests: tuple[tuple[str, int], ...] = ()
+
+
+def claim_template_record(body: Mapping[str, Any]) -> ClaimTemplateRecord:
+    devices = (((body.get("spec") or {}).get("spec") or {}).get("devices") or {})
+    requests = []
+    for request in devices.get("requests") or ():
+        exactly = (request or {}).get("exactly")
+        if not isinstance(exactly, Mapping) or exactly.get("selectors") or exactly.get("adminAccess"):
+            continue
+        if (exactly.get("allocationMode") or "ExactCount") != "ExactCount":
+            continue
+        class_name = exactly.get("deviceClassName")
+        if class_name:
+            requests.append((str(class_name), int(exactly.get("count") or 1)))
+    return ClaimTemplateRecord(name=(body.get("metadata") or {}).get("name", ""),
+                               requests=tuple(requests))
+
+
+def claim_template_names(template: Mapping[str, Any] | None) -> tuple[str, ...]:
+    """The ResourceClaimTemplates a pod template's `resourceClaims` name (one claim each per
+    pod); shared claims (`resourceClaimName`) are not counted."""
+    spec = (template or {}).get("spec") if isinstance(template, Mapping) else None
+    claims = spec.get("resourceClaims") if isinstance(spec, Mapping) else None
+    return tuple(str(c["resourceClaimTemplateName"]) for c in claims or ()
+                 if isinstance(c, Mapping) and c.get("resourceClaimTemplateName"))
+
+
+def template_takes(names: Sequence[str], templates: Mapping[str, ClaimTemplateRecord],
+                   classes: Mapping[str, DeviceClassRecord]) -> tuple[Counted, str | None]:
+    """What one pod naming the claim templates `names` takes of each class it can be counted
+    for, and why its pods cannot start (a template or class that does not exist), if so."""
+    taken: dict[str, float] = {}
+    for name in names:
+        template = templates.get(name)
+        if template is None:
+            return (), f"name ResourceClaimTemplate {name!r}, which does not exist"
+        for class_name, count in template.requests:
+            device_class = classes.get(class_name)
+            if device_class is None:
+                return (), (f"claim devices of DeviceClass {class_name!r} (ResourceClaimTemplate "
+                            f"{name!r}), which does not exist")
+            if device_class.conditions is not None:
+                taken[key(class_name)] = taken.get(key(class_name), 0.0) + count
+    return tuple(sorted(taken.items())), None
+
+
+# ---------------------------------------------------------------------- ResourceClaims
+
+
+@dataclass(frozen=True)
+class ClaimRecord:
+    namespace: str
+    name: str
+    pod: str | None  # the pod it was made for (its owner), or None
+    devices: tuple[tuple[str, str, str], ...] = ()  # allocated (driver, pool, device)
+
+
+def resource_claim_record(body: Mapping[str, Any]) -> ClaimRecord | None:
+    """None for a claim with nothing allocated."""
+    meta = body.get("metadata") or {}
+    allocation = ((body.get("status") or {}).get("allocation") or {}).get("devices") or {}
+    devices = tuple((str(r.get("driver") or ""), str(r.get("pool") or ""), str(r.get("device") or ""))
+                    for r in allocation.get("results") or () if isinstance(r, Mapping)
+                    and not r.get("adminAccess"))
+    if not devices:
+        return None
+    pod = next((o.get("name") for o in meta.get("ownerReferences") or ()
+                if o.get("kind") == "Pod" and o.get("controller")), None)
+    return ClaimRecord(namespace=meta.get("namespace", ""), name=meta.get("name", ""), pod=pod,
+                       devices=devices)
+
+
+def claimed(claims: Iterable[ClaimRecord], catalogue: Catalogue
+            ) -> list[tuple[str, str | None, str, Counted]]:
+    """(namespace, pod, node, devices taken per class) of each allocated claim."""
+    out = []
+    for claim in claims:
+        per_node: dict[str, dict[str, float]] = {}
+        for device in claim.devices:
+            found = catalogue.where.get(device)
+            if found is None:
+                continue
+            node, keys = found
+            on = per_node.setdefault(node, {})
+            for k in keys:
+                on[k] = on.get(k, 0.0) + 1.0
+        for node, taken in per_node.items():
+            out.append((claim.namespace, claim.pod, node, tuple(sorted(taken.items()))))
+    return out
+

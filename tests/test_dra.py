@@ -1,0 +1,214 @@
+"""Devices claimed through Dynamic Resource Allocation (controller/dra.py) are counted per
+node like extended resources: no round pins more one-GPU workers to a node than its
+ResourceSlices publish devices of the class left unclaimed, a job whose claim template or
+device class does not exist is told so, and what other pods' claims hold is taken out."""
+
+from __future__ import annotations
+
+import pytest
+
+from mlsched.api import get_condition
+from mlsched.controller import dra
+from mlsched.controller.records import job_record
+from mlsched.controller.runtime import flatten
+from test_controller_fixtures import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run
+from test_controller_jobs import sync
+from test_controller_loop import round_, settle
+from test_counted_resources import small_workers
+
+DRIVER = "gpu.example.com"
+GPU = dra.key(DRIVER)
+SELECTOR = f"device.driver == '{DRIVER}' && device.attributes['{DRIVER}'].type == 'gpu'"
+
+
+def device_class(name: str = DRIVER, expression: str = SELECTOR) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": name},
+            "spec": {"selectors": [{"cel": {"expression": expression}}]}}
+
+
+def resource_slice(node_name: str, devices: int = 2, kind: str = "gpu", generation: int = 1,
+                   driver: str = DRIVER) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": f"{node_name}-{driver}-{generation}"},
+            "spec": {"driver": driver, "nodeName": node_name,
+                     "pool": {"name": node_name, "generation": generation, "resourceSliceCount": 1},
+                     "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": kind}}}
+                                 for i in range(devices)]}}
+
+
+def claim_template(name: str = "one-gpu", count: int = 1, class_name: str = DRIVER,
+                   namespace: str = NS, **exactly) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"spec": {"devices": {"requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": class_name, "count": count, **exactly}}]}}}}
+
+
+def allocated_claim(pod_name: str, node_name: str, devices: list[str], namespace: str = NS) -> dict:
+    return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": f"{pod_name}-gpu", "namespace": namespace,
+                         "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                              "uid": "u", "controller": True}]},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": node_name, "device": d} for d in devices]}},
+                "reservedFor": [{"resource": "pods", "name": pod_name, "uid": "u"}]}}
+
+
+def claiming(body: dict, template: str = "one-gpu") -> dict:
+    """The job's worker pods claim a device each through `template`."""
+    spec = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return body
+
+
+# ---------------------------------------------------------------- what the records read
+
+
+@pytest.mark.parametrize("expression, conditions", [
+    ("device.driver == 'gpu.example.com'", (("driver", "gpu.example.com"),)),
+    ('"gpu.example.com" == device.driver', (("driver", "gpu.example.com"),)),
+    (SELECTOR, (("driver", DRIVER), (DRIVER, "type", "gpu"))),
+    ("(device.driver == 'x') && (device.attributes[\"x\"][\"mig\"] == true && "
+     "device.attributes['x'].memory == 40)",
+     (("driver", "x"), ("x", "mig", True), ("x", "memory", 40))),
+])
+def test_class_selectors_that_are_conjunctions_of_equalities_are_read(expression, conditions):
+    assert sorted(dra.parse_selector(expression), key=str) == sorted(conditions, key=str)
+
+
+@pytest.mark.parametrize("expression", [
+    "device.driver == 'a' || device.driver == 'b'",
+    "!(device.driver == 'a')",
+    "device.driver != 'a'",
+    "device.capacity['x'].memory.compareTo(quantity('40Gi')) >= 0",
+    "device.attributes['x'].model.startsWith('H100')",
+    "device.driver",
+])
+def test_any_other_selector_is_not_read(expression):
+    assert dra.parse_selector(expression) is None
+    assert dra.device_class_record(device_class("c", expression)).conditions is None
+
+
+def test_devices_are_counted_per_node_and_class_from_the_newest_generation_of_each_pool():
+    classes = [dra.device_class_record(device_class()),
+               dra.device_class_record(device_class("any", f"device.driver == '{DRIVER}'")),
+               dra.device_class_record(device_class("odd", "device.attributes['x'].a > 1"))]
+    slices = [dra.resource_slice_record(resource_slice("n0", 2)),
+              dra.resource_slice_record(resource_slice("n1", 4, generation=1)),
+              dra.resource_slice_record(resource_slice("n1", 1, generation=2)),  # republished
+              dra.resource_slice_record(resource_slice("n2", 3, kind="fpga")),
+              dra.resource_slice_record(resource_slice("n3", 5, driver="nic.example.com"))]
+    catalogue = dra.Catalogue.of(slices, classes)
+    assert catalogue.by_node == {"n0": {GPU: 2.0, "dra:any": 2.0}, "n1": {GPU: 1.0, "dra:any": 1.0},
+                                 "n2": {"dra:any": 3.0}, "n3": {}}
+    claim = dra.resource_claim_record(allocated_claim("p", "n0", ["gpu-0", "gpu-1"]))
+    assert claim.pod == "p"
+    assert dra.claimed([claim], catalogue) == [(NS, "p", "n0", (("dra:any", 2.0), (GPU, 2.0)))]
+    unallocated = allocated_claim("q", "n0", [])
+    assert dra.resource_claim_record(unallocated) is None
+
+
+def test_templates_count_exact_requests_of_classes_that_can_be_read():
+    classes = {c.name: c for c in (dra.device_class_record(device_class()),
+                                   dra.device_class_record(device_class("odd", "device.a > 1")))}
+    templates = {t.name: t for t in (
+        dra.claim_template_record(claim_template("two", 2)),
+        dra.claim_template_record(claim_template("odd", 1, "odd")),
+        dra.claim_template_record(claim_template("all", allocationMode="All")),
+        dra.claim_template_record(claim_template("picky", selectors=[{"cel": {"expression": "x"}}])),
+        dra.claim_template_record(claim_template("nowhere", 1, "missing")))}
+    assert dra.template_takes(["two", "odd", "all", "picky"], templates, classes) == (((GPU, 2.0),), None)
+    assert dra.template_takes(["gone"], templates, classes)[1] == \
+        "name ResourceClaimTemplate 'gone', which does not exist"
+    assert dra.template_takes(["nowhere"], templates, classes)[1] == \
+        "claim devices of DeviceClass 'missing' (ResourceClaimTemplate 'nowhere'), which does not exist"
+    body = claiming(allreduce_job("ring"))
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["resourceClaims"].append(
+        {"name": "shared", "resourceClaimName": "one-for-all"})  # shared: not counted
+    assert job_record(body).claim_templates == {"worker": ("one-gpu",)}
+
+
+# ---------------------------------------------------------------- through the operator
+
+
+def dra_cluster(nodes: int = 4, per_node: int = 2):
+    kube = cluster(nodes)
+    kube.put(device_class())
+    for i in range(nodes):
+        kube.put(resource_slice(f"node-{i}", per_node))
+    kube.put(claim_template())
+    return kube
+
+
+def test_workers_claiming_a_device_each_are_planned_within_the_devices_each_node_has():
+    # Before: the eight workers request only 1 CPU in their containers, so bin-packing put
+    # all eight on node-0, whose ResourceSlice publishes two devices; kube-scheduler refused
+    # six ("cannot allocate all claims").
+    rt, kube = make_runtime(dra_cluster())
+    kube.put(policy(placement="bin-pack"))
+    run(create_jobs(rt, kube, claiming(small_workers(allreduce_job("gpus", max_workers=8), cpu="1",
+                                                     min_workers=8))))
+    report = round_(rt, kube)
+    nodes = report.targets["gpus"].nodes["worker"]
+    assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2, 2, 2], nodes
+    settle(rt, kube)
+    # Its own pods' claims, once allocated, are not counted against it a second time.
+    for p in kube.of_kind("Pod"):
+        name, where = p["metadata"]["name"], p["spec"].get("nodeName")
+        kube.put(allocated_claim(name, where, [f"gpu-{int(name[-1]) % 2}"]))
+    again = round_(rt, kube)
+    assert sorted(again.targets["gpus"].nodes["worker"]) == sorted(nodes)
+
+
+def test_devices_other_pods_claim_are_taken_out_and_the_job_waits_saying_why():
+    kube = dra_cluster()
+    other = pod("notebook", "worker", 0, node_name="node-0", namespace="elsewhere")
+    other["metadata"]["labels"] = {}
+    kube.put(other)
+    kube.put(allocated_claim(other["metadata"]["name"], "node-0", ["gpu-0", "gpu-1"], "elsewhere"))
+    rt, kube = make_runtime(kube)
+    kube.put(policy(placement="bin-pack"))
+    run(create_jobs(rt, kube, claiming(small_workers(allreduce_job("gpus", max_workers=8), cpu="1",
+                                                     min_workers=8))))
+    report = round_(rt, kube)
+    assert report.targets["gpus"].nodes["worker"] == ()  # 6 devices free for a gang of 8
+    sync(rt, kube, "gpus")
+    admitted = get_condition(kube.obj("MLJob", NS, "gpus")["status"]["conditions"], "Admitted")
+    assert ("needs 8 worker pods taking 1 gpu.example.com device each; the 4 nodes it may use "
+            "have room for 6 such pods now") in admitted.message, admitted.message
+    del kube.objects[("ResourceClaim", "elsewhere", f"{other['metadata']['name']}-gpu")]
+    nodes = round_(rt, kube).targets["gpus"].nodes["worker"]
+    assert sorted(nodes.count(n) for n in set(nodes)) == [2, 2, 2, 2], nodes
+
+
+@pytest.mark.parametrize("template, missing, expected", [
+    ("nowhere", None, "its worker pods name ResourceClaimTemplate 'nowhere', which does not exist"),
+    ("one-gpu", "class", "its worker pods claim devices of DeviceClass 'gpu.example.com' "
+                         "(ResourceClaimTemplate 'one-gpu'), which does not exist"),
+])
+def test_a_job_naming_a_claim_template_or_class_that_does_not_exist_cannot_fit(template, missing, expected):
+    kube = dra_cluster()
+    if missing == "class":
+        del kube.objects[("DeviceClass", "", DRIVER)]
+    rt, kube = make_runtime(kube)
+    kube.put(policy())
+    run(create_jobs(rt, kube, claiming(small_workers(allreduce_job("gpus", max_workers=2)), template)))
+    report = round_(rt, kube)
+    assert "gpus" not in report.targets or report.targets["gpus"].nodes["worker"] == ()
+    sync(rt, kube, "gpus")
+    running = get_condition(kube.obj("MLJob", NS, "gpus")["status"]["conditions"], "Running")
+    assert running.reason == "CannotFit" and expected in running.message, running
+
+
+def test_a_minimum_needing_more_devices_than_the_cluster_publishes_cannot_fit():
+    rt, kube = make_runtime(dra_cluster())
+    idx = kube.indexes()
+    body = claiming(small_workers(allreduce_job("wide", max_workers=10), cpu="1", min_workers=10))
+    job = idx.as_planned(job_record({**body, "metadata": {**body["metadata"], "uid": "u"}}))
+    assert rt.cluster_fit(idx).why_not(job) == (
+        "its minimum of 10 worker needs 10 pods taking 1 gpu.example.com device each; the 4 "
+        "schedulable nodes that can take one have room for 8 (the gpu.example.com devices their "
+        "ResourceSlices publish)")
+    assert [n.extended.get(GPU) for n in sorted(flatten(idx.nodes), key=lambda n: n.name)] == [2.0] * 4
