@@ -108,3 +108,28 @@ def test_a_job_naming_a_claim_template_that_does_not_exist_is_told_so(api, mlsch
                                describe=running)
     assert "its worker pods name ResourceClaimTemplate 'one-gpuu', which does not exist" in message
     assert mlsched.pods("dra-typo") == []
+
+
+def test_gpus_claimed_through_dra_are_shared_by_drf_as_gpus(api, mlsched, start_operator):
+    """--gpu-device-class: devices of the class are GPUs to the planner. Workers of dra-gpus
+    claim one each and request 2 CPU; those of dra-cpus request 4 CPU. Seen as a CPU job,
+    dra-gpus had half the other's dominant share per worker and DRF gave it 6 workers to 3;
+    with its GPUs counted its share per worker is the larger of 2 CPU and 1 GPU of the
+    cluster's, above the other's in step: 4 and 4."""
+    core = client.CoreV1Api(api)
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus:
+        start_operator(extra_args=["--gpu-device-class", gpus])
+        claim_template(api, mlsched.namespace, gpus)
+        mlsched.create(claiming(mljob("dra-gpus", ps=None, workers=(1, 6))))
+        mlsched.create(small_workers(mljob("dra-cpus", ps=None, workers=(1, 6)), cpu="4"))
+        # The policy last: its first round decides both jobs together.
+        mlsched.create(scheduling_policy("default", interval=DAY))
+        def counts():
+            return {j: len(mlsched.pods(j)) for j in ("dra-gpus", "dra-cpus")}
+
+        wait_for(lambda: all(counts().values()) and sum(counts().values()) >= 8, 90,
+                 "both jobs' pods", describe=counts)
+        counts = counts()
+        assert counts == {"dra-gpus": 4, "dra-cpus": 4}, counts  # 6 and 3 before
+        wait_all_running(mlsched, "dra-gpus", 4)
+        wait_all_running(mlsched, "dra-cpus", 4)

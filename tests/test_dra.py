@@ -11,6 +11,7 @@ from mlsched.api import get_condition
 from mlsched.controller import dra
 from mlsched.controller.records import job_record
 from mlsched.controller.runtime import flatten
+from mlsched.controller.snapshot import held_elsewhere
 from test_controller_fixtures import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run
 from test_controller_jobs import sync
 from test_controller_loop import round_, settle
@@ -100,12 +101,14 @@ def test_devices_are_counted_per_node_and_class_from_the_newest_generation_of_ea
               dra.resource_slice_record(resource_slice("n1", 1, generation=2)),  # republished
               dra.resource_slice_record(resource_slice("n2", 3, kind="fpga")),
               dra.resource_slice_record(resource_slice("n3", 5, driver="nic.example.com"))]
-    catalogue = dra.Catalogue.of(slices, classes)
+    catalogue = dra.Catalogue.of(slices, classes, gpu_classes=frozenset({DRIVER, "any"}))
     assert catalogue.by_node == {"n0": {GPU: 2.0, "dra:any": 2.0}, "n1": {GPU: 1.0, "dra:any": 1.0},
                                  "n2": {"dra:any": 3.0}, "n3": {}}
+    # A device two GPU classes select is one GPU.
+    assert catalogue.gpus == {"n0": 2.0, "n1": 1.0, "n2": 3.0}
     claim = dra.resource_claim_record(allocated_claim("p", "n0", ["gpu-0", "gpu-1"]))
     assert claim.pod == "p"
-    assert dra.claimed([claim], catalogue) == [(NS, "p", "n0", (("dra:any", 2.0), (GPU, 2.0)))]
+    assert dra.claimed([claim], catalogue) == [(NS, "p", "n0", (("dra:any", 2.0), (GPU, 2.0)), 2.0)]
     unallocated = allocated_claim("q", "n0", [])
     assert dra.resource_claim_record(unallocated) is None
 
@@ -212,3 +215,76 @@ def test_a_minimum_needing_more_devices_than_the_cluster_publishes_cannot_fit():
         "schedulable nodes that can take one have room for 8 (the gpu.example.com devices their "
         "ResourceSlices publish)")
     assert [n.extended.get(GPU) for n in sorted(flatten(idx.nodes), key=lambda n: n.name)] == [2.0] * 4
+
+
+# ---------------------------------------------------------------- GPUs through DRA
+
+
+def test_a_gpu_device_class_is_planned_as_gpus_so_drf_shares_them(monkeypatch):
+    # Workers of "dra" claim one GPU each through DRA and request 2 CPU; those of "cpu"
+    # request 4 CPU. Three nodes of 8 CPU publish two GPUs each and have no device-plugin GPU.
+    # Seen as a CPU job, "dra" had half the dominant share per worker and DRF gave it 6
+    # workers to "cpu"'s 3; with its GPUs counted both shares are 1/6 per worker: 4 and 4.
+    monkeypatch.setattr(dra, "GPU_CLASSES", frozenset({DRIVER}))
+    kube = cluster(3, gpu="0")
+    kube.put(device_class())
+    for i in range(3):
+        kube.put(resource_slice(f"node-{i}", 2))
+    kube.put(claim_template())
+    rt, kube = make_runtime(kube)
+    kube.put(policy())
+    run(create_jobs(rt, kube,
+                    claiming(small_workers(allreduce_job("dra", max_workers=6), cpu="2", min_workers=1)),
+                    small_workers(allreduce_job("cpu", max_workers=6), cpu="4", min_workers=1)))
+    idx = kube.indexes()
+    assert [n.allocatable[1] for n in flatten(idx.nodes)] == [2.0, 2.0, 2.0]
+    assert idx.job(NS, "dra").demands["worker"][:2] == (2.0, 1.0)
+    report = round_(rt, kube)
+    counts = {name: report.targets[name].count("worker") for name in ("dra", "cpu")}
+    assert counts == {"dra": 4, "cpu": 4}, counts
+    settle(rt, kube)
+    # Its pods' claims allocated: not counted a second time, in GPUs or devices.
+    for p in kube.of_kind("Pod"):
+        name, where = p["metadata"]["name"], p["spec"].get("nodeName")
+        if name.startswith("dra-"):
+            kube.put(allocated_claim(name, where, [f"gpu-{int(name[-1]) % 2}"]))
+    again = round_(rt, kube)
+    assert {name: again.targets[name].count("worker") for name in ("dra", "cpu")} == counts
+
+
+def test_gpus_other_pods_claim_through_dra_are_held(monkeypatch):
+    monkeypatch.setattr(dra, "GPU_CLASSES", frozenset({DRIVER}))
+    kube = dra_cluster(nodes=2)
+    for body in kube.of_kind("Node"):
+        body["status"]["allocatable"]["nvidia.com/gpu"] = "0"
+    other = pod("notebook", "worker", 0, node_name="node-0", namespace="elsewhere")
+    other["metadata"]["labels"] = {}
+    for c in other["spec"]["containers"]:
+        c["resources"] = {"requests": {"cpu": "100m"}}
+    kube.put(other)
+    kube.put(allocated_claim(other["metadata"]["name"], "node-0", ["gpu-0"], "elsewhere"))
+    rt, kube = make_runtime(kube)
+    cluster_state = kube.indexes().cluster()
+    held = held_elsewhere(cluster_state, set(), {})
+    assert held["node-0"][1] == 1.0 and "node-1" not in held, held
+
+
+def test_the_gpu_device_classes_flag_reaches_the_planner(monkeypatch):
+    import subprocess
+    import sys
+
+    from mlsched.controller.__main__ import export, parse_args
+    from mlsched.controller.config import OperatorConfig
+
+    assert OperatorConfig.from_env({}).gpu_device_classes == ("gpu.nvidia.com",)
+    config = OperatorConfig.from_env({"MLSCHED_GPU_DEVICE_CLASSES": "gpu.amd.com, gpu.example.com"})
+    assert config.gpu_device_classes == ("gpu.amd.com", "gpu.example.com") and not config.problems()
+    bad = OperatorConfig.from_env({"MLSCHED_GPU_DEVICE_CLASSES": "GPU Class"})
+    assert any("is not a DeviceClass name" in p for p in bad.problems())
+    # As the CLI runs it: the flag reaches the module the planner reads.
+    monkeypatch.delenv("MLSCHED_GPU_DEVICE_CLASSES", raising=False)
+    export(parse_args(["--gpu-device-class", "gpu.amd.com", "--gpu-device-class", DRIVER]))
+    out = subprocess.run([sys.executable, "-c", "from mlsched.controller import dra; "
+                          "print(sorted(dra.GPU_CLASSES))"], capture_output=True, text=True, check=True)
+    monkeypatch.delenv("MLSCHED_GPU_DEVICE_CLASSES")
+    assert out.stdout.strip() == str(sorted(["gpu.amd.com", DRIVER]))

@@ -67,6 +67,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--gpu-resource", metavar="NAME",
                    help="the accelerator's extended resource name the planner counts as GPUs "
                         "(nvidia.com/gpu; e.g. amd.com/gpu); its taint key is tolerated by default")
+    p.add_argument("--gpu-device-class", action="append", default=[], metavar="CLASS",
+                   help="a Dynamic Resource Allocation DeviceClass whose devices are GPUs: "
+                        "claimed through it, they are planned as GPUs (repeatable; default "
+                        "gpu.nvidia.com)")
     p.add_argument("--max-exploration", type=float, metavar="EPSILON",
                    help="largest spec.exploration.epsilon served; above it, clamped (0.2)")
     p.add_argument("--label-nodes", action="store_true", default=None,
@@ -89,6 +93,7 @@ def export(args: argparse.Namespace) -> None:
              "LEADER_ELECTION": args.leader_election, "LEADER_IDENTITY": args.leader_identity,
              "MAX_MODEL_BYTES": args.max_model_bytes, "MAX_EXPLORATION": args.max_exploration,
              "EXECUTION_PROVIDER": args.execution_provider, "GPU_RESOURCE": args.gpu_resource,
+             "GPU_DEVICE_CLASSES": ",".join(args.gpu_device_class) or None,
              "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None,
              "LABEL_NODES": "true" if args.label_nodes else None}
     for name, value in flags.items():

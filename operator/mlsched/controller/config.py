@@ -16,6 +16,7 @@ from mlsched.controller.model_sources import DEFAULT_MAX_MODEL_BYTES
 from mlsched.policies.onnx_runner import PROVIDERS
 
 ENV_PREFIX = "MLSCHED_"
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 _EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -112,6 +113,9 @@ class OperatorConfig:
     # The accelerator's extended resource name (records.GPU_RESOURCE reads the same variable);
     # a GPU node pool's taint conventionally has that key, so it is tolerated by default.
     gpu_resource: str = "nvidia.com/gpu"
+    # DRA DeviceClasses whose devices are GPUs (dra.GPU_CLASSES reads the same variable):
+    # counted per node and folded into the GPU dimension. NVIDIA's DRA driver's by default.
+    gpu_device_classes: tuple[str, ...] = ("gpu.nvidia.com",)
     # None: the GPU resource's key and kwok's (set in __post_init__).
     tolerated_taints: frozenset[str] = None  # type: ignore[assignment]
     api_concurrency: int = 16  # API calls in flight during one round
@@ -174,6 +178,7 @@ class OperatorConfig:
             execution_provider=get("EXECUTION_PROVIDER") or defaults.execution_provider,
             node_selector=_selector(get("NODE_SELECTOR")),
             gpu_resource=get("GPU_RESOURCE") or defaults.gpu_resource,
+            gpu_device_classes=_csv(get("GPU_DEVICE_CLASSES")) or defaults.gpu_device_classes,
             tolerated_taints=frozenset(_csv(taints)) if taints is not None else None,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
             record_concurrency=int(get("RECORD_CONCURRENCY") or defaults.record_concurrency),
@@ -191,6 +196,10 @@ class OperatorConfig:
         if not _EXTENDED_RESOURCE.match(self.gpu_resource):
             out.append(f"--gpu-resource {self.gpu_resource!r} is not an extended resource name "
                        "(<domain>/<name>, e.g. nvidia.com/gpu or amd.com/gpu)")
+        for name in self.gpu_device_classes:
+            if not _DNS_SUBDOMAIN.match(name):
+                out.append(f"--gpu-device-class {name!r} is not a DeviceClass name (a DNS "
+                           "subdomain, e.g. gpu.nvidia.com)")
         https = self.progress_url.startswith("https://")
         tls = bool(self.tls_secret or (self.tls_cert and self.tls_key))
         if bool(self.tls_cert) != bool(self.tls_key):

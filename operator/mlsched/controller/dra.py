@@ -29,6 +29,7 @@ What is not counted, left to kube-scheduler as before (documented in docs/operat
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -38,6 +39,15 @@ from mlsched.controller.node_constraints import DEVICE_PREFIX
 
 #: The counted resource a DeviceClass becomes: `dra:<class>`.
 PREFIX = DEVICE_PREFIX
+
+#: DeviceClasses whose devices are GPUs (--gpu-device-class; read at import, as
+#: records.GPU_RESOURCE is): besides being counted, they are folded into the GPU dimension, so
+#: that a node publishing two has 2 GPUs and a pod claiming one asks for 1 GPU: DRF's shares
+#: and DL²'s state see a GPU job, not a CPU one. NVIDIA's DRA driver names its class
+#: gpu.nvidia.com.
+GPU_CLASSES: frozenset[str] = frozenset(
+    c.strip() for c in (os.environ.get("MLSCHED_GPU_DEVICE_CLASSES") or "gpu.nvidia.com").split(",")
+    if c.strip())
 
 Value = str | bool | int
 # ("driver", value) or (domain, attribute, value): one equality of a class's selector.
@@ -221,16 +231,20 @@ def resource_slice_record(body: Mapping[str, Any]) -> SliceRecord:
 
 @dataclass
 class Catalogue:
-    """The node-local devices of the cluster by class: how many each node has (`by_node`) and
-    which node and classes each device (driver, pool, device) counts for (`where`). Only the
-    newest generation of each pool counts (a driver republishing leaves old slices behind for
-    a moment)."""
+    """The node-local devices of the cluster by class: how many each node has (`by_node`), how
+    many of them are GPUs (`gpus`: selected by a class of `gpu_classes`), and which node and
+    classes each device (driver, pool, device) counts for and whether it is a GPU (`where`).
+    Only the newest generation of each pool counts (a driver republishing leaves old slices
+    behind for a moment)."""
 
     by_node: dict[str, dict[str, float]] = field(default_factory=dict)
-    where: dict[tuple[str, str, str], tuple[str, tuple[str, ...]]] = field(default_factory=dict)
+    gpus: dict[str, float] = field(default_factory=dict)
+    where: dict[tuple[str, str, str], tuple[str, tuple[str, ...], bool]] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, slices: Iterable[SliceRecord], classes: Iterable[DeviceClassRecord]) -> Catalogue:
+    def of(cls, slices: Iterable[SliceRecord], classes: Iterable[DeviceClassRecord],
+           gpu_classes: frozenset[str] | None = None) -> Catalogue:
+        gpu_keys = {key(c) for c in (GPU_CLASSES if gpu_classes is None else gpu_classes)}
         readable = [c for c in classes if c.conditions is not None]
         slices = list(slices)
         newest: dict[tuple[str, str], int] = {}
@@ -243,9 +257,12 @@ class Catalogue:
             on = out.by_node.setdefault(s.node, {})
             for name, attributes in s.devices:
                 keys = tuple(key(c.name) for c in readable if c.selects(s.driver, attributes))
-                out.where[(s.driver, s.pool, name)] = (s.node, keys)
+                gpu = any(k in gpu_keys for k in keys)  # one GPU, whatever classes select it
+                out.where[(s.driver, s.pool, name)] = (s.node, keys, gpu)
                 for k in keys:
                     on[k] = on.get(k, 0.0) + 1.0
+                if gpu:
+                    out.gpus[s.node] = out.gpus.get(s.node, 0.0) + 1.0
         return out
 
 
@@ -330,20 +347,29 @@ def resource_claim_record(body: Mapping[str, Any]) -> ClaimRecord | None:
 
 
 def claimed(claims: Iterable[ClaimRecord], catalogue: Catalogue
-            ) -> list[tuple[str, str | None, str, Counted]]:
-    """(namespace, pod, node, devices taken per class) of each allocated claim."""
+            ) -> list[tuple[str, str | None, str, Counted, float]]:
+    """(namespace, pod, node, devices taken per class, GPUs among them) of each allocated
+    claim."""
     out = []
     for claim in claims:
         per_node: dict[str, dict[str, float]] = {}
+        gpus: dict[str, float] = {}
         for device in claim.devices:
             found = catalogue.where.get(device)
             if found is None:
                 continue
-            node, keys = found
+            node, keys, gpu = found
             on = per_node.setdefault(node, {})
             for k in keys:
                 on[k] = on.get(k, 0.0) + 1.0
+            gpus[node] = gpus.get(node, 0.0) + (1.0 if gpu else 0.0)
         for node, taken in per_node.items():
-            out.append((claim.namespace, claim.pod, node, tuple(sorted(taken.items()))))
+            out.append((claim.namespace, claim.pod, node, tuple(sorted(taken.items())), gpus[node]))
     return out
+
+
+def gpus_of(taken: Counted, gpu_classes: frozenset[str] | None = None) -> float:
+    """The GPUs among what one pod claims (template_takes), by `gpu_classes`."""
+    gpu_keys = {key(c) for c in (GPU_CLASSES if gpu_classes is None else gpu_classes)}
+    return sum(amount for name, amount in taken if name in gpu_keys)
 

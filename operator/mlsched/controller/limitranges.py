@@ -28,7 +28,7 @@ from mlsched.controller import dra, runtimeclasses
 from mlsched.controller.node_constraints import EVERY_NODE, role_constraints
 from mlsched.controller.records import (
     JobRecord, container_limited, container_requested, extended_requests, parse_quantity,
-    pod_limits, pod_totals, role_charges, role_demands,
+    pod_limits, pod_requests, pod_totals, role_charges, role_demands,
 )
 from mlsched.controller.runtimeclasses import RuntimeClassRecord
 
@@ -234,9 +234,10 @@ def _show(resource: str, amount: float) -> str:
 def with_devices(job: JobRecord, templates: Mapping[str, dra.ClaimTemplateRecord],
                  classes: Mapping[str, dra.DeviceClassRecord]) -> JobRecord:
     """The job with the devices each pod of a role claims added to that role's node constraint
-    (its `resources`, which counted_resources.py counts per node: dra.py), or `blocked` if a claim
-    template or class it names does not exist (its pods would wait for good)."""
-    constraints = dict(job.node_constraints)
+    (its `resources`, which counted_resources.py counts per node: dra.py) and those of GPU
+    classes to its GPU demand, or `blocked` if a claim template or class it names does not
+    exist (its pods would wait for good)."""
+    constraints, demands = dict(job.node_constraints), dict(job.demands)
     for role, names in job.claim_templates.items():
         if not job.bounds(role)[1]:
             continue
@@ -252,7 +253,16 @@ def with_devices(job: JobRecord, templates: Mapping[str, dra.ClaimTemplateRecord
             for name, amount in taken:
                 resources[name] = resources.get(name, 0.0) + amount
             constraints[role] = dataclasses.replace(constraint, resources=tuple(sorted(resources.items())))
-    return dataclasses.replace(job, node_constraints=constraints)
+        gpus = dra.gpus_of(taken)
+        if gpus:
+            # A template requesting no GPU of its own may have the catalog's demand, whose GPUs
+            # are these claimed ones: they replace it rather than add to it.
+            template = job.templates.get(role) or {}
+            spec = template.get("spec") if isinstance(template, Mapping) else None
+            own = pod_requests(spec)[1] if isinstance(spec, Mapping) else 0.0
+            cpu, gpu, memory = demands.get(role, (0.0, 0.0, 0.0))
+            demands[role] = (cpu, (gpu if own else 0.0) + gpus, memory)
+    return dataclasses.replace(job, node_constraints=constraints, demands=demands)
 
 
 class Defaulted(Mapping[tuple[str, str], Iterable[JobRecord]]):

@@ -89,29 +89,34 @@ class Owned(Mapping[JobKey, list]):
 class WithDevices(Mapping[str, list]):
     """The node index with each node's DRA devices (dra.Catalogue: the devices its ResourceSlices
     publish, per DeviceClass) added to its extended resources, so that every reader (rounds,
-    NodeFilters, CannotFit) counts them as it counts `example.com/nic`. A cluster without
-    ResourceSlices sees the index as it is."""
+    NodeFilters, CannotFit) counts them as it counts `example.com/nic`, and those of GPU classes
+    (dra.GPU_CLASSES) to its allocatable GPUs. A cluster without ResourceSlices sees the index
+    as it is."""
 
     def __init__(self, raw: Mapping[str, Iterable[NodeRecord]], catalogue: Callable[[], dra.Catalogue]):
         self.raw = raw
         self._catalogue = catalogue
-        self._cache: dict[str, tuple[NodeRecord, Mapping[str, float], NodeRecord]] = {}
+        self._cache: dict[str, tuple[NodeRecord, Mapping[str, float], float, NodeRecord]] = {}
 
-    def _with(self, node: NodeRecord, devices: Mapping[str, float] | None) -> NodeRecord:
+    def _with(self, node: NodeRecord, catalogue: dra.Catalogue) -> NodeRecord:
+        devices = catalogue.by_node.get(node.name)
         if not devices:
             return node
+        gpus = catalogue.gpus.get(node.name, 0.0)
         cached = self._cache.get(node.name)
-        if cached is not None and cached[0] is node and cached[1] == devices:
-            return cached[2]
-        result = dataclasses.replace(node, extended={**node.extended, **devices})
+        if cached is not None and cached[0] is node and cached[1] == devices and cached[2] == gpus:
+            return cached[3]
+        cpu, gpu, memory = node.allocatable
+        result = dataclasses.replace(node, extended={**node.extended, **devices},
+                                     allocatable=(cpu, gpu + gpus, memory))
         if len(self._cache) > 2 * len(self.raw) + 64:
             self._cache = {k: v for k, v in self._cache.items() if k in self.raw}
-        self._cache[node.name] = (node, devices, result)
+        self._cache[node.name] = (node, devices, gpus, result)
         return result
 
     def __getitem__(self, name: str) -> list:
-        by_node = self._catalogue().by_node
-        return [self._with(n, by_node.get(n.name)) for n in self.raw[name]]
+        catalogue = self._catalogue()
+        return [self._with(n, catalogue) for n in self.raw[name]]
 
     def __iter__(self):
         return iter(self.raw)
@@ -120,10 +125,10 @@ class WithDevices(Mapping[str, list]):
         return len(self.raw)
 
     def values(self):  # type: ignore[override]
-        by_node = self._catalogue().by_node
-        if not by_node:
+        catalogue = self._catalogue()
+        if not catalogue.by_node:
             return self.raw.values()
-        return [[self._with(n, by_node.get(n.name)) for n in found] for found in self.raw.values()]
+        return [[self._with(n, catalogue) for n in found] for found in self.raw.values()]
 
 
 @dataclass

@@ -52,8 +52,8 @@ class ClusterState:
     # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
     # occupy their nodes until they are gone.
     strays: Iterable[PodRecord] = ()
-    # (namespace, pod, node, devices per class) of each allocated ResourceClaim (dra.claimed)
-    device_claims: Iterable[tuple[str, str | None, str, Counted]] = ()
+    # (namespace, pod, node, devices per class, GPUs) of each allocated ResourceClaim (dra.claimed)
+    device_claims: Iterable[tuple[str, str | None, str, Counted, float]] = ()
 
 
 def usable(node: NodeRecord, node_selector: Mapping[str, str]) -> bool:
@@ -86,7 +86,19 @@ def held_elsewhere(cluster: ClusterState, own_jobs: set[JobKey],
     for pod in [*others, *cluster.strays]:
         if pod.node and pod.phase not in ("Succeeded", "Failed"):
             held[pod.node] = add(held.get(pod.node, NO_RESOURCES), pod.requests)
+    # GPUs claimed through DRA (dra.GPU_CLASSES) are in no pod's requests: those of every pod
+    # but the ones booked by their job's demand (the round's own, other policies' reserved).
+    if cluster.device_claims:
+        booked = pods_of(cluster, [*own_jobs, *reserved])
+        for namespace, pod_name, node, _, gpus in cluster.device_claims:
+            if gpus and (namespace, pod_name) not in booked:
+                held[node] = add(held.get(node, NO_RESOURCES), (0.0, gpus, 0.0))
     return held
+
+
+def pods_of(cluster: ClusterState, keys: Iterable[JobKey]) -> set[tuple[str, str]]:
+    """(namespace, name) of the pods of the jobs `keys`."""
+    return {(key[0], p.name) for key in keys for p in cluster.pods.get(key, ())}
 
 
 #: Other policies' jobs and the nodes their latest step decided for each role's tasks (pods
@@ -193,9 +205,8 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
     # the round books afresh (its own jobs') and the tasks of `decided`, counted above by
     # their templates (extended_of: dra.with_devices).
     if cluster.device_claims:
-        booked = {(key[0], p.name) for key in (*own_jobs, *(decided or {}))
-                  for p in cluster.pods.get(key, ())}
-        for namespace, pod, node, devices in cluster.device_claims:
+        booked = pods_of(cluster, [*own_jobs, *(decided or {})])
+        for namespace, pod, node, devices, _ in cluster.device_claims:
             if (namespace, pod) not in booked:
                 count(node, 0, devices)
     return held
