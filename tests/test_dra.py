@@ -48,6 +48,7 @@ def claim_template(name: str = "one-gpu", count: int = 1, class_name: str = DRIV
 def allocated_claim(pod_name: str, node_name: str, devices: list[str], namespace: str = NS) -> dict:
     return {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": f"{pod_name}-gpu", "namespace": namespace,
+                         "uid": f"claim-{namespace}-{pod_name}",
                          "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": pod_name,
                                               "uid": "u", "controller": True}]},
             "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": DRIVER}}]}},
@@ -288,3 +289,22 @@ def test_the_gpu_device_classes_flag_reaches_the_planner(monkeypatch):
                           "print(sorted(dra.GPU_CLASSES))"], capture_output=True, text=True, check=True)
     monkeypatch.delenv("MLSCHED_GPU_DEVICE_CLASSES")
     assert out.stdout.strip() == str(sorted(["gpu.amd.com", DRIVER]))
+
+
+def test_with_namespace_the_claims_of_other_namespaces_are_watched_and_held():
+    # An operator serving team-a only (kopf watches team-a's claims): a notebook of team-b
+    # holding both devices of node-0 through its claim kept nobody off node-0 before.
+    from mlsched.controller.cluster_pods import OtherNamespaceClaims
+    from mlsched.controller.snapshot import held_counted
+
+    theirs = allocated_claim("notebook", "node-0", ["gpu-0", "gpu-1"], namespace="team-b")
+    ours = allocated_claim("stray", "node-1", ["gpu-0"], namespace=NS)
+    other = OtherNamespaceClaims([NS])
+    other.replace([theirs, ours, allocated_claim("pending", "node-2", [], namespace="team-b")])
+    assert [c.pod for c in other.claims()] == ["notebook"]  # served and unallocated ones left out
+    kube = dra_cluster()
+    idx = kube.indexes()
+    idx.other_claims = other
+    assert held_counted(idx.cluster(), set()) == {"node-0": {GPU: 2.0}}
+    assert other.apply("DELETED", theirs) is True  # freed: waiting jobs are woken
+    assert held_counted(idx.cluster(), set()) == {}

@@ -25,13 +25,14 @@ from collections import Counter
 from typing import Any
 
 import kopf
+import kubernetes.client
 import kubernetes.watch
 
 from mlsched.api import GROUP, VERSION
 from mlsched.controller import dra, jobs, preflight, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
-from mlsched.controller.cluster_pods import OtherNamespacePods
+from mlsched.controller.cluster_pods import OtherNamespaceClaims, OtherNamespacePods
 from mlsched.controller.host_ports import host_ports
 from mlsched.controller.kube import ClientKubeApi
 from mlsched.controller.leadership import Leadership, elect, label_own_pod
@@ -113,6 +114,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
             CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
         other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
         memo["other_namespaces"] = other
+        # And the DRA devices their pods' claims hold (dra.py).
+        rt.indexes.other_claims = claims = OtherNamespaceClaims(
+            CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
+        # The return type named: the client (37.0) cannot derive the claim's model name from
+        # the list function (its models are ResourceV1ResourceClaim), and the events are read
+        # as plain dicts anyway (deserialize=False).
+        claims.start(kubernetes.client.ResourceV1Api(rt.api.core.api_client)
+                     .list_resource_claim_for_all_namespaces,
+                     lambda: kubernetes.watch.Watch(return_type="ResourceV1ResourceClaim"))
+        memo["other_claims"] = claims
     rt.metrics.watch_job_phases(
         lambda: Counter((j.phase or "Unknown", j.reason or "") for j in flatten(rt.indexes.mljobs)))
     rt.policy_loops = policy_loops(rt)
@@ -148,8 +159,9 @@ def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
 
 @kopf.on.cleanup()
 async def cleanup(memo: kopf.Memo, **_: Any) -> None:
-    if "other_namespaces" in memo:
-        memo["other_namespaces"].stop()
+    for watch in ("other_namespaces", "other_claims"):
+        if watch in memo:
+            memo[watch].stop()
     if "sweep" in memo:
         memo["sweep_stopped"].set()
         await asyncio.gather(memo["sweep"], return_exceptions=True)

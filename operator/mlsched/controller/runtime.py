@@ -146,8 +146,10 @@ class Indexes:
     foreign: Mapping[str, Iterable[Resources]]
     mljobs: Mapping[JobKey, Iterable[JobRecord]]
     policies: Mapping[PolicyKey, Iterable[Any]]
-    # With --namespace: pods of the other namespaces (cluster_pods.OtherNamespacePods).
+    # With --namespace: pods of the other namespaces (cluster_pods.OtherNamespacePods), and
+    # their allocated ResourceClaims (cluster_pods.OtherNamespaceClaims).
     other_namespaces: Any = None
+    other_claims: Any = None
     # ResourceQuotas by namespace (quotas.py): the budget of the namespace's rounds.
     quotas: Mapping[str, Iterable[QuotaRecord]] = field(default_factory=dict)
     # LimitRanges by namespace (limitranges.py): the requests its pods will be given.
@@ -200,8 +202,13 @@ class Indexes:
                             statefulsets=self.statefulsets, foreign=foreign,
                             foreign_ports=ports, foreign_extended=extended,
                             foreign_labels=self.foreign_labels, strays=self.pods.strays(),
-                            device_claims=dra.claimed(flatten(self.resource_claims), self.catalogue())
-                            if self.resource_claims else ())
+                            device_claims=self._device_claims())
+
+    def _device_claims(self) -> list:
+        claims = flatten(self.resource_claims)
+        if self.other_claims is not None:
+            claims += self.other_claims.claims()
+        return dra.claimed(claims, self.catalogue()) if claims else []
 
     def catalogue(self) -> dra.Catalogue:
         """The cluster's node-local DRA devices by class, rebuilt when a ResourceSlice or a

@@ -115,11 +115,10 @@ def other_tasks(cluster: ClusterState, own_jobs: set[JobKey], decided: Decided |
     (a pod being moved holds its old node until it is gone)."""
     decided = decided or {}
     for key, pods in cluster.pods.items():
-        if key in own_jobs:
+        if key in own_jobs or key in decided:  # decided jobs' pods: below
             continue
-        active = [p for p in pods if p.node and p.phase not in ("Succeeded", "Failed")]
-        if key not in decided:
-            for pod in active:
+        for pod in pods:
+            if pod.node and pod.phase not in ("Succeeded", "Failed"):
                 yield pod.node, pod.role, 1, None, pod  # type: ignore[misc]
     for key, (job, nodes_of) in decided.items():
         if key in own_jobs:
@@ -186,11 +185,13 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
     held: dict[str, dict[str, float]] = {}
 
     def count(node: str, pods: int, extended: Counted) -> None:
+        """`pods` pods on `node`, each taking `extended` (0: `extended` in all, the pods'
+        slots counted apart, as for other workloads' pods)."""
         on = held.setdefault(node, {})
         if pods:
             on[POD_SLOTS] = on.get(POD_SLOTS, 0.0) + pods
         for name, amount in extended:
-            on[name] = on.get(name, 0.0) + amount
+            on[name] = on.get(name, 0.0) + amount * max(pods, 1)
 
     for node, requests in cluster.foreign.items():
         count(node, sum(1 for _ in requests), ())
@@ -198,9 +199,7 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
         for extended in found:
             count(node, 0, extended)
     for node, role, n, job, pod in other_tasks(cluster, own_jobs, decided):
-        extended = pod.extended if pod is not None else extended_of(job, role)  # type: ignore[arg-type]
-        for _ in range(n):
-            count(node, 1, extended)
+        count(node, n, pod.extended if pod is not None else extended_of(job, role))  # type: ignore[arg-type]
     # DRA devices are in no pod's requests but in its claims: those of every pod but the ones
     # the round books afresh (its own jobs') and the tasks of `decided`, counted above by
     # their templates (extended_of: dra.with_devices).
