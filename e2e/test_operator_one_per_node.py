@@ -160,6 +160,31 @@ def test_spread_tasks_keep_off_nodes_where_another_workloads_matching_pod_runs(
     assert "Displaced" not in reasons and "Unschedulable" not in reasons, reasons
 
 
+def test_tasks_keep_off_the_node_of_a_pod_whose_anti_affinity_repels_them(mlsched, operator):
+    """Another workload of the job's namespace keeping training off its node with its own
+    required anti-affinity (`mlsched.io/job-name Exists`): kube-scheduler refuses a job pod beside
+    it by symmetry. Before, the planner read only the job's own terms: bin-packing pinned
+    workers to that node, kube-scheduler refused them, displacement moved them."""
+    node = "kwok-node-0"  # bin-packing's first choice on an empty cluster
+    mlsched.core.create_namespaced_pod(mlsched.namespace, {
+        "metadata": {"name": "latency-critical"},
+        "spec": {"nodeName": node, "tolerations": [KWOK_TOLERATION],
+                 "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                     {"labelSelector": {"matchExpressions": [{"key": "mlsched.io/job-name",
+                                                              "operator": "Exists"}]},
+                      "topologyKey": "kubernetes.io/hostname"}]}},
+                 "containers": [{"name": "c", "image": IMAGE}]}})
+    wait_for(lambda: mlsched.core.read_namespaced_pod("latency-critical", mlsched.namespace)
+             .status.phase == "Running", 60, "the other workload's pod to run")
+    mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
+    mlsched.create(mljob("repelled", ps=None, workers=(4, 4)))
+    pods = wait_all_running(mlsched, "repelled", 4)
+    nodes = [p.spec.node_name for p in pods]
+    assert node not in nodes, nodes
+    reasons = [e.reason for e in mlsched.events("repelled", "MLJob")]
+    assert "Displaced" not in reasons and "Unschedulable" not in reasons, reasons
+
+
 def with_spread(job: dict, label: str, key: str = "kubernetes.io/hostname") -> dict:
     template = job["spec"]["replicaSpecs"]["worker"]["template"]
     template.setdefault("metadata", {})["labels"] = {"app": label}

@@ -341,6 +341,7 @@ class MemoryKube:
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
             "policy_index", "quota_index", "limit_range_index", "runtime_class_index",
             "foreign_port_index", "foreign_extended_index", "foreign_label_index",
+            "foreign_repel_index",
             "device_class_index", "resource_slice_index", "claim_template_index",
             "resource_claim_index")}
 
@@ -361,6 +362,7 @@ class MemoryKube:
                     add("foreign_port_index", handlers.foreign_port_index(**common))
                     add("foreign_extended_index", handlers.foreign_extended_index(**common))
                     add("foreign_label_index", handlers.foreign_label_index(**common))
+                    add("foreign_repel_index", handlers.foreign_repel_index(**common))
             elif kind == "StatefulSet" and handlers.JOB_LABEL in labels:
                 add("statefulset_index", handlers.statefulset_index(**common))
             elif kind == "MLJob":

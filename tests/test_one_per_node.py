@@ -404,3 +404,28 @@ def test_the_operator_keeps_spread_tasks_off_nodes_where_another_workloads_match
     report = round_(rt, kube)
     nodes = report.targets["spread"].nodes["worker"]
     assert "node-0" not in nodes and len(nodes) == len(set(nodes)) == 3, nodes  # 4, node-0 too, before
+
+
+def _repelling(name: str, node_name: str, namespace: str = NS, key: str = "mlsched.io/job-name") -> dict:
+    """Another workload's pod keeping pods with label `key` off its node."""
+    body = pod(name, "worker", 0, node_name=node_name, namespace=namespace)
+    body["metadata"]["labels"] = {}
+    body["metadata"]["name"] = name
+    body["spec"]["affinity"] = {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+        {"labelSelector": {"matchExpressions": [{"key": key, "operator": "Exists"}]},
+         "topologyKey": "kubernetes.io/hostname"}]}}
+    return body
+
+
+def test_the_operator_keeps_tasks_off_the_node_of_a_pod_whose_anti_affinity_repels_them():
+    # Found on the plane: a workload keeping training off its node (`mlsched.io/job-name
+    # Exists`) was ignored; bin-packing pinned workers there, kube-scheduler refused them
+    # (symmetry), displacement moved them.
+    rt, kube = setup(nodes=4, policies=(policy(placement="bin-pack"),),
+                     job_bodies=[allreduce_job("packed", max_workers=4)])
+    kube.put(_repelling("latency-critical", "node-0"))
+    kube.put(_repelling("elsewhere", "node-1", namespace="team-b"))  # repels only team-b's pods
+    kube.put(_repelling("unrelated", "node-2", key="app"))  # matches no job pod
+    report = round_(rt, kube)
+    nodes = report.targets["packed"].nodes["worker"]
+    assert len(nodes) == 4 and "node-0" not in nodes and "node-1" in nodes, nodes

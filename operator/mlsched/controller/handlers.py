@@ -39,6 +39,7 @@ from mlsched.controller.leadership import Leadership, elect, label_own_pod
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.loop_health import LoopHealth
 from mlsched.controller.limitranges import limit_range_record
+from mlsched.controller.pod_anti_affinity import node_selectors
 from mlsched.controller.runtimeclasses import runtime_class_record
 from mlsched.controller.quotas import quota_record
 from mlsched.controller.records import (
@@ -88,6 +89,7 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
                    foreign_ports=kwargs["foreign_port_index"],
                    foreign_extended=kwargs["foreign_extended_index"],
                    foreign_labels=kwargs["foreign_label_index"],
+                   foreign_repels=kwargs["foreign_repel_index"],
                    device_classes=kwargs["device_class_index"],
                    resource_slices=kwargs["resource_slice_index"],
                    claim_templates=kwargs["claim_template_index"],
@@ -232,6 +234,16 @@ def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, bo
     namespace runs (snapshot.held_selected)."""
     node = _bound_to(spec, body) if labels else None
     return {namespace: (node, dict(labels))} if node else None
+
+
+@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
+def foreign_repel_index(namespace: str, spec: kopf.Spec, body: kopf.Body, **_: Any):
+    """Node and required anti-affinity selectors (per node) of other schedulers' pods per
+    namespace, for those carrying any: a job pod matching one is kept off that node
+    (pod_anti_affinity.py)."""
+    node = _bound_to(spec, body)
+    selectors = node_selectors(spec) if node else ()
+    return {namespace: (node, selectors)} if selectors else None
 
 
 @kopf.index("resourcequotas")

@@ -235,7 +235,10 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           counted_used=held_counted(cluster, deciding, decided),
                           # Pods others hold matter only to jobs spread by anti-affinity.
                           selected=held_selected(cluster, deciding, schedulable[0].namespace,
-                                                 selectors, decided) if selectors else None)
+                                                 selectors, decided) if selectors else None,
+                          # Other workloads' anti-affinity terms repelling job pods (rare).
+                          repelled=cluster.foreign_repels.get(schedulable[0].namespace)
+                          if schedulable else None)
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):

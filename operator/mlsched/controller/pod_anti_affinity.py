@@ -22,7 +22,9 @@ What is planned, and what is left to kube-scheduler (a refusal moves the task):
   `mismatchLabelKeys` is not planned;
 - pods the round does not re-decide (other policies' jobs, other workloads) hold a selector
   on their node when they are in the job's namespace and match it (snapshot.held_selected);
-  their own anti-affinity terms, which repel the job's pods by symmetry, are not read;
+  other workloads' own terms repel the job's pods by symmetry ("keep training off my node":
+  `mlsched.io/job-name Exists`): a role whose pods match one is kept off that pod's node
+  (`node_selectors`, snapshot.repelled_masks); other jobs' terms that only repel are not read;
 - a role that matches a selector without carrying the term is kept apart from its own kind
   too, which kube-scheduler would allow (they repel only the term's carriers): the planner is
   stricter, never looser.
@@ -45,6 +47,12 @@ _UNPLANNED_KEYS = ("namespaces", "namespaceSelector", "matchLabelKeys", "mismatc
 def spreading_selectors(spec: Any, own_labels: Mapping[str, str]) -> tuple[Selector, ...]:
     """The selectors of the pod spec's required anti-affinity terms that are planned (see the
     module docstring): per node, and matching the pod's own labels."""
+    return tuple(s for s in node_selectors(spec) if s.matches(own_labels))
+
+
+def node_selectors(spec: Any) -> tuple[Selector, ...]:
+    """The selectors of the pod spec's required anti-affinity terms per node (hostname
+    topology) naming no other namespace: the pods it keeps off its node."""
     affinity = spec.get("affinity") if isinstance(spec, Mapping) else None
     anti = affinity.get("podAntiAffinity") if isinstance(affinity, Mapping) else None
     terms = anti.get("requiredDuringSchedulingIgnoredDuringExecution") if isinstance(anti, Mapping) else None
@@ -54,7 +62,7 @@ def spreading_selectors(spec: Any, own_labels: Mapping[str, str]) -> tuple[Selec
                 or any(term.get(k) for k in _UNPLANNED_KEYS):
             continue
         selector = parse_selector(term.get("labelSelector"))
-        if selector is not None and selector.matches(own_labels) and selector not in out:
+        if selector is not None and selector not in out:
             out.append(selector)
     return tuple(out)
 

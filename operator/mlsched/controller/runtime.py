@@ -162,6 +162,8 @@ class Indexes:
     foreign_extended: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
     # (node, labels) of other schedulers' pods by namespace (pod_anti_affinity.py).
     foreign_labels: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
+    # (node, anti-affinity selectors) of other schedulers' pods carrying any, by namespace.
+    foreign_repels: Mapping[str, Iterable[tuple]] = field(default_factory=dict)
     # Dynamic Resource Allocation (dra.py): DeviceClasses and ResourceSlices by name,
     # ResourceClaimTemplates and allocated ResourceClaims by namespace.
     device_classes: Mapping[str, Iterable[dra.DeviceClassRecord]] = field(default_factory=dict)
@@ -201,7 +203,8 @@ class Indexes:
         return ClusterState(nodes=flatten(self.nodes), pods=self.pods,
                             statefulsets=self.statefulsets, foreign=foreign,
                             foreign_ports=ports, foreign_extended=extended,
-                            foreign_labels=self.foreign_labels, strays=self.pods.strays(),
+                            foreign_labels=self.foreign_labels, foreign_repels=self.foreign_repels,
+                            strays=self.pods.strays(),
                             device_claims=self._device_claims())
 
     def _device_claims(self) -> list:

@@ -49,6 +49,9 @@ class ClusterState:
     foreign_extended: Mapping[str, Iterable[Counted]] = field(default_factory=dict)
     # namespace → (node, labels) of each such pod with labels (pod_anti_affinity.py)
     foreign_labels: Mapping[str, Iterable[tuple[str, Mapping[str, str]]]] = field(default_factory=dict)
+    # namespace → (node, required anti-affinity selectors) of each such pod carrying any: the
+    # pods it keeps off its node (pod_anti_affinity.node_selectors)
+    foreign_repels: Mapping[str, Iterable[tuple[str, tuple[Selector, ...]]]] = field(default_factory=dict)
     # Pods of an earlier job of the same name, still going: nobody's to re-decide, but they
     # occupy their nodes until they are gone.
     strays: Iterable[PodRecord] = ()
@@ -374,6 +377,23 @@ class NodeFilters:
         return out or None
 
 
+def with_repelled(filters: dict[str, np.ndarray] | None, job: JobRecord,
+                  repelled: list[tuple[int, tuple[Selector, ...]]], n_nodes: int
+                  ) -> dict[str, np.ndarray] | None:
+    """The job's node filters, less for each role the nodes (by index) where a pod the round
+    does not re-decide carries a required anti-affinity term its pods match: kube-scheduler
+    refuses a pod beside one whose term repels it (pod_anti_affinity.py)."""
+    out = dict(filters or {})
+    for role in roles_of(job):
+        labels = job.pod_labels(role)
+        off = [i for i, selectors in repelled if any(s.matches(labels) for s in selectors)]
+        if off:
+            mask = out[role].copy() if role in out else np.ones(n_nodes, dtype=bool)
+            mask[off] = False
+            out[role] = mask
+    return out or None
+
+
 def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: float,
                    interval_s: float, held: Mapping[str, Resources] | None = None,
                    node_selector: Mapping[str, str] | None = None,
@@ -381,13 +401,16 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    budget: np.ndarray | None = None,
                    ports: Mapping[str, Iterable[HostPort]] | None = None,
                    counted_used: Mapping[str, Mapping[str, float]] | None = None,
-                   selected: Mapping[str, Iterable] | None = None) -> Snapshot:
+                   selected: Mapping[str, Iterable] | None = None,
+                   repelled: Iterable[tuple[str, tuple[Selector, ...]]] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
     `ports`: per node, the host ports held there already (held_ports); `counted_used`: the
     pod slots and extended resources held there already (held_counted); `selected`: the
     anti-affinity tokens held there already by pods the round does not re-decide
-    (held_selected; the jobs decided together hold theirs through JobView.exclusive)."""
+    (held_selected; the jobs decided together hold theirs through JobView.exclusive);
+    `repelled`: (node, selectors) of pods the round does not re-decide whose required
+    anti-affinity keeps matching pods off their node (with_repelled)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -407,9 +430,12 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
     filters = NodeFilters(nodes, tolerated_taints)
     selectors = list(dict.fromkeys(s for j in jobs for found in j.anti_affinity.values() for s in found))
     spreads = Spreads(jobs, nodes) if any(j.spread_constraints for j in jobs) else None
+    repelled = [(node_index[n], s) for n, s in repelled or () if n in node_index]
     views = [job_view(j, cluster.pods.get(j.key, ()), cluster.statefulsets.get(j.key, ()),
-                      node_index, interval_s, filters.of(j), budget is not None, selectors,
-                      spreads, counted.takes.get(j.key))
+                      node_index, interval_s,
+                      with_repelled(filters.of(j), j, repelled, len(nodes)) if repelled
+                      else filters.of(j),
+                      budget is not None, selectors, spreads, counted.takes.get(j.key))
              for j in jobs]
     pools = [n.pool for n in nodes]
     in_use = [frozenset((*(ports or {}).get(n.name, ()), *(selected or {}).get(n.name, ())))
