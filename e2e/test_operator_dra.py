@@ -7,8 +7,8 @@ node like extended resources (controller/dra.py): tasks are placed where their d
 once, and a job whose minimum the devices left cannot hold waits holding nothing and says why.
 
 Found on the plane before: the workers' containers request 1 CPU and no GPU, so bin-packing
-pinned all six to one node with two devices; kube-scheduler refused four, and a second job was
-admitted onto devices the first held."""
+pinned them by CPU beyond the devices of their nodes; kube-scheduler refused them (`Displaced`
+Events, an `Unschedulable` Warning)."""
 
 from __future__ import annotations
 

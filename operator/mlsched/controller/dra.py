@@ -7,8 +7,9 @@ their driver and attributes, and a pod names a ResourceClaimTemplate whose reque
 `count` devices of a class; kube-controller-manager makes one ResourceClaim per pod and
 kube-scheduler allocates it devices on the node it picks ("cannot allocate all claims" where
 the node has too few left). Planned from the template's container requests alone, such a job
-asked for no device at all: bin-packing put eight one-GPU workers on a node with two devices,
-kube-scheduler refused six, and a second job was admitted onto devices the first held.
+asked for no device at all: bin-packing pinned one-device workers beyond the two devices their
+node publishes, kube-scheduler refused them (`Displaced` Events, an `Unschedulable` Warning),
+and a gang was admitted onto devices other pods' claims held (two of its pods stayed Pending).
 
 Here each DeviceClass becomes a counted resource, `dra:<class>` (counted_resources.py does the
 rest, as for `example.com/nic`): a node has as many as its node-local ResourceSlices hold
