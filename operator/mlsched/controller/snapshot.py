@@ -187,22 +187,21 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
     resources they request: what counted_resources.py counts."""
     held: dict[str, dict[str, float]] = {}
 
-    def count(node: str, pods: int, extended: Counted) -> None:
-        """`pods` pods on `node`, each taking `extended` (0: `extended` in all, the pods'
-        slots counted apart, as for other workloads' pods)."""
+    def count(node: str, taken: Counted, times: int = 1, slots: int = 0) -> None:
+        """`taken` held `times` over on `node`, and `slots` of its pod slots."""
         on = held.setdefault(node, {})
-        if pods:
-            on[POD_SLOTS] = on.get(POD_SLOTS, 0.0) + pods
-        for name, amount in extended:
-            on[name] = on.get(name, 0.0) + amount * max(pods, 1)
+        if slots:
+            on[POD_SLOTS] = on.get(POD_SLOTS, 0.0) + slots
+        for name, amount in taken:
+            on[name] = on.get(name, 0.0) + amount * times
 
     for node, requests in cluster.foreign.items():
-        count(node, sum(1 for _ in requests), ())
+        count(node, (), slots=sum(1 for _ in requests))
     for node, found in cluster.foreign_extended.items():
         for extended in found:
-            count(node, 0, extended)
+            count(node, extended)  # their slots: cluster.foreign, above
     for node, role, n, job, pod in other_tasks(cluster, own_jobs, decided):
-        count(node, n, pod.extended if pod is not None else extended_of(job, role))  # type: ignore[arg-type]
+        count(node, pod.extended if pod is not None else extended_of(job, role), n, n)  # type: ignore[arg-type]
     # DRA devices are in no pod's requests but in its claims: those of every pod but the ones
     # the round books afresh (its own jobs') and the tasks of `decided`, counted above by
     # their templates (extended_of: dra.with_devices).
@@ -210,7 +209,7 @@ def held_counted(cluster: ClusterState, own_jobs: set[JobKey],
         booked = pods_of(cluster, [*own_jobs, *(decided or {})])
         for namespace, pod, node, devices, _ in cluster.device_claims:
             if (namespace, pod) not in booked:
-                count(node, 0, devices)
+                count(node, devices)
     return held
 
 
