@@ -36,9 +36,9 @@ def test_quota_records_read_what_the_planner_books():
     assert _quota({"pods": "10"}).hard[5] == 10.0 and _quota({"limits.memory": "1Gi"}).hard[4] == 1.0
     # Left for the round: hard less what others use (its own pods' usage is booked afresh).
     own = (2.0, 1.0, 8.0, 2.0, 8.0, 1.0)
-    np.testing.assert_allclose(budget([q], own=own), [12.0, 2.0, 48.0, 3.0, np.inf, 46.0])
+    np.testing.assert_allclose(budget([q], own=own).amounts, [12.0, 2.0, 48.0, 3.0, np.inf, 46.0])
     gpu_only = _quota({"requests.nvidia.com/gpu": "2"}, {"requests.nvidia.com/gpu": "2"}, name="b")
-    np.testing.assert_allclose(budget([q, gpu_only], own=own), [12.0, 1.0, 48.0, 3.0, np.inf, 46.0])
+    np.testing.assert_allclose(budget([q, gpu_only], own=own).amounts, [12.0, 1.0, 48.0, 3.0, np.inf, 46.0])
     assert budget([], own=own) is None
 
     def minimum(cpu=2.0, gpu=4.0, mem=16.0, lim_cpu=2.0, lim_mem=16.0, pods=2.0):
@@ -230,3 +230,75 @@ def test_a_job_whose_children_a_full_object_count_quota_refuses_waits_saying_why
     assert ("StatefulSet", NS, "second-worker") in kube.objects
     status = kube.obj("MLJob", NS, "second")["status"]
     assert get_condition(status["conditions"], "Admitted").reason == "WaitingForAllocation", status
+
+
+def test_quotas_on_counted_resources_are_read_by_the_names_the_planner_counts():
+    """`requests.<extended resource>` (and `ephemeral-storage`) and a DRA DeviceClass's
+    `<class>.deviceclass.resource.k8s.io/devices` bound the counted resources
+    (counted_resources.py) of the same names; the GPU resource stays a QUOTA_DIMS one."""
+    from mlsched.controller.quotas import counted_key
+    assert counted_key("requests.example.com/nic") == "example.com/nic"
+    assert counted_key("ephemeral-storage") == "ephemeral-storage"
+    assert counted_key("requests.ephemeral-storage") == "ephemeral-storage"
+    assert counted_key("requests.hugepages-2Mi") == "hugepages-2Mi"
+    assert counted_key("gpu.example.com.deviceclass.resource.k8s.io/devices") == "dra:gpu.example.com"
+    for other in ("requests.nvidia.com/gpu", "requests.cpu", "requests.storage", "count/pods",
+                  "limits.example.com/nic", "persistentvolumeclaims"):
+        assert counted_key(other) is None, other
+    q = _quota({"requests.example.com/nic": "4", "gpu.x.deviceclass.resource.k8s.io/devices": "3",
+                "ephemeral-storage": "20Gi", "requests.ephemeral-storage": "10Gi"},
+               {"requests.example.com/nic": "1", "requests.ephemeral-storage": "2Gi"})
+    assert q is not None and q.hard == (None,) * 6
+    # The lower of two spellings of one bound, with its usage.
+    assert q.counted == (("dra:gpu.x", 3.0, 0.0), ("ephemeral-storage", 10 * 2.0**30, 2 * 2.0**30),
+                         ("example.com/nic", 4.0, 1.0))
+
+
+def test_the_budget_and_the_reasons_count_the_counted_resources():
+    from mlsched.controller.quotas import budget, why_not, why_waiting
+    nics = _quota({"requests.example.com/nic": "4", "requests.cpu": "10"},
+                  {"requests.example.com/nic": "3", "requests.cpu": "2"}, name="nics")
+    devices = _quota({"gpu.x.deviceclass.resource.k8s.io/devices": "2"},
+                     {"gpu.x.deviceclass.resource.k8s.io/devices": "2"}, name="devices")
+    own = (1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
+    b = budget([nics, devices], own, own_counted={"example.com/nic": 1.0, "dra:gpu.x": 2.0},
+               pending_counted={"example.com/nic": 1.0})
+    assert b.counted == ("dra:gpu.x", "example.com/nic")
+    # NICs: 4 less the 2 others use less 1 decided for a pod not made yet; devices: all its own.
+    np.testing.assert_allclose(b.amounts, [9.0, np.inf, np.inf, np.inf, np.inf, np.inf, 2.0, 1.0])
+    none = (0.0,) * 6
+    assert why_not(none, [nics, devices], {"example.com/nic": 4.0, "dra:gpu.x": 2.0}) is None
+    assert why_not(none, [nics, devices], {"dra:gpu.x": 3.0}) == (
+        "its minimum claims 3 gpu.x devices; the namespace's ResourceQuota 'devices' allows 2 in all")
+    assert why_not(none, [nics], {"example.com/nic": 5.0}) == (
+        "its minimum requests 5 example.com/nic; the namespace's ResourceQuota 'nics' allows 4 in all")
+    assert why_waiting(none, [nics, devices], {}) is None
+    assert why_waiting(none, [nics], {"example.com/nic": 2.0}) == (
+        "its minimum requests 2 example.com/nic; the namespace's ResourceQuota 'nics' has 1 of 4 left")
+    assert why_waiting(none, [devices], {"dra:gpu.x": 1.0}) == (
+        "its minimum claims 1 gpu.x device; the namespace's ResourceQuota 'devices' has 0 of 2 left")
+
+
+def test_a_quota_on_an_extended_resource_bounds_every_allocation():
+    """Workers asking one example.com/nic each under `requests.example.com/nic: 3`: no policy
+    gives them more than 3 (DRF gave all 8 and the API server refused 5 pods: FailedCreate),
+    and what is decided for jobs without pods yet counts as used."""
+    from mlsched.controller.quotas import budget, minimum_takes
+    from test_counted_resources import _node, _record, small_workers
+    from test_controller_fixtures import allreduce_job
+    body = small_workers(allreduce_job("ring"), cpu="1", nics=1, min_workers=1)
+    body["spec"]["replicaSpecs"]["worker"]["max"] = 8
+    job = _record(body)
+    assert minimum_takes(job) == {"example.com/nic": 1.0}
+    cluster = ClusterState(nodes=[_node(f"n{i}", nics=4) for i in range(4)])
+    quota = _quota({"requests.example.com/nic": "3"})
+    for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "chic", "dl2"):
+        snap = build_snapshot([job], cluster, now_s=0, interval_s=60, budget=budget([quota], (0.0,) * 6))
+        assert snap.jobs[0].quota_charges["worker"].tolist()[-1] == 1.0
+        policy = DL2Policy.load(None) if allocation == "dl2" else registry.make_allocation(allocation)
+        d = run_round(snap, policy, registry.make_placement("load-balance")).jobs["ring"]
+        assert 1 <= d.workers <= 3, (allocation, d)
+    spent = budget([quota], (0.0,) * 6, pending_counted={"example.com/nic": 3.0})
+    snap = build_snapshot([job], cluster, now_s=0, interval_s=60, budget=spent)
+    assert not run_round(snap, registry.make_allocation("drf"),
+                         registry.make_placement("load-balance")).jobs.get("ring")

@@ -235,12 +235,13 @@ class Ledger:
     def charge(self, job: JobView | None, role: Role | None, demand: np.ndarray) -> np.ndarray:
         """What one task books against the budget: its job's quota charge for `role`, with the
         dimensions no quota bounds zeroed (so that a limit nobody checks is never NaN there)."""
+        size = len(self.budget)
         if job is None or role is None:
-            return np.array([*demand, 0.0, 0.0, 1.0])[:len(self.budget)]
+            return _padded(np.array([*demand, 0.0, 0.0, 1.0]), size)  # no limits, one pod
         key = (job.name, role)
         found = self._charges.get(key)
         if found is None:
-            charge = job.quota_charge(role)[:len(self.budget)]
+            charge = _padded(job.quota_charge(role), size)
             found = self._charges[key] = np.where(np.isinf(self.budget), 0.0, charge)
         return found
 
@@ -403,6 +404,15 @@ class Ledger:
 
     def decision(self) -> Decision:
         return Decision(jobs=self.jobs, inferences=self.inferences, pools=self.pools)
+
+
+def _padded(charge: np.ndarray, size: int) -> np.ndarray:
+    """A quota charge cut or padded with zeros to the budget's `size`: the dimensions after
+    the six standard ones (counted resources a quota bounds) are taken only by the tasks
+    whose charge says so."""
+    if len(charge) >= size:
+        return charge[:size]
+    return np.concatenate([charge, np.zeros(size - len(charge))])
 
 
 def _demand_key(demand: np.ndarray) -> tuple[str, bytes]:

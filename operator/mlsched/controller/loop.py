@@ -34,6 +34,7 @@ from mlsched.controller import (
 )
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
+from mlsched.controller.counted_resources import extended_of
 from mlsched.controller.desired import (
     Action, JobTarget, job_targets, plan_pods, plan_statefulset, roles_of,
 )
@@ -253,14 +254,19 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     found = values(idx.quotas, namespace)
     if not found:
         return None
+    counts = any(q.counted for q in found)  # the counted resources (extended, DRA devices)
     own = [0.0] * QUOTA_DIMS
+    own_counted: dict[str, float] = {}
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
                 for r, used in enumerate((*pod.requests, *pod.limits, 1.0)):
                     own[r] += used
+                if counts:
+                    quotas.add_takes(own_counted, quotas.pod_takes(job, pod))
     mine = {j.key for j in schedulable}
     pending = [0.0] * QUOTA_DIMS
+    pending_counted: dict[str, float] = {}
     for job in flatten(idx.mljobs):
         decided = rt.placements.of(job.key) if job.namespace == namespace else None
         if not decided or job.key in mine:
@@ -273,7 +279,10 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
             if missing > 0 and charge is not None:
                 for r, c in enumerate(charge):
                     pending[r] += missing * (0.0 if math.isnan(c) else c)
-    return quotas.budget(found, tuple(own), tuple(pending))
+                if counts:
+                    quotas.add_takes(pending_counted, extended_of(job, role), missing)
+    return quotas.budget(found, tuple(own), tuple(pending), own_counted, pending_counted)
+
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:

@@ -1,0 +1,86 @@
+"""ResourceQuotas on the counted resources, on the real control plane: an extended resource
+(`requests.example.com/nic`) and devices of a DRA DeviceClass
+(`<class>.deviceclass.resource.k8s.io/devices`, which the quota counts on each ResourceClaim
+kube-controller-manager makes for a pod). The operator plans within them as within a CPU or
+GPU quota (controller/quotas.py): a job is never scaled past what they leave, one whose
+minimum they can never hold is told so, and one waiting for others' usage says so.
+
+Found on the plane before: DRF scaled a job of NIC-requesting workers past a 2-NIC quota; the
+API server refused the pods beyond it (`FailedCreate`) while the plan held their nodes. With a
+2-device quota, four claiming workers were created; kube-controller-manager could not make
+the claims of two (`exceeded quota`), so those two stayed Pending for good."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from job_state import placed_as_decided, placement_problems
+from mlsched_objects import mljob, scheduling_policy
+from test_operator_counted_resources import DAY, NODES, POOL, node_allocatable, small_workers
+from test_operator_dra import claim_template, claiming, published_devices
+from test_operator_node_constraints import labelled
+from test_operator_one_per_node import wait_all_running
+from test_operator_quotas import _running, refused_for_good
+from waiting import wait_for
+
+
+def _told(mlsched, name: str, reason: str) -> str:
+    found, message = wait_for(lambda: (r := _running(mlsched, name)) and r[0] == reason and r, 60,
+                              f"{name} to say {reason}", describe=lambda: _running(mlsched, name))
+    assert mlsched.pods(name) == []
+    return message
+
+
+def _pending_for_good(mlsched, name: str) -> list[str]:
+    return [p.metadata.name for p in mlsched.pods(name) if p.status.phase != "Running"]
+
+
+def test_a_quota_on_an_extended_resource_is_planned_within(api, mlsched, operator):
+    core = client.CoreV1Api(api)
+    core.create_namespaced_resource_quota(mlsched.namespace, {
+        "metadata": {"name": "nics"}, "spec": {"hard": {"requests.example.com/nic": "2"}}})
+    with labelled(core, NODES, POOL, "yes"), node_allocatable(core, NODES, nic="4"):
+        mlsched.create(scheduling_policy("default", allocation="drf", interval=DAY))
+        # DRF would give it all 4 workers (12 NICs free); the quota leaves 2.
+        mlsched.create(small_workers(mljob("nic-job", ps=None, workers=(1, 4), epochs=1e9),
+                                     cpu="1", nics=1))
+        status = wait_for(lambda: placed_as_decided(mlsched, "nic-job"), 60, "the job to run",
+                          describe=lambda: placement_problems(mlsched, "nic-job"))
+        assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
+        wait_all_running(mlsched, "nic-job", 2)
+        mlsched.create(small_workers(mljob("nic-wait", ps=None, workers=(1, 1), epochs=1e9),
+                                     cpu="1", nics=1))
+        message = _told(mlsched, "nic-wait", "WaitingForQuota")
+        assert message == ("its minimum requests 1 example.com/nic; the namespace's ResourceQuota "
+                           "'nics' has 0 of 2 left"), message
+        mlsched.create(small_workers(mljob("nic-big", ps=None, workers=(3, 3), epochs=1e9),
+                                     cpu="1", nics=1))
+        message = _told(mlsched, "nic-big", "CannotFit")
+        assert message == ("its minimum requests 3 example.com/nic; the namespace's ResourceQuota "
+                           "'nics' allows 2 in all"), message
+        refused = refused_for_good(mlsched)
+        assert not refused, refused
+
+
+def test_a_quota_on_dra_devices_is_planned_within(api, mlsched, operator):
+    core = client.CoreV1Api(api)
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus:
+        core.create_namespaced_resource_quota(mlsched.namespace, {
+            "metadata": {"name": "devices"},
+            "spec": {"hard": {f"{gpus}.deviceclass.resource.k8s.io/devices": "2"}}})
+        claim_template(api, mlsched.namespace, gpus)
+        mlsched.create(scheduling_policy("default", allocation="drf", interval=DAY))
+        mlsched.create(claiming(mljob("dra-quota", ps=None, workers=(1, 4), epochs=1e9)))
+        status = wait_for(lambda: placed_as_decided(mlsched, "dra-quota"), 60, "the job to run",
+                          describe=lambda: placement_problems(mlsched, "dra-quota"))
+        assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
+        wait_all_running(mlsched, "dra-quota", 2)
+        assert _pending_for_good(mlsched, "dra-quota") == []
+        mlsched.create(claiming(mljob("dra-wait", ps=None, workers=(1, 1), epochs=1e9)))
+        message = _told(mlsched, "dra-wait", "WaitingForQuota")
+        assert message == (f"its minimum claims 1 {gpus} device; the namespace's ResourceQuota "
+                           "'devices' has 0 of 2 left"), message
+        mlsched.create(claiming(mljob("dra-big", ps=None, workers=(3, 3), epochs=1e9)))
+        message = _told(mlsched, "dra-big", "CannotFit")
+        assert message == (f"its minimum claims 3 {gpus} devices; the namespace's ResourceQuota "
+                           "'devices' allows 2 in all"), message
