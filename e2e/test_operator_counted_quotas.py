@@ -84,3 +84,30 @@ def test_a_quota_on_dra_devices_is_planned_within(api, mlsched, operator):
         message = _told(mlsched, "dra-big", "CannotFit")
         assert message == (f"its minimum claims 3 {gpus} devices; the namespace's ResourceQuota "
                            "'devices' allows 2 in all"), message
+
+
+def test_pods_whose_claims_cannot_be_made_say_why(api, mlsched, operator):
+    """An object-count quota on ResourceClaims (`count/resourceclaims.resource.k8s.io`, not
+    planned with, like other object counts): kube-controller-manager cannot make the claims of
+    two of four pods, and kube-scheduler waits for them without a word. The job said
+    `AllRolesReady` "2 worker ready" on its minimum for good; now it says which pod cannot
+    start and quotes the pod's FailedResourceClaimCreation Event."""
+    core = client.CoreV1Api(api)
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus:
+        core.create_namespaced_resource_quota(mlsched.namespace, {
+            "metadata": {"name": "claims"},
+            "spec": {"hard": {"count/resourceclaims.resource.k8s.io": "2"}}})
+        claim_template(api, mlsched.namespace, gpus)
+        mlsched.create(scheduling_policy("default", allocation="drf", interval=DAY))
+        mlsched.create(claiming(mljob("dra-claims", ps=None, workers=(1, 4), epochs=1e9)))
+
+        def running():
+            found = _running(mlsched, "dra-claims")
+            return found if found and found[0] == "PodsCannotStart" else None
+
+        _, message = wait_for(running, 60, "the job to say which pods cannot start",
+                              describe=lambda: _running(mlsched, "dra-claims"))
+        assert message.startswith("2/4 worker ready; pod dra-claims-worker-"), message
+        assert "cannot start: FailedResourceClaimCreation: " in message, message
+        assert "exceeded quota: claims" in message, message
+        assert "PodsCannotStart" in [e.reason for e in mlsched.events("dra-claims", "MLJob")]

@@ -490,6 +490,51 @@ def test_pods_whose_volumes_cannot_be_mounted_are_reported(monkeypatch):
     assert not rt.creating_since and not rt.creating_checks
 
 
+def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
+    """Pods naming a ResourceClaimTemplate whose claims kube-controller-manager cannot make (a
+    quota on claims, a webhook): kube-scheduler waits for the claims and says nothing, the
+    pod's FailedResourceClaimCreation Events say why. They sat Pending for good while the job
+    said AllRolesReady on its minimum (on the e2e plane) or PodsStarting; now, after
+    CLAIMS_GRACE_S, PodsCannotStart quoting the Event, and kube-scheduler is not blamed."""
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    rt, kube = scheduled()
+    names = sorted(p["metadata"]["name"] for p in kube.of_kind("Pod"))
+    for p in kube.of_kind("Pod"):
+        p["spec"].pop("nodeName", None)
+        p["spec"]["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "one-gpu"}]
+        p["status"] = {"phase": "Pending", "conditions": [
+            {"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}]}
+        if p["metadata"]["name"] != names[0]:
+            p["status"]["resourceClaimStatuses"] = [
+                {"name": "gpu", "resourceClaimName": p["metadata"]["name"] + "-gpu-x1"}]
+    for sts in kube.of_kind("StatefulSet"):
+        sts["status"] = {**sts["status"], "readyReplicas": 0}
+    refused = ('PodResourceClaim gpu: create ResourceClaim : resourceclaims.resource.k8s.io '
+               f'"{names[0]}-gpu-ab12c" is forbidden: exceeded quota: claims')
+    kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning",
+              "reason": "FailedResourceClaimCreation", "message": refused,
+              "metadata": {"name": f"{names[0]}.1", "namespace": NS},
+              "involvedObject": {"kind": "Pod", "name": names[0], "namespace": NS}})
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "PodsStarting"  # claims take a second
+    clock[0] += jobs.CLAIMS_GRACE_S
+    sync(rt, kube, "bert")
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "PodsCannotStart", running
+    assert running.message == f"pod {names[0]} cannot start: FailedResourceClaimCreation: {refused}"
+    clock[0] += rt.config.scheduler_grace_seconds  # not "kube-scheduler has not acted on it"
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "PodsCannotStart"
+    for p in kube.of_kind("Pod"):  # the quota raised: the claims are made, the pods run
+        p["status"] = {"phase": "Running", "resourceClaimStatuses": [
+            {"name": "gpu", "resourceClaimName": p["metadata"]["name"] + "-gpu-x1"}]}
+    kube.settle()
+    sync(rt, kube, "bert")
+    assert cond(kube, "bert", "Running").reason == "AllRolesReady"
+    assert not rt.claims_since and not rt.claims_checks
+
+
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
     rt, kube = scheduled()
     sync(rt, kube, "bert")

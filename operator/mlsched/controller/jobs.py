@@ -361,7 +361,8 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     for pod in pods:
         rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
     seen.cannot_start = sorted([(p.name, p.stuck) for p in pods if p.stuck and not p.deleting]
-                               + await stuck_creating(rt, job.key, job.namespace, pods))
+                               + await stuck_creating(rt, job.key, job.namespace, pods)
+                               + await claims_unmade(rt, job.key, job.namespace, pods))
     seen.unschedulable = sorted([(p.name, p.unschedulable) for p in pods
                                  if p.unschedulable and not p.deleting]
                                 + unscheduled(rt, job.key, pods))
@@ -476,7 +477,7 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
     kept: dict[str, float] = {}  # only the pods waiting now: the others' clocks go
     for p in pods:
         if not (p.pinned and not p.gated and not p.bound and p.unseen and not p.deleting
-                and p.unschedulable is None):
+                and p.unschedulable is None and not p.claims_unmade):  # that: claims_unmade
             continue
         since = kept[p.uid] = clocks.get(p.uid, now)
         if now - since < grace:
@@ -516,18 +517,49 @@ async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
     why it cannot create them. A ConfigMap or Secret volume that does not exist looks like
     this: the pod shows `ContainerCreating` for ever (only its FailedMount Events say why),
     the job said PodsStarting and held its GPUs."""
-    now, grace = time.monotonic(), rt.config.creating_grace_seconds
-    clocks = rt.creating_since.get(key, {})
-    kept = {p.uid: clocks.get(p.uid, now) for p in pods if p.creating and not p.deleting}
+    waiting = [p for p in pods if p.creating and not p.deleting]
+    return await _warned(rt, key, namespace, waiting, rt.creating_since, rt.creating_checks,
+                         rt.config.creating_grace_seconds, CREATING_FAILURES)
+
+
+#: How long a pod may wait for the ResourceClaims made from its templates before its Events are
+#: read: kube-controller-manager makes them within a second of the pod.
+CLAIMS_GRACE_S = 5.0
+CLAIM_FAILURES = frozenset({"FailedResourceClaimCreation"})
+
+
+async def claims_unmade(rt: Runtime, key: JobKey, namespace: str,
+                        pods: list[PodRecord]) -> list[tuple[str, str]]:
+    """(pod, "FailedResourceClaimCreation: ... exceeded quota ...") for a pod of the job whose
+    ResourceClaims (from its templates' ResourceClaimTemplates) kube-controller-manager has
+    failed to make for CLAIMS_GRACE_S: kube-scheduler does not look at the pod until they
+    exist and says nothing, so only the pod's Events say why (a quota on claims, a webhook).
+    Such pods sat Pending for good while the job said AllRolesReady on its minimum."""
+    waiting = [p for p in pods if p.claims_unmade and not p.deleting]
+    return await _warned(rt, key, namespace, waiting, rt.claims_since, rt.claims_checks,
+                         CLAIMS_GRACE_S, CLAIM_FAILURES)
+
+
+async def _warned(rt: Runtime, key: JobKey, namespace: str, waiting: list[PodRecord],
+                  since: dict[JobKey, dict[str, float]],
+                  checks: dict[JobKey, tuple[float, str, str | None]], grace: float,
+                  reasons: frozenset[str]) -> list[tuple[str, str]]:
+    """(pod, "<reason>: <message>") from the latest Warning Event with one of `reasons` of a
+    `waiting` pod that has waited `grace` seconds (`since`: per job, when each was first seen
+    waiting); the Events are read once per CREATING_RECHECK_S (`checks`: per job, the latest
+    read: when, which pod, why or None), not every sweep."""
+    now = time.monotonic()
+    clocks = since.get(key, {})
+    kept = {p.uid: clocks.get(p.uid, now) for p in waiting}
     if kept:  # only the pods still waiting: the others' clocks go
-        rt.creating_since[key] = kept
+        since[key] = kept
     else:
-        rt.creating_since.pop(key, None)
-    overdue = [p for p in pods if p.uid in kept and now - kept[p.uid] >= grace]
+        since.pop(key, None)
+    overdue = [p for p in waiting if now - kept[p.uid] >= grace]
     if not overdue:
-        rt.creating_checks.pop(key, None)
+        checks.pop(key, None)
         return []
-    checked = rt.creating_checks.get(key)
+    checked = checks.get(key)
     if checked is None or now - checked[0] >= CREATING_RECHECK_S \
             or checked[1] not in {p.name for p in overdue}:
         pod, why = overdue[0], None
@@ -536,11 +568,11 @@ async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
         except KubeError as err:
             log.warning("MLJob %s/%s: cannot read the Events of pod %s: %s", *key, pod.name, err)
             events = []
-        failures = [e for e in events if e.get("reason") in CREATING_FAILURES]
+        failures = [e for e in events if e.get("reason") in reasons]
         if failures:
             why = f"{failures[-1]['reason']}: {failures[-1].get('message', '')}"
         checked = (now, pod.name, why)
-        rt.creating_checks[key] = checked
+        checks[key] = checked
     _, name, why = checked
     return [(name, why)] if why else []
 

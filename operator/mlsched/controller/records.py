@@ -321,6 +321,10 @@ class PodRecord:
     # `PodInitializing`): what a volume that cannot be mounted looks like in status; only the
     # pod's FailedMount Events say why (jobs.stuck_creating).
     creating: bool = False
+    # Not bound, and a ResourceClaim its template makes from a ResourceClaimTemplate is not
+    # made yet (no resourceClaimStatuses entry for it): kube-scheduler waits for it silently;
+    # only the pod's FailedResourceClaimCreation Events say why (jobs.claims_unmade).
+    claims_unmade: bool = False
     scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: who binds it once pinned
     # Not bound and no scheduler has said anything about it: PodScheduled is absent or still
     # the "SchedulingGated" it had while gated (kube-scheduler binds a pinned pod within a
@@ -369,6 +373,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         creating=bool(spec.get("nodeName")) and phase == "Pending" and _creating(status),
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
+        claims_unmade=not spec.get("nodeName") and _claims_unmade(spec, status),
         host_ports=host_ports(spec),
         extended=extended_requests(spec),
         labels=dict(labels),
@@ -411,6 +416,16 @@ def _creating(status: Mapping[str, Any]) -> bool:
                in ("ContainerCreating", "PodInitializing")
                for c in [*(status.get("initContainerStatuses") or ()),
                          *(status.get("containerStatuses") or ())])
+
+
+def _claims_unmade(spec: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    wanted = {c.get("name") for c in spec.get("resourceClaims") or ()
+              if isinstance(c, Mapping) and c.get("resourceClaimTemplateName")}
+    if not wanted:
+        return False
+    made = {c.get("name") for c in status.get("resourceClaimStatuses") or ()
+            if isinstance(c, Mapping) and c.get("resourceClaimName")}
+    return bool(wanted - made)
 
 
 def _scheduler_silent(status: Mapping[str, Any]) -> bool:

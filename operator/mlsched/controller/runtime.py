@@ -404,6 +404,9 @@ class Runtime:
     # None) (jobs.stuck_creating).
     creating_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
     creating_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
+    # The same for pods whose ResourceClaims have not been made (jobs.claims_unmade).
+    claims_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
+    claims_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
     # Each namespace's labels as last seen: a change asks again about its refused jobs' pods.
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
@@ -504,6 +507,8 @@ class Runtime:
         self.unseen_since.pop(key, None)
         self.creating_since.pop(key, None)
         self.creating_checks.pop(key, None)
+        self.claims_since.pop(key, None)
+        self.claims_checks.pop(key, None)
         self.retrying.pop(key, None)
         self.over_quota.pop(key, None)
         self.waiting.pop(key, None)
