@@ -27,10 +27,12 @@ DRA = ("resource.k8s.io", "v1")
 
 
 @contextlib.contextmanager
-def published_devices(api: client.ApiClient, nodes: list[str], per_node: int):
+def published_devices(api: client.ApiClient, nodes: list[str], per_node: int,
+                      models: tuple[str, ...] = ()):
     """A DeviceClass of its own driver's GPUs and a ResourceSlice per node publishing
-    `per_node` of them, as a DRA driver's kubelet plugin would; removed afterwards (they are
-    cluster-scoped, on the session's shared plane). Yields the class's name."""
+    `per_node` of them, as a DRA driver's kubelet plugin would (device i with the `model`
+    attribute models[i % len(models)], if given); removed afterwards (they are cluster-scoped,
+    on the session's shared plane). Yields the class's name."""
     custom = client.CustomObjectsApi(api)
     driver = f"gpu-{uuid.uuid4().hex[:6]}.e2e.mlsched.io"
     custom.create_cluster_custom_object(*DRA, "deviceclasses", {
@@ -45,7 +47,9 @@ def published_devices(api: client.ApiClient, nodes: list[str], per_node: int):
                 "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
                 "spec": {"driver": driver, "nodeName": node,
                          "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                         "devices": [{"name": f"gpu-{i}", "attributes": {"type": {"string": "gpu"}}}
+                         "devices": [{"name": f"gpu-{i}", "attributes": {
+                             "type": {"string": "gpu"},
+                             **({"model": {"string": models[i % len(models)]}} if models else {})}}
                                      for i in range(per_node)]}})
             slices.append(name)
         yield driver
@@ -56,12 +60,13 @@ def published_devices(api: client.ApiClient, nodes: list[str], per_node: int):
 
 
 def claim_template(api: client.ApiClient, namespace: str, device_class: str, name: str = "one-gpu",
-                   count: int = 1) -> None:
+                   count: int = 1, selector: str | None = None) -> None:
+    exactly = {"deviceClassName": device_class, "count": count,
+               **({"selectors": [{"cel": {"expression": selector}}]} if selector else {})}
     client.CustomObjectsApi(api).create_namespaced_custom_object(*DRA, namespace, "resourceclaimtemplates", {
         "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
         "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [
-            {"name": "gpu", "exactly": {"deviceClassName": device_class, "count": count}}]}}}})
+        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}})
 
 
 def claiming(job: dict, template: str = "one-gpu") -> dict:
@@ -170,3 +175,24 @@ def test_devices_another_namespaces_pods_claim_are_held(api, mlsched, operator):
             _placed_at_once(mlsched, "dra-six")
         finally:
             core.delete_namespace(other)
+
+
+def test_a_request_selecting_a_device_model_is_counted_by_its_selector(api, mlsched, operator):
+    """A template picking one GPU model with its request's own selector (the way MIG profiles
+    and GPU models are asked for): each node publishes one h100 and one a100. Before, such a
+    request counted nothing: bin-packing pinned the three h100 workers to one node, two were
+    refused (`Displaced`, `Unschedulable`)."""
+    core = client.CoreV1Api(api)
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2, ("h100", "a100")) as gpus:
+        h100 = f"device.attributes['{gpus}'].model == 'h100'"
+        claim_template(api, mlsched.namespace, gpus, name="one-h100", selector=h100)
+        mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
+        mlsched.create(claiming(mljob("dra-h100", ps=None, workers=(3, 3)), template="one-h100"))
+        pods = wait_all_running(mlsched, "dra-h100", 3)
+        assert sorted(p.spec.node_name for p in pods) == NODES, [p.spec.node_name for p in pods]
+        _placed_at_once(mlsched, "dra-h100")
+        # Every h100 is claimed, three a100s are free: a job asking an h100 waits, no pod.
+        mlsched.create(claiming(mljob("dra-h100-b", ps=None, workers=(1, 1)), template="one-h100"))
+        message = _waits_saying(mlsched, "dra-h100-b", "device")
+        assert (f"needs 1 worker pods taking 1 {gpus}[{gpus}/model='h100'] device each; the 3 nodes "
+                "it may use have room for 0 such pods now") in message, message

@@ -134,6 +134,50 @@ def test_templates_count_exact_requests_of_classes_that_can_be_read():
     assert job_record(body).claim_templates == {"worker": ("one-gpu",)}
 
 
+def test_a_request_narrowing_its_class_by_its_own_selectors_is_counted_of_its_own():
+    """`device.attributes[...].model == 'h100'` in a request's selectors: the class's devices
+    that meet it, a counted resource `dra:<class>[...]` beside the class's (a device counts
+    for both); its GPUs are GPUs; an allocated h100 is held under both keys."""
+    classes = {DRIVER: dra.device_class_record(device_class())}
+    h100 = f"device.attributes['{DRIVER}'].model == 'h100'"
+    template = dra.claim_template_record(claim_template("h100", selectors=[{"cel": {"expression": h100}}]))
+    narrowed = f"{GPU}[{DRIVER}/model='h100']"
+    assert dra.refinements([template]) == {(DRIVER, ((DRIVER, "model", "h100"),))}
+    assert dra.template_takes(["h100"], {"h100": template}, classes) == (((narrowed, 1.0),), None)
+    assert dra.class_key(narrowed) == GPU and dra.class_key(GPU) == GPU
+    assert dra.gpus_of(((narrowed, 2.0),), frozenset({DRIVER})) == 2.0
+    body = resource_slice("n0", 2)
+    for device, model in zip(body["spec"]["devices"], ("h100", "a100")):
+        device["attributes"]["model"] = {"string": model}
+    catalogue = dra.Catalogue.of([dra.resource_slice_record(body)], classes.values(),
+                                 refinements=dra.refinements([template]))
+    assert catalogue.by_node == {"n0": {GPU: 2.0, narrowed: 1.0}}
+    held = dra.claimed([dra.resource_claim_record(allocated_claim("p", "n0", ["gpu-0"]))], catalogue)
+    assert held[0][3] == ((GPU, 1.0), (narrowed, 1.0))
+    held = dra.claimed([dra.resource_claim_record(allocated_claim("q", "n0", ["gpu-1"]))], catalogue)
+    assert held[0][3] == ((GPU, 1.0),)
+
+
+def test_workers_asking_one_model_by_a_request_selector_go_where_that_model_is():
+    """Each node publishes one h100 and one a100; three workers asking an h100 each were
+    bin-packed onto one node by CPU (the request counted nothing), two refused."""
+    kube = cluster(3)
+    kube.put(device_class())
+    for i in range(3):
+        body = resource_slice(f"node-{i}", 2)
+        for device, model in zip(body["spec"]["devices"], ("h100", "a100")):
+            device["attributes"]["model"] = {"string": model}
+        kube.put(body)
+    h100 = f"device.attributes['{DRIVER}'].model == 'h100'"
+    kube.put(claim_template("one-h100", selectors=[{"cel": {"expression": h100}}]))
+    rt, kube = make_runtime(kube)
+    kube.put(policy(placement="bin-pack"))
+    run(create_jobs(rt, kube, claiming(small_workers(allreduce_job("h100s", max_workers=3), cpu="1",
+                                                     min_workers=3), template="one-h100")))
+    nodes = round_(rt, kube).targets["h100s"].nodes["worker"]
+    assert sorted(nodes) == ["node-0", "node-1", "node-2"], nodes
+
+
 # ---------------------------------------------------------------- through the operator
 
 

@@ -275,6 +275,12 @@ def test_the_budget_and_the_reasons_count_the_counted_resources():
     assert why_waiting(none, [nics, devices], {}) is None
     assert why_waiting(none, [nics], {"example.com/nic": 2.0}) == (
         "its minimum requests 2 example.com/nic; the namespace's ResourceQuota 'nics' has 1 of 4 left")
+    # A request narrowing the class by its own selectors counts as the class's devices.
+    from mlsched.controller.quotas import add_takes
+    total: dict[str, float] = {}
+    add_takes(total, (("dra:gpu.x[gpu.x/model='h100']", 1.0), ("dra:gpu.x", 1.0),
+                      ("example.com/nic", 2.0)), 2)
+    assert total == {"dra:gpu.x": 4.0, "example.com/nic": 4.0}
     assert why_waiting(none, [devices], {"dra:gpu.x": 1.0}) == (
         "its minimum claims 1 gpu.x device; the namespace's ResourceQuota 'devices' has 0 of 2 left")
 

@@ -15,15 +15,21 @@ Here each DeviceClass becomes a counted resource, `dra:<class>` (counted_resourc
 rest, as for `example.com/nic`): a node has as many as its node-local ResourceSlices hold
 devices the class selects (`Catalogue`); a role's pods take what their claim templates'
 requests ask (`template_takes`); the devices allocated to claims of pods the round does not
-re-decide are used (`claimed`). A template or class that does not exist blocks the job with
+re-decide are used (`claimed`). A request that narrows its class with selectors of its own
+(a GPU model, a MIG profile: `device.attributes['gpu.nvidia.com'].profile == '1g.10gb'`) is
+a counted resource of its own, `dra:<class>[<conditions>]` (`refined_key`): the class's
+devices that also meet them. A device counts for its class and for every such refinement it
+meets, each kept separately, so a node whose one h100 was taken through the plain class
+still shows it free to the refinement for a moment (kube-scheduler's refusal then moves the
+pod; templates mixing the two on one cluster are rare). A template or class that does not exist blocks the job with
 the reason, as the API server's own objections do (limitranges.as_planned).
 
 What is not counted, left to kube-scheduler as before (documented in docs/operator.md):
 - class selectors other than conjunctions of `device.driver == '...'` and
   `device.attributes['<domain>'].<name> == <literal>` (no CEL library; those are the forms
   drivers' classes use); such a class's requests count nothing;
-- requests with their own selectors, `allocationMode: All`, `firstAvailable` lists and
-  `adminAccess` (which allocates no device exclusively);
+- requests whose own selectors are not such conjunctions, `allocationMode: All`,
+  `firstAvailable` lists and `adminAccess` (which allocates no device exclusively);
 - shared claims named by `resourceClaimName` (one claim for many pods), and slices that are
   not node-local (`nodeSelector`, `allNodes`: network-attached devices).
 """
@@ -54,10 +60,42 @@ Value = str | bool | int
 # ("driver", value) or (domain, attribute, value): one equality of a class's selector.
 Condition = tuple[str, str, Value] | tuple[str, Value]
 Counted = tuple[tuple[str, float], ...]
+Refinement = tuple[str, tuple[Condition, ...]]  # (class, conditions of a request's selectors)
 
 
 def key(class_name: str) -> str:
     return PREFIX + class_name
+
+
+def refined_key(class_name: str, conditions: tuple[Condition, ...] = ()) -> str:
+    """The counted resource of a request: its class's key, narrowed by the conditions of the
+    request's own selectors if any: `dra:gpu.nvidia.com[gpu.nvidia.com/productName='H100']`."""
+    if not conditions:
+        return key(class_name)
+    return f"{key(class_name)}[{','.join(sorted(_condition_text(c) for c in conditions))}]"
+
+
+def class_key(counted: str) -> str:
+    """The class's key of a (possibly refined) device key: what a quota on the class counts."""
+    return counted.split("[", 1)[0]
+
+
+def _condition_text(condition: Condition) -> str:
+    value = condition[-1]
+    shown = f"'{value}'" if isinstance(value, str) else str(value).lower()
+    return f"driver={shown}" if len(condition) == 2 else f"{condition[0]}/{condition[1]}={shown}"
+
+
+def meets(conditions: tuple[Condition, ...], driver: str,
+          attributes: Mapping[tuple[str, str], Value]) -> bool:
+    """Whether a device of `driver` with `attributes` meets every condition."""
+    for condition in conditions:
+        if len(condition) == 2:
+            if driver != condition[1]:
+                return False
+        elif attributes.get((condition[0], condition[1])) != condition[2]:  # type: ignore[misc]
+            return False
+    return True
 
 
 # ---------------------------------------------------------------------------- DeviceClasses
@@ -166,27 +204,26 @@ class DeviceClassRecord:
 
     def selects(self, driver: str, attributes: Mapping[tuple[str, str], Value]) -> bool:
         assert self.conditions is not None
-        for condition in self.conditions:
-            if len(condition) == 2:
-                if driver != condition[1]:
-                    return False
-            elif attributes.get((condition[0], condition[1])) != condition[2]:  # type: ignore[misc]
-                return False
-        return True
+        return meets(self.conditions, driver, attributes)
+
+
+def selectors_conditions(selectors: Any) -> tuple[Condition, ...] | None:
+    """The conditions a list of `{cel: {expression}}` selectors require together; None if one
+    is not a conjunction this module reads."""
+    conditions: list[Condition] = []
+    for selector in selectors or ():
+        expression = ((selector or {}).get("cel") or {}).get("expression") \
+            if isinstance(selector, Mapping) else None
+        parsed = parse_selector(expression) if isinstance(expression, str) else None
+        if parsed is None:
+            return None
+        conditions.extend(parsed)
+    return tuple(conditions)
 
 
 def device_class_record(body: Mapping[str, Any]) -> DeviceClassRecord:
-    spec = body.get("spec") or {}
-    conditions: list[Condition] | None = []
-    for selector in spec.get("selectors") or ():
-        expression = ((selector or {}).get("cel") or {}).get("expression")
-        parsed = parse_selector(expression) if isinstance(expression, str) else None
-        if parsed is None:
-            conditions = None
-            break
-        conditions.extend(parsed)  # type: ignore[union-attr]
     return DeviceClassRecord(name=(body.get("metadata") or {}).get("name", ""),
-                             conditions=tuple(conditions) if conditions is not None else None)
+                             conditions=selectors_conditions((body.get("spec") or {}).get("selectors")))
 
 
 # ---------------------------------------------------------------------------- ResourceSlices
@@ -244,9 +281,15 @@ class Catalogue:
 
     @classmethod
     def of(cls, slices: Iterable[SliceRecord], classes: Iterable[DeviceClassRecord],
-           gpu_classes: frozenset[str] | None = None) -> Catalogue:
+           gpu_classes: frozenset[str] | None = None,
+           refinements: Iterable[Refinement] = ()) -> Catalogue:
+        """`refinements`: the (class, conditions) of requests narrowing their class
+        (ClaimTemplateRecord.refinements), each counted as a resource of its own."""
         gpu_keys = {key(c) for c in (GPU_CLASSES if gpu_classes is None else gpu_classes)}
         readable = [c for c in classes if c.conditions is not None]
+        narrowed: dict[str, list[tuple[str, tuple[Condition, ...]]]] = {}
+        for class_name, conditions in set(refinements):
+            narrowed.setdefault(class_name, []).append((refined_key(class_name, conditions), conditions))
         slices = list(slices)
         newest: dict[tuple[str, str], int] = {}
         for s in slices:
@@ -257,7 +300,10 @@ class Catalogue:
                 continue
             on = out.by_node.setdefault(s.node, {})
             for name, attributes in s.devices:
-                keys = tuple(key(c.name) for c in readable if c.selects(s.driver, attributes))
+                selecting = [c.name for c in readable if c.selects(s.driver, attributes)]
+                keys = tuple(key(c) for c in selecting) + tuple(
+                    k for c in selecting for k, conditions in narrowed.get(c, ())
+                    if meets(conditions, s.driver, attributes))
                 gpu = any(k in gpu_keys for k in keys)  # one GPU, whatever classes select it
                 out.where[(s.driver, s.pool, name)] = (s.node, keys, gpu)
                 for k in keys:
@@ -273,8 +319,13 @@ class Catalogue:
 @dataclass(frozen=True)
 class ClaimTemplateRecord:
     name: str
-    # (class, devices) per request this module counts.
-    requests: tuple[tuple[str, int], ...] = ()
+    # (class, devices, the conditions of the request's own selectors) per request this module
+    # counts.
+    requests: tuple[tuple[str, int, tuple[Condition, ...]], ...] = ()
+
+    @property
+    def refinements(self) -> tuple[Refinement, ...]:
+        return tuple((c, conditions) for c, _, conditions in self.requests if conditions)
 
 
 def claim_template_record(body: Mapping[str, Any]) -> ClaimTemplateRecord:
@@ -282,15 +333,20 @@ def claim_template_record(body: Mapping[str, Any]) -> ClaimTemplateRecord:
     requests = []
     for request in devices.get("requests") or ():
         exactly = (request or {}).get("exactly")
-        if not isinstance(exactly, Mapping) or exactly.get("selectors") or exactly.get("adminAccess"):
+        if not isinstance(exactly, Mapping) or exactly.get("adminAccess"):
             continue
         if (exactly.get("allocationMode") or "ExactCount") != "ExactCount":
             continue
+        conditions = selectors_conditions(exactly.get("selectors"))
         class_name = exactly.get("deviceClassName")
-        if class_name:
-            requests.append((str(class_name), int(exactly.get("count") or 1)))
+        if class_name and conditions is not None:
+            requests.append((str(class_name), int(exactly.get("count") or 1), conditions))
     return ClaimTemplateRecord(name=(body.get("metadata") or {}).get("name", ""),
                                requests=tuple(requests))
+
+
+def refinements(templates: Iterable[ClaimTemplateRecord]) -> frozenset[Refinement]:
+    return frozenset(r for t in templates for r in t.refinements)
 
 
 def claim_template_names(template: Mapping[str, Any] | None) -> tuple[str, ...]:
@@ -311,13 +367,14 @@ def template_takes(names: Sequence[str], templates: Mapping[str, ClaimTemplateRe
         template = templates.get(name)
         if template is None:
             return (), f"name ResourceClaimTemplate {name!r}, which does not exist"
-        for class_name, count in template.requests:
+        for class_name, count, conditions in template.requests:
             device_class = classes.get(class_name)
             if device_class is None:
                 return (), (f"claim devices of DeviceClass {class_name!r} (ResourceClaimTemplate "
                             f"{name!r}), which does not exist")
             if device_class.conditions is not None:
-                taken[key(class_name)] = taken.get(key(class_name), 0.0) + count
+                k = refined_key(class_name, conditions)
+                taken[k] = taken.get(k, 0.0) + count
     return tuple(sorted(taken.items())), None
 
 
@@ -372,5 +429,5 @@ def claimed(claims: Iterable[ClaimRecord], catalogue: Catalogue
 def gpus_of(taken: Counted, gpu_classes: frozenset[str] | None = None) -> float:
     """The GPUs among what one pod claims (template_takes), by `gpu_classes`."""
     gpu_keys = {key(c) for c in (GPU_CLASSES if gpu_classes is None else gpu_classes)}
-    return sum(amount for name, amount in taken if name in gpu_keys)
+    return sum(amount for name, amount in taken if class_key(name) in gpu_keys)
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from mlsched.controller import records
+from mlsched.controller import dra, records
 from mlsched.controller.counted_resources import Counted, extended_of
 from mlsched.controller.node_constraints import DEVICE_PREFIX, amount_text, resource_text
 from mlsched.controller.records import (
@@ -160,7 +160,10 @@ def pod_takes(job: JobRecord, pod: PodRecord) -> Counted:
 
 
 def add_takes(total: dict[str, float], taken: Counted, times: int = 1) -> None:
+    """`taken` added `times` over to `total`, by what quotas count: a request narrowing its
+    DeviceClass by selectors (dra.refined_key) counts as the class's devices."""
     for name, amount in taken:
+        name = dra.class_key(name) if name.startswith(DEVICE_PREFIX) else name
         total[name] = total.get(name, 0.0) + amount * times
 
 
@@ -169,8 +172,8 @@ def minimum_takes(job: JobRecord) -> dict[str, float]:
     total: dict[str, float] = {}
     for role in ("ps", "worker"):
         count = job.bounds(role)[0]
-        for name, amount in extended_of(job, role) if count else ():
-            total[name] = total.get(name, 0.0) + count * amount
+        if count:
+            add_takes(total, extended_of(job, role), count)
     return total
 
 

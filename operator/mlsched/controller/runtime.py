@@ -177,7 +177,7 @@ class Indexes:
                                     self.claim_templates, self.device_classes)
         if not isinstance(self.nodes, WithDevices):
             self.nodes = WithDevices(self.nodes, self.catalogue)
-        self._catalogue: tuple[tuple, tuple, dra.Catalogue] | None = None
+        self._catalogue: tuple[tuple, tuple, tuple, frozenset, dra.Catalogue] | None = None
         if not isinstance(self.statefulsets, Owned):
             self.statefulsets = Owned(self.statefulsets, self._owns_statefulset)
         if not isinstance(self.pods, Owned):
@@ -214,13 +214,23 @@ class Indexes:
         return dra.claimed(claims, self.catalogue()) if claims else []
 
     def catalogue(self) -> dra.Catalogue:
-        """The cluster's node-local DRA devices by class, rebuilt when a ResourceSlice or a
-        DeviceClass changed (kopf replaces a changed object's record)."""
+        """The cluster's node-local DRA devices by class (and by the refinements claim
+        templates' requests make of a class), rebuilt when a ResourceSlice or a DeviceClass
+        changed (kopf replaces a changed object's record) or a template narrows a class anew."""
         slices, classes = tuple(flatten(self.resource_slices)), tuple(flatten(self.device_classes))
+        templates = tuple(flatten(self.claim_templates))
         cached = self._catalogue
-        if cached is None or not (_same(cached[0], slices) and _same(cached[1], classes)):
-            cached = self._catalogue = (slices, classes, dra.Catalogue.of(slices, classes))
-        return cached[2]
+        if cached is not None and _same(cached[0], slices) and _same(cached[1], classes) \
+                and _same(cached[2], templates):
+            return cached[4]
+        narrowed = dra.refinements(templates)
+        if cached is not None and _same(cached[0], slices) and _same(cached[1], classes) \
+                and cached[3] == narrowed:  # a template changed, not what it narrows
+            catalogue = cached[4]
+        else:
+            catalogue = dra.Catalogue.of(slices, classes, refinements=narrowed)
+        self._catalogue = (slices, classes, templates, narrowed, catalogue)
+        return catalogue
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))

@@ -26,7 +26,7 @@ from mlsched.controller.desired import roles_of
 from mlsched.controller.host_ports import HostPort
 from mlsched.controller.label_selector import Selector
 from mlsched.controller.pod_anti_affinity import describe_exclusive, token
-from mlsched.controller.quotas import Budget
+from mlsched.controller.quotas import Budget, add_takes
 from mlsched.controller.topology_spread import SpreadConstraint
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
@@ -349,7 +349,9 @@ def quota_charges(job: JobRecord, counted: tuple[str, ...]) -> dict[str, np.ndar
     then its take of each counted resource in `counted` (extended requests, DRA devices)."""
     out = {}
     for role, charge in job.charges.items():
-        takes = dict(extended_of(job, role)) if counted else {}
+        takes: dict[str, float] = {}
+        if counted:
+            add_takes(takes, extended_of(job, role))
         out[role] = np.array([*charge, *(takes.get(name, 0.0) for name in counted)], dtype=float)
     return out
 
