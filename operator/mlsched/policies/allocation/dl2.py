@@ -62,11 +62,13 @@ class DL2Policy:
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         groups = dl2_state.windows(snapshot.jobs, self.window)
+        # One state buffer for the round's windows: the actor binds it to ONNX Runtime once.
+        vector = np.zeros(dl2_state.state_dim(self.window), dtype=np.float32)
         for k, jobs in enumerate(groups):
             if not jobs:
                 continue
             backlog = sum(len(g) for g in groups[k + 1:])
-            state = WindowState(snapshot, ledger, jobs, self.window, backlog)
+            state = WindowState(snapshot, ledger, jobs, self.window, backlog, vector)
             keep = self.on_step is not None or self.recorder is not None
             for _ in range(MAX_STEPS_PER_WINDOW):
                 if not state.can_grow():
@@ -87,13 +89,14 @@ class DL2Policy:
 class GreedyOnnxActor:
     """Serving: the most probable unmasked action.
 
-    A round asks a few hundred times about one window whose state vector is updated in
-    place, so the inputs and the output are bound to ONNX Runtime once per window (IO
-    binding: no per-call dict, output allocation or input conversion)."""
+    A round asks thousands of times about windows whose state vector is updated in place
+    (one buffer for all of a round's windows), so the inputs and the output are bound to ONNX
+    Runtime once per buffer (IO binding: no per-call dict, output allocation or input
+    conversion)."""
 
     def __init__(self, model):
         self.model = model  # onnx_runner.LoadedModel
-        self._state = None  # the WindowState the binding reads from
+        self._vector = None  # the state buffer the binding reads from
         self._binding = None
         self._mask = self._probs = self._probs_row = None
 
@@ -104,7 +107,7 @@ class GreedyOnnxActor:
         # The state vector is float32 and contiguous: bound without a copy.
         self._binding = self.model.bind({"state": state.vector[None, :], "mask": self._mask},
                                         {"probs": self._probs})
-        self._state = state
+        self._vector = state.vector
 
     @property
     def probs(self) -> np.ndarray:
@@ -112,7 +115,7 @@ class GreedyOnnxActor:
         return self._probs_row
 
     def act(self, state: WindowState, mask: np.ndarray) -> int:
-        if state is not self._state:
+        if state.vector is not self._vector:
             self._bind(state)
         self._mask[0] = mask
         self.model.run_bound(self._binding)
