@@ -203,3 +203,48 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     wait_for(lambda: placed_as_decided(mlsched, "second"), 90, "the second job to run",
              describe=lambda: (admitted(), placement_problems(mlsched, "second")))
     assert mlsched.service("second") is not None
+
+
+def test_a_quota_scoped_to_a_priority_class_bounds_that_class_only(api, mlsched, operator):
+    """A ResourceQuota with a PriorityClass scopeSelector (how platform teams cap what a
+    namespace may run at high priority) counts only the pods of that class. It was left out of
+    planning: DRF scaled a high-priority job to 4 one-GPU workers under a 2-GPU quota of its
+    class and the API server refused two pods (`PodsRefused`)."""
+    import uuid
+    scheduling = client.SchedulingV1Api(api)
+    high = f"e2e-high-{uuid.uuid4().hex[:6]}"
+    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                      "metadata": {"name": high}, "value": 1000})
+    try:
+        client.CoreV1Api(api).create_namespaced_resource_quota(mlsched.namespace, {
+            "metadata": {"name": "high"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "2"},
+                     "scopeSelector": {"matchExpressions": [
+                         {"scopeName": "PriorityClass", "operator": "In", "values": [high]}]}}})
+        mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+
+        def at(job: dict) -> dict:
+            for role in job["spec"]["replicaSpecs"].values():
+                role["template"]["spec"]["priorityClassName"] = high
+            return job
+
+        mlsched.create(at(mljob("urgent", ps=None, workers=(1, 4), epochs=1e9, policy="daily")))
+        status = wait_for(lambda: placed_as_decided(mlsched, "urgent"), 60, "the urgent job to run",
+                          describe=lambda: placement_problems(mlsched, "urgent"))
+        assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
+        # Pods of no priority class are not the quota's: a job of them gets all it asks.
+        mlsched.create(mljob("routine", ps=None, workers=(1, 4), epochs=1e9, policy="daily"))
+        status = wait_for(lambda: placed_as_decided(mlsched, "routine"), 60, "the routine job to run",
+                          describe=lambda: placement_problems(mlsched, "routine"))
+        assert status["replicaStatuses"]["worker"]["desired"] == 4, status["replicaStatuses"]
+        mlsched.create(at(mljob("urgent-too", ps=None, workers=(1, 1), epochs=1e9, policy="daily")))
+        reason, message = wait_for(lambda: (r := _running(mlsched, "urgent-too"))
+                                   and r[0] == "WaitingForQuota" and r, 30,
+                                   "the second urgent job to wait for its class's quota",
+                                   describe=lambda: _running(mlsched, "urgent-too"))
+        assert message == ("its minimum requests 1 GPU; the namespace's ResourceQuota 'high' has "
+                           "0 of 2 left"), message
+        refused = refused_for_good(mlsched)
+        assert not refused, refused
+    finally:
+        scheduling.delete_priority_class(high)

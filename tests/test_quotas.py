@@ -20,7 +20,7 @@ def _quota(hard, used=None, name="team", **spec):
 
 
 def test_quota_records_read_what_the_planner_books():
-    from mlsched.controller.quotas import budget, why_not, why_waiting
+    from mlsched.controller.quotas import Usage, budget, why_not, why_waiting
     q = _quota({"requests.nvidia.com/gpu": "4", "requests.cpu": "16", "memory": "64Gi",
                 "count/pods": "50", "limits.cpu": "8", "count/services": "3"},
                {"requests.nvidia.com/gpu": "3", "requests.cpu": "6", "memory": "24Gi",
@@ -31,11 +31,26 @@ def test_quota_records_read_what_the_planner_books():
     # Scoped quotas bound some pods only; quotas of nothing we plan bound none.
     assert _quota({"requests.cpu": "1"}, scopes=["BestEffort"]) is None
     assert _quota({"requests.cpu": "1"}, scopes=["NotBestEffort"]) is not None
-    assert _quota({"requests.cpu": "1"}, scopeSelector={"matchExpressions": []}) is None
+    assert _quota({"requests.cpu": "1"}, scopeSelector={"matchExpressions": []}).scope is None
+
+    def selecting(*expressions):
+        return _quota({"requests.cpu": "1"}, scopeSelector={"matchExpressions": list(expressions)})
+
+    high = {"scopeName": "PriorityClass", "operator": "In", "values": ["high", "critical"]}
+    assert selecting(high).scope == ("In", ("critical", "high"))
+    assert selecting(high, {"scopeName": "NotTerminating", "operator": "Exists"}).scope == \
+        ("In", ("critical", "high"))
+    assert selecting({"scopeName": "Terminating", "operator": "Exists"}) is None
+    assert selecting({"scopeName": "PriorityClass", "operator": "DoesNotExist"}) is None
+    from mlsched.controller.quotas import matches
+    assert matches(("In", ("high",)), "high") and not matches(("In", ("high",)), "")
+    assert matches(("NotIn", ("high",)), "") and not matches(("NotIn", ("high",)), "high")
+    assert matches(("Exists", ()), "low") and not matches(("Exists", ()), "")
+    assert matches(None, "") and matches(None, "high")
     assert _quota({"count/services": "10", "requests.storage": "4Ti"}) is None
     assert _quota({"pods": "10"}).hard[5] == 10.0 and _quota({"limits.memory": "1Gi"}).hard[4] == 1.0
     # Left for the round: hard less what others use (its own pods' usage is booked afresh).
-    own = (2.0, 1.0, 8.0, 2.0, 8.0, 1.0)
+    own = {None: Usage([2.0, 1.0, 8.0, 2.0, 8.0, 1.0])}
     np.testing.assert_allclose(budget([q], own=own).amounts, [12.0, 2.0, 48.0, 3.0, np.inf, 46.0])
     gpu_only = _quota({"requests.nvidia.com/gpu": "2"}, {"requests.nvidia.com/gpu": "2"}, name="b")
     np.testing.assert_allclose(budget([q, gpu_only], own=own).amounts, [12.0, 1.0, 48.0, 3.0, np.inf, 46.0])
@@ -95,7 +110,7 @@ def test_limits_and_pod_count_quotas_bound_a_round():
     body["spec"]["replicaSpecs"]["ps"].update(min=1, max=1)
     job = job_record({**body, "metadata": {**body["metadata"], "uid": "u"}})
     cluster = ClusterState(nodes=[node_record(node(f"n{i}", cpu="32", gpu="8")) for i in range(4)])
-    own = (0.0,) * 6
+    own: dict = {}
 
     def tasks(hard):
         snap = build_snapshot([job], cluster, now_s=0, interval_s=60,
@@ -128,7 +143,7 @@ def test_every_allocation_stays_within_the_budget():
     jobs = [job_record({**b, "metadata": {**b["metadata"], "uid": b["metadata"]["name"],
                                           "creationTimestamp": f"2024-01-01T00:00:0{i}Z"}})
             for i, b in enumerate([ps_job("a"), ps_job("b"), ps_job("c")])]
-    cap = budget([_quota({"requests.nvidia.com/gpu": "3"})], own=(0.0, 0.0, 0.0))
+    cap = budget([_quota({"requests.nvidia.com/gpu": "3"})], own={})
     cluster = ClusterState(nodes=[node_record(node(f"n{i}")) for i in range(6)])  # 12 GPUs
     for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "fixed", "chic", "dl2"):
         snap = build_snapshot(jobs, cluster, now_s=0, interval_s=60, budget=cap)
@@ -255,14 +270,13 @@ def test_quotas_on_counted_resources_are_read_by_the_names_the_planner_counts():
 
 
 def test_the_budget_and_the_reasons_count_the_counted_resources():
-    from mlsched.controller.quotas import budget, why_not, why_waiting
+    from mlsched.controller.quotas import Usage, budget, why_not, why_waiting
     nics = _quota({"requests.example.com/nic": "4", "requests.cpu": "10"},
                   {"requests.example.com/nic": "3", "requests.cpu": "2"}, name="nics")
     devices = _quota({"gpu.x.deviceclass.resource.k8s.io/devices": "2"},
                      {"gpu.x.deviceclass.resource.k8s.io/devices": "2"}, name="devices")
-    own = (1.0, 0.0, 0.0, 0.0, 0.0, 1.0)
-    b = budget([nics, devices], own, own_counted={"example.com/nic": 1.0, "dra:gpu.x": 2.0},
-               pending_counted={"example.com/nic": 1.0})
+    own = Usage([1.0, 0.0, 0.0, 0.0, 0.0, 1.0], {"example.com/nic": 1.0, "dra:gpu.x": 2.0})
+    b = budget([nics, devices], {None: own}, {None: Usage(counted={"example.com/nic": 1.0})})
     assert b.counted == ("dra:gpu.x", "example.com/nic")
     # NICs: 4 less the 2 others use less 1 decided for a pod not made yet; devices: all its own.
     np.testing.assert_allclose(b.amounts, [9.0, np.inf, np.inf, np.inf, np.inf, np.inf, 2.0, 1.0])
@@ -289,22 +303,66 @@ def test_a_quota_on_an_extended_resource_bounds_every_allocation():
     """Workers asking one example.com/nic each under `requests.example.com/nic: 3`: no policy
     gives them more than 3 (DRF gave all 8 and the API server refused 5 pods: FailedCreate),
     and what is decided for jobs without pods yet counts as used."""
-    from mlsched.controller.quotas import budget, minimum_takes
+    from mlsched.controller.quotas import Usage, budget, minimum_of
     from test_counted_resources import _node, _record, small_workers
     from test_controller_fixtures import allreduce_job
     body = small_workers(allreduce_job("ring"), cpu="1", nics=1, min_workers=1)
     body["spec"]["replicaSpecs"]["worker"]["max"] = 8
     job = _record(body)
-    assert minimum_takes(job) == {"example.com/nic": 1.0}
+    assert minimum_of(job, None)[1] == {"example.com/nic": 1.0}
     cluster = ClusterState(nodes=[_node(f"n{i}", nics=4) for i in range(4)])
     quota = _quota({"requests.example.com/nic": "3"})
     for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "chic", "dl2"):
-        snap = build_snapshot([job], cluster, now_s=0, interval_s=60, budget=budget([quota], (0.0,) * 6))
+        snap = build_snapshot([job], cluster, now_s=0, interval_s=60, budget=budget([quota], {}))
         assert snap.jobs[0].quota_charges["worker"].tolist()[-1] == 1.0
         policy = DL2Policy.load(None) if allocation == "dl2" else registry.make_allocation(allocation)
         d = run_round(snap, policy, registry.make_placement("load-balance")).jobs["ring"]
         assert 1 <= d.workers <= 3, (allocation, d)
-    spent = budget([quota], (0.0,) * 6, pending_counted={"example.com/nic": 3.0})
+    spent = budget([quota], {}, {None: Usage(counted={"example.com/nic": 3.0})})
     snap = build_snapshot([job], cluster, now_s=0, interval_s=60, budget=spent)
     assert not run_round(snap, registry.make_allocation("drf"),
                          registry.make_placement("load-balance")).jobs.get("ring")
+
+
+def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only():
+    """`scopeSelector` on PriorityClass: its own block of the budget, charged only by tasks
+    whose template names a matching class; its reasons only for such jobs. Before, it was left
+    out: a high-priority job was scaled past it and pods were refused."""
+    from mlsched.controller.quotas import budget, charges, reasons
+    from test_counted_resources import _node, _record
+    from test_controller_fixtures import allreduce_job
+
+    def job(name: str, priority: str | None, minimum: int = 1):
+        body = allreduce_job(name, max_workers=6)
+        body["spec"]["replicaSpecs"]["worker"]["min"] = minimum
+        if priority:
+            body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["priorityClassName"] = priority
+        return _record(body)
+
+    urgent, routine = job("urgent", "high"), job("routine", None)
+    scoped = _quota({"requests.nvidia.com/gpu": "2"}, name="high", scopeSelector={"matchExpressions": [
+        {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]})
+    cpus = _quota({"requests.cpu": "1000"}, name="cpus")
+    b = budget([scoped, cpus], {})
+    assert b.scopes == (None, ("In", ("high",))) and len(b.amounts) == 12
+    gpu = urgent.charges["worker"][1]
+    assert gpu > 0
+    assert charges(urgent, b)["worker"][[1, 7]].tolist() == [gpu, gpu]
+    assert charges(routine, b)["worker"][[1, 7]].tolist() == [gpu, 0.0]
+    cluster = ClusterState(nodes=[_node(f"n{i}") for i in range(4)])
+    snap = build_snapshot([urgent, routine], cluster, now_s=0, interval_s=60, budget=b)
+    d = run_round(snap, registry.make_allocation("drf"), registry.make_placement("load-balance")).jobs
+    assert d["urgent"].workers == 2 and d["routine"].workers == 6, d
+    # Its reasons: for the jobs of its class only.
+    used = quota_used(scoped, gpus=2.0)
+    assert reasons(job("urgent-too", "high"), [used, cpus]) == (None, (
+        "its minimum requests 1 GPU; the namespace's ResourceQuota 'high' has 0 of 2 left"))
+    assert reasons(job("routine-too", None), [used, cpus]) == (None, None)
+    assert reasons(job("big", "high", minimum=3), [used]) == (
+        "its minimum requests 3 GPU; the namespace's ResourceQuota 'high' allows 2 in all",
+        "its minimum requests 3 GPU; the namespace's ResourceQuota 'high' has 0 of 2 left")
+
+
+def quota_used(q, gpus: float):
+    import dataclasses
+    return dataclasses.replace(q, used=(0.0, gpus, 0.0, 0.0, 0.0, 0.0))

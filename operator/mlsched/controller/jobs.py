@@ -370,11 +370,9 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.would_be_refused = await _pods_verdict(rt, job, seen)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
-        minimum = job.minimum_charge()
-        takes = quotas.minimum_takes(job) if any(q.counted for q in found) else None
-        seen.cannot_fit = (job.blocked or rt.cluster_fit(idx).why_not(job)
-                           or quotas.why_not(minimum, found, takes))
-        seen.over_quota = quotas.why_waiting(minimum, found, takes)
+        never, waiting = quotas.reasons(job, found)
+        seen.cannot_fit = job.blocked or rt.cluster_fit(idx).why_not(job) or never
+        seen.over_quota = waiting
         seen.waiting_for = rt.waiting.get(job.key)
     seen.failures = rt.failures.total(job.key)
     seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed

@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
-import math
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Mapping
@@ -41,7 +40,7 @@ from mlsched.controller.desired import (
 from mlsched.controller.events import ObjectRef
 from mlsched.controller.models import ResolvedPolicy
 from mlsched.controller.records import (
-    QUOTA_DIMS, TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodPool, Resources, add,
+    TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodPool, Resources, add,
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
@@ -247,26 +246,25 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     own pods' usage counts as free, since the step books their tasks afresh; the tasks other
     jobs of the namespace were decided and have no pod for yet count as used, since the quota
     counts a pod only once it exists (two policies of one namespace deciding one after the
-    other each booked what the quota had left, and both jobs were half-created)."""
+    other each booked what the quota had left, and both jobs were half-created). Each per
+    quota scope: a PriorityClass-scoped quota counts the pods of its classes only."""
     if not schedulable:
         return None
     namespace = schedulable[0].namespace
     found = values(idx.quotas, namespace)
     if not found:
         return None
-    counts = any(q.counted for q in found)  # the counted resources (extended, DRA devices)
-    own = [0.0] * QUOTA_DIMS
-    own_counted: dict[str, float] = {}
+    scopes = quotas.scopes_of(found)
+    own = {scope: quotas.Usage() for scope in scopes}
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
-                for r, used in enumerate((*pod.requests, *pod.limits, 1.0)):
-                    own[r] += used
-                if counts:
-                    quotas.add_takes(own_counted, quotas.pod_takes(job, pod))
+                priority = quotas.priority_of(job, pod.role)
+                for scope, usage in own.items():
+                    if quotas.matches(scope, priority):
+                        usage.add((*pod.requests, *pod.limits, 1.0), quotas.pod_takes(job, pod))
     mine = {j.key for j in schedulable}
-    pending = [0.0] * QUOTA_DIMS
-    pending_counted: dict[str, float] = {}
+    pending = {scope: quotas.Usage() for scope in scopes}
     for job in flatten(idx.mljobs):
         decided = rt.placements.of(job.key) if job.namespace == namespace else None
         if not decided or job.key in mine:
@@ -277,12 +275,11 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
             missing = len(nodes) - exist[role]
             charge = job.charges.get(role)
             if missing > 0 and charge is not None:
-                for r, c in enumerate(charge):
-                    pending[r] += missing * (0.0 if math.isnan(c) else c)
-                if counts:
-                    quotas.add_takes(pending_counted, extended_of(job, role), missing)
-    return quotas.budget(found, tuple(own), tuple(pending), own_counted, pending_counted)
-
+                priority = quotas.priority_of(job, role)
+                for scope, usage in pending.items():
+                    if quotas.matches(scope, priority):
+                        usage.add(charge, extended_of(job, role), missing)
+    return quotas.budget(found, own, pending)
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:

@@ -15,10 +15,17 @@ What counts (records.QUOTA_DIMS): `requests.cpu` (or `cpu`), `requests.memory` (
 unbounded: a job of eight 2-CPU-limit workers under `limits.cpu: 8` was scaled to 8, four pods
 were refused with `FailedCreate`, and the job showed Running with half its workers while the
 other half's GPUs stayed reserved. A pod that sets no limit (or request) of a resource a quota
-bounds is refused outright by the API server; such a job is told it can never run. Quotas with
-scopes other than NotTerminating and NotBestEffort (which training pods with requests always
-fall in) or with a scopeSelector apply to some pods only and are left out; so are other object
-counts.
+bounds is refused outright by the API server; such a job is told it can never run.
+
+A quota scoped to PriorityClasses (`scopeSelector` on `PriorityClass`, `In`, `NotIn` or
+`Exists`: how platform teams cap what a namespace may run at high priority) counts the pods
+whose template's `priorityClassName` it matches and no others. It used to be left out: DRF
+scaled a high-priority job to 4 one-GPU workers under a 2-GPU quota of its class, and two pods
+were refused. Each scope is a block of budget dimensions of its own (Budget.scopes), charged
+only by the tasks it matches. Quotas with other scopes (Terminating, BestEffort,
+CrossNamespacePodAffinity, ...) do not count training pods, which have requests and no
+deadline, and NotTerminating and NotBestEffort count them all; other object counts are not
+planned with.
 
 The counted resources (counted_resources.py) are planned within too: `requests.<name>` of an
 extended resource (`requests.example.com/nic`, `requests.ephemeral-storage` or
@@ -33,8 +40,9 @@ pods stayed Pending for good. Each such bound is one more budget dimension after
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -57,6 +65,44 @@ def keys() -> tuple[tuple[str, ...], ...]:
             ("pods", "count/pods"))
 ALWAYS_APPLY = {"NotTerminating", "NotBestEffort"}
 _DEVICES = ".deviceclass.resource.k8s.io/devices"
+#: A PriorityClass scope: (operator, values) of a quota's scopeSelector on PriorityClass.
+Scope = tuple[str, tuple[str, ...]]
+
+
+def matches(scope: Scope | None, priority_class: str) -> bool:
+    """Whether a quota of `scope` counts a pod of `priority_class` ("" for none), by the API
+    server's rule (the class as the value of a label the selector matches; None: every pod)."""
+    if scope is None:
+        return True
+    operator, values = scope
+    if operator == "In":
+        return priority_class in values
+    if operator == "NotIn":
+        return priority_class not in values
+    return bool(priority_class)  # Exists
+
+
+def priority_of(job: JobRecord, role: str) -> str:
+    """The priorityClassName of the role's pod template ("" for none)."""
+    template = job.templates.get(role) if job.templates else None
+    spec = template.get("spec") if isinstance(template, Mapping) else None
+    found = spec.get("priorityClassName") if isinstance(spec, Mapping) else None
+    return found if isinstance(found, str) else ""
+
+
+def _scope(spec: Mapping[str, Any]) -> tuple[bool, Scope | None]:
+    """(counts training pods at all, the PriorityClass scope if any)."""
+    if set(spec.get("scopes") or ()) - ALWAYS_APPLY:
+        return False, None
+    scope = None
+    for expression in (spec.get("scopeSelector") or {}).get("matchExpressions") or ():
+        name, operator = expression.get("scopeName"), expression.get("operator")
+        if name in ALWAYS_APPLY and operator == "Exists":
+            continue
+        if name != "PriorityClass" or operator not in ("In", "NotIn", "Exists") or scope is not None:
+            return False, None
+        scope = (operator, tuple(sorted(str(v) for v in expression.get("values") or ())))
+    return True, scope
 
 
 def counted_key(quota_key: str) -> str | None:
@@ -80,6 +126,7 @@ class QuotaRecord:
     used: tuple[float, ...]
     # The counted resources it bounds: (counted_key, hard, used), by name.
     counted: tuple[tuple[str, float, float], ...] = ()
+    scope: Scope | None = None  # the pods it counts, by PriorityClass; None: every pod
 
     def limits_anything(self) -> bool:
         return any(h is not None for h in self.hard) or bool(self.counted)
@@ -87,10 +134,11 @@ class QuotaRecord:
 
 @dataclass(frozen=True)
 class Budget:
-    """What a round may book: `amounts` per QUOTA_DIMS and then per `counted` resource (inf
-    where nothing bounds it)."""
+    """What a round may book: `amounts`, one block per scope (`scopes`: None, every pod, first),
+    each per QUOTA_DIMS and then per `counted` resource (inf where nothing bounds it)."""
     amounts: np.ndarray
     counted: tuple[str, ...] = ()
+    scopes: tuple[Scope | None, ...] = (None,)
 
 
 def _amounts(values: Mapping[str, Any] | None) -> list[float | None]:
@@ -105,12 +153,14 @@ def _amounts(values: Mapping[str, Any] | None) -> list[float | None]:
 def quota_record(body: Mapping[str, Any]) -> QuotaRecord | None:
     """The quota as it bounds training pods; None when it bounds none of what we plan."""
     meta, spec, status = body.get("metadata", {}), body.get("spec") or {}, body.get("status") or {}
-    if spec.get("scopeSelector") or set(spec.get("scopes") or ()) - ALWAYS_APPLY:
+    counts_training_pods, scope = _scope(spec)
+    if not counts_training_pods:
         return None
     hard = _amounts(spec.get("hard"))
     used = tuple(u or 0.0 for u in _amounts(status.get("used")))
     counted = _counted(spec.get("hard") or {}, status.get("used") or {})
-    record = QuotaRecord(meta.get("namespace", ""), meta.get("name", ""), tuple(hard), used, counted)
+    record = QuotaRecord(meta.get("namespace", ""), meta.get("name", ""), tuple(hard), used, counted,
+                         scope)
     return record if record.limits_anything() else None
 
 
@@ -127,28 +177,71 @@ def _counted(hard: Mapping[str, Any], used: Mapping[str, Any]) -> tuple[tuple[st
     return tuple((name, h, u) for name, (h, u) in sorted(found.items()))
 
 
-def budget(quotas: Iterable[QuotaRecord], own: QuotaUsage, pending: QuotaUsage | None = None,
-           own_counted: Mapping[str, float] | None = None,
-           pending_counted: Mapping[str, float] | None = None) -> Budget | None:
+@dataclass
+class Usage:
+    """What a quota of some scope counts, per QUOTA_DIMS and per counted resource."""
+    amounts: list[float] = field(default_factory=lambda: [0.0] * QUOTA_DIMS)
+    counted: dict[str, float] = field(default_factory=dict)
+
+    def add(self, amounts: Iterable[float], taken: Counted = (), times: int = 1) -> None:
+        for r, amount in enumerate(amounts):
+            self.amounts[r] += times * (0.0 if math.isnan(amount) else amount)
+        add_takes(self.counted, taken, times)
+
+
+def scopes_of(quotas: Iterable[QuotaRecord]) -> tuple[Scope | None, ...]:
+    """The budget's blocks: every pod's first, then each PriorityClass scope."""
+    return (None, *sorted({q.scope for q in quotas if q.scope is not None}))
+
+
+def budget(quotas: Iterable[QuotaRecord], own: Mapping[Scope | None, Usage],
+           pending: Mapping[Scope | None, Usage] | None = None) -> Budget | None:
     """What a round may book in all (Budget): each quota's hard limit less what it counts as
-    used by pods other than `own` (the usage of the pods of the jobs the round decides, which
-    it books afresh; `own_counted` for the counted resources) and less `pending` (pods other
-    jobs were decided and that do not exist yet; `pending_counted`). None without any quota."""
+    used by pods other than `own` (per scope: the usage of the pods of the jobs the round
+    decides, which it books afresh) and less `pending` (per scope: pods other jobs were decided
+    and that do not exist yet). None without any quota."""
     quotas = list(quotas)
     if not quotas:
         return None
     names = tuple(sorted({name for q in quotas for name, _, _ in q.counted}))
-    out = np.full(QUOTA_DIMS + len(names), np.inf)
+    scopes = scopes_of(quotas)
+    width = QUOTA_DIMS + len(names)
+    out = np.full(width * len(scopes), np.inf)
+    none = Usage()
     for q in quotas:
+        at = width * scopes.index(q.scope)
+        mine, theirs = own.get(q.scope, none), (pending or {}).get(q.scope, none)
         for r, hard in enumerate(q.hard):
             if hard is not None:
-                out[r] = min(out[r], hard - max(q.used[r] - own[r], 0.0)
-                             - (pending[r] if pending else 0.0))
+                out[at + r] = min(out[at + r], hard - max(q.used[r] - mine.amounts[r], 0.0)
+                                  - theirs.amounts[r])
         for name, hard, used in q.counted:
-            r = QUOTA_DIMS + names.index(name)
-            out[r] = min(out[r], hard - max(used - (own_counted or {}).get(name, 0.0), 0.0)
-                         - (pending_counted or {}).get(name, 0.0))
-    return Budget(np.maximum(out, 0.0), names)
+            r = at + QUOTA_DIMS + names.index(name)
+            out[r] = min(out[r], hard - max(used - mine.counted.get(name, 0.0), 0.0)
+                         - theirs.counted.get(name, 0.0))
+    return Budget(np.maximum(out, 0.0), names, scopes)
+
+
+def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
+    """Per role, what one task counts against `budget`: in each scope's block that counts its
+    pods, QUOTA_DIMS (records.quota_usage) then its take of each counted resource (extended
+    requests, DRA devices); zeros in the others."""
+    out = {}
+    width = QUOTA_DIMS + len(budget.counted)
+    for role, charge in job.charges.items():
+        block: Iterable[float] = charge
+        if budget.counted:
+            takes: dict[str, float] = {}
+            add_takes(takes, extended_of(job, role))
+            block = [*charge, *(takes.get(name, 0.0) for name in budget.counted)]
+        if len(budget.scopes) == 1:  # no scoped quota (the usual case: 10,000 jobs a round)
+            out[role] = np.array(block, dtype=float)
+            continue
+        priority = priority_of(job, role)
+        out[role] = np.array([x for scope in budget.scopes
+                              for x in (block if matches(scope, priority) else [0.0] * width)],
+                             dtype=float)
+    return out
 
 
 def pod_takes(job: JobRecord, pod: PodRecord) -> Counted:
@@ -167,14 +260,31 @@ def add_takes(total: dict[str, float], taken: Counted, times: int = 1) -> None:
         total[name] = total.get(name, 0.0) + amount * times
 
 
-def minimum_takes(job: JobRecord) -> dict[str, float]:
-    """What the job's minimum takes of the counted resources in all (every role's `min`)."""
-    total: dict[str, float] = {}
+def minimum_of(job: JobRecord, scope: Scope | None) -> tuple[QuotaUsage, dict[str, float]]:
+    """What the job's minimum counts against a quota of `scope`: the roles whose pods it counts
+    (QUOTA_DIMS, and what they take of the counted resources)."""
+    total, takes = [0.0] * QUOTA_DIMS, {}  # NaN stays: a request or limit its pods leave unset
     for role in ("ps", "worker"):
         count = job.bounds(role)[0]
-        if count:
-            add_takes(total, extended_of(job, role), count)
-    return total
+        if count and matches(scope, priority_of(job, role)):
+            charge = job.charges.get(role, records.NO_CHARGE)
+            total = [t + count * c for t, c in zip(total, charge)]
+            add_takes(takes, extended_of(job, role), count)
+    return tuple(total), takes  # type: ignore[return-value]
+
+
+def reasons(job: JobRecord, quotas: Iterable[QuotaRecord]) -> tuple[str | None, str | None]:
+    """(why the job can never run within its namespace's quotas, why it cannot start now for
+    want of quota): why_not and why_waiting over each quota that counts its pods."""
+    never = waiting = None
+    by_scope: dict[Scope | None, list[QuotaRecord]] = {}
+    for q in quotas:
+        by_scope.setdefault(q.scope, []).append(q)
+    for scope, found in by_scope.items():
+        minimum, takes = minimum_of(job, scope)
+        never = never or why_not(minimum, found, takes)
+        waiting = waiting or why_waiting(minimum, found, takes)
+    return never, waiting
 
 
 # How a message names each dimension: (the minimum ..., unit, what a pod must set for it).
@@ -202,7 +312,7 @@ def _minimum_takes(name: str, amount: float) -> str:
 def why_not(minimum: QuotaUsage, quotas: Iterable[QuotaRecord],
             takes: Mapping[str, float] | None = None) -> str | None:
     """Why a job whose minimum counts `minimum` (QUOTA_DIMS) and takes `takes` of the counted
-    resources (minimum_takes) against its namespace's quotas can never run there; None if it
+    resources (minimum_of) against its namespace's quotas can never run there; None if it
     can."""
     for q in quotas:
         for r, hard in enumerate(q.hard):

@@ -600,15 +600,6 @@ class JobRecord:
             return (self.min_ps, self.max_ps) if self.arch == "ps" else (0, 0)
         return (self.min_workers, self.max_workers)
 
-    def minimum_charge(self) -> QuotaUsage:
-        """What the job's minimum counts against its namespace's ResourceQuotas in all."""
-        total = [0.0] * QUOTA_DIMS
-        for role in ("ps", "worker"):
-            count = self.bounds(role)[0]
-            if count:
-                total = [t + count * c for t, c in zip(total, self.charges.get(role, NO_CHARGE))]
-        return tuple(total)  # type: ignore[return-value]
-
     def minimum_requests(self) -> Resources:
         """What the job's minimum (every role's `min`, admitted together) requests in all."""
         total = NO_RESOURCES

@@ -26,7 +26,8 @@ from mlsched.controller.desired import roles_of
 from mlsched.controller.host_ports import HostPort
 from mlsched.controller.label_selector import Selector
 from mlsched.controller.pod_anti_affinity import describe_exclusive, token
-from mlsched.controller.quotas import Budget, add_takes
+from mlsched.controller.quotas import Budget
+from mlsched.controller.quotas import charges as quota_charges
 from mlsched.controller.topology_spread import SpreadConstraint
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
@@ -305,13 +306,12 @@ def observations(trained: Iterable[tuple[int, int, float]],
 def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[StsRecord],
              node_index: Mapping[str, int], interval_s: float,
              node_filters: dict[str, np.ndarray] | None = None,
-             quota_counted: tuple[str, ...] | None = None, selectors: Iterable[Selector] = (),
+             budget: Budget | None = None, selectors: Iterable[Selector] = (),
              spreads: Spreads | None = None,
              counted: Mapping[str, Counted] | None = None) -> JobView:
-    """`quota_counted`: a ResourceQuota bounds the step (not None), which then books each
-    task's quota charge, QUOTA_DIMS then what one pod takes of each counted resource named
-    (quotas.Budget.counted); left out otherwise: 20,000 small arrays cost a 10,000-job round
-    20 ms.
+    """`budget`: what the ResourceQuotas bounding the step leave (not None), against which it
+    then books each task's quota charge (quotas.charges); left out otherwise: 20,000 small
+    arrays cost a 10,000-job round 20 ms.
     `selectors`: the spreading anti-affinity selectors of every job decided with it;
     `spreads`: the round's topology spread constraints (Spreads); `counted`: per role, what
     one task takes of the counted resources (counted_resources.py)."""
@@ -340,20 +340,8 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         spreads=spreads.checks(job, node_filters) if spreads else {},
         spread_counts=spreads.counted(job) if spreads else {},
         counted=dict(counted) if counted else {},
-        quota_charges=(quota_charges(job, quota_counted) if quota_counted is not None else {}),
+        quota_charges=quota_charges(job, budget) if budget is not None else {},
     )
-
-
-def quota_charges(job: JobRecord, counted: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """Per role, what one task counts against the quotas: QUOTA_DIMS (records.quota_usage),
-    then its take of each counted resource in `counted` (extended requests, DRA devices)."""
-    out = {}
-    for role, charge in job.charges.items():
-        takes: dict[str, float] = {}
-        if counted:
-            add_takes(takes, extended_of(job, role))
-        out[role] = np.array([*charge, *(takes.get(name, 0.0) for name in counted)], dtype=float)
-    return out
 
 
 class NodeFilters:
@@ -448,8 +436,7 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                       node_index, interval_s,
                       with_repelled(filters.of(j), j, repelled, len(nodes)) if repelled
                       else filters.of(j),
-                      budget.counted if budget is not None else None, selectors, spreads,
-                      counted.takes.get(j.key))
+                      budget, selectors, spreads, counted.takes.get(j.key))
              for j in jobs]
     pools = [n.pool for n in nodes]
     in_use = [frozenset((*(ports or {}).get(n.name, ()), *(selected or {}).get(n.name, ())))
