@@ -340,7 +340,7 @@ class MemoryKube:
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
             "policy_index", "quota_index", "limit_range_index", "runtime_class_index",
-            "foreign_port_index", "foreign_extended_index", "foreign_label_index",
+            "priority_class_index", "foreign_port_index", "foreign_extended_index", "foreign_label_index",
             "foreign_repel_index",
             "device_class_index", "resource_slice_index", "claim_template_index",
             "resource_claim_index")}
@@ -375,6 +375,8 @@ class MemoryKube:
                 add("limit_range_index", handlers.limit_range_index(**common))
             elif kind == "RuntimeClass":
                 add("runtime_class_index", handlers.runtime_class_index(**common))
+            elif kind == "PriorityClass":
+                add("priority_class_index", handlers.priority_class_index(**common))
             elif kind == "DeviceClass":
                 add("device_class_index", handlers.device_class_index(**common))
             elif kind == "ResourceSlice":

@@ -83,7 +83,7 @@ def test_handlers_are_registered_for_the_right_resources():
     ids = {h.id for h in registry._indexing.get_all_handlers()}
     assert ids >= {"node_index", "pod_index", "foreign_pod_index", "statefulset_index",
                    "mljob_index", "policy_index", "quota_index", "limit_range_index",
-                   "runtime_class_index"}
+                   "runtime_class_index", "priority_class_index"}
     # No daemon, timer or change handler: kopf would put a finalizer (and the whole spec, as an
     # annotation) on every MLJob and SchedulingPolicy (supervision.py says why).
     assert not list(registry._spawning.get_all_handlers())

@@ -52,6 +52,8 @@ NEEDED = [
     ("", "namespaces", "list"), ("", "namespaces", "watch"),
     # RuntimeClasses: what pods naming one will be (controller/runtimeclasses.py).
     ("node.k8s.io", "runtimeclasses", "list"), ("node.k8s.io", "runtimeclasses", "watch"),
+    # The globalDefault PriorityClass: what PriorityClass-scoped quotas count (controller/quotas.py).
+    ("scheduling.k8s.io", "priorityclasses", "list"), ("scheduling.k8s.io", "priorityclasses", "watch"),
     # Dynamic Resource Allocation: devices per node and what claims take (controller/dra.py).
     *(("resource.k8s.io", r, v) for r in ("deviceclasses", "resourceslices", "resourceclaimtemplates",
                                           "resourceclaims") for v in ("list", "watch")),

@@ -366,3 +366,24 @@ def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only(
 def quota_used(q, gpus: float):
     import dataclasses
     return dataclasses.replace(q, used=(0.0, gpus, 0.0, 0.0, 0.0, 0.0))
+
+
+def test_pods_of_a_template_naming_no_priority_class_count_as_the_global_default():
+    """The API server gives a pod whose template names no PriorityClass the globalDefault one,
+    so a quota scoped to that class counts it: planned the same way."""
+    from test_controller_fixtures import allreduce_job, cluster, create_jobs, make_runtime, policy, run
+    from test_controller_loop import round_
+    kube = cluster(4)
+    kube.put({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+              "metadata": {"name": "standard"}, "value": 100, "globalDefault": True})
+    kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
+              "metadata": {"name": "standard", "namespace": "team-a"},
+              "spec": {"hard": {"requests.nvidia.com/gpu": "2"}, "scopeSelector": {"matchExpressions": [
+                  {"scopeName": "PriorityClass", "operator": "In", "values": ["standard"]}]}}})
+    rt, kube = make_runtime(kube)
+    kube.put(policy(allocation="drf"))
+    body = allreduce_job("plain", max_workers=6)
+    run(create_jobs(rt, kube, body))
+    assert kube.indexes().default_priority_class() == "standard"
+    workers = round_(rt, kube).targets["plain"].counts["worker"]
+    assert workers == 2, workers

@@ -41,7 +41,7 @@ from mlsched.controller.loop_health import LoopHealth
 from mlsched.controller.limitranges import limit_range_record
 from mlsched.controller.pod_anti_affinity import node_selectors
 from mlsched.controller.runtimeclasses import runtime_class_record
-from mlsched.controller.quotas import quota_record
+from mlsched.controller.quotas import global_default_entry, quota_record
 from mlsched.controller.records import (
     extended_requests, is_active_pod, job_record, node_record, pod_record, pod_requests,
     sts_record,
@@ -86,6 +86,7 @@ def indexes_from(kwargs: dict[str, Any]) -> Indexes:
                    mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
                    quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"],
                    runtime_classes=kwargs["runtime_class_index"],
+                   priority_classes=kwargs["priority_class_index"],
                    foreign_ports=kwargs["foreign_port_index"],
                    foreign_extended=kwargs["foreign_extended_index"],
                    foreign_labels=kwargs["foreign_label_index"],
@@ -258,6 +259,13 @@ def limit_range_index(namespace: str, body: kopf.Body, **_: Any):
     """Each namespace's LimitRanges: the requests its pods will be given (limitranges.py)."""
     record = limit_range_record(body)
     return {namespace: record} if record else None
+
+
+@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
+def priority_class_index(name: str, body: kopf.Body, **_: Any):
+    """The globalDefault PriorityClass: the class of pods whose template names none, which
+    PriorityClass-scoped ResourceQuotas count (quotas.py)."""
+    return global_default_entry(name, body)
 
 
 @kopf.index("node.k8s.io", "v1", "runtimeclasses")

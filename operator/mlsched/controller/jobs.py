@@ -370,7 +370,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.would_be_refused = await _pods_verdict(rt, job, seen)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
-        never, waiting = quotas.reasons(job, found)
+        never, waiting = quotas.reasons(job, found, idx.default_priority_class())
         seen.cannot_fit = job.blocked or rt.cluster_fit(idx).why_not(job) or never
         seen.over_quota = waiting
         seen.waiting_for = rt.waiting.get(job.key)

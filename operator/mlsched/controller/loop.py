@@ -255,11 +255,12 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     if not found:
         return None
     scopes = quotas.scopes_of(found)
+    default = idx.default_priority_class() if len(scopes) > 1 else ""
     own = {scope: quotas.Usage() for scope in scopes}
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
-                priority = quotas.priority_of(job, pod.role)
+                priority = quotas.priority_of(job, pod.role, default)
                 for scope, usage in own.items():
                     if quotas.matches(scope, priority):
                         usage.add((*pod.requests, *pod.limits, 1.0), quotas.pod_takes(job, pod))
@@ -275,11 +276,11 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
             missing = len(nodes) - exist[role]
             charge = job.charges.get(role)
             if missing > 0 and charge is not None:
-                priority = quotas.priority_of(job, role)
+                priority = quotas.priority_of(job, role, default)
                 for scope, usage in pending.items():
                     if quotas.matches(scope, priority):
                         usage.add(charge, extended_of(job, role), missing)
-    return quotas.budget(found, own, pending)
+    return quotas.budget(found, own, pending, default)
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:

@@ -82,12 +82,24 @@ def matches(scope: Scope | None, priority_class: str) -> bool:
     return bool(priority_class)  # Exists
 
 
-def priority_of(job: JobRecord, role: str) -> str:
-    """The priorityClassName of the role's pod template ("" for none)."""
+def priority_of(job: JobRecord, role: str, default: str = "") -> str:
+    """The priorityClassName the role's pods get: their template's, else the cluster's
+    globalDefault PriorityClass (`default`; the API server's Priority admission fills it in
+    when the pod is created), else ""."""
     template = job.templates.get(role) if job.templates else None
     spec = template.get("spec") if isinstance(template, Mapping) else None
     found = spec.get("priorityClassName") if isinstance(spec, Mapping) else None
-    return found if isinstance(found, str) else ""
+    return found if isinstance(found, str) and found else default
+
+
+#: The key under which the PriorityClass index holds the globalDefault class's name.
+GLOBAL_DEFAULT = "globalDefault"
+
+
+def global_default_entry(name: str, body: Mapping[str, Any]) -> dict[str, str] | None:
+    """The PriorityClass index's entry for a class: its name under GLOBAL_DEFAULT if it is
+    the cluster's globalDefault, else none."""
+    return {GLOBAL_DEFAULT: name} if body.get("globalDefault") else None
 
 
 def _scope(spec: Mapping[str, Any]) -> tuple[bool, Scope | None]:
@@ -139,6 +151,7 @@ class Budget:
     amounts: np.ndarray
     counted: tuple[str, ...] = ()
     scopes: tuple[Scope | None, ...] = (None,)
+    default_priority: str = ""  # the globalDefault PriorityClass, for templates naming none
 
 
 def _amounts(values: Mapping[str, Any] | None) -> list[float | None]:
@@ -195,7 +208,8 @@ def scopes_of(quotas: Iterable[QuotaRecord]) -> tuple[Scope | None, ...]:
 
 
 def budget(quotas: Iterable[QuotaRecord], own: Mapping[Scope | None, Usage],
-           pending: Mapping[Scope | None, Usage] | None = None) -> Budget | None:
+           pending: Mapping[Scope | None, Usage] | None = None,
+           default_priority: str = "") -> Budget | None:
     """What a round may book in all (Budget): each quota's hard limit less what it counts as
     used by pods other than `own` (per scope: the usage of the pods of the jobs the round
     decides, which it books afresh) and less `pending` (per scope: pods other jobs were decided
@@ -219,7 +233,7 @@ def budget(quotas: Iterable[QuotaRecord], own: Mapping[Scope | None, Usage],
             r = at + QUOTA_DIMS + names.index(name)
             out[r] = min(out[r], hard - max(used - mine.counted.get(name, 0.0), 0.0)
                          - theirs.counted.get(name, 0.0))
-    return Budget(np.maximum(out, 0.0), names, scopes)
+    return Budget(np.maximum(out, 0.0), names, scopes, default_priority)
 
 
 def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
@@ -237,7 +251,7 @@ def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
         if len(budget.scopes) == 1:  # no scoped quota (the usual case: 10,000 jobs a round)
             out[role] = np.array(block, dtype=float)
             continue
-        priority = priority_of(job, role)
+        priority = priority_of(job, role, budget.default_priority)
         out[role] = np.array([x for scope in budget.scopes
                               for x in (block if matches(scope, priority) else [0.0] * width)],
                              dtype=float)
@@ -260,20 +274,22 @@ def add_takes(total: dict[str, float], taken: Counted, times: int = 1) -> None:
         total[name] = total.get(name, 0.0) + amount * times
 
 
-def minimum_of(job: JobRecord, scope: Scope | None) -> tuple[QuotaUsage, dict[str, float]]:
+def minimum_of(job: JobRecord, scope: Scope | None,
+               default_priority: str = "") -> tuple[QuotaUsage, dict[str, float]]:
     """What the job's minimum counts against a quota of `scope`: the roles whose pods it counts
     (QUOTA_DIMS, and what they take of the counted resources)."""
     total, takes = [0.0] * QUOTA_DIMS, {}  # NaN stays: a request or limit its pods leave unset
     for role in ("ps", "worker"):
         count = job.bounds(role)[0]
-        if count and matches(scope, priority_of(job, role)):
+        if count and matches(scope, priority_of(job, role, default_priority)):
             charge = job.charges.get(role, records.NO_CHARGE)
             total = [t + count * c for t, c in zip(total, charge)]
             add_takes(takes, extended_of(job, role), count)
     return tuple(total), takes  # type: ignore[return-value]
 
 
-def reasons(job: JobRecord, quotas: Iterable[QuotaRecord]) -> tuple[str | None, str | None]:
+def reasons(job: JobRecord, quotas: Iterable[QuotaRecord],
+            default_priority: str = "") -> tuple[str | None, str | None]:
     """(why the job can never run within its namespace's quotas, why it cannot start now for
     want of quota): why_not and why_waiting over each quota that counts its pods."""
     never = waiting = None
@@ -281,7 +297,7 @@ def reasons(job: JobRecord, quotas: Iterable[QuotaRecord]) -> tuple[str | None, 
     for q in quotas:
         by_scope.setdefault(q.scope, []).append(q)
     for scope, found in by_scope.items():
-        minimum, takes = minimum_of(job, scope)
+        minimum, takes = minimum_of(job, scope, default_priority)
         never = never or why_not(minimum, found, takes)
         waiting = waiting or why_waiting(minimum, found, takes)
     return never, waiting

@@ -27,7 +27,7 @@ from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.preflight import Preflight
 from mlsched.controller.object_writer import ObjectWriter
-from mlsched.controller.quotas import QuotaRecord
+from mlsched.controller.quotas import GLOBAL_DEFAULT, QuotaRecord
 from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
 from mlsched.controller.rewards import OpenInterval
 from mlsched.controller.snapshot import ClusterFit, ClusterState
@@ -156,6 +156,9 @@ class Indexes:
     limit_ranges: Mapping[str, Iterable[LimitRangeRecord]] = field(default_factory=dict)
     # RuntimeClasses by name (runtimeclasses.py): what pods naming one will be.
     runtime_classes: Mapping[str, Iterable[RuntimeClassRecord]] = field(default_factory=dict)
+    # The globalDefault PriorityClass's name under quotas.GLOBAL_DEFAULT: the class of pods
+    # whose template names none, which PriorityClass-scoped quotas count (quotas.py).
+    priority_classes: Mapping[str, Iterable[str]] = field(default_factory=dict)
     # Host ports of other schedulers' pods by node (host_ports.py), for those holding any.
     foreign_ports: Mapping[str, Iterable[frozenset]] = field(default_factory=dict)
     # Extended resources of other schedulers' pods by node (counted_resources.py).
@@ -231,6 +234,10 @@ class Indexes:
             catalogue = dra.Catalogue.of(slices, classes, refinements=narrowed)
         self._catalogue = (slices, classes, templates, narrowed, catalogue)
         return catalogue
+
+    def default_priority_class(self) -> str:
+        found = values(self.priority_classes, GLOBAL_DEFAULT)
+        return min(found) if found else ""
 
     def job(self, namespace: str, name: str) -> JobRecord | None:
         found = values(self.mljobs, (namespace, name))
