@@ -256,14 +256,16 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
         return None
     scopes = quotas.scopes_of(found)
     default = idx.default_priority_class() if len(scopes) > 1 else ""
+    counts = any(q.counted for q in found)  # the counted resources (extended, DRA devices)
     own = {scope: quotas.Usage() for scope in scopes}
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
                 priority = quotas.priority_of(job, pod.role, default)
+                taken = quotas.pod_takes(job, pod) if counts else ()
                 for scope, usage in own.items():
                     if quotas.matches(scope, priority):
-                        usage.add((*pod.requests, *pod.limits, 1.0), quotas.pod_takes(job, pod))
+                        usage.add((*pod.requests, *pod.limits, 1.0), taken)
     mine = {j.key for j in schedulable}
     pending = {scope: quotas.Usage() for scope in scopes}
     for job in flatten(idx.mljobs):
