@@ -475,7 +475,8 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
     kept: dict[str, float] = {}  # only the pods waiting now: the others' clocks go
     for p in pods:
         if not (p.pinned and not p.gated and not p.bound and p.unseen and not p.deleting
-                and p.unschedulable is None and not p.claims_unmade):  # that: claims_unmade
+                and p.unschedulable is None
+                and not p.claims_unmade):  # kube-scheduler waits for its claims: claims_unmade
             continue
         since = kept[p.uid] = clocks.get(p.uid, now)
         if now - since < grace:

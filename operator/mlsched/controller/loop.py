@@ -255,13 +255,14 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     if not found:
         return None
     scopes = quotas.scopes_of(found)
-    default = idx.default_priority_class() if len(scopes) > 1 else ""
+    scoped = len(scopes) > 1  # a PriorityClass-scoped quota: pods' classes matter
+    default = idx.default_priority_class() if scoped else ""
     counts = any(q.counted for q in found)  # the counted resources (extended, DRA devices)
     own = {scope: quotas.Usage() for scope in scopes}
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
-                priority = quotas.priority_of(job, pod.role, default)
+                priority = quotas.priority_of(job, pod.role, default) if scoped else ""
                 taken = quotas.pod_takes(job, pod) if counts else ()
                 for scope, usage in own.items():
                     if quotas.matches(scope, priority):
@@ -278,7 +279,7 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
             missing = len(nodes) - exist[role]
             charge = job.charges.get(role)
             if missing > 0 and charge is not None:
-                priority = quotas.priority_of(job, role, default)
+                priority = quotas.priority_of(job, role, default) if scoped else ""
                 for scope, usage in pending.items():
                     if quotas.matches(scope, priority):
                         usage.add(charge, extended_of(job, role), missing)

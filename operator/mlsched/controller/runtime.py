@@ -223,12 +223,11 @@ class Indexes:
         slices, classes = tuple(flatten(self.resource_slices)), tuple(flatten(self.device_classes))
         templates = tuple(flatten(self.claim_templates))
         cached = self._catalogue
-        if cached is not None and _same(cached[0], slices) and _same(cached[1], classes) \
-                and _same(cached[2], templates):
+        same_devices = cached is not None and _same(cached[0], slices) and _same(cached[1], classes)
+        if same_devices and _same(cached[2], templates):
             return cached[4]
         narrowed = dra.refinements(templates)
-        if cached is not None and _same(cached[0], slices) and _same(cached[1], classes) \
-                and cached[3] == narrowed:  # a template changed, not what it narrows
+        if same_devices and cached[3] == narrowed:  # a template changed, not what it narrows
             catalogue = cached[4]
         else:
             catalogue = dra.Catalogue.of(slices, classes, refinements=narrowed)
