@@ -20,7 +20,8 @@
    most work a decision can have; the learned policy decides every job afresh each round
    anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
    raised, what the indexes hold frozen, as its watcher freezes the survivors of every full
-   collection: controller/loop_health.py); `--gc-defaults` measures with CPython's.
+   collection, and held off for the snapshot and the decision, as loop.py holds it for a
+   round: controller/loop_health.py); `--gc-defaults` measures with CPython's.
 
 Ratios < 1.00 meet the target. Run: `python bench/bench_operator.py [--scale-jobs N --scale-nodes M]`.
 """
@@ -33,6 +34,7 @@ for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(var, "1")
 
 import argparse  # noqa: E402
+import contextlib  # noqa: E402
 import asyncio  # noqa: E402
 import dataclasses  # noqa: E402
 import gc  # noqa: E402
@@ -324,9 +326,10 @@ def measure_api_calls(jobs: list[dict]) -> list[tuple[str, dict]]:
 
 def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3, gc_defaults: bool = False) -> None:
     """Section 4: snapshot + decide (and the diff) for DRF and DL² on a large cold cluster."""
-    from mlsched.controller.loop_health import tune_collector
+    from mlsched.controller.loop_health import collection_paused, tune_collector
     from mlsched.policies.allocation.dl2 import DL2Policy
 
+    paused = contextlib.nullcontext if gc_defaults else collection_paused
     if not gc_defaults:
         tune_collector()
     rng = random.Random(11)
@@ -352,13 +355,14 @@ def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3, gc_defaults: bool
         rows = []
         for _ in range(repeats):
             clear_hash_cache()
-            t0 = time.perf_counter()
-            js, snap = snapshot_of(*indexes)
-            if budget is not None:
-                snap = dataclasses.replace(snap, budget=budget)
-            t1 = time.perf_counter()
-            decision = run_round(snap, allocation, placement)
-            t2 = time.perf_counter()
+            with paused():
+                t0 = time.perf_counter()
+                js, snap = snapshot_of(*indexes)
+                if budget is not None:
+                    snap = dataclasses.replace(snap, budget=budget)
+                t1 = time.perf_counter()
+                decision = run_round(snap, allocation, placement)
+            t2 = time.perf_counter()  # after the pause: with the young collection it deferred
             plan_all(js, job_targets(decision, snap), pod_index, sts_index)
             t3 = time.perf_counter()
             tasks = sum(d.ps + d.workers for d in decision.jobs.values())

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from mlsched.cluster.types import SpeedObservation
+
 from mlsched.controller.records import (
     job_record, node_record, parse_quantity, pod_record, sts_record,
 )
@@ -131,3 +133,15 @@ def test_observations_skip_idle_intervals_and_keep_the_latest():
     long = job_record(stored(ps_job("bert"), history=[{"ps": 1, "workers": 1, "epochs": float(i + 1)}
                                                       for i in range(40)]))
     assert len(long.trained) == 24 and long.trained[-1][2] == 40.0
+
+
+def test_observations_read_as_a_tuple_of_speed_observations():
+    """Made when asked for (a round reads the latest few of each job), they read as the tuple
+    of SpeedObservations would: by index, slice, iteration, length, and compare equal to it."""
+    trained = ((1, 2, 6.0), (2, 4, 12.0), (2, 8, 18.0))
+    seen = observations(trained, 60)
+    expected = tuple(SpeedObservation(ps, w, e / 60) for ps, w, e in trained)
+    assert len(seen) == 3 and bool(seen) and seen == expected and tuple(seen) == expected
+    assert seen[-1] == expected[-1] and seen[-2:] == expected[-2:] and seen[0].workers == 2
+    assert list(reversed(seen)) == list(reversed(expected))
+    assert observations((), 60) == () and not observations(trained, 0)

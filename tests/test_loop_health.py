@@ -118,3 +118,47 @@ def test_refreeze_reclaims_cycles_that_died_while_frozen(collector_restored):
     assert alive() is not None  # frozen: the collector does not look at it
     loop_health.refreeze()
     assert alive() is None
+
+
+def test_a_round_holds_the_collector_off_and_gives_it_back_raised_or_not():
+    """collection_paused: no automatic collection inside (nested blocks too: admission and a
+    round may overlap), the collector back on when the last block is left, even by an
+    exception, and left off if it was off before."""
+    assert gc.isenabled()
+    with loop_health.collection_paused():
+        assert not gc.isenabled()
+        with loop_health.collection_paused():
+            assert not gc.isenabled()
+        assert not gc.isenabled()  # the outer block is still in its round
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError):
+        with loop_health.collection_paused():
+            raise RuntimeError("a policy bug")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with loop_health.collection_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_no_collection_runs_inside_a_paused_round():
+    """What a round allocates is collected after it, not during: cyclic garbage made inside
+    is gone after the next collection."""
+    timer = loop_health.GcTimer(loop_health.LoopHealth(CollectorRegistry()).gc.histogram)
+    timer.install()
+    try:
+        with loop_health.collection_paused():
+            before = timer.paused_s, timer.full_collections
+            for _ in range(50_000):  # well past the young threshold
+                a = []
+                a.append(a)
+            ref = weakref.ref(type("Cyclic", (), {})())  # a class is cyclic: freed by the collector
+            during = timer.paused_s, timer.full_collections
+        assert during == before  # no collection ran while paused
+        gc.collect()
+        assert ref() is None
+    finally:
+        timer.remove()

@@ -6,7 +6,7 @@ types, so a policy cannot tell which of them called it.
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, NamedTuple
 
@@ -77,7 +77,7 @@ class JobView:
     max_workers: int = 16
     requested_ps: int | None = None  # counts the user asked for (the `fixed` policy)
     requested_workers: int | None = None
-    observations: tuple[SpeedObservation, ...] = ()
+    observations: Sequence[SpeedObservation] = ()  # oldest first
     pool: str | None = None  # node pool chosen by a grouping policy
     pool_since_s: float | None = None  # when the job entered `pool` (a grouping's minimum stay)
     # Measured seconds of one iteration's (compute, communication) at (ps, workers), a moving

@@ -38,6 +38,7 @@ from mlsched.controller.desired import (
     Action, JobTarget, job_targets, plan_pods, plan_statefulset, roles_of,
 )
 from mlsched.controller.events import ObjectRef
+from mlsched.controller.loop_health import collection_paused
 from mlsched.controller.models import ResolvedPolicy
 from mlsched.controller.records import (
     TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodPool, Resources, add,
@@ -360,15 +361,16 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
     async with rt.round_lock:
-        # Sticky to the last decision, not only to pods that exist: a job admitted seconds ago
-        # has gated pods with no node yet, and must not be placed anew (and moved) by the round.
-        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
-                                                   setup),
-                                   {j.name: rt.placements.of(j.key) for j in schedulable})
-        snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable, status,
-                                                serving.phases["grouping"])
-        decision, failure = await _decide(snapshot, resolved, serving, grouping)
-        targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
+        with collection_paused():  # its garbage is freed as it ends (loop_health.py)
+            # Sticky to the last decision, not only to pods that exist: a job admitted seconds
+            # ago has gated pods with no node yet, and must not be placed anew (and moved).
+            snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now,
+                                                       interval_s, setup),
+                                       {j.name: rt.placements.of(j.key) for j in schedulable})
+            snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable, status,
+                                                    serving.phases["grouping"])
+            decision, failure = await _decide(snapshot, resolved, serving, grouping)
+            targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
         for job in schedulable:  # before the lock goes: others' quota budgets read it
@@ -497,31 +499,31 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                           rt.served_versions.get(key, {}))
     failed_policy = False
     async with rt.round_lock:
-        snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now, interval_s,
-                                                   setup),
-                                   {j.name: decided[j.key] for j in schedulable},
-                                   released={name for _, name in redecided})
-        snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
-                                                body.get("status") or {},
-                                                serving.phases["grouping"])
-        index = {name: i for i, name in enumerate(snapshot.node_names)}
-        slots = {j.name: displacement.slots(decided[j.key], displaced[j.key], index)
-                 for j in schedulable if j.key in displaced}
-        avoid = {j.name: displacement.avoided(j, decided[j.key], rt.refusals, now, index)
-                 for j in schedulable if j.key in displaced}
-        try:
-            phases = serving.phases
-            decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
-                                               phases["placement"], grouping, slots, avoid)
-        except Exception:  # noqa: BLE001 - a policy bug must not stop admission
-            failed_policy = True
-            log.exception("admission with %s failed; admitting with %s", resolved.allocation.name,
-                          resolved.fallback)
-            decision = await asyncio.to_thread(run_admission, snapshot,
-                                               registry.make_allocation(resolved.fallback),
-                                               resolved.fallback_placement or resolved.placement,
-                                               grouping, slots, avoid)
-        targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
+        with collection_paused():  # as a round (loop_health.py)
+            snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now,
+                                                       interval_s, setup),
+                                       {j.name: decided[j.key] for j in schedulable},
+                                       released={name for _, name in redecided})
+            snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
+                                                    body.get("status") or {},
+                                                    serving.phases["grouping"])
+            index = {name: i for i, name in enumerate(snapshot.node_names)}
+            slots = {j.name: displacement.slots(decided[j.key], displaced[j.key], index)
+                     for j in schedulable if j.key in displaced}
+            avoid = {j.name: displacement.avoided(j, decided[j.key], rt.refusals, now, index)
+                     for j in schedulable if j.key in displaced}
+            try:
+                phases = serving.phases
+                decision = await asyncio.to_thread(run_admission, snapshot, phases["allocation"],
+                                                   phases["placement"], grouping, slots, avoid)
+            except Exception:  # noqa: BLE001 - a policy bug must not stop admission
+                failed_policy = True
+                log.exception("admission with %s failed; admitting with %s",
+                              resolved.allocation.name, resolved.fallback)
+                decision = await asyncio.to_thread(
+                    run_admission, snapshot, registry.make_allocation(resolved.fallback),
+                    resolved.fallback_placement or resolved.placement, grouping, slots, avoid)
+            targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         # Admitted: given tasks now; a re-decided or displaced job is changed even when it is
         # given none (it could not get its starting gang back: it waits).
         admitted = [j for j in waiting if targets[j.name].count("worker") or j.key in redecided]

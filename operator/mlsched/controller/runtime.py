@@ -74,6 +74,13 @@ class Owned(Mapping[JobKey, list]):
             raise KeyError(key)
         return [r for r in self.raw[key] if self._keep(key, r)]
 
+    def get(self, key: JobKey, default: Any = None) -> Any:
+        # (Mapping.get would raise and catch a KeyError for every job without children:
+        # every job of a cold round, twice.)
+        if key not in self.raw:
+            return default
+        return [r for r in self.raw[key] if self._keep(key, r)]
+
     def __iter__(self):
         return iter(self.raw)
 
@@ -187,8 +194,11 @@ class Indexes:
             self.pods = Owned(self.pods, self._owns_pod)
 
     def _owns_statefulset(self, key: JobKey, sts: StsRecord) -> bool:
-        job = self.job(*key)
-        return job is None or sts.owner_uid in (None, job.uid)
+        if sts.owner_uid is None:
+            return True
+        # The raw index: defaults (Defaulted) never change a uid, and a round asks for each job.
+        job = next(iter(self.mljobs.raw.get(key, ())), None)
+        return job is None or sts.owner_uid == job.uid
 
     def _owns_pod(self, key: JobKey, pod: PodRecord) -> bool:
         if pod.owner_uid is None:

@@ -9,7 +9,7 @@ sum because the round re-decides every one of their tasks.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -295,12 +295,42 @@ def _placed_prefix(pods: list[PodRecord], count: int, node_index: Mapping[str, i
     return tuple(out)
 
 
-def observations(trained: Iterable[tuple[int, int, float]],
-                 interval_s: float) -> tuple[SpeedObservation, ...]:
+class RecordedSpeeds(Sequence[SpeedObservation]):
+    """A job's recorded (ps, workers, epochs) intervals seen as SpeedObservations, each made
+    when asked for: a round of 10,000 jobs with full histories would build 240,000 of them,
+    and a learned policy reads only the latest few of each (speed_fit.RECENT)."""
+
+    __slots__ = ("_trained", "_interval_s")
+
+    def __init__(self, trained: tuple[tuple[int, int, float], ...], interval_s: float):
+        self._trained, self._interval_s = trained, interval_s
+
+    def __len__(self) -> int:
+        return len(self._trained)
+
+    def __iter__(self):
+        interval_s = self._interval_s
+        return (SpeedObservation(ps, w, epochs / interval_s) for ps, w, epochs in self._trained)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return tuple(SpeedObservation(ps, w, epochs / self._interval_s)
+                         for ps, w, epochs in self._trained[i])
+        ps, w, epochs = self._trained[i]
+        return SpeedObservation(ps, w, epochs / self._interval_s)
+
+    def __eq__(self, other) -> bool:
+        return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
+
+    __hash__ = None  # as a list: equal to a tuple of the same observations
+
+
+def observations(trained: tuple[tuple[int, int, float], ...],
+                 interval_s: float) -> Sequence[SpeedObservation]:
     """Speeds the job really showed, one per recent interval in which it trained."""
-    if interval_s <= 0:
+    if interval_s <= 0 or not trained:
         return ()
-    return tuple(SpeedObservation(ps, workers, epochs / interval_s) for ps, workers, epochs in trained)
+    return RecordedSpeeds(trained, interval_s)
 
 
 def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[StsRecord],
