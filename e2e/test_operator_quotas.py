@@ -248,3 +248,43 @@ def test_a_quota_scoped_to_a_priority_class_bounds_that_class_only(api, mlsched,
         assert not refused, refused
     finally:
         scheduling.delete_priority_class(high)
+
+
+def test_a_new_global_default_priority_class_is_planned_with_at_once(api, mlsched, operator):
+    """The globalDefault PriorityClass decides which quota counts the pods of templates naming
+    no class. When an admin moves it away from a class whose quota is full, a job waiting for
+    that quota no longer needs it and starts at once. Before, nothing woke the policy: the
+    job stayed `WaitingForQuota` until the next round (a day here)."""
+    import uuid
+    scheduling = client.SchedulingV1Api(api)
+    high = f"e2e-default-{uuid.uuid4().hex[:6]}"
+    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                      "metadata": {"name": high}, "value": 1000,
+                                      "globalDefault": True})
+    try:
+        client.CoreV1Api(api).create_namespaced_resource_quota(mlsched.namespace, {
+            "metadata": {"name": "high"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "2"},
+                     "scopeSelector": {"matchExpressions": [
+                         {"scopeName": "PriorityClass", "operator": "In", "values": [high]}]}}})
+        mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+        mlsched.create(mljob("first", ps=None, workers=(1, 4), epochs=1e9, policy="daily"))
+        status = wait_for(lambda: placed_as_decided(mlsched, "first"), 60, "the first job to run",
+                          describe=lambda: placement_problems(mlsched, "first"))
+        assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
+        mlsched.create(mljob("second", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
+        reason, message = wait_for(lambda: (r := _running(mlsched, "second"))
+                                   and r[0] == "WaitingForQuota" and r, 30,
+                                   "the second job to wait for the default class's quota",
+                                   describe=lambda: _running(mlsched, "second"))
+        assert "ResourceQuota 'high' has 0 of 2 left" in message, message
+        scheduling.patch_priority_class(high, {"globalDefault": False})
+        moved = time.monotonic()
+        wait_for(lambda: placed_as_decided(mlsched, "second"), 30,
+                 "the second job to run once its pods are of no class",
+                 describe=lambda: (_running(mlsched, "second"), placement_problems(mlsched, "second")))
+        print(f"second placed {time.monotonic() - moved:.1f} s after the default moved")
+        refused = refused_for_good(mlsched)
+        assert not refused, refused
+    finally:
+        scheduling.delete_priority_class(high)

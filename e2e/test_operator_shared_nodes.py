@@ -3,6 +3,7 @@ every e2e operator runs) still counts what other namespaces run on them."""
 
 from __future__ import annotations
 
+import time
 import uuid
 
 from kubernetes import client
@@ -42,3 +43,32 @@ def test_gpus_held_by_another_namespace_are_not_handed_out(api, node_shape, mlsc
         assert nodes == {free}, nodes
     finally:
         core.delete_namespace(other)
+
+
+def test_capacity_a_completed_pod_held_is_handed_out(api, node_shape, mlsched, operator):
+    """A pod of another workload in the job's namespace (a batch Job's, say) that completes
+    but is kept (as Jobs keep theirs) holds nothing, for kube-scheduler as for the operator.
+    Before, the operator went on counting its requests until it was deleted: a job waited for
+    capacity that was free (the index kept the pod's entry when it stopped being indexed)."""
+    core = client.CoreV1Api(api)
+    hogs = [f"batch-{i}" for i in range(node_shape.count)]
+    for i, name in enumerate(hogs):  # every GPU of the cluster
+        body = _gpu_hog(name, f"kwok-node-{i}")
+        body["spec"]["restartPolicy"] = "Never"
+        core.create_namespaced_pod(mlsched.namespace, body)
+    wait_for(lambda: all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Running"
+                         for n in hogs), 60, "the batch pods to run")
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=86400))
+    mlsched.create(mljob("after", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
+    wait_for(lambda: any(c["type"] == "Admitted" and c["status"] == "False"
+                         for c in (mlsched.job("after").get("status") or {}).get("conditions", [])),
+             30, "the job to wait for GPUs")
+    for name in hogs:  # they finish, and stay
+        core.patch_namespaced_pod_status(name, mlsched.namespace, {"status": {"phase": "Succeeded"}})
+    done = time.monotonic()
+    wait_for(lambda: placed_as_decided(mlsched, "after"), 30,
+             "the job to run on the GPUs the completed pods no longer hold",
+             describe=lambda: placement_problems(mlsched, "after"))
+    print(f"placed {time.monotonic() - done:.1f} s after the batch pods completed")
+    assert all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Succeeded"
+               for n in hogs)

@@ -22,6 +22,8 @@ import asyncio
 import contextlib
 import logging
 from collections import Counter
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import kopf
@@ -182,6 +184,11 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
 
 
 # ----------------------------------------------------------------------------- indexes
+# An indexer returns {} (never None) for an object that is not, or no longer, to be indexed:
+# kopf drops an object's earlier entries when the new result has none of their keys, but keeps
+# them all when the result is None. A pod that completed kept holding its node's capacity, a
+# PriorityClass no longer the default stayed the default, until the object was deleted.
+NOT_INDEXED: Mapping[str, Any] = MappingProxyType({})
 
 
 @kopf.index("nodes")
@@ -192,14 +199,14 @@ def node_index(name: str, body: kopf.Body, **_: Any):
 @kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})
 def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     record = pod_record(body)
-    return {(namespace, labels[JOB_LABEL]): record} if record else None
+    return {(namespace, labels[JOB_LABEL]): record} if record else NOT_INDEXED
 
 
 @kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_pod_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Requests of other schedulers' pods per node: capacity our jobs cannot have."""
     node = _bound_to(spec, body)
-    return {node: pod_requests(spec)} if node else None
+    return {node: pod_requests(spec)} if node else NOT_INDEXED
 
 
 def _bound_to(spec: kopf.Spec, body: kopf.Body) -> str | None:
@@ -214,7 +221,7 @@ def foreign_port_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     a node where one holds 29500 takes no task that needs it."""
     node = _bound_to(spec, body)
     ports = host_ports(spec) if node else None
-    return {node: ports} if ports else None
+    return {node: ports} if ports else NOT_INDEXED
 
 
 @kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
@@ -224,7 +231,7 @@ def foreign_extended_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     that needs one."""
     node = _bound_to(spec, body)
     extended = extended_requests(spec) if node else None
-    return {node: extended} if extended else None
+    return {node: extended} if extended else NOT_INDEXED
 
 
 @kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
@@ -234,7 +241,7 @@ def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, bo
     job's required anti-affinity keeps its pods off nodes where a matching pod of its
     namespace runs (snapshot.held_selected)."""
     node = _bound_to(spec, body) if labels else None
-    return {namespace: (node, dict(labels))} if node else None
+    return {namespace: (node, dict(labels))} if node else NOT_INDEXED
 
 
 @kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
@@ -244,28 +251,28 @@ def foreign_repel_index(namespace: str, spec: kopf.Spec, body: kopf.Body, **_: A
     (pod_anti_affinity.py)."""
     node = _bound_to(spec, body)
     selectors = node_selectors(spec) if node else ()
-    return {namespace: (node, selectors)} if selectors else None
+    return {namespace: (node, selectors)} if selectors else NOT_INDEXED
 
 
 @kopf.index("resourcequotas")
 def quota_index(namespace: str, body: kopf.Body, **_: Any):
     """Each namespace's ResourceQuotas: what its rounds may book (quotas.py)."""
     record = quota_record(body)
-    return {namespace: record} if record else None
+    return {namespace: record} if record else NOT_INDEXED
 
 
 @kopf.index("limitranges")
 def limit_range_index(namespace: str, body: kopf.Body, **_: Any):
     """Each namespace's LimitRanges: the requests its pods will be given (limitranges.py)."""
     record = limit_range_record(body)
-    return {namespace: record} if record else None
+    return {namespace: record} if record else NOT_INDEXED
 
 
 @kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
 def priority_class_index(name: str, body: kopf.Body, **_: Any):
     """The globalDefault PriorityClass: the class of pods whose template names none, which
     PriorityClass-scoped ResourceQuotas count (quotas.py)."""
-    return global_default_entry(name, body)
+    return global_default_entry(name, body) or NOT_INDEXED
 
 
 @kopf.index("node.k8s.io", "v1", "runtimeclasses")
@@ -286,7 +293,7 @@ def device_class_index(name: str, body: kopf.Body, **_: Any):
 def resource_slice_index(name: str, body: kopf.Body, **_: Any):
     """Node-local ResourceSlices by name: the devices each node has."""
     record = dra.resource_slice_record(body)
-    return {name: record} if record.node else None
+    return {name: record} if record.node else NOT_INDEXED
 
 
 @kopf.index(*DRA, "resourceclaimtemplates")
@@ -299,7 +306,7 @@ def claim_template_index(namespace: str, body: kopf.Body, **_: Any):
 def resource_claim_index(namespace: str, body: kopf.Body, **_: Any):
     """Allocated ResourceClaims by namespace: the devices in use."""
     record = dra.resource_claim_record(body)
-    return {namespace: record} if record else None
+    return {namespace: record} if record else NOT_INDEXED
 
 
 @kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
@@ -416,6 +423,16 @@ async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     rt.namespace_labels[name] = labels
     if before is not None and before != labels and rt.leadership.leading:
         await preflight.namespace_relabelled(rt, name)
+
+
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
+async def priority_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
+                               **_: Any) -> None:
+    """The globalDefault PriorityClass set, moved or removed: the pods of templates naming no
+    class count against other scoped quotas now, so waiting jobs may fit (or, counted anew,
+    are told why they wait). Any class event wakes: whether it was the default before an
+    edit or deletion is not in the event, and classes change rarely."""
+    wake_all_admissions(runtime(memo))
 
 
 @kopf.on.event("node.k8s.io", "v1", "runtimeclasses")
