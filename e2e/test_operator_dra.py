@@ -196,3 +196,42 @@ def test_a_request_selecting_a_device_model_is_counted_by_its_selector(api, mlsc
         message = _waits_saying(mlsched, "dra-h100-b", "device")
         assert (f"needs 1 worker pods taking 1 {gpus}[{gpus}/model='h100'] device each; the 3 nodes "
                 "it may use have room for 0 such pods now") in message, message
+
+
+def test_devices_of_a_claim_its_pod_no_longer_uses_are_handed_out(api, mlsched, operator):
+    """A ResourceClaim made by hand (`resourceClaimName`, not from a template) outlives the
+    pod that used it: when the pod completes, kube-controller-manager takes the claim's
+    reservation and allocation back and the claim stays. Its devices are free then; before,
+    the claim stayed allocated in the operator's index until deleted, and a job waiting for
+    those devices waited for good."""
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    ns = mlsched.namespace
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus:
+        custom.create_namespaced_custom_object(*DRA, ns, "resourceclaims", {
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "notebook-gpus", "namespace": ns},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {
+                "deviceClassName": gpus, "count": 2}}]}}})
+        core.create_namespaced_pod(ns, {
+            "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "notebook"},
+            "spec": {"nodeSelector": {"kubernetes.io/hostname": NODES[0]},
+                     "tolerations": [KWOK_TOLERATION], "restartPolicy": "Never",
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": "notebook-gpus"}],
+                     "containers": [{"name": "c", "image": IMAGE,
+                                     "resources": {"claims": [{"name": "gpu"}]}}]}})
+        wait_for(lambda: core.read_namespaced_pod("notebook", ns).status.phase == "Running",
+                 60, "the notebook to run")
+        claim_template(api, ns, gpus)
+        mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
+        mlsched.create(claiming(mljob("dra-six", ps=None, workers=(6, 6))))
+        message = _waits_saying(mlsched, "dra-six", "device")
+        assert "have room for 4 such pods now" in message, message
+        core.patch_namespaced_pod_status("notebook", ns, {"status": {"phase": "Succeeded"}})
+
+        def deallocated() -> bool:
+            claim = custom.get_namespaced_custom_object(*DRA, ns, "resourceclaims", "notebook-gpus")
+            return not (claim.get("status") or {}).get("allocation")
+        wait_for(deallocated, 60, "kube-controller-manager to deallocate the notebook's claim")
+        pods = wait_all_running(mlsched, "dra-six", 6)
+        assert sorted([p.spec.node_name for p in pods].count(n) for n in NODES) == [2, 2, 2]

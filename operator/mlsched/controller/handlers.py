@@ -454,8 +454,11 @@ async def device_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
 @kopf.on.event(*DRA, "resourceclaims")
 async def resource_claim_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
                                **_: Any) -> None:
-    """A claim gone (its pod deleted before): its devices are free for waiting jobs."""
-    if event.get("type") == "DELETED":
+    """A claim gone (its pod deleted before), or one made by hand deallocated once its pod
+    completed (the claim stays): its devices are free for waiting jobs. (A claim being made
+    is unallocated too until kube-scheduler allocates it: a wake that finds nothing more.)"""
+    kind = event.get("type")
+    if kind == "DELETED" or (kind == "MODIFIED" and dra.resource_claim_record(body) is None):
         wake_all_admissions(runtime(memo))
 
 
