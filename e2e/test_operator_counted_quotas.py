@@ -12,12 +12,14 @@ the claims of two (`exceeded quota`), so those two stayed Pending for good."""
 
 from __future__ import annotations
 
+import contextlib
+
 from kubernetes import client
 
 from job_state import placed_as_decided, placement_problems
 from mlsched_objects import mljob, scheduling_policy
 from test_operator_counted_resources import DAY, NODES, POOL, node_allocatable, small_workers
-from test_operator_dra import claim_template, claiming, published_devices
+from test_operator_dra import DRA, claim_template, claiming, published_devices
 from test_operator_node_constraints import labelled
 from test_operator_one_per_node import wait_all_running
 from test_operator_quotas import _running, refused_for_good
@@ -86,12 +88,11 @@ def test_a_quota_on_dra_devices_is_planned_within(api, mlsched, operator):
                            "'devices' allows 2 in all"), message
 
 
-def test_pods_whose_claims_cannot_be_made_say_why(api, mlsched, operator):
-    """An object-count quota on ResourceClaims (`count/resourceclaims.resource.k8s.io`, not
-    planned with, like other object counts): kube-controller-manager cannot make the claims of
-    two of four pods, and kube-scheduler waits for them without a word. The job said
-    `AllRolesReady` "2 worker ready" on its minimum for good; now it says which pod cannot
-    start and quotes the pod's FailedResourceClaimCreation Event."""
+def test_a_quota_on_the_count_of_resource_claims_is_planned_within(api, mlsched, operator):
+    """An object-count quota on ResourceClaims (`count/resourceclaims.resource.k8s.io`): each
+    pod makes one claim per claim template it names. It was not planned with: DRF created four
+    claiming workers under a quota of 2, kube-controller-manager could not make two of their
+    claims (`exceeded quota: claims`), and those two pods waited for good."""
     core = client.CoreV1Api(api)
     with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus:
         core.create_namespaced_resource_quota(mlsched.namespace, {
@@ -100,6 +101,69 @@ def test_pods_whose_claims_cannot_be_made_say_why(api, mlsched, operator):
         claim_template(api, mlsched.namespace, gpus)
         mlsched.create(scheduling_policy("default", allocation="drf", interval=DAY))
         mlsched.create(claiming(mljob("dra-claims", ps=None, workers=(1, 4), epochs=1e9)))
+        status = wait_for(lambda: placed_as_decided(mlsched, "dra-claims"), 60, "the job to run",
+                          describe=lambda: placement_problems(mlsched, "dra-claims"))
+        assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
+        wait_all_running(mlsched, "dra-claims", 2)
+        assert _pending_for_good(mlsched, "dra-claims") == []
+        mlsched.create(claiming(mljob("dra-more", ps=None, workers=(1, 1), epochs=1e9)))
+        message = _told(mlsched, "dra-more", "WaitingForQuota")
+        assert message == ("its minimum makes 1 ResourceClaim; the namespace's ResourceQuota "
+                           "'claims' has 0 of 2 left"), message
+
+
+@contextlib.contextmanager
+def claims_refused(api, namespace: str, message: str):
+    """A ValidatingAdmissionPolicy refusing every new ResourceClaim of `namespace` (what a
+    platform team's policy on claims looks like to the pods: kube-controller-manager cannot
+    make theirs), in force when this yields."""
+    admission = client.AdmissionregistrationV1Api(api)
+    name = f"e2e-no-claims-{namespace}"
+    admission.create_validating_admission_policy({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {"failurePolicy": "Fail",
+                 "matchConstraints": {"resourceRules": [{
+                     "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+                     "operations": ["CREATE"], "resources": ["resourceclaims"]}]},
+                 "validations": [{"expression": "false", "message": message}]}})
+    admission.create_validating_admission_policy_binding({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {"policyName": name, "validationActions": ["Deny"],
+                 "matchResources": {"namespaceSelector": {
+                     "matchLabels": {"kubernetes.io/metadata.name": namespace}}}}})
+    custom = client.CustomObjectsApi(api)
+
+    def refused() -> bool:  # the API server compiles a new policy within a few seconds
+        try:
+            custom.create_namespaced_custom_object(*DRA, namespace, "resourceclaims", {
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": "probe"}, "spec": {"devices": {"requests": []}}},
+                dry_run="All")
+        except client.ApiException as e:
+            return message in (e.body or "")
+        return False
+    try:
+        wait_for(refused, 30, "the ValidatingAdmissionPolicy to refuse claims")
+        yield
+    finally:
+        admission.delete_validating_admission_policy_binding(name)
+        admission.delete_validating_admission_policy(name)
+
+
+def test_pods_whose_claims_cannot_be_made_say_why(api, mlsched, operator):
+    """Claims that kube-controller-manager cannot make (here a ValidatingAdmissionPolicy
+    refuses them; before the claims quota was planned with, that quota did): kube-scheduler
+    waits for them without a word. The job said `AllRolesReady` on its minimum, or nothing
+    useful, for good; now it says which pod cannot start and quotes the pod's
+    FailedResourceClaimCreation Event."""
+    core = client.CoreV1Api(api)
+    with labelled(core, NODES, POOL, "yes"), published_devices(api, NODES, 2) as gpus, \
+            claims_refused(api, mlsched.namespace, "claims are closed in this namespace"):
+        claim_template(api, mlsched.namespace, gpus)
+        mlsched.create(scheduling_policy("default", allocation="drf", interval=DAY))
+        mlsched.create(claiming(mljob("dra-claims", ps=None, workers=(1, 2), epochs=1e9)))
 
         def running():
             found = _running(mlsched, "dra-claims")
@@ -107,7 +171,7 @@ def test_pods_whose_claims_cannot_be_made_say_why(api, mlsched, operator):
 
         _, message = wait_for(running, 60, "the job to say which pods cannot start",
                               describe=lambda: _running(mlsched, "dra-claims"))
-        assert message.startswith("2/4 worker ready; pod dra-claims-worker-"), message
+        assert message.startswith("pod dra-claims-worker-"), message
         assert "cannot start: FailedResourceClaimCreation: " in message, message
-        assert "exceeded quota: claims" in message, message
+        assert "claims are closed in this namespace" in message, message
         assert "PodsCannotStart" in [e.reason for e in mlsched.events("dra-claims", "MLJob")]

@@ -387,3 +387,34 @@ def test_pods_of_a_template_naming_no_priority_class_count_as_the_global_default
     assert kube.indexes().default_priority_class() == "standard"
     workers = round_(rt, kube).targets["plain"].counts["worker"]
     assert workers == 2, workers
+
+
+def test_a_quota_on_the_count_of_resource_claims_bounds_every_allocation():
+    """`count/resourceclaims.resource.k8s.io`: each worker makes one claim from its template,
+    so under a quota of 3 no policy gives a job more than 3 (DRF gave 8: the claims of five
+    pods were never made and they waited for good); the reasons say so in claims."""
+    from mlsched.controller.quotas import CLAIMS, Usage, budget, counted_key, minimum_of, why_not, why_waiting
+    from test_counted_resources import _node, _record, small_workers
+    from test_controller_fixtures import allreduce_job
+    from test_dra import claiming
+    assert counted_key("count/resourceclaims.resource.k8s.io") == CLAIMS
+    body = claiming(small_workers(allreduce_job("ring"), cpu="1", min_workers=1))
+    body["spec"]["replicaSpecs"]["worker"]["max"] = 8
+    job = _record(body)  # (the template need not exist for the count: one claim per pod)
+    assert minimum_of(job, None)[1] == {CLAIMS: 1.0}
+    quota = _quota({"count/resourceclaims.resource.k8s.io": "3"},
+                   {"count/resourceclaims.resource.k8s.io": "1"}, name="claims")
+    assert quota is not None and quota.counted == ((CLAIMS, 3.0, 1.0),)
+    cluster = ClusterState(nodes=[_node(f"n{i}") for i in range(4)])
+    for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "dl2"):
+        # Its one existing claim is its own: booked afresh, so 3 are left to it.
+        snap = build_snapshot([job], cluster, now_s=0, interval_s=60,
+                              budget=budget([quota], {None: Usage(counted={CLAIMS: 1.0})}))
+        policy = DL2Policy.load(None) if allocation == "dl2" else registry.make_allocation(allocation)
+        d = run_round(snap, policy, registry.make_placement("load-balance")).jobs["ring"]
+        assert 1 <= d.workers <= 3 and (d.workers == 3 or allocation != "drf"), (allocation, d)
+    none = (0.0,) * 6
+    assert why_waiting(none, [quota], {CLAIMS: 3.0}) == (
+        "its minimum makes 3 ResourceClaims; the namespace's ResourceQuota 'claims' has 2 of 3 left")
+    assert why_not(none, [quota], {CLAIMS: 4.0}) == (
+        "its minimum makes 4 ResourceClaims; the namespace's ResourceQuota 'claims' allows 3 in all")

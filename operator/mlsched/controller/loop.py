@@ -33,7 +33,6 @@ from mlsched.controller import (
 )
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
-from mlsched.controller.counted_resources import extended_of
 from mlsched.controller.desired import (
     Action, JobTarget, job_targets, plan_pods, plan_statefulset, roles_of,
 )
@@ -283,7 +282,7 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
                 priority = quotas.priority_of(job, role, default) if scoped else ""
                 for scope, usage in pending.items():
                     if quotas.matches(scope, priority):
-                        usage.add(charge, extended_of(job, role), missing)
+                        usage.add(charge, quotas.quota_takes(job, role), missing)
     return quotas.budget(found, own, pending, default)
 
 

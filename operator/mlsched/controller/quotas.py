@@ -24,8 +24,7 @@ scaled a high-priority job to 4 one-GPU workers under a 2-GPU quota of its class
 were refused. Each scope is a block of budget dimensions of its own (Budget.scopes), charged
 only by the tasks it matches. Quotas with other scopes (Terminating, BestEffort,
 CrossNamespacePodAffinity, ...) do not count training pods, which have requests and no
-deadline, and NotTerminating and NotBestEffort count them all; other object counts are not
-planned with.
+deadline, and NotTerminating and NotBestEffort count them all.
 
 The counted resources (counted_resources.py) are planned within too: `requests.<name>` of an
 extended resource (`requests.example.com/nic`, `requests.ephemeral-storage` or
@@ -36,6 +35,12 @@ job of NIC-requesting workers was scaled past a 2-NIC quota and the pods beyond 
 kube-controller-manager could not make two of their claims (`exceeded quota`) and those two
 pods stayed Pending for good. Each such bound is one more budget dimension after QUOTA_DIMS
 (Budget.counted names them), charged what one pod takes of it (JobView.quota_charges).
+
+So is the one object count that grows with a job's pods, `count/resourceclaims.resource.k8s.io`
+(CLAIMS): each pod makes one ResourceClaim per claim template it names. Under a quota of 2, two
+of four claiming workers never got their claims and waited for good (`PodsCannotStart`). The
+children a job makes once (its StatefulSets, its Service) are not planned with: a quota that
+refuses them is reported as it happens (jobs.py).
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ def keys() -> tuple[tuple[str, ...], ...]:
             ("pods", "count/pods"))
 ALWAYS_APPLY = {"NotTerminating", "NotBestEffort"}
 _DEVICES = ".deviceclass.resource.k8s.io/devices"
+#: The object count of ResourceClaims, a counted resource of its own: one per claim template a
+#: pod names (its claims made from `resourceClaimName` exist already and are not the pod's).
+CLAIMS = "count/resourceclaims.resource.k8s.io"
 #: A PriorityClass scope: (operator, values) of a quota's scopeSelector on PriorityClass.
 Scope = tuple[str, tuple[str, ...]]
 
@@ -121,6 +129,8 @@ def counted_key(quota_key: str) -> str | None:
     """The counted resource (counted_resources.py's name for it) a quota key bounds, or None:
     `requests.example.com/nic` → `example.com/nic`, `ephemeral-storage` → itself,
     `gpu.example.com.deviceclass.resource.k8s.io/devices` → `dra:gpu.example.com`."""
+    if quota_key == CLAIMS:
+        return CLAIMS
     if quota_key.endswith(_DEVICES):
         return DEVICE_PREFIX + quota_key[:-len(_DEVICES)]
     if quota_key == "ephemeral-storage":
@@ -246,7 +256,7 @@ def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
         block: Iterable[float] = charge
         if budget.counted:
             takes: dict[str, float] = {}
-            add_takes(takes, extended_of(job, role))
+            add_takes(takes, quota_takes(job, role))
             block = [*charge, *(takes.get(name, 0.0) for name in budget.counted)]
         if len(budget.scopes) == 1:  # no scoped quota (the usual case: 10,000 jobs a round)
             out[role] = np.array(block, dtype=float)
@@ -258,11 +268,22 @@ def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
     return out
 
 
+def quota_takes(job: JobRecord, role: str) -> Counted:
+    """What one pod of `role` will count against quotas of counted resources: its extended
+    requests and the devices its claims request (extended_of), and the claims it makes."""
+    claims = len(job.claim_templates.get(role, ()))
+    return extended_of(job, role) + (((CLAIMS, float(claims)),) if claims else ())
+
+
 def pod_takes(job: JobRecord, pod: PodRecord) -> Counted:
     """What a pod of `job` counts against quotas of counted resources: its extended requests
     and the devices its claims request (made from its role's claim templates, which
-    dra.with_devices added to the job's record)."""
-    devices = tuple((n, a) for n, a in extended_of(job, pod.role) if n.startswith(DEVICE_PREFIX))
+    dra.with_devices added to the job's record), and those claims, unless they were never
+    made (PodRecord.claims_unmade: a quota refused them, so it counts none of them)."""
+    if pod.claims_unmade:
+        return pod.extended
+    devices = tuple((n, a) for n, a in quota_takes(job, pod.role)
+                    if n.startswith(DEVICE_PREFIX) or n == CLAIMS)
     return pod.extended + devices
 
 
@@ -284,7 +305,7 @@ def minimum_of(job: JobRecord, scope: Scope | None,
         if count and matches(scope, priority_of(job, role, default_priority)):
             charge = job.charges.get(role, records.NO_CHARGE)
             total = [t + count * c for t, c in zip(total, charge)]
-            add_takes(takes, extended_of(job, role), count)
+            add_takes(takes, quota_takes(job, role), count)
     return tuple(total), takes  # type: ignore[return-value]
 
 
@@ -321,6 +342,8 @@ def _unset(r: int, q: QuotaRecord) -> str:
 
 
 def _minimum_takes(name: str, amount: float) -> str:
+    if name == CLAIMS:
+        return f"its minimum makes {amount:g} ResourceClaim{'' if amount == 1 else 's'}"
     verb = "claims" if name.startswith(DEVICE_PREFIX) else "requests"
     return f"its minimum {verb} {resource_text(name, amount)}"
 
