@@ -22,12 +22,16 @@ Logs, certificates, kubeconfigs and etcd's data live in one temp dir
 from __future__ import annotations
 
 import atexit
+import base64
+import json
 import os
 import shutil
 import socket
 import subprocess
 import tempfile
 import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 
 from kubernetes import client, config
@@ -168,22 +172,39 @@ class ControlPlane:
         for component in reversed(list(self._components.values())):
             component.stop()
 
-    def restart_apiserver(self, *, crash: bool = False, down_s: float = 0.0) -> None:
+    def restart_apiserver(self, *, crash: bool = False, down_s: float = 0.0,
+                          while_down: Callable[[], None] | None = None) -> None:
         """Stops kube-apiserver and starts it again with the same flags and port.
 
         By default it is stopped gracefully (SIGTERM), as in a rolling restart;
         crash=True kills it with SIGKILL instead. It stays down at least `down_s`
-        seconds (an outage long enough for a round to fall in it). Returns once
+        seconds (an outage long enough for a round to fall in it); `while_down` runs
+        then (delete_from_storage: what changed while watches were down). Returns once
         /readyz is ok.
         """
         apiserver = self._components["kube-apiserver"]
         apiserver.stop(kill=crash)
+        if while_down is not None:
+            while_down()
         time.sleep(down_s)
         apiserver.start()
         try:
             self._wait_apiserver()
         except ComponentError as err:
             raise ControlPlaneError(str(err)) from None
+
+    def delete_from_storage(self, key: str) -> int:
+        """Delete an object's key (`/registry/pods/<namespace>/<name>`) in etcd itself, through
+        etcd's JSON gateway: with the API server down, an object gone without a watch event
+        (as one deleted during an outage the watches could not resume across). The count
+        deleted."""
+        assert self._layout is not None, "the control plane is not running"
+        body = json.dumps({"key": base64.b64encode(key.encode()).decode()}).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self._layout.ports.etcd}/v3/kv/deleterange", data=body,
+            headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return int(json.loads(response.read()).get("deleted") or 0)
 
     @property
     def audit_log_path(self) -> Path:

@@ -7,6 +7,8 @@ lost or written twice, and jobs that go on training.
 
 from __future__ import annotations
 
+import time
+
 from kubernetes import client, watch
 
 from job_state import placed_as_decided, placement_problems
@@ -174,3 +176,35 @@ def test_node_not_ready_moves_its_pods_and_training_goes_on(control_plane, mlsch
         assert phase(mlsched.job("ring")) == "Running"
     finally:
         control_plane.set_node_ready(victim, True)
+
+
+def test_pods_deleted_while_the_watches_were_down_stop_holding_their_nodes(
+        api, control_plane, node_shape, mlsched, operator):
+    """Another workload's GPU pods are deleted while the API server is down (here straight
+    from etcd): the operator's watches cannot resume where they stopped, kopf lists the pods
+    again, and no DELETED event ever comes. Before, their requests stayed in the operator's
+    indexes until it restarted, and a job waiting for their GPUs waited for good; now what
+    a listing again leaves out is asked for, dropped when gone, and the job runs."""
+    from test_operator_shared_nodes import _gpu_hog
+    core = client.CoreV1Api(api)
+    hogs = [f"hog-{i}" for i in range(node_shape.count)]
+    for i, name in enumerate(hogs):  # every GPU of the cluster
+        core.create_namespaced_pod(mlsched.namespace, _gpu_hog(name, f"kwok-node-{i}"))
+    wait_for(lambda: all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Running"
+                         for n in hogs), 60, "the other workload's pods to run")
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=86400))
+    mlsched.create(mljob("after", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
+    wait_for(lambda: any(c["type"] == "Admitted" and c["status"] == "False"
+                         for c in (mlsched.job("after").get("status") or {}).get("conditions", [])),
+             30, "the job to wait for GPUs")
+
+    def delete_hogs() -> None:
+        for name in hogs:
+            assert control_plane.delete_from_storage(f"/registry/pods/{mlsched.namespace}/{name}") == 1
+    control_plane.restart_apiserver(while_down=delete_hogs)
+    assert core.list_namespaced_pod(mlsched.namespace).items == []
+    back = time.monotonic()
+    wait_for(lambda: placed_as_decided(mlsched, "after"), 90,
+             "the job to run on the GPUs the deleted pods held",
+             describe=lambda: placement_problems(mlsched, "after"))
+    print(f"placed {time.monotonic() - back:.1f} s after the API server was back")

@@ -44,6 +44,7 @@ from mlsched.controller.limitranges import limit_range_record
 from mlsched.controller.pod_anti_affinity import node_selectors
 from mlsched.controller.runtimeclasses import runtime_class_record
 from mlsched.controller.quotas import global_default_entry, quota_record
+from mlsched.controller.relists import Gone, Relists
 from mlsched.controller.records import (
     extended_requests, is_active_pod, job_record, node_record, pod_record, pod_requests,
     sts_record,
@@ -103,6 +104,70 @@ def runtime(memo: Any) -> Runtime:
     return memo["runtime"]
 
 
+# ------------------------------------------------------ objects deleted while a watch was down
+#: Each indexed resource: its API group and version, and the indexes it feeds (relists.py).
+INDEXED: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    "nodes": ("", "v1", ("node_index",)),
+    "pods": ("", "v1", ("pod_index", "foreign_pod_index", "foreign_port_index",
+                        "foreign_extended_index", "foreign_label_index", "foreign_repel_index")),
+    "resourcequotas": ("", "v1", ("quota_index",)),
+    "limitranges": ("", "v1", ("limit_range_index",)),
+    "priorityclasses": ("scheduling.k8s.io", "v1", ("priority_class_index",)),
+    "runtimeclasses": ("node.k8s.io", "v1", ("runtime_class_index",)),
+    "deviceclasses": (*DRA, ("device_class_index",)),
+    "resourceslices": (*DRA, ("resource_slice_index",)),
+    "resourceclaimtemplates": (*DRA, ("claim_template_index",)),
+    "resourceclaims": (*DRA, ("resource_claim_index",)),
+    "statefulsets": ("apps", "v1", ("statefulset_index",)),
+    "mljobs": (*MLJOBS[:2], ("mljob_index",)),
+    "schedulingpolicies": (*POLICIES[:2], ("policy_index",)),
+}
+
+
+@kopf.on.event("nodes")
+@kopf.on.event("pods")
+@kopf.on.event("resourcequotas")
+@kopf.on.event("limitranges")
+@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
+@kopf.on.event("node.k8s.io", "v1", "runtimeclasses")
+@kopf.on.event(*DRA, "deviceclasses")
+@kopf.on.event(*DRA, "resourceslices")
+@kopf.on.event(*DRA, "resourceclaimtemplates")
+@kopf.on.event(*DRA, "resourceclaims")
+@kopf.on.event("apps", "v1", "statefulsets")
+@kopf.on.event(*MLJOBS)
+@kopf.on.event(*POLICIES)
+async def watch_noted(event: kopf.RawEvent, body: kopf.Body, resource: kopf.Resource,
+                      memo: kopf.Memo, **kwargs: Any) -> None:
+    """Every event of an indexed resource, noted to find what a listing again leaves out."""
+    relists = memo.get("relists")
+    if relists is not None and resource.plural in INDEXED:
+        relists.note(resource.plural, event.get("type"), body,
+                     [kwargs[name] for name in INDEXED[resource.plural][2]])
+
+
+async def present(rt: Runtime, plural: str, namespace: str | None) -> set[str]:
+    """The uids of `plural` the API server has in `namespace` (None: cluster-scoped)."""
+    group, version, _ = INDEXED[plural]
+    base = f"/apis/{group}/{version}" if group else f"/api/{version}"
+    scope = f"/namespaces/{namespace}" if namespace else ""
+    return await rt.api.uids_at(f"{base}{scope}/{plural}")
+
+
+async def forget_gone(rt: Runtime, gone: list[Gone]) -> None:
+    """What a DELETED event of each would have done: jobs and policies forgotten (their
+    loops stopped), capacity that pods, claims or quotas held offered to waiting jobs."""
+    for g in gone:
+        if g.plural == "schedulingpolicies":
+            rt.policy_loops.stop((g.namespace or "", g.name))
+        elif g.plural == "mljobs":
+            key = (g.namespace or "", g.name)
+            body = rt.job_bodies.get(key) or {"metadata": {"namespace": key[0], "name": g.name,
+                                                           "uid": g.uid}}
+            await jobs.on_job_event(rt, "DELETED", body, rt.indexes)
+    wake_all_admissions(rt)
+
+
 # ---------------------------------------------------------------------------- operator
 
 
@@ -137,6 +202,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         await label_own_pod(rt.api, False, attempts=1)  # a restarted container: not yet
         rt.policy_loops.active = False
     memo["runtime"] = rt
+    memo["relists"] = Relists(lambda plural, ns: present(rt, plural, ns),
+                              lambda gone: forget_gone(rt, gone))
     memo["loop_health_stopped"] = health_stopped = asyncio.Event()
     memo["loop_health"] = asyncio.create_task(LoopHealth(rt.metrics.registry).watch(health_stopped),
                                               name="mlsched-loop-health")

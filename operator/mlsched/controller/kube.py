@@ -97,6 +97,10 @@ class KubeApi(Protocol):
         """The `FailedCreate` Events of a StatefulSet (the API server refused its pods: a
         missing ServiceAccount, Pod Security, a LimitRange, a webhook), oldest first."""
 
+    async def uids_at(self, path: str) -> set[str]:
+        """The uids of the objects of a collection (`/api/v1/namespaces/team/pods`), listed as
+        metadata only (relists.py: which were deleted while the watches were down?)."""
+
 
 def load_api_client(pool_size: int = 16):
     """In-cluster credentials when running in a pod, else the current kubeconfig.
@@ -200,6 +204,38 @@ class ClientKubeApi:
             raise ApiException(status=response.status, reason=response.reason,
                                body=(response.data or b"").decode(errors="replace"))
         return response
+
+    def _get_path(self, path: str, query: list[tuple[str, str]], **_: Any):
+        params = self._client.param_serialize(
+            method="GET", resource_path=path, query_params=query,
+            header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"])
+        from kubernetes.client.exceptions import ApiException
+
+        response = self._client.call_api(*params)
+        try:
+            response.read()
+        finally:
+            release = getattr(response.response, "release_conn", None)
+            if release is not None:
+                release()
+        if not 200 <= response.status < 300:
+            raise ApiException(status=response.status, reason=response.reason,
+                               body=(response.data or b"").decode(errors="replace"))
+        return response
+
+    async def uids_at(self, path: str) -> set[str]:
+        uids: set[str] = set()
+        token = None
+        while True:  # in pages, as kopf lists
+            if self.on_request is not None:
+                self.on_request("list", path.rsplit("/", 1)[-1])
+            query = [("limit", str(LIST_PAGE * 10))] + ([("continue", token)] if token else [])
+            page = await self._call(self._get_path, path, query) or {}
+            uids.update(((item.get("metadata") or {}).get("uid") or "")
+                        for item in page.get("items") or ())
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return uids - {""}
 
     def _count(self, verb: str, kind: str, status: bool = False) -> None:
         if self.on_request is not None:

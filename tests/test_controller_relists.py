@@ -1,0 +1,161 @@
+"""Objects deleted while a watch was down are dropped from kopf's indexes after it lists the
+resource again (controller/relists.py), through kopf's own indexers."""
+
+from __future__ import annotations
+
+import asyncio
+
+from kopf._core.actions.execution import Outcome
+from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
+
+from mlsched.controller import handlers
+from mlsched.controller.relists import FIRST_LIST_S, Gone, Relists
+
+
+def _pod(name: str, node: str) -> dict:
+    gpus = {"nvidia.com/gpu": "2"}
+    return {"metadata": {"name": name, "namespace": "team", "uid": f"uid-{name}"},
+            "spec": {"nodeName": node, "containers": [{"name": "c", "resources": {"requests": gpus}}]},
+            "status": {"phase": "Running"}}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _indexed(*pods: dict) -> tuple[OperatorIndexers, object]:
+    indexers = OperatorIndexers()
+    indexers["foreign_pod_index"] = OperatorIndexer()
+    for body in pods:
+        result = handlers.foreign_pod_index(spec=body["spec"], body=body)
+        indexers.replace(body, {"foreign_pod_index": Outcome(final=True, result=result)})
+    return indexers, indexers.indices["foreign_pod_index"]
+
+
+def test_a_pod_deleted_while_the_watch_was_down_leaves_the_index_after_a_listing_again():
+    pods = [_pod("a", "n0"), _pod("b", "n1"), _pod("gone", "n2")]
+    asked: list[tuple] = []
+    reported: list[list[Gone]] = []
+
+    async def present(plural, namespace):
+        asked.append((plural, namespace))
+        return {"uid-a", "uid-b"}
+
+    async def on_gone(gone):
+        reported.append(gone)
+
+    async def scenario() -> None:
+        indexers, index = _indexed(*pods)
+        clock = Clock()
+        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        for body in pods:  # the first listing
+            relists.note("pods", None, body, [index])
+        clock.now = 50.0
+        relists.note("pods", "MODIFIED", pods[0], [index])  # events go on: nothing to look for
+        await asyncio.sleep(0)
+        assert asked == [] and sorted(index) == ["n0", "n1", "n2"]
+        clock.now = 100.0  # the watch lost its place; kopf lists the pods again: "gone" is not
+        for body in pods[:2]:
+            relists.note("pods", None, body, [index])
+        for _ in range(3):
+            await asyncio.sleep(0)
+        # What the new listing did not replay is looked for; only what is gone is dropped.
+        assert asked == [("pods", "team")]
+        assert reported == [[Gone("pods", "team", "gone", "uid-gone")]]
+        assert sorted(index) == ["n0", "n1"]
+
+    asyncio.run(scenario())
+
+
+def test_a_listing_long_after_the_first_is_a_listing_again_even_of_new_objects():
+    """Every pod of the first listing deleted in the gap, a new one created: no object is
+    replayed twice, yet the old ones are looked for."""
+    old, new = _pod("old", "n0"), _pod("new", "n1")
+    reported: list[list[Gone]] = []
+
+    async def present(plural, namespace):
+        return {"uid-new"}
+
+    async def on_gone(gone):
+        reported.append(gone)
+
+    async def scenario() -> None:
+        indexers, index = _indexed(old, new)
+        clock = Clock()
+        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        relists.note("pods", None, old, [index])
+        clock.now = FIRST_LIST_S + 1
+        relists.note("pods", None, new, [index])
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert reported == [[Gone("pods", "team", "old", "uid-old")]]
+        assert sorted(index) == ["n1"]
+
+    asyncio.run(scenario())
+
+
+def test_an_object_the_api_server_still_has_is_kept():
+    """A listing slower than the settling time: the objects it has not replayed yet are looked
+    for, found, and kept."""
+    a = _pod("a", "n0")
+
+    async def present(plural, namespace):
+        return {"uid-a", "uid-b"}
+
+    async def on_gone(gone):
+        raise AssertionError(gone)
+
+    async def scenario() -> None:
+        indexers, index = _indexed(a, _pod("b", "n1"))
+        clock = Clock()
+        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        relists.note("pods", None, a, [index])
+        relists.note("pods", None, _pod("b", "n1"), [index])
+        clock.now = 10.0
+        relists.note("pods", None, a, [index])  # b not replayed yet
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert sorted(index) == ["n0", "n1"]
+
+    asyncio.run(scenario())
+
+
+def test_every_indexed_resource_is_noted_with_the_indexes_it_feeds():
+    """handlers.INDEXED names every kopf index the operator reads (indexes_from), each once."""
+    import inspect
+    fed = [name for _, _, names in handlers.INDEXED.values() for name in names]
+    read = set(inspect.getsource(handlers.indexes_from).split('kwargs["')[1:])
+    read = {r.split('"]')[0] for r in read}
+    assert sorted(fed) == sorted(read) and len(fed) == len(set(fed))
+
+
+def test_a_listing_again_looks_at_every_resource():
+    """One outage breaks every watch; a resource whose objects were all deleted lists nothing
+    again (no event at all): its objects are looked for when any resource lists again."""
+    hog, node = _pod("hog", "n0"), {"metadata": {"name": "n0", "uid": "uid-n0"}}
+    reported: list[list[Gone]] = []
+
+    async def present(plural, namespace):
+        return {"uid-n0"} if plural == "nodes" else set()
+
+    async def on_gone(gone):
+        reported.append(gone)
+
+    async def scenario() -> None:
+        indexers, index = _indexed(hog)
+        clock = Clock()
+        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        relists.note("pods", None, hog, [index])
+        relists.note("nodes", None, node, [])
+        clock.now = 30.0
+        relists.note("nodes", None, node, [])  # nodes listed again; pods list nothing
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert reported == [[Gone("pods", "team", "hog", "uid-hog")]]
+        assert list(index) == []
+
+    asyncio.run(scenario())
