@@ -159,3 +159,33 @@ def test_a_listing_again_looks_at_every_resource():
         assert list(index) == []
 
     asyncio.run(scenario())
+
+
+def test_a_resource_that_cannot_be_listed_is_left_as_it_is_and_the_others_are_not():
+    hog, node = _pod("hog", "n0"), {"metadata": {"name": "n0", "uid": "uid-n0"}}
+    reported: list[list[Gone]] = []
+
+    async def present(plural, namespace):
+        if plural == "nodes":
+            raise RuntimeError("403: nodes is forbidden")
+        return set()
+
+    async def on_gone(gone):
+        reported.append(gone)
+
+    async def scenario() -> None:
+        indexers, index = _indexed(hog)
+        clock = Clock()
+        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        other = {"metadata": {"name": "n1", "uid": "uid-n1"}}
+        relists.note("nodes", None, node, [])
+        relists.note("nodes", None, other, [])
+        relists.note("pods", None, hog, [index])
+        clock.now = 30.0
+        relists.note("nodes", None, node, [])  # n0 listed again, n1 not yet: looked for, in vain
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert reported == [[Gone("pods", "team", "hog", "uid-hog")]]
+        assert list(index) == []
+
+    asyncio.run(scenario())

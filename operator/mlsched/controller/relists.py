@@ -114,8 +114,13 @@ class Relists:
         for plural, r in list(self._resources.items()):
             missing = [(uid, ns, name) for uid, (ns, name, at) in r.seen.items() if at < began]
             present: dict[str | None, set[str]] = {}
-            for ns in {ns for _, ns, _ in missing}:
-                present[ns] = await self._present(plural, ns)
+            try:
+                for ns in {ns for _, ns, _ in missing}:
+                    present[ns] = await self._present(plural, ns)
+            except Exception as err:  # noqa: BLE001 - one resource unreadable: the others still
+                log.warning("could not list %s to find what was deleted while the watches were "
+                            "down: %s", plural, err)
+                continue
             for uid, ns, name in missing:
                 if uid in present[ns]:
                     continue
