@@ -191,24 +191,16 @@ class ClientKubeApi:
             method="POST", resource_path=path, query_params=query, body=body,
             header_params={"Accept": "application/json", "Content-Type": "application/json"},
             auth_settings=["BearerToken"])
-        from kubernetes.client.exceptions import ApiException
+        return self._send(params)
 
-        response = self._client.call_api(*params)
-        try:
-            response.read()
-        finally:
-            release = getattr(response.response, "release_conn", None)
-            if release is not None:
-                release()
-        if not 200 <= response.status < 300:
-            raise ApiException(status=response.status, reason=response.reason,
-                               body=(response.data or b"").decode(errors="replace"))
-        return response
-
-    def _get_path(self, path: str, query: list[tuple[str, str]], **_: Any):
+    def _get_metadata(self, path: str, query: list[tuple[str, str]], **_: Any):
+        """GET a collection's metadata (a PartialObjectMetadataList) by path."""
         params = self._client.param_serialize(
             method="GET", resource_path=path, query_params=query,
             header_params={"Accept": METADATA_ONLY}, auth_settings=["BearerToken"])
+        return self._send(params)
+
+    def _send(self, params):
         from kubernetes.client.exceptions import ApiException
 
         response = self._client.call_api(*params)
@@ -230,7 +222,7 @@ class ClientKubeApi:
             if self.on_request is not None:
                 self.on_request("list", path.rsplit("/", 1)[-1])
             query = [("limit", str(LIST_PAGE * 10))] + ([("continue", token)] if token else [])
-            page = await self._call(self._get_path, path, query) or {}
+            page = await self._call(self._get_metadata, path, query) or {}
             uids.update(((item.get("metadata") or {}).get("uid") or "")
                         for item in page.get("items") or ())
             token = (page.get("metadata") or {}).get("continue")
