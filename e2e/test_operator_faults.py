@@ -185,18 +185,9 @@ def test_pods_deleted_while_the_watches_were_down_stop_holding_their_nodes(
     again, and no DELETED event ever comes. Before, their requests stayed in the operator's
     indexes until it restarted, and a job waiting for their GPUs waited for good; now what
     a listing again leaves out is asked for, dropped when gone, and the job runs."""
-    from test_operator_shared_nodes import _gpu_hog
+    from test_operator_shared_nodes import every_gpu_held_and_a_job_waiting
+    hogs = every_gpu_held_and_a_job_waiting(client.CoreV1Api(api), node_shape, mlsched, "hog")
     core = client.CoreV1Api(api)
-    hogs = [f"hog-{i}" for i in range(node_shape.count)]
-    for i, name in enumerate(hogs):  # every GPU of the cluster
-        core.create_namespaced_pod(mlsched.namespace, _gpu_hog(name, f"kwok-node-{i}"))
-    wait_for(lambda: all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Running"
-                         for n in hogs), 60, "the other workload's pods to run")
-    mlsched.create(scheduling_policy("daily", allocation="drf", interval=86400))
-    mlsched.create(mljob("after", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
-    wait_for(lambda: any(c["type"] == "Admitted" and c["status"] == "False"
-                         for c in (mlsched.job("after").get("status") or {}).get("conditions", [])),
-             30, "the job to wait for GPUs")
 
     def delete_hogs() -> None:
         for name in hogs:

@@ -45,24 +45,32 @@ def test_gpus_held_by_another_namespace_are_not_handed_out(api, node_shape, mlsc
         core.delete_namespace(other)
 
 
+def every_gpu_held_and_a_job_waiting(core: client.CoreV1Api, node_shape, mlsched, prefix: str,
+                                     restart_policy: str = "Always") -> list[str]:
+    """Pods of another workload (no job label) in the job's namespace holding every GPU, and
+    a job `after` of one GPU worker waiting for them (a day-long interval): the hogs' names."""
+    hogs = [f"{prefix}-{i}" for i in range(node_shape.count)]
+    for i, name in enumerate(hogs):
+        body = _gpu_hog(name, f"kwok-node-{i}")
+        body["spec"]["restartPolicy"] = restart_policy
+        core.create_namespaced_pod(mlsched.namespace, body)
+    wait_for(lambda: all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Running"
+                         for n in hogs), 60, "the other workload's pods to run")
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=86400))
+    mlsched.create(mljob("after", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
+    wait_for(lambda: any(c["type"] == "Admitted" and c["status"] == "False"
+                         for c in (mlsched.job("after").get("status") or {}).get("conditions", [])),
+             30, "the job to wait for GPUs")
+    return hogs
+
+
 def test_capacity_a_completed_pod_held_is_handed_out(api, node_shape, mlsched, operator):
     """A pod of another workload in the job's namespace (a batch Job's, say) that completes
     but is kept (as Jobs keep theirs) holds nothing, for kube-scheduler as for the operator.
     Before, the operator went on counting its requests until it was deleted: a job waited for
     capacity that was free (the index kept the pod's entry when it stopped being indexed)."""
     core = client.CoreV1Api(api)
-    hogs = [f"batch-{i}" for i in range(node_shape.count)]
-    for i, name in enumerate(hogs):  # every GPU of the cluster
-        body = _gpu_hog(name, f"kwok-node-{i}")
-        body["spec"]["restartPolicy"] = "Never"
-        core.create_namespaced_pod(mlsched.namespace, body)
-    wait_for(lambda: all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Running"
-                         for n in hogs), 60, "the batch pods to run")
-    mlsched.create(scheduling_policy("daily", allocation="drf", interval=86400))
-    mlsched.create(mljob("after", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
-    wait_for(lambda: any(c["type"] == "Admitted" and c["status"] == "False"
-                         for c in (mlsched.job("after").get("status") or {}).get("conditions", [])),
-             30, "the job to wait for GPUs")
+    hogs = every_gpu_held_and_a_job_waiting(core, node_shape, mlsched, "batch", "Never")
     for name in hogs:  # they finish, and stay
         core.patch_namespaced_pod_status(name, mlsched.namespace, {"status": {"phase": "Succeeded"}})
     done = time.monotonic()
