@@ -5,6 +5,7 @@ seconds of the quota having room."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
 
@@ -205,22 +206,33 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     assert mlsched.service("second") is not None
 
 
+@contextlib.contextmanager
+def two_gpus_for_a_class(api, namespace: str, prefix: str, global_default: bool = False):
+    """A PriorityClass of its own (the cluster's globalDefault if asked; removed afterwards)
+    and a 2-GPU ResourceQuota 'high' in `namespace` scoped to it. Yields the class's name."""
+    import uuid
+    scheduling = client.SchedulingV1Api(api)
+    name = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+                                      "metadata": {"name": name}, "value": 1000,
+                                      "globalDefault": global_default})
+    try:
+        client.CoreV1Api(api).create_namespaced_resource_quota(namespace, {
+            "metadata": {"name": "high"},
+            "spec": {"hard": {"requests.nvidia.com/gpu": "2"},
+                     "scopeSelector": {"matchExpressions": [
+                         {"scopeName": "PriorityClass", "operator": "In", "values": [name]}]}}})
+        yield name
+    finally:
+        scheduling.delete_priority_class(name)
+
+
 def test_a_quota_scoped_to_a_priority_class_bounds_that_class_only(api, mlsched, operator):
     """A ResourceQuota with a PriorityClass scopeSelector (how platform teams cap what a
     namespace may run at high priority) counts only the pods of that class. It was left out of
     planning: DRF scaled a high-priority job to 4 one-GPU workers under a 2-GPU quota of its
     class and the API server refused two pods (`PodsRefused`)."""
-    import uuid
-    scheduling = client.SchedulingV1Api(api)
-    high = f"e2e-high-{uuid.uuid4().hex[:6]}"
-    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                      "metadata": {"name": high}, "value": 1000})
-    try:
-        client.CoreV1Api(api).create_namespaced_resource_quota(mlsched.namespace, {
-            "metadata": {"name": "high"},
-            "spec": {"hard": {"requests.nvidia.com/gpu": "2"},
-                     "scopeSelector": {"matchExpressions": [
-                         {"scopeName": "PriorityClass", "operator": "In", "values": [high]}]}}})
+    with two_gpus_for_a_class(api, mlsched.namespace, "e2e-high") as high:
         mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
 
         def at(job: dict) -> dict:
@@ -246,8 +258,6 @@ def test_a_quota_scoped_to_a_priority_class_bounds_that_class_only(api, mlsched,
                            "0 of 2 left"), message
         refused = refused_for_good(mlsched)
         assert not refused, refused
-    finally:
-        scheduling.delete_priority_class(high)
 
 
 def test_a_new_global_default_priority_class_is_planned_with_at_once(api, mlsched, operator):
@@ -255,18 +265,8 @@ def test_a_new_global_default_priority_class_is_planned_with_at_once(api, mlsche
     no class. When an admin moves it away from a class whose quota is full, a job waiting for
     that quota no longer needs it and starts at once. Before, nothing woke the policy: the
     job stayed `WaitingForQuota` until the next round (a day here)."""
-    import uuid
     scheduling = client.SchedulingV1Api(api)
-    high = f"e2e-default-{uuid.uuid4().hex[:6]}"
-    scheduling.create_priority_class({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
-                                      "metadata": {"name": high}, "value": 1000,
-                                      "globalDefault": True})
-    try:
-        client.CoreV1Api(api).create_namespaced_resource_quota(mlsched.namespace, {
-            "metadata": {"name": "high"},
-            "spec": {"hard": {"requests.nvidia.com/gpu": "2"},
-                     "scopeSelector": {"matchExpressions": [
-                         {"scopeName": "PriorityClass", "operator": "In", "values": [high]}]}}})
+    with two_gpus_for_a_class(api, mlsched.namespace, "e2e-default", global_default=True) as high:
         mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
         mlsched.create(mljob("first", ps=None, workers=(1, 4), epochs=1e9, policy="daily"))
         status = wait_for(lambda: placed_as_decided(mlsched, "first"), 60, "the first job to run",
@@ -286,5 +286,3 @@ def test_a_new_global_default_priority_class_is_planned_with_at_once(api, mlsche
         print(f"second placed {time.monotonic() - moved:.1f} s after the default moved")
         refused = refused_for_good(mlsched)
         assert not refused, refused
-    finally:
-        scheduling.delete_priority_class(high)

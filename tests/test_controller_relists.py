@@ -27,31 +27,43 @@ class Clock:
         return self.now
 
 
-def _indexed(*pods: dict) -> tuple[OperatorIndexers, object]:
+def _indexed(*pods: dict):
+    """kopf's foreign-pod index holding `pods`, as its indexers fill it."""
     indexers = OperatorIndexers()
     indexers["foreign_pod_index"] = OperatorIndexer()
     for body in pods:
         result = handlers.foreign_pod_index(spec=body["spec"], body=body)
         indexers.replace(body, {"foreign_pod_index": Outcome(final=True, result=result)})
-    return indexers, indexers.indices["foreign_pod_index"]
+    return indexers.indices["foreign_pod_index"]
+
+
+def _relists(present) -> tuple[Relists, Clock, list[list[Gone]]]:
+    """Relists that settle at once, on a test clock, and what they report gone."""
+    reported: list[list[Gone]] = []
+
+    async def on_gone(gone):
+        reported.append(gone)
+
+    clock = Clock()
+    return Relists(present, on_gone, settle_s=0.0, clock=clock), clock, reported
+
+
+async def _settled() -> None:
+    for _ in range(3):  # the look it scheduled: its sleep, its listing, its report
+        await asyncio.sleep(0)
 
 
 def test_a_pod_deleted_while_the_watch_was_down_leaves_the_index_after_a_listing_again():
     pods = [_pod("a", "n0"), _pod("b", "n1"), _pod("gone", "n2")]
     asked: list[tuple] = []
-    reported: list[list[Gone]] = []
 
     async def present(plural, namespace):
         asked.append((plural, namespace))
         return {"uid-a", "uid-b"}
 
-    async def on_gone(gone):
-        reported.append(gone)
-
     async def scenario() -> None:
-        indexers, index = _indexed(*pods)
-        clock = Clock()
-        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        index = _indexed(*pods)
+        relists, clock, reported = _relists(present)
         for body in pods:  # the first listing
             relists.note("pods", None, body, [index])
         clock.now = 50.0
@@ -61,8 +73,7 @@ def test_a_pod_deleted_while_the_watch_was_down_leaves_the_index_after_a_listing
         clock.now = 100.0  # the watch lost its place; kopf lists the pods again: "gone" is not
         for body in pods[:2]:
             relists.note("pods", None, body, [index])
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _settled()
         # What the new listing did not replay is looked for; only what is gone is dropped.
         assert asked == [("pods", "team")]
         assert reported == [[Gone("pods", "team", "gone", "uid-gone")]]
@@ -75,23 +86,17 @@ def test_a_listing_long_after_the_first_is_a_listing_again_even_of_new_objects()
     """Every pod of the first listing deleted in the gap, a new one created: no object is
     replayed twice, yet the old ones are looked for."""
     old, new = _pod("old", "n0"), _pod("new", "n1")
-    reported: list[list[Gone]] = []
 
     async def present(plural, namespace):
         return {"uid-new"}
 
-    async def on_gone(gone):
-        reported.append(gone)
-
     async def scenario() -> None:
-        indexers, index = _indexed(old, new)
-        clock = Clock()
-        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        index = _indexed(old, new)
+        relists, clock, reported = _relists(present)
         relists.note("pods", None, old, [index])
         clock.now = FIRST_LIST_S + 1
         relists.note("pods", None, new, [index])
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _settled()
         assert reported == [[Gone("pods", "team", "old", "uid-old")]]
         assert sorted(index) == ["n1"]
 
@@ -101,25 +106,20 @@ def test_a_listing_long_after_the_first_is_a_listing_again_even_of_new_objects()
 def test_an_object_the_api_server_still_has_is_kept():
     """A listing slower than the settling time: the objects it has not replayed yet are looked
     for, found, and kept."""
-    a = _pod("a", "n0")
+    a, b = _pod("a", "n0"), _pod("b", "n1")
 
     async def present(plural, namespace):
         return {"uid-a", "uid-b"}
 
-    async def on_gone(gone):
-        raise AssertionError(gone)
-
     async def scenario() -> None:
-        indexers, index = _indexed(a, _pod("b", "n1"))
-        clock = Clock()
-        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        index = _indexed(a, b)
+        relists, clock, reported = _relists(present)
         relists.note("pods", None, a, [index])
-        relists.note("pods", None, _pod("b", "n1"), [index])
+        relists.note("pods", None, b, [index])
         clock.now = 10.0
         relists.note("pods", None, a, [index])  # b not replayed yet
-        for _ in range(3):
-            await asyncio.sleep(0)
-        assert sorted(index) == ["n0", "n1"]
+        await _settled()
+        assert reported == [] and sorted(index) == ["n0", "n1"]
 
     asyncio.run(scenario())
 
@@ -137,24 +137,18 @@ def test_a_listing_again_looks_at_every_resource():
     """One outage breaks every watch; a resource whose objects were all deleted lists nothing
     again (no event at all): its objects are looked for when any resource lists again."""
     hog, node = _pod("hog", "n0"), {"metadata": {"name": "n0", "uid": "uid-n0"}}
-    reported: list[list[Gone]] = []
 
     async def present(plural, namespace):
         return {"uid-n0"} if plural == "nodes" else set()
 
-    async def on_gone(gone):
-        reported.append(gone)
-
     async def scenario() -> None:
-        indexers, index = _indexed(hog)
-        clock = Clock()
-        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
+        index = _indexed(hog)
+        relists, clock, reported = _relists(present)
         relists.note("pods", None, hog, [index])
         relists.note("nodes", None, node, [])
         clock.now = 30.0
         relists.note("nodes", None, node, [])  # nodes listed again; pods list nothing
-        for _ in range(3):
-            await asyncio.sleep(0)
+        await _settled()
         assert reported == [[Gone("pods", "team", "hog", "uid-hog")]]
         assert list(index) == []
 
@@ -162,29 +156,23 @@ def test_a_listing_again_looks_at_every_resource():
 
 
 def test_a_resource_that_cannot_be_listed_is_left_as_it_is_and_the_others_are_not():
-    hog, node = _pod("hog", "n0"), {"metadata": {"name": "n0", "uid": "uid-n0"}}
-    reported: list[list[Gone]] = []
+    hog = _pod("hog", "n0")
+    nodes = [{"metadata": {"name": n, "uid": f"uid-{n}"}} for n in ("n0", "n1")]
 
     async def present(plural, namespace):
         if plural == "nodes":
             raise RuntimeError("403: nodes is forbidden")
         return set()
 
-    async def on_gone(gone):
-        reported.append(gone)
-
     async def scenario() -> None:
-        indexers, index = _indexed(hog)
-        clock = Clock()
-        relists = Relists(present, on_gone, settle_s=0.0, clock=clock)
-        other = {"metadata": {"name": "n1", "uid": "uid-n1"}}
-        relists.note("nodes", None, node, [])
-        relists.note("nodes", None, other, [])
+        index = _indexed(hog)
+        relists, clock, reported = _relists(present)
+        for node in nodes:
+            relists.note("nodes", None, node, [])
         relists.note("pods", None, hog, [index])
         clock.now = 30.0
-        relists.note("nodes", None, node, [])  # n0 listed again, n1 not yet: looked for, in vain
-        for _ in range(3):
-            await asyncio.sleep(0)
+        relists.note("nodes", None, nodes[0], [])  # n0 listed again, n1 not yet: looked for, in vain
+        await _settled()
         assert reported == [[Gone("pods", "team", "hog", "uid-hog")]]
         assert list(index) == []
 
