@@ -286,3 +286,29 @@ def test_a_new_global_default_priority_class_is_planned_with_at_once(api, mlsche
         print(f"second placed {time.monotonic() - moved:.1f} s after the default moved")
         refused = refused_for_good(mlsched)
         assert not refused, refused
+
+
+def test_pods_made_before_a_global_default_keep_their_own_priority_class(api, mlsched, operator):
+    """The API server gives a pod its PriorityClass once, when it is created: the template's,
+    else the globalDefault of that moment. Pods made before an admin named a default keep no
+    class, and a quota scoped to the new default does not count them. The operator planned them
+    as if they had the new default: a running job's two GPU pods filled the class's 2-GPU quota
+    in the plan, and a new job of that class waited, told `WaitingForAllocation` ("its minimum
+    (2 worker: 2 GPU, ...) does not fit what is free now: 24 GPU, ...") while the quota showed
+    none of it used."""
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    mlsched.create(mljob("early", ps=None, workers=(2, 2), epochs=1e9, policy="daily"))
+    wait_for(lambda: placed_as_decided(mlsched, "early"), 60, "the early job to run",
+             describe=lambda: placement_problems(mlsched, "early"))
+    early = {p.metadata.name: p.metadata.uid for p in mlsched.pods()}
+    assert all(not p.spec.priority_class_name for p in mlsched.pods()), "a default existed already"
+    with two_gpus_for_a_class(api, mlsched.namespace, "e2e-later", global_default=True):
+        mlsched.create(mljob("later", ps=None, workers=(2, 2), epochs=1e9, policy="daily"))
+        status = wait_for(lambda: placed_as_decided(mlsched, "later"), 30,
+                          "the later job to run within its class's quota, which counts nothing yet",
+                          describe=lambda: (_running(mlsched, "later"), placement_problems(mlsched, "later")))
+        assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
+        kept = {p.metadata.name: p.metadata.uid for p in mlsched.pods() if p.metadata.name in early}
+        assert kept == early, "the early job's pods were replaced"
+        refused = refused_for_good(mlsched)
+        assert not refused, refused

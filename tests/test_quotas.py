@@ -389,6 +389,43 @@ def test_pods_of_a_template_naming_no_priority_class_count_as_the_global_default
     assert workers == 2, workers
 
 
+def test_pods_made_before_a_global_default_are_planned_in_their_own_class():
+    """A pod's PriorityClass is set when it is made (its template's, else the globalDefault of
+    that moment): pods made before an admin named a default keep none, and a quota scoped to
+    the new default does not count them. Planned with the new default's class, a running job's
+    two GPUs filled that quota in the plan and a new job of the class got nothing."""
+    from test_controller_fixtures import allreduce_job, cluster, create_jobs, make_runtime, policy, run
+    from test_controller_loop import round_, settle
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy(allocation="drf"))
+    run(create_jobs(rt, kube, allreduce_job("early", max_workers=2)))
+    assert round_(rt, kube).targets["early"].counts["worker"] == 2
+    settle(rt, kube)
+    pods = kube.of_kind("Pod")
+    assert len(pods) == 2 and not any(p["spec"].get("priorityClassName") for p in pods)
+    kube.put({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
+              "metadata": {"name": "standard"}, "value": 100, "globalDefault": True})
+    kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
+              "metadata": {"name": "standard", "namespace": "team-a"},
+              "spec": {"hard": {"requests.nvidia.com/gpu": "2"}, "scopeSelector": {"matchExpressions": [
+                  {"scopeName": "PriorityClass", "operator": "In", "values": ["standard"]}]}},
+              "status": {"used": {"requests.nvidia.com/gpu": "0"}}})
+    run(create_jobs(rt, kube, allreduce_job("later", max_workers=2)))
+    targets = round_(rt, kube).targets
+    assert targets["early"].counts["worker"] == 2, targets["early"]
+    assert targets["later"].counts["worker"] == 2, targets["later"]
+    # Once early's pods are replaced (a scaling, a restart), the new ones have the default:
+    # then the quota counts them, and no more fit beside later's.
+    for p in pods:
+        p["spec"]["priorityClassName"] = "standard"
+        kube.put(p)
+    quota = kube.obj("ResourceQuota", "team-a", "standard")
+    quota["status"]["used"] = {"requests.nvidia.com/gpu": "2"}
+    kube.put(quota)
+    targets = round_(rt, kube).targets
+    assert sum(targets[j].counts["worker"] for j in ("early", "later")) == 2, targets
+
+
 def test_a_quota_on_the_count_of_resource_claims_bounds_every_allocation():
     """`count/resourceclaims.resource.k8s.io`: each worker makes one claim from its template,
     so under a quota of 3 no policy gives a job more than 3 (DRF gave 8: the claims of five

@@ -281,3 +281,24 @@ def test_a_curves_fast_speed_function_is_exactly_its_epochs_per_s():
         fast = curve.speed_function()
         for p, w in itertools.product(range(0, 70, 3), range(0, 70, 3)):
             assert fast(p, w) == curve.epochs_per_s(p, w)
+
+
+def test_a_task_kept_in_a_pod_of_another_class_books_that_pods_charge():
+    """JobView.kept_charges: the task of ordinal i, kept in an existing pod, books that pod's
+    charge; later ordinals the role's; releasing a task gives back what booking it took."""
+    import dataclasses
+    theirs = np.array([2.0, 1.0, 10.0, 0.0, 0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0])  # unscoped block only
+    mine = np.array([2.0, 1.0, 10.0, 0.0, 0.0, 1.0, 2.0, 1.0, 10.0, 0.0, 0.0, 1.0])  # both blocks
+    ring = job("ring", model="resnext-110", arch="allreduce", min_workers=1, max_workers=4,
+               quota_charges={"worker": mine}, kept_charges={"worker": (None, theirs)})
+    budget = np.array([np.inf] * 6 + [np.inf, 2.0, np.inf, np.inf, np.inf, np.inf])
+    ledger = Ledger(dataclasses.replace(make_snapshot([ring]), budget=budget),
+                    registry.make_placement("load-balance"))
+    assert ledger.grow(ring, "worker") and ledger.grow(ring, "worker") and ledger.grow(ring, "worker")
+    # Ordinals 0 and 2 charged the scoped block a GPU each, ordinal 1 (kept elsewhere) nothing.
+    assert ledger.budget[7] == 0.0 and ledger.count(ring, "worker") == 3
+    assert not ledger.grow(ring, "worker")  # a fourth would need a third GPU of the quota
+    ledger.release(ring, [("worker", ledger.jobs["ring"].worker_nodes[-1])])
+    assert ledger.budget[7] == 1.0
+    ledger.release(ring, [("worker", ledger.jobs["ring"].worker_nodes[-1])])
+    assert ledger.budget[7] == 1.0  # ordinal 1 took nothing of it

@@ -75,7 +75,7 @@ class Ledger:
         # Left to book in all (Snapshot.budget: a namespace's ResourceQuotas, per the dimensions
         # of JobView.quota_charge), None: no cap. Each task books its job's quota charge.
         self.budget = None if snapshot.budget is None else np.array(snapshot.budget, dtype=float)
-        self._charges: dict[tuple[str, Role], np.ndarray] = {}
+        self._charges: dict[tuple, np.ndarray] = {}  # (job, role[, kept ordinal]) -> charge
         # The cluster's capacity summed over nodes (fixed for the round): summing 5,000 nodes
         # per reader (DL² builds a state per window of 40 jobs) cost a 10,000-job round 30 ms.
         self.total = total = snapshot.total_capacity
@@ -234,16 +234,25 @@ class Ledger:
         b = self.budget
         return b is None or bool((charge <= b + _EPS).all())
 
-    def charge(self, job: JobView | None, role: Role | None, demand: np.ndarray) -> np.ndarray:
+    def charge(self, job: JobView | None, role: Role | None, demand: np.ndarray,
+               ordinal: int | None = None) -> np.ndarray:
         """What one task books against the budget: its job's quota charge for `role`, with the
-        dimensions no quota bounds zeroed (so that a limit nobody checks is never NaN there)."""
+        dimensions no quota bounds zeroed (so that a limit nobody checks is never NaN there).
+        The task of `ordinal` (default: the next one, the job's count of the role so far)
+        kept in an existing pod charges that pod's own (JobView.kept_charges)."""
         size = len(self.budget)
         if job is None or role is None:
             return _padded(np.array([*demand, 0.0, 0.0, 1.0]), size)  # no limits, one pod
-        key = (job.name, role)
+        key: tuple = (job.name, role)
+        charge = None
+        if job.kept_charges:
+            kept = job.kept_charges.get(role, ())
+            i = self.count(job, role) if ordinal is None else ordinal
+            if i < len(kept) and kept[i] is not None:
+                key, charge = (job.name, role, i), kept[i]
         found = self._charges.get(key)
         if found is None:
-            charge = _padded(job.quota_charge(role), size)
+            charge = _padded(job.quota_charge(role) if charge is None else charge, size)
             found = self._charges[key] = np.where(np.isinf(self.budget), 0.0, charge)
         return found
 
@@ -376,8 +385,8 @@ class Ledger:
             demand = self.demand(job, role)
             self._free_t[:, node] += demand
             self.free_total += demand
-            if self.budget is not None:
-                self.budget += self.charge(job, role, demand)
+            if self.budget is not None:  # the task of the highest ordinal held
+                self.budget += self.charge(job, role, demand, self.count(job, role) - 1)
             self.load[node] -= self._load_step(demand, node)
             if job.exclusive:
                 for token in job.holds(role):

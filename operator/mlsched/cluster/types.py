@@ -97,6 +97,10 @@ class JobView:
     # pod; NaN where its pods set no such request or limit). A role absent: its demand, no
     # limits, one pod.
     quota_charges: dict[Role, np.ndarray] = field(default_factory=dict)
+    # Per role, by task ordinal, the charge of the task an existing pod keeps where it differs
+    # from quota_charges (None where it does not): in the cluster, a pod's PriorityClass is the
+    # one it was made with, and a quota scoped to classes counts it by that. Usually empty.
+    kept_charges: dict[Role, tuple[np.ndarray | None, ...]] = field(default_factory=dict)
     # Per role, what one task holds on its node alone (tokens compared by equality): in the
     # cluster, the host ports of its pod template, ("TCP", 29500) (controller/host_ports.py),
     # and the required pod anti-affinity groups its pods belong to (pod_anti_affinity.py).

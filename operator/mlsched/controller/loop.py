@@ -247,7 +247,8 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     jobs of the namespace were decided and have no pod for yet count as used, since the quota
     counts a pod only once it exists (two policies of one namespace deciding one after the
     other each booked what the quota had left, and both jobs were half-created). Each per
-    quota scope: a PriorityClass-scoped quota counts the pods of its classes only."""
+    quota scope: a PriorityClass-scoped quota counts the pods of its classes only, each pod
+    by the class it was given when it was made."""
     if not schedulable:
         return None
     namespace = schedulable[0].namespace
@@ -262,7 +263,7 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     for job in schedulable:
         for pod in idx.pods.get(job.key, ()):
             if pod.phase not in TERMINAL_POD_PHASES:
-                priority = quotas.priority_of(job, pod.role, default) if scoped else ""
+                priority = pod.priority_class  # set when it was made: the default may have moved
                 taken = quotas.pod_takes(job, pod) if counts else ()
                 for scope, usage in own.items():
                     if quotas.matches(scope, priority):

@@ -249,23 +249,52 @@ def budget(quotas: Iterable[QuotaRecord], own: Mapping[Scope | None, Usage],
 def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
     """Per role, what one task counts against `budget`: in each scope's block that counts its
     pods, QUOTA_DIMS (records.quota_usage) then its take of each counted resource (extended
-    requests, DRA devices); zeros in the others."""
-    out = {}
-    width = QUOTA_DIMS + len(budget.counted)
-    for role, charge in job.charges.items():
-        block: Iterable[float] = charge
-        if budget.counted:
-            takes: dict[str, float] = {}
-            add_takes(takes, quota_takes(job, role))
-            block = [*charge, *(takes.get(name, 0.0) for name in budget.counted)]
-        if len(budget.scopes) == 1:  # no scoped quota (the usual case: 10,000 jobs a round)
-            out[role] = np.array(block, dtype=float)
+    requests, DRA devices); zeros in the others. A new pod's: of the class its template or
+    the current globalDefault gives (kept_charges: the pods that exist)."""
+    return {role: _in_scopes(_block(job, role, budget), priority_of(job, role, budget.default_priority),
+                             budget)
+            for role in job.charges}
+
+
+def kept_charges(job: JobRecord, pods: Iterable[PodRecord],
+                 budget: Budget) -> dict[str, tuple[np.ndarray | None, ...]]:
+    """Per role, by ordinal, what the task an existing pod keeps counts against `budget` where
+    that pod's PriorityClass is not the one a new pod would get (None where it is); roles
+    whose pods all have it are absent (the usual case: {}). The API server sets a pod's class
+    when it is created, so after the globalDefault moves the older pods stay in the quotas of
+    their class: planned with the new default's, a running job filled a quota that counted
+    none of its pods, and a job of that class waited for room the quota had."""
+    if len(budget.scopes) == 1:
+        return {}
+    out: dict[str, list[np.ndarray | None]] = {}
+    for pod in pods:
+        if pod.phase in records.TERMINAL_POD_PHASES or pod.deleting or pod.role not in job.charges:
+            continue  # a deleted pod's replacement gets the class of a new one
+        if pod.priority_class == priority_of(job, pod.role, budget.default_priority):
             continue
-        priority = priority_of(job, role, budget.default_priority)
-        out[role] = np.array([x for scope in budget.scopes
-                              for x in (block if matches(scope, priority) else [0.0] * width)],
-                             dtype=float)
-    return out
+        kept = out.setdefault(pod.role, [])
+        kept.extend([None] * (pod.ordinal + 1 - len(kept)))
+        kept[pod.ordinal] = _in_scopes(_block(job, pod.role, budget), pod.priority_class, budget)
+    return {role: tuple(kept) for role, kept in out.items()}
+
+
+def _block(job: JobRecord, role: str, budget: Budget) -> list[float]:
+    """One task's charge in one scope's block: QUOTA_DIMS, then each counted resource."""
+    charge = list(job.charges[role])
+    if not budget.counted:
+        return charge
+    takes: dict[str, float] = {}
+    add_takes(takes, quota_takes(job, role))
+    return [*charge, *(takes.get(name, 0.0) for name in budget.counted)]
+
+
+def _in_scopes(block: list[float], priority: str, budget: Budget) -> np.ndarray:
+    """`block` in every scope's block of the budget that counts pods of `priority`."""
+    if len(budget.scopes) == 1:  # no scoped quota (the usual case: 10,000 jobs a round)
+        return np.array(block, dtype=float)
+    empty = [0.0] * len(block)
+    return np.array([x for scope in budget.scopes
+                     for x in (block if matches(scope, priority) else empty)], dtype=float)
 
 
 def quota_takes(job: JobRecord, role: str) -> Counted:

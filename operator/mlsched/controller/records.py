@@ -326,6 +326,10 @@ class PodRecord:
     # only the pod's FailedResourceClaimCreation Events say why (jobs.claims_unmade).
     claims_unmade: bool = False
     scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: who binds it once pinned
+    # spec.priorityClassName ("" for none): set once, when the pod is created, from its
+    # template or the globalDefault PriorityClass of that moment; a quota scoped to
+    # PriorityClasses counts the pod by it (quotas.py), whatever the default is now.
+    priority_class: str = ""
     # Not bound and no scheduler has said anything about it: PodScheduled is absent or still
     # the "SchedulingGated" it had while gated (kube-scheduler binds a pinned pod within a
     # second or says why not; a scheduler that is not running says nothing).
@@ -372,6 +376,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         stuck=_stuck(status),
         creating=bool(spec.get("nodeName")) and phase == "Pending" and _creating(status),
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
+        priority_class=str(spec.get("priorityClassName") or ""),
         unseen=not spec.get("nodeName") and _scheduler_silent(status),
         claims_unmade=not spec.get("nodeName") and _claims_unmade(spec, status),
         host_ports=host_ports(spec),

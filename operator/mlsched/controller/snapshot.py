@@ -27,7 +27,7 @@ from mlsched.controller.host_ports import HostPort
 from mlsched.controller.label_selector import Selector
 from mlsched.controller.pod_anti_affinity import describe_exclusive, token
 from mlsched.controller.quotas import Budget
-from mlsched.controller.quotas import charges as quota_charges
+from mlsched.controller.quotas import charges as quota_charges, kept_charges
 from mlsched.controller.topology_spread import SpreadConstraint
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint, Taint
 from mlsched.controller.records import (
@@ -371,6 +371,8 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         spread_counts=spreads.counted(job) if spreads else {},
         counted=dict(counted) if counted else {},
         quota_charges=quota_charges(job, budget) if budget is not None else {},
+        kept_charges=kept_charges(job, [p for found in by_role.values() for p in found], budget)
+        if budget is not None else {},
     )
 
 
