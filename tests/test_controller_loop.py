@@ -505,8 +505,8 @@ def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
     rt.reservations.set((NS, "default"), {j.key: {} for j in jobs_})
     rt.reservations.set((NS, "other"), {(NS, f"elsewhere{k}"): {} for k in range(jobs_n)})
     reads = []
-    real = JobRecord.key
-    monkeypatch.setattr(JobRecord, "key", property(lambda self: reads.append(1) or real.fget(self)))
+    real = JobRecord.key  # the slot's descriptor (the records exist already)
+    monkeypatch.setattr(JobRecord, "key", property(lambda self: reads.append(1) or real.__get__(self)))
     snapshot = loop.policy_snapshot(rt, idx, jobs_, jobs_, NOW, 1200.0)
     assert len(snapshot.jobs) == jobs_n
     assert len(reads) <= 20 * jobs_n, f"{len(reads)} key reads for {jobs_n} jobs"

@@ -350,6 +350,12 @@ def test_incremental_state_and_mask_equal_a_fresh_encoding_after_every_grant():
         fresh = WindowState(snap, ledger, jobs, J)
         assert np.array_equal(st.vector, fresh.vector), step
         assert np.array_equal(st.mask(), fresh.mask() & ~st._failed), step
+        # A fresh state writes the rows of jobs holding nothing without _refresh_job: the same.
+        rooms = (list(fresh._w_room), list(fresh._ps_room), list(fresh._has), fresh._n_has)
+        for i in range(len(jobs)):
+            fresh._refresh_job(i)
+        assert np.array_equal(st.vector, fresh.vector), step
+        assert rooms == (fresh._w_room, fresh._ps_room, fresh._has, fresh._n_has), step
     assert step > 10 and not st.mask()[: st.void].any()  # ran until the cluster was full
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot, Spread
 
 _EPS = 1e-9
+LOAD_VECTORS = 256  # distinct demands per round whose load steps are computed for all nodes
 
 
 class TaskPlacer(Protocol):
@@ -81,8 +82,11 @@ class Ledger:
         self.total = total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
         # Per distinct demand (a round places hundreds of tasks of a handful of demands):
-        self._thresholds: dict[tuple, tuple[np.ndarray, tuple[float, ...]]] = {}  # see _threshold
-        self._load_steps: dict[tuple, float] = {}  # (demand, node) -> load one such task adds
+        self._facts: dict[tuple[str, bytes], _DemandFacts] = {}  # by the demand's values
+        # ... and by the demand array's identity (a round passes the same few arrays, the
+        # JobViews', tens of thousands of times: their bytes need not be read each time).
+        self._facts_of_array: dict[int, tuple[np.ndarray, _DemandFacts]] = {}
+        self._load_vectors = 0  # _DemandFacts.load_steps made for every node (see _load_step)
         # Per exclusive token, how many tasks (and pods the round does not re-decide) hold it on
         # each node: a count, not a flag, so that releasing one of two tasks kept where they were
         # (book_held books kept tasks whatever they conflict with) does not free the token.
@@ -134,7 +138,7 @@ class Ledger:
         """Nodes with room for one task of `demand` that `job` may use: in its pool, and, for
         a task of `role`, among the nodes its template allows (JobView.node_filters)."""
         column, _ = self._threshold(demand)
-        mask = np.logical_and.reduce(self._free_t >= column, axis=0)
+        mask = (self._free_t >= column).all(axis=0)  # (np.logical_and.reduce is 4x slower here)
         if self.budget is not None and not self.within_budget(self.charge(job, role, demand)):
             mask[:] = False
             return mask
@@ -157,11 +161,10 @@ class Ledger:
     def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None,
                 role: Role | None = None) -> bool:
         """fits_mask(demand, job, role)[node], without comparing every node."""
-        _, need = self._threshold(demand)
+        c, g, m = self._demand_facts(demand).need
         free = self._free_t
-        for r, need_r in enumerate(need):
-            if not free[r, node] >= need_r:
-                return False
+        if not (free[0, node] >= c and free[1, node] >= g and free[2, node] >= m):
+            return False
         if self.budget is not None and not self.within_budget(self.charge(job, role, demand)):
             return False
         if job is None:
@@ -273,25 +276,42 @@ class Ledger:
             mask = self._allowed[key] = self._pool_mask(pool) & node_filter
         return mask
 
-    def _threshold(self, demand: np.ndarray) -> tuple[np.ndarray, tuple[float, ...]]:
-        """The free capacity a node needs for `demand`: the demand less a rounding tolerance,
-        and -inf for a resource the task does not use (that one never blocks it). As a (3, 1)
-        column to compare all nodes at once, and as plain floats to check one node."""
+    def _demand_facts(self, demand: np.ndarray) -> "_DemandFacts":
+        found = self._facts_of_array.get(id(demand))
+        if found is not None and found[0] is demand:  # (an id is only unique while it lives)
+            return found[1]
         key = _demand_key(demand)
-        need = self._thresholds.get(key)
-        if need is None:
-            column = np.where(demand > 0, demand - _EPS, -np.inf)[:, None]
-            need = self._thresholds[key] = (column, tuple(column[:, 0].tolist()))
-        return need
+        facts = self._facts.get(key)
+        if facts is None:
+            facts = self._facts[key] = _DemandFacts(demand)
+        self._facts_of_array[id(demand)] = (demand, facts)
+        return facts
+
+    def _threshold(self, demand: np.ndarray) -> tuple[np.ndarray, tuple[float, ...]]:
+        """The free capacity a node needs for `demand` (_DemandFacts.column and .need)."""
+        facts = self._demand_facts(demand)
+        return facts.column, facts.need
 
     def _load_step(self, demand: np.ndarray, node: int) -> float:
         """The normalised load one task of `demand` adds on `node`: the dot product, computed
-        once per demand and node (placing and undoing a task add and subtract the same float)."""
-        key = (_demand_key(demand), node)
-        step = self._load_steps.get(key)
-        if step is None:
-            step = self._load_steps[key] = float(demand @ self._inv_cap[node])
-        return step
+        once per demand and node (placing and undoing a task add and subtract the same float):
+        for every node at once for the first LOAD_VECTORS distinct demands (a round places
+        thousands of tasks of a handful of demands), node by node for any beyond (a vector per
+        distinct demand would take 40 KB at 5,000 nodes)."""
+        facts = self._demand_facts(demand)
+        steps = facts.load_steps
+        if steps is None:
+            if self._load_vectors < LOAD_VECTORS:
+                self._load_vectors += 1
+                steps = facts.load_steps = self._inv_cap @ demand
+            else:
+                steps = facts.load_steps = {}
+        if isinstance(steps, dict):
+            step = steps.get(node)
+            if step is None:
+                step = steps[node] = float(demand @ self._inv_cap[node])
+            return step
+        return steps[node]
 
     def used_share(self, job: JobView) -> np.ndarray:
         """Share of the cluster's total of each resource that this round gives the job."""
@@ -373,7 +393,9 @@ class Ledger:
         if job.counted:
             for name, amount in job.takes(role):
                 self.counted_free[name][node] -= amount
-        d = self.jobs.setdefault(job.name, JobDecision())
+        d = self.jobs.get(job.name)
+        if d is None:
+            d = self.jobs[job.name] = JobDecision()
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
         self.node_version[node] += 1
@@ -428,3 +450,18 @@ def _padded(charge: np.ndarray, size: int) -> np.ndarray:
 
 def _demand_key(demand: np.ndarray) -> tuple[str, bytes]:
     return demand.dtype.str, demand.tobytes()
+
+
+class _DemandFacts:
+    """What a round's ledger derives from one distinct task demand, once: the free capacity a
+    node needs for it (the demand less a rounding tolerance, -inf for a resource the task does
+    not use, which never blocks it), as a (3, 1) column to compare all nodes at once and as
+    plain floats to check one node; and, once a task is placed, the load one such task adds
+    on each node (Ledger._load_step)."""
+
+    __slots__ = ("column", "need", "load_steps")
+
+    def __init__(self, demand: np.ndarray):
+        self.column = np.where(demand > 0, demand - _EPS, -np.inf)[:, None]
+        self.need = tuple(self.column[:, 0].tolist())
+        self.load_steps: np.ndarray | dict[int, float] | None = None

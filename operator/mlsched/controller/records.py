@@ -581,9 +581,12 @@ class JobRecord:
     # Per role, the topologySpreadConstraints the planner enforces (topology_spread.py).
     spread_constraints: Mapping[str, tuple[SpreadConstraint, ...]] = field(default_factory=dict)
 
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.namespace, self.name)
+    # (namespace, name): how every index finds the job, read 60,000 times by a 10,000-job
+    # round's snapshot, so made once.
+    key: tuple[str, str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "key", (self.namespace, self.name))
 
     def pod_labels(self, role: str) -> dict[str, str]:
         """The labels its pods of `role` carry: the template's and the operator's (derived

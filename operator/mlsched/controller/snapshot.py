@@ -319,6 +319,12 @@ class RecordedSpeeds(Sequence[SpeedObservation]):
         ps, w, epochs = self._trained[i]
         return SpeedObservation(ps, w, epochs / self._interval_s)
 
+    def latest(self, n: int) -> list[tuple[int, int, float]]:
+        """The latest `n` as plain (ps, workers, epochs_per_s) tuples: what the speed
+        correction reads of every job each round (speed_fit.recent), without the NamedTuples."""
+        interval_s = self._interval_s
+        return [(ps, w, epochs / interval_s) for ps, w, epochs in self._trained[-n:]]
+
     def __eq__(self, other) -> bool:
         return tuple(self) == tuple(other) if isinstance(other, Sequence) else NotImplemented
 

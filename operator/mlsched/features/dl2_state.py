@@ -26,6 +26,7 @@ no policy can starve the whole cluster.
 from __future__ import annotations
 
 import math
+from operator import attrgetter
 from typing import Any
 
 import numpy as np
@@ -173,8 +174,14 @@ class WindowState:
         filled[:, _PREV_PS] = [job.ps / _COUNT_SCALE for job in jobs]
         filled[:, _RANK] = np.arange(n) / window
         filled[:, _VALID] = 1.0
-        for i in range(n):
-            self._refresh_job(i)
+        held = ledger.jobs
+        for i, job in enumerate(jobs):
+            if job.name in held:
+                self._refresh_job(i)
+            else:  # holds nothing yet (most jobs of a round): what _refresh_job would write
+                rows[i, _GAIN_BUNDLE] = 1.0  # the rest of the row's dynamic part is 0
+                self._w_room[i] = 0 < self._max_w[i]
+                self._ps_room[i] = 0 < self._max_ps[i] and self._uses_ps[i]
         g = self.vector[window * JOB_FEATURES:]
         g[3] = math.log2(max(len(snapshot.node_names), 1)) / 10.0
         g[4] = len(jobs) / window
@@ -196,7 +203,9 @@ class WindowState:
         # Dominant share in units of 8 nodes' worth (16 GPU bundles): the raw share shrinks
         # with the cluster (one bundle is 4 % of 13 nodes, 0.1 % of 500) and would vanish.
         # (Ledger.dominant_share's arithmetic, on the demands cached for this window.)
-        share = max((ps * p + w * q) * t for p, q, t in self._share_terms[i])  # plain floats: 3 values
+        (p0, p1, p2), (q0, q1, q2) = self._ps_demand[i], self._worker_demand[i]  # plain floats
+        t0, t1, t2 = self._inv_total_floats
+        share = max((ps * p0 + w * q0) * t0, (ps * p1 + w * q1) * t1, (ps * p2 + w * q2) * t2)
         r[_SHARE] = share * self._nodes / 8.0
         r[_WORKERS] = w / _COUNT_SCALE
         r[_PS] = ps / _COUNT_SCALE
@@ -230,27 +239,33 @@ class WindowState:
 
         def key_of(job: JobView, role: str) -> int:
             demand = self.ledger.demand(job, role)
-            node_filter = job.node_filter(role)
-            k = (demand.tobytes(), job.pool, None if node_filter is None else id(node_filter),
-                 job.holds(role), tuple(id(s) for s in job.spreads.get(role, ())),
-                 job.takes(role))
-            if k not in keys:
-                keys[k] = len(self._demands)
+            if job.pool is None and not (job.node_filters or job.exclusive or job.spreads
+                                         or job.counted):
+                k: tuple = (demand.tobytes(),)  # the usual job: its demand says it all
+            else:
+                node_filter = job.node_filter(role)
+                k = (demand.tobytes(), job.pool, None if node_filter is None else id(node_filter),
+                     job.holds(role), tuple(id(s) for s in job.spreads.get(role, ())),
+                     job.takes(role))
+            found = keys.get(k)
+            if found is None:
+                found = keys[k] = len(self._demands)
                 self._demands.append((demand, job, role))
-            return keys[k]
+            return found
 
         n = len(self.jobs)
         self._has = [False] * n
         self._n_has = 0
         self._w_room = [False] * n
         self._ps_room = [False] * n
-        self._max_w = [j.bounds("worker")[1] for j in self.jobs]
-        self._max_ps = [j.bounds("ps")[1] for j in self.jobs]
         self._uses_ps = [j.uses_ps for j in self.jobs]
-        inv_total = self._inv_total.tolist()
-        self._share_terms = [list(zip(self.ledger.demand(j, "ps").tolist(),
-                                      self.ledger.demand(j, "worker").tolist(), inv_total))
-                             for j in self.jobs]
+        self._max_w = [j.max_workers for j in self.jobs]  # JobView.bounds(role)[1]
+        self._max_ps = [j.max_ps if uses_ps else 0 for j, uses_ps in zip(self.jobs, self._uses_ps)]
+        # Each job's demands as plain floats (its dominant share is recomputed per grant).
+        self._ps_demand = np.array([self.ledger.demand(j, "ps") for j in self.jobs]).reshape(-1, 3).tolist()
+        self._worker_demand = np.array([self.ledger.demand(j, "worker")
+                                        for j in self.jobs]).reshape(-1, 3).tolist()
+        self._inv_total_floats = tuple(self._inv_total.tolist())
         self._wkey = [key_of(j, "worker") for j in self.jobs]
         self._pskey = [key_of(j, "ps") for j in self.jobs]
         # Some demands may use only some nodes (or, holding host ports, spread over domains
@@ -285,9 +300,8 @@ class WindowState:
         if self._restricted:
             return self._recheck_restricted(touched)
         free, changed = self._free, False
-        for k, node in enumerate(self._witness):
-            if node not in touched:
-                continue
+        for k in [k for k, node in enumerate(self._witness) if node in touched]:
+            node = self._witness[k]
             c, g, m = self._need_floats[k]
             if free[0, node] >= c and free[1, node] >= g and free[2, node] >= m:
                 continue
@@ -343,10 +357,12 @@ class WindowState:
         """Is any job action (not stopping) unmasked? (mask()[:void].any(), without the mask.)"""
         return self._n_allowed > 0
 
-    def mask(self) -> np.ndarray:
+    def mask(self, copy: bool = True) -> np.ndarray:
+        """The mask now; `copy=False` hands over the live array (the next grant changes it),
+        for a caller that is done with it before then."""
         # Stopping is masked while no job of the window holds a task and one could start.
         self._mask[self.void] = self._n_has > 0 or self._n_allowed == 0
-        return self._mask.copy()  # the caller may keep it (training stores it per step)
+        return self._mask.copy() if copy else self._mask  # training stores it per step
 
     # ---- actions ------------------------------------------------------------------------------
     def apply(self, action: int) -> bool:
@@ -380,5 +396,5 @@ class WindowState:
 
 def windows(jobs: list[JobView], window: int) -> list[list[JobView]]:
     """More jobs than J: schedule them in windows of J in arrival order (DL² §3.1)."""
-    ordered = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
+    ordered = sorted(jobs, key=attrgetter("arrival_s", "name"))
     return [ordered[k:k + window] for k in range(0, len(ordered), window)] or [[]]

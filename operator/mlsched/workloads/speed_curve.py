@@ -215,9 +215,11 @@ def generic_curve(arch: str, reference_epochs_per_s: float | None = None) -> Spe
     return shape.scaled(reference_epochs_per_s / shape.reference_epochs_per_s())
 
 
+@lru_cache(maxsize=4096)
 def prior_curve(model: str, arch: str, declared_epochs_per_hour: float | None = None) -> SpeedCurve:
     """The best prior for a job: a declared speed wins (on the catalog's shape when the model
-    is known), then the catalog's fit, then the generic curve."""
+    is known), then the catalog's fit, then the generic curve. One object per distinct answer:
+    readers cache what they derive from a prior by its identity (speed_fit)."""
     known = catalog.is_known(model)
     if declared_epochs_per_hour:
         base = catalog_curve(model, arch) if known else generic_curve(arch)

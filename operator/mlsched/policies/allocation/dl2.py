@@ -73,7 +73,7 @@ class DL2Policy:
             for _ in range(MAX_STEPS_PER_WINDOW):
                 if not state.can_grow():
                     break
-                mask = state.mask()
+                mask = state.mask(copy=keep)  # kept by the training hook or the decision log
                 before = state.vector.copy() if keep else None  # apply() updates it in place
                 action = self.actor.act(state, mask)
                 granted = action != state.void and state.apply(action)

@@ -34,9 +34,10 @@ class Sticky(TaskByTaskPlacement):
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         previous = job.ps_nodes if role == "ps" else job.worker_nodes
-        ordinal = ledger.count(job, role)  # tasks of this role the job holds so far this round
-        if ordinal < len(previous):
-            node = previous[ordinal]
-            if node < len(ledger.snapshot.node_names) and ledger.fits_on(demand, node, job, role):
-                return node
+        if previous:  # (a new job, most of a cold round, has none)
+            ordinal = ledger.count(job, role)  # tasks of this role the job holds so far this round
+            if ordinal < len(previous):
+                node = previous[ordinal]
+                if node < len(ledger.snapshot.node_names) and ledger.fits_on(demand, node, job, role):
+                    return node
         return self.inner.choose_node(ledger, job, role, demand)
