@@ -222,3 +222,27 @@ def test_workers_spread_over_zones_and_never_on_nodes_without_one(control_plane,
         b = sum(n in ("kwok-node-2", "kwok-node-3") for n in nodes)
         assert a + b == len(nodes), nodes  # only nodes with a zone
         assert abs(a - b) <= 1, nodes  # maxSkew 1
+
+
+def test_another_workloads_matching_pods_count_toward_a_zone_spread(control_plane, api, mlsched, operator):
+    """kube-scheduler counts every pod of the namespace that a spread constraint's selector
+    matches, whoever runs it. Blind to the pinned pods, it leaves the count to the planner,
+    which counted only the tasks it decided itself: with two notebook pods labelled like the
+    job's in zone a, the job's two workers went one to each zone (3 to 1, maxSkew 1)."""
+    zone = "topology.kubernetes.io/zone"
+    core = client.CoreV1Api(api)
+    with labelled(core, ["kwok-node-0", "kwok-node-1"], zone, "e2e-a"), \
+            labelled(core, ["kwok-node-2", "kwok-node-3"], zone, "e2e-b"):
+        for i, node in enumerate(("kwok-node-0", "kwok-node-1")):
+            core.create_namespaced_pod(mlsched.namespace, {
+                "metadata": {"name": f"notebook-{i}", "labels": {"app": "shared-zones"}},
+                "spec": {"nodeName": node, "tolerations": [KWOK_TOLERATION],
+                         "containers": [{"name": "c", "image": IMAGE}]}})
+        wait_for(lambda: all(core.read_namespaced_pod(f"notebook-{i}", mlsched.namespace).status.phase
+                             == "Running" for i in range(2)), 60, "the notebooks to run")
+        mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
+        mlsched.create(with_spread(mljob("beside", ps=None, workers=(2, 2)), "shared-zones", key=zone))
+
+        pods = wait_all_running(mlsched, "beside", 2)
+        nodes = [p.spec.node_name for p in pods]
+        assert set(nodes) <= {"kwok-node-2", "kwok-node-3"}, nodes  # zone b: 2 and 2

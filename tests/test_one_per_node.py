@@ -356,6 +356,40 @@ def test_the_operator_spreads_a_bin_packed_job_as_its_template_asks():
     assert len(nodes) == 4 and len(set(nodes)) == 4, nodes  # it used to be node-0, node-0, node-1, node-1
 
 
+def test_matching_pods_the_round_does_not_decide_count_toward_the_spread():
+    """kube-scheduler counts every pod of the namespace matching a spread constraint's selector
+    (another workload's, another policy's job's); the planner counted only the tasks it decided
+    itself, so a zone holding two such pods still got half of a new job's workers (skew 3)."""
+    job = _record(topology_spread(allreduce_job("zonal", max_workers=2), key="topology.kubernetes.io/zone"))
+    nodes = _zoned(4, 2)  # n0, n2 in z0; n1, n3 in z1
+    cordoned = node("n4", labels={"topology.kubernetes.io/zone": "z0"})
+    cordoned["spec"]["unschedulable"] = True
+    labelled = [("n0", {"app": "spread"}, 1), ("n4", {"app": "spread"}, 1),  # z0, twice
+                ("n1", {"app": "web"}, 3), ("elsewhere", {"app": "spread"}, 1)]
+    snap = build_snapshot([job], ClusterState(nodes=nodes + [node_record(cordoned)]), now_s=0,
+                          interval_s=60, labelled=labelled)
+    assert "n4" not in snap.node_names
+    (counts,) = snap.spread_held.values()
+    z0 = int(snap.topology["topology.kubernetes.io/zone"][snap.node_names.index("n0")])
+    assert counts[z0] == 2 and counts.sum() == 2, counts  # the cordoned node's pod counts in z0
+    for placement in ("bin-pack", "load-balance"):
+        decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement(placement))
+        zones = {snap.node_names[i] for i in decision.jobs["zonal"].worker_nodes}
+        assert zones <= {"n1", "n3"} and len(decision.jobs["zonal"].worker_nodes) == 2, (placement, zones)
+
+
+def test_the_operator_counts_another_workloads_matching_pods_toward_the_spread():
+    rt, kube = setup(nodes=4, policies=(policy(placement="bin-pack"),),
+                     job_bodies=[topology_spread(allreduce_job("first", max_workers=2))])
+    for i, node_name in enumerate(("node-0", "node-1")):
+        web = pod("web", "worker", i, node_name=node_name)
+        web["metadata"]["labels"] = {"app": "spread"}  # not an MLJob's pod, the same label
+        web["metadata"]["name"] = f"notebook-{i}"
+        kube.put(web)
+    nodes = round_(rt, kube).targets["first"].nodes["worker"]
+    assert sorted(nodes) == ["node-2", "node-3"], nodes  # node-0 and node-1 were taken before
+
+
 def test_ports_of_tasks_another_policy_decided_count_before_their_pods_exist():
     first = host_network(allreduce_job("first", max_workers=4))
     second = host_network(allreduce_job("second", max_workers=4))
@@ -378,7 +412,7 @@ def test_pods_the_round_does_not_redecide_hold_the_selectors_they_match():
     the jobs it decided, so it pinned a task next to another workload's matching pod and
     kube-scheduler refused it."""
     from mlsched.controller.pod_anti_affinity import token
-    from mlsched.controller.snapshot import held_selected
+    from mlsched.controller.snapshot import held_labelled, held_selected
 
     carrier = _record(spread(allreduce_job("carrier", max_workers=8)))
     (selector,) = carrier.anti_affinity["worker"]
@@ -389,9 +423,10 @@ def test_pods_the_round_does_not_redecide_hold_the_selectors_they_match():
                          pods={(NS, "other"): [other]},
                          foreign_labels={NS: [("n1", {"app": "trainer"}), ("n3", {"app": "web"})],
                                          "elsewhere": [("n0", {"app": "trainer"})]})
-    held = held_selected(state, {carrier.key}, NS, [selector])
+    held = held_selected(held_labelled(state, {carrier.key}, NS), [selector])
     assert held == {"n1": {token(selector)}, "n2": {token(selector)}}
-    assert held_selected(state, {carrier.key, (NS, "other")}, NS, [selector]) == {"n1": {token(selector)}}
+    assert held_selected(held_labelled(state, {carrier.key, (NS, "other")}, NS), [selector]) == \
+        {"n1": {token(selector)}}
 
 
 def test_the_operator_keeps_spread_tasks_off_nodes_where_another_workloads_matching_pod_runs():

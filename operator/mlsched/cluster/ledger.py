@@ -215,8 +215,10 @@ class Ledger:
     def _counts(self, token: Hashable, domains: np.ndarray) -> np.ndarray:
         counts = self._spread_counts.get(token)
         if counts is None:
-            counts = self._spread_counts[token] = np.zeros(int(domains.max(initial=-1)) + 1,
-                                                           dtype=np.int32)
+            held = self.snapshot.spread_held.get(token)
+            counts = self._spread_counts[token] = (
+                np.array(held, dtype=np.int32) if held is not None  # a copy: booking changes it
+                else np.zeros(int(domains.max(initial=-1)) + 1, dtype=np.int32))
         return counts
 
     def _count_spread(self, job: JobView, role: Role, node: int, step: int) -> None:

@@ -196,6 +196,10 @@ class Snapshot:
     exclusive_in_use: list[frozenset] | None = None
     # Per topology key that some Spread uses, each node's domain index (-1: the node lacks it).
     topology: dict[str, np.ndarray] = field(default_factory=dict)
+    # Per Spread.token, the tasks already counted in each domain that the round does not
+    # decide (in the cluster, matching pods of other workloads and jobs): where the ledger's
+    # counts start. A token absent starts from none.
+    spread_held: dict[Hashable, np.ndarray] = field(default_factory=dict)
     # Per resource counted beside CPU, GPU and memory (JobView.counted), how much of it each
     # node has free for the round: in the cluster, its allocatable pods and extended resources
     # less what pods the round does not re-decide use (controller/counted_resources.py).

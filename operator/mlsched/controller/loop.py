@@ -45,7 +45,7 @@ from mlsched.controller.records import (
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.serving import RoundServing, applied_epsilon, serve
 from mlsched.controller.snapshot import (
-    build_snapshot, held_counted, held_elsewhere, held_ports, held_selected,
+    build_snapshot, held_counted, held_elsewhere, held_labelled, held_ports, held_selected,
 )
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
@@ -220,11 +220,15 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
     deciding = {j.key for j in schedulable}
     selectors = {s for j in schedulable for found in j.anti_affinity.values() for s in found}
+    spread = any(j.spread_constraints for j in schedulable)
     held = held_elsewhere(cluster, deciding, others)
     # Ports and counted resources (pod slots, devices) of the tasks other policies decided,
     # whose pods may not exist yet: their reservations are CPU, GPU and memory only.
     decided = {k: (job, nodes) for k in others
                if (nodes := rt.placements.of(k)) is not None and (job := idx.job(*k)) is not None}
+    # Pods others hold matter only to jobs spread by anti-affinity or topology constraints.
+    labelled = held_labelled(cluster, deciding, schedulable[0].namespace, decided) \
+        if schedulable and (selectors or spread) else ()
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
                           node_selector=rt.config.node_selector,
                           tolerated_taints=rt.config.tolerated_taints,
@@ -233,9 +237,8 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           ports=held_ports(cluster, deciding, decided)
                           if any(j.host_ports for j in schedulable) else None,
                           counted_used=held_counted(cluster, deciding, decided),
-                          # Pods others hold matter only to jobs spread by anti-affinity.
-                          selected=held_selected(cluster, deciding, schedulable[0].namespace,
-                                                 selectors, decided) if selectors else None,
+                          selected=held_selected(labelled, selectors) if selectors else None,
+                          labelled=labelled,
                           # Other workloads' anti-affinity terms repelling job pods (rare).
                           repelled=cluster.foreign_repels.get(schedulable[0].namespace)
                           if schedulable else None)

@@ -154,31 +154,34 @@ def held_ports(cluster: ClusterState, own_jobs: set[JobKey],
     return held
 
 
-def held_selected(cluster: ClusterState, own_jobs: set[JobKey], namespace: str,
-                  selectors: Iterable[Selector], decided: Decided | None = None
-                  ) -> dict[str, set]:
-    """Per node: the anti-affinity tokens (pod_anti_affinity.token) held there by pods of
-    `namespace` this policy does not re-decide whose labels match one of `selectors` (other
-    workloads', other jobs' and their decided tasks): kube-scheduler keeps a pod whose
-    required anti-affinity names no namespace off nodes where such a pod runs. (Strays, pods
-    of an earlier job of a name, are left out: they are on their way out.)"""
+def held_labelled(cluster: ClusterState, own_jobs: set[JobKey], namespace: str,
+                  decided: Decided | None = None) -> list[tuple[str, Mapping[str, str], int]]:
+    """(node, labels, how many) of the pods of `namespace` this policy does not re-decide
+    (other workloads', other jobs' and their decided tasks): what kube-scheduler matches a
+    pod's anti-affinity and topology spread selectors against (terms naming no namespace
+    look in the pod's own). Strays, pods of an earlier job of a name, are left out: they are
+    on their way out."""
+    out: list[tuple[str, Mapping[str, str], int]] = [
+        (node, labels, 1) for node, labels in cluster.foreign_labels.get(namespace, ())]
+    decided_here = {k: v for k, v in (decided or {}).items() if k[0] == namespace}
+    pods_here = {k: v for k, v in cluster.pods.items() if k[0] == namespace}
+    for node, role, n, job, pod in other_tasks(ClusterState(nodes=(), pods=pods_here), own_jobs,
+                                               decided_here):
+        out.append((node, pod.labels if pod is not None else job.pod_labels(role), n))  # type: ignore[union-attr]
+    return out
+
+
+def held_selected(labelled: Iterable[tuple[str, Mapping[str, str], int]],
+                  selectors: Iterable[Selector]) -> dict[str, set]:
+    """Per node: the anti-affinity tokens (pod_anti_affinity.token) held there by the pods
+    `labelled` (held_labelled) whose labels match one of `selectors`: kube-scheduler keeps a
+    pod whose required anti-affinity names no namespace off nodes where such a pod runs."""
     selectors = tuple(selectors)
     held: dict[str, set] = {}
-    if not selectors:
-        return held
-
-    def hold(node: str, labels: Mapping[str, str]) -> None:
+    for node, labels, _ in labelled if selectors else ():
         for s in selectors:
             if s.matches(labels):
                 held.setdefault(node, set()).add(token(s))
-
-    for node, labels in cluster.foreign_labels.get(namespace, ()):
-        hold(node, labels)
-    decided_here = {k: v for k, v in (decided or {}).items() if k[0] == namespace}
-    pods_here = {k: v for k, v in cluster.pods.items() if k[0] == namespace}
-    for node, role, _, job, pod in other_tasks(ClusterState(nodes=(), pods=pods_here), own_jobs,
-                                               decided_here):
-        hold(node, pod.labels if pod is not None else job.pod_labels(role))  # type: ignore[union-attr]
     return held
 
 
@@ -242,11 +245,31 @@ class Spreads:
         self.constraints = list(dict.fromkeys(
             c for j in jobs for found in j.spread_constraints.values() for c in found))
         self.topology: dict[str, np.ndarray] = {}
+        self.domains: dict[str, dict[str, int]] = {}  # per key, each value's domain index
         for key in dict.fromkeys(c.topology_key for c in self.constraints):
-            values: dict[str, int] = {}
+            values = self.domains[key] = {}
             self.topology[key] = np.array([values.setdefault(n.labels[key], len(values))
                                            if key in n.labels else -1 for n in nodes], dtype=np.int64)
         self._made: dict[tuple, Spread] = {}
+
+    def held(self, labelled: Iterable[tuple[str, Mapping[str, str], int]],
+             node_labels: Mapping[str, Mapping[str, str]]) -> dict[tuple, np.ndarray]:
+        """Per constraint's token (Spread.token), the pods `labelled` (held_labelled) that
+        match its selector, counted in the domain of their node (`node_labels`: every node's,
+        cordoned ones too: kube-scheduler counts the pods there); domains of no node the round
+        places on are left out."""
+        out: dict[tuple, np.ndarray] = {}
+        labelled = list(labelled)
+        for c in self.constraints:
+            values = self.domains[c.topology_key]
+            counts = np.zeros(len(values), dtype=np.int32)
+            for node, labels, n in labelled:
+                domain = values.get((node_labels.get(node) or {}).get(c.topology_key))
+                if domain is not None and c.selector.matches(labels):
+                    counts[domain] += n
+            if counts.any():
+                out[(c.selector, c.topology_key)] = counts
+        return out
 
     def checks(self, job: JobRecord, node_filters: Mapping[str, np.ndarray] | None
                ) -> dict[str, tuple[Spread, ...]]:
@@ -441,7 +464,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    ports: Mapping[str, Iterable[HostPort]] | None = None,
                    counted_used: Mapping[str, Mapping[str, float]] | None = None,
                    selected: Mapping[str, Iterable] | None = None,
-                   repelled: Iterable[tuple[str, tuple[Selector, ...]]] | None = None) -> Snapshot:
+                   repelled: Iterable[tuple[str, tuple[Selector, ...]]] | None = None,
+                   labelled: Iterable[tuple[str, Mapping[str, str], int]] | None = None) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
     `ports`: per node, the host ports held there already (held_ports); `counted_used`: the
@@ -449,7 +473,9 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
     anti-affinity tokens held there already by pods the round does not re-decide
     (held_selected; the jobs decided together hold theirs through JobView.exclusive);
     `repelled`: (node, selectors) of pods the round does not re-decide whose required
-    anti-affinity keeps matching pods off their node (with_repelled)."""
+    anti-affinity keeps matching pods off their node (with_repelled); `labelled`: the pods of
+    the namespace the round does not re-decide (held_labelled), which the jobs' topology
+    spread constraints count (Spreads.held)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -483,7 +509,9 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                     capacity=capacity, jobs=views,
                     node_pools=pools if any(p is not None for p in pools) else None,
                     budget=budget.amounts if budget is not None else None, exclusive_in_use=in_use,
-                    topology=spreads.topology if spreads else {}, counted_free=counted.free)
+                    topology=spreads.topology if spreads else {}, counted_free=counted.free,
+                    spread_held=spreads.held(labelled, {n.name: n.labels for n in cluster.nodes})
+                    if spreads and labelled else {})
 
 
 def _describe(r: Resources) -> str:
