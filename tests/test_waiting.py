@@ -72,3 +72,24 @@ def test_no_node_and_no_pool_are_said_so():
     waiting = PoolPlan({"a": "mlsched-waiting"}, ("p", "p"))
     reasons = why_waiting(_snapshot([_job("a")]), Decision({}, pools=waiting), "drf")
     assert reasons == {"a": "its grouping has not given it a node pool yet"}
+
+
+def test_a_job_the_quota_budget_leaves_out_says_so_not_that_the_nodes_are_full():
+    """Policy b decides right after policy a was given the namespace's 4-GPU quota, before a's
+    pods exist: the quota's own count still shows nothing used (so no WaitingForQuota), and
+    b's job was told its minimum "does not fit what is free now: 20 GPU, ..." on empty nodes."""
+    rt, kube = setup(nodes=12, policies=(policy("a"), policy("b")),
+                     job_bodies=[ps_job("a1", policy="a", min_workers=4, max_workers=4),
+                                 ps_job("b1", policy="b", min_workers=2, max_workers=4)])
+    kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
+              "metadata": {"name": "gpus", "namespace": NS},
+              "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}, "status": {"used": {}}})
+    assert round_(rt, kube, "a").targets["a1"].count("worker") == 4
+    assert round_(rt, kube, "b").targets["b1"].count("worker") == 0
+    sync(rt, kube, "b1")
+    admitted = get_condition(kube.obj("MLJob", NS, "b1")["status"]["conditions"], "Admitted")
+    assert admitted.reason == "WaitingForAllocation", admitted
+    assert admitted.message == (
+        "SchedulingPolicy 'b': its minimum would fit what is free now, but not in what the "
+        "namespace's ResourceQuotas leave once the tasks decided before it are counted (this "
+        "step's, and other policies' whose pods do not exist yet)"), admitted.message

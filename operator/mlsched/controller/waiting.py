@@ -8,6 +8,8 @@ job given nothing gets one of:
   one node has, so a user sees whether to wait or to ask for less;
 - its minimum would fit, but the policy gave the capacity to others (or, for a learned
   policy, chose to stop): a fairness or ordering decision, not a shortage;
+- its minimum would fit the nodes but not the namespace's quota once the tasks decided before
+  it count (the quota's own count, which WaitingForQuota reports, lags until their pods exist);
 - its grouping has not given it a node pool yet.
 
 "Free now" is what the decision leaves: the snapshot's capacity (other policies' and other
@@ -69,10 +71,30 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
         if short:
             out[job.name] = short
             continue
+        if ledger.budget is not None and _fits_without_budget(ledger, job, gang):
+            # The quota's own count (quotas.reasons, WaitingForQuota) does not show it yet.
+            out[job.name] = ("its minimum would fit what is free now, but not in what the "
+                             "namespace's ResourceQuotas leave once the tasks decided before it "
+                             "are counted (this step's, and other policies' whose pods do not "
+                             "exist yet)")
+            continue
         out[job.name] = (f"its minimum ({_counts(job, gang)}: {_amount(need)}) does not fit "
                          f"what is free now: {_amount(free)} on {nodes} nodes, at most "
                          f"{_amount(most)} on any one")
     return out
+
+
+def _fits_without_budget(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> bool:
+    """Whether its minimum would fit were it not for the quota budget (the ledger as it was)."""
+    budget, ledger.budget = ledger.budget, None
+    try:
+        if not ledger.grant(job, *gang):
+            return False
+        d = ledger.jobs[job.name]
+        ledger.release(job, [("ps", n) for n in d.ps_nodes] + [("worker", n) for n in d.worker_nodes])
+        return True
+    finally:
+        ledger.budget = budget
 
 
 def _exclusive_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
