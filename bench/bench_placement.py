@@ -17,7 +17,7 @@ inference on a GPU), timed in the same process.
 
     python bench/bench_placement.py [--seeds 3] [--nodes 6 30 100] [--skip-dl2]
                                     [--allocations fixed dl2] [--harmony-model PATH]
-                                    [--harmony-dl2-model PATH] [--skip-timing]
+                                    [--harmony-dl2-model PATH] [--skip-timing] [--bound]
 """
 
 from __future__ import annotations
@@ -53,6 +53,10 @@ def main() -> None:
                                                     "harmony-dl2.onnx, trained with DL2 deciding the counts)")
     parser.add_argument("--allocations", nargs="+", choices=["fixed", "dl2"])
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--bound", action="store_true",
+                        help="also the same traces with interference switched off (bin-pack and "
+                             "LIF-Line, the lower): a floor no placement reaches, as a ratio to the "
+                             "best heuristic with interference")
     args = parser.parse_args()
     placement_ctx = registry.PolicyContext(model_path=args.harmony_model)
     allocations = args.allocations or (["fixed"] + ([] if args.skip_dl2 else ["dl2"]))
@@ -86,8 +90,29 @@ def main() -> None:
             best = min(mean[p] for p in HEURISTICS)
             print(f"{allocation:<6} {nodes:>5} " + " ".join(f"{mean[p]:>6.2f} {mean[p] / best:>5.3f}" for p in PLACEMENTS))
             print(f"{'':<6} {'':>5} " + " ".join(f"{spent[p]:>11.1f}s" for p in PLACEMENTS), flush=True)
+            if args.bound:
+                floor = no_interference(allocation, nodes, seeds)
+                print(f"{'':<6} {'':>5} with interference off: {floor:.2f} h, {floor / best:.3f} x the "
+                      f"best heuristic with it", flush=True)
     if not args.skip_timing:
         timing(placement_ctx)
+
+
+def no_interference(allocation: str, nodes: int, seeds) -> float:
+    """Average JCT (h) on the same traces with the simulator's interference switched off, the
+    lower of bin-pack and LIF-Line: how fast the jobs would finish if no placement slowed any
+    job down, so a floor for what a placement can win (not a tight one: some co-location is
+    unavoidable on a busy cluster)."""
+    out = []
+    for p in ("bin-pack", "lif-line"):
+        jct = []
+        for seed in seeds:
+            sim = Simulator(trace(nodes, seed), SimConfig(nodes=nodes, seed=seed, interference=False))
+            ctx = registry.PolicyContext(speed_model=sim.speed)
+            summary = sim.run(registry.make_allocation(allocation, ctx), registry.make_placement(p)).summary()
+            jct.append(summary["avg_jct_s"] / 3600)
+        out.append(float(np.mean(jct)))
+    return min(out)
 
 
 def timing(placement_ctx, nodes: int = 100, new: int = 20, running: int = 60, repeats: int = 7) -> None:
