@@ -153,16 +153,23 @@ def test_two_policies_never_hand_out_the_same_capacity():
     assert ra.targets["a1"].count("worker") > 0
 
 
-def test_two_policies_of_a_namespace_never_book_the_same_quota():
-    """A quota counts a pod once it exists: policy b's round, right after policy a decided
-    and before a's pods were created, booked the GPUs the quota had left for a; both jobs were
-    half-created (FailedCreate) and neither ran whole."""
-    rt, kube = setup(nodes=6, policies=(policy("a"), policy("b")),
-                     job_bodies=[ps_job("a1", policy="a", min_workers=2, max_workers=4),
+def two_policies_under_one_quota(nodes: int, a_min_workers: int):
+    """Policies a and b of one namespace with a job each (a1, b1: up to 4 workers; b1 at least
+    2) and a 4-GPU ResourceQuota whose own count shows nothing used."""
+    rt, kube = setup(nodes=nodes, policies=(policy("a"), policy("b")),
+                     job_bodies=[ps_job("a1", policy="a", min_workers=a_min_workers, max_workers=4),
                                  ps_job("b1", policy="b", min_workers=2, max_workers=4)])
     kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
               "metadata": {"name": "gpus", "namespace": NS},
               "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}, "status": {"used": {}}})
+    return rt, kube
+
+
+def test_two_policies_of_a_namespace_never_book_the_same_quota():
+    """A quota counts a pod once it exists: policy b's round, right after policy a decided
+    and before a's pods were created, booked the GPUs the quota had left for a; both jobs were
+    half-created (FailedCreate) and neither ran whole."""
+    rt, kube = two_policies_under_one_quota(nodes=6, a_min_workers=2)
     ra = round_(rt, kube, "a")
     assert ra.targets["a1"].count("worker") == 4  # a's pods are not created yet: used 0 of 4
     rb = round_(rt, kube, "b")

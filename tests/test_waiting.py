@@ -11,7 +11,7 @@ from mlsched.controller.waiting import why_waiting
 from conftest import job
 from test_controller_fixtures import NS, create_jobs, policy, ps_job, run
 from test_controller_jobs import sync
-from test_controller_loop import admit, round_, settle, setup
+from test_controller_loop import admit, round_, settle, setup, two_policies_under_one_quota
 
 
 def test_a_job_that_does_not_fit_what_is_free_says_what_it_needs_and_what_is_free():
@@ -78,12 +78,7 @@ def test_a_job_the_quota_budget_leaves_out_says_so_not_that_the_nodes_are_full()
     """Policy b decides right after policy a was given the namespace's 4-GPU quota, before a's
     pods exist: the quota's own count still shows nothing used (so no WaitingForQuota), and
     b's job was told its minimum "does not fit what is free now: 20 GPU, ..." on empty nodes."""
-    rt, kube = setup(nodes=12, policies=(policy("a"), policy("b")),
-                     job_bodies=[ps_job("a1", policy="a", min_workers=4, max_workers=4),
-                                 ps_job("b1", policy="b", min_workers=2, max_workers=4)])
-    kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
-              "metadata": {"name": "gpus", "namespace": NS},
-              "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}, "status": {"used": {}}})
+    rt, kube = two_policies_under_one_quota(nodes=12, a_min_workers=4)
     assert round_(rt, kube, "a").targets["a1"].count("worker") == 4
     assert round_(rt, kube, "b").targets["b1"].count("worker") == 0
     sync(rt, kube, "b1")

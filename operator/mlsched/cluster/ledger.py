@@ -137,7 +137,7 @@ class Ledger:
                   role: Role | None = None) -> np.ndarray:
         """Nodes with room for one task of `demand` that `job` may use: in its pool, and, for
         a task of `role`, among the nodes its template allows (JobView.node_filters)."""
-        column, _ = self._threshold(demand)
+        column = self._demand_facts(demand).column
         mask = (self._free_t >= column).all(axis=0)  # (np.logical_and.reduce is 4x slower here)
         if self.budget is not None and not self.within_budget(self.charge(job, role, demand)):
             mask[:] = False
@@ -279,6 +279,7 @@ class Ledger:
         return mask
 
     def _demand_facts(self, demand: np.ndarray) -> "_DemandFacts":
+        """What the round derives from `demand` (_DemandFacts), made once per distinct one."""
         found = self._facts_of_array.get(id(demand))
         if found is not None and found[0] is demand:  # (an id is only unique while it lives)
             return found[1]
@@ -288,11 +289,6 @@ class Ledger:
             facts = self._facts[key] = _DemandFacts(demand)
         self._facts_of_array[id(demand)] = (demand, facts)
         return facts
-
-    def _threshold(self, demand: np.ndarray) -> tuple[np.ndarray, tuple[float, ...]]:
-        """The free capacity a node needs for `demand` (_DemandFacts.column and .need)."""
-        facts = self._demand_facts(demand)
-        return facts.column, facts.need
 
     def _load_step(self, demand: np.ndarray, node: int) -> float:
         """The normalised load one task of `demand` adds on `node`: the dot product, computed

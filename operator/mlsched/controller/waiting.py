@@ -60,9 +60,7 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
             continue
         gang = job.starting_gang
         need = _need(job, gang)
-        if np.all(need <= free + 1e-9) and ledger.grant(job, *gang):
-            ledger.release(job, [("ps", n) for n in ledger.jobs[job.name].ps_nodes]
-                           + [("worker", n) for n in ledger.jobs[job.name].worker_nodes])
+        if np.all(need <= free + 1e-9) and _gang_fits(ledger, job, gang):
             out[job.name] = (f"its minimum would fit what is free now, but {allocation} gave "
                              f"the capacity to other jobs this time")
             continue
@@ -88,13 +86,18 @@ def _fits_without_budget(ledger: Ledger, job: JobView, gang: tuple[int, int]) ->
     """Whether its minimum would fit were it not for the quota budget (the ledger as it was)."""
     budget, ledger.budget = ledger.budget, None
     try:
-        if not ledger.grant(job, *gang):
-            return False
-        d = ledger.jobs[job.name]
-        ledger.release(job, [("ps", n) for n in d.ps_nodes] + [("worker", n) for n in d.worker_nodes])
-        return True
+        return _gang_fits(ledger, job, gang)
     finally:
         ledger.budget = budget
+
+
+def _gang_fits(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> bool:
+    """Whether its minimum can be granted now (the ledger left as it was)."""
+    if not ledger.grant(job, *gang):
+        return False
+    d = ledger.jobs[job.name]
+    ledger.release(job, [("ps", n) for n in d.ps_nodes] + [("worker", n) for n in d.worker_nodes])
+    return True
 
 
 def _exclusive_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
