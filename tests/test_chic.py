@@ -185,7 +185,8 @@ def test_torch_numpy_and_onnx_runtime_agree_masks_included(pair, tmp_path):
 
 def test_trainer_runs_cem_and_writes_a_servable_model(tmp_path):
     args = train.Args(out=str(tmp_path), episodes_per_iteration=3, iterations=2, val_sequences=1,
-                      jobs_per_episode=6, time_budget_min=5, warm_start_sequences=2, warm_start_epochs=2)
+                      jobs_per_episode=6, time_budget_min=5, warm_start_sequences=2, warm_start_dl2_traces=1,
+                      warm_start_epochs=2)
     result = train.train(args, log=lambda *_: None, argv=["--test"])
     card = json.loads((tmp_path / "chic.card.json").read_text())
     assert card["encoder"] == {"name": "chic-state", "version": chic_state.ENCODER_VERSION,
@@ -258,3 +259,77 @@ def test_gain_actor_starts_every_window_job_then_takes_the_largest_speed_up():
     i, kind = divmod(a, 2)
     gains = [rows[j, chic_state.GAIN_WORKER + k] for j in range(2) for k in range(2) if state.mask()[2 * j + k]]
     assert rows[i, chic_state.GAIN_WORKER + kind] == max(gains) > 0
+
+
+def _vgg(**kw):
+    ps, worker = chic_scenario.PAPER_DEMANDS["vgg-16"]
+    return job("v", model="vgg-16", ps_demand=np.array(ps), worker_demand=np.array(worker), max_ps=32,
+               max_workers=10, **kw)
+
+
+def test_a_job_is_grown_through_a_dip_of_its_curve_to_the_best_allocation_that_fits():
+    """VGG-16's measured speed is 1.96x its 1 PS + 1 worker speed at 4 PS, 1.86x at 5 and
+    2.98x at 14 (one worker). One step of lookahead stopped it at 4 PS; the round now takes it
+    through the dip to its best speed, but for steps worth less than 1 % per task."""
+    from mlsched.policies.allocation.chic import GainActor
+
+    v = _vgg()
+    curve = v.prior
+    best = max(curve.epochs_per_s(p, w) for p in range(1, 33) for w in range(1, 11))
+    assert curve.epochs_per_s(5, 1) < curve.epochs_per_s(4, 1) < 0.7 * best  # the dip this is about
+    snapshot = make_snapshot([v], nodes=1, cpu=120, gpu=10, mem=600)
+    ledger = Ledger(snapshot, LoadBalance())
+    ChicPolicy(GainActor()).allocate(snapshot, ledger)
+    d = ledger.jobs["v"]
+    assert curve.epochs_per_s(d.ps, d.workers) >= (1 - chic_state.MIN_GAIN_PER_TASK) * best
+
+
+def test_a_dip_is_not_entered_when_nothing_better_beyond_it_fits():
+    """With room for 5 PS and a worker (22 CPU) the best reachable allocation is 4 PS (5 PS is
+    slower than 4): the fifth PS, a slowdown with nothing better behind it, stays masked."""
+    v = _vgg()
+    state, ledger = _state([v], cpu=22, gpu=10, mem=600)
+    assert state.apply(1)  # the gang: 1 PS + 1 worker
+    while state.mask()[1]:
+        assert state.apply(1)
+    assert state.counts(0) == (4, 1) and state.forced_void()
+    rows = state.vector[:3 * chic_state.JOB_FEATURES].reshape(3, -1)
+    assert rows[0, chic_state.GAIN_PS] <= 0
+
+
+def test_a_long_way_through_a_dip_for_a_few_per_cent_is_not_taken():
+    """Lookahead counts per added task: 11 more PS for 3 % more speed (0.3 % a task) is below
+    MIN_GAIN_PER_TASK, so the job keeps its 2 PS and leaves the CPUs to others (on the
+    CPU-bound DL² clusters, jobs pushed to such configurations starved the rest)."""
+    from mlsched.policies.allocation.chic import GainActor
+
+    tables = []  # kept alive: curves cache per-shape answers by their table's identity
+
+    def decided(best_beyond_the_dip: float) -> tuple[int, int]:
+        table = np.zeros((17, 3))
+        tables.append(table)
+        table[1:, 1:] = 1.4
+        table[1, 1:], table[2, 1:], table[13:, 1:] = 1.0, 1.5, best_beyond_the_dip
+        curve = SpeedCurve(theta=(0.0, 1.0, 0.0, 0.0, 0.0, 0.0), global_batch=32, steps_per_epoch=1.0,
+                           table=table)
+        snapshot = make_snapshot([job("a", prior=curve, max_ps=16, max_workers=2)], nodes=1, cpu=120, gpu=10,
+                                 mem=600)
+        ledger = Ledger(snapshot, LoadBalance())
+        ChicPolicy(GainActor()).allocate(snapshot, ledger)
+        return ledger.jobs["a"].ps, ledger.jobs["a"].workers
+
+    assert decided(1.545) == (2, 1)
+    assert decided(2.0)[0] >= 13  # 33 % more over 11 tasks (3 % a task): worth it
+
+
+def test_the_shipped_window_5_model_serves_five_jobs_from_its_path():
+    """policy_models/artifacts/chic/chic-window5.onnx (I = 5, docs/chic.md): mounted beside the
+    default model, named by path in a SchedulingPolicy; its window comes from its card."""
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "policy_models" / "artifacts" / "chic" / "chic-window5.onnx"
+    policy = ChicPolicy.load(str(path))
+    assert policy.jobs == 5 and policy.card.algorithm == "chic"
+    sim = Simulator(chic_scenario.trace(2.7, seed=78, jobs=12), chic_scenario.config(78, window=5))
+    result = sim.run(policy, registry.make_placement("load-balance"))
+    assert result.completed == 12 and result.summary()["avg_jct_s"] < 2 * result.summary()["ideal_avg_jct_s"]

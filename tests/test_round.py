@@ -283,6 +283,23 @@ def test_a_curves_fast_speed_function_is_exactly_its_epochs_per_s():
             assert fast(p, w) == curve.epochs_per_s(p, w)
 
 
+def test_a_curves_speed_grid_is_its_epochs_per_s_at_every_count():
+    """SpeedCurve.grid (Chic's lookahead reads it), cached per shape and scaled: the same
+    numbers as epochs_per_s, tabulated or fitted, PS or all-reduce, within or beyond a table."""
+    from mlsched.workloads.speed_curve import SpeedCurve
+
+    fitted = catalog_curve("vgg-16", "ps")
+    for curve in (catalog_curve("vgg-16", "ps"), catalog_curve("vgg-16", "ps").scaled(1.7),
+                  catalog_curve("resnet-50", "allreduce").scaled(0.4), prior_curve("my-llm-7b", "ps", 3.0),
+                  SpeedCurve(fitted.theta, fitted.global_batch, fitted.steps_per_epoch, uses_ps=False, scale=2.0)):
+        for max_ps, max_workers in ((32, 10), (5, 40), (0, 3), (40, 40)):
+            grid = curve.grid(max_ps, max_workers)
+            rows = max_ps + 1 if curve.uses_ps else 1
+            expected = [[curve.epochs_per_s(p, w) for w in range(max_workers + 1)] for p in range(rows)]
+            assert grid.shape == (rows, max_workers + 1) and not grid.flags.writeable
+            assert grid == pytest.approx(np.array(expected), rel=1e-12, abs=0)
+
+
 def test_a_task_kept_in_a_pod_of_another_class_books_that_pods_charge():
     """JobView.kept_charges: the task of ordinal i, kept in an existing pod, books that pod's
     charge; later ordinals the role's; releasing a task gives back what booking it took."""

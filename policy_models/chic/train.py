@@ -5,7 +5,8 @@ One file, the loop in plain sight (CleanRL style); hyperparameters in the datacl
     mlsched train chic-pair [--time-budget-min 14] [--out policy_models/artifacts/chic-pair]
 
 First (our addition, `--warm-start gain`; `none` is the paper's random start) the network
-imitates a teacher that grants the task with the largest relative speed-up. Then per
+imitates a teacher that grants the task with the largest relative speed-up, on the paper's
+sequences and on a few DL² traces (`warm_start_dl2_traces`). Then per
 iteration: one training arrival sequence (its rate drawn from 0.9..2.7 jobs/h); N
 episodes sampled from the current policy plus one with uniformly random allowed actions (the
 modification); the top `elite_fraction` of the N+1 by return (-Σ JCT / 20 min) are the elite;
@@ -35,6 +36,7 @@ from mlsched.features import chic_state
 from mlsched.policies import registry
 from mlsched.policies.allocation.chic import ChicPolicy, GainActor, greedy_decision, sample_action
 from mlsched.sim import chic_scenario
+from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS
 from mlsched.sim.simulator import Simulator
 from policy_models.chic import export, networks
 from policy_models.options import parse_into
@@ -68,6 +70,11 @@ class Args:
     # weights): imitate the largest-relative-gain teacher on these many sequences, then CEM.
     warm_start: str = "gain"  # gain | none
     warm_start_sequences: int = 30
+    # ... and on these many DL² traces (sim/scenarios.py, small and medium in turn, seeds from
+    # train_seed_base + 30_000): all eight catalog models on many nodes. Imitated on the paper's
+    # three models alone, the network read the model's identity instead of the gain columns and
+    # did half as well as its teacher on the DL² traces (docs/chic.md, "Lookahead").
+    warm_start_dl2_traces: int = 10
     warm_start_epochs: int = 20
     greedy: bool = False  # validate (and select) the two-level mode instead of the served sampling policy
 
@@ -182,6 +189,17 @@ def warm_start(args: Args, net, opt, log) -> dict:
         states += s
         masks += m
         actions += a
+
+    def on_step(vec, mask, action):
+        states.append(vec)
+        masks.append(mask)
+        actions.append(action)
+
+    for k in range(args.warm_start_dl2_traces):
+        scenario, seed = (SCENARIOS["small"], SCENARIOS["medium"])[k % 2], args.train_seed_base + 30_000 + k
+        assert seed not in BENCHMARK_SEEDS
+        teacher = ChicPolicy(GainActor(), jobs=args.jobs, pair=args.pair, on_step=on_step)
+        Simulator(scenario.trace(seed), scenario.config(seed)).run(teacher, registry.make_placement("load-balance"))
     for _ in tqdm(range(args.warm_start_epochs), desc="warm start", file=sys.stderr, disable=None, leave=False):
         fit_elite(args, net, opt, states, masks, actions, epochs=1)
     with torch.no_grad():

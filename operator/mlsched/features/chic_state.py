@@ -7,20 +7,30 @@ cannot describe a model never seen, so a job is described model-agnostically as 
   valid | all-reduce flag | remaining time at the reference speed (log hours) | remaining
   fraction | age (log hours) | worker and PS demand per resource (share of the cluster, x10) |
   the speed curve's shape (SpeedCurve.signature, 6) | workers, PS granted so far this round |
-  what one more worker, PS or pair would bring (1 - speed now / speed after, the job's curve
-  corrected by what it showed) | speed now over the best within its caps
+  what one more worker, PS or pair leads to (the largest relative speed-up per added task
+  among the allocations reachable through it within the free capacity, by the job's curve
+  corrected by what it showed; "Lookahead" below) | speed now over the best within its caps
 then: free share per resource | backlog / I | jobs present / I.
 
 Actions: Chic 2I+1 (2i: one more worker for job i, 2i+1: one more PS, 2I: stop); Chic-Pair
 I+1 (i: a worker and a PS for job i, I: stop). Every round starts from nothing. A job's
 first grant is its starting gang (1 PS + 1 worker; the ledger's rule), whichever of its
 actions asked. Masked: empty slots, roles at their cap, PS actions of all-reduce jobs,
-tasks that do not fit (and grants that failed), and tasks that would not speed their job up
-by the job's curve (Cond. 2 applied per action; starting a job always does); stop, while a
-job of the window holds nothing and could start (DL²'s rule that no round leaves the
-cluster idle, per job: a job inside the window is never starved by the stop action).
+tasks that do not fit (and grants that failed), and tasks that lead to no speed-up of their
+job of at least 1 % per task (Cond. 2 per action, with lookahead; starting a job always
+counts); stop, while a job of the window holds nothing and could start (DL²'s rule that no
+round leaves the cluster idle, per job: a job inside the window is never starved by the stop
+action).
 Forced void (§2.4, the set S'): the round ends without asking the network when every task is
 masked: nothing fits (Cond. 1) or nothing speeds any job up (Cond. 2).
+Lookahead (chic-state-v2): measured speeds are not monotone in the task counts (VGG-16 runs
+1.96x its 1 PS + 1 worker speed at 4 PS, 1.86x at 5, 2.98x at 14), so "the next task does not
+speed the job up" stops a job at the first dip, and v1 (one step ahead) left VGG-16 and
+ResNet-50 at two thirds of their best speed. A task now counts as a speed-up when some
+allocation reachable by adding tasks, this one included, that fits the free capacity (summed
+over nodes: an estimate where there are several) is faster than the job is now by at least
+MIN_GAIN_PER_TASK per added task. A round that stops, or runs out of room, half way through a
+dip leaves the job there until the next.
 Reward (§2.6): r1 = -(job-seconds in the system during the step) / 20 min, summed over an
 episode -(sum of JCTs) / 20 min (episode_return). The paper's r2 (an action on an empty slot)
 and r3 (a job left with workers but no PS) are 0 by construction here: empty slots are masked
@@ -39,13 +49,17 @@ from mlsched.cluster.types import JobView, Snapshot
 from mlsched.features.base import TensorSpec
 from mlsched.features.speed_fit import correction
 
-ENCODER_VERSION = "chic-state-v1"
+ENCODER_VERSION = "chic-state-v2"
 JOB_FEATURES = 23
 GLOBAL_FEATURES = 5
 REWARD_UNIT_S = 1200.0  # the paper's 20 minutes
 _COUNT_SCALE = 16.0
 _MAX_HOURS = math.log1p(48.0)
-_GAIN_EPS = 1e-9  # a speed-up smaller than this is no speed-up (Cond. 2)
+#: Cond. 2: a task is worth granting when it leads to at least this relative speed-up per
+#: added task (_Lookahead). Without a floor, lookahead took jobs a dozen tasks through a dip
+#: for a few per cent (Inception-BN: 16 PS + 5 workers instead of 5 + 3 for 4 % more speed),
+#: which on the CPU-bound DL² clusters starved every other job (docs/chic.md, "Lookahead").
+MIN_GAIN_PER_TASK = 0.01
 _GRID = 32
 GAIN_WORKER, GAIN_PS, GAIN_PAIR = 19, 20, 21  # columns: what one more worker, PS, pair brings
 
@@ -86,16 +100,46 @@ def first_jobs(jobs: list[JobView], window: int) -> tuple[list[JobView], int]:
     return ordered[:window], max(len(ordered) - window, 0)
 
 
-def _best_speed(curve, job: JobView) -> float:
-    ws = range(1, min(job.bounds("worker")[1], _GRID) + 1)
-    ps = range(1, min(job.bounds("ps")[1], _GRID) + 1) if job.uses_ps else [0]
-    return max((curve.epochs_per_s(p, w) for p in ps for w in ws), default=0.0)
+def _speed_grid(curve, job: JobView) -> np.ndarray:
+    """The job's speed by [ps, workers] within its caps (at most _GRID per role)."""
+    max_ps = min(job.bounds("ps")[1], _GRID) if job.uses_ps else 0
+    return curve.grid(max(max_ps, 0), max(min(job.bounds("worker")[1], _GRID), 0))
 
 
-def _gain(now: float, after: float) -> float:
-    if after <= 0:
-        return -1.0
-    return max(-1.0, 1.0 - now / after) if now > 0 else 1.0
+class _Lookahead:
+    """What adding tasks can bring a job, looking past the next one: for one more worker, one
+    more PS and one more pair (workers and PS added alike), the largest relative speed-up per
+    added task, 1 - speed now / speed there over the tasks added, among the allocations
+    reachable through that action (more tasks of either role, this one among them) that fit
+    `free`. -1 when none fits. Per task, so that a long way through a dip to a few per cent
+    more speed is worth less than one step to a large gain."""
+
+    def __init__(self, job: JobView, grid: np.ndarray):
+        self.grid = grid
+        self.p, self.w = np.meshgrid(np.arange(grid.shape[0]), np.arange(grid.shape[1]), indexing="ij")
+        self.ps_demand = np.asarray(job.ps_demand, dtype=float) if job.uses_ps else np.zeros(3)
+        self.worker_demand = np.asarray(job.worker_demand, dtype=float)
+        self.uses_ps = job.uses_ps
+
+    def gains(self, ps: int, workers: int, now: float, free: np.ndarray) -> tuple[float, float, float]:
+        more_p, more_w = self.p - ps, self.w - workers
+        added = np.maximum(more_p, 0) + np.maximum(more_w, 0)
+        need = (np.maximum(more_p, 0)[..., None] * self.ps_demand
+                + np.maximum(more_w, 0)[..., None] * self.worker_demand)
+        reachable = (more_p >= 0) & (more_w >= 0) & (need <= free + 1e-9).all(axis=-1)
+
+        def best_through(action: np.ndarray) -> float:
+            where = reachable & action & (self.grid > 0)
+            if not where.any():
+                return -1.0
+            if now <= 0:
+                return 1.0
+            return max(-1.0, float(((1.0 - now / self.grid[where]) / added[where]).max()))
+
+        via_worker = best_through(more_w >= 1)
+        if not self.uses_ps:
+            return via_worker, -1.0, via_worker
+        return via_worker, best_through(more_p >= 1), best_through((more_p == more_w) & (more_w >= 1))
 
 
 class ChicState:
@@ -113,12 +157,15 @@ class ChicState:
         total = snapshot.total_capacity
         self._share = np.divide(10.0, total, out=np.zeros(3), where=total > 0)
         self._curves = []
+        self._lookahead: list[_Lookahead] = []
         self.vector = np.zeros(state_dim(window), dtype=np.float32)
         self._rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
         for i, job in enumerate(jobs):
             c = correction(job)
             curve = job.prior if c == 1.0 else job.prior.scaled(c)
-            self._curves.append((curve, _best_speed(curve, job)))
+            grid = _speed_grid(curve, job)
+            self._curves.append((curve, float(grid.max()) if grid.size else 0.0))
+            self._lookahead.append(_Lookahead(job, grid))
             r = self._rows[i]
             ref = curve.reference_epochs_per_s()
             hours = job.remaining_epochs / ref / 3600.0 if ref > 0 else 48.0
@@ -154,9 +201,7 @@ class ChicState:
             curve, best = self._curves[i]
             now = curve.epochs_per_s(ps, w)
             holds = ps + w > 0
-            p1 = ps + 1 if job.uses_ps else ps
-            gains = (_gain(now, curve.epochs_per_s(ps, w + 1)), _gain(now, curve.epochs_per_s(p1, w)),
-                     _gain(now, curve.epochs_per_s(p1, w + 1)))
+            gains = self._lookahead[i].gains(ps, w, now, free)
             r = self._rows[i]
             r[17], r[18] = w / _COUNT_SCALE, ps / _COUNT_SCALE
             r[GAIN_WORKER:GAIN_PAIR + 1] = gains if holds else (1.0, 1.0, 1.0)
@@ -170,10 +215,10 @@ class ChicState:
                 up = [True] * self.per_job
             elif self.pair:
                 ok = [w_room and w_fits and (ps_fits and ps_room or not job.uses_ps)]
-                up = [gains[2] > _GAIN_EPS]
+                up = [gains[2] > MIN_GAIN_PER_TASK]
             else:
                 ok = [w_room and w_fits, ps_room and ps_fits]
-                up = [gains[0] > _GAIN_EPS, gains[1] > _GAIN_EPS]
+                up = [gains[0] > MIN_GAIN_PER_TASK, gains[1] > MIN_GAIN_PER_TASK]
             for k in range(self.per_job):
                 a = self.per_job * i + k
                 self._mask[a] = ok[k] and up[k] and not self._failed[a]

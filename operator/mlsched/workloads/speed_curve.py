@@ -123,6 +123,37 @@ class SpeedCurve:
         step = np.where(step > 0, step, np.inf)
         return float(self.scale / (step.min() * self.steps_per_epoch))
 
+    def grid(self, max_ps: int, max_workers: int) -> np.ndarray:
+        """Epochs/s by [ps, workers] for 0..max_ps PS and 0..max_workers workers (0 where a
+        role the curve needs is missing; an all-reduce curve has one row, ps = 0), as
+        `epochs_per_s` answers. Read-only: computed once per shape and counts, then scaled."""
+        max_p = max_ps if self.uses_ps else 0
+        unscaled = _per_shape(("grid", self._shape_key(), max_p, max_workers),
+                              lambda: self._unscaled()._grid(max_p, max_workers))
+        if self.scale == 1.0:
+            return unscaled
+        out = unscaled * self.scale
+        out.setflags(write=False)
+        return out
+
+    def _grid(self, max_p: int, max_w: int) -> np.ndarray:
+        out = np.zeros((max_p + 1, max_w + 1))
+        first_p = 1 if self.uses_ps else 0
+        if max_w >= 1 and max_p >= first_p:
+            if self.table is not None:
+                t = self.table
+                ps = np.minimum(np.arange(first_p, max_p + 1), t.shape[0] - 1) if self.uses_ps else [0]
+                ws = np.minimum(np.arange(1, max_w + 1), t.shape[1] - 1)
+                out[first_p:, 1:] = t[np.ix_(ps, ws)] / self.steps_per_epoch
+            else:
+                p, w = np.meshgrid(np.arange(max(first_p, 1), max_p + 1 if self.uses_ps else 2, dtype=float),
+                                   np.arange(1, max_w + 1, dtype=float), indexing="ij")
+                step = basis(p, w, self.global_batch) @ np.array(self.theta)
+                out[first_p:, 1:] = np.divide(1.0, step * self.steps_per_epoch,
+                                              out=np.zeros_like(step), where=step > 0)
+        out.setflags(write=False)
+        return out
+
     #: (ps, workers) pairs whose speed ratios describe how a curve scales (see signature).
     PROBES = (((1, 2), (1, 1)), ((1, 4), (1, 1)), ((1, 8), (1, 1)),
               ((2, 4), (1, 4)), ((4, 8), (1, 8)), ((8, 16), (2, 16)))
