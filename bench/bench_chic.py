@@ -14,6 +14,8 @@
 
     python bench/bench_chic.py [--sequences 30] [--dl2-seeds 2] [--skip-dl2] [--skip-paper] [--dl2-model M.onnx] [--window-sweep 10]
                                [--chic-model M.onnx] [--chic-pair-model M.onnx]
+
+The shipped 5-job-window model: --chic-model policy_models/artifacts/chic/chic-window5.onnx.
 """
 
 from __future__ import annotations
