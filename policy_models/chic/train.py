@@ -183,25 +183,19 @@ def fit_elite(args: Args, net, opt, states, masks, actions, epochs: int | None =
 
 def warm_start(args: Args, net, opt, log) -> dict:
     """Cross-entropy on the teacher's (state, action) pairs from its own rollouts."""
-    states, masks, actions = [], [], []
     rates = chic_scenario.RATES_PER_HOUR
-    for k in range(args.warm_start_sequences):
-        trace, config = sequence(args, args.train_seed_base + 20_000 + k, rates[k % len(rates)])
+    episodes = [sequence(args, args.train_seed_base + 20_000 + k, rates[k % len(rates)])
+                for k in range(args.warm_start_sequences)]
+    for k in range(args.warm_start_dl2_traces):
+        scenario, seed = (SCENARIOS["small"], SCENARIOS["medium"])[k % 2], args.train_seed_base + 30_000 + k
+        assert seed not in BENCHMARK_SEEDS
+        episodes.append((scenario.trace(seed), scenario.config(seed)))
+    states, masks, actions = [], [], []
+    for trace, config in episodes:
         _, _, s, m, a = run_episode(args, trace, config, GainActor())
         states += s
         masks += m
         actions += a
-
-    def on_step(vec, mask, action):
-        states.append(vec)
-        masks.append(mask)
-        actions.append(action)
-
-    for k in range(args.warm_start_dl2_traces):
-        scenario, seed = (SCENARIOS["small"], SCENARIOS["medium"])[k % 2], args.train_seed_base + 30_000 + k
-        assert seed not in BENCHMARK_SEEDS
-        teacher = ChicPolicy(GainActor(), jobs=args.jobs, pair=args.pair, on_step=on_step)
-        Simulator(scenario.trace(seed), scenario.config(seed)).run(teacher, registry.make_placement("load-balance"))
     for _ in tqdm(range(args.warm_start_epochs), desc="warm start", file=sys.stderr, disable=None, leave=False):
         fit_elite(args, net, opt, states, masks, actions, epochs=1)
     with torch.no_grad():

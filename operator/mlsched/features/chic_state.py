@@ -116,7 +116,7 @@ class _Lookahead:
 
     def __init__(self, job: JobView, grid: np.ndarray):
         self.grid = grid
-        self.p, self.w = np.meshgrid(np.arange(grid.shape[0]), np.arange(grid.shape[1]), indexing="ij")
+        self.p, self.w = np.indices(grid.shape)  # the PS and worker count of each grid cell
         self.ps_demand = np.asarray(job.ps_demand, dtype=float) if job.uses_ps else np.zeros(3)
         self.worker_demand = np.asarray(job.worker_demand, dtype=float)
         self.uses_ps = job.uses_ps
@@ -164,7 +164,7 @@ class ChicState:
             c = correction(job)
             curve = job.prior if c == 1.0 else job.prior.scaled(c)
             grid = _speed_grid(curve, job)
-            self._curves.append((curve, float(grid.max()) if grid.size else 0.0))
+            self._curves.append((curve, float(grid.max())))
             self._lookahead.append(_Lookahead(job, grid))
             r = self._rows[i]
             ref = curve.reference_epochs_per_s()

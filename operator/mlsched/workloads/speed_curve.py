@@ -146,8 +146,8 @@ class SpeedCurve:
                 ws = np.minimum(np.arange(1, max_w + 1), t.shape[1] - 1)
                 out[first_p:, 1:] = t[np.ix_(ps, ws)] / self.steps_per_epoch
             else:
-                p, w = np.meshgrid(np.arange(max(first_p, 1), max_p + 1 if self.uses_ps else 2, dtype=float),
-                                   np.arange(1, max_w + 1, dtype=float), indexing="ij")
+                rows = np.arange(1, max_p + 1, dtype=float) if self.uses_ps else np.ones(1)  # a ring ignores p
+                p, w = np.meshgrid(rows, np.arange(1, max_w + 1, dtype=float), indexing="ij")
                 step = basis(p, w, self.global_batch) @ np.array(self.theta)
                 out[first_p:, 1:] = np.divide(1.0, step * self.steps_per_epoch,
                                               out=np.zeros_like(step), where=step > 0)
