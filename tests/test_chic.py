@@ -24,6 +24,7 @@ from mlsched.policies.placement.heuristics import LoadBalance
 from mlsched.sim import chic_scenario
 from mlsched.sim.simulator import CapacityExceeded, SimConfig, Simulator
 from mlsched.workloads.speed_curve import SpeedCurve
+from mlsched.workloads.speed_models import epochs_per_s
 from mlsched.workloads.traces import TraceJob
 from policy_models.chic import export, networks, train
 
@@ -79,6 +80,19 @@ def test_paper_demands_reach_the_job_views_and_the_capacity_check():
     sim = Simulator([vgg], chic_scenario.config(0))
     with pytest.raises(CapacityExceeded):  # 30 PS x 4 CPU + 2 CPU > 120: only Chic's demands exceed it
         sim.advance(Decision({"v": JobDecision(ps_nodes=[0] * 30, worker_nodes=[0])}))
+
+
+def test_the_pair_bound_is_each_jobs_best_allocation_with_as_many_ps_as_workers():
+    """bench_chic's pair-ideal column: what a policy that only adds worker-PS pairs can reach."""
+    vgg = TraceJob("v", 0.0, "vgg-16", 10.0)
+    sim = Simulator([vgg], chic_scenario.config(0))
+    cfg, cap = sim.config, np.array([120.0, 10.0, 600.0])
+    fits = [k for k in range(1, cfg.max_workers + 1)
+            if np.all(k * (np.array(cfg.demand("vgg-16", "ps")) + cfg.demand("vgg-16", "worker")) <= cap)]
+    best_pair = max(epochs_per_s(sim.speed, "vgg-16", "ps", k, k) for k in fits)
+    assert sim.ideal_time(vgg, pairs=True) == pytest.approx(10.0 / best_pair)
+    # VGG-16 runs fastest with many more PS than workers: pairs cannot get there.
+    assert sim.ideal_time(vgg, pairs=True) > 1.5 * sim.ideal_time(vgg)
 
 
 def test_chic_traces_are_seeded_and_sized_as_the_paper():

@@ -173,7 +173,7 @@ class Simulator:
         self.capacity = self.config.capacity()
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.name))
-        self.ideal_s = {j.name: self._ideal_time(j) for j in self.trace}
+        self.ideal_s = {j.name: self.ideal_time(j) for j in self.trace}
         impossible = [n for n, t in self.ideal_s.items() if not math.isfinite(t)]
         if impossible:
             raise ValueError(f"job(s) {', '.join(impossible[:5])} cannot run on this cluster at all "
@@ -497,19 +497,21 @@ class Simulator:
             out.append(SpeedObservation(ps, w, f * (1 + noise * self.rng.uniform(-1, 1))))
         return out
 
-    def _ideal_time(self, job: TraceJob) -> float:
-        """Alone on the empty cluster with its best allocation: the bound no scheduler beats."""
-        best = self._best_rate(job.model, job.arch)
+    def ideal_time(self, job: TraceJob, pairs: bool = False) -> float:
+        """`job` alone on the empty cluster at its best allocation: the bound no scheduler
+        beats. `pairs`: its best allocation with as many PS as workers (the bound of a policy
+        that grows jobs by worker-PS pairs, Chic-Pair)."""
+        best = self._best_rate(job.model, job.arch, pairs)
         return job.epochs / best if best > 0 else float("inf")
 
-    def _best_rate(self, model: str, arch: str) -> float:
+    def _best_rate(self, model: str, arch: str, pairs: bool = False) -> float:
         cache = self.__dict__.setdefault("_best_rate_cache", {})
-        key = (model, arch)
+        key = (model, arch, pairs)
         if key not in cache:
-            cache[key] = self._search_best_rate(model, arch)
+            cache[key] = self._search_best_rate(model, arch, pairs)
         return cache[key]
 
-    def _search_best_rate(self, model: str, arch: str) -> float:
+    def _search_best_rate(self, model: str, arch: str, pairs: bool = False) -> float:
         """Try configurations from the fastest down; the first that fits the empty cluster wins
         (an all-reduce ring inside one node can beat its inter-node estimate, so we also look
         at the next few)."""
@@ -517,7 +519,8 @@ class Simulator:
         snap = Snapshot(0.0, cfg.interval_s, self.node_names, self.capacity, [])
         ps_range = range(1, cfg.max_ps + 1) if arch == "ps" else [0]
         configs = sorted(((epochs_per_s(self.speed, model, arch, ps, w), ps, w)
-                          for ps in ps_range for w in range(1, cfg.max_workers + 1)), reverse=True)
+                          for ps in ps_range for w in range(1, cfg.max_workers + 1)
+                          if not (pairs and arch == "ps" and ps != w)), reverse=True)
         best, feasible_seen = 0.0, 0
         for _, ps, w in configs:
             job = JobView("ideal", model, arch, 0.0, 1.0, min_ps=ps, min_workers=w,
