@@ -27,6 +27,10 @@ from mlsched.controller.preflight import RECHECK_S
 from mlsched.controller.records import INVALID_SPEC, StsRecord, is_final, parse_time
 
 FINAL = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
+#: Running-condition reasons of a job stuck until someone acts (fixes the template, the
+#: policy, the cluster): each gets a Warning Event when it starts, and the MLSchedJobsNeedAction
+#: alert (manifests/monitoring) watches the jobs that show one.
+NEEDS_ACTION = ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused", "PodsCannotStart")
 
 
 @dataclass
@@ -232,9 +236,7 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
                            f"namespace: the job keeps its tasks and is not re-decided"))
     # Stuck for a reason the user must act on: say so once, when it starts.
     old_running = get_condition(status.get("conditions"), C.RUNNING)
-    if reason in ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused",
-                  "PodsCannotStart") and (
-            old_running is None or old_running.reason != reason):
+    if reason in NEEDS_ACTION and (old_running is None or old_running.reason != reason):
         out.events.append(("Warning", reason, message))
     if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):
         failed = phase == JobPhase.FAILED

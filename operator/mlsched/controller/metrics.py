@@ -114,5 +114,13 @@ class Metrics:
                       "Objects with a status record not yet written", registry=self.registry)
         gauge.set_function(pending)
 
+    def watch_leadership(self, leading: Callable[[], bool]) -> None:
+        """1 on the replica that may write (holds the Lease, or runs without election), 0 on a
+        standby: summed over the replicas it is 1 when all is well (manifests/monitoring
+        alerts on 0 and on more than 1)."""
+        gauge = Gauge("mlsched_leader", "1 when this replica leads (writes), 0 when it stands by",
+                      registry=self.registry)
+        gauge.set_function(lambda: 1.0 if leading() else 0.0)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -483,6 +483,8 @@ class Runtime:
             burst=self.config.record_burst, lookup=self._seen,
             on_failure=self.metrics.api_errors.labels("record").inc)
         self.metrics.watch_pending_records(self.records.pending)
+        # Read at scrape time: a standby's Leadership object is swapped in after creation.
+        self.metrics.watch_leadership(lambda: self.leadership.leading)
         # The retraining dataset's ConfigMaps (dataset.py), also written in the background.
         self.objects = ObjectWriter(concurrency=max(1, self.config.record_concurrency // 2),
                                     on_failure=self.metrics.api_errors.labels("dataset").inc)

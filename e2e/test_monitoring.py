@@ -1,0 +1,163 @@
+"""manifests/monitoring with Prometheus' own tools, on the real control plane.
+
+1. `promtool check rules` and `promtool test rules` on the PrometheusRule's groups: every
+   alert fires on the series it is for, with the labels and texts a receiver gets, and stays
+   silent on healthy ones (manifests/monitoring/tests/rules-test.yaml).
+2. The kustomization applied to the API server with the Prometheus Operator's CRDs installed,
+   strict field validation on: a field the CRDs do not know (a typo in the TLS settings) is an
+   error, not silently pruned, and what was applied reads back as written.
+3. A running operator scraped as the PodMonitor says: HTTPS to its port, the certificate
+   verified against the CA in the Secret the PodMonitor names, under the PodMonitor's
+   serverName; the exposition passes `promtool check metrics`, and holds every metric the
+   rules and the dashboard query.
+
+promtool and the CRDs come from the Go module proxy (build_prometheus_tools.sh, about 4 minutes
+cold, cached after). A failed build fails these tests with what to run; nothing is skipped.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import socket
+import ssl
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from kubernetes import client
+
+from build_scripts import BuildScriptError, run_build_script
+from controlplane import ControlPlane
+from test_operator_security import shipped_operator_args
+
+REPO = Path(__file__).resolve().parent.parent
+MONITORING = REPO / "manifests" / "monitoring"
+BUILD_SCRIPT = Path(__file__).resolve().parent / "build_prometheus_tools.sh"
+CRDS = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml")
+
+
+@pytest.fixture(scope="module")
+def tools(request: pytest.FixtureRequest) -> Path:
+    """The directory with promtool and the CRDs (a cold build shows its progress)."""
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        try:
+            return run_build_script(BUILD_SCRIPT, "promtool and the Prometheus Operator CRDs")
+        except BuildScriptError as err:
+            failure = str(err)
+    pytest.fail(failure)
+
+
+def promtool(tools: Path, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([str(tools / "promtool"), *args], cwd=cwd, input=stdin,
+                          capture_output=True, text=True, timeout=120)
+
+
+def rendered(cluster: ControlPlane) -> list[dict]:
+    return [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(MONITORING)).stdout) if d]
+
+
+def test_the_alerts_fire_on_what_they_are_for_and_only_then(tools, tmp_path):
+    (rule,) = yaml.safe_load_all((MONITORING / "prometheusrule.yaml").read_text())
+    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rule["spec"], sort_keys=False))
+    (tmp_path / "rules-test.yaml").write_text((MONITORING / "tests" / "rules-test.yaml").read_text())
+    checked = promtool(tools, "check", "rules", "rules.yaml", cwd=tmp_path)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    alerts = len([r for g in rule["spec"]["groups"] for r in g["rules"]])
+    assert f"SUCCESS: {alerts} rules found" in checked.stdout
+    tested = promtool(tools, "test", "rules", "rules-test.yaml", cwd=tmp_path)
+    assert tested.returncode == 0, tested.stdout + tested.stderr
+    # Every alert is exercised, firing at least once.
+    cases = yaml.safe_load((tmp_path / "rules-test.yaml").read_text())["tests"]
+    fired = {t["alertname"] for case in cases for t in case["alert_rule_test"] if t["exp_alerts"]}
+    assert fired == {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
+
+
+@pytest.fixture(scope="module")
+def monitoring_crds(control_plane: ControlPlane, tools: Path):
+    for crd in CRDS:
+        control_plane.kubectl("apply", "--server-side", "-f", str(tools / crd))
+    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
+                          "crd/podmonitors.monitoring.coreos.com",
+                          "crd/prometheusrules.monitoring.coreos.com")
+    yield
+    for crd in CRDS:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(tools / crd))
+
+
+def test_the_monitoring_objects_are_accepted_as_written(control_plane, api, monitoring_crds,
+                                                       operator_identity, tmp_path):
+    # (operator_identity: the mlsched-system namespace the operator's objects live in.)
+    objects = rendered(control_plane)
+    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
+    path = tmp_path / "monitoring.yaml"
+    path.write_text(yaml.safe_dump_all(objects))
+    try:
+        control_plane.kubectl("apply", "--server-side", "--validate=strict", "-f", str(path))
+        custom = client.CustomObjectsApi(api)
+        for obj in objects:
+            if obj["kind"] == "ConfigMap":
+                stored = client.CoreV1Api(api).read_namespaced_config_map(
+                    obj["metadata"]["name"], "mlsched-system")
+                assert stored.metadata.labels["grafana_dashboard"] == "1"
+                json.loads(stored.data["mlsched.json"])  # the dashboard, intact
+                continue
+            plural = obj["kind"].lower() + "s"
+            stored = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", "mlsched-system",
+                                                         plural, obj["metadata"]["name"])
+            assert stored["spec"] == obj["spec"], f"{obj['kind']} was not stored as written"
+
+        # A typo in the TLS settings is refused, naming the field.
+        (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
+        monitor["spec"]["podMetricsEndpoints"][0]["tlsConfig"]["servername"] = "typo"
+        path.write_text(yaml.safe_dump(monitor))
+        refused = control_plane.kubectl("apply", "--server-side", "--validate=strict", "--dry-run=server",
+                                        "-f", str(path), check=False)
+        assert refused.returncode != 0 and "servername" in refused.stderr, refused.stdout + refused.stderr
+    finally:
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(tmp_path / "monitoring.yaml"))
+
+
+def scrape(port: int, server_name: str, ca_pem: str) -> str:
+    """GET /metrics as Prometheus does for the PodMonitor: to the pod's address (here the
+    operator process's), the certificate checked against `ca_pem` under `server_name`."""
+    context = ssl.create_default_context(cadata=ca_pem)
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+            context.wrap_socket(raw, server_hostname=server_name) as tls:
+        tls.sendall(f"GET /metrics HTTP/1.0\r\nHost: {server_name}\r\n\r\n".encode())
+        answer = b""
+        while chunk := tls.recv(65536):
+            answer += chunk
+    head, _, body = answer.decode().partition("\r\n\r\n")
+    assert head.split()[1] == "200", head
+    return body
+
+
+def test_the_pod_monitor_scrapes_a_running_operator(api, mlsched, start_operator, tools, tmp_path):
+    (monitor,) = yaml.safe_load_all((MONITORING / "podmonitor.yaml").read_text())
+    (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+    shipped = shipped_operator_args()
+    # The Deployment's TLS Secret and URL: the certificate is made for the URL's host.
+    operator = start_operator(tls_secret=shipped.tls_secret,
+                              extra_args=["--progress-url", shipped.progress_url])
+    ca_ref = endpoint["tlsConfig"]["ca"]["secret"]
+    secret = client.CoreV1Api(api).read_namespaced_secret(ca_ref["name"], "mlsched-system")
+    ca_pem = base64.b64decode(secret.data[ca_ref["key"]]).decode()
+
+    body = scrape(operator.port, endpoint["tlsConfig"]["serverName"], ca_pem)
+    linted = promtool(tools, "check", "metrics", cwd=tmp_path, stdin=body)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    assert re.search(r"^mlsched_leader 1\.0$", body, re.M), "this replica leads and says so"
+    # Every metric the rules and the dashboard query is exposed by the running operator (a
+    # labelled one before its first use as its HELP line).
+    (rule,) = yaml.safe_load_all((MONITORING / "prometheusrule.yaml").read_text())
+    queries = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    queries += [t["expr"] for p in json.loads((MONITORING / "dashboards" / "mlsched.json").read_text())["panels"]
+                for t in p.get("targets", ())]
+    families = set(re.findall(r"^# HELP (mlsched_[a-z_]+)", body, re.M))
+    for name in {n for q in queries for n in re.findall(r"\bmlsched_[a-z_]+", q)}:
+        assert name in families or re.sub(r"_(bucket|count|sum)$", "", name) in families, \
+            f"{name} is queried but the running operator does not expose it"
