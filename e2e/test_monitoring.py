@@ -10,6 +10,9 @@
    verified against the CA in the Secret the PodMonitor names, under the PodMonitor's
    serverName; the exposition passes `promtool check metrics`, and holds every metric the
    rules and the dashboard query.
+4. What the alerts read: a policy scheduling with its fallback says so in
+   `mlsched_policy_fallback`, and a deleted policy's gauges leave /metrics (a dashboard never
+   shows its last values as if it still ran).
 
 promtool and the CRDs come from the Go module proxy (build_prometheus_tools.sh, about 4 minutes
 cold, cached after). A failed build fails these tests with what to run; nothing is skipped.
@@ -31,7 +34,10 @@ from kubernetes import client
 
 from build_scripts import BuildScriptError, run_build_script
 from controlplane import ControlPlane
+from dl2_model import configmap_ref
+from mlsched_objects import for_kwok, mljob, scheduling_policy
 from test_operator_security import shipped_operator_args
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 MONITORING = REPO / "manifests" / "monitoring"
@@ -161,3 +167,29 @@ def test_the_pod_monitor_scrapes_a_running_operator(api, mlsched, start_operator
     for name in {n for q in queries for n in re.findall(r"\bmlsched_[a-z_]+", q)}:
         assert name in families or re.sub(r"_(bucket|count|sum)$", "", name) in families, \
             f"{name} is queried but the running operator does not expose it"
+
+
+def gauge(text: str, name: str, namespace: str, policy: str) -> float | None:
+    found = re.search(rf'^{name}{{namespace="{namespace}",policy="{policy}"}} (\S+)$', text, re.M)
+    return float(found.group(1)) if found else None
+
+
+def test_a_policy_on_its_fallback_shows_and_a_deleted_policys_gauges_go(mlsched, operator):
+    ns = mlsched.namespace
+    mlsched.create(scheduling_policy("learned", allocation="dl2", fallback="drf",
+                                     models={"allocation": {"dl2": configmap_ref("no-such-model")}}))
+    mlsched.create(scheduling_policy("plain"))
+    mlsched.create(for_kwok(mljob("a", ps=None, workers=(1, 1), epochs=1e9, policy="plain")))
+
+    def shown() -> dict[str, float | None]:
+        text = operator.metrics()
+        return {"learned fallback": gauge(text, "mlsched_policy_fallback", ns, "learned"),
+                "plain fallback": gauge(text, "mlsched_policy_fallback", ns, "plain"),
+                "plain reward": gauge(text, "mlsched_reward", ns, "plain")}
+
+    wait_for(lambda: (g := shown())["learned fallback"] == 1.0 and g["plain fallback"] == 0.0
+             and g["plain reward"] is not None, 90,
+             "the fallback gauges and a closed interval's reward", describe=shown)
+    mlsched.delete_all()
+    wait_for(lambda: set(shown().values()) == {None}, 60,
+             "the deleted policies' gauges to leave /metrics", describe=shown)

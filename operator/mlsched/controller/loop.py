@@ -320,6 +320,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     if resolved.load_failed:
         rt.metrics.model_load_failures.labels(ref.namespace, ref.name,
                                               resolved.model_loaded.reason).inc()
+    rt.metrics.fallback.labels(ref.namespace, ref.name).set(
+        1.0 if resolved.ready.reason == "FallbackActive" else 0.0)
 
     jobs = idx.jobs_of_policy(ref.namespace, ref.name)
     # One reading of progress closes the old interval and opens the new one: a report landing
@@ -731,7 +733,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)
         rt.policy_nodes.pop(key, None)
-        rt.metrics.set_pools(key[0], key[1], {})
+        rt.metrics.forget_policy(key[0], key[1])
 
 
 async def _quiet(rt: Runtime, key, sleep, clock: Callable[[], float] = time.monotonic,

@@ -51,6 +51,11 @@ class Metrics:
             ["namespace", "policy", "kind"], registry=r)  # kind: scale | place | evict
         self.reward = Gauge("mlsched_reward", "Reward of the latest closed interval",
                             ["namespace", "policy"], registry=r)
+        # Set every round: 1 while the policy's Ready condition says FallbackActive (a model
+        # or algorithm it names is unusable, so its fallback schedules), else 0.
+        self.fallback = Gauge("mlsched_policy_fallback",
+                              "1 while the policy schedules with its fallback, else 0",
+                              ["namespace", "policy"], registry=r)
         self.model_load_failures = Counter(
             "mlsched_model_load_failures_total", "Failed attempts to load a learned model",
             ["namespace", "policy", "reason"], registry=r)
@@ -102,6 +107,17 @@ class Metrics:
         for labels in self._pool_series.get((namespace, policy), set()) - now:
             self.pool_utilisation.remove(*labels)
         self._pool_series[(namespace, policy)] = now
+
+    def forget_policy(self, namespace: str, policy: str) -> None:
+        """A policy's loop has ended (deleted, or no longer served here): its gauges go, so
+        that a dashboard never shows a deleted policy's last values as if it still ran.
+        (Its counters and round histogram stay, as counters of a finished process do.)"""
+        for gauge in (self.reward, self.fallback):
+            try:
+                gauge.remove(namespace, policy)
+            except KeyError:  # never set (no closed interval yet)
+                pass
+        self.set_pools(namespace, policy, {})
 
     def watch_job_phases(self, count: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         """`count`: MLJobs per (phase, reason); "Unknown" and "" where the status has none."""
