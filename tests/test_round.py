@@ -300,6 +300,22 @@ def test_a_curves_speed_grid_is_its_epochs_per_s_at_every_count():
             assert grid == pytest.approx(np.array(expected), rel=1e-12, abs=0)
 
 
+def test_curves_on_short_lived_tables_never_get_another_tables_cached_answers():
+    """The per-shape caches (best speed, grid, signature) key a table by its identity: a curve
+    on a table made, used and dropped, then another on a new table (which CPython may put at
+    the freed address), must each get their own answers (they got the first's, 146 of 200)."""
+    from mlsched.workloads.speed_curve import SpeedCurve
+
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        table = rng.uniform(0.1, 2.0, (9, 9))
+        curve = SpeedCurve((1.0,) * 6, 32.0, 100.0, True, 1.0, table)
+        assert curve.best_epochs_per_s(8, 8) == curve._best_epochs_per_s(8, 8)
+        assert np.array_equal(curve.grid(8, 8), curve._grid(8, 8))
+        assert curve.signature() == curve._signature()
+        del curve, table
+
+
 def test_a_task_kept_in_a_pod_of_another_class_books_that_pods_charge():
     """JobView.kept_charges: the task of ordinal i, kept in an existing pod, books that pod's
     charge; later ordinals the role's; releasing a task gives back what booking it took."""

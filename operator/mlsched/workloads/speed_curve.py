@@ -102,12 +102,12 @@ class SpeedCurve:
         Searched once per shape and caps (a round asks for every job), then scaled."""
         if self.scale <= 0:
             return self._best_epochs_per_s(max_ps, max_workers)
-        return self.scale * _per_shape((self._shape_key(), max_ps, max_workers),
+        return self.scale * _per_shape((self._shape_key(), max_ps, max_workers), self.table,
                                        lambda: self._unscaled()._best_epochs_per_s(max_ps, max_workers))
 
     def _shape_key(self) -> tuple:
-        """What the curve's shape depends on (everything but `scale`); a table is long-lived
-        (catalog_curve caches it), so its identity stands for its contents."""
+        """What the curve's shape depends on (everything but `scale`); a table stands in by
+        its identity (_per_shape keeps it alive and checks it, so the id is never another's)."""
         return (self.theta, self.global_batch, self.steps_per_epoch, self.uses_ps,
                 id(self.table) if self.table is not None else None)
 
@@ -128,7 +128,7 @@ class SpeedCurve:
         role the curve needs is missing; an all-reduce curve has one row, ps = 0), as
         `epochs_per_s` answers. Read-only: computed once per shape and counts, then scaled."""
         max_p = max_ps if self.uses_ps else 0
-        unscaled = _per_shape(("grid", self._shape_key(), max_p, max_workers),
+        unscaled = _per_shape(("grid", self._shape_key(), max_p, max_workers), self.table,
                               lambda: self._unscaled()._grid(max_p, max_workers))
         if self.scale == 1.0:
             return unscaled
@@ -166,7 +166,8 @@ class SpeedCurve:
         `scale`: computed once per shape, on the unscaled curve."""
         if self.scale <= 0:
             return self._signature()
-        return _per_shape(("signature", self._shape_key()), lambda: self._unscaled()._signature())
+        return _per_shape(("signature", self._shape_key()), self.table,
+                          lambda: self._unscaled()._signature())
 
     def _unscaled(self) -> "SpeedCurve":
         return self if self.scale == 1.0 else replace(self, scale=1.0)
@@ -183,17 +184,21 @@ class SpeedCurve:
 _ROWS: dict[int, tuple[np.ndarray, list[list[float]]]] = {}
 # Per-shape answers (signature, best speed within caps): a round asks for each of thousands of
 # jobs, which share a handful of shapes. Bounded: shapes fitted online could be many.
-_SHAPE_CACHE: dict[tuple, object] = {}
+_SHAPE_CACHE: dict[tuple, tuple[np.ndarray | None, object]] = {}
 _SHAPE_CACHE_MAX = 4096
 
 
-def _per_shape(key: tuple, compute):
-    """The cached answer for `key`, computed on first use."""
-    if key not in _SHAPE_CACHE:
+def _per_shape(key: tuple, table: np.ndarray | None, compute):
+    """The cached answer for `key` (which holds id(table)), computed on first use. The entry
+    keeps its table alive, so no later table can take that id while it exists, and the
+    identity is checked all the same: keyed by a bare id, a curve built on a short-lived
+    table (a calibrated or test one) got the answers of an earlier, freed table."""
+    found = _SHAPE_CACHE.get(key)
+    if found is None or found[0] is not table:
         if len(_SHAPE_CACHE) >= _SHAPE_CACHE_MAX:
             _SHAPE_CACHE.clear()
-        _SHAPE_CACHE[key] = compute()
-    return _SHAPE_CACHE[key]
+        found = _SHAPE_CACHE[key] = (table, compute())
+    return found[1]
 
 
 def _table_rows(table: np.ndarray) -> list[list[float]]:
