@@ -46,10 +46,7 @@ LOG_TAG=build_argocd
 . "$(dirname "${BASH_SOURCE[0]}")/build_common.sh"
 find_go
 
-mkdir -p "$CACHE_ROOT"
-# Two sessions starting at once must not build into the same dirs.
-exec 9>"$CACHE_ROOT/build-argocd.lock"
-if command -v flock >/dev/null; then flock 9; fi
+lock_cache build-argocd.lock
 if built; then # someone else finished the build while we waited
   echo "$BIN"
   exit 0
@@ -83,7 +80,7 @@ log "downloading $MODULE@$ARGOCD_VERSION from the module proxy (log: $LOG)"
 run "$GO" mod download "$MODULE@$ARGOCD_VERSION"
 # The module's go.mod has replace directives, which 'go install module@version' refuses; they
 # only apply to a main module. So build inside (a writable copy of) the module's own source.
-dir="$("$GO" mod download -json "$MODULE@$ARGOCD_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+dir="$(module_field "$MODULE@$ARGOCD_VERSION" Dir)"
 [[ -d "$dir" ]] || die "no source directory for $MODULE@$ARGOCD_VERSION"
 rm -rf "$SRC"
 cp -r "$dir" "$SRC"
@@ -91,7 +88,7 @@ chmod -R u+w "$SRC"
 cd "$SRC"
 
 # The proxy's .info carries the tag's time: a reproducible build date.
-info="$("$GO" mod download -json "$MODULE@$ARGOCD_VERSION" | sed -n 's/^\t"Info": "\(.*\)",\{0,1\}$/\1/p')"
+info="$(module_field "$MODULE@$ARGOCD_VERSION" Info)"
 build_date="$(sed -n 's/.*"Time":"\([^"]*\)".*/\1/p' "$info")"
 pkg="$MODULE/common"
 ldflags="-s -w -X $pkg.version=${ARGOCD_VERSION#v} -X $pkg.buildDate=${build_date:-1970-01-01T00:00:00Z}"

@@ -31,3 +31,17 @@ go_env() {
   export GOWORK=off GO111MODULE=on
   export CGO_ENABLED=0
 }
+
+# lock_cache NAME: wait for (then hold, until the script exits) the lock file NAME in the
+# cache dir, so that two sessions starting at once never build into the same dirs. The caller
+# checks again afterwards whether the other one finished the build meanwhile.
+lock_cache() {
+  mkdir -p "$CACHE_ROOT"
+  exec 9>"$CACHE_ROOT/$1"
+  if command -v flock >/dev/null; then flock 9; fi
+}
+
+# module_field MODULE@VERSION FIELD: one field of 'go mod download -json' (Dir, GoMod, Info, ...).
+module_field() {
+  "$GO" mod download -json "$1" | sed -n "s/^\t\"$2\": \"\(.*\)\",\{0,1\}$/\1/p"
+}

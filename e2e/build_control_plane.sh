@@ -52,10 +52,7 @@ if [[ "${GOTOOLCHAIN:-local}" == local && ( -z "$GO_MINOR" || "$GO_MINOR" -lt 26
   newer Go, or run with GOTOOLCHAIN=auto to let Go fetch one from the module proxy."
 fi
 
-mkdir -p "$CACHE_ROOT"
-# Two test sessions starting at once must not build into the same dirs.
-exec 9>"$CACHE_ROOT/build.lock"
-if command -v flock >/dev/null; then flock 9; fi
+lock_cache build.lock
 if all_built; then # someone else finished the build while we waited
   echo "$BIN_DIR"
   exit 0
@@ -104,11 +101,6 @@ begin() {
 run() {
   echo "+ $*" >>"$CURRENT_LOG"
   "$@" >>"$CURRENT_LOG" 2>&1
-}
-
-# Prints one field of 'go mod download -json' for module@version.
-module_field() {
-  "$GO" mod download -json "$1" | sed -n "s/^\t\"$2\": \"\(.*\)\",\{0,1\}$/\1/p"
 }
 
 START=$SECONDS

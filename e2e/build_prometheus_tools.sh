@@ -40,9 +40,7 @@ LOG_TAG=build_prometheus_tools
 . "$(dirname "${BASH_SOURCE[0]}")/build_common.sh"
 find_go
 
-mkdir -p "$CACHE_ROOT"
-exec 9>"$CACHE_ROOT/build-prometheus-tools.lock"
-if command -v flock >/dev/null; then flock 9; fi
+lock_cache build-prometheus-tools.lock
 if built; then
   echo "$OUT"
   exit 0
@@ -83,7 +81,7 @@ GOBIN="$PARTIAL" run "$GO" install -p 2 -trimpath -ldflags "-s -w" \
 
 log "fetching the CRDs of $OPERATOR_MODULE@$OPERATOR_VERSION (the module's source, not built)"
 run "$GO" mod download "$OPERATOR_MODULE@$OPERATOR_VERSION"
-dir="$("$GO" mod download -json "$OPERATOR_MODULE@$OPERATOR_VERSION" | sed -n 's/^\t"Dir": "\(.*\)",\{0,1\}$/\1/p')"
+dir="$(module_field "$OPERATOR_MODULE@$OPERATOR_VERSION" Dir)"
 [[ -d "$dir" ]] || die "no source directory for $OPERATOR_MODULE@$OPERATOR_VERSION"
 for crd in "${CRDS[@]}"; do cp "$dir/example/prometheus-operator-crd/$crd" "$PARTIAL/"; done
 

@@ -119,12 +119,13 @@ def test_the_monitoring_objects_are_accepted_as_written(control_plane, api, moni
         # A typo in the TLS settings is refused, naming the field.
         (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
         monitor["spec"]["podMetricsEndpoints"][0]["tlsConfig"]["servername"] = "typo"
-        path.write_text(yaml.safe_dump(monitor))
+        typo = tmp_path / "typo.yaml"
+        typo.write_text(yaml.safe_dump(monitor))
         refused = control_plane.kubectl("apply", "--server-side", "--validate=strict", "--dry-run=server",
-                                        "-f", str(path), check=False)
+                                        "-f", str(typo), check=False)
         assert refused.returncode != 0 and "servername" in refused.stderr, refused.stdout + refused.stderr
     finally:
-        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(tmp_path / "monitoring.yaml"))
+        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path))
 
 
 def scrape(port: int, server_name: str, ca_pem: str) -> str:
