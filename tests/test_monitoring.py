@@ -134,7 +134,15 @@ def test_the_dashboard_is_one_grafana_can_import():
     board = dashboard()
     ids = [p["id"] for p in board["panels"]]
     assert len(ids) == len(set(ids))
-    assert [v["name"] for v in board["templating"]["list"]] == ["datasource"]
+    variables = {v["name"]: v for v in board["templating"]["list"]}
+    assert list(variables) == ["datasource", "namespace", "policy"]
+    names = exported()
+    for name in ("namespace", "policy"):  # label_values(<metric>{...}, <label>)
+        metric, label = re.fullmatch(r"label_values\((\w+)(?:\{[^}]*\})?, (\w+)\)",
+                                     variables[name]["query"]["query"]).groups()
+        assert label == name and name in names[metric]
+    used = {v for e in dashboard_exprs() for v in re.findall(r"\$(\w+)", e)} - {"__rate_interval"}
+    assert used <= set(variables), f"panels use undefined variables {used - set(variables)}"
     cells = set()
     for panel in board["panels"]:
         g = panel["gridPos"]
