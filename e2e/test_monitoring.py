@@ -11,7 +11,7 @@
    serverName; the exposition passes `promtool check metrics`, and holds every metric the
    rules and the dashboard query.
 4. What the alerts read: a policy scheduling with its fallback says so in
-   `mlsched_policy_fallback`, and a deleted policy's gauges leave /metrics (a dashboard never
+   `mlsched_policy_fallback`, and a deleted policy's series leave /metrics (a dashboard never
    shows its last values as if it still ran).
 
 promtool and the CRDs come from the Go module proxy (build_prometheus_tools.sh, about 4 minutes
@@ -175,7 +175,7 @@ def gauge(text: str, name: str, namespace: str, policy: str) -> float | None:
     return float(found.group(1)) if found else None
 
 
-def test_a_policy_on_its_fallback_shows_and_a_deleted_policys_gauges_go(mlsched, operator):
+def test_a_policy_on_its_fallback_shows_and_a_deleted_policys_series_go(mlsched, operator):
     ns = mlsched.namespace
     mlsched.create(scheduling_policy("learned", allocation="dl2", fallback="drf",
                                      models={"allocation": {"dl2": configmap_ref("no-such-model")}}))
@@ -186,11 +186,12 @@ def test_a_policy_on_its_fallback_shows_and_a_deleted_policys_gauges_go(mlsched,
         text = operator.metrics()
         return {"learned fallback": gauge(text, "mlsched_policy_fallback", ns, "learned"),
                 "plain fallback": gauge(text, "mlsched_policy_fallback", ns, "plain"),
-                "plain reward": gauge(text, "mlsched_reward", ns, "plain")}
+                "plain reward": gauge(text, "mlsched_reward", ns, "plain"),
+                "plain rounds": gauge(text, "mlsched_round_duration_seconds_count", ns, "plain")}
 
     wait_for(lambda: (g := shown())["learned fallback"] == 1.0 and g["plain fallback"] == 0.0
-             and g["plain reward"] is not None, 90,
-             "the fallback gauges and a closed interval's reward", describe=shown)
+             and g["plain reward"] is not None and g["plain rounds"], 90,
+             "the fallback gauges, a closed interval's reward and counted rounds", describe=shown)
     mlsched.delete_all()
     wait_for(lambda: set(shown().values()) == {None}, 60,
-             "the deleted policies' gauges to leave /metrics", describe=shown)
+             "the deleted policies' series to leave /metrics", describe=shown)

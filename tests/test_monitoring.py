@@ -21,6 +21,11 @@ MONITORING = REPO / "manifests" / "monitoring"
 #: Labels Prometheus adds to every scraped series (a PodMonitor's target labels), and `le`.
 TARGET_LABELS = {"job", "instance", "namespace", "pod", "container", "endpoint", "le"}
 SELECTOR = re.compile(r"\b(mlsched_[a-z_]+)\s*(\{[^}]*\})?")
+#: What the retraining alerts read of the retraining Jobs: kube-state-metrics' series (it ships
+#: with kube-prometheus-stack), with the labels they are queried by.
+KUBE_STATE_METRICS = {"kube_job_failed": {"namespace", "job_name", "condition"},
+                      "kube_cronjob_status_last_successful_time": {"namespace", "cronjob"}}
+KUBE_SELECTOR = re.compile(r"\b(kube_[a-z_]+)\s*(\{[^}]*\})?")
 MATCHER = re.compile(r"([a-zA-Z_][a-zA-Z0-9_]*)\s*(?:=~|!~|!=|=)")
 GROUPING = re.compile(r"\b(?:by|without|on|ignoring)\s*\(([^)]*)\)")
 
@@ -71,9 +76,9 @@ def all_exprs() -> list[tuple[str, str]]:
 
 @pytest.mark.parametrize("where, expr", all_exprs())
 def test_every_queried_metric_and_label_is_one_the_operator_exports(where, expr):
-    names = exported()
-    used = SELECTOR.findall(expr)
-    assert used, f"{where}: no mlsched metric in {expr!r}"
+    names = exported() | KUBE_STATE_METRICS
+    used = SELECTOR.findall(expr) + KUBE_SELECTOR.findall(expr)
+    assert used, f"{where}: no mlsched (or known kube-state-metrics) metric in {expr!r}"
     available = set(TARGET_LABELS)
     for name, matchers in used:
         assert name in names, f"{where}: {name} is not exported (has: {sorted(names)})"
@@ -170,3 +175,18 @@ def test_the_leader_gauge_says_which_replica_writes():
     assert leader_gauge(rt) == "0.0"
     rt.leadership.become_leader()
     assert leader_gauge(rt) == "1.0"
+
+
+def test_a_forgotten_policy_leaves_no_series_and_its_neighbour_keeps_its_own():
+    metrics = Metrics()
+    for policy in ("gone", "kept"):
+        metrics.round_duration.labels("team-a", policy).observe(0.2)
+        metrics.decisions.labels("team-a", policy, "scale").inc()
+        metrics.reward.labels("team-a", policy).set(0.5)
+        metrics.fallback.labels("team-a", policy).set(1)
+        metrics.step_failures.labels("team-a", policy, "round").inc()
+        metrics.set_pools("team-a", policy, {"g0": {"predicted_compute": 0.8}})
+    metrics.forget_policy("team-a", "gone")
+    text = metrics.render().decode()
+    assert 'policy="gone"' not in text
+    assert text.count('policy="kept"') >= 6

@@ -109,15 +109,16 @@ class Metrics:
         self._pool_series[(namespace, policy)] = now
 
     def forget_policy(self, namespace: str, policy: str) -> None:
-        """A policy's loop has ended (deleted, or no longer served here): its gauges go, so
-        that a dashboard never shows a deleted policy's last values as if it still ran.
-        (Its counters and round histogram stay, as counters of a finished process do.)"""
-        for gauge in (self.reward, self.fallback):
-            try:
-                gauge.remove(namespace, policy)
-            except KeyError:  # never set (no closed interval yet)
-                pass
-        self.set_pools(namespace, policy, {})
+        """A policy's loop has ended (deleted, or no longer served here): every series of it
+        goes, so that a dashboard never shows a deleted policy's last values as if it still
+        ran, and an operator that outlives many policies (a namespace per CI run) does not
+        keep the series of all of them."""
+        labels = {"namespace": namespace, "policy": policy}
+        for metric in (self.round_duration, self.decisions, self.reward, self.fallback,
+                       self.model_load_failures, self.displaced_tasks, self.step_failures,
+                       self.pool_utilisation):
+            metric.remove_by_labels(labels)
+        self._pool_series.pop((namespace, policy), None)
 
     def watch_job_phases(self, count: Callable[[], Mapping[tuple[str, str], int]]) -> None:
         """`count`: MLJobs per (phase, reason); "Unknown" and "" where the status has none."""
