@@ -194,8 +194,8 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     assert [e.reason for e in mlsched.events("second", "MLJob")].count("WaitingForQuota") == 1
     assert "ChildrenNotCreated" not in [e.reason for e in mlsched.events("holder", "MLJob")]
     # What an alert on stuck jobs watches.
-    waiting = re.search(r'^mlsched_jobs_by_reason\{phase="Pending",reason="WaitingForQuota"\} (\S+)$',
-                        operator.metrics(), re.M)
+    waiting = re.search(rf'^mlsched_jobs_by_reason\{{namespace="{mlsched.namespace}",phase="Pending",'
+                        r'reason="WaitingForQuota"\} (\S+)$', operator.metrics(), re.M)
     assert waiting and float(waiting.group(1)) >= 1, waiting
 
     # The first job deleted: its Service goes, the quota recounts, the second one starts.

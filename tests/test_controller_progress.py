@@ -109,9 +109,9 @@ def test_progress_is_monotonic_and_speed_is_measured():
 
 def test_metrics_and_health_endpoints():
     rt, _ = world()
-    rt.metrics.watch_job_phases(lambda: {("Running", "AllRolesReady"): 2,
-                                         ("Pending", "WaitingForQuota"): 1,
-                                         ("Pending", "CannotFit"): 1})
+    rt.metrics.watch_job_phases(lambda: {("team-a", "Running", "AllRolesReady"): 2,
+                                         ("team-a", "Pending", "WaitingForQuota"): 1,
+                                         ("team-b", "Pending", "CannotFit"): 1})
 
     async def scrape():
         async with TestClient(TestServer(progress_server.make_app(rt))) as http:
@@ -126,8 +126,9 @@ def test_metrics_and_health_endpoints():
         assert f"# TYPE {name.removesuffix('_total')}" in metrics
     assert 'mlsched_jobs{phase="Running"} 2.0' in metrics
     assert 'mlsched_jobs{phase="Pending"} 2.0' in metrics and 'mlsched_jobs{phase="Failed"} 0.0' in metrics
-    assert 'mlsched_jobs_by_reason{phase="Pending",reason="WaitingForQuota"} 1.0' in metrics
-    assert 'mlsched_jobs_by_reason{phase="Running",reason="AllRolesReady"} 2.0' in metrics
+    assert 'mlsched_jobs_by_reason{namespace="team-a",phase="Pending",reason="WaitingForQuota"} 1.0' in metrics
+    assert 'mlsched_jobs_by_reason{namespace="team-a",phase="Running",reason="AllRolesReady"} 2.0' in metrics
+    assert 'mlsched_jobs_by_reason{namespace="team-b",phase="Pending",reason="CannotFit"} 1.0' in metrics
     assert "mlsched_status_records_pending 0.0" in metrics
 
 

@@ -34,7 +34,7 @@ def exported() -> dict[str, set[str]]:
     """Every series name the operator exposes (as Prometheus sees them: counters with _total,
     histograms as _bucket/_count/_sum) → its label names."""
     metrics = Metrics()
-    metrics.watch_job_phases(lambda: {("Pending", "CannotFit"): 1})
+    metrics.watch_job_phases(lambda: {("team-a", "Pending", "CannotFit"): 1})
     metrics.watch_pending_records(lambda: 0)
     metrics.watch_leadership(lambda: True)
     LoopHealth(metrics.registry)

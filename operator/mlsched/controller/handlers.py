@@ -195,7 +195,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
                      lambda: kubernetes.watch.Watch(return_type="ResourceV1ResourceClaim"))
         memo["other_claims"] = claims
     rt.metrics.watch_job_phases(
-        lambda: Counter((j.phase or "Unknown", j.reason or "") for j in flatten(rt.indexes.mljobs)))
+        lambda: Counter((j.namespace, j.phase or "Unknown", j.reason or "")
+                        for j in flatten(rt.indexes.mljobs)))
     rt.policy_loops = policy_loops(rt)
     if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
         rt.leadership = Leadership(leading=False)

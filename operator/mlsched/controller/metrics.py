@@ -17,21 +17,22 @@ ROUND_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.2, 0.5, 1.0, 2.5, 5.0, 10.0, 3
 
 class _JobsByPhase:
     """Counted at scrape time from the MLJob index, so the gauges can never drift: by phase
-    (every phase, zeros included), and by phase and reason (the Running condition's, as
-    `kubectl get mljobs` shows it; the pairs present only), which says why jobs wait or are
-    stuck (`WaitingForQuota`, `CannotFit`, `PodsCannotStart`, ...): what an alert watches."""
+    (every phase, zeros included), and by namespace, phase and reason (the Running
+    condition's, as `kubectl get mljobs` shows it; the triples present only), which says why
+    jobs wait or are stuck (`WaitingForQuota`, `CannotFit`, `PodsCannotStart`, ...) and where:
+    what an alert watches, and what it tells the namespace's owner."""
 
-    def __init__(self, count: Callable[[], Mapping[tuple[str, str], int]]):
+    def __init__(self, count: Callable[[], Mapping[tuple[str, str, str], int]]):
         self.count = count
 
     def collect(self):
         counts = self.count()
         by_phase: dict[str, int] = {}
-        by_reason = GaugeMetricFamily("mlsched_jobs_by_reason", "MLJobs by phase and reason",
-                                      labels=["phase", "reason"])
-        for (phase, reason), n in sorted(counts.items()):
+        by_reason = GaugeMetricFamily("mlsched_jobs_by_reason", "MLJobs by namespace, phase and reason",
+                                      labels=["namespace", "phase", "reason"])
+        for (namespace, phase, reason), n in sorted(counts.items()):
             by_phase[phase] = by_phase.get(phase, 0) + n
-            by_reason.add_metric([phase, reason], n)
+            by_reason.add_metric([namespace, phase, reason], n)
         family = GaugeMetricFamily("mlsched_jobs", "MLJobs by phase", labels=["phase"])
         for phase in [p.value for p in JobPhase] + ["Unknown"]:
             family.add_metric([phase], by_phase.get(phase, 0))
@@ -120,8 +121,9 @@ class Metrics:
             metric.remove_by_labels(labels)
         self._pool_series.pop((namespace, policy), None)
 
-    def watch_job_phases(self, count: Callable[[], Mapping[tuple[str, str], int]]) -> None:
-        """`count`: MLJobs per (phase, reason); "Unknown" and "" where the status has none."""
+    def watch_job_phases(self, count: Callable[[], Mapping[tuple[str, str, str], int]]) -> None:
+        """`count`: MLJobs per (namespace, phase, reason); "Unknown" and "" where the status
+        has none."""
         self.registry.register(_JobsByPhase(count))
 
     def watch_pending_records(self, pending: Callable[[], int]) -> None:
