@@ -84,6 +84,7 @@ def strict(schema: dict) -> dict:
 
 
 @pytest.mark.parametrize("name,crd", [("application.yaml", "application-crd.yaml"),
+                                      ("application-monitoring.yaml", "application-crd.yaml"),
                                       ("appproject.yaml", "appproject-crd.yaml")])
 def test_application_and_project_are_valid_for_argo_cd(argocd, name, crd):
     """Against Argo CD's own CRDs of the version built (copied beside the binary)."""

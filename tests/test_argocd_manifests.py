@@ -1,6 +1,6 @@
 """manifests/argocd/ holds together: the argocd-cm form is exactly the health.lua files, the
 health tests' objects are valid MLJobs and SchedulingPolicies that show every phase and every
-reason the operator writes, and the Application and AppProject agree with the prod overlay.
+reason the operator writes, and the Applications and AppProject agree with what they sync.
 Argo CD itself runs the health checks on those objects in e2e/test_argocd_health.py."""
 
 from __future__ import annotations
@@ -80,19 +80,26 @@ def test_policy_cases_show_every_condition_reason_the_operator_writes():
     assert loaded == {"True", "False"}
 
 
-def test_application_and_project_agree_with_the_prod_overlay():
-    application = yaml.safe_load((ARGOCD / "application.yaml").read_text())
+def test_applications_and_project_agree_with_what_they_sync():
+    """application.yaml (the prod overlay) and application-monitoring.yaml (manifests/monitoring):
+    each in the project, from its repository, into the namespace its objects name; the
+    project allows exactly the kinds the two render."""
     project = yaml.safe_load((ARGOCD / "appproject.yaml").read_text())
-    spec = application["spec"]
-    assert spec["project"] == project["metadata"]["name"]
-    assert spec["source"]["repoURL"] in project["spec"]["sourceRepos"]
-    assert {"server": spec["destination"]["server"], "namespace": spec["destination"]["namespace"]} \
-        in project["spec"]["destinations"]
-    assert "ServerSideApply=true" in spec["syncPolicy"]["syncOptions"]
-    objects = kustomize(spec["source"]["path"])
-    # The destination namespace is where the overlay puts its namespaced objects.
-    assert {o["metadata"]["namespace"] for o in objects if "namespace" in o["metadata"]} == {
-        spec["destination"]["namespace"]}
+    objects = []
+    for name, path in (("application.yaml", "manifests/overlays/prod"),
+                       ("application-monitoring.yaml", "manifests/monitoring")):
+        spec = yaml.safe_load((ARGOCD / name).read_text())["spec"]
+        assert spec["source"]["path"] == path
+        assert spec["project"] == project["metadata"]["name"]
+        assert spec["source"]["repoURL"] in project["spec"]["sourceRepos"]
+        assert {"server": spec["destination"]["server"], "namespace": spec["destination"]["namespace"]} \
+            in project["spec"]["destinations"]
+        assert "ServerSideApply=true" in spec["syncPolicy"]["syncOptions"]
+        rendered = kustomize(path)
+        # The destination namespace is where the kustomization puts its namespaced objects.
+        assert {o["metadata"]["namespace"] for o in rendered if "namespace" in o["metadata"]} == {
+            spec["destination"]["namespace"]}
+        objects += rendered
 
     def group_kind(o: dict) -> dict:
         group = o["apiVersion"].rpartition("/")[0]

@@ -29,7 +29,7 @@ KUSTOMIZATIONS = ["manifests", "manifests/base", "manifests/base/training-rbac",
                   "manifests/overlays/prod", "manifests/overlays/namespaced",
                   "manifests/overlays/namespaced/served-namespace", "manifests/samples",
                   "manifests/overlays/label-nodes",
-                  "manifests/retraining",
+                  "manifests/retraining", "manifests/monitoring",
                   "policy_models/artifacts", "crds"]
 #: `kubectl apply` without --server-side keeps a copy of the object in this annotation.
 LAST_APPLIED_LIMIT = 256 * 1024
