@@ -1,6 +1,7 @@
-"""Running one of the e2e build scripts (build_control_plane.sh, build_argocd.sh): instant when
-their output is cached, minutes when cold. Their stderr is passed on line by line, so a cold
-build's progress shows as it happens, and the last lines also go into the error."""
+"""Running one of the e2e build scripts (build_control_plane.sh, build_argocd.sh,
+build_prometheus_tools.sh): instant when their output is cached, minutes when cold. Their
+stderr is passed on line by line, so a cold build's progress shows as it happens, and the last
+lines also go into the error."""
 
 from __future__ import annotations
 
@@ -33,3 +34,18 @@ def run_build_script(script: Path, what: str) -> Path:
             "Go >= 1.26 (on PATH, or GO=/path/to/go) and the Go module proxy. Its messages:\n"
             + "".join(messages))
     return Path(lines[-1])
+
+
+def build_for_fixture(request, script: Path, what: str) -> Path:
+    """`run_build_script` for a pytest fixture: a cold build's progress shows as it happens
+    (pytest would hold minutes of it back), and a failed build fails the test with its
+    messages, never a skip."""
+    import pytest
+
+    capture = request.config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled():
+        try:
+            return run_build_script(script, what)
+        except BuildScriptError as err:
+            failure = str(err)
+    pytest.fail(failure, pytrace=False)

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from argocd_cli import ArgoCDBuildError, assess_health, build_argocd
+from argocd_cli import BUILD_SCRIPT, assess_health
+from build_scripts import build_for_fixture
 
 REPO = Path(__file__).resolve().parent.parent
 ARGOCD = REPO / "manifests" / "argocd"
@@ -31,15 +32,7 @@ CASES = [(test_file.parent, case)
 
 @pytest.fixture(scope="module")
 def argocd(request: pytest.FixtureRequest) -> Path:
-    # A cold build takes long: show its progress instead of letting pytest swallow it.
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    failure = None
-    with capture.global_and_fixture_disabled():
-        try:
-            return build_argocd()
-        except ArgoCDBuildError as err:
-            failure = str(err)
-    pytest.fail(failure, pytrace=False)
+    return build_for_fixture(request, BUILD_SCRIPT, "the argocd CLI")
 
 
 def test_every_kind_and_health_status_is_covered():

@@ -32,11 +32,11 @@ import pytest
 import yaml
 from kubernetes import client
 
-from build_scripts import BuildScriptError, run_build_script
+from build_scripts import build_for_fixture
 from controlplane import ControlPlane
 from dl2_model import configmap_ref
 from mlsched_objects import for_kwok, mljob, scheduling_policy
-from test_operator_security import shipped_operator_args
+from test_operator_security import metric, shipped_operator_args
 from waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
@@ -47,14 +47,8 @@ CRDS = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometh
 
 @pytest.fixture(scope="module")
 def tools(request: pytest.FixtureRequest) -> Path:
-    """The directory with promtool and the CRDs (a cold build shows its progress)."""
-    capture = request.config.pluginmanager.getplugin("capturemanager")
-    with capture.global_and_fixture_disabled():
-        try:
-            return run_build_script(BUILD_SCRIPT, "promtool and the Prometheus Operator CRDs")
-        except BuildScriptError as err:
-            failure = str(err)
-    pytest.fail(failure)
+    """The directory with promtool and the CRDs."""
+    return build_for_fixture(request, BUILD_SCRIPT, "promtool and the Prometheus Operator CRDs")
 
 
 def promtool(tools: Path, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -171,8 +165,8 @@ def test_the_pod_monitor_scrapes_a_running_operator(api, mlsched, start_operator
 
 
 def gauge(text: str, name: str, namespace: str, policy: str) -> float | None:
-    found = re.search(rf'^{name}{{namespace="{namespace}",policy="{policy}"}} (\S+)$', text, re.M)
-    return float(found.group(1)) if found else None
+    """A policy's series, None when /metrics has none."""
+    return metric(text, name, f'namespace="{namespace}",policy="{policy}"', default=None)
 
 
 def test_a_policy_on_its_fallback_shows_and_a_deleted_policys_series_go(mlsched, operator):

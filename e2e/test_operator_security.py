@@ -190,9 +190,10 @@ def test_report_right_after_an_operator_restart_is_accepted(api, mlsched, operat
              .get("epochsDone") == 2, 30, "the report in the job's status")
 
 
-def metric(text: str, name: str, labels: str) -> float:
+def metric(text: str, name: str, labels: str, default: float | None = 0.0) -> float | None:
+    """The sample of `name{labels}` in a /metrics text; `default` when there is none."""
     found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else 0.0
+    return float(found.group(1)) if found else default
 
 
 def post_with_token(url: str, token: str, namespace: str, job: str) -> int:
