@@ -61,8 +61,13 @@ def test_a_statefulset_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsc
              "the hand-scaled StatefulSet to be scaled back")
 
     mlsched.apps.delete_namespaced_stateful_set(name, mlsched.namespace)
-    wait_for(lambda: (s := mlsched.statefulsets("steady").get("worker")) is not None
-             and s.spec.replicas == decided, 30, "the deleted StatefulSet to come back as decided")
+    back = wait_for(lambda: (s := mlsched.statefulsets("steady").get("worker")) is not None
+                    and s.spec.replicas == decided and s, 30,
+                    "the deleted StatefulSet to come back as decided")
+    # With the template of the decided counts: recreated, it had the template of none, and
+    # its pods used to start with no peers in their environment.
+    env = {e.name: e.value for e in back.spec.template.spec.containers[0].env}
+    assert env["MLSCHED_WORKER_REPLICAS"] == str(decided), env
     wait_for(lambda: placed_as_decided(mlsched, "steady"), 60, "its pods to run where decided again",
              describe=lambda: placement_problems(mlsched, "steady"))
     assert "Restored" in {e.reason for e in mlsched.events("steady", "MLJob")}
@@ -101,6 +106,11 @@ def test_a_burst_of_50_arrivals_is_admitted_in_one_coalesced_step(mlsched, opera
     print(f"admission steps: {admitted}")
     assert sum(admitted) == len(names), steps
     assert len([a for a in admitted if a]) == 1, steps
+    # Nobody scaled them: a StatefulSet watch event from before the step's own scaling must
+    # not be "restored" (it started pods of the template of no peers, replaced at once).
+    reasons = {(e.involved_object.name, e.reason) for e in mlsched.core.list_namespaced_event(
+        mlsched.namespace).items}
+    assert not [r for r in reasons if r[1] in ("Restored", "SuccessfulDelete")], sorted(reasons)
 
 
 def test_an_edit_the_running_allocation_no_longer_meets_is_redecided_within_seconds(

@@ -482,6 +482,61 @@ def test_a_statefulset_scaled_by_hand_is_scaled_back_to_the_decision_at_once():
                                          kube.indexes()))
 
 
+def _env(sts: dict, name: str) -> str:
+    container = sts["spec"]["template"]["spec"]["containers"][0]
+    return next(e["value"] for e in container["env"] if e["name"] == name)
+
+
+def test_a_statefulset_event_older_than_the_admission_scaling_it_is_not_taken_for_a_hand_edit(
+        monkeypatch):
+    """The admission's decision is recorded before its patches go out; a watch event of the
+    job's StatefulSet from before them (0 replicas) used to be "restored" with a replicas-only
+    patch ahead of the admission's own: pods started from the template of no peers, then
+    replaced by the admission's template (seen in bench_e2e: a "Restored" Event on jobs nobody
+    touched, pods deleted and pinned twice)."""
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
+    stale = kube.obj("StatefulSet", NS, "bert-worker")  # as the watch reported it: 0 replicas
+    assert stale["spec"]["replicas"] == 0
+    original = loop.execute_all
+    restored_mid_step = []
+
+    async def execute_all_after_a_stale_event(api, actions):
+        restored_mid_step.append(await jobs.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
+        return await original(api, actions)
+    monkeypatch.setattr(loop, "execute_all", execute_all_after_a_stale_event)
+    decided = admit(rt, kube).targets["bert"].count("worker")
+    assert decided >= 1 and restored_mid_step == [False]
+    monkeypatch.setattr(loop, "execute_all", original)
+    # Handled only now, after the admission's patches were answered: still not a hand edit.
+    assert not run(jobs.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
+    assert "Restored" not in {e["reason"] for e in kube.events("bert")}
+    sts = kube.obj("StatefulSet", NS, "bert-worker")
+    assert sts["spec"]["replicas"] == decided
+    assert _env(sts, "MLSCHED_WORKER_REPLICAS") == str(decided)
+    # Patched once: scaled together with its template (no pods of another template first).
+    assert [w for w in kube.writes() if w[0] == "patch" and w[3] == "bert-worker"] == [
+        ("patch", "StatefulSet", NS, "bert-worker")]
+
+
+def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decided_counts():
+    """Recreated by the job's reconcile (0 replicas, the template of no peers) and scaled back
+    by its ADDED event: its pods used to start with MLSCHED_WORKER_REPLICAS=0 and no hosts."""
+    rt, kube = setup(nodes=4, job_bodies=[ps_job("bert", max_workers=2)])
+    decided = round_(rt, kube).targets["bert"].count("worker")
+    settle(rt, kube)
+    run(kube.delete("StatefulSet", NS, "bert-worker"))
+    run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), {}))
+    recreated = kube.obj("StatefulSet", NS, "bert-worker")
+    assert recreated["spec"]["replicas"] == 0 and _env(recreated, "MLSCHED_WORKER_REPLICAS") == "0"
+    assert run(jobs.restore_replicas(rt, "ADDED", recreated, kube.indexes()))
+    sts = kube.obj("StatefulSet", NS, "bert-worker")
+    assert sts["spec"]["replicas"] == decided
+    assert _env(sts, "MLSCHED_WORKER_REPLICAS") == str(decided)
+    assert _env(sts, "MLSCHED_WORKER_HOSTS").count("bert-worker-") == decided
+    restored = [e for e in kube.events("bert") if e["reason"] == "Restored"]
+    assert restored and "template" in restored[-1]["message"]
+
+
 def test_a_suspended_job_is_not_scaled_back():
     rt, kube = setup(nodes=4, job_bodies=[ps_job("bert", max_workers=4, run_policy={"suspend": True})])
     round_(rt, kube)

@@ -453,13 +453,28 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
     if job is None or decided is None or not job.schedulable or meta.get("deletionTimestamp") \
             or rt.preflight.refusal(job) is not None:
         return False  # not decided by this operator yet, or suspended/finished/refused: the lifecycle owns it
+    if rt.placements.being_applied(job.key):
+        return False  # the event predates the decision's own patches, still in flight
     want = len(decided.get(record.role, ()))
     if record.replicas == want:
         return False
-    await rt.api.patch("StatefulSet", job.namespace, record.name, {"spec": {"replicas": want}})
+    # The event may still predate the decision's patches, answered since: what is there now?
+    found = await rt.api.get("StatefulSet", job.namespace, record.name)
+    if found is None or found.get("metadata", {}).get("deletionTimestamp"):
+        return False
+    current = sts_record(found)
+    # Scaled back with the template of the decided counts: one recreated after a deletion has
+    # the template of none (no peers in its environment), and its pods would have run so.
+    counts = {role: len(nodes) for role, nodes in decided.items()}
+    pool = current.pool or next((s.pool for s in idx.statefulsets.get(job.key, ()) if s.pool), None)
+    plan = plan_statefulset(job, record.role, current, counts, rt.pod_settings, pool)
+    if plan is None or current.replicas == want:
+        return False
+    await execute(rt.api, plan)
     await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal", "Restored",
-                           f"StatefulSet {record.name} had {record.replicas} replicas; "
-                           f"scaled back to the {want} its policy decided")
+                           f"StatefulSet {record.name} had {current.replicas} replicas; "
+                           f"scaled back to the {want} its policy decided"
+                           + (", its pod template rendered for them" if plan.template else ""))
     return True
 
 

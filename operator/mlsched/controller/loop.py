@@ -18,6 +18,7 @@ loop: a failing round is logged and the next one runs on time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
@@ -365,6 +366,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
 
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
+    applying = contextlib.ExitStack()
     async with rt.round_lock:
         with collection_paused():  # its garbage is freed as it ends (loop_health.py)
             # Sticky to the last decision, not only to pods that exist: a job admitted seconds
@@ -380,24 +382,27 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                   if targets[j.name].count("worker")})
         for job in schedulable:  # before the lock goes: others' quota budgets read it
             rt.placements.set(job.key, targets[job.name].nodes)
-    await note_waiting(rt, schedulable, targets, snapshot, decision,
-                       resolved.fallback if failure else resolved.allocation.name)
-    if failure:
-        resolved.model_loaded.status, resolved.model_loaded.reason = False, "InferenceFailed"
-        resolved.model_loaded.message = failure
-        resolved.active_models.clear()
+        # Until its patches are answered, events of these StatefulSets predate them.
+        applying.enter_context(rt.placements.applying(j.key for j in schedulable))
+    with applying:
+        await note_waiting(rt, schedulable, targets, snapshot, decision,
+                           resolved.fallback if failure else resolved.allocation.name)
+        if failure:
+            resolved.model_loaded.status, resolved.model_loaded.reason = False, "InferenceFailed"
+            resolved.model_loaded.message = failure
+            resolved.active_models.clear()
 
-    # Pools' labels before the templates that require them.
-    await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
-    by_job: dict[JobKey, list[Action]] = {}
-    for job in schedulable:
-        by_job[job.key] = plan_job(rt, job, targets[job.name], idx,
-                                   pools.pod_pool(decision.pools, job.name, setup))
-    actions = ordered(a for plan in by_job.values() for a in plan)
-    # Counts before the changes, for the Events: the indexes move as soon as the watch reports.
-    before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
-              for j in schedulable}
-    results = await execute_all(rt.api, actions)
+        # Pools' labels before the templates that require them.
+        await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+        by_job: dict[JobKey, list[Action]] = {}
+        for job in schedulable:
+            by_job[job.key] = plan_job(rt, job, targets[job.name], idx,
+                                       pools.pod_pool(decision.pools, job.name, setup))
+        actions = ordered(a for plan in by_job.values() for a in plan)
+        # Counts before the changes, for the Events: the indexes move as soon as the watch reports.
+        before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
+                  for j in schedulable}
+        results = await execute_all(rt.api, actions)
     failed = {id(a): r for a, r in zip(actions, results) if isinstance(r, BaseException)}
     done = [a for a in actions if id(a) not in failed]
     for kind, count in summarize(done).items():
@@ -503,6 +508,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     serving = serving_for(rt, ref, spec, resolved, number, "admission", now,
                           rt.served_versions.get(key, {}))
     failed_policy = False
+    applying = contextlib.ExitStack()
     async with rt.round_lock:
         with collection_paused():  # as a round (loop_health.py)
             snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now,
@@ -536,35 +542,38 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in admitted})
         for job in admitted:  # before the lock goes: others' quota budgets read it
             rt.placements.set(job.key, targets[job.name].nodes)
-    await note_waiting(rt, waiting, targets, snapshot, decision,
-                       resolved.fallback if failed_policy else resolved.allocation.name)
-    if open_interval is not None and not failed_policy:
-        rt.dataset.admitted(key, number, open_interval.start,
-                            Opening(body["metadata"].get("uid", ""), algorithms(resolved),
-                                    len(snapshot.node_names)),
-                            serving.decisions(), spec.retraining.dataset_limit)
-    if not admitted:
-        queue_counts(rt, ref, body, jobs)  # e.g. a job arrived and waits
-        return None
-    await asyncio.gather(*(rt.recorder.emit(
-        ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
-        f"spec edited: {redecided[j.key]}; decided again now, not at the next round")
-        for j in admitted if j.key in redecided))
-    for tasks in displaced.values():
-        for d in tasks.values():
-            rt.metrics.displaced_tasks.labels(ref.namespace, ref.name,
-                                              "scheduler" if d.by_scheduler else "node").inc()
-    await asyncio.gather(*(rt.recorder.emit(
-        ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Displaced",
-        f"{displacement.describe(j.name, displaced[j.key])}: placed again now, not at the "
-        f"next round") for j in admitted if j.key in displaced))
-    await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
-    before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
-              for j in admitted}
-    by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
-                              pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
-    actions = ordered(a for plan in by_job.values() for a in plan)
-    results = await execute_all(rt.api, actions)
+        # Until its patches are answered, events of these StatefulSets predate them.
+        applying.enter_context(rt.placements.applying(j.key for j in admitted))
+    with applying:
+        await note_waiting(rt, waiting, targets, snapshot, decision,
+                           resolved.fallback if failed_policy else resolved.allocation.name)
+        if open_interval is not None and not failed_policy:
+            rt.dataset.admitted(key, number, open_interval.start,
+                                Opening(body["metadata"].get("uid", ""), algorithms(resolved),
+                                        len(snapshot.node_names)),
+                                serving.decisions(), spec.retraining.dataset_limit)
+        if not admitted:
+            queue_counts(rt, ref, body, jobs)  # e.g. a job arrived and waits
+            return None
+        await asyncio.gather(*(rt.recorder.emit(
+            ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
+            f"spec edited: {redecided[j.key]}; decided again now, not at the next round")
+            for j in admitted if j.key in redecided))
+        for tasks in displaced.values():
+            for d in tasks.values():
+                rt.metrics.displaced_tasks.labels(ref.namespace, ref.name,
+                                                  "scheduler" if d.by_scheduler else "node").inc()
+        await asyncio.gather(*(rt.recorder.emit(
+            ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Displaced",
+            f"{displacement.describe(j.name, displaced[j.key])}: placed again now, not at the "
+            f"next round") for j in admitted if j.key in displaced))
+        await pool_steps.sync_node_labels(rt, idx, ref, snapshot, decision, setup)
+        before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
+                  for j in admitted}
+        by_job = {j.key: plan_job(rt, j, targets[j.name], idx,
+                                  pools.pod_pool(decision.pools, j.name, setup)) for j in admitted}
+        actions = ordered(a for plan in by_job.values() for a in plan)
+        results = await execute_all(rt.api, actions)
     failed = {id(a): r for a, r in zip(actions, results) if isinstance(r, BaseException)}
     for kind, count in summarize([a for a in actions if id(a) not in failed]).items():
         if count:

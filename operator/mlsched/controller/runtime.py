@@ -7,9 +7,10 @@ small in-memory books; each says below what is lost on an operator restart and w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -270,9 +271,36 @@ class PlacementBook:
 
     def __init__(self) -> None:
         self._nodes: dict[JobKey, Mapping[str, tuple[str, ...]]] = {}
+        # Jobs whose decision is recorded here but not yet applied (a round or an admission
+        # step between deciding and its patches' answers), with how many steps apply it.
+        self._applying: dict[JobKey, int] = {}
 
     def set(self, key: JobKey, nodes: Mapping[str, tuple[str, ...]]) -> None:
         self._nodes[key] = dict(nodes)
+
+    @contextlib.contextmanager
+    def applying(self, keys: Iterable[JobKey]) -> Iterator[None]:
+        """While a step applies its decision for these jobs. A StatefulSet's watch event from
+        before the step's own scaling must not be taken for a hand edit then: scaling it
+        back with a replicas-only patch ahead of the step's patch made the StatefulSet
+        controller start pods from the old template, which the step's template then
+        replaced (seen in bench_e2e: pods deleted and pinned twice, "Restored" on jobs nobody
+        touched)."""
+        keys = list(keys)
+        for key in keys:
+            self._applying[key] = self._applying.get(key, 0) + 1
+        try:
+            yield
+        finally:
+            for key in keys:
+                left = self._applying.get(key, 0) - 1
+                if left > 0:
+                    self._applying[key] = left
+                else:
+                    self._applying.pop(key, None)
+
+    def being_applied(self, key: JobKey) -> bool:
+        return key in self._applying
 
     def node_for(self, key: JobKey, role: str, ordinal: int) -> str | None:
         nodes = self._nodes.get(key, {}).get(role, ())
