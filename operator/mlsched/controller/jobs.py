@@ -463,13 +463,13 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
     if found is None or found.get("metadata", {}).get("deletionTimestamp"):
         return False
     current = sts_record(found)
+    if current.replicas == want:
+        return False
     # Scaled back with the template of the decided counts: one recreated after a deletion has
     # the template of none (no peers in its environment), and its pods would have run so.
     counts = {role: len(nodes) for role, nodes in decided.items()}
     pool = current.pool or next((s.pool for s in idx.statefulsets.get(job.key, ()) if s.pool), None)
     plan = plan_statefulset(job, record.role, current, counts, rt.pod_settings, pool)
-    if plan is None or current.replicas == want:
-        return False
     await execute(rt.api, plan)
     await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal", "Restored",
                            f"StatefulSet {record.name} had {current.replicas} replicas; "
