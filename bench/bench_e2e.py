@@ -12,7 +12,10 @@ operator can beat.
     until a watch has seen all its StatefulSets (target p99 <= 1 s), until every pod of the
     job is pinned to its node by the operator (nodeSelector set, placement gate removed;
     target p99 <= 3 s), and until kube-scheduler has bound them all (shown). The DL² paper
-    reports 700 ms end-to-end; Kueue-class admission is sub-second.
+    reports 700 ms end-to-end; Kueue-class admission is sub-second. Then the API server's
+    writes, and the churn: pods deleted by their StatefulSet and `Restored` Events, both 0
+    when nothing but the operator touches the jobs. The burst comes once the operator's
+    policy has had its first round.
 (b) Scale: nodes grown to `--nodes` (1,000) and MLJobs to `--jobs` (2,000). Every job must be
     reconciled. Rounds come every 1200 s x `--interval-scale` (0.1: 120 s); each round's
     duration is the policy's status.lastRoundDurationSeconds (deciding and applying; status
