@@ -9,7 +9,8 @@ Run with `python -m mlsched.controller` (see __main__.py) or
   from watch events, so no finalizer is needed); it wakes early for an admission step when a
   job's StatefulSets appear or one of our pods goes away (capacity freed), and for a full
   round when the policy's spec is edited (a new generation). A StatefulSet scaled or
-  recreated by hand is scaled back to the decided replicas at once.
+  recreated by hand is scaled back to the decided replicas (with their template) at once;
+  not while the decision's own patches are in flight (jobs.restore_replicas).
 - MLJobs: a watch-event handler creates the children of each new generation; one sweep over
   all jobs keeps the lifecycle (phase, conditions, suspend, deadline, backoff, cleanup, TTL)
   current. No kopf change handler, timer or daemon: those need finalizers and annotations.
