@@ -518,6 +518,21 @@ def test_a_statefulset_event_older_than_the_admission_scaling_it_is_not_taken_fo
         ("patch", "StatefulSet", NS, "bert-worker")]
 
 
+def test_a_step_that_fails_while_applying_leaves_the_job_restorable(monkeypatch):
+    """The mark that keeps restore_replicas off a job goes with the step, however it ends:
+    left behind, a job scaled by hand would never be scaled back."""
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
+
+    async def unreachable(api, actions):
+        assert rt.placements.being_applied((NS, "bert"))
+        raise ConnectionError("the API server went away")
+    monkeypatch.setattr(loop, "execute_all", unreachable)
+    with pytest.raises(ConnectionError):
+        run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                      kube.indexes(), now=NOW + 30))
+    assert rt.placements.of((NS, "bert")) and not rt.placements.being_applied((NS, "bert"))
+
+
 def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decided_counts():
     """Recreated by the job's reconcile (0 replicas, the template of no peers) and scaled back
     by its ADDED event: its pods used to start with MLSCHED_WORKER_REPLICAS=0 and no hosts."""
