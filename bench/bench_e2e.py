@@ -277,7 +277,7 @@ def latency_table(began: dict[str, float], seen: Seen, oracle: bool = False) -> 
     with seen.lock:
         created = [(max(seen.created[j].values()) - t) * 1000 for j, t in began.items()]
         exist = [(seen.all_exist[j] - t) * 1000 for j, t in began.items()]
-        pinned = [(seen.all_pinned[j] - t) * 1000 for j, t in began.items() if not oracle]
+        pinned = [] if oracle else [(seen.all_pinned[j] - t) * 1000 for j, t in began.items()]
         bound = [(seen.all_bound[j] - t) * 1000 for j, t in began.items() if j in seen.all_bound]
     pods = sum(len(seen.existing.get(j, ())) for j in began)
     who = "no operator: the client created the children (--oracle)" if oracle else "the operator"
@@ -430,17 +430,22 @@ def admission_phase(api, plane, seen: Seen, jobs: list[dict], namespace: str = N
     return p99
 
 
+def burst_watchers(api, namespace: str, seen: Seen) -> tuple[Watcher, Watcher]:
+    """The namespace's StatefulSets and pods, watched into `seen` (started)."""
+    watchers = (Watcher(client.AppsV1Api(api).list_namespaced_stateful_set, namespace, seen.statefulset),
+                Watcher(client.CoreV1Api(api).list_namespaced_pod, namespace, seen.pod))
+    for w in watchers:
+        w.start()
+    return watchers
+
+
 def oracle_phase(api, plane, jobs: list[dict]) -> dict[str, float]:
     """(a) with no operator in namespace `bench-oracle` (see --oracle); the namespace is
     deleted, and its pods gone, before this returns."""
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ORACLE_NAMESPACE}})
     seen = Seen()
-    watchers = [Watcher(client.AppsV1Api(api).list_namespaced_stateful_set, ORACLE_NAMESPACE,
-                        seen.statefulset),
-                Watcher(core.list_namespaced_pod, ORACLE_NAMESPACE, seen.pod)]
-    for w in watchers:
-        w.start()
+    watchers = burst_watchers(api, ORACLE_NAMESPACE, seen)
     try:
         p99 = admission_phase(api, plane, seen, jobs, ORACLE_NAMESPACE, oracle=True)
     finally:
@@ -557,11 +562,8 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
                lambda: ("lastRoundTime" in ((mlsched.policy("default") or {}).get("status") or {}),
                         "waiting for the policy's first round"), 120)
     seen = Seen()
-    statefulsets = Watcher(client.AppsV1Api(api).list_namespaced_stateful_set, NAMESPACE, seen.statefulset)
-    pods = Watcher(client.CoreV1Api(api).list_namespaced_pod, NAMESPACE, seen.pod)
+    statefulsets, pods = burst_watchers(api, NAMESPACE, seen)
     try:
-        statefulsets.start()
-        pods.start()
         p99 = admission_phase(api, plane, seen, jobs[:args.burst])
         if oracle:
             print("    the operator's p99 / the oracle's (the same burst, no operator, just before): "

@@ -11,7 +11,7 @@ from mlsched.controller.desired import (
 from mlsched.controller.records import job_record, pod_record, sts_record
 from mlsched.controller.snapshot import ClusterState, build_snapshot
 from mlsched.controller.records import node_record
-from test_controller_fixtures import NS, node, pod, ps_job
+from test_controller_fixtures import NS, env_of, node, pod, ps_job
 
 SETTINGS = PodSettings(progress_url="http://op:8080/v1/progress")
 
@@ -20,11 +20,6 @@ def record(**kw):
     body = ps_job("bert", **kw)
     body["metadata"].update(uid="uid-bert", generation=1, creationTimestamp="2024-01-01T00:00:00Z")
     return job_record(body)
-
-
-def env_of(template, name):
-    env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
-    return env[name].get("value", env[name].get("valueFrom"))
 
 
 def test_statefulset_manifest_labels_owner_env_gate():

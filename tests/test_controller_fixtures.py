@@ -130,3 +130,9 @@ def test_builders_parse():
     assert node_record(node("n1")).allocatable == (8.0, 2.0, 48.0)
     assert job_record({**ps_job(), "metadata": {"name": "resnet", "namespace": NS}}).error is None
     assert job_record({**allreduce_job(), "metadata": {"name": "ring", "namespace": NS}}).arch == "allreduce"
+
+
+def env_of(template: dict, name: str):
+    """The value (or valueFrom) of a pod template's first container's variable `name`."""
+    env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
+    return env[name].get("value", env[name].get("valueFrom"))

@@ -12,7 +12,8 @@ from mlsched.controller import jobs, loop
 from mlsched.controller.desired import DeletePod
 from mlsched.policies import registry
 from test_controller_fixtures import (
-    NOW, NS, allreduce_job, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run,
+    NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, policy, ps_job, recorded,
+    run,
 )
 
 
@@ -482,11 +483,6 @@ def test_a_statefulset_scaled_by_hand_is_scaled_back_to_the_decision_at_once():
                                          kube.indexes()))
 
 
-def _env(sts: dict, name: str) -> str:
-    container = sts["spec"]["template"]["spec"]["containers"][0]
-    return next(e["value"] for e in container["env"] if e["name"] == name)
-
-
 def test_a_statefulset_event_older_than_the_admission_scaling_it_is_not_taken_for_a_hand_edit(
         monkeypatch):
     """The admission's decision is recorded before its patches go out; a watch event of the
@@ -512,7 +508,7 @@ def test_a_statefulset_event_older_than_the_admission_scaling_it_is_not_taken_fo
     assert "Restored" not in {e["reason"] for e in kube.events("bert")}
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert sts["spec"]["replicas"] == decided
-    assert _env(sts, "MLSCHED_WORKER_REPLICAS") == str(decided)
+    assert env_of(sts["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(decided)
     # Patched once: scaled together with its template (no pods of another template first).
     assert [w for w in kube.writes() if w[0] == "patch" and w[3] == "bert-worker"] == [
         ("patch", "StatefulSet", NS, "bert-worker")]
@@ -542,12 +538,13 @@ def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decid
     run(kube.delete("StatefulSet", NS, "bert-worker"))
     run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), {}))
     recreated = kube.obj("StatefulSet", NS, "bert-worker")
-    assert recreated["spec"]["replicas"] == 0 and _env(recreated, "MLSCHED_WORKER_REPLICAS") == "0"
+    assert recreated["spec"]["replicas"] == 0
+    assert env_of(recreated["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == "0"
     assert run(jobs.restore_replicas(rt, "ADDED", recreated, kube.indexes()))
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert sts["spec"]["replicas"] == decided
-    assert _env(sts, "MLSCHED_WORKER_REPLICAS") == str(decided)
-    assert _env(sts, "MLSCHED_WORKER_HOSTS").count("bert-worker-") == decided
+    assert env_of(sts["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(decided)
+    assert env_of(sts["spec"]["template"], "MLSCHED_WORKER_HOSTS").count("bert-worker-") == decided
     restored = [e for e in kube.events("bert") if e["reason"] == "Restored"]
     assert restored and "template" in restored[-1]["message"]
 
