@@ -4,16 +4,18 @@ fallback, capacity shared between policies, and the loop surviving failures."""
 from __future__ import annotations
 
 import asyncio
+import copy
 
 import pytest
 
 from mlsched.api import get_condition
 from mlsched.controller import jobs, loop
 from mlsched.controller.desired import DeletePod
+from mlsched.controller.kube import KubeError
 from mlsched.policies import registry
 from test_controller_fixtures import (
-    NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, policy, ps_job, recorded,
-    run,
+    NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, node, policy, ps_job,
+    recorded, run,
 )
 
 
@@ -547,6 +549,135 @@ def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decid
     assert env_of(sts["spec"]["template"], "MLSCHED_WORKER_HOSTS").count("bert-worker-") == decided
     restored = [e for e in kube.events("bert") if e["reason"] == "Restored"]
     assert restored and "template" in restored[-1]["message"]
+
+
+def _edit_worker_env(kube, job: str, value: str) -> dict:
+    """kubectl edit: an environment variable added to the job's worker template."""
+    body = copy.deepcopy(kube.obj("MLJob", NS, job))  # the stored body stays as it was
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["env"] = [
+        {"name": "LEARNING_RATE", "value": value}]
+    body["metadata"]["generation"] += 1
+    return kube.put(body)
+
+
+def test_a_spec_edit_the_index_sees_before_the_last_scaling_keeps_the_scaling():
+    """The template refresh after a spec edit planned from the index's replicas: handled
+    before the watch reported a round's scaling, it scaled the job back to the counts before
+    that round (pods deleted, then scaled up again by `restore_replicas`)."""
+    rt, kube = setup(nodes=1, job_bodies=[ps_job("bert", max_workers=8)])
+    first = round_(rt, kube).targets["bert"]
+    stale = kube.indexes()  # still shows the first round's counts
+    for i in range(1, 6):
+        kube.put(node(f"node-{i}"))
+    second = round_(rt, kube, now=NOW + 1200).targets["bert"]
+    assert second.counts != first.counts  # the second round scaled the job
+    edited = _edit_worker_env(kube, "bert", "0.1")
+    run(jobs.reconcile_children(rt, edited, stale, {}))
+    for role in ("ps", "worker"):
+        sts = kube.obj("StatefulSet", NS, f"bert-{role}")
+        assert sts["spec"]["replicas"] == second.count(role)
+        assert env_of(sts["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(second.count("worker"))
+        assert env_of(sts["spec"]["template"], "MLSCHED_PS_REPLICAS") == str(second.count("ps"))
+    worker = kube.obj("StatefulSet", NS, "bert-worker")["spec"]["template"]
+    assert env_of(worker, "LEARNING_RATE") == "0.1"
+    assert "Restored" not in {e["reason"] for e in kube.events("bert")}
+
+
+def test_a_spec_edit_during_a_round_is_not_undone_by_the_rounds_template(monkeypatch):
+    """Edited while the round decides (its snapshot has the old spec): the edit's refresh and
+    the round's scaling both carry a template; the round's, planned from the old spec, used to
+    land last and put the old template back until the next spec edit."""
+    rt, kube = setup(nodes=1, job_bodies=[ps_job("bert", max_workers=8)])
+    round_(rt, kube)
+    for i in range(1, 6):
+        kube.put(node(f"node-{i}"))
+    idx = kube.indexes()
+    original = loop._decide
+
+    async def edited_while_deciding(*args, **kw):
+        decision = await original(*args, **kw)
+        edited = _edit_worker_env(kube, "bert", "0.2")
+        now = kube.indexes()
+        object.__setattr__(idx, "mljobs", now.mljobs)  # kopf's indexes are live
+        await jobs.reconcile_children(rt, edited, now, {})
+        return decision
+    monkeypatch.setattr(loop, "_decide", edited_while_deciding)
+    second = recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), idx,
+                                                now=NOW + 1200)).targets["bert"]
+    worker = kube.obj("StatefulSet", NS, "bert-worker")
+    assert worker["spec"]["replicas"] == second.count("worker")
+    assert env_of(worker["spec"]["template"], "LEARNING_RATE") == "0.2"
+    assert env_of(worker["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(second.count("worker"))
+
+
+def test_a_spec_edit_waits_for_the_step_applying_a_decision(monkeypatch):
+    """Edited while a round's patches are in flight: the refresh waits until they are
+    answered, then renders the new spec for the counts they set."""
+    rt, kube = setup(nodes=1, job_bodies=[ps_job("bert", max_workers=8)])
+    round_(rt, kube)
+    for i in range(1, 6):
+        kube.put(node(f"node-{i}"))
+    original = loop.execute_all
+    refresh = []
+
+    async def edited_while_applying(api, actions):
+        edited = _edit_worker_env(kube, "bert", "0.3")
+        refresh.append(asyncio.ensure_future(jobs.reconcile_children(rt, edited, kube.indexes(), {})))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not refresh[0].done()  # waiting for these patches
+        return await original(api, actions)
+    monkeypatch.setattr(loop, "execute_all", edited_while_applying)
+
+    async def round_then_refresh():
+        report = await loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                             kube.indexes(), now=NOW + 1200)
+        await refresh[0]
+        return report
+    second = run(round_then_refresh()).targets["bert"]
+    worker = kube.obj("StatefulSet", NS, "bert-worker")
+    assert worker["spec"]["replicas"] == second.count("worker") > 2
+    assert env_of(worker["spec"]["template"], "LEARNING_RATE") == "0.3"
+    assert env_of(worker["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(second.count("worker"))
+
+
+def test_a_template_refresh_that_loses_the_race_reads_again_and_a_refused_one_is_reported(
+        monkeypatch):
+    """Between the refresh's read and its patch, a round rewrites the template: the patch's
+    compare-and-swap fails (422) and the refresh is planned again from what is there now. A
+    422 over an unchanged StatefulSet is the API server refusing the template: the job says
+    so in its status (not a loop of retries)."""
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
+    decided = round_(rt, kube).targets["bert"]
+    original = kube.patch
+    raced = []
+
+    async def a_round_gets_there_first(kind, namespace, name, patch, **kw):
+        if kind == "StatefulSet" and name == "bert-worker" and not raced:
+            raced.append(name)  # as a round would: the worker template re-rendered
+            sts = kube.obj("StatefulSet", NS, name)
+            sts["metadata"]["annotations"]["mlsched.io/template-hash"] = "a-rounds-template"
+        return await original(kind, namespace, name, patch, **kw)
+    monkeypatch.setattr(kube, "patch", a_round_gets_there_first)
+    edited = _edit_worker_env(kube, "bert", "0.4")
+    run(jobs.reconcile_children(rt, edited, kube.indexes(), {}))
+    assert raced
+    worker = kube.obj("StatefulSet", NS, "bert-worker")
+    assert env_of(worker["spec"]["template"], "LEARNING_RATE") == "0.4"
+    assert worker["metadata"]["annotations"]["mlsched.io/template-hash"] != "a-rounds-template"
+    assert worker["spec"]["replicas"] == decided.count("worker")
+
+    async def refuses_templates(kind, namespace, name, patch, **kw):
+        if kind == "StatefulSet" and any(op["path"] == "/spec/template" for op in patch):
+            raise KubeError(422, 'StatefulSet.apps "bert-worker" is invalid: spec.template: bad')
+        return await original(kind, namespace, name, patch, **kw)
+    monkeypatch.setattr(kube, "patch", refuses_templates)
+    edited = _edit_worker_env(kube, "bert", "0.5")
+    kube.calls.clear()
+    status = {}
+    run(jobs.reconcile_children(rt, edited, kube.indexes(), status))
+    assert "is invalid" in str(status["status"]["conditions"])
+    assert len([c for c in kube.calls if c[:2] == ("get", "StatefulSet")]) <= 3
 
 
 def test_a_suspended_job_is_not_scaled_back():

@@ -4,6 +4,7 @@ makes no API call when there is nothing to change (the plans come from desired.p
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from mlsched.controller.desired import (
     service_manifest, statefulset_manifest,
 )
 from mlsched.controller.kube import KubeApi, KubeError
-from mlsched.controller.records import JobRecord, StsRecord, controller_uid
+from mlsched.controller.records import JobRecord, StsRecord, controller_uid, sts_record
 
 log = logging.getLogger("mlsched.controller.apply")
 
@@ -81,13 +82,55 @@ async def ensure_statefulsets(api: KubeApi, job: JobRecord, existing: Iterable[S
 
 def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],
                  settings: PodSettings) -> list[PatchStatefulSet]:
-    """After a spec edit: re-render templates for the counts the job holds now."""
+    """After a spec edit: the templates re-rendered for the replicas the StatefulSets have.
+    Template-only patches, each valid only over the template it was planned from: a round
+    scaling the job meanwhile owns the replicas (an earlier version patched them back to what
+    the index showed, undoing a scaling that had just gone out)."""
     current = {s.role: s for s in existing}
     counts = {role: s.replicas for role, s in current.items()}
-    # The pool its template requires now stays (a round changes it, not a spec edit).
-    plans = (plan_statefulset(job, role, current[role], counts, settings, current[role].pool)
-             for role in roles_of(job) if role in current)
-    return [p for p in plans if p is not None]
+    plans = []
+    for role in roles_of(job):
+        if role not in current:
+            continue
+        # The pool its template requires now stays (a round changes it, not a spec edit).
+        plan = plan_statefulset(job, role, current[role], counts, settings, current[role].pool)
+        if plan is not None and plan.template is not None:
+            plans.append(dataclasses.replace(plan, keep_replicas=True,
+                                             replaces_hash=current[role].template_hash))
+    return plans
+
+
+# A spec edit racing a scaling: each failed compare-and-swap reads the StatefulSets again.
+REFRESH_ATTEMPTS = 4
+
+
+async def refresh_templates(api: KubeApi, job: JobRecord, names: Sequence[str],
+                            settings: PodSettings) -> int:
+    """Bring the pod templates of these StatefulSets in line with an edited spec; how many
+    were patched. Planned from the StatefulSets as the API server has them now (the index may
+    not show a scaling that was just answered, and a template holds both roles' counts). A
+    patch whose template changed since it was read fails (422) and they are read again; a
+    422 on an unchanged StatefulSet is the API server refusing the template, raised for the
+    job's status."""
+    for attempt in range(REFRESH_ATTEMPTS):
+        found = await asyncio.gather(*(api.get("StatefulSet", job.namespace, n) for n in names))
+        current = [sts_record(f) for f in found
+                   if f is not None and not f["metadata"].get("deletionTimestamp")]
+        plans = refresh_plan(job, current, settings)
+        try:
+            for plan in plans:
+                await execute(api, plan)
+            return len(plans)
+        except KubeError as err:
+            if err.status != 422 or attempt == REFRESH_ATTEMPTS - 1:
+                raise
+            again = await api.get("StatefulSet", job.namespace, plan.name)
+            if again is not None and again["metadata"].get("uid") == plan.uid \
+                    and sts_record(again).template_hash == plan.replaces_hash:
+                raise  # as it was planned over: the API server refuses the template itself
+            log.info("StatefulSet %s/%s changed while its template was refreshed; reading it "
+                     "again", job.namespace, plan.name)
+    return 0
 
 
 def scale_to_zero_plan(existing: Iterable[StsRecord], namespace: str) -> list[PatchStatefulSet]:

@@ -321,18 +321,24 @@ class PatchStatefulSet:
     template_hash: str | None = None
     uid: str | None = field(default=None, compare=False)  # the StatefulSet this was planned for
     pool: PodPool | None = None  # the pool the new template requires (with a template only)
+    # A template-only change (a spec edit's refresh): the replicas are left as they are, and
+    # the patch fails (422) unless the template it replaces is still this one.
+    replaces_hash: str | None = field(default=None, compare=False)
+    keep_replicas: bool = field(default=False, compare=False)
 
     def patch(self) -> list[dict]:
         """A JSON patch: `replace` swaps the template exactly, where a merge patch would keep
         keys the user has since removed from the MLJob's template. With a uid, `test` makes it
         fail (422) on a StatefulSet that was replaced since it was planned."""
+        hash_path = "/metadata/annotations/" + TEMPLATE_HASH_ANNOTATION.replace("~", "~0").replace("/", "~1")
         ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid}] if self.uid else []
-        ops += [{"op": "replace", "path": "/spec/replicas", "value": self.replicas}]
+        if self.replaces_hash is not None:
+            ops += [{"op": "test", "path": hash_path, "value": self.replaces_hash}]
+        if not self.keep_replicas:
+            ops += [{"op": "replace", "path": "/spec/replicas", "value": self.replicas}]
         if self.template is not None:
             ops += [{"op": "replace", "path": "/spec/template", "value": self.template},
-                    {"op": "add", "path": "/metadata/annotations/"
-                     + TEMPLATE_HASH_ANNOTATION.replace("~", "~0").replace("/", "~1"),
-                     "value": self.template_hash},
+                    {"op": "add", "path": hash_path, "value": self.template_hash},
                     # "" when ungrouped: `add` replaces, and needs no test that it exists
                     {"op": "add", "path": "/metadata/annotations/"
                      + STS_POOL_ANNOTATION.replace("~", "~0").replace("/", "~1"),

@@ -18,7 +18,7 @@ from mlsched.api import InvalidObject
 from mlsched.controller import displacement, lifecycle, pools, preflight, quotas
 from mlsched.controller.apply import (
     ChildOverQuota, WaitingForOldChildren, ensure_service, ensure_statefulsets, execute,
-    execute_all, refresh_plan, scale_to_zero_plan,
+    execute_all, refresh_plan, refresh_templates, scale_to_zero_plan,
 )
 from mlsched.controller.constants import JOB_LABEL, LEGACY_ANNOTATIONS, LEGACY_FINALIZER
 from mlsched.controller.desired import DeletePod, PinPod, plan_statefulset, roles_of
@@ -300,8 +300,13 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
         await rt.recorder.emit(_ref(body), "Normal", "Created",
                                f"{', '.join(created)}; waiting for SchedulingPolicy "
                                f"{job.policy!r} to allocate")
-    for plan in refresh_plan(job, existing, rt.pod_settings):  # the template was edited
-        await execute(rt.api, plan)
+    # The template was edited, or may have been: a job this operator has decided for may have
+    # been scaled past what the index shows. Not while a step applies its decision (a round
+    # planned before the edit would put the old template back after this refresh).
+    if existing and (refresh_plan(job, existing, rt.pod_settings)
+                     or rt.placements.of(job.key) is not None):
+        await rt.placements.settled(job.key)
+        await refresh_templates(rt.api, job, [s.name for s in existing], rt.pod_settings)
 
 
 async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,

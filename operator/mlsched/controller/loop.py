@@ -175,6 +175,11 @@ async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str,
 def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
              pool: PodPool | None = None) -> list[Action]:
     current = {s.role: s for s in idx.statefulsets.get(job.key, ())}
+    # The templates from the spec as it is now: one edited since the snapshot has its
+    # refresh waiting for this step (jobs._create_children), which would otherwise be undone.
+    newest = idx.job(job.namespace, job.name)
+    if newest is not None and newest.uid == job.uid and newest.error is None:
+        job = newest
     actions: list[Action] = []
     for role in roles_of(job):
         if role in current:  # a missing StatefulSet is recreated by the lifecycle timer

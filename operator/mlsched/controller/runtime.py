@@ -274,6 +274,7 @@ class PlacementBook:
         # Jobs whose decision is recorded here but not yet applied (a round or an admission
         # step between deciding and its patches' answers), with how many steps apply it.
         self._applying: dict[JobKey, int] = {}
+        self._applied: dict[JobKey, asyncio.Event] = {}  # set when the last of them is done
 
     def set(self, key: JobKey, nodes: Mapping[str, tuple[str, ...]]) -> None:
         self._nodes[key] = dict(nodes)
@@ -289,6 +290,7 @@ class PlacementBook:
         keys = list(keys)
         for key in keys:
             self._applying[key] = self._applying.get(key, 0) + 1
+            self._applied.setdefault(key, asyncio.Event())
         try:
             yield
         finally:
@@ -298,9 +300,15 @@ class PlacementBook:
                     self._applying[key] = left
                 else:
                     self._applying.pop(key, None)
+                    self._applied.pop(key).set()
 
     def being_applied(self, key: JobKey) -> bool:
         return key in self._applying
+
+    async def settled(self, key: JobKey) -> None:
+        """Return once no step is applying a decision for this job (at once if none is)."""
+        while (done := self._applied.get(key)) is not None:
+            await done.wait()
 
     def node_for(self, key: JobKey, role: str, ordinal: int) -> str | None:
         nodes = self._nodes.get(key, {}).get(role, ())
