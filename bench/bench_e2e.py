@@ -564,7 +564,13 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
     seen = Seen()
     statefulsets, pods = burst_watchers(api, NAMESPACE, seen)
     try:
+        sent_before = requests(operator.metrics())
         p99 = admission_phase(api, plane, seen, jobs[:args.burst])
+        sent = {k: n - sent_before.get(k, 0) for k, n in requests(operator.metrics()).items()
+                if n > sent_before.get(k, 0)}
+        print(f"    the operator sent {sum(sent.values()):.0f} requests meanwhile: " + ", ".join(
+            f"{verb} {resource} {n:.0f}" for (verb, resource), n in
+            sorted(sent.items(), key=lambda kv: -kv[1])))
         if oracle:
             print("    the operator's p99 / the oracle's (the same burst, no operator, just before): "
                   + ", ".join(f"{label} {p99[key] / oracle[key]:.2f}x" for key, label in (

@@ -335,6 +335,27 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.short_since
 
 
+def test_a_statefulset_still_gaining_pods_is_not_asked_why_it_is_short(monkeypatch):
+    """The StatefulSet controller creating a burst's pods slowly is not a refusal: its Events
+    are read only once a StatefulSet has gained no pod for the grace period."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert", min_workers=3, max_workers=3)))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    worker = kube.obj("StatefulSet", NS, "bert-worker")
+    assert worker["spec"]["replicas"] == 3
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    for created in (0, 1, 2):  # one more pod every grace period
+        for sts in kube.of_kind("StatefulSet"):
+            sts["status"] = {"replicas": min(created, sts["spec"]["replicas"]), "readyReplicas": 0}
+        sync(rt, kube, "bert")
+        clock[0] += jobs.REFUSAL_GRACE_S
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
+    sync(rt, kube, "bert")  # no pod for a grace period now: asked
+    assert [c for c in kube.calls if c[:2] == ("list", "Event")]
+
+
 def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch):
     """On its minimum with the rest refused (an admission webhook, say): Running, but not
     "AllRolesReady" as it used to, with a Warning Event naming the refusal."""

@@ -453,8 +453,9 @@ class Runtime:
     # (uid, generation) whose children were created and templates refreshed: a watch event
     # of another generation (an edit) reconciles again. Lost on restart: all are, once.
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
-    # (job, StatefulSet) -> when it was first seen with fewer pods than replicas (jobs.py).
-    short_since: dict[tuple[JobKey, str], float] = field(default_factory=dict)
+    # (job, StatefulSet) -> (since when it has been seen with fewer pods than replicas and
+    # none created, how many pods it had then) (jobs.pods_refused).
+    short_since: dict[tuple[JobKey, str], tuple[float, int]] = field(default_factory=dict)
     # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
     # to wake that policy's admission. The latest MAX_DEPARTED only.
     departed: dict[JobKey, str] = field(default_factory=dict)
