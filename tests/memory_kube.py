@@ -179,6 +179,8 @@ class MemoryKube:
                 new = {**new, "status": obj.get("status")}
                 if new.get("spec") != obj.get("spec"):
                     new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        elif kind == "StatefulSet" and new.get("spec") != obj.get("spec"):
+            new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
         self.objects[key] = new
         return True
 
@@ -308,7 +310,8 @@ class MemoryKube:
                         and p["status"].get("phase") == "Running")
             created = sum(1 for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
                           and p["metadata"]["name"].rsplit("-", 1)[0] == name)
-            sts["status"] = {"replicas": created, "readyReplicas": ready}
+            sts["status"] = {"replicas": created, "readyReplicas": ready,
+                             "observedGeneration": meta.get("generation", 1)}
 
     def _failed_create(self, namespace: str, statefulset: str, message: str) -> None:
         name = f"{statefulset}.failed-create"

@@ -308,7 +308,8 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
     # The StatefulSet controller could create no pod: status.replicas stays 0.
     for sts in kube.of_kind("StatefulSet"):
-        sts["status"] = {"replicas": 0, "readyReplicas": 0}
+        sts["status"] = {"replicas": 0, "readyReplicas": 0,
+                         "observedGeneration": sts["metadata"]["generation"]}
     refusal = ('create Pod bert-worker-0 in StatefulSet bert-worker failed error: pods '
                '"bert-worker-0" is forbidden: error looking up service account '
                'team-a/mlsched-training: serviceaccount "mlsched-training" not found')
@@ -348,11 +349,21 @@ def test_a_statefulset_still_gaining_pods_is_not_asked_why_it_is_short(monkeypat
     monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
     for created in (0, 1, 2):  # one more pod every grace period
         for sts in kube.of_kind("StatefulSet"):
-            sts["status"] = {"replicas": min(created, sts["spec"]["replicas"]), "readyReplicas": 0}
+            sts["status"] = {"replicas": min(created, sts["spec"]["replicas"]), "readyReplicas": 0,
+                             "observedGeneration": sts["metadata"]["generation"]}
         sync(rt, kube, "bert")
         clock[0] += jobs.REFUSAL_GRACE_S
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
-    sync(rt, kube, "bert")  # no pod for a grace period now: asked
+    # Scaled again, and not yet acted on by the StatefulSet controller: waiting in its queue.
+    run(kube.patch("StatefulSet", NS, "bert-worker", {"spec": {"replicas": 4}}))
+    sync(rt, kube, "bert")
+    clock[0] += jobs.REFUSAL_GRACE_S
+    sync(rt, kube, "bert")
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
+    kube.obj("StatefulSet", NS, "bert-worker")["status"]["observedGeneration"] += 1
+    sync(rt, kube, "bert")
+    clock[0] += jobs.REFUSAL_GRACE_S
+    sync(rt, kube, "bert")  # acted on, no pod for a grace period now: asked
     assert [c for c in kube.calls if c[:2] == ("list", "Event")]
 
 
@@ -365,10 +376,12 @@ def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch)
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
     kube.settle()
     ps = kube.obj("StatefulSet", NS, "bert-ps")
-    ps["status"] = {"replicas": ps["spec"]["replicas"], "readyReplicas": ps["spec"]["replicas"]}
+    ps["status"] = {"replicas": ps["spec"]["replicas"], "readyReplicas": ps["spec"]["replicas"],
+                    "observedGeneration": ps["metadata"]["generation"]}
     worker = kube.obj("StatefulSet", NS, "bert-worker")
     assert worker["spec"]["replicas"] >= 2
-    worker["status"] = {"replicas": 1, "readyReplicas": 1}
+    worker["status"] = {"replicas": 1, "readyReplicas": 1,
+                        "observedGeneration": worker["metadata"]["generation"]}
     kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedCreate",
               "message": "admission webhook denied the request: at most 1 GPU pod per user",
               "metadata": {"name": "bert-worker.1", "namespace": NS},

@@ -606,14 +606,15 @@ async def pods_refused(rt: Runtime, job: JobRecord, statefulsets) -> str | None:
     Security, a LimitRange, an admission webhook: only the StatefulSet's `FailedCreate` Events
     say), once a StatefulSet has stayed short of its replicas, with no pod created, for
     REFUSAL_GRACE_S; None otherwise. Without it the job waited "PodsStarting" while its
-    capacity stayed reserved. A StatefulSet still gaining pods is being served, only slowly
-    (a burst of new jobs: in bench_e2e its Events were read 146 times for 200 jobs, none
-    refused), so each pod it gains starts the grace period again."""
+    capacity stayed reserved. Not while the StatefulSet controller has yet to act on the
+    latest scaling, and each pod it gains starts the grace period again: in a burst of new
+    jobs its queue is long, and its Events were read 146 times for 200 jobs, none refused
+    (bench_e2e)."""
     now = time.monotonic()
     found = None
     for sts in statefulsets:
         key = (job.key, sts.name)
-        if sts.created >= sts.replicas:
+        if sts.created >= sts.replicas or not sts.observed:
             rt.short_since.pop(key, None)
             continue
         since, created = rt.short_since.get(key, (now, sts.created))

@@ -464,6 +464,9 @@ class StsRecord:
     owner_uid: str | None = None
     pool: PodPool | None = None  # the pool its template requires (STS_POOL_ANNOTATION)
     created: int = 0  # status.replicas: pods the StatefulSet controller has created
+    # The StatefulSet controller has acted on its latest spec (status.observedGeneration):
+    # until then a StatefulSet short of pods is only waiting in the controller's queue.
+    observed: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -503,7 +506,9 @@ def sts_record(body: Mapping[str, Any]) -> StsRecord:
                      template_hash=(meta.get("annotations") or {}).get(TEMPLATE_HASH_ANNOTATION),
                      uid=meta.get("uid", ""), owner_uid=controller_uid(meta),
                      pool=PodPool.parse((meta.get("annotations") or {}).get(STS_POOL_ANNOTATION)),
-                     created=int(status.get("replicas") or 0))
+                     created=int(status.get("replicas") or 0),
+                     observed=int(status.get("observedGeneration") or 0)
+                     >= int(meta.get("generation") or 0))
 
 
 # ------------------------------------------------------------------------------------ mljobs
