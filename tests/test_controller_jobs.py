@@ -72,6 +72,63 @@ def test_resume_makes_no_calls_when_children_exist():
     assert kube.writes() == [] and patch == {}
 
 
+def test_a_resumed_operator_lists_services_once_per_namespace_and_writes_nothing():
+    """A new process knows nothing of the Services it made: one metadata-only list of the
+    namespace's Services answers for every job whose StatefulSets all exist."""
+    _, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    first, _ = make_runtime(kube)
+    run(create_jobs(first, kube, *(ps_job(f"job-{i}") for i in range(5))))
+    assert len(kube.of_kind("Service")) == 5
+    resumed, _ = make_runtime(kube)
+    kube.calls.clear()
+    for i in range(5):
+        patch: dict = {}
+        run(jobs.reconcile_children(resumed, kube.obj("MLJob", NS, f"job-{i}"), kube.indexes(), patch))
+        assert patch == {}
+    assert [c for c in kube.writes() if c[0] != "dry-run"] == [
+        ("list", "Service", NS, "mlsched.io/job-name")]  # (dry runs: preflight.py, once per template)
+
+
+def test_a_service_lost_between_the_statefulsets_and_it_is_created_on_resume():
+    """The StatefulSets come first: an operator stopped before the Service was created leaves
+    a job with all its StatefulSets and no Service. The next process creates it."""
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert")))
+    run(kube.delete("Service", NS, "bert"))  # as if never created
+    resumed, _ = make_runtime(kube)
+    run(jobs.reconcile_children(resumed, kube.obj("MLJob", NS, "bert"), kube.indexes(), {}))
+    assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
+    assert any(e["message"].startswith("Service bert;") for e in kube.events("bert"))
+
+
+def test_a_job_whose_service_cannot_be_created_gets_no_capacity_until_it_is():
+    """The namespace's quota on `services` full: the job's StatefulSets exist (created first)
+    but it is not admitted, since its pods would have no DNS names; when the Service can be
+    created, its policy's admission runs."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    kube.object_quota["Service"] = 0
+    stored = kube.put(ps_job("bert"))
+    try:
+        run(jobs.reconcile_children(rt, stored, kube.indexes(), {}))
+    except Exception as err:  # noqa: BLE001 - what the handler reports (WaitingForQuota)
+        assert "ResourceQuota has room" in str(err)
+    assert sorted(s["metadata"]["name"] for s in kube.of_kind("StatefulSet")) == ["bert-ps", "bert-worker"]
+    assert rt.services.refused(jobs.job_record(stored))
+    assert run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                         kube.indexes(), now=NOW)) is None
+    assert all(s["spec"]["replicas"] == 0 for s in kube.of_kind("StatefulSet"))
+    del kube.object_quota["Service"]
+    run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), {}))
+    assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
+    assert "admission" in rt.wakeups.peek((NS, "default"))
+    report = run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                           kube.indexes(), now=NOW + 1))
+    assert report is not None and report.targets["bert"].count("worker") >= 1
+
+
 def test_deleting_the_job_collects_its_children():
     rt, kube = scheduled()
     assert kube.of_kind("Pod")

@@ -71,13 +71,14 @@ async def ensure_statefulsets(api: KubeApi, job: JobRecord, existing: Iterable[S
     """Create the StatefulSets the index does not show, with zero replicas: how many pods a
     job gets is the scheduling round's decision, never the create handler's."""
     have = {s.role for s in existing}
-    created = []
-    for role in roles_of(job):
-        if role not in have:
-            manifest = statefulset_manifest(job, role, 0, {}, settings)
-            if await _create_owned(api, job, manifest):
-                created.append(manifest["metadata"]["name"])
-    return created
+    manifests = [statefulset_manifest(job, role, 0, {}, settings)
+                 for role in roles_of(job) if role not in have]
+    made = await asyncio.gather(*(_create_owned(api, job, m) for m in manifests),
+                                return_exceptions=True)
+    for result in made:
+        if isinstance(result, BaseException):
+            raise result
+    return [m["metadata"]["name"] for m, now in zip(manifests, made) if now]
 
 
 def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],

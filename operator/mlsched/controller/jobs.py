@@ -290,12 +290,22 @@ async def _pods_verdict(rt: Runtime, job: JobRecord, seen: lifecycle.Observed) -
 
 async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
                            existing: list[StsRecord]) -> None:
-    # The Service is created with the StatefulSets, so when they all exist there is no call to
-    # make: a resumed operator costs no API call per job.
+    # The StatefulSets first (both at once), then the Service (services.py says why, and
+    # how a job whose StatefulSets all exist is known to have it with no call per job).
     complete = {s.role for s in existing} >= set(roles_of(job))
-    created = [] if complete or not await ensure_service(rt.api, job) else [f"Service {job.name}"]
-    created += [f"StatefulSet {name}"
-                for name in await ensure_statefulsets(rt.api, job, existing, rt.pod_settings)]
+    created = [f"StatefulSet {name}"
+               for name in await ensure_statefulsets(rt.api, job, existing, rt.pod_settings)]
+    if not complete or not await rt.services.exists(rt.api, job):
+        refused = rt.services.refused(job)
+        try:
+            if await ensure_service(rt.api, job):
+                created.insert(0, f"Service {job.name}")
+        except Exception:
+            rt.services.failed(job)
+            raise
+        rt.services.note(job)
+        if refused:  # held from admission until now; its StatefulSets were there already
+            rt.wakeups.signal((job.namespace, job.policy), "admission")
     if created:
         await rt.recorder.emit(_ref(body), "Normal", "Created",
                                f"{', '.join(created)}; waiting for SchedulingPolicy "

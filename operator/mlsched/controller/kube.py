@@ -89,8 +89,8 @@ class KubeApi(Protocol):
 
     async def list(self, kind: str, namespace: str, label_selector: str, *,
                    metadata_only: bool = False) -> list[dict[str, Any]]:
-        """The objects of a kind in a namespace matching a label selector (ConfigMaps only:
-        published model versions, dataset records). `metadata_only`: kind, apiVersion and
+        """The objects of a kind in a namespace matching a label selector (ConfigMaps:
+        published model versions, dataset records; Services: services.py). `metadata_only`: kind, apiVersion and
         metadata of each (a PartialObjectMetadataList), not their data."""
 
     async def failed_creates(self, namespace: str, statefulset: str) -> list[dict[str, Any]]:
@@ -312,14 +312,16 @@ class ClientKubeApi:
 
     async def list(self, kind: str, namespace: str, label_selector: str, *,
                    metadata_only: bool = False) -> list[dict[str, Any]]:
-        if kind != "ConfigMap":
+        listing = {"ConfigMap": self._core.list_namespaced_config_map,
+                   "Service": self._core.list_namespaced_service}.get(kind)
+        if listing is None:
             raise ValueError(f"listing {kind} is not supported (the indexes hold it)")
         headers = {"Accept": METADATA_ONLY} if metadata_only else None
         items: list[dict[str, Any]] = []
         token = None
         while True:  # in pages: a policy's records may add up to more than one response should
             self._count("list", kind)
-            page = await self._call(self._core.list_namespaced_config_map, namespace,
+            page = await self._call(listing, namespace,
                                     label_selector=label_selector, limit=LIST_PAGE,
                                     _continue=token, _headers=headers)
             items += (page or {}).get("items") or []

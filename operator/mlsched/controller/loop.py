@@ -365,9 +365,9 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
     # replicas nothing can scale, until the next round. One whose pods the API server would
-    # refuse (preflight.py) gets nothing.
+    # refuse (preflight.py), or whose Service could not be created (services.py), gets nothing.
     schedulable = [j for j in jobs if j.schedulable and children_exist(j, idx)
-                   and not rt.preflight.holds(j)]
+                   and not rt.preflight.holds(j) and not rt.services.refused(j)]
 
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
@@ -488,7 +488,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     # replicas that nothing can scale yet).
     decided = {j.key: rt.placements.of(j.key) for j in jobs}
     schedulable = [j for j in jobs if j.schedulable and not rt.preflight.holds(j)
-                   and ((decided[j.key] or {}).get("worker") or children_exist(j, idx))]
+                   and ((decided[j.key] or {}).get("worker")
+                        or (children_exist(j, idx) and not rt.services.refused(j)))]
     # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
     # with the waiting ones, their tasks not held.
     node_records = {n.name: n for n in flatten(idx.nodes)}

@@ -24,6 +24,7 @@ from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
 from mlsched.controller.limitranges import Defaulted, LimitRangeRecord
 from mlsched.controller.runtimeclasses import RuntimeClassRecord
+from mlsched.controller.services import ServiceBook
 from mlsched.controller.metrics import Metrics
 from mlsched.controller.models import ModelResolver
 from mlsched.controller.preflight import Preflight
@@ -436,6 +437,7 @@ class Runtime:
     models: ModelResolver
     metrics: Metrics = field(default_factory=Metrics)
     placements: PlacementBook = field(default_factory=PlacementBook)
+    services: ServiceBook = field(default_factory=ServiceBook)  # whose headless Service exists
     reservations: ReservationBook = field(default_factory=ReservationBook)
     failures: FailureBook = field(default_factory=FailureBook)
     intervals: dict[PolicyKey, OpenInterval] = field(default_factory=dict)
@@ -580,6 +582,7 @@ class Runtime:
         self.preflight.forget(key)
         self.refusals.forget(key)
         self.placements.forget(key)
+        self.services.forget(key)
         self.reservations.release(key)
         self.failures.forget(key)
         self.progress.pop(key, None)
