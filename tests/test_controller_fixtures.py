@@ -106,6 +106,8 @@ async def create_jobs(rt: Runtime, kube: MemoryKube, *bodies: dict) -> None:
         await jobs.reconcile_children(rt, stored, kube.indexes(), patch)
         await kube.patch("MLJob", stored["metadata"]["namespace"], stored["metadata"]["name"],
                          patch, status=True)
+        meta = stored["metadata"]  # reconciled, as jobs.reconcile_if_needed records it
+        rt.reconciled[(meta["namespace"], meta["name"])] = (meta["uid"], meta["generation"])
 
 
 def run(coro):

@@ -641,6 +641,27 @@ def test_a_spec_edit_waits_for_the_step_applying_a_decision(monkeypatch):
     assert env_of(worker["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(second.count("worker"))
 
 
+def test_a_resumed_operators_refresh_planned_from_a_stale_index_reads_again():
+    """A new process (a standby taking over) reconciles an edited job from its index with no
+    call first; the index behind a scaling the old leader made just before, the patch's
+    compare-and-swap fails and the StatefulSets are read: their replicas stay."""
+    rt, kube = setup(nodes=1, job_bodies=[ps_job("bert", max_workers=8)])
+    round_(rt, kube)
+    stale = kube.indexes()
+    for i in range(1, 6):
+        kube.put(node(f"node-{i}"))
+    second = round_(rt, kube, now=NOW + 1200).targets["bert"]
+    edited = _edit_worker_env(kube, "bert", "0.6")
+    resumed, _ = make_runtime(kube)
+    kube.calls.clear()
+    run(jobs.reconcile_children(resumed, edited, stale, {}))
+    assert ("get", "StatefulSet", NS, "bert-worker") in kube.calls  # after the failed patch
+    worker = kube.obj("StatefulSet", NS, "bert-worker")
+    assert worker["spec"]["replicas"] == second.count("worker")
+    assert env_of(worker["spec"]["template"], "LEARNING_RATE") == "0.6"
+    assert env_of(worker["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(second.count("worker"))
+
+
 def test_a_template_refresh_that_loses_the_race_reads_again_and_a_refused_one_is_reported(
         monkeypatch):
     """Between the refresh's read and its patch, a round rewrites the template: the patch's

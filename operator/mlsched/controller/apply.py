@@ -105,18 +105,21 @@ def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],
 REFRESH_ATTEMPTS = 4
 
 
-async def refresh_templates(api: KubeApi, job: JobRecord, names: Sequence[str],
-                            settings: PodSettings) -> int:
+async def refresh_templates(api: KubeApi, job: JobRecord, existing: Sequence[StsRecord],
+                            settings: PodSettings, *, read_first: bool = False) -> int:
     """Bring the pod templates of these StatefulSets in line with an edited spec; how many
-    were patched. Planned from the StatefulSets as the API server has them now (the index may
-    not show a scaling that was just answered, and a template holds both roles' counts). A
-    patch whose template changed since it was read fails (422) and they are read again; a
-    422 on an unchanged StatefulSet is the API server refusing the template, raised for the
-    job's status."""
+    were patched. Planned from the index's records, or with `read_first` from the
+    StatefulSets as the API server has them now (the index may not show a scaling that was
+    just answered, and a template holds both roles' counts). A patch whose template changed
+    since it was planned fails (422) and they are read again; a 422 on an unchanged
+    StatefulSet is the API server refusing the template, raised for the job's status."""
+    current = list(existing)
     for attempt in range(REFRESH_ATTEMPTS):
-        found = await asyncio.gather(*(api.get("StatefulSet", job.namespace, n) for n in names))
-        current = [sts_record(f) for f in found
-                   if f is not None and not f["metadata"].get("deletionTimestamp")]
+        if read_first or attempt:
+            found = await asyncio.gather(*(api.get("StatefulSet", job.namespace, s.name)
+                                           for s in existing))
+            current = [sts_record(f) for f in found
+                       if f is not None and not f["metadata"].get("deletionTimestamp")]
         plans = refresh_plan(job, current, settings)
         try:
             for plan in plans:

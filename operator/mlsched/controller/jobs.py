@@ -310,13 +310,16 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
         await rt.recorder.emit(_ref(body), "Normal", "Created",
                                f"{', '.join(created)}; waiting for SchedulingPolicy "
                                f"{job.policy!r} to allocate")
-    # The template was edited, or may have been: a job this operator has decided for may have
-    # been scaled past what the index shows. Not while a step applies its decision (a round
-    # planned before the edit would put the old template back after this refresh).
-    if existing and (refresh_plan(job, existing, rt.pod_settings)
-                     or rt.placements.of(job.key) is not None):
+    # The template was edited (a generation of this job reconciled before in this process):
+    # one this operator has decided for may have been scaled past what the index shows, so
+    # its StatefulSets are read. Otherwise (created, resumed) the index says whether anything
+    # is to do, with no call when nothing is. Not while a step applies a decision for the job
+    # (one planned before the edit would put the old template back after this refresh).
+    edited = rt.reconciled.get(job.key, ("",))[0] == job.uid
+    read_first = edited and rt.placements.of(job.key) is not None
+    if existing and (read_first or refresh_plan(job, existing, rt.pod_settings)):
         await rt.placements.settled(job.key)
-        await refresh_templates(rt.api, job, [s.name for s in existing], rt.pod_settings)
+        await refresh_templates(rt.api, job, existing, rt.pod_settings, read_first=read_first)
 
 
 async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
