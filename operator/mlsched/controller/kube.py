@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from mlsched.api import GROUP, VERSION
 from mlsched.controller.constants import COMPONENT
+from mlsched.controller.priority_slots import PrioritySlots
 
 PatchType = Literal["merge", "strategic", "json"]
 CONTENT_TYPES = {"merge": "application/merge-patch+json",
@@ -35,6 +36,11 @@ CREATE_PATHS = {"Service": "/api/v1/namespaces/{namespace}/services",
                 "ConfigMap": "/api/v1/namespaces/{namespace}/configmaps",
                 "Event": "/api/v1/namespaces/{namespace}/events",
                 "Secret": "/api/v1/namespaces/{namespace}/secrets"}
+#: Which creates go first when the create slots are all taken (lowest first): what a new job's
+#: pods wait on (its StatefulSets; dry runs, below, hold its admission) before its Service,
+#: before what nothing waits on (Events, dataset records).
+CREATE_PRIORITY = {"StatefulSet": 0, "Service": 1}
+LAST = 2
 
 
 class KubeError(RuntimeError):
@@ -148,7 +154,9 @@ class ClientKubeApi:
         # thousands of new MLJobs must not queue the scaling and pinning that admit the jobs
         # already waiting behind it (seen in bench_e2e: an admission step's patches waited a
         # minute behind 6,000 creates).
-        self._create_slots = asyncio.Semaphore(max(1, concurrency // 2))
+        # Served by priority (CREATE_PRIORITY): a burst's StatefulSets before its Services and
+        # Events (priority_slots.py).
+        self._create_slots = PrioritySlots(max(1, concurrency // 2))
         # Called with (verb, resource) for every request sent (the Runtime counts them).
         self.on_request: Callable[[str, str], None] | None = None
         # Its own threads, as many as calls may be in flight: the loop's default executor has
@@ -241,7 +249,7 @@ class ClientKubeApi:
         # is an error naming it, not a warning while the field is silently dropped.
         query = [("fieldManager", COMPONENT), ("fieldValidation", "Strict")]
         try:
-            async with self._create_slots:
+            async with self._create_slots.slot(CREATE_PRIORITY.get(kind, LAST)):
                 if kind in CUSTOM_PLURALS:
                     await self._call(self._custom.create_namespaced_custom_object, GROUP, VERSION,
                                      ns, CUSTOM_PLURALS[kind], body, field_manager=COMPONENT,
@@ -258,7 +266,7 @@ class ClientKubeApi:
         kind, ns = body["kind"], body["metadata"]["namespace"]
         self._count("dry-run", kind)
         query = [("dryRun", "All"), ("fieldManager", COMPONENT), ("fieldValidation", "Strict")]
-        async with self._create_slots:
+        async with self._create_slots.slot(0):  # the job is held from admission until answered
             await self._call(self._post, CREATE_PATHS[kind].format(namespace=ns), body, query)
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
