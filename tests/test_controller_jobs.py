@@ -90,6 +90,23 @@ def test_a_resumed_operator_lists_services_once_per_namespace_and_writes_nothing
         ("list", "Service", NS, "mlsched.io/job-name")]  # (dry runs: preflight.py, once per template)
 
 
+def test_an_operator_whose_rbac_cannot_list_services_resumes_as_before():
+    """An operator upgraded before its RBAC (no `list` on services): a resumed job whose
+    StatefulSets exist is taken to have its Service, as before, not failed every sweep."""
+    _, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    first, _ = make_runtime(kube)
+    run(create_jobs(first, kube, ps_job("bert")))
+    kube.failing[("list", "Service")] = 403
+    resumed, _ = make_runtime(kube)
+    kube.calls.clear()
+    run(jobs.reconcile_if_needed(resumed, kube.obj("MLJob", NS, "bert"), kube.indexes()))
+    assert [c for c in kube.writes() if c[0] not in ("dry-run", "patch-status")] == [
+        ("list", "Service", NS, "mlsched.io/job-name")]
+    assert resumed.reconciled.get((NS, "bert")) is not None
+    assert "ChildrenNotCreated" not in [e["reason"] for e in kube.events("bert")]
+
+
 def test_a_service_lost_between_the_statefulsets_and_it_is_created_on_resume():
     """The StatefulSets come first: an operator stopped before the Service was created leaves
     a job with all its StatefulSets and no Service. The next process creates it."""

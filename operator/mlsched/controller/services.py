@@ -15,10 +15,13 @@ job, as before).
 from __future__ import annotations
 
 import asyncio
+import logging
 
 from mlsched.controller.constants import JOB_LABEL
-from mlsched.controller.kube import KubeApi
+from mlsched.controller.kube import KubeApi, KubeError
 from mlsched.controller.records import JobRecord, controller_uid
+
+log = logging.getLogger("mlsched.controller.services")
 
 JobKey = tuple[str, str]
 
@@ -58,16 +61,28 @@ class ServiceBook:
             listing = self._listed[job.namespace] = asyncio.ensure_future(
                 self._list(api, job.namespace))
         try:
-            await asyncio.shield(listing)
+            listable = await asyncio.shield(listing)
         except Exception:
             if self._listed.get(job.namespace) is listing:
                 del self._listed[job.namespace]  # the next job asks again
             raise
-        return self._owner.get(job.key) == job.uid
+        return not listable or self._owner.get(job.key) == job.uid
 
-    async def _list(self, api: KubeApi, namespace: str) -> None:
-        for item in await api.list("Service", namespace, JOB_LABEL, metadata_only=True):
+    async def _list(self, api: KubeApi, namespace: str) -> bool:
+        """False when the operator may not list Services (RBAC from before this module):
+        every job whose StatefulSets exist is then taken to have its Service, as it was."""
+        try:
+            items = await api.list("Service", namespace, JOB_LABEL, metadata_only=True)
+        except KubeError as err:
+            if err.status != 403:
+                raise
+            log.warning("cannot list Services in %s (%s): jobs whose StatefulSets exist are "
+                        "taken to have theirs; apply the current RBAC (list services)",
+                        namespace, err.message)
+            return False
+        for item in items:
             meta = item.get("metadata") or {}
             name = meta.get("name", "")
             # A Service this process noted meanwhile stays as noted.
             self._owner.setdefault((namespace, name), controller_uid(meta))
+        return True
