@@ -330,7 +330,8 @@ class PatchStatefulSet:
         """A JSON patch: `replace` swaps the template exactly, where a merge patch would keep
         keys the user has since removed from the MLJob's template. With a uid, `test` makes it
         fail (422) on a StatefulSet that was replaced since it was planned."""
-        hash_path = "/metadata/annotations/" + TEMPLATE_HASH_ANNOTATION.replace("~", "~0").replace("/", "~1")
+        hash_path = ("/metadata/annotations/"
+                     + TEMPLATE_HASH_ANNOTATION.replace("~", "~0").replace("/", "~1"))
         ops = [{"op": "test", "path": "/metadata/uid", "value": self.uid}] if self.uid else []
         if self.replaces_hash is not None:
             ops += [{"op": "test", "path": hash_path, "value": self.replaces_hash}]

@@ -96,8 +96,8 @@ class KubeApi(Protocol):
     async def list(self, kind: str, namespace: str, label_selector: str, *,
                    metadata_only: bool = False) -> list[dict[str, Any]]:
         """The objects of a kind in a namespace matching a label selector (ConfigMaps:
-        published model versions, dataset records; Services: services.py). `metadata_only`: kind, apiVersion and
-        metadata of each (a PartialObjectMetadataList), not their data."""
+        published model versions, dataset records; Services: services.py). `metadata_only`:
+        kind, apiVersion and metadata of each (a PartialObjectMetadataList), not their data."""
 
     async def failed_creates(self, namespace: str, statefulset: str) -> list[dict[str, Any]]:
         """The `FailedCreate` Events of a StatefulSet (the API server refused its pods: a

@@ -3,8 +3,8 @@
 A new job's StatefulSets are created before its Service: a pod's DNS name is needed only once
 pods exist, which is after the StatefulSets exist and a policy has scaled them, and in a burst
 of new jobs every Service created first had to be served before the next job's StatefulSets
-(bench_e2e, 200 jobs at once: the p99 until a job's StatefulSets exist fell from 3.4-3.8 s to
-1.8-2.3 s). So a job can have its StatefulSets and not yet its Service: the operator stopped,
+(bench_e2e, 200 jobs at once: the p99 until a job's StatefulSets exist fell from 3.5-3.9 s to
+2.0-2.5 s). So a job can have its StatefulSets and not yet its Service: the operator stopped,
 or the create failed (a quota on `services`, an earlier job's Service of the same name still
 there), between the two. Whether a job whose StatefulSets all exist still needs its Service
 is answered here: from what this process created, else from one metadata-only list of the
