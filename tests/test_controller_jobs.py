@@ -441,6 +441,27 @@ def test_a_statefulset_still_gaining_pods_is_not_asked_why_it_is_short(monkeypat
     assert [c for c in kube.calls if c[:2] == ("list", "Event")]
 
 
+def test_pods_the_watch_has_seen_count_before_the_statefulset_status_does(monkeypatch):
+    """The StatefulSet controller's status counts the pods it had seen when its sync began:
+    right after creating them it still shows none, for as long as it takes to sync again
+    (seconds in a burst). The pods the operator's own watch has seen count."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy())
+    run(create_jobs(rt, kube, ps_job("bert", min_workers=2, max_workers=2)))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    kube.settle()  # the pods exist
+    for sts in kube.of_kind("StatefulSet"):  # as the controller's first status said
+        sts["status"] = {"replicas": 0, "readyReplicas": 0,
+                         "observedGeneration": sts["metadata"]["generation"]}
+    clock = [1000.0]
+    monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
+    for _ in range(3):
+        sync(rt, kube, "bert")
+        clock[0] += jobs.REFUSAL_GRACE_S
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
+    assert cond(kube, "bert", "Running").reason != "PodsRefused"
+
+
 def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch):
     """On its minimum with the rest refused (an admission webhook, say): Running, but not
     "AllRolesReady" as it used to, with a Warning Event naming the refusal."""
@@ -456,6 +477,8 @@ def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch)
     assert worker["spec"]["replicas"] >= 2
     worker["status"] = {"replicas": 1, "readyReplicas": 1,
                         "observedGeneration": worker["metadata"]["generation"]}
+    for k in range(1, worker["spec"]["replicas"]):  # refused: never created
+        del kube.objects[("Pod", NS, f"bert-worker-{k}")]
     kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedCreate",
               "message": "admission webhook denied the request: at most 1 GPU pod per user",
               "metadata": {"name": "bert-worker.1", "namespace": NS},

@@ -10,7 +10,8 @@ import asyncio
 import dataclasses
 import logging
 import time
-from collections.abc import Mapping, MutableMapping
+from collections import Counter
+from collections.abc import Iterable, Mapping, MutableMapping
 from datetime import datetime
 from typing import Any
 
@@ -384,7 +385,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.unschedulable = sorted([(p.name, p.unschedulable) for p in pods
                                  if p.unschedulable and not p.deleting]
                                 + unscheduled(rt, job.key, pods))
-    seen.pods_refused = await pods_refused(rt, job, seen.statefulsets)
+    seen.pods_refused = await pods_refused(rt, job, seen.statefulsets, pods)
     seen.would_be_refused = await _pods_verdict(rt, job, seen)
     if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
         found = values(idx.quotas, job.namespace)
@@ -614,7 +615,8 @@ async def _warned(rt: Runtime, key: JobKey, namespace: str, waiting: list[PodRec
 REFUSAL_GRACE_S = 5.0
 
 
-async def pods_refused(rt: Runtime, job: JobRecord, statefulsets) -> str | None:
+async def pods_refused(rt: Runtime, job: JobRecord, statefulsets,
+                       pods: Iterable[PodRecord] = ()) -> str | None:
     """Why the API server refuses to create the job's pods (a missing ServiceAccount, Pod
     Security, a LimitRange, an admission webhook: only the StatefulSet's `FailedCreate` Events
     say), once a StatefulSet has stayed short of its replicas, with no pod created, for
@@ -622,18 +624,22 @@ async def pods_refused(rt: Runtime, job: JobRecord, statefulsets) -> str | None:
     capacity stayed reserved. Not while the StatefulSet controller has yet to act on the
     latest scaling, and each pod it gains starts the grace period again: in a burst of new
     jobs its queue is long, and its Events were read 146 times for 200 jobs, none refused
-    (bench_e2e)."""
+    (bench_e2e). Its pods are counted from the pod watch too (`pods`): the controller's status
+    counts only the pods it had seen when its sync began, so right after creating them it
+    still shows none."""
     now = time.monotonic()
     found = None
+    seen_pods = Counter(p.role for p in pods if not p.deleting)
     for sts in statefulsets:
         key = (job.key, sts.name)
-        if sts.created >= sts.replicas or not sts.observed:
+        created = max(sts.created, seen_pods.get(sts.role, 0))
+        if created >= sts.replicas or not sts.observed:
             rt.short_since.pop(key, None)
             continue
-        since, created = rt.short_since.get(key, (now, sts.created))
-        if sts.created > created:  # progress since: not refused (not all of it, anyway)
+        since, before = rt.short_since.get(key, (now, created))
+        if created > before:  # progress since: not refused (not all of it, anyway)
             since = now
-        rt.short_since[key] = (since, sts.created)
+        rt.short_since[key] = (since, created)
         if found is None and now - since >= REFUSAL_GRACE_S:
             try:
                 events = await rt.api.failed_creates(job.namespace, sts.name)
