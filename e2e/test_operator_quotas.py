@@ -187,14 +187,13 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
         "its Service second cannot be created until the namespace's ResourceQuota has room (services "
         '"second" is forbidden: exceeded quota: objects'), message
     assert mlsched.job("second")["status"]["phase"] == "Pending"
-    # Its StatefulSet comes before its Service (controller/services.py), and is not scaled:
-    # without the Service its pods would have no DNS names.
-    time.sleep(2)  # an admission step's time
-    assert {r: s.spec.replicas for r, s in mlsched.statefulsets("second").items()} == {"worker": 0}
-    assert mlsched.pods("second") == []
     # Not a create call every second: one Event, and the holder is not told its children
     # were not created (a full quota refuses even the create of an object that exists).
     time.sleep(3)
+    # Its StatefulSet comes before its Service (controller/services.py), and is not scaled:
+    # without the Service its pods would have no DNS names.
+    assert {r: s.spec.replicas for r, s in mlsched.statefulsets("second").items()} == {"worker": 0}
+    assert mlsched.pods("second") == []
     assert [e.reason for e in mlsched.events("second", "MLJob")].count("WaitingForQuota") == 1
     assert "ChildrenNotCreated" not in [e.reason for e in mlsched.events("holder", "MLJob")]
     # What an alert on stuck jobs watches.

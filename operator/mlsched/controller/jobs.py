@@ -616,7 +616,7 @@ REFUSAL_GRACE_S = 5.0
 
 
 async def pods_refused(rt: Runtime, job: JobRecord, statefulsets,
-                       pods: Iterable[PodRecord] = ()) -> str | None:
+                       pods: Iterable[PodRecord]) -> str | None:
     """Why the API server refuses to create the job's pods (a missing ServiceAccount, Pod
     Security, a LimitRange, an admission webhook: only the StatefulSet's `FailedCreate` Events
     say), once a StatefulSet has stayed short of its replicas, with no pod created, for
@@ -629,10 +629,12 @@ async def pods_refused(rt: Runtime, job: JobRecord, statefulsets,
     still shows none."""
     now = time.monotonic()
     found = None
-    seen_pods = Counter(p.role for p in pods if not p.deleting)
+    seen_pods: Counter[str] | None = None  # counted only for a StatefulSet short by its status
     for sts in statefulsets:
         key = (job.key, sts.name)
-        created = max(sts.created, seen_pods.get(sts.role, 0))
+        if sts.created < sts.replicas and sts.observed and seen_pods is None:
+            seen_pods = Counter(p.role for p in pods if not p.deleting)
+        created = max(sts.created, seen_pods.get(sts.role, 0) if seen_pods else 0)
         if created >= sts.replicas or not sts.observed:
             rt.short_since.pop(key, None)
             continue

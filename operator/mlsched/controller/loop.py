@@ -366,8 +366,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # creation triggers: deciding it now would reserve capacity and record a placement for
     # replicas nothing can scale, until the next round. One whose pods the API server would
     # refuse (preflight.py), or whose Service could not be created (services.py), gets nothing.
-    schedulable = [j for j in jobs if j.schedulable and children_exist(j, idx)
-                   and not rt.preflight.holds(j) and not rt.services.refused(j)]
+    schedulable = [j for j in jobs if j.schedulable and children_ready(rt, j, idx)
+                   and not rt.preflight.holds(j)]
 
     # Snapshot, decision and reservations under one lock: two policies deciding at once would
     # each hand out the capacity the other is about to take.
@@ -488,8 +488,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     # replicas that nothing can scale yet).
     decided = {j.key: rt.placements.of(j.key) for j in jobs}
     schedulable = [j for j in jobs if j.schedulable and not rt.preflight.holds(j)
-                   and ((decided[j.key] or {}).get("worker")
-                        or (children_exist(j, idx) and not rt.services.refused(j)))]
+                   and ((decided[j.key] or {}).get("worker") or children_ready(rt, j, idx))]
     # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
     # with the waiting ones, their tasks not held.
     node_records = {n.name: n for n in flatten(idx.nodes)}
@@ -648,6 +647,11 @@ def serving_for(rt: Runtime, ref: ObjectRef, spec, resolved: ResolvedPolicy, num
 
 def children_exist(job: JobRecord, idx: Indexes) -> bool:
     return {s.role for s in idx.statefulsets.get(job.key, ())} >= set(roles_of(job))
+
+
+def children_ready(rt: Runtime, job: JobRecord, idx: Indexes) -> bool:
+    """Its StatefulSets exist to be scaled, and its Service was not refused (services.py)."""
+    return children_exist(job, idx) and not rt.services.refused(job)
 
 
 def held_as_decided(snapshot, decided: Mapping[str, Mapping[str, tuple[str, ...]] | None],
