@@ -73,10 +73,6 @@ RENDERED = {
 #: Rules of the dev overlay's RBAC that this run does not exercise, and why. Everything else
 #: the overlay grants must show up in the audit log.
 NOT_EXERCISED = {
-    # Listed once per namespace by a restarted operator that finds jobs whose StatefulSets
-    # all exist (do they have their Services? controller/services.py); this run does not
-    # restart it.
-    ("", "services", "list"),
     # Checked by the OwnerReferencesPermissionEnforcement admission plugin when children get
     # blockOwnerDeletion owner references; it is not a request, and this apiserver does not
     # enable that plugin.

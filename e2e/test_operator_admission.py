@@ -48,7 +48,7 @@ def test_lowering_the_interval_takes_effect_at_once(mlsched, operator):
     assert time.monotonic() - edited < 20
 
 
-def test_a_statefulset_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsched, operator, emulator):
+def test_a_child_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsched, operator, emulator):
     mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
     mlsched.create(mljob("steady", ps=(1, 2), workers=(1, 2), epochs=1e9, policy="daily"))
     status = wait_for(lambda: placed_as_decided(mlsched, "steady"), 60, "the job to be placed",
@@ -71,6 +71,22 @@ def test_a_statefulset_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsc
     wait_for(lambda: placed_as_decided(mlsched, "steady"), 60, "its pods to run where decided again",
              describe=lambda: placement_problems(mlsched, "steady"))
     assert "Restored" in {e.reason for e in mlsched.events("steady", "MLJob")}
+
+    # Its headless Service (the pods' DNS names) deleted by hand: made again within seconds.
+    # It used to stay gone for good, and the job's peers stopped finding each other.
+    old_uid = mlsched.core.read_namespaced_service("steady", mlsched.namespace).metadata.uid
+    mlsched.core.delete_namespaced_service("steady", mlsched.namespace)
+    deleted = time.monotonic()
+
+    def service_uid() -> str | None:
+        found = [s for s in mlsched.core.list_namespaced_service(mlsched.namespace).items
+                 if s.metadata.name == "steady"]
+        return found[0].metadata.uid if found else None
+
+    wait_for(lambda: service_uid() not in (None, old_uid), 15, "the deleted Service to come back")
+    print(f"Service back {time.monotonic() - deleted:.1f} s after its deletion")
+    assert any(e.reason == "Restored" and e.message.startswith("Service steady was deleted")
+               for e in mlsched.events("steady", "MLJob"))
 
 
 def _small(name: str) -> dict:

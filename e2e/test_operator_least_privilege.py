@@ -30,7 +30,7 @@ TRAINING_SA = "mlsched-training"
 NAMESPACED_RIGHTS = [
     ("create", "apps", "statefulsets", ""), ("patch", "apps", "statefulsets", ""),
     ("patch", "", "pods", ""), ("delete", "", "pods", ""), ("create", "", "pods", ""),
-    ("create", "", "services", ""), ("list", "", "services", ""),
+    ("create", "", "services", ""), ("list", "", "services", ""), ("watch", "", "services", ""),
     ("get", "", "configmaps", ""), ("list", "", "configmaps", ""),
     ("create", "", "configmaps", ""), ("patch", "", "configmaps", ""),
     ("delete", "", "configmaps", ""), ("create", "", "events", ""),

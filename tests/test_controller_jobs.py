@@ -146,6 +146,45 @@ def test_a_job_whose_service_cannot_be_created_gets_no_capacity_until_it_is():
     assert report is not None and report.targets["bert"].count("worker") >= 1
 
 
+def test_a_service_deleted_by_hand_comes_back_at_once_and_a_deleted_jobs_stays_gone():
+    """`kubectl delete service bert` took the pods' DNS names with it (peers stop finding each
+    other): nothing made it again before. The Service of a deleted job goes with the job
+    (garbage collection) and is not made again, also while the index still shows the job."""
+    rt, kube = scheduled()
+    deleted = kube.obj("Service", NS, "bert")
+    run(kube.delete("Service", NS, "bert"))
+    assert run(jobs.on_service_deleted(rt, deleted, kube.indexes()))
+    assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
+    restored = [e for e in kube.events("bert") if e["reason"] == "Restored"]
+    assert restored and restored[-1]["message"].startswith("Service bert was deleted")
+
+    deleted, lagging = kube.obj("Service", NS, "bert"), kube.indexes()
+    run(kube.delete("MLJob", NS, "bert"))  # its Service collected with it
+    assert not run(jobs.on_service_deleted(rt, deleted, lagging))
+    assert not kube.of_kind("Service")
+
+
+def test_a_service_that_could_not_be_made_again_is_retried_by_the_sweep_and_holds_nothing():
+    """A failed re-creation is not the refusal that holds a new job from admission
+    (services.py): the running job keeps its workers, and the next sweep tries again."""
+    rt, kube = scheduled()
+    workers = kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"]
+    deleted = kube.obj("Service", NS, "bert")
+    run(kube.delete("Service", NS, "bert"))
+    kube.failing[("create", "bert")] = 503
+    assert not run(jobs.on_service_deleted(rt, deleted, kube.indexes()))
+    assert not kube.of_kind("Service") and not rt.services.refused(jobs.job_record(
+        kube.obj("MLJob", NS, "bert")))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(),
+                              now=NOW + 3600))
+    assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == workers
+    del kube.failing[("create", "bert")]
+    rt.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
+    run(jobs.sweep(rt, kube.indexes()))
+    assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
+    assert "Restored" in [e["reason"] for e in kube.events("bert")]
+
+
 def test_deleting_the_job_collects_its_children():
     rt, kube = scheduled()
     assert kube.of_kind("Pod")

@@ -40,7 +40,8 @@ NEEDED = [
     ("mlsched.io", "mljobs/finalizers", "update"),
     ("apps", "statefulsets", "create"), ("apps", "statefulsets", "patch"), ("apps", "statefulsets", "watch"),
     ("apps", "statefulsets", "get"), ("apps", "statefulsets", "list"),
-    ("", "services", "create"), ("", "services", "get"), ("", "services", "list"), ("", "pods", "get"), ("", "pods", "list"),
+    ("", "services", "create"), ("", "services", "get"), ("", "services", "list"), ("", "services", "watch"),
+    ("", "pods", "get"), ("", "pods", "list"),
     ("", "pods", "watch"), ("", "pods", "patch"), ("", "pods", "delete"),
     ("", "nodes", "list"), ("", "nodes", "watch"), ("", "configmaps", "get"), ("", "events", "create"),
     # Published model versions (list) and the retraining dataset (controller/dataset.py).

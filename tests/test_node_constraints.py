@@ -183,6 +183,24 @@ def test_a_constraint_no_node_meets_is_why_the_job_cannot_fit():
                                   "schedulable nodes its template allows"), why
 
 
+def test_one_cluster_fit_answers_every_job_as_a_fresh_one_would():
+    """Its node scans are made once per template and demand and shared by the jobs asked
+    after (a sweep, a burst): each job's answer must still be its own."""
+    nodes = list(_cluster().nodes)
+    nowhere = ps_job("nowhere")
+    nowhere["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {"gpu": "h200"}
+    big = _picky_job("big")
+    big.templates["worker"]["spec"]["containers"][0]["resources"]["requests"]["nvidia.com/gpu"] = "1"
+    huge = ps_job("huge", min_workers=40, max_workers=40)
+    jobs = [_picky_job(), job_record(nowhere), _picky_job("gang", min_workers=5, max_workers=5),
+            big, job_record(ps_job("plain")), job_record(huge), _picky_job("again")]
+    shared = ClusterFit.of(nodes)
+    answers = [shared.why_not(j) for j in jobs + jobs[::-1]]
+    fresh = [ClusterFit.of(nodes).why_not(j) for j in jobs + jobs[::-1]]
+    assert answers == fresh
+    assert sum(a is None for a in answers) == 8 and len(set(answers)) == 4, answers
+
+
 def test_unconstrained_rounds_are_unchanged():
     """No template constraint: the filters are absent and every decision is as before."""
     plain = [ps_job(f"j{i}") for i in range(3)]

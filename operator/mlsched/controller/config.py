@@ -118,7 +118,8 @@ class OperatorConfig:
     gpu_device_classes: tuple[str, ...] = ("gpu.nvidia.com",)
     # None: the GPU resource's key and kwok's (set in __post_init__).
     tolerated_taints: frozenset[str] = None  # type: ignore[assignment]
-    api_concurrency: int = 16  # API calls in flight during one round
+    api_concurrency: int = 16  # API calls in flight during one round (creates aside)
+    create_concurrency: int = 32  # creates in flight (a burst's children, Events; kube.py)
     # Status records (controller/status_writer.py: interval records, placement): written in
     # the background, this many at a time, at most `record_rate` a second (bursts of
     # `record_burst`); 0 is no rate limit.
@@ -181,6 +182,7 @@ class OperatorConfig:
             gpu_device_classes=_csv(get("GPU_DEVICE_CLASSES")) or defaults.gpu_device_classes,
             tolerated_taints=frozenset(_csv(taints)) if taints is not None else None,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
+            create_concurrency=int(get("CREATE_CONCURRENCY") or defaults.create_concurrency),
             record_concurrency=int(get("RECORD_CONCURRENCY") or defaults.record_concurrency),
             record_rate=float(get("RECORD_RATE") or defaults.record_rate),
             record_burst=int(get("RECORD_BURST") or defaults.record_burst),

@@ -176,7 +176,8 @@ async def forget_gone(rt: Runtime, gone: list[Gone]) -> None:
 async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: Any) -> None:
     configure(settings)
     # An embedding program (or a test) may have put a Runtime with its own API into the memo.
-    rt = memo.get("runtime") or Runtime.create(CONFIG, ClientKubeApi(concurrency=CONFIG.api_concurrency))
+    rt = memo.get("runtime") or Runtime.create(CONFIG, ClientKubeApi(
+        concurrency=CONFIG.api_concurrency, create_concurrency=CONFIG.create_concurrency))
     rt.indexes = indexes_from(kwargs)
     if CONFIG.namespaces and isinstance(rt.api, ClientKubeApi):
         # Nodes are shared: count what other namespaces run on them (cluster_pods.py).
@@ -552,6 +553,14 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
     # A new job can be admitted once its StatefulSets exist (they are created on arrival).
     if event.get("type") == "ADDED":
         wake_admission(rt, namespace, labels[JOB_LABEL])
+
+
+@kopf.on.event("services", labels={JOB_LABEL: kopf.PRESENT})
+async def service_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A job's Service deleted by hand comes back at once (jobs.on_service_deleted)."""
+    rt = runtime(memo)
+    if event.get("type") == "DELETED" and rt.leadership.leading:
+        await jobs.on_service_deleted(rt, body, rt.indexes)
 
 
 # ------------------------------------------------------------------------------ mljobs

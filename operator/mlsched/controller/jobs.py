@@ -27,8 +27,8 @@ from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
 from mlsched.controller.node_constraints import EVERY_NODE
 from mlsched.controller.records import (
-    DEFAULT_SCHEDULER, JobRecord, PodRecord, StsRecord, job_record, parse_job, pod_record,
-    sts_record,
+    DEFAULT_SCHEDULER, JobRecord, PodRecord, StsRecord, controller_uid, job_record, parse_job,
+    pod_record, sts_record,
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.supervision import key_of, plain
@@ -365,6 +365,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     if rejected is None and not job.finished and not seen.children_over_quota:
         try:  # self-healing: a StatefulSet deleted by hand comes back (with zero replicas)
             await ensure_statefulsets(rt.api, job, seen.statefulsets, rt.pod_settings)
+            await restore_service(rt, job)  # a restore that failed after its deletion event
         except KubeError as err:
             if not err.rejected:
                 raise
@@ -495,6 +496,43 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
                            f"scaled back to the {want} its policy decided"
                            + (", its pod template rendered for them" if plan.template else ""))
     return True
+
+
+async def on_service_deleted(rt: Runtime, body: Mapping[str, Any], idx: Indexes) -> bool:
+    """A job's headless Service deleted by hand took its pods' DNS names with it (peers stop
+    finding each other): it is created again now, not never. True if so. The Service of a
+    deleted job goes with it (garbage collection), and is not."""
+    meta = body.get("metadata") or {}
+    job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
+    if job is None or controller_uid(meta) != job.uid:
+        return False  # its job is gone, or it was an earlier job's of the name
+    rt.services.forget(job.key)
+    live = await rt.api.get("MLJob", job.namespace, job.name)  # the index may lag a deletion
+    if live is None or live["metadata"].get("uid") != job.uid \
+            or live["metadata"].get("deletionTimestamp"):
+        return False
+    try:
+        return await restore_service(rt, job)
+    except Exception as err:  # noqa: BLE001 - the lifecycle sweep tries again
+        log.warning("MLJob %s/%s: recreating its Service: %s", *job.key, err)
+        return False
+
+
+async def restore_service(rt: Runtime, job: JobRecord) -> bool:
+    """Create the Service of a job whose children this process reconciled when it is known
+    to be gone (`on_service_deleted`); True if created now. A job not reconciled yet gets it
+    from `reconcile_children`; a finished one has no pods to name. A failure is not a refusal
+    (services.py): the job keeps running, and the next sweep tries again."""
+    if job.finished or rt.reconciled.get(job.key) != (job.uid, job.generation) \
+            or await rt.services.exists(rt.api, job):
+        return False
+    created = await ensure_service(rt.api, job)
+    rt.services.note(job)
+    if created:
+        await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
+                               "Restored", f"Service {job.name} was deleted; created again, so "
+                               f"that the job's pods find their peers by its DNS names")
+    return created
 
 
 def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[str, str]]:

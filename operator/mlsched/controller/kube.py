@@ -140,39 +140,50 @@ def _request(fn, args: tuple, kwargs: dict) -> bytes | None:
 
 
 class ClientKubeApi:
-    def __init__(self, api_client=None, concurrency: int = 16):
+    def __init__(self, api_client=None, concurrency: int = 16, create_concurrency: int = 32):
         from kubernetes import client
 
-        self._client = api_client or load_api_client(pool_size=concurrency)
+        self._client = api_client or load_api_client(pool_size=concurrency + create_concurrency)
         self._core = client.CoreV1Api(self._client)
         self.core = self._core  # for the one watch the operator runs itself (cluster_pods.py)
         self._apps = client.AppsV1Api(self._client)
         self._custom = client.CustomObjectsApi(self._client)
         self._auth = client.AuthenticationV1Api(self._client)
         self._slots = asyncio.Semaphore(concurrency)
-        # Creating children (3 calls per new job) may hold at most half of the slots: a burst of
+        # Creates (3 calls per new job, and Events) have slots of their own: a burst of
         # thousands of new MLJobs must not queue the scaling and pinning that admit the jobs
         # already waiting behind it (seen in bench_e2e: an admission step's patches waited a
-        # minute behind 6,000 creates).
+        # minute behind 6,000 creates). More of them than of the rest: the API server
+        # commits concurrent creates together, and a burst of 200 jobs' StatefulSets took
+        # twice as long through 8 slots as through 32 (docs/e2e.md).
         # Served by priority (CREATE_PRIORITY): a burst's StatefulSets before its Services and
         # Events (priority_slots.py).
-        self._create_slots = PrioritySlots(max(1, concurrency // 2))
+        self._create_slots = PrioritySlots(max(1, create_concurrency))
         # Called with (verb, resource) for every request sent (the Runtime counts them).
         self.on_request: Callable[[str, str], None] | None = None
         # Its own threads, as many as calls may be in flight: the loop's default executor has
         # min(32, CPUs + 4) threads (6 on 2 cores) and also runs the policies' decisions.
-        self._threads = ThreadPoolExecutor(max_workers=concurrency,
+        self._threads = ThreadPoolExecutor(max_workers=concurrency + create_concurrency,
                                            thread_name_prefix="mlsched-kube-api")
 
     async def _call(self, fn, *args, **kwargs) -> Any:
+        """A call in one of the slots for everything but creates."""
+        async with self._slots:
+            return await self._send_in_thread(fn, args, kwargs)
+
+    async def _create_call(self, priority: int, fn, *args, **kwargs) -> Any:
+        """A create (or its dry run) in one of the create slots."""
+        async with self._create_slots.slot(priority):
+            return await self._send_in_thread(fn, args, kwargs)
+
+    async def _send_in_thread(self, fn, args: tuple, kwargs: dict) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         loop = asyncio.get_running_loop()
-        async with self._slots:
-            try:
-                data = await loop.run_in_executor(self._threads, _request, fn, args, kwargs)
-            except ApiException as err:
-                raise KubeError(err.status or 0, _message(err)) from None
+        try:
+            data = await loop.run_in_executor(self._threads, _request, fn, args, kwargs)
+        except ApiException as err:
+            raise KubeError(err.status or 0, _message(err)) from None
         return json.loads(data) if data else None
 
     def _functions(self, kind: str) -> dict[str, Any]:
@@ -248,14 +259,15 @@ class ClientKubeApi:
         # Strict: a field the server does not know (a typo in a user's pod template, `comand`)
         # is an error naming it, not a warning while the field is silently dropped.
         query = [("fieldManager", COMPONENT), ("fieldValidation", "Strict")]
+        priority = CREATE_PRIORITY.get(kind, LAST)
         try:
-            async with self._create_slots.slot(CREATE_PRIORITY.get(kind, LAST)):
-                if kind in CUSTOM_PLURALS:
-                    await self._call(self._custom.create_namespaced_custom_object, GROUP, VERSION,
-                                     ns, CUSTOM_PLURALS[kind], body, field_manager=COMPONENT,
-                                     field_validation="Strict")
-                else:
-                    await self._call(self._post, CREATE_PATHS[kind].format(namespace=ns), body, query)
+            if kind in CUSTOM_PLURALS:
+                await self._create_call(priority, self._custom.create_namespaced_custom_object,
+                                        GROUP, VERSION, ns, CUSTOM_PLURALS[kind], body,
+                                        field_manager=COMPONENT, field_validation="Strict")
+            else:
+                await self._create_call(priority, self._post,
+                                        CREATE_PATHS[kind].format(namespace=ns), body, query)
         except KubeError as err:
             if err.status == 409:
                 return False
@@ -266,8 +278,8 @@ class ClientKubeApi:
         kind, ns = body["kind"], body["metadata"]["namespace"]
         self._count("dry-run", kind)
         query = [("dryRun", "All"), ("fieldManager", COMPONENT), ("fieldValidation", "Strict")]
-        async with self._create_slots.slot(0):  # the job is held from admission until answered
-            await self._call(self._post, CREATE_PATHS[kind].format(namespace=ns), body, query)
+        # First among the creates: the job is held from admission until it is answered.
+        await self._create_call(0, self._post, CREATE_PATHS[kind].format(namespace=ns), body, query)
 
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None:
         self._count("get", kind)

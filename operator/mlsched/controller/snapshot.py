@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from typing import Any
 
 import numpy as np
 
@@ -541,43 +542,75 @@ class ClusterFit:
     def _by_name(self) -> dict[str, NodeRecord]:
         return {n.name: n for n in self.nodes}
 
+    # What the node scans below give depends only on a role's template (its constraint) and
+    # demand, which the jobs of a burst and of a sweep share: each is made once per instance
+    # (rebuilt when the nodes change), not once per job (500 nodes scanned twice per new job
+    # were a tenth of the operator's event loop in a burst of 200, bench_e2e).
+    @cached_property
+    def _scans(self) -> dict[tuple, Any]:
+        return {}
+
+    def _allowed(self, constraint: NodeConstraint) -> list[NodeRecord]:
+        key = ("allowed", constraint)
+        found = self._scans.get(key)
+        if found is None:
+            found = self._scans[key] = [
+                n for n in self.nodes
+                if constraint.allows(n.name, n.labels, self.taints[n.name], n.extended)]
+        return found
+
+    def _fitting(self, constraint: NodeConstraint, demand: Resources) -> frozenset[str]:
+        """The allowed nodes that can hold one pod of `demand`."""
+        key = ("fitting", constraint, demand)
+        found = self._scans.get(key)
+        if found is None:
+            found = self._scans[key] = frozenset(
+                n.name for n in self._allowed(constraint)
+                if all(d <= a for d, a in zip(demand, n.allocatable)))
+        return found
+
+    def _room(self, constraints: frozenset[NodeConstraint]) -> tuple[dict[str, NodeRecord], Resources]:
+        """The nodes any of `constraints` allows, and their allocatable summed."""
+        key = ("room", constraints)
+        found = self._scans.get(key)
+        if found is None:
+            nodes = {n.name: n for c in constraints for n in self._allowed(c)}
+            total = NO_RESOURCES
+            for n in nodes.values():
+                total = add(total, n.allocatable)
+            found = self._scans[key] = (nodes, total)
+        return found
+
     def why_not(self, job: JobRecord) -> str | None:
         """Why the job's minimum (`min` of every role, admitted together) cannot run even on
         an empty cluster; None when it can. A job that only waits for others to finish is
         never told this (Kueue's "inadmissible" as against "pending")."""
         roles = [("ps", job.bounds("ps")[0])] if job.arch == "ps" else []
         roles.append(("worker", job.min_workers))
-        allowed_any: dict[str, NodeRecord] = {}
-        fitting: dict[str, set[str]] = {}  # per role, the nodes that can hold one of its pods
+        constraints: set[NodeConstraint] = set()
+        fitting: dict[str, frozenset[str]] = {}  # per role, the nodes that can hold one of its pods
         for role, count in roles:
             demand = tuple(job.demands.get(role, NO_RESOURCES))
             constraint = job.node_constraints.get(role)
-            nodes = [n for n in self.nodes
-                     if (constraint or EVERY_NODE).allows(n.name, n.labels, self.taints[n.name],
-                                                         n.extended)]
-            allowed_any.update((n.name, n) for n in nodes)
+            nodes = self._allowed(constraint or EVERY_NODE)
+            constraints.add(constraint or EVERY_NODE)
             where = (f"the cluster's {len(nodes)} schedulable nodes" if constraint is None
                      else f"the {len(nodes)} schedulable nodes its template allows ({constraint})")
             if constraint is not None and not nodes:
                 return (f"no schedulable node matches the {role} template's {constraint} "
                         f"(of the cluster's {len(self.nodes)} schedulable nodes)")
-            fitting[role] = {n.name for n in nodes
-                             if all(d <= a for d, a in zip(demand, n.allocatable))}
+            fitting[role] = self._fitting(constraint or EVERY_NODE, demand)
             if not fitting[role]:
                 return (f"one {role} asks for {_describe(demand)} and none of {where} has that "
                         f"much allocatable")
             if constraint is not None and count:
-                room = NO_RESOURCES
-                for n in nodes:
-                    room = add(room, n.allocatable)
+                room = self._room(frozenset((constraint,)))[1]
                 role_need = tuple(count * d for d in demand)
                 if any(x > h for x, h in zip(role_need, room)):
                     return (f"its minimum of {count} {role} needs {_describe(role_need)}; "
                             f"{where} have {_describe(room)} allocatable in all")
         need = job.minimum_requests()
-        total = NO_RESOURCES
-        for n in allowed_any.values():
-            total = add(total, n.allocatable)
+        allowed_any, total = self._room(frozenset(constraints))
         if any(n > h for n, h in zip(need, total)):
             wanted = " and ".join(f"{count} {role}" for role, count in roles)
             return (f"its minimum ({wanted}) needs {_describe(need)}; the cluster's "
