@@ -62,6 +62,20 @@ def test_create_makes_a_headless_service_and_one_statefulset_per_role():
     assert [e["reason"] for e in kube.events("bert")] == ["Created"]
 
 
+def test_a_new_jobs_children_are_created_once_while_the_index_does_not_show_them_yet():
+    """The creates answered before their watch events (bench_e2e, with more create slots):
+    the lifecycle check after them took the index's word and created each StatefulSet a
+    second time (a 409, then a read to see whose it was)."""
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    stored = kube.put(ps_job("bert"))
+    lagging = kube.indexes()  # taken before the creates, as the watch is behind them
+    run(jobs.reconcile_children(rt, stored, lagging, {}))
+    assert sorted(c[3] for c in kube.calls if c[:2] == ("create", "StatefulSet")) == [
+        "bert-ps", "bert-worker"]
+    assert not [c for c in kube.calls if c[:2] == ("get", "StatefulSet")]
+
+
 def test_resume_makes_no_calls_when_children_exist():
     rt, kube = make_runtime(cluster(2))
     kube.put(policy())
