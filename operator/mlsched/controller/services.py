@@ -53,7 +53,8 @@ class ServiceBook:
 
     async def exists(self, api: KubeApi, job: JobRecord) -> bool:
         """Whether this job (this uid) has its Service, as far as is known: a Service deleted
-        by hand later is not noticed (nor was it before Services came last)."""
+        by hand is forgotten by its deletion event (`jobs.on_service_deleted`), one deleted
+        while the watch was down is not noticed."""
         if self._owner.get(job.key) == job.uid:
             return True
         listing = self._listed.get(job.namespace)
