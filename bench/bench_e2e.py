@@ -466,7 +466,7 @@ def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict
     plane.create_nodes(args.nodes - args.burst_nodes, timeout=900)
     rounds = RoundLog(mlsched, operator)
     rounds.poll()
-    submit(api, jobs[args.burst:])
+    submit(api, jobs[args.burst:], NAMESPACE)
 
     def reconciled():
         done = sum(1 for j in jobs if seen.reconciled(j))
