@@ -115,11 +115,13 @@ def run(coro):
 
 
 def recorded(rt: Runtime, coro, timeout: float = 10.0):
-    """Run a round (or an admission step) and wait until the status records it queued in the
-    background are written, as they are by the time anyone reads them in a cluster."""
+    """Run a round (or an admission step) and wait until the status records and Events it
+    queued in the background are written, as they are by the time anyone reads them in a
+    cluster."""
     async def then_flush():
         result = await coro
         await rt.records.flush(timeout)
+        await rt.recorder.settled(timeout)
         return result
 
     return run(then_flush())

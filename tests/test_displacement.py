@@ -3,6 +3,8 @@ step (controller/displacement.py, round._restore), not left Pending until the ne
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 
 from mlsched.cluster.types import JobDecision, Snapshot
@@ -244,3 +246,28 @@ def test_a_refusal_where_our_own_pod_is_still_terminating_waits_for_it():
     assert rt.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
     del kube.objects[("Pod", NS, leaving["metadata"]["name"])]  # gone: now it is a refusal
     assert admit(rt, kube).targets["bert"].nodes["worker"][k] != node
+
+
+def test_a_refusal_where_our_pod_is_beyond_its_count_or_just_left_waits_then_is_acted_on():
+    """A round shrank a job and gave its room to another at once: the new pod is pinned where
+    a pod beyond the shrunk job's count still runs until the StatefulSet removes it, and once
+    it is gone the refusal stays in the new pod's status until kube-scheduler tries again.
+    Acting on either moved 200-270 pods per 2,000-job settling (bench_e2e (b))."""
+    from mlsched.controller.displacement import DEPARTURE_SETTLE_S
+
+    rt, kube, before = _placed_job()
+    shared = [k for k, n in enumerate(before.nodes["worker"]) if n in before.nodes["ps"]]
+    k = shared[0]
+    node = _refuse(rt, kube, f"bert-worker-{k}", "0/6 nodes are available: 1 Insufficient cpu")
+    beyond = copy.deepcopy(kube.obj("Pod", NS, f"bert-worker-{k}"))
+    beyond["metadata"].update(name="bert-worker-9", uid="uid-beyond")
+    beyond["spec"]["nodeName"] = node
+    beyond["status"] = {"phase": "Running"}
+    kube.put(beyond)
+    assert admit(rt, kube) is None  # beyond the decided count: it is leaving
+    assert rt.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
+    del kube.objects[("Pod", NS, "bert-worker-9")]
+    rt.refusals.departed(node, NOW + 30)
+    assert admit(rt, kube, now=NOW + 30 + DEPARTURE_SETTLE_S - 1) is None  # the refusal may be stale
+    after = admit(rt, kube, now=NOW + 30 + DEPARTURE_SETTLE_S + 1)
+    assert after is not None and after.targets["bert"].nodes["worker"][k] != node

@@ -4,6 +4,7 @@ and jobs of any model scheduled from their demands and speed curve."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -14,6 +15,7 @@ from mlsched.cluster.types import JobDecision, JobView, PoolPlan, SpeedObservati
 from mlsched.features import speed_fit
 from mlsched.policies import registry
 from mlsched.policies.base import PlacementRequest, TaskByTaskPlacement
+from mlsched.policies.placement.sticky import Sticky
 from mlsched.policies.round import run_admission, run_round
 from mlsched.workloads.speed_curve import catalog_curve, prior_curve
 
@@ -163,10 +165,10 @@ def test_a_job_whose_counts_a_round_keeps_keeps_its_nodes_when_an_earlier_grant_
     assert d.jobs["new"].worker_nodes == [nodes - 1] and not d.unplaced
 
 
-def test_kept_first_is_not_used_when_it_would_drop_a_granted_task():
-    """Laying kept tasks out first can fragment what the allocation fitted (two kept 1-GPU
-    tasks on two 2-GPU nodes leave no node for a 2-GPU newcomer): then the allocation's own
-    layout, with its move, stands, since losing a task is worse than moving one."""
+def test_a_moved_task_goes_back_only_where_it_and_what_took_its_room_both_fit():
+    """Two kept 1-GPU tasks on two 2-GPU nodes and a 2-GPU newcomer granted first: the
+    newcomer cannot swap into the place of the task it displaced, so that task stays moved
+    (losing a task would be worse than moving one)."""
     gpus = {"worker_demand": np.array([1.0, 1.0, 1.0])}
     big = job("big", arch="allreduce", arrival=0.0, requested_workers=1,
               worker_demand=np.array([1.0, 2.0, 1.0]))
@@ -176,6 +178,53 @@ def test_kept_first_is_not_used_when_it_would_drop_a_granted_task():
     d = run_round(snap, registry.make_allocation("fixed"), registry.make_placement("first-fit"))
     assert d.jobs["big"].worker_nodes == [0] and not d.unplaced
     assert sorted(d.jobs[s.name].worker_nodes[0] for s in small) == [1, 1]
+
+
+class ReplayOnly(Sticky):
+    """Stickiness task by task only, as before the repair: what the repair is measured against."""
+
+    place = TaskByTaskPlacement.place
+
+
+def _applied(views, decision):
+    return [dataclasses.replace(j, ps=d.ps, workers=d.workers, ps_nodes=tuple(d.ps_nodes),
+                                worker_nodes=tuple(d.worker_nodes))
+            if (d := decision.jobs.get(j.name)) else j for j in views]
+
+
+@pytest.mark.parametrize("allocation,seed", [("drf", 0), ("drf", 2), ("fifo", 0)])
+def test_a_round_after_arrivals_moves_fewer_running_tasks_and_keeps_every_grant(allocation, seed):
+    """As bench_e2e (b) runs it: a few jobs admitted on 10 nodes, the cluster grown to 20 and
+    40 jobs admitted on arrival, 8 at a time, then a round. Granting task by task, it gave
+    newcomers the room of kept tasks, which moved. The repaired layout moves fewer, grants
+    the same counts and fits."""
+    rng = np.random.default_rng(seed)
+    models = ["resnet-50", "vgg-16", "dssm", "seq2seq", "cnn-text-classification"]
+    alloc, place = registry.make_allocation(allocation), registry.make_placement("load-balance")
+    views = [job(f"a{i}", model=models[int(rng.integers(5))], arrival=float(i), max_workers=4,
+                 max_ps=4) for i in range(5)]
+    views = _applied(views, run_admission(make_snapshot(views, nodes=10), alloc, place))
+    arrivals = [job(f"b{i}", model=models[int(rng.integers(5))], arrival=float(20 + i),
+                    max_workers=4, max_ps=4) for i in range(40)]
+    for k in range(0, len(arrivals), 8):
+        views = views + arrivals[k:k + 8]
+        views = _applied(views, run_admission(make_snapshot(views, nodes=20), alloc, place))
+    running = [v for v in views if v.workers]
+    snap = make_snapshot(views, nodes=20)
+    repaired = run_round(snap, alloc, place)
+    replayed = run_round(snap, alloc, ReplayOnly(place.inner))
+    for d in (repaired, replayed):
+        assert not d.unplaced
+        used = np.zeros_like(snap.capacity)
+        for j in views:
+            for role in ("ps", "worker"):
+                for n in getattr(d.jobs.get(j.name), f"{role}_nodes", ()):
+                    used[n] += j.demand(role)
+        assert (used <= snap.capacity + 1e-9).all()
+    assert {n: (x.ps, x.workers) for n, x in repaired.jobs.items()} == \
+        {n: (x.ps, x.workers) for n, x in replayed.jobs.items()}
+    assert moved(running, replayed.jobs) > 0, "the scenario moves nothing: it tests nothing"
+    assert moved(running, repaired.jobs) < moved(running, replayed.jobs)
 
 
 def unknown_job(name: str, arrival: float = 0.0, **kw) -> JobView:

@@ -21,7 +21,13 @@ preemptor took since. Such a node is remembered for the job's role (`Refusals`) 
 when the role's tasks are placed again, so a job is not sent back where it was refused; the
 memory fades after REFUSAL_TTL_S, since capacity comes back, and after MAX_MOVES moves in
 that time a refused pod is left where it is, reported Unschedulable. A refusal on a node where one of
-the policy's own pods is still terminating waits for that pod to go (it may hold the room).
+the policy's own pods is leaving waits for that pod to go, and for DEPARTURE_SETTLE_S after:
+it may hold the room. Leaving: being deleted, beyond its role's decided count (the
+StatefulSet's scale-down removes it) or decided onto another node (the step's DeletePod).
+A round that shrinks jobs gives their room to others at once, so the new pods are pinned
+where old ones still run for a while; and once those go, the refusal stays in the pod's
+status until kube-scheduler tries again. Acting on either moved 200-270 pods per 2,000-job
+settling (bench_e2e (b), 28 Nov), each move a refusal elsewhere as likely.
 
 `round.run_admission` places the displaced tasks again with the policy's placement rule, the
 job's other tasks kept on their nodes and ordinals.
@@ -55,6 +61,9 @@ REFUSAL_TTL_S = 600.0
 #: refused by a one-per-node anti-affinity are spread in about log2(tasks) moves; what no
 #: node can take (a volume that cannot bind) must not restart pods forever.
 MAX_MOVES = 5
+#: After one of the policy's pods leaves a node, how long a refusal there is taken as stale
+#: (kube-scheduler retries refused pods when a pod goes; under load, within seconds).
+DEPARTURE_SETTLE_S = 10.0
 
 
 class Refusals:
@@ -65,6 +74,17 @@ class Refusals:
         self.ttl_s = ttl_s
         self._nodes: dict[tuple[tuple[str, str], str], dict[str, float]] = {}
         self._moves: dict[tuple[tuple[str, str], str], list[float]] = {}
+        self._departures: dict[str, float] = {}  # node -> when a pod of ours last left it
+
+    def departed(self, node: str, now: float) -> None:
+        """A bound pod of a job left `node`: refusals there are stale for a while."""
+        self._departures[node] = now
+
+    def settling(self, now: float) -> frozenset[str]:
+        """Nodes a pod of ours left less than DEPARTURE_SETTLE_S ago."""
+        for node in [n for n, t in self._departures.items() if now - t >= DEPARTURE_SETTLE_S]:
+            del self._departures[node]
+        return frozenset(self._departures)
 
     def note(self, job: tuple[str, str], role: str, nodes: Iterable[str], now: float) -> None:
         """One move of the role's tasks away from `nodes`, which refused them."""
@@ -135,10 +155,10 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
     `moves`: per role, the moves made lately for kube-scheduler's refusals (Refusals.moves);
     after MAX_MOVES a refused pod stays where it is, reported Unschedulable: what it lacks is
     then likely lacking everywhere, and moving it on would restart it again and again.
-    `terminating`: nodes where a pod of the policy's jobs is still being deleted; a
-    refusal there may be the room that pod still holds (a round moved tasks: their old pods
-    take their grace period to go), so it waits for that pod's deletion, which wakes the next
-    admission step. `cache` (one dict per step) keeps each (node, constraint) verdict."""
+    `terminating`: nodes where a pod of the policy's jobs is leaving or left lately (see
+    the module doc); a refusal there may be the room that pod holds or held, so it waits:
+    the pod's deletion, and the settle time after it, wake the next admission step.
+    `cache` (one dict per step) keeps each (node, constraint) verdict."""
     cache = {} if cache is None else cache
     moves = moves or {}
     by_task = {(p.role, p.ordinal): p for p in pods}
@@ -160,6 +180,19 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
             if why is None or (pod is not None and _holds(pod, name)):
                 continue
             out[(role, ordinal)] = Displacement(name, why)
+    return out
+
+
+def leaving(pods: Iterable[PodRecord], decided: Mapping[str, tuple[str, ...]] | None) -> set[str]:
+    """Nodes one of the job's bound pods is leaving: being deleted, beyond its role's decided
+    count, or decided onto another node."""
+    out = set()
+    for pod in pods:
+        if not pod.bound or not pod.node or pod.phase in TERMINAL_POD_PHASES:
+            continue
+        names = (decided or {}).get(pod.role, ())
+        if pod.deleting or pod.ordinal >= len(names) or names[pod.ordinal] != pod.node:
+            out.add(pod.node)
     return out
 
 

@@ -7,8 +7,10 @@ Events are best-effort: a failed post is logged, never raised.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -52,6 +54,21 @@ def event_body(ref: ObjectRef, type_: str, reason: str, message: str,
 class Recorder:
     def __init__(self, api: KubeApi):
         self.api = api
+        self._pending: set[asyncio.Future] = set()
+
+    def in_background(self, posting: Awaitable) -> None:
+        """Post Events without the caller waiting: a round's Scaled and Placed Events, one
+        or two per changed job, took 9.8 s of a 2,000-job round that changed 1,400 jobs
+        (bench_e2e (b), 28 Nov), and the policy's next admission step waited behind them.
+        They go out through the create slots, after StatefulSets and Services (kube.py)."""
+        task = asyncio.ensure_future(posting)
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def settled(self, timeout: float | None = None) -> None:
+        """Wait for the Events posted in the background (at shutdown: up to `timeout`)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending), timeout=timeout)
 
     async def emit(self, ref: ObjectRef, type_: str, reason: str, message: str) -> None:
         level = logging.WARNING if type_ == "Warning" else logging.INFO

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import Counter
 from collections.abc import Mapping
 from types import MappingProxyType
@@ -32,7 +33,7 @@ import kubernetes.client
 import kubernetes.watch
 
 from mlsched.api import GROUP, VERSION
-from mlsched.controller import dra, jobs, preflight, progress_server
+from mlsched.controller import displacement, dra, jobs, preflight, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespaceClaims, OtherNamespacePods
@@ -244,7 +245,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     # Status records still queued get a few seconds; what is left is not lost: each job's
     # status.openInterval lets the next operator close the interval open now.
     await asyncio.gather(runtime(memo).records.flush(timeout=5.0),
-                         runtime(memo).objects.flush(timeout=5.0))
+                         runtime(memo).objects.flush(timeout=5.0),
+                         runtime(memo).recorder.settled(timeout=5.0))
     server = memo.get("server")
     if server is not None:
         await server.cleanup()
@@ -604,5 +606,11 @@ async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_:
     rt = runtime(memo)
     await jobs.on_pod_event(rt, event.get("type"), body, rt.indexes)
     if event.get("type") == "DELETED":  # capacity freed (a job finished, was deleted, shrank)
-        wake_admission(rt, body["metadata"].get("namespace", ""),
-                       body["metadata"].get("labels", {}).get(JOB_LABEL, ""))
+        namespace = body["metadata"].get("namespace", "")
+        job_name = body["metadata"].get("labels", {}).get(JOB_LABEL, "")
+        wake_admission(rt, namespace, job_name)
+        node = (body.get("spec") or {}).get("nodeName")
+        if node:  # refusals there wait a while (displacement.py); then they are looked at again
+            rt.refusals.departed(node, time.time())
+            asyncio.get_running_loop().call_later(
+                displacement.DEPARTURE_SETTLE_S + 0.5, wake_admission, rt, namespace, job_name)

@@ -115,8 +115,9 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
                    nodes: Mapping[str, NodeRecord], now: float,
                    ) -> dict[JobKey, displacement.Displaced]:
     """The running jobs among `jobs` with tasks their decided node no longer takes."""
-    terminating = frozenset(p.node for j in jobs for p in idx.pods.get(j.key, ())
-                            if p.deleting and p.node)
+    # Nodes whose refusals may be the room a pod of ours holds or just left (displacement.py).
+    terminating = frozenset(rt.refusals.settling(now).union(
+        *(displacement.leaving(idx.pods.get(j.key, ()), decided.get(j.key)) for j in jobs)))
     cache: dict = {}
     out = {}
     for job in jobs:
@@ -415,10 +416,10 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
             rt.metrics.decisions.labels(ref.namespace, ref.name, kind).inc(count)
     if failed:
         rt.metrics.api_errors.labels("apply").inc(len(failed))
-    await asyncio.gather(*(reporting.job_events(
+    rt.recorder.in_background(asyncio.gather(*(reporting.job_events(
         rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed],
         before[job.key], [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed])
-        for job in schedulable))
+        for job in schedulable)))
 
     grants = {j.name: rewards.Grant(targets[j.name].count("ps"), targets[j.name].count("worker"),
                                     targets[j.name].placement(), epochs_now[j.name], j.epochs)
@@ -583,10 +584,10 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     for kind, count in summarize([a for a in actions if id(a) not in failed]).items():
         if count:
             rt.metrics.decisions.labels(ref.namespace, ref.name, kind).inc(count)
-    await asyncio.gather(*(reporting.job_events(
+    rt.recorder.in_background(asyncio.gather(*(reporting.job_events(
         rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed],
         before[job.key], [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed])
-        for job in admitted))
+        for job in admitted)))
     opened = {}
     if open_interval is not None:  # the admitted jobs' rewards count from now, in this interval
         for j in admitted:

@@ -10,10 +10,14 @@ newcomer, a job that grew) can be given the room a later job's unchanged task ho
 then moves, and its pods restart for nothing. At 2,000 jobs, the round after a mass arrival
 moved ~190 running tasks of jobs whose counts it did not change (bench_e2e (b), 28 Nov).
 So when the allocation's layout moves a kept task (ordinal k of a role still granted, no
-longer on its node), `place` lays the round out again with every kept task booked first
-and the other tasks after, by the same rule in the same order; it is used only if it moves
-fewer tasks and the round's check keeps every granted task (round.checked: capacity, pools,
-quotas, spread), else the allocation's own layout stands.
+longer on its node), `place` repairs it: the task goes back if its node has room left, or
+swaps with a task that took its room and is free to go (a new task, or one moved anyway)
+when each fits where the other was. Laying the kept tasks out first instead fails on a full
+cluster: the allocation's fits were found in its own order, and a newcomer's gang no longer
+fits (2,000 jobs on 1,000 nodes: every round). Swaps keep every task and the fits, so
+they only touch jobs without per-node rules (pools, node filters, exclusive ports or
+anti-affinity, spread, counted resources), and the result must pass the round's own check
+(round.checked), else the allocation's layout stands.
 """
 
 from __future__ import annotations
@@ -55,61 +59,94 @@ class Sticky(TaskByTaskPlacement):
 
     def place(self, request: PlacementRequest) -> dict[str, JobDecision]:
         replayed = super().place(request)
-        jobs = _granted_jobs(request)
-        if not any(_moved(job, replayed.get(job.name)) for job in jobs):
-            return replayed  # nothing kept moved: the usual case, at no extra cost
-        kept_first = self._kept_first(request, jobs)
-        if kept_first is None:
-            return replayed
-        if sum(_moved(j, kept_first.get(j.name)) for j in jobs) >= \
-                sum(_moved(j, replayed.get(j.name)) for j in jobs):
+        jobs = {job.name: job for job, _ in request.grants}
+        moved = [(jobs[name], role, k) for name, d in replayed.items() if name in jobs
+                 for role, k in _moved_tasks(jobs[name], d)]
+        if not moved:
+            return replayed  # the usual case, at no extra cost
+        repaired = _repaired(request, jobs, replayed, moved)
+        if repaired is None:
             return replayed
         from mlsched.policies.round import checked  # round imports the placements' base
-        _, unplaced = checked(request, kept_first)
-        return replayed if unplaced else kept_first
-
-    def _kept_first(self, request: PlacementRequest, jobs: list[JobView]) -> dict[str, JobDecision] | None:
-        """The round laid out with every kept task on its node first (a prefix of each
-        role's ordinals, up to the granted count), then the grants' other tasks in order;
-        None if a grant no longer fits."""
-        ledger = request.fresh_ledger(self)
-        n_nodes = len(request.snapshot.node_names)
-        booked: dict[tuple[str, Role], int] = {}
-        for job in jobs:
-            ps, workers = request.counts[job.name]
-            for role, previous, count in (("ps", job.ps_nodes, ps), ("worker", job.worker_nodes, workers)):
-                for node in previous[:count]:
-                    demand = ledger.demand(job, role)  # type: ignore[arg-type]
-                    if not (node < n_nodes and ledger.fits_on(demand, node, job, role)):  # type: ignore[arg-type]
-                        break  # the ordinals after it are placed with the new tasks
-                    ledger.book(job, role, node, demand)  # type: ignore[arg-type]
-                    booked[(job.name, role)] = booked.get((job.name, role), 0) + 1  # type: ignore[index]
-        for job, roles in request.grants:
-            rest = []
-            for role in roles:
-                if booked.get((job.name, role), 0) > 0:
-                    booked[(job.name, role)] -= 1  # this grant's task is a kept one, booked
-                else:
-                    rest.append(role)
-            if rest and not ledger.grant_roles(job, rest):
-                return None
-        held = {job.name for job, _ in request.held}
-        return {name: d for name, d in ledger.jobs.items() if name not in held}
+        _, unplaced = checked(request, repaired)
+        return replayed if unplaced else repaired
 
 
-def _granted_jobs(request: PlacementRequest) -> list[JobView]:
-    """The granted jobs, each once, in the order of their first grant."""
-    seen: dict[str, JobView] = {}
-    for job, _ in request.grants:
-        seen.setdefault(job.name, job)
-    return list(seen.values())
+def _moved_tasks(job: JobView, decided: JobDecision) -> list[tuple[Role, int]]:
+    """(role, ordinal) of the job's tasks that ran last interval, are still granted and have
+    another node now (ordinal by ordinal, as StatefulSet pods keep theirs)."""
+    return [(role, k) for role, previous, now in (("ps", job.ps_nodes, decided.ps_nodes),
+                                                  ("worker", job.worker_nodes, decided.worker_nodes))
+            for k, (a, b) in enumerate(zip(previous, now)) if a != b]  # type: ignore[misc]
 
 
-def _moved(job: JobView, decided: JobDecision | None) -> int:
-    """How many of the job's tasks that ran last interval and are still granted have another
-    node now (ordinal by ordinal, as StatefulSet pods keep theirs)."""
-    if decided is None:
-        return 0
-    return sum(1 for previous, now in ((job.ps_nodes, decided.ps_nodes),
-                                       (job.worker_nodes, decided.worker_nodes))
-               for a, b in zip(previous, now) if a != b)
+def _plain(job: JobView) -> bool:
+    """No per-node rule but capacity: any node with room takes its tasks."""
+    return not (job.pool is not None or job.node_filters or job.exclusive or job.spreads
+                or job.counted)
+
+
+def _repaired(request: PlacementRequest, jobs: dict[str, JobView],
+              replayed: dict[str, JobDecision],
+              moved: list[tuple[JobView, Role, int]]) -> dict[str, JobDecision] | None:
+    """The replayed layout with moved kept tasks sent back where they ran, directly or by a
+    swap (see the module doc); None when none could be."""
+    snapshot = request.snapshot
+    n_nodes = len(snapshot.node_names)
+    out = {name: JobDecision(list(d.ps_nodes), list(d.worker_nodes)) for name, d in replayed.items()}
+    free = np.array(snapshot.capacity, dtype=float, copy=True)
+    on_node: list[list[tuple[str, Role, int]]] = [[] for _ in range(n_nodes)]
+    for job, d in request.held:
+        for node in d.ps_nodes:
+            free[node] -= job.demand("ps")
+        for node in d.worker_nodes:
+            free[node] -= job.demand("worker")
+    for name, d in out.items():
+        job = jobs[name]
+        for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
+            for k, node in enumerate(nodes):
+                free[node] -= job.demand(role)  # type: ignore[arg-type]
+                on_node[node].append((name, role, k))  # type: ignore[arg-type]
+
+    def nodes_of(name: str, role: Role) -> list[int]:
+        d = out[name]
+        return d.ps_nodes if role == "ps" else d.worker_nodes
+
+    def previous_of(name: str, role: Role, k: int) -> int | None:
+        previous = jobs[name].ps_nodes if role == "ps" else jobs[name].worker_nodes
+        return previous[k] if k < len(previous) else None
+
+    def put(name: str, role: Role, k: int, node: int) -> None:
+        nodes = nodes_of(name, role)
+        demand = jobs[name].demand(role)
+        free[nodes[k]] += demand
+        on_node[nodes[k]].remove((name, role, k))
+        free[node] -= demand
+        on_node[node].append((name, role, k))
+        nodes[k] = node
+
+    repaired = 0
+    for job, role, k in moved:
+        home, now = previous_of(job.name, role, k), nodes_of(job.name, role)[k]
+        if home is None or not 0 <= home < n_nodes or not _plain(job):
+            continue
+        demand = job.demand(role)
+        if (free[home] >= demand - _EPS).all():
+            put(job.name, role, k, home)
+            repaired += 1
+            continue
+        for other, other_role, j in list(on_node[home]):
+            if other == job.name or not _plain(jobs[other]) \
+                    or previous_of(other, other_role, j) == home:
+                continue  # a task kept where it ran, or one with rules: not moved for this
+            need = jobs[other].demand(other_role)
+            if (free[home] + need >= demand - _EPS).all() and \
+                    (free[now] + demand >= need - _EPS).all():
+                put(other, other_role, j, now)
+                put(job.name, role, k, home)
+                repaired += 1
+                break
+    return out if repaired else None
+
+
+_EPS = 1e-9
