@@ -63,7 +63,12 @@ class Recorder:
         They go out through the create slots, after StatefulSets and Services (kube.py)."""
         task = asyncio.ensure_future(posting)
         self._pending.add(task)
-        task.add_done_callback(self._pending.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Future) -> None:
+        self._pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("posting Events failed: %s", task.exception())
 
     async def settled(self, timeout: float | None = None) -> None:
         """Wait for the Events posted in the background (at shutdown: up to `timeout`)."""
