@@ -140,7 +140,7 @@ def _request(fn, args: tuple, kwargs: dict) -> bytes | None:
 
 
 class ClientKubeApi:
-    def __init__(self, api_client=None, concurrency: int = 16, create_concurrency: int = 32):
+    def __init__(self, api_client=None, concurrency: int = 48, create_concurrency: int = 32):
         from kubernetes import client
 
         self._client = api_client or load_api_client(pool_size=concurrency + create_concurrency)
