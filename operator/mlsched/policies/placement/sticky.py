@@ -8,7 +8,7 @@ chooses. Moving a running task costs a checkpoint-restart, which the heuristics 
 Task by task in the allocation's order, that alone is not enough: a job granted earlier (a
 newcomer, a job that grew) can be given the room a later job's unchanged task holds, which
 then moves, and its pods restart for nothing. At 2,000 jobs, the round after a mass arrival
-moved ~190 running tasks of jobs whose counts it did not change (bench_e2e (b), 28 Nov).
+moved 345-369 running tasks of jobs whose counts it did not change (bench_e2e (b), 28 Nov).
 So when the allocation's layout moves a kept task (ordinal k of a role still granted, no
 longer on its node), `place` repairs it: the task goes back if its node has room left, or
 swaps with a task that took its room and is free to go (a new task, or one moved anyway)
@@ -25,8 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from mlsched.cluster.ledger import Ledger
-from mlsched.cluster.types import JobView, Role
-from mlsched.cluster.types import JobDecision
+from mlsched.cluster.types import JobDecision, JobView, Role
 from mlsched.policies.base import PlacementPolicy, PlacementRequest, TaskByTaskPlacement
 
 
