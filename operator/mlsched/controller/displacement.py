@@ -148,14 +148,14 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
                     pods: Iterable[PodRecord], nodes: Mapping[str, NodeRecord],
                     node_selector: Mapping[str, str], tolerated_taints: frozenset[str],
                     moves: Mapping[str, int] | None = None,
-                    terminating: frozenset[str] = frozenset(),
+                    vacating: frozenset[str] = frozenset(),
                     cache: dict | None = None) -> Displaced:
     """The job's displaced tasks (see the module docstring); {} when none.
 
     `moves`: per role, the moves made lately for kube-scheduler's refusals (Refusals.moves);
     after MAX_MOVES a refused pod stays where it is, reported Unschedulable: what it lacks is
     then likely lacking everywhere, and moving it on would restart it again and again.
-    `terminating`: nodes where a pod of the policy's jobs is leaving or left lately (see
+    `vacating`: nodes where a pod of the policy's jobs is leaving or left lately (see
     the module doc); a refusal there may be the room that pod holds or held, so it waits:
     the pod's deletion, and the settle time after it, wake the next admission step.
     `cache` (one dict per step) keeps each (node, constraint) verdict."""
@@ -169,7 +169,7 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
         for ordinal, name in enumerate(names):
             pod = by_task.get((role, ordinal))
             if pod is not None and refused_there(pod, name):
-                if may_move and name not in terminating:
+                if may_move and name not in vacating:
                     out[(role, ordinal)] = Displacement(
                         name, f"kube-scheduler: {pod.unschedulable}", by_scheduler=True)
                 continue

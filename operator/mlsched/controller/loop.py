@@ -116,7 +116,7 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
                    ) -> dict[JobKey, displacement.Displaced]:
     """The running jobs among `jobs` with tasks their decided node no longer takes."""
     # Nodes whose refusals may be the room a pod of ours holds or just left (displacement.py).
-    terminating = frozenset(rt.refusals.settling(now).union(
+    vacating = frozenset(rt.refusals.settling(now).union(
         *(displacement.leaving(idx.pods.get(j.key, ()), decided.get(j.key)) for j in jobs)))
     cache: dict = {}
     out = {}
@@ -127,7 +127,7 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
         moves = {role: rt.refusals.moves(job.key, role, now) for role in nodes_of}
         tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
                                              rt.config.node_selector, rt.config.tolerated_taints,
-                                             moves, terminating, cache)
+                                             moves, vacating, cache)
         for role in nodes_of:  # remembered: not sent back there, and moves are counted
             refusing = {d.node for (r, _), d in tasks.items() if r == role and d.by_scheduler}
             if refusing:

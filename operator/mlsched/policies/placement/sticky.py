@@ -27,6 +27,7 @@ import numpy as np
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobDecision, JobView, Role
 from mlsched.policies.base import PlacementPolicy, PlacementRequest, TaskByTaskPlacement
+from mlsched.policies.round import checked
 
 
 class Sticky(TaskByTaskPlacement):
@@ -66,7 +67,6 @@ class Sticky(TaskByTaskPlacement):
         repaired = _repaired(request, jobs, replayed, moved)
         if repaired is None:
             return replayed
-        from mlsched.policies.round import checked  # round imports the placements' base
         _, unplaced = checked(request, repaired)
         return replayed if unplaced else repaired
 
