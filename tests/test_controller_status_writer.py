@@ -162,6 +162,22 @@ def test_the_round_does_not_wait_for_a_write_that_hangs():
     assert all(kube.obj("MLJob", NS, n)["status"]["placement"] for n in JOBS)
 
 
+def test_a_round_shows_on_its_policy_before_the_job_records_queued_ahead_of_it():
+    # What `kubectl get schedulingpolicy` shows (lastRoundTime) was queued behind one record
+    # per job: at 2,000 jobs and 50 writes a second it came 39 s after the round.
+    rt, kube = setup()
+    rt.records.concurrency = 1
+    rt.records.bucket = TokenBucket(rate=50, burst=1)
+    before = len(kube.calls)
+    recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
+                                       kube.indexes(), now=NOW))
+    order = [c[1] for c in kube.calls[before:] if c[0] == "patch-status"]
+    assert sorted(order) == ["MLJob"] * len(JOBS) + ["SchedulingPolicy"]
+    # At most the one job record already in flight went first.
+    assert order.index("SchedulingPolicy") <= 1, order
+    assert kube.obj("SchedulingPolicy", NS, "default")["status"]["lastRoundTime"]
+
+
 def test_writes_keep_to_the_concurrency_and_the_rate():
     kube = MemoryKube()
     for i in range(6):

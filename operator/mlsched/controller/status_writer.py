@@ -114,11 +114,13 @@ class StatusWriter(WriteQueue[Pending]):
                          limits={n: limit for n in append or {}},
                          base={n: by_interval(e) for n, e in (base or {}).items()})
         key = (kind, namespace, name)
+        # A policy's record goes ahead of the jobs': it is what `kubectl get
+        # schedulingpolicy` shows of a round, and behind one record per job at `rate` it
+        # came 39 s after a round of 2,000 jobs (bench_e2e, 50 a second).
         if key in self._queued:
             self._queued[key].absorb(record)
-            self._start()
-        else:
-            self._put(key, record)
+            record = self._queued[key]
+        self._put(key, record, first=kind == "SchedulingPolicy")
 
     # ---- the queue's hooks ----------------------------------------------------------------
     async def _perform(self, key: ObjectKey, record: Pending) -> None:

@@ -67,8 +67,13 @@ class WriteQueue(Generic[Item]):
         return str(key)
 
     # ---- queueing -------------------------------------------------------------------------
-    def _put(self, key: Hashable, item: Item) -> None:
-        self._queued[key] = item
+    def _put(self, key: Hashable, item: Item, *, first: bool = False) -> None:
+        """Queue `item`; with `first`, ahead of everything queued (O(queued): for the rare
+        item that must not wait behind a round's thousands)."""
+        if first:
+            self._queued = {key: item, **{k: v for k, v in self._queued.items() if k != key}}
+        else:
+            self._queued[key] = item
         self._start()
 
     def pending(self) -> int:
