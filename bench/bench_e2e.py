@@ -47,6 +47,7 @@ plane's temp dir.
 from __future__ import annotations
 
 import argparse
+import datetime
 import math
 import os
 import re
@@ -309,7 +310,7 @@ class RoundLog:
         self.mlsched, self.operator = mlsched, operator
         # (seconds, jobs, changes, requests by (verb, resource) at the time it was seen)
         self.rounds: list[tuple[float, int, int, dict]] = []
-        self.record_lag_s: list[float] = []  # round seen -> no record pending
+        self.record_lag_s: list[float] = []  # round ended -> no record pending
         self.peak_kib = 0
         self._last = None
         self.lag_from: float | None = None
@@ -329,7 +330,7 @@ class RoundLog:
             log(f"  /metrics unanswered ({err}): the operator's event loop is blocked")
             return False
         if self.lag_from is not None and float(PENDING.search(metrics).group(1)) == 0:
-            self.record_lag_s.append(time.monotonic() - self.lag_from)
+            self.record_lag_s.append(time.time() - self.lag_from)
             self.lag_from = None
         if not stamp[0] or stamp == self._last:
             return False
@@ -340,7 +341,11 @@ class RoundLog:
         summaries = ROUND_LINE.findall(self.operator.log_text())
         _, jobs, changes, _ = summaries[-1] if summaries else ("", 0, -1, 0)
         self.rounds.append((float(stamp[1]), int(jobs), int(changes), requests(metrics)))
-        self.lag_from = time.monotonic()
+        # From the round's end, not from when this poll saw it: the policy's own record may
+        # be written after many of the jobs'.
+        began = datetime.datetime.strptime(stamp[0], "%Y-%m-%dT%H:%M:%SZ").replace(
+            tzinfo=datetime.timezone.utc).timestamp()
+        self.lag_from = began + float(stamp[1])
         log(f"  round at {stamp[0]}: {stamp[1] * 1000:.0f} ms, {jobs} jobs, {changes} changes, "
             f"operator RSS {self.operator.rss_kib() / 1024:.0f} MB")
         return True
@@ -600,11 +605,14 @@ def main() -> None:
                         help="first run (a) with no operator, the client creating the children (a bound)")
     parser.add_argument("--no-gc-tuning", action="store_true",
                         help="run the operator with CPython's collector defaults (MLSCHED_GC_TUNING=0)")
+    parser.add_argument("--statefulset-syncs", type=int, default=5,
+                        help="KCM's --concurrent-statefulset-syncs (its default: 5)")
     parser.add_argument("--keep", action="store_true", help="keep the control plane's temp dir")
     args = parser.parse_args()
     if args.keep:
         os.environ["MLSCHED_E2E_KEEP"] = "1"
-    plane = ControlPlane(extra_flags={"kube-controller-manager": CLIENT_RATES,
+    kcm = CLIENT_RATES + [f"--concurrent-statefulset-syncs={args.statefulset_syncs}"]
+    plane = ControlPlane(extra_flags={"kube-controller-manager": kcm,
                                       "kube-scheduler": CLIENT_RATES})
     log("starting the control plane (builds the binaries on first use)")
     plane.start()

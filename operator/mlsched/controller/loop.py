@@ -390,6 +390,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
             rt.placements.set(job.key, targets[job.name].nodes)
         # Until its patches are answered, events of these StatefulSets predate them.
         applying.enter_context(rt.placements.applying(j.key for j in schedulable))
+    decided_in = time.perf_counter() - started
     with applying:
         await note_waiting(rt, schedulable, targets, snapshot, decision,
                            resolved.fallback if failure else resolved.allocation.name)
@@ -408,7 +409,9 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         # Counts before the changes, for the Events: the indexes move as soon as the watch reports.
         before = {j.key: {s.role: s.replicas for s in idx.statefulsets.get(j.key, ())}
                   for j in schedulable}
+        applying_from = time.perf_counter()
         results = await execute_all(rt.api, actions)
+        applied_in = time.perf_counter() - applying_from
     failed = {id(a): r for a, r in zip(actions, results) if isinstance(r, BaseException)}
     done = [a for a in actions if id(a) not in failed]
     for kind, count in summarize(done).items():
@@ -465,9 +468,13 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
         rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
-    log.info("policy %s/%s round %d: %d jobs, %d changes, allocation %s, %.0f ms", ref.namespace,
-             ref.name, number, len(schedulable), len(actions), resolved.allocation.name,
-             duration * 1000)
+    kinds = summarize(actions)
+    log.info("policy %s/%s round %d: %d jobs, %d changes, allocation %s, %.0f ms (decided in "
+             "%.0f ms, planned in %.0f ms, %.0f ms to apply %d scale, %d place, %d evict)",
+             ref.namespace, ref.name, number, len(schedulable), len(actions),
+             resolved.allocation.name, duration * 1000, decided_in * 1000,
+             (applying_from - started) * 1000 - decided_in * 1000, applied_in * 1000,
+             kinds["scale"], kinds["place"], kinds["evict"])
     return RoundReport(number, interval_s, targets, actions, closed, duration,
                        resolved.allocation.name, job_patches)
 
