@@ -89,6 +89,27 @@ def test_a_child_scaled_or_deleted_by_hand_is_restored_within_seconds(mlsched, o
                for e in mlsched.events("steady", "MLJob"))
 
 
+def test_a_job_admitted_at_its_minimum_keeps_the_revision_it_was_created_with(mlsched, operator,
+                                                                              emulator):
+    # Its StatefulSets are created for its starting counts (its minimum), so admitting it
+    # with them is a change of replicas alone. They used to be created for no peers and
+    # re-templated on admission: a second ControllerRevision per StatefulSet, and a patch
+    # carrying the whole pod template, for each of the ~1,000 jobs the first round after a
+    # mass arrival admits (bench_e2e).
+    mlsched.create(scheduling_policy("daily", allocation="drf", interval=DAY))
+    mlsched.create(mljob("least", ps=(1, 1), workers=(1, 1), epochs=1e9, policy="daily"))
+    wait_for(lambda: placed_as_decided(mlsched, "least"), 60, "the job to be placed",
+             describe=lambda: placement_problems(mlsched, "least"))
+    revisions = mlsched.apps.list_namespaced_controller_revision(mlsched.namespace).items
+    for role, sts in mlsched.statefulsets("least").items():
+        env = {e.name: e.value for e in sts.spec.template.spec.containers[0].env}
+        assert (env["MLSCHED_PS_REPLICAS"], env["MLSCHED_WORKER_REPLICAS"]) == ("1", "1"), env
+        owned = [r.metadata.name for r in revisions
+                 if any(o.name == sts.metadata.name for o in r.metadata.owner_references or ())]
+        assert len(owned) == 1, (role, owned)
+        assert sts.status.update_revision == sts.status.current_revision, sts.status
+
+
 def _small(name: str) -> dict:
     """A one-worker all-reduce job asking for little: 50 of them fit the 13 nodes."""
     job = mljob(name, ps=None, workers=(1, 1), epochs=1e9, policy="daily")

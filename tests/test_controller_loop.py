@@ -541,7 +541,8 @@ def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decid
     run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), {}))
     recreated = kube.obj("StatefulSet", NS, "bert-worker")
     assert recreated["spec"]["replicas"] == 0
-    assert env_of(recreated["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == "0"
+    # Rendered for the job's starting counts (its minimum), not for what was decided.
+    assert env_of(recreated["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == "1"
     assert run(jobs.restore_replicas(rt, "ADDED", recreated, kube.indexes()))
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert sts["spec"]["replicas"] == decided

@@ -11,7 +11,7 @@ from typing import Any
 
 from mlsched.controller.desired import (
     Action, DeletePod, PatchStatefulSet, PinPod, PodSettings, plan_statefulset, roles_of,
-    service_manifest, statefulset_manifest,
+    service_manifest, starting_counts, statefulset_manifest,
 )
 from mlsched.controller.kube import KubeApi, KubeError
 from mlsched.controller.records import JobRecord, StsRecord, controller_uid, sts_record
@@ -69,9 +69,10 @@ async def ensure_service(api: KubeApi, job: JobRecord) -> bool:
 async def ensure_statefulsets(api: KubeApi, job: JobRecord, existing: Iterable[StsRecord],
                               settings: PodSettings) -> list[str]:
     """Create the StatefulSets the index does not show, with zero replicas: how many pods a
-    job gets is the scheduling round's decision, never the create handler's."""
+    job gets is the scheduling round's decision, never the create handler's. Their templates
+    are rendered for the job's starting counts (desired.starting_counts)."""
     have = {s.role for s in existing}
-    manifests = [statefulset_manifest(job, role, 0, {}, settings)
+    manifests = [statefulset_manifest(job, role, 0, starting_counts(job), settings)
                  for role in roles_of(job) if role not in have]
     made = await asyncio.gather(*(_create_owned(api, job, m) for m in manifests),
                                 return_exceptions=True)
@@ -89,6 +90,8 @@ def refresh_plan(job: JobRecord, existing: Iterable[StsRecord],
     the index showed, undoing a scaling that had just gone out)."""
     current = {s.role: s for s in existing}
     counts = {role: s.replicas for role, s in current.items()}
+    if not any(counts.values()):  # waiting: rendered as created (admitting changes replicas only)
+        counts = starting_counts(job)
     plans = []
     for role in roles_of(job):
         if role not in current:
