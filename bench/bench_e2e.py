@@ -308,7 +308,7 @@ class RoundLog:
 
     def __init__(self, mlsched: MLSched, operator: OperatorProcess):
         self.mlsched, self.operator = mlsched, operator
-        # (seconds, jobs, changes, requests by (verb, resource) at the time it was seen)
+        # (seconds, jobs, changes, requests by (verb, resource) once its records were written)
         self.rounds: list[tuple[float, int, int, dict]] = []
         self.record_lag_s: list[float] = []  # round ended -> no record pending
         self.peak_kib = 0
@@ -332,6 +332,9 @@ class RoundLog:
         if self.lag_from is not None and float(PENDING.search(metrics).group(1)) == 0:
             self.record_lag_s.append(time.time() - self.lag_from)
             self.lag_from = None
+            # The round's request counts as of its records written (they go out over tens of
+            # seconds at the operator's record rate): what one interval wrote, whole.
+            self.rounds[-1] = (*self.rounds[-1][:3], requests(metrics))
         if not stamp[0] or stamp == self._last:
             return False
         first = self._last is None
