@@ -93,13 +93,10 @@ def _repaired(request: PlacementRequest, jobs: dict[str, JobView],
     snapshot = request.snapshot
     n_nodes = len(snapshot.node_names)
     out = {name: JobDecision(list(d.ps_nodes), list(d.worker_nodes)) for name, d in replayed.items()}
-    free = np.array(snapshot.capacity, dtype=float, copy=True)
+    # What the held tasks leave (booked as the round books them; no placer: nothing is placed
+    # on this ledger), less the replayed tasks.
+    free = np.array(request.fresh_ledger(None).free, dtype=float, copy=True)
     on_node: list[list[tuple[str, Role, int]]] = [[] for _ in range(n_nodes)]
-    for job, d in request.held:
-        for node in d.ps_nodes:
-            free[node] -= job.demand("ps")
-        for node in d.worker_nodes:
-            free[node] -= job.demand("worker")
     for name, d in out.items():
         job = jobs[name]
         for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
