@@ -78,7 +78,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "mlsched.io/pool (needs the nodes patch rule of "
                         "manifests/overlays/label-nodes)")
     p.add_argument("--verbose", "-v", action="store_true", help="debug logging")
-    return p.parse_args(argv)
+    p.add_argument("--log-format", choices=LOG_FORMATS,
+                   default=os.environ.get("MLSCHED_LOG_FORMAT", "full"),
+                   help="full: time, logger and level before each line (default); json: one "
+                        "object a line, for a log collector; plain: the message alone")
+    args = p.parse_args(argv)
+    if args.log_format not in LOG_FORMATS:  # from the environment, which argparse does not check
+        p.error(f"MLSCHED_LOG_FORMAT={args.log_format!r}: choose one of {', '.join(LOG_FORMATS)}")
+    return args
+
+
+# `kubectl logs` shows no time unless asked (--timestamps), and a line without its level hides
+# a warning among a thousand INFO lines: `full` is the default, as Kueue's and Volcano's logs
+# carry both.
+LOG_FORMATS = ("full", "json", "plain")
+
+
+def configure_logging(log_format: str, verbose: bool) -> None:
+    import kopf
+
+    kopf.configure(verbose=verbose, log_format=kopf.LogFormat[log_format.upper()])
+    logging.getLogger("mlsched").setLevel(logging.DEBUG if verbose else logging.INFO)
+    if not verbose:
+        # kopf logs every successful handler and timer run at INFO: with a thousand jobs that
+        # drowns the operator's own lines (which name the job), so only its problems show.
+        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
 
 
 def export(args: argparse.Namespace) -> None:
@@ -115,12 +139,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from mlsched.controller import handlers  # registers the handlers  # noqa: F401
 
-    kopf.configure(verbose=args.verbose, log_format=kopf.LogFormat.PLAIN)
-    logging.getLogger("mlsched").setLevel(logging.DEBUG if args.verbose else logging.INFO)
-    if not args.verbose:
-        # kopf logs every successful handler and timer run at INFO: with a thousand jobs that
-        # drowns the operator's own lines (which name the job), so only its problems show.
-        logging.getLogger("kopf.objects").setLevel(logging.WARNING)
+    configure_logging(args.log_format, args.verbose)
     namespaces = handlers.CONFIG.namespaces
     if os.environ.get("MLSCHED_GC_TUNING", "1") != "0":  # "0": CPython's defaults (loop_health.py)
         from mlsched.controller.loop_health import tune_collector
