@@ -8,6 +8,7 @@ interval must take effect at once.
 
 from __future__ import annotations
 
+import re
 import time
 
 from job_state import placed_as_decided, placement_problems
@@ -142,6 +143,9 @@ def test_a_burst_of_50_arrivals_is_admitted_in_one_coalesced_step(mlsched, opera
     admitted = [int(line.split("admission: ")[1].split(" of ")[0]) for line in steps]
     print(f"admission steps: {admitted}")
     assert sum(admitted) == len(names), steps
+    # As `kubectl logs` shows them: each line says when (the operator's default log format).
+    assert all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}\] mlsched\.", line)
+               for line in steps), steps
     assert len([a for a in admitted if a]) == 1, steps
     # Nobody scaled them: a StatefulSet watch event from before the step's own scaling must
     # not be "restored" (it started pods of the template of no peers, replaced at once).

@@ -271,3 +271,19 @@ def test_a_refusal_where_our_pod_is_beyond_its_count_or_just_left_waits_then_is_
     assert admit(rt, kube, now=NOW + 30 + DEPARTURE_SETTLE_S - 1) is None  # the refusal may be stale
     after = admit(rt, kube, now=NOW + 30 + DEPARTURE_SETTLE_S + 1)
     assert after is not None and after.targets["bert"].nodes["worker"][k] != node
+
+
+def test_the_nodes_our_pods_are_leaving_name_the_pod_and_are_worked_out_once_a_second():
+    """What a job's conditions read (displacement.Vacating): a pod refused on such a node is
+    starting, not Unschedulable (e2e: test_operator_unschedulable)."""
+    rt, kube, before = _placed_job()
+    node = before.nodes["worker"][0]
+    idx = kube.indexes()
+    assert rt.vacating.nodes(idx.pods, rt.placements.of, (), 100.0) == {}
+    leaving = next(p for p in kube.of_kind("Pod") if p["spec"].get("nodeName") == node)
+    leaving["metadata"]["deletionTimestamp"] = "2023-11-14T22:15:00Z"
+    kube.put(leaving)
+    idx = kube.indexes()
+    assert rt.vacating.nodes(idx.pods, rt.placements.of, (), 100.5) == {}  # within the second
+    assert rt.vacating.nodes(idx.pods, rt.placements.of, ("node-9",), 101.0) == {
+        node: leaving["metadata"]["name"], "node-9": ""}  # "": one of ours left it lately

@@ -35,8 +35,8 @@ job's other tasks kept on their nodes and ordinals.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import NamedTuple
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from typing import Any, NamedTuple
 
 from mlsched.controller.node_constraints import EVERY_NODE, NodeConstraint
 from mlsched.controller.records import TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodRecord
@@ -183,17 +183,57 @@ def displaced_tasks(job: JobRecord, decided: Mapping[str, tuple[str, ...]],
     return out
 
 
-def leaving(pods: Iterable[PodRecord], decided: Mapping[str, tuple[str, ...]] | None) -> set[str]:
-    """Nodes one of the job's bound pods is leaving: being deleted, beyond its role's decided
-    count, or decided onto another node."""
-    out = set()
+def leaving_pods(pods: Iterable[PodRecord], decided: Mapping[str, tuple[str, ...]] | None
+                 ) -> Iterator[PodRecord]:
+    """The job's bound pods that are leaving their node: being deleted, beyond their role's
+    decided count, or decided onto another node."""
     for pod in pods:
         if not pod.bound or not pod.node or pod.phase in TERMINAL_POD_PHASES:
             continue
         names = (decided or {}).get(pod.role, ())
         if pod.deleting or pod.ordinal >= len(names) or names[pod.ordinal] != pod.node:
-            out.add(pod.node)
-    return out
+            yield pod
+
+
+def leaving(pods: Iterable[PodRecord], decided: Mapping[str, tuple[str, ...]] | None) -> set[str]:
+    """Nodes one of the job's bound pods is leaving (leaving_pods)."""
+    return {pod.node for pod in leaving_pods(pods, decided)}
+
+
+class Vacating:
+    """For the jobs' conditions: the nodes a pod of any of our jobs is leaving (node -> that
+    pod's name) or left lately (node -> ""). A pod pinned there and refused by kube-scheduler
+    waits for that room, as the admission step lets it (displaced_tasks' `vacating`): its job
+    is starting, not Unschedulable. A round that shrinks jobs to admit others pins the new pods
+    where the old ones are still saving their checkpoints; every such job used to turn
+    Unschedulable with a Warning Event, until the old pod had gone.
+
+    Worked out over every job's pods at most once a second, and only when a job with a refused
+    pod asks (a 2,000-job round refuses hundreds at once, each evaluated several times)."""
+
+    REFRESH_S = 1.0
+
+    def __init__(self) -> None:
+        self._at = float("-inf")
+        self._nodes: dict[str, str] = {}
+
+    def nodes(self, pods: Mapping[Any, Iterable[PodRecord]],
+              decided_of: Callable[[Any], Mapping[str, tuple[str, ...]] | None],
+              settling: Iterable[str], now: float) -> Mapping[str, str]:
+        """`pods`: the pods index by job (its `strays()`, children of an earlier job of the
+        same name, are leaving too); `decided_of`: a job's decided nodes per role;
+        `settling`: Refusals.settling."""
+        if now - self._at < self.REFRESH_S:
+            return self._nodes
+        out = dict.fromkeys(settling, "")
+        strays = getattr(pods, "strays", None)
+        found = [pod for key, records in pods.items() for pod in leaving_pods(records, decided_of(key))]
+        found += [pod for pod in (strays() if strays else ())
+                  if pod.bound and pod.node and pod.phase not in TERMINAL_POD_PHASES]
+        for pod in sorted(found, key=lambda p: p.name, reverse=True):  # the first name wins
+            out[pod.node] = pod.name
+        self._at, self._nodes = now, out
+        return out
 
 
 def refused_there(pod: PodRecord, node: str) -> bool:

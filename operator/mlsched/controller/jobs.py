@@ -389,8 +389,16 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.cannot_start = sorted([(p.name, p.stuck) for p in pods if p.stuck and not p.deleting]
                                + await stuck_creating(rt, job.key, job.namespace, pods)
                                + await claims_unmade(rt, job.key, job.namespace, pods))
-    seen.unschedulable = sorted([(p.name, p.unschedulable) for p in pods
-                                 if p.unschedulable and not p.deleting]
+    refused = [p for p in pods if p.unschedulable and not p.deleting]
+    if refused:  # refused where a pod of ours is leaving: the plan at work (displacement.py)
+        at = time.time()
+        vacating = rt.vacating.nodes(idx.pods, rt.placements.of, rt.refusals.settling(at), at)
+        seen.waiting_for_room = sorted(
+            (p.name, p.pinned, vacating[p.pinned]) for p in refused
+            if p.pinned in vacating and displacement.refused_there(p, p.pinned))
+        waiting = {name for name, _, _ in seen.waiting_for_room}
+        refused = [p for p in refused if p.name not in waiting]
+    seen.unschedulable = sorted([(p.name, p.unschedulable) for p in refused]
                                 + unscheduled(rt, job.key, pods))
     seen.pods_refused = await pods_refused(rt, job, seen.statefulsets, pods)
     seen.would_be_refused = await _pods_verdict(rt, job, seen)

@@ -43,6 +43,9 @@ class Observed:
     policy_exists: bool = True
     # (pod, kube-scheduler's message) for the job's pods the scheduler cannot place
     unschedulable: list[tuple[str, str]] = field(default_factory=list)
+    # (pod, node, the pod of ours leaving that node or "" when one just left) for the job's
+    # pods refused where such a pod still holds the room (displacement.Vacating): starting
+    waiting_for_room: list[tuple[str, str, str]] = field(default_factory=list)
     cannot_fit: str | None = None  # why the job's minimum can never fit the cluster, if so
     # why its minimum does not fit what its namespace's ResourceQuotas have left now, if so
     over_quota: str | None = None
@@ -169,6 +172,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         elif admitted:
             reason, message = "PodsStarting", ", ".join(f"{ready[r]}/{desired[r]} {r} ready"
                                                         for r in roles)
+            if seen.waiting_for_room:
+                message += "; " + _waiting_for_room(seen.waiting_for_room)
         elif seen.cannot_fit:
             reason, message = "CannotFit", seen.cannot_fit
         elif seen.children_over_quota:
@@ -251,6 +256,14 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     out.delete_job = bool(finished and run.ttl_seconds_after_finished is not None and done_at
                           and now.timestamp() - done_at >= run.ttl_seconds_after_finished)
     return out
+
+
+def _waiting_for_room(pods: list[tuple[str, str, str]]) -> str:
+    pod, node, leaving = pods[0]
+    more = len(pods) - 1
+    held = f"which {leaving} is leaving" if leaving else "which a pod of ours has just left"
+    return f"pod {pod} waits for room on {node}, {held}" + (
+        f" (and {more} more pod{'s' * (more > 1)})" if more else "")
 
 
 def _cannot_start(pods: list[tuple[str, str]]) -> str:

@@ -18,7 +18,7 @@ from mlsched.controller import dra
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.dataset import Dataset
 from mlsched.controller.desired import PodSettings
-from mlsched.controller.displacement import Refusals
+from mlsched.controller.displacement import Refusals, Vacating
 from mlsched.controller.events import Recorder
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.leadership import Leadership
@@ -482,6 +482,8 @@ class Runtime:
     # Nodes kube-scheduler refused each job's pods on lately, avoided when they are placed
     # again (displacement.py).
     refusals: Refusals = field(default_factory=Refusals)
+    # Nodes our pods are leaving, for the jobs' conditions (displacement.Vacating).
+    vacating: Vacating = field(default_factory=Vacating)
     # Each job's dry-run verdict: would the API server create its pods (preflight.py)?
     preflight: Preflight = field(default_factory=Preflight)
     # The last transient error creating a job's children (reported once, retried each sweep).
