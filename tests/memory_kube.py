@@ -181,6 +181,11 @@ class MemoryKube:
                     new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
         elif kind == "StatefulSet" and new.get("spec") != obj.get("spec"):
             new["metadata"]["generation"] = obj["metadata"].get("generation", 1) + 1
+        elif kind == "Pod" and not (obj["spec"].get("schedulingGates")) and \
+                new["spec"].get("nodeSelector") != obj["spec"].get("nodeSelector"):
+            # As the API server: a pod's nodeSelector may change only while it is gated.
+            raise KubeError(422, f'Pod "{name}" is invalid: spec: Forbidden: pod updates may '
+                                 f'not change fields other than `spec.containers[*].image`, ...')
         self.objects[key] = new
         return True
 

@@ -781,3 +781,35 @@ def test_a_round_does_not_wait_for_its_events():
     assert report.targets["bert"].count("worker") >= 1
     assert "Scaled" not in posted_before
     assert "Scaled" in {e["reason"] for e in kube.events("bert")}
+
+
+def test_a_pod_pinned_by_its_handler_while_the_round_decided_is_moved_not_reported_failed(monkeypatch):
+    """A pod created while a round decides is pinned by the pod handler to the decision the
+    round is replacing; the round, which read it gated, then pins it elsewhere, and the API
+    server refuses (an ungated pod's nodeSelector may not change). It used to be a Warning
+    `ApplyFailed` on the job (4 in one bench_e2e settling) and the pod left where it was."""
+    from mlsched.controller import apply
+
+    rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=4)])
+    first = round_(rt, kube)
+    kube.settle()  # the StatefulSets' pods exist, gated: nothing has pinned them yet
+    target = first.targets["bert"].nodes["worker"][0]
+    elsewhere = next(f"node-{i}" for i in range(6) if f"node-{i}" != target)
+    real_execute_all = apply.execute_all
+
+    async def handler_first(api, actions):
+        # What the pod handler did meanwhile with the previous decision: pinned and ungated.
+        pod = kube.obj("Pod", NS, "bert-worker-0")
+        pod["spec"]["nodeSelector"] = {"kubernetes.io/hostname": elsewhere}
+        pod["spec"].pop("schedulingGates", None)
+        return await real_execute_all(api, actions)
+
+    monkeypatch.setattr(loop, "execute_all", handler_first)
+    uid = kube.obj("Pod", NS, "bert-worker-0")["metadata"]["uid"]
+    round_(rt, kube, now=NOW + 1300)
+    assert not [e for e in kube.events("bert") if e["reason"] == "ApplyFailed"], kube.events("bert")
+    pod = kube.objects.get(("Pod", NS, "bert-worker-0"))
+    assert pod is None or pod["metadata"]["uid"] != uid  # recreated, gated, by its StatefulSet
+    monkeypatch.setattr(loop, "execute_all", real_execute_all)
+    settle(rt, kube)
+    assert kube.obj("Pod", NS, "bert-worker-0")["spec"]["nodeName"] == target

@@ -13,6 +13,7 @@ from mlsched.controller.desired import (
     Action, DeletePod, PatchStatefulSet, PinPod, PodSettings, plan_statefulset, roles_of,
     service_manifest, starting_counts, statefulset_manifest,
 )
+from mlsched.controller.constants import HOSTNAME_LABEL, PLACEMENT_GATE
 from mlsched.controller.kube import KubeApi, KubeError
 from mlsched.controller.records import JobRecord, StsRecord, controller_uid, sts_record
 
@@ -151,11 +152,38 @@ async def execute(api: KubeApi, action: Action) -> bool:
         return await api.patch("StatefulSet", action.namespace, action.name, action.patch(),
                                patch_type="json")
     if isinstance(action, PinPod):
-        return await api.patch("Pod", action.namespace, action.name, action.patch(),
-                               patch_type="strategic")
+        try:
+            return await api.patch("Pod", action.namespace, action.name, action.patch(),
+                                   patch_type="strategic")
+        except KubeError as err:
+            if err.status != 422:
+                raise
+            return await _pinned_meanwhile(api, action, err)
     if isinstance(action, DeletePod):
         return await api.delete("Pod", action.namespace, action.name, uid=action.uid)
     raise TypeError(f"unknown action {action!r}")
+
+
+async def _pinned_meanwhile(api: KubeApi, action: PinPod, err: KubeError) -> bool:
+    """A pin the API server refused because the pod is no longer gated: between the round's
+    reading of the pod and its pin, the pod handler pinned it to the decision the round was
+    replacing (a pod created while the round decided), and an ungated pod's nodeSelector may
+    not change. Pinned where this pin would put it: done. Elsewhere: moved, as plan_pods moves
+    a pod pinned elsewhere (its StatefulSet recreates it gated, and the pod handler pins it to
+    the decision in force). It used to be a Warning `ApplyFailed` on the job ("pod updates may
+    not change fields ...") and the pod left on the old node until the next step moved it."""
+    body = await api.get("Pod", action.namespace, action.name)
+    if body is None or body["metadata"].get("uid") != action.uid:
+        return False  # gone, or another pod by now: the pod handler pins that one
+    spec = body.get("spec") or {}
+    if any(g.get("name") == PLACEMENT_GATE for g in spec.get("schedulingGates") or ()):
+        raise err  # still gated: the API server refuses the pin for another reason
+    pinned = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
+    if action.node in (pinned, spec.get("nodeName")):
+        return True
+    log.info("pod %s/%s was pinned to %s while a step decided %s; recreating it", action.namespace,
+             action.name, pinned, action.node)
+    return await api.delete("Pod", action.namespace, action.name, uid=action.uid)
 
 
 async def execute_all(api: KubeApi, actions: Sequence[Action]) -> list[bool | BaseException]:
