@@ -1,0 +1,118 @@
+"""How many rounds a policy takes to settle after a burst of arrivals, in process.
+
+A round that finds nothing new should change nothing: every change it makes is a
+checkpoint-restart of someone's training. This benchmark starts from what bench_e2e.py's (b)
+builds (1,000 nodes of 8 CPU, 2 GPUs; 200 jobs decided alone on the empty cluster, then 1,800
+more arriving) and runs rounds of the operator's own snapshot → run_round → desired-state diff,
+each on the cluster the previous one decided (pods bound where it put them, nothing finishing,
+nothing arriving), until a round changes nothing. Per round: the actions the operator would
+apply, the jobs whose decision changed, those whose counts changed, and the tasks of jobs with
+unchanged counts that were moved anyway. No API server: what it shows is the policy's own
+(allocation + sticky placement) fixed point, not the cluster's. `bench_e2e.py` (b) shows the
+same settling on the real control plane ("rounds until settled").
+
+Run: `python bench/bench_settling.py [--allocations drf dl2] [--seed 1]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+
+import bench_operator as bo
+from mlsched.controller.desired import roles_of, statefulset_manifest
+from mlsched.controller.records import job_record
+from mlsched.policies import registry
+
+
+def workload(seed: int, n_jobs: int) -> list[dict]:
+    """bench_operator's job bodies with bench_e2e's bounds (worker max 1/2/4, PS max 1/2)."""
+    rng = random.Random(seed)
+    jobs = []
+    for i in range(n_jobs):
+        body = bo.job_body(i, rng)
+        specs = body["spec"]["replicaSpecs"]
+        specs["worker"]["max"] = rng.choice((1, 2, 4))
+        if "ps" in specs:
+            specs["ps"]["max"] = rng.choice((1, 2))
+        body["status"] = {"phase": "Pending"}
+        jobs.append(body)
+    return jobs
+
+
+def indexes_for(nodes: list[dict], jobs: list[dict], targets: dict) -> tuple:
+    """What the operator's indexes hold once `targets` runs: StatefulSets at the decided
+    counts, each pod bound on its decided node; jobs without a target wait at zero."""
+    sts, pods = [], []
+    for body in jobs:
+        rec = job_record(body)
+        target = targets.get(rec.name)
+        for role in roles_of(rec):
+            count = target.count(role) if target else 0
+            sts.append(statefulset_manifest(rec, role, count, target.counts if target else {},
+                                            bo.SETTINGS))
+            if target:
+                pods += [bo.pod_body(body, role, k, node)
+                         for k, node in enumerate(target.nodes.get(role, ()))]
+    return bo.build_indexes(nodes, jobs, pods, sts)
+
+
+def decide(allocation: str, indexes: tuple) -> tuple[dict, list]:
+    jobs, snap = bo.snapshot_of(*indexes)
+    decision = bo.run_round(snap, registry.make_allocation(allocation),
+                            registry.make_placement("load-balance"))
+    targets = bo.job_targets(decision, snap)
+    return targets, bo.plan_all(jobs, targets, indexes[2], indexes[3])
+
+
+def settle(allocation: str, seed: int, n_nodes: int, n_first: int, n_jobs: int,
+           max_rounds: int) -> list[tuple[int, int, int, int]]:
+    nodes = [bo.node_body(i) for i in range(n_nodes)]
+    jobs = workload(seed, n_jobs)
+    targets, _ = decide(allocation, indexes_for(nodes, jobs[:n_first], {}))
+    out = []
+    for _ in range(max_rounds):
+        new, actions = decide(allocation, indexes_for(nodes, jobs, targets))
+        changed = counts = moved = 0
+        for name, target in new.items():
+            old = targets.get(name)
+            if old is None or (old.counts, old.nodes) != (target.counts, target.nodes):
+                changed += 1
+            if old is not None and old.counts != target.counts:
+                counts += 1
+            elif old is not None:
+                moved += sum(a != b for role in target.nodes
+                             for a, b in zip(old.nodes.get(role, ()), target.nodes[role]))
+        out.append((len(actions), changed, counts, moved))
+        targets = new
+        if not actions:
+            break
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--allocations", nargs="+", default=["drf", "dl2"])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--first", type=int, default=200, help="jobs decided alone first")
+    parser.add_argument("--jobs", type=int, default=2000)
+    parser.add_argument("--max-rounds", type=int, default=8)
+    args = parser.parse_args()
+    print(f"{args.first} jobs decided alone on {args.nodes} empty nodes, then {args.jobs} in "
+          f"all; rounds on what the previous one decided (seed {args.seed}):")
+    print(f"  {'allocation':10} {'round':>5} {'actions':>8} {'jobs changed':>13} "
+          f"{'counts changed':>15} {'kept tasks moved':>17}")
+    for allocation in args.allocations:
+        rounds = settle(allocation, args.seed, args.nodes, args.first, args.jobs,
+                        args.max_rounds)
+        for k, (actions, changed, counts, moved) in enumerate(rounds, 1):
+            print(f"  {allocation:10} {k:5d} {actions:8d} {changed:13d} {counts:15d} {moved:17d}")
+        settled = not rounds[-1][0]
+        print(f"  {allocation}: {'settled after' if settled else 'not settled in'} "
+              f"{len(rounds) - settled} round(s) with changes; after the first, "
+              f"{sum(r[0] for r in rounds[1:])} actions")
+
+
+if __name__ == "__main__":
+    main()
