@@ -209,9 +209,12 @@ class Vacating:
     Unschedulable with a Warning Event, until the old pod had gone.
 
     Worked out over every job's pods at most once a second, and only when a job with a refused
-    pod asks (a 2,000-job round refuses hundreds at once, each evaluated several times)."""
+    pod asks (a 2,000-job round refuses hundreds at once, each evaluated several times); sooner
+    (after MIN_REFRESH_S) when asked about a node the last answer does not name, which a round
+    may have started to vacate since: a false alarm is a Warning Event the user sees."""
 
     REFRESH_S = 1.0
+    MIN_REFRESH_S = 0.1
 
     def __init__(self) -> None:
         self._at = float("-inf")
@@ -219,15 +222,19 @@ class Vacating:
 
     def nodes(self, pods: Mapping[Any, Iterable[PodRecord]],
               decided_of: Callable[[Any], Mapping[str, tuple[str, ...]] | None],
-              settling: Iterable[str], now: float) -> Mapping[str, str]:
+              settling: Iterable[str], now: float,
+              asked: Iterable[str | None] = ()) -> Mapping[str, str]:
         """`pods`: the pods index by job (its `strays()`, children of an earlier job of the
         same name, are leaving too); `decided_of`: a job's decided nodes per role;
-        `settling`: Refusals.settling."""
-        if now - self._at < self.REFRESH_S:
+        `settling`: Refusals.settling; `asked`: the nodes the caller looks up."""
+        age = now - self._at
+        if age < self.MIN_REFRESH_S or (
+                age < self.REFRESH_S and all(node in self._nodes for node in asked)):
             return self._nodes
         out = dict.fromkeys(settling, "")
         strays = getattr(pods, "strays", None)
-        found = [pod for key, records in pods.items() for pod in leaving_pods(records, decided_of(key))]
+        found = [pod for key, records in pods.items()
+                 for pod in leaving_pods(records, decided_of(key))]
         found += [pod for pod in (strays() if strays else ())
                   if pod.bound and pod.node and pod.phase not in TERMINAL_POD_PHASES]
         for pod in sorted(found, key=lambda p: p.name, reverse=True):  # the first name wins

@@ -392,7 +392,8 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     refused = [p for p in pods if p.unschedulable and not p.deleting]
     if refused:  # refused where a pod of ours is leaving: the plan at work (displacement.py)
         at = time.time()
-        vacating = rt.vacating.nodes(idx.pods, rt.placements.of, rt.refusals.settling(at), at)
+        vacating = rt.vacating.nodes(idx.pods, rt.placements.of, rt.refusals.settling(at), at,
+                                     asked={p.pinned for p in refused})
         seen.waiting_for_room = sorted(
             (p.name, p.pinned, vacating[p.pinned]) for p in refused
             if p.pinned in vacating and displacement.refused_there(p, p.pinned))
