@@ -252,10 +252,9 @@ def validation_sets(args: Args):
 def simulate(trace, config, allocation, on_slot=None, max_slots=None):
     sim = Simulator(trace, config)
     lb = registry.make_placement("load-balance")
-    admit = None
-    if config.admission == "arrival":  # the same steps Simulator.run takes (and the operator)
-        def admit(snapshot):
-            return run_admission(snapshot, allocation, lb)
+    # The same admission steps Simulator.run takes (and the operator), or none.
+    admit = ((lambda snapshot: run_admission(snapshot, allocation, lb))
+             if config.admission == "arrival" else None)
     while not sim.done and (max_slots is None or sim.slot < max_slots):
         reward = sim.advance(run_round(sim.snapshot(), allocation, lb), admit)
         if on_slot:

@@ -277,10 +277,8 @@ class Simulator:
         return reward
 
     def run(self, allocation, placement, grouping=None, progress=None) -> SimResult:
-        admit = None
-        if self.config.admission == "arrival":
-            def admit(snapshot: Snapshot) -> Decision:
-                return run_admission(snapshot, allocation, placement, grouping)
+        admit = ((lambda snapshot: run_admission(snapshot, allocation, placement, grouping))
+                 if self.config.admission == "arrival" else None)
         while not self.done:
             decision = run_round(self.snapshot(), allocation, placement, grouping)
             self.advance(decision, admit)
