@@ -199,6 +199,21 @@ def test_a_service_that_could_not_be_made_again_is_retried_by_the_sweep_and_hold
     assert "Restored" in [e["reason"] for e in kube.events("bert")]
 
 
+def test_a_service_deleted_while_the_watches_were_down_is_restored_once_they_are_listed_again():
+    """No DELETED event reaches the operator for a Service deleted during an API server outage;
+    the watches' listing again (relists.py) makes it ask, and the sweep restores it. The job's
+    pods used to lose their peers' DNS names for good."""
+    rt, kube = scheduled()
+    run(kube.delete("Service", NS, "bert"))  # the watch was down: no event
+    rt.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
+    run(jobs.sweep(rt, kube.indexes()))
+    assert not kube.of_kind("Service")  # nothing said it went
+    rt.services.relisted()
+    run(jobs.sweep(rt, kube.indexes()))
+    assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
+    assert "Restored" in [e["reason"] for e in kube.events("bert")]
+
+
 def test_deleting_the_job_collects_its_children():
     rt, kube = scheduled()
     assert kube.of_kind("Pod")

@@ -177,3 +177,31 @@ def test_a_resource_that_cannot_be_listed_is_left_as_it_is_and_the_others_are_no
         assert list(index) == []
 
     asyncio.run(scenario())
+
+
+def test_each_listing_again_tells_what_is_known_of_resources_it_does_not_index():
+    """The operator's record of which Services exist (services.py) is asked again after a
+    listing again, whatever the sweep found gone."""
+    told: list[float] = []
+
+    async def present(plural, namespace):
+        return {"uid-a"}
+
+    async def scenario() -> None:
+        index = _indexed(_pod("a", "n0"))
+        clock = Clock()
+
+        async def on_gone(gone):
+            pass
+
+        relists = Relists(present, on_gone, settle_s=0.0, clock=clock,
+                          on_relisted=lambda: told.append(clock.now))
+        relists.note("pods", None, _pod("a", "n0"), [index])  # the first listing
+        await _settled()
+        assert told == []
+        clock.now = 100.0
+        relists.note("pods", None, _pod("a", "n0"), [index])  # listed again: nothing gone
+        await _settled()
+        assert told == [100.0]
+
+    asyncio.run(scenario())

@@ -207,7 +207,8 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         rt.policy_loops.active = False
     memo["runtime"] = rt
     memo["relists"] = Relists(lambda plural, ns: present(rt, plural, ns),
-                              lambda gone: forget_gone(rt, gone))
+                              lambda gone: forget_gone(rt, gone),
+                              on_relisted=rt.services.relisted)
     memo["loop_health_stopped"] = health_stopped = asyncio.Event()
     memo["loop_health"] = asyncio.create_task(LoopHealth(rt.metrics.registry).watch(health_stopped),
                                               name="mlsched-loop-health")

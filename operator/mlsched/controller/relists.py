@@ -61,8 +61,11 @@ class _Resource:
 
 class Relists:
     def __init__(self, present: Present, on_gone: Callable[[list[Gone]], Awaitable[None]],
-                 settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic):
-        self._present, self._on_gone = present, on_gone
+                 settle_s: float = SETTLE_S, clock: Callable[[], float] = time.monotonic,
+                 on_relisted: Callable[[], None] | None = None):
+        """`on_relisted`: called once each listing again has been settled, whatever was gone,
+        for what the operator knows of resources it does not index (services.py)."""
+        self._present, self._on_gone, self._on_relisted = present, on_gone, on_relisted
         self._settle_s, self._clock = settle_s, clock
         self._resources: dict[str, _Resource] = {}
         self._relisted: float | None = None  # when the listing being settled began
@@ -99,6 +102,8 @@ class Relists:
         await asyncio.sleep(self._settle_s)
         try:
             gone = await self.sweep()
+            if self._on_relisted is not None:
+                self._on_relisted()
             if gone:
                 await self._on_gone(gone)
         except Exception:  # noqa: BLE001 - bookkeeping must never stop the operator
