@@ -223,7 +223,7 @@ class Vacating:
     def nodes(self, pods: Mapping[Any, Iterable[PodRecord]],
               decided_of: Callable[[Any], Mapping[str, tuple[str, ...]] | None],
               settling: Iterable[str], now: float,
-              asked: Iterable[str | None] = ()) -> Mapping[str, str]:
+              asked: Iterable[str] = ()) -> Mapping[str, str]:
         """`pods`: the pods index by job (its `strays()`, children of an earlier job of the
         same name, are leaving too); `decided_of`: a job's decided nodes per role;
         `settling`: Refusals.settling; `asked`: the nodes the caller looks up."""

@@ -393,7 +393,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     if refused:  # refused where a pod of ours is leaving: the plan at work (displacement.py)
         at = time.time()
         vacating = rt.vacating.nodes(idx.pods, rt.placements.of, rt.refusals.settling(at), at,
-                                     asked={p.pinned for p in refused})
+                                     asked={p.pinned for p in refused if p.pinned})
         seen.waiting_for_room = sorted(
             (p.name, p.pinned, vacating[p.pinned]) for p in refused
             if p.pinned in vacating and displacement.refused_there(p, p.pinned))
