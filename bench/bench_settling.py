@@ -76,8 +76,8 @@ def settle(allocation: str, seed: int, n_nodes: int, n_first: int, n_jobs: int,
     targets, _ = decide(allocation, indexes_for(nodes, jobs[:n_first], {}))
     # The arrivals: new in the first round (batches 0), or admitted on arrival in `batches`
     # admission steps from what is free, as the operator admits them (running jobs held).
-    size = -(-(n_jobs - n_first) // batches) if batches else 0
-    for start in range(n_first, n_jobs, size or n_jobs):
+    size = -(-(n_jobs - n_first) // batches) if batches else 0  # (ceiling division)
+    for start in range(n_first, n_jobs, size) if batches else ():
         arrived = jobs[:start + size]
         admitted, _ = decide(allocation, indexes_for(nodes, arrived, targets), run_admission)
         targets.update({name: t for name, t in admitted.items() if t.count("worker")})

@@ -13,9 +13,10 @@ from mlsched.controller.desired import (
     Action, DeletePod, PatchStatefulSet, PinPod, PodSettings, plan_statefulset, roles_of,
     service_manifest, starting_counts, statefulset_manifest,
 )
-from mlsched.controller.constants import HOSTNAME_LABEL, PLACEMENT_GATE
 from mlsched.controller.kube import KubeApi, KubeError
-from mlsched.controller.records import JobRecord, StsRecord, controller_uid, sts_record
+from mlsched.controller.records import (
+    JobRecord, StsRecord, controller_uid, pod_record, sts_record,
+)
 
 log = logging.getLogger("mlsched.controller.apply")
 
@@ -173,16 +174,15 @@ async def _pinned_meanwhile(api: KubeApi, action: PinPod, err: KubeError) -> boo
     the decision in force). It used to be a Warning `ApplyFailed` on the job ("pod updates may
     not change fields ...") and the pod left on the old node until the next step moved it."""
     body = await api.get("Pod", action.namespace, action.name)
-    if body is None or body["metadata"].get("uid") != action.uid:
+    pod = pod_record(body) if body is not None else None
+    if pod is None or pod.uid != action.uid:
         return False  # gone, or another pod by now: the pod handler pins that one
-    spec = body.get("spec") or {}
-    if any(g.get("name") == PLACEMENT_GATE for g in spec.get("schedulingGates") or ()):
+    if pod.gated:
         raise err  # still gated: the API server refuses the pin for another reason
-    pinned = (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL)
-    if action.node in (pinned, spec.get("nodeName")):
+    if action.node in (pod.pinned, pod.node):
         return True
     log.info("pod %s/%s was pinned to %s while a step decided %s; recreating it", action.namespace,
-             action.name, pinned, action.node)
+             action.name, pod.pinned, action.node)
     return await api.delete("Pod", action.namespace, action.name, uid=action.uid)
 
 

@@ -220,22 +220,21 @@ class Vacating:
         self._at = float("-inf")
         self._nodes: dict[str, str] = {}
 
-    def nodes(self, pods: Mapping[Any, Iterable[PodRecord]],
+    def nodes(self, pods: Any,
               decided_of: Callable[[Any], Mapping[str, tuple[str, ...]] | None],
               settling: Iterable[str], now: float,
               asked: Iterable[str] = ()) -> Mapping[str, str]:
-        """`pods`: the pods index by job (its `strays()`, children of an earlier job of the
-        same name, are leaving too); `decided_of`: a job's decided nodes per role;
+        """`pods`: the pods index by job (Indexes.pods, a runtime.Owned: its `strays()`,
+        children of an earlier job of the same name, are leaving too); `decided_of`: a job's decided nodes per role;
         `settling`: Refusals.settling; `asked`: the nodes the caller looks up."""
         age = now - self._at
         if age < self.MIN_REFRESH_S or (
                 age < self.REFRESH_S and all(node in self._nodes for node in asked)):
             return self._nodes
         out = dict.fromkeys(settling, "")
-        strays = getattr(pods, "strays", None)
         found = [pod for key, records in pods.items()
                  for pod in leaving_pods(records, decided_of(key))]
-        found += [pod for pod in (strays() if strays else ())
+        found += [pod for pod in pods.strays()
                   if pod.bound and pod.node and pod.phase not in TERMINAL_POD_PHASES]
         for pod in sorted(found, key=lambda p: p.name, reverse=True):  # the first name wins
             out[pod.node] = pod.name
