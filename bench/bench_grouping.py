@@ -169,13 +169,15 @@ def main() -> None:
     p.add_argument("--nodes", type=int, default=100)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--skip-dl2", action="store_true")
-    p.add_argument("--exhaustive", type=int, default=5, help="instances for the exhaustive comparison")
+    p.add_argument("--exhaustive", type=int, default=5,
+                   help="instances for the exhaustive comparison (0 skips it)")
     args = p.parse_args()
     scale_table(args, "drf")
     if not args.skip_dl2:
         scale_table(args, "dl2")
     grouping_time()
-    exhaustive(args.exhaustive, 8, 8)
+    if args.exhaustive > 0:
+        exhaustive(args.exhaustive, 8, 8)
 
 
 if __name__ == "__main__":
