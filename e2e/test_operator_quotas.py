@@ -11,6 +11,7 @@ import time
 
 from kubernetes import client
 
+from dl2_model import configmap_ref, model_configmap
 from job_state import placed_as_decided, placement_problems
 from mlsched_objects import GROUP, VERSION, condition, mljob, scheduling_policy
 from waiting import wait_for
@@ -259,6 +260,44 @@ def test_a_quota_scoped_to_a_priority_class_bounds_that_class_only(api, mlsched,
                                    describe=lambda: _running(mlsched, "urgent-too"))
         assert message == ("its minimum requests 1 GPU; the namespace's ResourceQuota 'high' has "
                            "0 of 2 left"), message
+        refused = refused_for_good(mlsched)
+        assert not refused, refused
+
+
+def test_a_learned_policy_starts_a_job_whose_class_the_spent_quota_does_not_bound(
+        api, mlsched, operator, dl2_files):
+    """DL² under a quota scoped to one PriorityClass: with that class's quota spent and a job
+    of the class waiting for it, a job of no class asking for the same resources must still
+    start. DL²'s window checked one job per distinct demand against the quota, so the waiting
+    job's charge stood for both and the other job waited too, with nothing bounding it."""
+    model, card, _ = dl2_files
+    client.CoreV1Api(api).create_namespaced_config_map(
+        mlsched.namespace, model_configmap("dl2-policy", model, card))
+    with two_gpus_for_a_class(api, mlsched.namespace, "e2e-learned") as high:
+        mlsched.create(scheduling_policy("learned", allocation="dl2", interval=DAY,
+                                         models={"allocation": {"dl2": configmap_ref("dl2-policy")}}))
+
+        def at(job: dict) -> dict:
+            for role in job["spec"]["replicaSpecs"].values():
+                role["template"]["spec"]["priorityClassName"] = high
+            return job
+
+        mlsched.create(at(mljob("high-1", ps=None, workers=(2, 2), epochs=1e9, policy="learned")))
+        wait_for(lambda: placed_as_decided(mlsched, "high-1"), 60, "the urgent job to run",
+                 describe=lambda: placement_problems(mlsched, "high-1"))
+        mlsched.create(at(mljob("high-2", ps=None, workers=(1, 1), epochs=1e9, policy="learned")))
+        wait_for(lambda: (r := _running(mlsched, "high-2")) and r[0] == "WaitingForQuota", 30,
+                 "the second urgent job to wait for its class's quota",
+                 describe=lambda: _running(mlsched, "high-2"))
+        # Created within a second of high-2 (creationTimestamp's resolution), it comes after
+        # it in the policy's order by its name.
+        mlsched.create(mljob("low", ps=None, workers=(1, 4), epochs=1e9, policy="learned"))
+        status = wait_for(lambda: placed_as_decided(mlsched, "low"), 60,
+                          "the job of no class to run beside the one waiting for its class's quota",
+                          describe=lambda: (_running(mlsched, "low"),
+                                            placement_problems(mlsched, "low")))
+        assert status["replicaStatuses"]["worker"]["desired"] >= 1, status["replicaStatuses"]
+        assert _running(mlsched, "high-2")[0] == "WaitingForQuota"
         refused = refused_for_good(mlsched)
         assert not refused, refused
 

@@ -466,3 +466,24 @@ def test_incremental_mask_under_the_ledgers_restrictions_equals_a_fresh_encoding
         fresh = WindowState(snap, ledger, jobs, J)
         assert np.array_equal(st.mask()[: st.void], (fresh.mask() & ~st._failed)[: st.void]), step
     assert step > 5 and not st.can_grow()
+
+
+def test_jobs_of_one_demand_but_different_quota_charges_are_masked_each_by_its_own():
+    """Two jobs asking for the same resources, one in a priority class a quota bounds (its
+    tasks charge that quota) and one in a class no quota bounds (they charge nothing there):
+    with the bounded quota spent, the second may still grow. The window used to check one
+    job per distinct demand, so the first one's charge masked the second as well, and DL²
+    left it waiting under a quota that does not bound it."""
+    import dataclasses
+
+    bounded = {"ps": np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0]),
+               "worker": np.array([0.0, 0.0, 0.0, 0.0, 0.0, 1.0])}
+    free = {"ps": np.zeros(6), "worker": np.zeros(6)}
+    jobs = [job("bounded", quota_charges=bounded), job("free", quota_charges=free)]
+    snap = dataclasses.replace(make_snapshot(jobs, nodes=4),
+                               budget=np.array([np.inf, np.inf, np.inf, np.inf, np.inf, 0.0]))
+    st = WindowState(snap, Ledger(snap, LB), jobs, J)
+    mask = st.mask()
+    assert not mask[0:3].any()  # "bounded": the quota has no pod left for it
+    assert mask[5]  # "free" may start (its gang, the bundle action)
+    assert st.apply(5)

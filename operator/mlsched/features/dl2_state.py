@@ -237,6 +237,8 @@ class WindowState:
         keys: dict[tuple, int] = {}
         self._demands: list[tuple[np.ndarray, JobView, str]] = []
 
+        budget = self.ledger.budget is not None
+
         def key_of(job: JobView, role: str) -> int:
             demand = self.ledger.demand(job, role)
             if job.pool is None and not (job.node_filters or job.exclusive or job.spreads
@@ -247,6 +249,11 @@ class WindowState:
                 k = (demand.tobytes(), job.pool, None if node_filter is None else id(node_filter),
                      job.holds(role), tuple(id(s) for s in job.spreads.get(role, ())),
                      job.takes(role))
+            if budget:
+                # Under a quota two jobs of one demand may charge it differently (another
+                # PriorityClass, other limits): one spent quota must not mask the other job.
+                # A job whose kept pods charge their own is a key of its own.
+                k += (job.name if job.kept_charges.get(role) else job.quota_charge(role).tobytes(),)
             found = keys.get(k)
             if found is None:
                 found = keys[k] = len(self._demands)
@@ -277,6 +284,10 @@ class WindowState:
             self.ledger.allowed_nodes(j, r) is not None or j.holds(r) or j.spreads.get(r)
             or j.takes(r)
             for _, j, r in self._demands)
+        # The most any task of the window can charge the quotas: while what is left covers
+        # it, a grant cannot have made a demand stop fitting by the budget (_recheck_restricted).
+        self._charge_bound = (np.max([self.ledger.charge_bound(j, r, d) for d, j, r in self._demands],
+                                     axis=0).tolist() if budget and self._demands else [])
         self._demand_matrix = np.array([d for d, _, _ in self._demands]).reshape(-1, 3)  # (K, 3)
         # What a node's free capacity must reach, per distinct demand: as a (3, 1) column to
         # scan all nodes at once, and as plain floats to check one node.
@@ -323,11 +334,19 @@ class WindowState:
             before, self._fits = self._fits, self._fits_any_node()
             return before != self._fits
         ledger, changed = self.ledger, False
-        everywhere = ledger.budget is not None
+        everywhere = ledger.budget is not None and not ledger.budget_covers(self._charge_bound)
         for k, node in enumerate(self._witness):
             if node < 0 or not (everywhere or node in touched):
                 continue
             demand, job, role = self._demands[k]
+            if node not in touched:
+                # Only the budget fell here: while it has room the witness still fits; once
+                # it has none, no node does (fits_mask would scan them all to say so).
+                if ledger.budget_allows(job, role, demand):
+                    continue
+                self._witness[k] = -1
+                self._fits[k], changed = False, True
+                continue
             if ledger.fits_on(demand, node, job, role):
                 continue
             room = ledger.fits_mask(demand, job, role)
