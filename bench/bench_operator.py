@@ -1,7 +1,8 @@
 """Operator speed and memory at scale: 1,000 MLJobs on 500 nodes.
 
 1. One scheduling round (target <= 200 ms): Snapshot from the index records, grouping ->
-   allocation (drf) -> placement (load-balance) via run_round, and the desired-state diff
+   allocation (drf) -> placement (load-balance) via run_served_round (as loop.py runs a round:
+   settled, policies/round.py), and the desired-state diff
    (StatefulSet and pod actions) for every job. No API calls. Measured in steady state (the
    cluster already runs the previous decision) and cold (every job new), and once more including
    turning the raw Kubernetes dicts into index records, which the operator does per watch event
@@ -15,7 +16,8 @@
    operator's imports loaded.
 4. A decision round at scale: 10,000 MLJobs on 5,000 nodes (`--scale-jobs/--scale-nodes`),
    for DRF and for DL² (the shipped model, served by ONNX Runtime): the snapshot from the index
-   records and the decision (run_round: allocation and placement), target <= 1 s; the
+   records and the decision (run_served_round: allocation and placement, DRF's settled),
+   target <= 1 s; the
    desired-state diff after it is shown beside it. Every job is new (a cold cluster, the
    most work a decision can have; the learned policy decides every job afresh each round
    anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
@@ -57,7 +59,7 @@ from mlsched.controller.desired import (  # noqa: E402
 )
 from mlsched.controller.records import job_record, node_record, pod_record, sts_record  # noqa: E402
 from mlsched.policies import registry  # noqa: E402
-from mlsched.policies.round import run_round  # noqa: E402
+from mlsched.policies.round import run_served_round  # noqa: E402 (a round as loop.py decides it)
 from mlsched.workloads import catalog  # noqa: E402
 
 JOBS, NODES, NAMESPACE = 1000, 500, "bench"
@@ -180,9 +182,10 @@ def plan_all(jobs, targets, pod_index, sts_index):
 
 
 def one_round(node_index, job_index, pod_index, sts_index):
-    """Snapshot → run_round → targets → actions: the CPU part of loop.run_policy_round."""
+    """Snapshot → run_served_round → targets → actions: the CPU part of loop.run_policy_round."""
     jobs, snap = snapshot_of(node_index, job_index, pod_index, sts_index)
-    decision = run_round(snap, registry.make_allocation("drf"), registry.make_placement("load-balance"))
+    decision = run_served_round(snap, registry.make_allocation("drf"),
+                                registry.make_placement("load-balance"))
     targets = job_targets(decision, snap)
     return targets, plan_all(jobs, targets, pod_index, sts_index)
 
@@ -361,7 +364,7 @@ def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3, gc_defaults: bool
                 if budget is not None:
                     snap = dataclasses.replace(snap, budget=budget)
                 t1 = time.perf_counter()
-                decision = run_round(snap, allocation, placement)
+                decision = run_served_round(snap, allocation, placement)
             t2 = time.perf_counter()  # after the pause: with the young collection it deferred
             plan_all(js, job_targets(decision, snap), pod_index, sts_index)
             t3 = time.perf_counter()

@@ -3,17 +3,22 @@
 A round that finds nothing new should change nothing: every change it makes is a
 checkpoint-restart of someone's training. This benchmark starts from what bench_e2e.py's (b)
 builds (1,000 nodes of 8 CPU, 2 GPUs; 200 jobs decided alone on the empty cluster, then 1,800
-more admitted on arrival in a few admission steps, as the operator admits them) and runs rounds of the operator's own snapshot → run_round → desired-state diff,
-each on the cluster the previous one decided (pods bound where it put them, nothing finishing,
+more admitted on arrival in a few admission steps, as the operator admits them) and runs
+rounds of the operator's own snapshot → run_served_round → desired-state diff, each on the
+cluster the previous one decided (pods bound where it put them, nothing finishing,
 nothing arriving), until a round changes nothing. Per round: the actions the operator would
 apply, the jobs whose decision changed, those whose counts changed, and the tasks of jobs with
 unchanged counts that were moved anyway. No API server: what it shows is the policy's own
 (allocation + sticky placement) fixed point, not the cluster's. `bench_e2e.py` (b) shows the
 same settling on the real control plane ("rounds until settled").
 
-Run: `python bench/bench_settling.py [--allocations drf dl2] [--seed 1] [--batches 6]` (about
-20 s). 28 Nov 2026, seed 1: DRF 1,326 changes in the first round, then 76, 23, 12, 2, 0 (the
-real control plane, bench_e2e (b) the same day: 1,401, then 143, 50, 18, 9, 0); DL² 445, 3, 0.
+Run: `python bench/bench_settling.py [--allocations drf dl2] [--seed 1] [--batches 6]
+[--unsettled]` (about 20 s). 28 Nov 2026, seed 1, `--unsettled` (rounds as the simulator
+decides them, and as the operator did before it settled heuristic rounds): DRF 1,326 changes
+in the first round, then 76, 23, 12, 2, 0 (the real control plane, bench_e2e (b) the same
+day: 1,401, then 143, 50, 18, 9, 0), 911 jobs changed in all; settled (the operator now):
+1,379, then 0, 852 jobs changed. DL² 445, 3, 0 (seed 2: 411, then 9, 10, 10, ... every
+round: see docs/e2e.md).
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ import bench_operator as bo
 from mlsched.controller.desired import roles_of, statefulset_manifest
 from mlsched.controller.records import job_record
 from mlsched.policies import registry
-from mlsched.policies.round import run_admission
+from mlsched.policies.round import run_admission, run_round, run_served_round
+
+
+ROUND = run_served_round  # how a round decides (main: --unsettled)
 
 
 def workload(seed: int, n_jobs: int) -> list[dict]:
@@ -61,10 +69,11 @@ def indexes_for(nodes: list[dict], jobs: list[dict], targets: dict) -> tuple:
 
 
 def decide(allocation: str, indexes: tuple, step=None) -> tuple[dict, list]:
-    """A round (`step` None) or an admission step (`run_admission`) on `indexes`."""
+    """A round as the operator runs it (`step` None; with --unsettled, as the simulator does)
+    or an admission step (`run_admission`) on `indexes`."""
     jobs, snap = bo.snapshot_of(*indexes)
-    decision = (step or bo.run_round)(snap, registry.make_allocation(allocation),
-                                      registry.make_placement("load-balance"))
+    decision = (step or ROUND)(snap, registry.make_allocation(allocation),
+                               registry.make_placement("load-balance"))
     targets = bo.job_targets(decision, snap)
     return targets, bo.plan_all(jobs, targets, indexes[2], indexes[3])
 
@@ -111,11 +120,16 @@ def main() -> None:
     parser.add_argument("--max-rounds", type=int, default=8)
     parser.add_argument("--batches", type=int, default=6,
                         help="admission steps the arrivals come in (0: all new at the round)")
+    parser.add_argument("--unsettled", action="store_true",
+                        help="rounds as the simulator decides them (run_round), not settled")
     args = parser.parse_args()
+    global ROUND
+    ROUND = run_round if args.unsettled else run_served_round
     arrivals = (f"admitted on arrival in {args.batches} admission steps" if args.batches
                 else "new at the first round")
     print(f"{args.first} jobs decided alone on {args.nodes} empty nodes, then {args.jobs} in "
-          f"all ({arrivals}); rounds on what the previous one decided (seed {args.seed}):")
+          f"all ({arrivals}); {'unsettled ' if args.unsettled else ''}rounds on what the "
+          f"previous one decided (seed {args.seed}):")
     print(f"  {'allocation':10} {'round':>5} {'actions':>8} {'jobs changed':>13} "
           f"{'counts changed':>15} {'kept tasks moved':>17}")
     for allocation in args.allocations:

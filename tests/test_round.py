@@ -11,12 +11,12 @@ import pytest
 
 from conftest import job, make_snapshot
 from mlsched.cluster.ledger import Ledger
-from mlsched.cluster.types import JobDecision, JobView, PoolPlan, SpeedObservation
+from mlsched.cluster.types import JobDecision, JobView, PoolPlan, Snapshot, SpeedObservation
 from mlsched.features import speed_fit
 from mlsched.policies import registry
 from mlsched.policies.base import PlacementRequest, TaskByTaskPlacement
 from mlsched.policies.placement.sticky import Sticky
-from mlsched.policies.round import run_admission, run_round
+from mlsched.policies.round import as_decided, run_admission, run_round, run_settled_round, settles
 from mlsched.workloads.speed_curve import catalog_curve, prior_curve
 
 
@@ -428,3 +428,78 @@ def test_a_task_kept_in_a_pod_of_another_class_books_that_pods_charge():
     assert ledger.budget[7] == 1.0
     ledger.release(ring, [("worker", ledger.jobs["ring"].worker_nodes[-1])])
     assert ledger.budget[7] == 1.0  # ordinal 1 took nothing of it
+
+
+def _burst(seed: int = 32) -> Snapshot:
+    """Three jobs running where DRF put them on 5 nodes, eleven more just arrived."""
+    from mlsched.workloads import catalog
+
+    rng = np.random.default_rng(seed)
+    models = list(catalog.MODEL_NAMES)
+
+    def make(i: int) -> JobView:
+        arch = "allreduce" if rng.random() < 0.3 else "ps"
+        return job(f"j{i:02d}", model=str(rng.choice(models)), arch=arch, arrival=float(i),
+                   max_workers=int(rng.choice([1, 2, 4])),
+                   max_ps=int(rng.choice([1, 2])) if arch == "ps" else 0)
+
+    first = make_snapshot([make(i) for i in range(3)], nodes=5)
+    running = as_decided(first, run_round(first, registry.make_allocation("drf"),
+                                          registry.make_placement("load-balance")))
+    return dataclasses.replace(running, jobs=running.jobs + [make(i) for i in range(3, 14)])
+
+
+def _layout(decision) -> dict:
+    return {n: (list(d.ps_nodes), list(d.worker_nodes)) for n, d in decision.jobs.items()
+            if d.ps_nodes or d.worker_nodes}
+
+
+def test_a_settled_round_decides_what_deciding_again_on_it_would():
+    """DRF with sticky load-balance after a burst: the plain round is not its own fixed point
+    (deciding again on what it decided moves tasks: the next round would restart jobs though
+    nothing changed); the settled round is, and the snapshot passed in is left as it was."""
+    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
+    snap = _burst()
+    plain = run_round(snap, drf, lb)
+    assert _layout(run_round(as_decided(snap, plain), drf, lb)) != _layout(plain)
+    before = snapshot_state(snap)
+    settled = run_settled_round(snap, drf, lb)
+    assert same(before, snapshot_state(snap))
+    assert _layout(run_round(as_decided(snap, settled), drf, lb)) == _layout(settled)
+
+
+def test_a_steady_round_is_decided_once():
+    """A round whose decision keeps every task where it was needs no second decision."""
+    calls = []
+
+    class Counting:
+        name = "drf"
+
+        def __init__(self):
+            self.inner = registry.make_allocation("drf")
+
+        def allocate(self, snapshot, ledger):
+            calls.append(1)
+            return self.inner.allocate(snapshot, ledger)
+
+    lb = registry.make_placement("load-balance")
+    snap = _burst()
+    steady = as_decided(snap, run_settled_round(snap, registry.make_allocation("drf"), lb))
+    run_settled_round(steady, Counting(), lb)
+    assert len(calls) == 1
+
+
+def test_only_heuristic_rounds_without_a_grouping_are_settled():
+    from mlsched.policies.allocation.dl2 import DL2Policy
+    from mlsched.policies.exploration import Serving
+
+    lb = registry.make_placement("load-balance")
+    assert settles(registry.make_allocation("drf"), lb, None)
+    assert settles(registry.make_allocation("fifo"), lb, registry.make_grouping("none"))
+    assert not settles(registry.make_allocation("drf"), lb, registry.make_grouping("harmony"))
+
+    dl2 = DL2Policy.load(None)
+    assert not settles(dl2, lb, None)
+    assert not settles(dl2.for_round(Serving()), lb, None)  # the round's own copy
+    harmony = registry.make_placement("harmony", registry.PolicyContext())
+    assert not settles(registry.make_allocation("drf"), harmony, None)

@@ -2,10 +2,11 @@
 between an admission step whenever a job arrives or capacity frees up.
 
 A round: close the previous interval (rewards) → resolve the policy's algorithms and models →
-snapshot the cluster from the indexes → grouping, allocation, placement (`run_round`) →
-plan the smallest set of changes → apply them → record status, Events and metrics. Status
-records are queued in the runtime's StatusWriter and written in the background: deciding and
-scaling never wait for them, and a record that cannot be written now is retried, not lost.
+snapshot the cluster from the indexes → grouping, allocation, placement (`run_served_round`:
+for heuristic phases decided to its fixed point) → plan the smallest set of changes → apply
+them → record status, Events and metrics. Status records are queued in the runtime's
+StatusWriter and written in the background: deciding and scaling never wait for them, and a
+record that cannot be written now is retried, not lost.
 
 An admission step (`run_policy_admission`) decides for the policy's waiting jobs only, with
 every running job held at the counts and nodes the last decision gave it
@@ -50,7 +51,7 @@ from mlsched.controller.snapshot import (
 )
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
-from mlsched.policies.round import run_admission, run_round
+from mlsched.policies.round import run_admission, run_round, run_served_round
 
 log = logging.getLogger("mlsched.controller.loop")
 INVALID_RETRY_SECONDS = 60.0
@@ -202,7 +203,9 @@ async def _decide(snapshot, resolved: ResolvedPolicy,
         "grouping": resolved.grouping}
     grouping = grouping if grouping is not None else phases["grouping"]
     try:
-        return await asyncio.to_thread(run_round, snapshot, phases["allocation"],
+        # A heuristic round is decided to its fixed point (policies/round.py), so that the
+        # rounds after it, finding nothing new, restart nobody.
+        return await asyncio.to_thread(run_served_round, snapshot, phases["allocation"],
                                        phases["placement"], grouping), None
     except Exception as err:  # noqa: BLE001 - a policy bug must not stop scheduling
         fallback = resolved.fallback
