@@ -50,10 +50,11 @@ def run_served_round(snapshot: Snapshot, allocation: AllocationPolicy, placement
 def settles(allocation: AllocationPolicy, placement: PlacementPolicy,
             grouping: GroupingPolicy | None) -> bool:
     """Whether the operator runs this policy's rounds settled: heuristic phases and no
-    grouping. A learned phase would infer (explore, and record its decisions) once per pass,
-    and its rounds settle by themselves (DL²: 3 changes after the first round of
-    bench_settling.py, where DRF made 113); a grouping keeps its own state across rounds
-    (a pool's minimum stay, the regrouping threshold)."""
+    grouping. A learned phase would infer (explore, and record its decisions) once per pass
+    (DL² mostly settles by itself: 3 changes after the first round of bench_settling.py
+    where DRF made 113, though on some bursts it flips a few jobs every round: docs/e2e.md);
+    a grouping keeps its own state across rounds (a pool's minimum stay, the regrouping
+    threshold)."""
     return ((grouping is None or grouping.name == "none")
             and not _learned(allocation) and not _learned(placement))
 
