@@ -65,8 +65,9 @@ def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator
             # Pods start gated: kube-scheduler waits for the operator's placement.
             gates = sts.spec.template.spec.scheduling_gates or []
             assert [g.name for g in gates] == ["mlsched.io/placement"]
-        service = mlsched.service(name)
-        assert service is not None and service.spec.cluster_ip == "None"
+        # The Service comes right after the StatefulSets (controller/services.py says why).
+        service = wait_for(lambda: mlsched.service(name), 30, f"the Service of {name}")
+        assert service.spec.cluster_ip == "None"
         assert service.metadata.owner_references[0].uid == uid
 
     # Replicas as the policy decided, and every pod on the node the policy chose.
