@@ -2,11 +2,10 @@
 
 1. One scheduling round (target <= 200 ms): Snapshot from the index records, grouping ->
    allocation (drf) -> placement (load-balance) via run_served_round (as loop.py runs a round:
-   settled, policies/round.py), and the desired-state diff
-   (StatefulSet and pod actions) for every job. No API calls. Measured in steady state (the
-   cluster already runs the previous decision) and cold (every job new), and once more including
-   turning the raw Kubernetes dicts into index records, which the operator does per watch event
-   rather than per round.
+   settled, policies/round.py), and the desired-state diff (StatefulSet and pod actions) for
+   every job. No API calls. Measured in steady state (the cluster already runs the previous
+   decision) and cold (every job new), and once more including turning the raw Kubernetes
+   dicts into index records, which the operator does per watch event rather than per round.
 2. API calls per round (mlsched_api_requests_total, counted as the operator counts them, by
    verb and resource) when the real `loop.run_policy_round` runs against an API that accepts
    every call at once: a busy round (1,000 new jobs scaled and placed) and a steady round
@@ -17,10 +16,9 @@
 4. A decision round at scale: 10,000 MLJobs on 5,000 nodes (`--scale-jobs/--scale-nodes`),
    for DRF and for DL² (the shipped model, served by ONNX Runtime): the snapshot from the index
    records and the decision (run_served_round: allocation and placement, DRF's settled),
-   target <= 1 s; the
-   desired-state diff after it is shown beside it. Every job is new (a cold cluster, the
-   most work a decision can have; the learned policy decides every job afresh each round
-   anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
+   target <= 1 s; the desired-state diff after it is shown beside it. Every job is new (a
+   cold cluster, the most work a decision can have; the learned policy decides every job
+   afresh each round anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
    raised, what the indexes hold frozen, as its watcher freezes the survivors of every full
    collection, and held off for the snapshot and the decision, as loop.py holds it for a
    round: controller/loop_health.py); `--gc-defaults` measures with CPython's.
