@@ -33,9 +33,6 @@ from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round, run_served_round
 
 
-ROUND = run_served_round  # how a round decides (main: --unsettled)
-
-
 def workload(seed: int, n_jobs: int) -> list[dict]:
     """bench_operator's job bodies with bench_e2e's bounds (worker max 1/2/4, PS max 1/2)."""
     rng = random.Random(seed)
@@ -68,21 +65,22 @@ def indexes_for(nodes: list[dict], jobs: list[dict], targets: dict) -> tuple:
     return bo.build_indexes(nodes, jobs, pods, sts)
 
 
-def decide(allocation: str, indexes: tuple, step=None) -> tuple[dict, list]:
-    """A round as the operator runs it (`step` None; with --unsettled, as the simulator does)
-    or an admission step (`run_admission`) on `indexes`."""
+def decide(allocation: str, indexes: tuple, step=run_served_round) -> tuple[dict, list]:
+    """A round as the operator runs it (`step` run_served_round), as the simulator does
+    (run_round) or an admission step (run_admission) on `indexes`."""
     jobs, snap = bo.snapshot_of(*indexes)
-    decision = (step or ROUND)(snap, registry.make_allocation(allocation),
-                               registry.make_placement("load-balance"))
+    decision = step(snap, registry.make_allocation(allocation),
+                    registry.make_placement("load-balance"))
     targets = bo.job_targets(decision, snap)
     return targets, bo.plan_all(jobs, targets, indexes[2], indexes[3])
 
 
 def settle(allocation: str, seed: int, n_nodes: int, n_first: int, n_jobs: int,
-           max_rounds: int, batches: int) -> list[tuple[int, int, int, int]]:
+           max_rounds: int, batches: int, round_step=run_served_round
+           ) -> list[tuple[int, int, int, int]]:
     nodes = [bo.node_body(i) for i in range(n_nodes)]
     jobs = workload(seed, n_jobs)
-    targets, _ = decide(allocation, indexes_for(nodes, jobs[:n_first], {}))
+    targets, _ = decide(allocation, indexes_for(nodes, jobs[:n_first], {}), round_step)
     # The arrivals: new in the first round (batches 0), or admitted on arrival in `batches`
     # admission steps from what is free, as the operator admits them (running jobs held).
     size = -(-(n_jobs - n_first) // batches) if batches else 0  # (ceiling division)
@@ -92,7 +90,7 @@ def settle(allocation: str, seed: int, n_nodes: int, n_first: int, n_jobs: int,
         targets.update({name: t for name, t in admitted.items() if t.count("worker")})
     out = []
     for _ in range(max_rounds):
-        new, actions = decide(allocation, indexes_for(nodes, jobs, targets))
+        new, actions = decide(allocation, indexes_for(nodes, jobs, targets), round_step)
         changed = counts = moved = 0
         for name, target in new.items():
             old = targets.get(name)
@@ -123,8 +121,6 @@ def main() -> None:
     parser.add_argument("--unsettled", action="store_true",
                         help="rounds as the simulator decides them (run_round), not settled")
     args = parser.parse_args()
-    global ROUND
-    ROUND = run_round if args.unsettled else run_served_round
     arrivals = (f"admitted on arrival in {args.batches} admission steps" if args.batches
                 else "new at the first round")
     print(f"{args.first} jobs decided alone on {args.nodes} empty nodes, then {args.jobs} in "
@@ -134,7 +130,8 @@ def main() -> None:
           f"{'counts changed':>15} {'kept tasks moved':>17}")
     for allocation in args.allocations:
         rounds = settle(allocation, args.seed, args.nodes, args.first, args.jobs,
-                        args.max_rounds, args.batches)
+                        args.max_rounds, args.batches,
+                        run_round if args.unsettled else run_served_round)
         for k, (actions, changed, counts, moved) in enumerate(rounds, 1):
             print(f"  {allocation:10} {k:5d} {actions:8d} {changed:13d} {counts:15d} {moved:17d}")
         settled = not rounds[-1][0]

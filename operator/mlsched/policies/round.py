@@ -81,8 +81,7 @@ def run_settled_round(snapshot: Snapshot, allocation: AllocationPolicy,
     same input decides the same. The simulator decides with run_round, as it always has."""
     view, decision = snapshot, run_round(snapshot, allocation, placement)
     for _ in range(passes):
-        if _layout(decision) == {j.name: (tuple(j.ps_nodes), tuple(j.worker_nodes))
-                                 for j in view.jobs if j.ps_nodes or j.worker_nodes}:
+        if _layout(decision) == _held(view):
             break
         view = as_decided(view, decision)
         decision = run_round(view, allocation, placement)
@@ -92,18 +91,27 @@ def run_settled_round(snapshot: Snapshot, allocation: AllocationPolicy,
 def as_decided(snapshot: Snapshot, decision: Decision) -> Snapshot:
     """The snapshot with each job holding what `decision` gave it, where it gave it (what
     the next round's snapshot shows once the decision runs)."""
-    jobs = []
-    for j in snapshot.jobs:
-        d = decision.jobs.get(j.name)
-        ps, workers = (tuple(d.ps_nodes), tuple(d.worker_nodes)) if d is not None else ((), ())
-        jobs.append(dataclasses.replace(j, ps=len(ps), workers=len(workers), ps_nodes=ps,
-                                        worker_nodes=workers))
+    jobs = [_holding(j, d.ps_nodes, d.worker_nodes) if (d := decision.jobs.get(j.name))
+            else _emptied(j) for j in snapshot.jobs]
     return dataclasses.replace(snapshot, jobs=jobs)
 
 
+def _holding(job: JobView, ps_nodes, worker_nodes) -> JobView:
+    """The job's view holding these tasks (node index by ordinal, per role)."""
+    return dataclasses.replace(job, ps=len(ps_nodes), workers=len(worker_nodes),
+                               ps_nodes=tuple(ps_nodes), worker_nodes=tuple(worker_nodes))
+
+
 def _layout(decision: Decision) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each job given tasks: its nodes per role, by ordinal."""
     return {name: (tuple(d.ps_nodes), tuple(d.worker_nodes)) for name, d in decision.jobs.items()
             if d.ps_nodes or d.worker_nodes}
+
+
+def _held(snapshot: Snapshot) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """_layout of what the snapshot's jobs hold."""
+    return {j.name: (tuple(j.ps_nodes), tuple(j.worker_nodes)) for j in snapshot.jobs
+            if j.ps_nodes or j.worker_nodes}
 
 
 #: Per displaced job, per role: the decided node index of each ordinal, None for a task to
@@ -159,8 +167,7 @@ def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
     for job in sorted(jobs, key=lambda j: (j.arrival_s, j.name)):
         slots = displaced[job.name]
         kept = {role: [n for n in slots.get(role, ()) if n is not None] for role in ("ps", "worker")}
-        job = dataclasses.replace(job, ps=len(kept["ps"]), workers=len(kept["worker"]),
-                                  ps_nodes=tuple(kept["ps"]), worker_nodes=tuple(kept["worker"]))
+        job = _holding(job, kept["ps"], kept["worker"])
         book_held(ledger, [(job, JobDecision(list(kept["ps"]), list(kept["worker"])))])
         grower = _avoiding(job, avoid.get(job.name) or {}, len(view.node_names))
         for role in ("ps", "worker"):
@@ -176,9 +183,7 @@ def _restore(view: Snapshot, plan: PoolPlan, placement: PlacementPolicy,
             _by_ordinal(slots.get("ps", ()), got.ps_nodes[len(kept["ps"]):], got.ps),
             _by_ordinal(slots.get("worker", ()), got.worker_nodes[len(kept["worker"]):],
                         got.workers))
-        restored.append((dataclasses.replace(
-            job, ps=decision.ps, workers=decision.workers, ps_nodes=tuple(decision.ps_nodes),
-            worker_nodes=tuple(decision.worker_nodes)), decision))
+        restored.append((_holding(job, decision.ps_nodes, decision.worker_nodes), decision))
     return restored, released
 
 
@@ -209,7 +214,7 @@ def _by_ordinal(slots: tuple[int | None, ...], new: list[int], count: int) -> li
 
 
 def _emptied(j: JobView) -> JobView:
-    return dataclasses.replace(j, ps=0, workers=0, ps_nodes=(), worker_nodes=())
+    return _holding(j, (), ())
 
 
 def _running(j: JobView) -> bool:
