@@ -16,7 +16,7 @@ import pytest
 
 from mlsched.api import SchedulingPolicySpec
 from mlsched.controller import models
-from mlsched.controller.model_sources import ModelDirs, ModelLoadError, read_bounded
+from mlsched.controller.model_sources import MODEL_PARTS, ModelDirs, ModelLoadError, read_bounded
 from mlsched.controller.models import ModelResolver
 from mlsched.features.card import card_path
 from mlsched.policies import registry
@@ -351,6 +351,89 @@ def test_no_model_dirs_configured_refuses_every_path(tmp_path, toy):
     r = run(resolver(tmp_path, model_dirs=[]).resolve(POLICY, spec(
         allocation="toy", models=path_model("toy", tmp_path / "toy.onnx"))))
     assert r.model_loaded.reason == "ModelPathNotAllowed" and "none are configured" in r.model_loaded.message
+
+
+# ---- a model split over several ConfigMaps --------------------------------------------------
+def split_configmaps(model: bytes, size: int, card: bytes | None = None, name: str = "toy-model") -> dict:
+    """`model` under policy.onnx in parts of `size` bytes: ConfigMaps `name`-1, -2, ..., named
+    with the whole's digest by `name`'s annotation (model_sources.MODEL_PARTS)."""
+    pieces = [model[i:i + size] for i in range(0, len(model), size)]
+    parts = {(NS, f"{name}-{k}"): {"binaryData": {"policy.onnx": base64.b64encode(p).decode()}}
+             for k, p in enumerate(pieces, 1)}
+    entry = {"sha256": hashlib.sha256(model).hexdigest(), "parts": [n for _, n in parts]}
+    main = {"metadata": {"annotations": {MODEL_PARTS: json.dumps({"policy.onnx": entry})}},
+            "data": {"policy.card.json": card.decode()} if card is not None else {}}
+    return {(NS, name): main, **parts}
+
+
+def test_a_model_split_over_configmaps_is_joined_and_served(tmp_path, carded):
+    model = b"TOY" + bytes(range(256)) * 8
+    cms = split_configmaps(model, 700, GOOD_CARD)
+    r = run(resolver(tmp_path, cms).resolve(POLICY, spec(allocation="carded", models=cm_model("carded"))))
+    assert (r.model_loaded.reason, r.allocation.name) == ("ModelVerified", "carded"), r.model_loaded
+    assert r.active_models == {"allocation/carded": hashlib.sha256(model).hexdigest()}
+    assert carded.cards == [GOOD_CARD]  # the card beside the key of the ConfigMap the reference names
+
+
+def _split_verdict(tmp_path, cms, **kw):
+    r = run(resolver(tmp_path, cms, **kw).resolve(POLICY, spec(allocation="toy", models=cm_model("toy"))))
+    assert r.allocation.name == "drf"  # the fallback schedules
+    return r.model_loaded.reason, r.model_loaded.message
+
+
+def test_a_missing_or_replaced_part_is_refused_with_the_part_named(tmp_path, toy):
+    model = b"TOY" + b"a" * 2000
+    cms = split_configmaps(model, 700)
+    del cms[(NS, "toy-model-2")]
+    reason, message = _split_verdict(tmp_path, cms)
+    assert reason == "ModelNotFound" and \
+        f"ConfigMap {NS}/toy-model-2 (part 2 of 3 of ConfigMap {NS}/toy-model key policy.onnx) not found" in message
+    cms = split_configmaps(model, 700)
+    cms[(NS, "toy-model-2")] = {"binaryData": {"policy.onnx": base64.b64encode(b"b" * 700).decode()}}
+    reason, message = _split_verdict(tmp_path, cms)
+    assert reason == "ModelDigestMismatch" and "the 3 parts of" in message and "a part was replaced" in message
+    cms = split_configmaps(model, 700)
+    cms[(NS, "toy-model-3")] = {"data": {"other": "x"}}
+    assert _split_verdict(tmp_path, cms) == (
+        "ModelNotFound", f"allocation/toy: ConfigMap {NS}/toy-model-3 (part 3 of 3 of ConfigMap {NS}/toy-model key policy.onnx) "
+                         "has no key 'policy.onnx'")
+    assert toy.loads == 0
+
+
+def test_split_models_are_bounded_by_the_size_limit_in_all(tmp_path, toy):
+    cms = split_configmaps(b"TOY" + b"x" * 1500, 600)  # each part under 1 KiB, the whole over
+    assert _split_verdict(tmp_path, cms, max_model_bytes=1024) == (
+        "ModelTooLarge", f"allocation/toy: ConfigMap {NS}/toy-model key policy.onnx (in 3 parts) is larger than the model size "
+                         "limit of 1 KiB (--max-model-bytes)")
+    too_many = split_configmaps(b"TOY" + b"x" * 100, 1)
+    reason, message = _split_verdict(tmp_path, too_many)
+    assert reason == "ModelInvalid" and "names 103 parts for 'policy.onnx', at most 80" in message
+
+
+@pytest.mark.parametrize("annotation, says", [
+    ("not json", "is not JSON of the form"),
+    (json.dumps({"policy.onnx": {"sha256": "0" * 64, "parts": []}}), "entry 'policy.onnx' is not of the form"),
+    (json.dumps({"policy.onnx": {"sha256": "short", "parts": ["a"]}}), "is not of the form"),
+    (json.dumps({"policy.onnx": {"sha256": "0" * 64, "parts": ["../x"]}}), "is not of the form"),
+])
+def test_an_ill_formed_parts_annotation_is_refused(tmp_path, toy, annotation, says):
+    cms = split_configmaps(b"TOY" + b"x" * 100, 60)
+    cms[(NS, "toy-model")]["metadata"]["annotations"][MODEL_PARTS] = annotation
+    reason, message = _split_verdict(tmp_path, cms)
+    assert reason == "ModelInvalid" and says in message and MODEL_PARTS in message
+
+
+def test_a_key_held_and_split_at_once_is_refused_and_other_keys_are_not_split(tmp_path, toy):
+    cms = split_configmaps(b"TOY" + b"x" * 100, 60)
+    cms[(NS, "toy-model")]["binaryData"] = {"policy.onnx": base64.b64encode(b"TOY").decode()}
+    reason, message = _split_verdict(tmp_path, cms)
+    assert reason == "ModelInvalid" and "holds key 'policy.onnx' and also names parts for it" in message
+    # The annotation splits only the keys it names: another key is read as it is.
+    other = {(NS, "toy-model"): toy_configmap(b"TOY whole", None)}
+    other[(NS, "toy-model")]["metadata"] = {"annotations": {MODEL_PARTS: json.dumps(
+        {"other.onnx": {"sha256": "0" * 64, "parts": ["x"]}})}}
+    r = run(resolver(tmp_path, other).resolve(POLICY, spec(allocation="toy", models=cm_model("toy"))))
+    assert r.model_loaded.reason == "ModelVerified"
 
 
 # ---- bounded reads ------------------------------------------------------------------------

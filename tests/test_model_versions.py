@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 
 from mlsched.controller import model_versions as mv
 
@@ -71,3 +72,35 @@ def test_the_selector_names_policy_phase_and_algorithm():
     assert mv.selector("p") == "mlsched.io/model-of=p"
     assert mv.selector("p", "allocation", "dl2") == \
         "mlsched.io/model-of=p,mlsched.io/phase=allocation,mlsched.io/algorithm=dl2"
+
+
+# ---- a model too large for one ConfigMap -----------------------------------------------------
+def test_a_model_over_a_configmap_is_published_as_parts_named_by_the_version():
+    onnx = bytes(range(256)) * 10  # 2,560 bytes; parts of 1,000
+    parts = mv.part_manifests("ns", "default", "harmony", onnx, '{"card": 1}', part_bytes=1000)
+    body = mv.manifest("ns", "default", "placement", "harmony", 2, onnx, '{"card": 1}', {}, parts)
+    digest = hashlib.sha256(onnx).hexdigest()
+    assert [p["metadata"]["name"] for p in parts] == [f"default-harmony-{digest[:16]}-part-{k}" for k in (1, 2, 3)]
+    assert b"".join(base64.b64decode(p["binaryData"]["harmony.onnx"]) for p in parts) == onnx
+    assert all(p["metadata"]["labels"] == {mv.PART_OF: "default", mv.ALGORITHM: "harmony",
+                                           "app.kubernetes.io/managed-by": "mlsched-retrain"} for p in parts)
+    # The version holds the card and names its parts, and is still a version (parts are not).
+    assert "binaryData" not in body and body["data"] == {"harmony.card.json": '{"card": 1}'}
+    assert json.loads(body["metadata"]["annotations"][mv.MODEL_PARTS]) == {
+        "harmony.onnx": {"sha256": digest, "parts": [p["metadata"]["name"] for p in parts]}}
+    assert mv.parse(body).sha256 == digest and [mv.parse(p) for p in parts] == [None] * 3
+    # A model that fits (with its card) is one ConfigMap, as before.
+    assert mv.part_manifests("ns", "default", "harmony", onnx, "{}", part_bytes=4096) == []
+
+
+def test_a_split_version_with_an_ill_formed_parts_annotation_is_not_a_version():
+    parts = mv.part_manifests("ns", "p", "dl2", b"x" * 30, "{}", part_bytes=10)
+    body = mv.manifest("ns", "p", "allocation", "dl2", 1, b"x" * 30, "{}", {}, parts)
+    body["metadata"]["annotations"][mv.MODEL_PARTS] = '{"dl2.onnx": {"parts": []}}'
+    assert mv.parse(body) is None
+
+
+def test_part_names_stay_valid_for_long_policy_names():
+    a = mv.part_name("p" * 250, "harmony", "a" * 64, 12)
+    b = mv.part_name("p" * 249 + "q", "harmony", "a" * 64, 12)
+    assert len(a) <= 253 and len(b) <= 253 and a != b and a.endswith(f"-{'a' * 16}-part-12")

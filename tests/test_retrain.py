@@ -3,6 +3,7 @@ off-policy updates, publishing once, consuming once. Needs the `train` extra (to
 
 from __future__ import annotations
 
+import base64
 import dataclasses
 import json
 from types import SimpleNamespace
@@ -306,9 +307,19 @@ class FakeCore:
         key, _, value = label_selector.partition("=")
         return SimpleNamespace(items=[c for c in self.items if c["metadata"]["labels"].get(key) == value])
 
+    def read_namespaced_config_map(self, name, namespace):
+        from kubernetes.client.exceptions import ApiException
+
+        found = [c for c in self.items if c["metadata"]["name"] == name]
+        if not found:
+            raise ApiException(status=404)
+        return found[0]
+
     def create_namespaced_config_map(self, namespace, body):
         from kubernetes.client.exceptions import ApiException
 
+        if any(c["metadata"]["name"] == body["metadata"]["name"] for c in self.items):
+            raise ApiException(status=409)
         if body["metadata"]["name"] in self.taken:
             self.taken.discard(body["metadata"]["name"])
             self.items.append(model_versions.manifest(namespace, "p", "allocation", "dl2", 1, b"other", "{}", {}))
@@ -323,6 +334,90 @@ def test_a_version_taken_by_a_concurrent_run_is_not_overwritten():
     version, created = _publish(KubeStore(core, "ns", "p"), b"mine", 9)
     assert created and version.version == 2
     assert [c["metadata"]["name"] for c in core.items] == ["p-dl2-v1", "p-dl2-v2"]
+
+
+def test_a_split_model_losing_the_race_for_a_version_number_reuses_its_parts():
+    from kubernetes.client.exceptions import ApiException
+
+    from policy_models.retrain.kube_io import KubeStore
+
+    core = FakeCore()
+    create = core.create_namespaced_config_map
+
+    def another_run_takes_v1_first(namespace, body):
+        if body["metadata"]["name"] == "p-harmony-v1":
+            core.items.append(model_versions.manifest(namespace, "p", "placement", "harmony", 1, b"other", "{}", {}))
+            raise ApiException(status=409)
+        return create(namespace, body)
+
+    core.create_namespaced_config_map = another_run_takes_v1_first
+    store = KubeStore(core, "ns", "p")
+    version, created = _publish_big(store)
+    assert created and version.version == 2
+    names = [c["metadata"]["name"] for c in core.items]
+    assert [n.rsplit("-", 1)[-1] for n in names] == ["1", "2", "3", "v1", "v2"], names  # each part once
+    (v2,) = [c for c in core.items if c["metadata"]["name"] == "p-harmony-v2"]
+    assert publish.model_bytes(store, v2, "harmony")[0] == BIG
+
+
+BIG = bytes(range(256)) * 8_000  # 2,048,000 bytes: three parts of 900 KiB
+
+
+def _publish_big(store, onnx=BIG, through=10):
+    evaluation = {"ratio": 0.9, "trained_through_interval": through}
+    return publish.publish(store, "ns", "p", "placement", "harmony", onnx, '{"card": 1}', evaluation)
+
+
+def test_a_model_over_a_configmap_is_published_in_parts_once(tmp_path):
+    store = publish.DirStore(tmp_path, "p")
+    v1, created = _publish_big(store)
+    assert created and v1.version == 1
+    names = sorted(p.name for p in tmp_path.glob("*.configmap.json"))
+    assert len(names) == 4 and "p-harmony-v1.configmap.json" in names
+    (cm,) = store.configmaps()
+    assert publish.model_bytes(store, cm, "harmony") == (BIG, '{"card": 1}')
+    # Every ConfigMap within the API server's 1 MiB (data and binaryData, decoded).
+    for path in tmp_path.glob("*.configmap.json"):
+        body = json.loads(path.read_text())
+        size = sum(len(v) for v in (body.get("data") or {}).values()) + \
+            sum(len(base64.b64decode(v)) for v in (body.get("binaryData") or {}).values())
+        assert size <= 2**20, (path.name, size)
+    again, created = _publish_big(store)  # a Job killed after publishing, rerun
+    assert not created and again == v1 and len(list(tmp_path.glob("*.configmap.json"))) == 4
+
+
+def test_parts_left_by_a_killed_run_are_reused_and_a_foreign_one_is_refused(tmp_path):
+    store = publish.DirStore(tmp_path, "p")
+    parts = model_versions.part_manifests("ns", "p", "harmony", BIG, '{"card": 1}')
+    store.create(parts[0])  # the run was killed after its first part
+    version, created = _publish_big(store)
+    assert created and version.version == 1 and len(list(tmp_path.glob("*.configmap.json"))) == 4
+    other = publish.DirStore(tmp_path / "other", "p")
+    squatter = dict(parts[1], binaryData={"harmony.onnx": base64.b64encode(b"not this").decode()})
+    other.create(squatter)
+    with pytest.raises(RuntimeError, match=f"ConfigMap {parts[1]['metadata']['name']} exists and does not hold"):
+        _publish_big(other)
+    assert other.versions() == []  # no version names a part it does not have
+
+
+def test_retraining_starts_from_the_newest_split_version_joined(tmp_path):
+    store = publish.DirStore(tmp_path / "store", "p")
+    _publish_big(store)
+    args = SimpleNamespace(base_model=None)
+    path, version = cli.base_model(args, store, None, tmp_path / "work", "placement", "harmony")
+    assert version == 1 and path.read_bytes() == BIG and path.with_name("harmony.card.json").read_text() == '{"card": 1}'
+
+
+def test_a_split_version_whose_part_was_replaced_is_not_a_base_to_retrain_from(tmp_path):
+    from mlsched.controller.model_sources import ModelLoadError
+
+    store = publish.DirStore(tmp_path, "p")
+    _publish_big(store)
+    part = model_versions.part_manifests("ns", "p", "harmony", BIG, '{"card": 1}')[2]
+    path = tmp_path / f"{part['metadata']['name']}.configmap.json"
+    path.write_text(json.dumps(dict(part, binaryData={"harmony.onnx": base64.b64encode(b"x").decode()})))
+    with pytest.raises(ModelLoadError, match="the 3 parts of ConfigMap p-harmony-v1 key harmony.onnx join to"):
+        publish.model_bytes(store, store.configmaps()[0], "harmony")
 
 
 def test_mlsched_retrain_is_an_entry_point_of_the_retrain_cli():

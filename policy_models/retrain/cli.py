@@ -121,7 +121,7 @@ def base_model(a, store, policy_obj: dict | None, work: Path, phase: str = PHASE
     if active is None:
         return shipped, None
     version, cm = by_sha[active]
-    return _write_model(work / "base", *publish.model_bytes(cm, algorithm), algorithm), version.version
+    return _write_model(work / "base", *publish.model_bytes(store, cm, algorithm), algorithm), version.version
 
 
 def sources(a) -> tuple[list[IntervalRecord], object | None, dict | None]:

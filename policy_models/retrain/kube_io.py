@@ -35,6 +35,17 @@ class KubeStore:
     def versions(self) -> list[PublishedVersion]:
         return [v for v in map(model_versions.parse, self.configmaps()) if v is not None]
 
+    def read(self, name: str) -> dict | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            cm = self.core.read_namespaced_config_map(name, self.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise
+        return self.core.api_client.sanitize_for_serialization(cm)
+
     def create(self, manifest: dict) -> None:
         from kubernetes.client.exceptions import ApiException
 

@@ -49,7 +49,8 @@ class ModelRef(ApiModel):
     """Where a learned algorithm's ONNX file comes from: exactly one of configMapKeyRef, path."""
 
     config_map_key_ref: ConfigMapKeyRef | None = Field(
-        None, description="ONNX file in a ConfigMap (binaryData; ConfigMaps hold up to 1 MiB).")
+        None, description="ONNX file in a ConfigMap (binaryData; ConfigMaps hold up to 1 MiB: a larger "
+                          "model is split over several, named by annotation mlsched.io/model-parts).")
     path: str | None = Field(
         None, pattern=r"^/", max_length=4096,
         description="Absolute path of an ONNX file inside the operator pod, in one of the "

@@ -7,7 +7,11 @@ Any tenant who can write a SchedulingPolicy names what the cluster-wide operator
   the status of a refused path is the same whether or not the file exists, and has no digest;
 - the file must be a regular file (no device, FIFO or directory: /dev/zero never ends);
 - no read goes past `--max-model-bytes` (+1 byte, to tell "too large" from "exactly the limit");
-- a ConfigMap model comes from the policy's own namespace, its card from the key beside it.
+- a ConfigMap model comes from the policy's own namespace, its card from the key beside it;
+- a model too large for one ConfigMap (1 MiB) is split over several of that namespace, named
+  in order by annotation MODEL_PARTS of the ConfigMap the reference names, with the whole's
+  sha256 (checked after joining: a replaced part is refused, never served); at most MAX_PARTS,
+  and no more than `--max-model-bytes` in all.
 
 What comes back is the bytes of both (`ModelBundle`): the loader serves exactly what was hashed.
 """
@@ -18,18 +22,29 @@ import base64
 import binascii
 import errno
 import hashlib
+import json
 import os
+import re
 import stat
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mlsched.api import GROUP
 from mlsched.features.card import card_path
 
 ReadConfigMap = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 #: Far above any learned policy we ship (about 100 KiB), far below the operator's memory limit.
 DEFAULT_MAX_MODEL_BYTES = 64 * 2**20
+#: Annotation of a ConfigMap that holds a model split over others (ConfigMaps hold 1 MiB):
+#: JSON {"<key>": {"sha256": "<hex of the whole model>", "parts": ["<ConfigMap>", ...]}}, each
+#: named ConfigMap (same namespace) holding its piece under the same key, in order.
+MODEL_PARTS = f"{GROUP}/model-parts"
+#: Each part is a GET every round; 80 parts of 900 KiB pass the default size limit.
+MAX_PARTS = 80
+_NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 class ModelLoadError(Exception):
@@ -161,18 +176,86 @@ def read_path(path: str, dirs: ModelDirs | None, limit: int) -> ModelBundle:
 
 async def read_configmap_model(read: ReadConfigMap, namespace: str, name: str, key: str,
                                limit: int) -> ModelBundle:
-    """A model under `key` (binaryData or data) of a ConfigMap in the policy's namespace, and
-    the card under the key the runner looks for beside it (`policy.onnx` → `policy.card.json`)."""
+    """A model under `key` (binaryData or data) of a ConfigMap in the policy's namespace, or
+    joined from the parts it names (MODEL_PARTS), and the card under the key the runner looks
+    for beside it (`policy.onnx` → `policy.card.json`)."""
     where = f"ConfigMap {namespace}/{name}"
     body = await read(namespace, name)
     if body is None:
         raise ModelLoadError("ModelNotFound", f"{where} not found")
     card_key = card_path(Path(key)).name
     model = _configmap_value(body, key, f"{where} key {key}", limit)
+    split = named_parts(body, key, where)
+    if model is not None and split is not None:
+        raise ModelLoadError("ModelInvalid", f"{where} holds key {key!r} and also names parts for it "
+                                             f"(annotation {MODEL_PARTS}): keep one")
+    model_name = f"{where} key {key}"
+    if split is not None:
+        parts, digest = split
+        pieces = [(part, await read(namespace, part)) for part in parts]
+        model = join_parts(pieces, key, digest, f"{where} key {key}", namespace, limit)
+        model_name = f"{where} key {key} ({len(parts)} parts)"
     if model is None:
         raise ModelLoadError("ModelNotFound", f"{where} has no key {key!r}")
     card = _configmap_value(body, card_key, f"{where} key {card_key}", limit)
-    return ModelBundle(model, card, f"{where} key {key}", f"{where} key {card_key}")
+    return ModelBundle(model, card, model_name, f"{where} key {card_key}")
+
+
+def named_parts(body: Mapping[str, Any], key: str, where: str) -> tuple[list[str], str] | None:
+    """(the ConfigMaps holding `key`'s pieces in order, the whole's sha256) when `body` splits
+    `key` (MODEL_PARTS), else None. ModelInvalid when the annotation is not of that shape."""
+    text = ((body.get("metadata") or {}).get("annotations") or {}).get(MODEL_PARTS)
+    if text is None:
+        return None
+    entry_shape = '{"sha256": "<64 hex digits>", "parts": ["<ConfigMap>", ...]}'
+    try:
+        entries = json.loads(text)
+    except ValueError:
+        entries = None
+    if not isinstance(entries, dict):
+        raise ModelLoadError("ModelInvalid", f"{where} annotation {MODEL_PARTS} is not JSON of the "
+                                             f'form {{"{key}": {entry_shape}}}')
+    entry = entries.get(key)
+    if entry is None:
+        return None
+    parts = entry.get("parts") if isinstance(entry, dict) else None
+    digest = entry.get("sha256") if isinstance(entry, dict) else None
+    if not (isinstance(parts, list) and parts and isinstance(digest, str) and _SHA256.match(digest)
+            and all(isinstance(p, str) and _NAME.match(p) for p in parts)):
+        raise ModelLoadError("ModelInvalid", f"{where} annotation {MODEL_PARTS} entry {key!r} is not "
+                                             f"of the form {entry_shape}")
+    if len(parts) > MAX_PARTS:
+        raise ModelLoadError("ModelInvalid", f"{where} annotation {MODEL_PARTS} names {len(parts)} "
+                                             f"parts for {key!r}, at most {MAX_PARTS}")
+    return parts, digest
+
+
+def join_parts(pieces: Sequence[tuple[str, Mapping[str, Any] | None]], key: str, digest: str,
+               what: str, namespace: str, limit: int) -> bytes:
+    """The model `what` from its parts' bodies in order (None: not found), checked against
+    `digest`; nothing beyond `limit` bytes in all is decoded."""
+    chunks, total = [], 0
+    for k, (name, part) in enumerate(pieces, 1):
+        piece = f"ConfigMap {namespace}/{name} (part {k} of {len(pieces)} of {what})"
+        if part is None:
+            raise ModelLoadError("ModelNotFound", f"{piece} not found")
+        try:
+            chunk = _configmap_value(part, key, piece, limit - total)
+        except ModelLoadError as err:
+            if err.reason == "ModelTooLarge":
+                raise _too_large(f"{what} (in {len(pieces)} parts)", limit) from None
+            raise
+        if chunk is None:
+            raise ModelLoadError("ModelNotFound", f"{piece} has no key {key!r}")
+        chunks.append(chunk)
+        total += len(chunk)
+    model = b"".join(chunks)
+    joined = hashlib.sha256(model).hexdigest()
+    if joined != digest:
+        raise ModelLoadError("ModelDigestMismatch", f"the {len(pieces)} parts of {what} join to sha256 "
+                                                    f"{joined}, annotation {MODEL_PARTS} says {digest}: "
+                                                    "a part was replaced, or is from another model")
+    return model
 
 
 def _configmap_value(body: Mapping[str, Any], key: str, what: str, limit: int) -> bytes | None:

@@ -18,6 +18,23 @@ whether the operator adopts it (Auto) or only reports it (Manual). One ConfigMap
     annotations mlsched.io/sha256: <hex of the graph>
                 mlsched.io/evaluation: JSON          how it was judged (retrain.py writes it)
 
+A model too large for one ConfigMap (ConfigMaps hold 1 MiB; the paper-size Harmony Transformer
+is 1.4 MB) is split over part ConfigMaps, the store every cluster has (a PersistentVolume needs a
+StorageClass, a registry an image pull path into the operator). Parts are created first, so the
+version's ConfigMap still marks a publication by existing (consume-once holds), and named by
+their content, so a rerun or a race for a version number reuses them:
+
+    name    <policy>-<algorithm>-<sha256[:16]>-part-<k>      k = 1, 2, ...
+    labels  mlsched.io/model-part-of: <policy>, mlsched.io/algorithm
+    binaryData <algorithm>.onnx                      piece k of the graph
+    annotations mlsched.io/sha256: <hex of the whole graph>
+
+and the version's ConfigMap holds no `<algorithm>.onnx` but names them in order, with the
+whole's digest, in annotation mlsched.io/model-parts (model_sources.MODEL_PARTS, the
+convention the operator's ConfigMap model reader joins for any ConfigMap). Parts are not owned
+by their version (the retraining Role may not patch): deleting a version leaves them, named in
+its annotation and listed by `kubectl get cm -l mlsched.io/model-part-of=<policy>`.
+
 Because the keys follow the ConfigMap model convention, a version is also an ordinary
 `models.<phase>.<algorithm>.configMapKeyRef`: pinning one (a rollback) is one edit of the spec.
 Pure: building and parsing manifests; the operator and `mlsched retrain` do their own I/O.
@@ -29,12 +46,13 @@ import base64
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from mlsched.api import GROUP
-from mlsched.controller.dataset_store import POLICY, policy_label
+from mlsched.controller.dataset_store import PART_BYTES, POLICY, policy_label, split
+from mlsched.controller.model_sources import MODEL_PARTS, ModelLoadError, named_parts
 
 MODEL_OF = f"{GROUP}/model-of"
 PHASE = f"{GROUP}/phase"
@@ -42,6 +60,9 @@ ALGORITHM = f"{GROUP}/algorithm"
 VERSION = f"{GROUP}/model-version"
 SHA256 = f"{GROUP}/sha256"
 EVALUATION = f"{GROUP}/evaluation"
+PART_OF = f"{GROUP}/model-part-of"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+RETRAIN = "mlsched-retrain"
 MAX_NAME = 253
 
 
@@ -52,6 +73,15 @@ def configmap_name(policy: str, algorithm: str, version: int) -> str:
     digest = hashlib.sha256(policy.encode()).hexdigest()[:10]
     keep = MAX_NAME - len(f"-{digest}-{algorithm}-v{version}")
     return f"{policy[:keep].rstrip('-.')}-{digest}-{algorithm}-v{version}"
+
+
+def part_name(policy: str, algorithm: str, digest: str, part: int) -> str:
+    tail = f"-{digest[:16]}-part-{part}"
+    base = f"{policy}-{algorithm}"
+    if len(base) + len(tail) <= MAX_NAME:
+        return base + tail
+    keep = MAX_NAME - len(tail) - 11
+    return f"{base[:keep].rstrip('-.')}-{hashlib.sha256(base.encode()).hexdigest()[:10]}{tail}"
 
 
 def selector(policy: str, phase: str | None = None, algorithm: str | None = None) -> str:
@@ -89,18 +119,45 @@ class PublishedVersion:
                 "sha256": self.sha256}
 
 
-def manifest(namespace: str, policy: str, phase: str, algorithm: str, version: int,
-             onnx: bytes, card_json: str, evaluation: Mapping[str, Any]) -> dict[str, Any]:
+def part_manifests(namespace: str, policy: str, algorithm: str, onnx: bytes, card_json: str,
+                   part_bytes: int = PART_BYTES) -> list[dict[str, Any]]:
+    """The part ConfigMaps of a model too large to publish in one (none when it fits), to be
+    created before the version's (`manifest(..., parts=...)`)."""
+    if len(onnx) + len(card_json.encode()) <= part_bytes:
+        return []
     digest = hashlib.sha256(onnx).hexdigest()
+    return [{
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {
+            "name": part_name(policy, algorithm, digest, k), "namespace": namespace,
+            "labels": {PART_OF: policy_label(policy), ALGORITHM: algorithm, MANAGED_BY: RETRAIN},
+            "annotations": {POLICY: policy, SHA256: digest},
+        },
+        "binaryData": {model_key(algorithm): base64.b64encode(chunk).decode("ascii")},
+    } for k, chunk in enumerate(split(onnx, part_bytes), 1)]
+
+
+def manifest(namespace: str, policy: str, phase: str, algorithm: str, version: int,
+             onnx: bytes, card_json: str, evaluation: Mapping[str, Any],
+             parts: Sequence[Mapping[str, Any]] = ()) -> dict[str, Any]:
+    """The version's ConfigMap: the graph itself, or the names of its `parts` (part_manifests)."""
+    digest = hashlib.sha256(onnx).hexdigest()
+    annotations = {POLICY: policy, SHA256: digest, EVALUATION: json.dumps(dict(evaluation), sort_keys=True)}
+    body: dict[str, Any] = {}
+    if parts:
+        annotations[MODEL_PARTS] = json.dumps({model_key(algorithm): {
+            "sha256": digest, "parts": [p["metadata"]["name"] for p in parts]}})
+    else:
+        body["binaryData"] = {model_key(algorithm): base64.b64encode(onnx).decode("ascii")}
     return {
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {
             "name": configmap_name(policy, algorithm, version), "namespace": namespace,
             "labels": {MODEL_OF: policy_label(policy), PHASE: phase, ALGORITHM: algorithm, VERSION: str(version),
-                       "app.kubernetes.io/managed-by": "mlsched-retrain"},
-            "annotations": {POLICY: policy, SHA256: digest, EVALUATION: json.dumps(dict(evaluation), sort_keys=True)},
+                       MANAGED_BY: RETRAIN},
+            "annotations": annotations,
         },
-        "binaryData": {model_key(algorithm): base64.b64encode(onnx).decode("ascii")},
+        **body,
         "data": {card_key(algorithm): card_json},
     }
 
@@ -120,7 +177,7 @@ def parse(configmap: Mapping[str, Any]) -> PublishedVersion | None:
         return None
     if not re.fullmatch(r"[0-9a-f]{64}", str(notes.get(SHA256, ""))):
         return None
-    if model_key(algorithm) not in (configmap.get("binaryData") or {}):
+    if model_key(algorithm) not in (configmap.get("binaryData") or {}) and not _split(configmap, algorithm):
         return None
     try:
         evaluation = json.loads(notes.get(EVALUATION) or "{}")
@@ -129,6 +186,13 @@ def parse(configmap: Mapping[str, Any]) -> PublishedVersion | None:
     return PublishedVersion(notes.get(POLICY) or labels[MODEL_OF], labels[PHASE], algorithm, int(version_text),
                             meta.get("name", ""), notes[SHA256],
                             evaluation if isinstance(evaluation, dict) else {})
+
+
+def _split(configmap: Mapping[str, Any], algorithm: str) -> bool:
+    try:
+        return named_parts(configmap, model_key(algorithm), "") is not None
+    except ModelLoadError:
+        return False
 
 
 def newest(versions: Iterable[PublishedVersion], phase: str, algorithm: str) -> PublishedVersion | None:
