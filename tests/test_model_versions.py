@@ -103,4 +103,4 @@ def test_a_split_version_with_an_ill_formed_parts_annotation_is_not_a_version():
 def test_part_names_stay_valid_for_long_policy_names():
     a = mv.part_name("p" * 250, "harmony", "a" * 64, 12)
     b = mv.part_name("p" * 249 + "q", "harmony", "a" * 64, 12)
-    assert len(a) <= 253 and len(b) <= 253 and a != b and a.endswith(f"-{'a' * 16}-part-12")
+    assert len(a) <= 253 and len(b) <= 253 and a != b and a.endswith(f"-harmony-{'a' * 16}-part-12")

@@ -56,7 +56,7 @@ PART_BYTES = 900 * 1024
 MAX_NAME, MAX_LABEL = 253, 63
 
 
-def _short(text: str, room: int) -> str:
+def shorten(text: str, room: int) -> str:
     """`text` if it fits in `room` characters, else a prefix and a hash of the whole: two long
     names that share a prefix still differ."""
     if len(text) <= room:
@@ -67,7 +67,7 @@ def _short(text: str, room: int) -> str:
 
 def policy_label(policy: str) -> str:
     """The `dataset-of` label value of a policy (label values stop at 63 characters)."""
-    return _short(policy, MAX_LABEL)
+    return shorten(policy, MAX_LABEL)
 
 
 def selector(policy: str, interval: int | None = None) -> str:
@@ -80,7 +80,7 @@ def selector(policy: str, interval: int | None = None) -> str:
 
 def configmap_name(policy: str, interval: int, part: int = 0) -> str:
     tail = f"-interval-{interval}" + (f"-{part}" if part else "")
-    return _short(policy, MAX_NAME - len(tail)) + tail
+    return shorten(policy, MAX_NAME - len(tail)) + tail
 
 
 def split(data: bytes, size: int = PART_BYTES) -> list[bytes]:

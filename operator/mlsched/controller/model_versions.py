@@ -51,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlsched.api import GROUP
-from mlsched.controller.dataset_store import PART_BYTES, POLICY, policy_label, split
+from mlsched.controller.dataset_store import PART_BYTES, POLICY, policy_label, shorten, split
 from mlsched.controller.model_sources import MODEL_PARTS, ModelLoadError, named_parts
 
 MODEL_OF = f"{GROUP}/model-of"
@@ -76,12 +76,8 @@ def configmap_name(policy: str, algorithm: str, version: int) -> str:
 
 
 def part_name(policy: str, algorithm: str, digest: str, part: int) -> str:
-    tail = f"-{digest[:16]}-part-{part}"
-    base = f"{policy}-{algorithm}"
-    if len(base) + len(tail) <= MAX_NAME:
-        return base + tail
-    keep = MAX_NAME - len(tail) - 11
-    return f"{base[:keep].rstrip('-.')}-{hashlib.sha256(base.encode()).hexdigest()[:10]}{tail}"
+    tail = f"-{algorithm}-{digest[:16]}-part-{part}"
+    return shorten(policy, MAX_NAME - len(tail)) + tail
 
 
 def selector(policy: str, phase: str | None = None, algorithm: str | None = None) -> str:
