@@ -408,6 +408,22 @@ def test_retraining_starts_from_the_newest_split_version_joined(tmp_path):
     assert version == 1 and path.read_bytes() == BIG and path.with_name("harmony.card.json").read_text() == '{"card": 1}'
 
 
+def test_a_dry_run_of_a_model_over_a_configmap_writes_its_parts_before_its_version(tmp_path):
+    candidate = tmp_path / "harmony.onnx"
+    candidate.write_bytes(BIG)
+    a = SimpleNamespace(margin=0.02, out=str(tmp_path), dry_run=True, namespace="ns", policy="p")
+    cal = SimpleNamespace(write=lambda path: path.write_text("{}"))
+    report = cli.conclude(a, tmp_path, None, [], "placement", "harmony", candidate, '{"card": 1}',
+                          {"ratio": 0.9, "traces": 1}, cal, 0.0, log=lambda m: None)
+    assert report["status"] == "dry-run"
+    doc = json.loads((tmp_path / "configmap.json").read_text())
+    assert doc["kind"] == "List" and [i["metadata"]["name"].rsplit("-", 1)[-1] for i in doc["items"]] == ["1", "2", "3", "v1"]
+    store = publish.DirStore(tmp_path / "applied", "p")
+    for item in doc["items"]:  # what `kubectl create -f configmap.json` does
+        store.create(item)
+    assert publish.model_bytes(store, store.configmaps()[0], "harmony")[0] == BIG
+
+
 def test_a_split_version_whose_part_was_replaced_is_not_a_base_to_retrain_from(tmp_path):
     from mlsched.controller.model_sources import ModelLoadError
 

@@ -216,8 +216,8 @@ def run(a, log=print) -> dict:
 def conclude(a, work: Path, store, versions, phase: str, algorithm: str, candidate: Path, card_json: str,
              evaluation: dict, cal, t0: float, log=print) -> dict:
     """The end of every retrainer's run: judge the candidate by the margin; with --out or
-    --dry-run (or no store), write its calibration, evaluation and the ConfigMap it would be to
-    `work`; otherwise publish it if it is better (once: a rerun finds it already published)."""
+    --dry-run (or no store), write its calibration, evaluation and the ConfigMap it would be
+    (with its parts, for a large model) to `work`; otherwise publish it if it is better (once: a rerun finds it already published)."""
     onnx = candidate.read_bytes()
     better = evaluate.better_by(evaluation, a.margin)
     log(f"candidate / active avg JCT on {evaluation['traces']} held-out traces: {evaluation['ratio']:.4f} "
@@ -228,8 +228,13 @@ def conclude(a, work: Path, store, versions, phase: str, algorithm: str, candida
         cal.write(work / "calibration.json")
         (work / "evaluation.json").write_text(json.dumps(evaluation, indent=1, sort_keys=True))
         version = model_versions.next_version(versions, phase, algorithm)
-        manifest = model_versions.manifest(a.namespace, a.policy, phase, algorithm, version, onnx, card_json, evaluation)
-        (work / "configmap.json").write_text(json.dumps(manifest, indent=1, sort_keys=True))
+        parts = model_versions.part_manifests(a.namespace, a.policy, algorithm, onnx, card_json)
+        manifest = model_versions.manifest(a.namespace, a.policy, phase, algorithm, version, onnx, card_json,
+                                           evaluation, parts)
+        # A model over one ConfigMap: a List, its parts before the version (`kubectl create -f`
+        # creates them in order, as publishing does).
+        doc = {"apiVersion": "v1", "kind": "List", "items": [*parts, manifest]} if parts else manifest
+        (work / "configmap.json").write_text(json.dumps(doc, indent=1, sort_keys=True))
         report["status"] = "dry-run" if better else "not-better"
         log(f"wrote the candidate and the ConfigMap it would publish to {work}")
         return report
