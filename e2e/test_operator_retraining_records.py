@@ -8,8 +8,6 @@ CoreV1Api, as the cluster admin.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 from kubernetes import client
