@@ -8,7 +8,8 @@ the Harmony retrainer shares that code (retrain/cli.py `sources`, `conclude`, pu
 
 The paper's encoder size (128 units, 8 heads) makes a 1.4 MB graph, over a ConfigMap's 1 MiB:
 retrained from such a model, the version is published in part ConfigMaps
-(controller/model_versions.py), adopted, and refused once a part is replaced.
+(controller/model_versions.py), adopted, and refused once a part is replaced; made by hand with
+`mlsched model-configmap` and `kubectl create -f`, it serves when a policy pins it.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import subprocess
+import sys
 
 from kubernetes import client
 
@@ -150,3 +153,25 @@ def test_a_placement_model_over_a_configmaps_limit_is_published_in_parts_and_ado
     assert refused["status"] == "False" and "a part was replaced" in refused["message"], refused
     wait_for(lambda: placement_active(mlsched).get("source") == "shipped", ROUND_TIMEOUT,
              "the shipped placement model serving again", describe=lambda: policy_status(mlsched).get("modelVersions"))
+
+
+def test_a_model_over_a_configmaps_limit_made_with_mlsched_model_configmap_serves_when_pinned(
+        api, control_plane, mlsched, operator, tmp_path):
+    require_torch()
+    ns = mlsched.namespace
+    model, size = paper_size_harmony(tmp_path / "model")
+    printed = subprocess.run([sys.executable, "-m", "mlsched.cli", "model-configmap", "big-harmony", str(model),
+                              "--key", "harmony.onnx"], capture_output=True, text=True, check=True)
+    assert "2 parts, then big-harmony naming them" in printed.stderr, printed.stderr
+    (tmp_path / "big.json").write_text(printed.stdout)
+    created = control_plane.kubectl("create", "-n", ns, "-f", str(tmp_path / "big.json")).stdout
+    assert created.split() == ["configmap/big-harmony-part-1", "created", "configmap/big-harmony-part-2", "created",
+                               "configmap/big-harmony", "created"], created
+    digest = hashlib.sha256(model.read_bytes()).hexdigest()
+    mlsched.create(scheduling_policy("pinned", allocation="fixed", placement="harmony", models={"placement": {
+        "harmony": {"configMapKeyRef": {"name": "big-harmony", "key": "harmony.onnx"}, "sha256": digest}}}))
+    loaded = wait_for(lambda: (c := condition(mlsched.policy("pinned"), "ModelLoaded")) and c, ROUND_TIMEOUT,
+                      "ModelLoaded on the pinned policy")
+    assert (loaded["status"], loaded["reason"]) == ("True", "ModelVerified"), loaded
+    assert mlsched.policy("pinned")["status"]["activeModels"] == {"placement/harmony": digest}
+    assert size > 2**20

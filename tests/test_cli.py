@@ -48,3 +48,44 @@ def test_trace_generate_to_stdout(capsys):
     assert main(["trace", "generate", "--jobs", "3", "--pattern", "uniform", "--rate", "3"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[0] == "name,arrival_s,model,epochs,arch,workers,ps" and len(lines) == 4
+
+
+def _read_model(items, name="big", key="policy.onnx"):
+    """What the operator's ConfigMap model reader makes of created `items`."""
+    import asyncio
+
+    from mlsched.controller.model_sources import read_configmap_model
+
+    by_name = {i["metadata"]["name"]: i for i in items}
+
+    async def read(namespace, cm):
+        return by_name.get(cm)
+
+    return asyncio.run(read_configmap_model(read, "ns", name, key, 64 << 20))
+
+
+def test_model_configmap_prints_what_serves_a_model_whole_or_in_parts(tmp_path, capsys):
+    from mlsched.cli import model_configmaps
+
+    model, card = bytes(range(256)) * 12, b'{"algorithm": "x"}'
+    (small,) = model_configmaps("m", "policy.onnx", model, card)  # fits: one, as kubectl would make it
+    assert small["data"] == {"policy.card.json": card.decode()} and _read_model([small], "m").model == model
+    items = model_configmaps("big", "policy.onnx", model, card, part_bytes=1000)
+    assert [i["metadata"]["name"] for i in items] == ["big-part-1", "big-part-2", "big-part-3", "big-part-4", "big"]
+    bundle = _read_model(items)
+    assert (bundle.model, bundle.card) == (model, card) and "(4 parts)" in bundle.model_name
+    # The command: a List on stdout (for `kubectl create -f -`), the card found beside the model.
+    (tmp_path / "h.onnx").write_bytes(b"\x08" * 2_000_000)
+    (tmp_path / "h.card.json").write_text('{"algorithm": "harmony"}')
+    assert main(["model-configmap", "big", str(tmp_path / "h.onnx"), "--key", "harmony.onnx"]) == 0
+    captured = capsys.readouterr()
+    doc = json.loads(captured.out)
+    assert doc["kind"] == "List" and len(doc["items"]) == 4 and "3 parts, then big naming them" in captured.err
+    assert _read_model(doc["items"], key="harmony.onnx").model == b"\x08" * 2_000_000
+
+
+def test_model_configmap_without_a_card_says_so(tmp_path, capsys):
+    (tmp_path / "m.onnx").write_bytes(b"x")
+    assert main(["model-configmap", "m", str(tmp_path / "m.onnx")]) == 2
+    err = capsys.readouterr().err
+    assert "no model card" in err and "--card" in err

@@ -1,4 +1,4 @@
-"""`mlsched` command line: simulate, train, retrain, trace generate."""
+"""`mlsched` command line: simulate, train, retrain, trace generate, model-configmap."""
 
 from __future__ import annotations
 
@@ -147,6 +147,58 @@ def cmd_train(args, group: str = "mlsched.trainers", what: str = "trainer") -> i
     return trainer(args.trainer_args)
 
 
+def model_configmaps(name: str, key: str, model: bytes, card: bytes,
+                     part_bytes: int | None = None) -> list[dict]:
+    """The ConfigMaps that serve `model` as `configMapKeyRef: {name, key}`, its card on the
+    key beside it: one ConfigMap when both fit, else the model in parts `<name>-part-<k>`
+    before `name`, which names them (model_sources.MODEL_PARTS)."""
+    import base64
+    import hashlib
+    from pathlib import Path
+
+    from mlsched.controller.dataset_store import PART_BYTES, split
+    from mlsched.controller.model_sources import MODEL_PARTS
+    from mlsched.features.card import card_path
+
+    size = PART_BYTES if part_bytes is None else part_bytes
+    card_key = card_path(Path(key)).name
+
+    def configmap(cm_name: str, model_bytes: bytes | None, annotations: dict | None = None) -> dict:
+        body: dict = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": cm_name}}
+        if annotations:
+            body["metadata"]["annotations"] = annotations
+        if model_bytes is not None:
+            body["binaryData"] = {key: base64.b64encode(model_bytes).decode("ascii")}
+        return body
+
+    def with_card(body: dict) -> dict:  # text in data, as `kubectl create configmap --from-file` puts it
+        return {**body, "data": {card_key: card.decode()}}
+
+    if len(model) + len(card) <= size:
+        return [with_card(configmap(name, model))]
+    parts = [configmap(f"{name}-part-{k}", chunk) for k, chunk in enumerate(split(model, size), 1)]
+    named = {key: {"sha256": hashlib.sha256(model).hexdigest(), "parts": [p["metadata"]["name"] for p in parts]}}
+    return [*parts, with_card(configmap(name, None, {MODEL_PARTS: json.dumps(named)}))]
+
+
+def cmd_model_configmap(args) -> int:
+    from pathlib import Path
+
+    from mlsched.features.card import card_path
+
+    model_file = Path(args.model)
+    card_file = Path(args.card) if args.card else card_path(model_file)
+    if not card_file.is_file():
+        raise ValueError(f"no model card {card_file}: a model serves with its card (the exporters write "
+                         "it beside the model; name another with --card)")
+    items = model_configmaps(args.name, args.key, model_file.read_bytes(), card_file.read_bytes())
+    print(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=1))
+    if len(items) > 1:
+        print(f"mlsched: {model_file} is over one ConfigMap: {len(items) - 1} parts, then {args.name} naming them",
+              file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mlsched", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -180,6 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
     retrain.add_argument("policy", help="which learned algorithm to retrain, e.g. dl2")
     retrain.add_argument("trainer_args", nargs=argparse.REMAINDER, help="its options (--help lists them)")
     retrain.set_defaults(func=lambda a: cmd_train(a, "mlsched.retrainers", "retrainer"))
+
+    cm = sub.add_parser("model-configmap", help="print the ConfigMap(s) serving an ONNX model and its card as "
+                                                "configMapKeyRef {name, key}, split over several past 1 MiB "
+                                                "(| kubectl create -n NS -f -)")
+    cm.add_argument("name", help="the ConfigMap the reference names")
+    cm.add_argument("model", help="the .onnx file")
+    cm.add_argument("--card", help="its model card (default: <stem>.card.json beside it)")
+    cm.add_argument("--key", default="policy.onnx", help="the key the reference names (default policy.onnx)")
+    cm.set_defaults(func=cmd_model_configmap)
 
     trace = sub.add_parser("trace", help="work with trace files")
     tsub = trace.add_subparsers(dest="trace_command", required=True)
