@@ -410,6 +410,25 @@ def test_split_models_are_bounded_by_the_size_limit_in_all(tmp_path, toy):
     assert reason == "ModelInvalid" and "names 103 parts for 'policy.onnx', at most 80" in message
 
 
+def test_reading_a_split_model_stops_at_the_first_missing_or_oversized_part(tmp_path, toy):
+    reads = []
+
+    def counting(cms):
+        async def read(namespace, name):
+            reads.append(name)
+            return cms.get((namespace, name))
+        return ModelResolver(str(tmp_path / "cache"), read, [str(tmp_path)], max_model_bytes=1024)
+
+    cms = split_configmaps(b"TOY" + b"x" * 2997, 600)  # five parts
+    del cms[(NS, "toy-model-2")]
+    run(counting(cms).resolve(POLICY, spec(allocation="toy", models=cm_model("toy"))))
+    assert reads == ["toy-model", "toy-model-1", "toy-model-2"]
+    reads.clear()
+    run(counting(split_configmaps(b"TOY" + b"x" * 2997, 600)).resolve(POLICY, spec(allocation="toy",
+                                                                                  models=cm_model("toy"))))
+    assert reads == ["toy-model", "toy-model-1", "toy-model-2"]  # 1,200 bytes > 1 KiB: no third read
+
+
 @pytest.mark.parametrize("annotation, says", [
     ("not json", "is not JSON of the form"),
     (json.dumps({"policy.onnx": {"sha256": "0" * 64, "parts": []}}), "entry 'policy.onnx' is not of the form"),

@@ -79,7 +79,7 @@ def model_bytes(store: Store, configmap: dict, algorithm: str,
         onnx = base64.b64decode(configmap["binaryData"][key])
     else:
         names, digest = split
-        onnx = model_sources.join_parts([(n, store.read(n)) for n in names], key, digest,
+        onnx = model_sources.join_parts(((n, store.read(n)) for n in names), len(names), key, digest,
                                         f"ConfigMap {name} key {key}", configmap["metadata"].get("namespace", ""),
                                         limit)
     return onnx, configmap["data"][model_versions.card_key(algorithm)]

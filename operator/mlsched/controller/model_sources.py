@@ -26,7 +26,7 @@ import json
 import os
 import re
 import stat
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,9 +192,14 @@ async def read_configmap_model(read: ReadConfigMap, namespace: str, name: str, k
     model_name = f"{where} key {key}"
     if split is not None:
         parts, digest = split
-        pieces = [(part, await read(namespace, part)) for part in parts]
-        model = join_parts(pieces, key, digest, f"{where} key {key}", namespace, limit)
-        model_name = f"{where} key {key} ({len(parts)} parts)"
+        what, chunks, total = f"{where} key {key}", [], 0
+        for k, part in enumerate(parts, 1):  # one at a time: a missing or oversized part stops the reads
+            chunk = _part_value(part, await read(namespace, part), k, len(parts), key, what, namespace,
+                                limit, total)
+            chunks.append(chunk)
+            total += len(chunk)
+        model = _joined(chunks, digest, what)
+        model_name = f"{what} ({len(parts)} parts)"
     if model is None:
         raise ModelLoadError("ModelNotFound", f"{where} has no key {key!r}")
     card = _configmap_value(body, card_key, f"{where} key {card_key}", limit)
@@ -230,29 +235,41 @@ def named_parts(body: Mapping[str, Any], key: str, where: str) -> tuple[list[str
     return parts, digest
 
 
-def join_parts(pieces: Sequence[tuple[str, Mapping[str, Any] | None]], key: str, digest: str,
+def join_parts(pieces: Iterable[tuple[str, Mapping[str, Any] | None]], count: int, key: str, digest: str,
                what: str, namespace: str, limit: int) -> bytes:
-    """The model `what` from its parts' bodies in order (None: not found), checked against
-    `digest`; nothing beyond `limit` bytes in all is decoded."""
+    """The model `what` from its `count` parts' bodies in order (None: not found), checked
+    against `digest`. Reads `pieces` lazily and stops at the first fault: nothing beyond
+    `limit` bytes in all is decoded."""
     chunks, total = [], 0
     for k, (name, part) in enumerate(pieces, 1):
-        piece = f"ConfigMap {namespace}/{name} (part {k} of {len(pieces)} of {what})"
-        if part is None:
-            raise ModelLoadError("ModelNotFound", f"{piece} not found")
-        try:
-            chunk = _configmap_value(part, key, piece, limit - total)
-        except ModelLoadError as err:
-            if err.reason == "ModelTooLarge":
-                raise _too_large(f"{what} (in {len(pieces)} parts)", limit) from None
-            raise
-        if chunk is None:
-            raise ModelLoadError("ModelNotFound", f"{piece} has no key {key!r}")
+        chunk = _part_value(name, part, k, count, key, what, namespace, limit, total)
         chunks.append(chunk)
         total += len(chunk)
+    return _joined(chunks, digest, what)
+
+
+def _part_value(name: str, part: Mapping[str, Any] | None, k: int, count: int, key: str, what: str,
+                namespace: str, limit: int, before: int) -> bytes:
+    """Part k's bytes, `before` bytes having come from the parts before it."""
+    piece = f"ConfigMap {namespace}/{name} (part {k} of {count} of {what})"
+    if part is None:
+        raise ModelLoadError("ModelNotFound", f"{piece} not found")
+    try:
+        chunk = _configmap_value(part, key, piece, limit - before)
+    except ModelLoadError as err:
+        if err.reason == "ModelTooLarge":
+            raise _too_large(f"{what} (in {count} parts)", limit) from None
+        raise
+    if chunk is None:
+        raise ModelLoadError("ModelNotFound", f"{piece} has no key {key!r}")
+    return chunk
+
+
+def _joined(chunks: list[bytes], digest: str, what: str) -> bytes:
     model = b"".join(chunks)
     joined = hashlib.sha256(model).hexdigest()
     if joined != digest:
-        raise ModelLoadError("ModelDigestMismatch", f"the {len(pieces)} parts of {what} join to sha256 "
+        raise ModelLoadError("ModelDigestMismatch", f"the {len(chunks)} parts of {what} join to sha256 "
                                                     f"{joined}, annotation {MODEL_PARTS} says {digest}: "
                                                     "a part was replaced, or is from another model")
     return model
