@@ -153,14 +153,12 @@ def model_configmaps(name: str, key: str, model: bytes, card: bytes,
     key beside it: one ConfigMap when both fit, else the model in parts `<name>-part-<k>`
     before `name`, which names them (model_sources.MODEL_PARTS)."""
     import base64
-    import hashlib
     from pathlib import Path
 
-    from mlsched.controller.dataset_store import PART_BYTES, split
-    from mlsched.controller.model_sources import MODEL_PARTS
+    from mlsched.controller.dataset_store import PART_BYTES
+    from mlsched.controller.model_sources import model_pieces, parts_annotation
     from mlsched.features.card import card_path
 
-    size = PART_BYTES if part_bytes is None else part_bytes
     card_key = card_path(Path(key)).name
 
     def configmap(cm_name: str, model_bytes: bytes | None, annotations: dict | None = None) -> dict:
@@ -174,11 +172,12 @@ def model_configmaps(name: str, key: str, model: bytes, card: bytes,
     def with_card(body: dict) -> dict:  # text in data, as `kubectl create configmap --from-file` puts it
         return {**body, "data": {card_key: card.decode()}}
 
-    if len(model) + len(card) <= size:
+    pieces = model_pieces(model, card, part_bytes or PART_BYTES)
+    if not pieces:
         return [with_card(configmap(name, model))]
-    parts = [configmap(f"{name}-part-{k}", chunk) for k, chunk in enumerate(split(model, size), 1)]
-    named = {key: {"sha256": hashlib.sha256(model).hexdigest(), "parts": [p["metadata"]["name"] for p in parts]}}
-    return [*parts, with_card(configmap(name, None, {MODEL_PARTS: json.dumps(named)}))]
+    parts = [configmap(f"{name}-part-{k}", chunk) for k, chunk in enumerate(pieces, 1)]
+    named = parts_annotation(key, model, [p["metadata"]["name"] for p in parts])
+    return [*parts, with_card(configmap(name, None, named))]
 
 
 def cmd_model_configmap(args) -> int:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from mlsched.api import GROUP
+from mlsched.controller.dataset_store import PART_BYTES, split
 from mlsched.features.card import card_path
 
 ReadConfigMap = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
@@ -185,14 +186,14 @@ async def read_configmap_model(read: ReadConfigMap, namespace: str, name: str, k
         raise ModelLoadError("ModelNotFound", f"{where} not found")
     card_key = card_path(Path(key)).name
     model = _configmap_value(body, key, f"{where} key {key}", limit)
-    split = named_parts(body, key, where)
-    if model is not None and split is not None:
+    named = named_parts(body, key, where)
+    if model is not None and named is not None:
         raise ModelLoadError("ModelInvalid", f"{where} holds key {key!r} and also names parts for it "
                                              f"(annotation {MODEL_PARTS}): keep one")
-    model_name = f"{where} key {key}"
-    if split is not None:
-        parts, digest = split
-        what, chunks, total = f"{where} key {key}", [], 0
+    what = model_name = f"{where} key {key}"
+    if named is not None:
+        parts, digest = named
+        chunks, total = [], 0
         for k, part in enumerate(parts, 1):  # one at a time: a missing or oversized part stops the reads
             chunk = _part_value(part, await read(namespace, part), k, len(parts), key, what, namespace,
                                 limit, total)
@@ -204,6 +205,17 @@ async def read_configmap_model(read: ReadConfigMap, namespace: str, name: str, k
         raise ModelLoadError("ModelNotFound", f"{where} has no key {key!r}")
     card = _configmap_value(body, card_key, f"{where} key {card_key}", limit)
     return ModelBundle(model, card, model_name, f"{where} key {card_key}")
+
+
+def model_pieces(model: bytes, card: bytes, part_bytes: int = PART_BYTES) -> list[bytes]:
+    """The pieces of `model` when it and its card are too large for one ConfigMap (each piece
+    for a part ConfigMap of its own), else [] (one ConfigMap holds both)."""
+    return [] if len(model) + len(card) <= part_bytes else split(model, part_bytes)
+
+
+def parts_annotation(key: str, model: bytes, parts: Sequence[str]) -> dict[str, str]:
+    """The annotation naming `model`'s part ConfigMaps in order (what named_parts reads)."""
+    return {MODEL_PARTS: json.dumps({key: {"sha256": hashlib.sha256(model).hexdigest(), "parts": list(parts)}})}
 
 
 def named_parts(body: Mapping[str, Any], key: str, where: str) -> tuple[list[str], str] | None:

@@ -51,8 +51,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from mlsched.api import GROUP
-from mlsched.controller.dataset_store import PART_BYTES, POLICY, policy_label, shorten, split
-from mlsched.controller.model_sources import MODEL_PARTS, ModelLoadError, named_parts
+from mlsched.controller.dataset_store import PART_BYTES, POLICY, policy_label, shorten
+from mlsched.controller.model_sources import (  # MODEL_PARTS: the annotation of this format, re-exported
+    MODEL_PARTS, ModelLoadError, model_pieces, named_parts, parts_annotation,  # noqa: F401
+)
 
 MODEL_OF = f"{GROUP}/model-of"
 PHASE = f"{GROUP}/phase"
@@ -119,8 +121,6 @@ def part_manifests(namespace: str, policy: str, algorithm: str, onnx: bytes, car
                    part_bytes: int = PART_BYTES) -> list[dict[str, Any]]:
     """The part ConfigMaps of a model too large to publish in one (none when it fits), to be
     created before the version's (`manifest(..., parts=...)`)."""
-    if len(onnx) + len(card_json.encode()) <= part_bytes:
-        return []
     digest = hashlib.sha256(onnx).hexdigest()
     return [{
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -130,7 +130,7 @@ def part_manifests(namespace: str, policy: str, algorithm: str, onnx: bytes, car
             "annotations": {POLICY: policy, SHA256: digest},
         },
         "binaryData": {model_key(algorithm): base64.b64encode(chunk).decode("ascii")},
-    } for k, chunk in enumerate(split(onnx, part_bytes), 1)]
+    } for k, chunk in enumerate(model_pieces(onnx, card_json.encode(), part_bytes), 1)]
 
 
 def manifest(namespace: str, policy: str, phase: str, algorithm: str, version: int,
@@ -141,8 +141,7 @@ def manifest(namespace: str, policy: str, phase: str, algorithm: str, version: i
     annotations = {POLICY: policy, SHA256: digest, EVALUATION: json.dumps(dict(evaluation), sort_keys=True)}
     body: dict[str, Any] = {}
     if parts:
-        annotations[MODEL_PARTS] = json.dumps({model_key(algorithm): {
-            "sha256": digest, "parts": [p["metadata"]["name"] for p in parts]}})
+        annotations.update(parts_annotation(model_key(algorithm), onnx, [p["metadata"]["name"] for p in parts]))
     else:
         body["binaryData"] = {model_key(algorithm): base64.b64encode(onnx).decode("ascii")}
     return {

@@ -104,14 +104,16 @@ def _holding(job: JobView, ps_nodes, worker_nodes) -> JobView:
 
 def _layout(decision: Decision) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Each job given tasks: its nodes per role, by ordinal."""
-    return {name: (tuple(d.ps_nodes), tuple(d.worker_nodes)) for name, d in decision.jobs.items()
-            if d.ps_nodes or d.worker_nodes}
+    return _by_job((name, d.ps_nodes, d.worker_nodes) for name, d in decision.jobs.items())
 
 
 def _held(snapshot: Snapshot) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """_layout of what the snapshot's jobs hold."""
-    return {j.name: (tuple(j.ps_nodes), tuple(j.worker_nodes)) for j in snapshot.jobs
-            if j.ps_nodes or j.worker_nodes}
+    return _by_job((j.name, j.ps_nodes, j.worker_nodes) for j in snapshot.jobs)
+
+
+def _by_job(jobs) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    return {name: (tuple(ps), tuple(workers)) for name, ps, workers in jobs if ps or workers}
 
 
 #: Per displaced job, per role: the decided node index of each ordinal, None for a task to
