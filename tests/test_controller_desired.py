@@ -172,3 +172,80 @@ def test_the_endpoints_ca_is_passed_to_pods_when_there_is_one():
     assert env_of(tpl, "MLSCHED_PROGRESS_CA") == pem
     plain = pod_template(record(), "worker", {"ps": 1, "worker": 1}, SETTINGS)
     assert "MLSCHED_PROGRESS_CA" not in {e["name"] for e in plain["spec"]["containers"][0]["env"]}
+
+
+def _resolved(template: dict, ordinal: int) -> dict[str, str]:
+    """The first container's environment as the kubelet gives it to pod `ordinal`: the
+    pod-index fieldRef filled in, then $(VAR) references to earlier variables expanded."""
+    out: dict[str, str] = {}
+    for e in template["spec"]["containers"][0]["env"]:
+        if "valueFrom" in e:
+            path = e["valueFrom"]["fieldRef"]["fieldPath"]
+            value = str(ordinal) if "pod-index" in path else f"<{path}>"
+        else:
+            value = e["value"]
+            for name, known in out.items():
+                value = value.replace(f"$({name})", known)
+        out[e["name"]] = value
+    return out
+
+
+def test_allreduce_pods_get_what_torchrun_and_pytorchjob_set():
+    import json
+    from test_controller_fixtures import allreduce_job
+    body = allreduce_job("ring")
+    body["metadata"].update(uid="u", generation=1)
+    tpl = pod_template(job_record(body), "worker", {"worker": 3}, SETTINGS)
+    env = _resolved(tpl, 2)
+    master = f"ring-worker-0.ring.{NS}.svc"
+    assert (env["MASTER_ADDR"], env["MASTER_PORT"], env["WORLD_SIZE"], env["RANK"]) == \
+        (master, "23456", "3", "2")
+    assert (env["PET_MASTER_ADDR"], env["PET_MASTER_PORT"], env["PET_NNODES"],
+            env["PET_NODE_RANK"]) == (master, "23456", "3", "2")
+    assert env["MLSCHED_ARCHITECTURE"] == "AllReduce" and "TF_CONFIG" not in env
+    # A port named as PyTorchJob names it moves MASTER_PORT.
+    body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["ports"] = [
+        {"name": "pytorchjob-port", "containerPort": 29500}]
+    env = _resolved(pod_template(job_record(body), "worker", {"worker": 3}, SETTINGS), 0)
+    assert env["MASTER_PORT"] == env["PET_MASTER_PORT"] == "29500" and env["RANK"] == "0"
+    assert "TF_CONFIG" not in json.dumps(tpl)
+
+
+def test_parameter_server_pods_get_tf_config_as_tfjob_renders_it():
+    import json
+    job = record()
+    for role, ordinal in (("ps", 1), ("worker", 2)):
+        tpl = pod_template(job, role, {"ps": 2, "worker": 3}, SETTINGS)
+        config = json.loads(_resolved(tpl, ordinal)["TF_CONFIG"])
+        assert config == {
+            "cluster": {"ps": [f"bert-ps-{k}.bert.{NS}.svc:2222" for k in range(2)],
+                        "worker": [f"bert-worker-{k}.bert.{NS}.svc:2222" for k in range(3)]},
+            "task": {"type": role, "index": ordinal}, "environment": "cloud"}
+        assert "MASTER_ADDR" not in _resolved(tpl, ordinal)
+
+
+def test_the_pod_index_is_defined_before_anything_that_refers_to_it():
+    from test_controller_fixtures import allreduce_job
+    body = allreduce_job("ring")
+    for job, role in ((record(), "worker"), (job_record(body), "worker")):
+        names = [e["name"] for e in pod_template(job, role, {"ps": 1, "worker": 2},
+                                                 SETTINGS)["spec"]["containers"][0]["env"]]
+        refs = [e["name"] for e in pod_template(job, role, {"ps": 1, "worker": 2},
+                                                SETTINGS)["spec"]["containers"][0]["env"]
+                if "$(MLSCHED_REPLICA_INDEX)" in e.get("value", "")]
+        assert refs and all(names.index("MLSCHED_REPLICA_INDEX") < names.index(r) for r in refs)
+
+
+def test_a_container_mounting_the_checkpoint_volume_is_told_where():
+    body = ps_job("bert")
+    spec = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["volumes"] = [{"name": "checkpoint", "persistentVolumeClaim": {"claimName": "ckpt"}}]
+    spec["containers"][0]["volumeMounts"] = [{"name": "checkpoint", "mountPath": "/ckpt"}]
+    spec["containers"].append({"name": "sidecar", "image": "busybox"})
+    body["metadata"].update(uid="u", generation=1)
+    tpl = pod_template(job_record(body), "worker", {"ps": 1, "worker": 1}, SETTINGS)
+    assert env_of(tpl, "MLSCHED_CHECKPOINT_DIR") == "/ckpt"
+    sidecar = {e["name"] for e in tpl["spec"]["containers"][1]["env"]}
+    assert "MLSCHED_CHECKPOINT_DIR" not in sidecar and "TF_CONFIG" in sidecar
+    ps_tpl = pod_template(job_record(body), "ps", {"ps": 1, "worker": 1}, SETTINGS)
+    assert "MLSCHED_CHECKPOINT_DIR" not in {e["name"] for e in ps_tpl["spec"]["containers"][0]["env"]}

@@ -91,10 +91,38 @@ def test_refused_reports_change_nothing(token, job, code):
 
 
 @pytest.mark.parametrize("payload", [{"job": "bert"}, report(epochs=-1), report(epochs="many"),
-                                     report(epochs=float("inf"))])
+                                     report(epochs=float("inf")),
+                                     report(samplesPerSecond=-3.0),
+                                     report(samplesPerSecond="fast"),
+                                     report(samplesPerSecond=float("nan"))])
 def test_malformed_reports_are_400(payload):
     rt, _ = world()
     assert asyncio.run(post(rt, payload, "bert-token"))[0] == 400
+
+
+def test_samples_per_second_lands_in_status_and_in_the_intervals_record():
+    from datetime import UTC, datetime
+    from mlsched.controller import rewards
+    rt, kube = world()
+    began = time.time() - 1
+    status, _ = asyncio.run(post(rt, report(epochs=2.0, speed=0.01, samplesPerSecond=812.5),
+                                 "bert-token"))
+    assert status == 200
+    written = kube.obj("MLJob", NS, "bert")["status"]["progress"]
+    assert written["samplesPerSecond"] == 812.5 and written["speed"] == 0.01
+    job = job_record(kube.obj("MLJob", NS, "bert"))
+    interval = rewards.OpenInterval(3, datetime.fromtimestamp(began, UTC),
+                                    {"bert": rewards.Grant(1, 2, {}, 0.0, 100.0),
+                                     "gpt": rewards.Grant(1, 1, {}, 0.0, 100.0)})
+    stale = (began - 60, 0.02, 400.0)  # reported before the interval: not its speed
+    closed = rewards.close(interval, {"bert": 2.0, "gpt": 1.0},
+                           {"bert": rt.measured(job), "gpt": stale})
+    assert closed.history["bert"]["samplesPerSecond"] == 812.5
+    assert closed.history["bert"]["speed"] == 0.01
+    assert "samplesPerSecond" not in closed.history["gpt"] and "speed" not in closed.history["gpt"]
+    # After an operator restart the status is what is known.
+    rt.progress.clear()
+    assert rt.measured(job_record(kube.obj("MLJob", NS, "bert")))[2] == 812.5
 
 
 def test_progress_is_monotonic_and_speed_is_measured():

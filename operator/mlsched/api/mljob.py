@@ -63,6 +63,7 @@ class JobConditionType(StrEnum):
     SUSPENDED = "Suspended"
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
+    RESCALING = "Rescaling"  # the counts changed; the pods restart with the new ones
 
 
 # ---------------------------------------------------------------------------------- spec
@@ -213,14 +214,17 @@ class Progress(StatusModel):
     last_report_time: datetime | None = None
     summary: str | None = Field(None, max_length=64,
                                 description="Done/total for `kubectl get`, e.g. 12.0/100.")
+    samples_per_second: float | None = Field(
+        None, ge=0, description="Training samples per second, as the job's pods last measured "
+                                "and reported it (mlsched.training reports it).")
 
     @classmethod
     def of(cls, epochs_done: float, epochs: float, speed: float,
-           at: datetime | None = None) -> Progress:
+           at: datetime | None = None, samples_per_second: float | None = None) -> Progress:
         """A Progress with the summary the Progress printer column shows filled in."""
         total = f"{epochs:g}" if float(epochs).is_integer() else f"{epochs:.1f}"
         return cls(epochs_done=epochs_done, speed=speed, last_report_time=at,
-                   summary=f"{epochs_done:.1f}/{total}")
+                   summary=f"{epochs_done:.1f}/{total}", samples_per_second=samples_per_second)
 
 
 class IntervalGrant(StatusModel):
@@ -238,6 +242,12 @@ class HistoryEntry(IntervalGrant):
 
     epochs: float = Field(ge=0, description="Epochs completed during the interval.")
     reward: float
+    # Measured by the job itself at this interval's counts: absent when it reported nothing
+    # during the interval (a job that does not report, or one restarting all interval long).
+    speed: float | None = Field(None, ge=0, description="Epochs per second the job last "
+                                "reported during the interval.")
+    samples_per_second: float | None = Field(None, ge=0, description="Samples per second the "
+                                             "job last reported during the interval.")
 
 
 # Kept in status so that an operator restarted mid-interval closes this interval with the
@@ -247,6 +257,34 @@ class OpenInterval(IntervalGrant):
     """The interval now running: what the latest round gave the job, and its progress then."""
 
     epochs_at_start: float = Field(ge=0, description="status.progress.epochsDone when it began.")
+
+
+class RoleCounts(StatusModel):
+    """Parameter servers and workers."""
+
+    ps: int = Field(0, ge=0)
+    workers: int = Field(0, ge=0)
+
+
+class Rescale(StatusModel):
+    """One change of a running job's counts: every pod gets SIGTERM and its grace period to
+    checkpoint, then the pods of the new counts start (a checkpoint-restart)."""
+
+    from_: RoleCounts = Field(alias="from")
+    to: RoleCounts
+    start_time: datetime = Field(description="When the operator changed the counts.")
+    completion_time: datetime | None = Field(
+        None, description="When every pod of the new counts was Ready; unset while rescaling.")
+    seconds: float | None = Field(None, ge=0, description="completionTime - startTime.")
+
+
+class Rescales(StatusModel):
+    """How often the scheduler resized the running job, and what it cost."""
+
+    count: int = Field(0, ge=0, description="Rescales so far.")
+    seconds: float = Field(0.0, ge=0, description="Time spent rescaling, summed: from each "
+                           "change of counts until every pod of the new counts was Ready.")
+    last: Rescale | None = None
 
 
 class MLJobStatus(StatusModel):
@@ -272,6 +310,7 @@ class MLJobStatus(StatusModel):
         description="The node pool the policy's grouping put the job in (spec.grouping); its "
                     "pods require a node labelled with it.")
     group_since: datetime | None = Field(None, description="When the job entered `group`.")
+    rescales: Rescales | None = Field(None, description="Changes of a running job's counts.")
 
 
 # ---------------------------------------------------------------------------------- root
@@ -324,5 +363,9 @@ CRD = CrdInfo(
         PrinterColumn("Model", ".spec.modelType", priority=1),
         PrinterColumn("Architecture", ".spec.architecture", priority=1),
         PrinterColumn("Speed", ".status.progress.speed", "number", "Epochs per second", 1),
+        PrinterColumn("Samples/s", ".status.progress.samplesPerSecond", "number",
+                      "Training samples per second", 1),
+        PrinterColumn("Rescales", ".status.rescales.count", "integer",
+                      "Changes of the running job's counts", 1),
     ),
 )

@@ -79,7 +79,8 @@ def job_intervals(interval: OpenInterval, closed: ClosedInterval,
             workers=grant.workers, placement={r: list(n) for r, n in (grant.placement or {}).items()},
             epochs_at_start=grant.epochs_at_start, epochs=epochs,
             reward=float(entry.get("reward") or 0.0),
-            finished=grant.epochs_at_start + epochs >= grant.total_epochs * (1 - 1e-9)))
+            finished=grant.epochs_at_start + epochs >= grant.total_epochs * (1 - 1e-9),
+            speed=entry.get("speed"), samples_per_second=entry.get("samplesPerSecond")))
     return out
 
 

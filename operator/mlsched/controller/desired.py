@@ -81,17 +81,74 @@ def host_names(job: JobRecord, role: str, count: int) -> str:
     return ",".join(f"{job.name}-{role}-{k}.{job.name}.{job.namespace}.svc" for k in range(count))
 
 
+#: Ports of the frameworks' conventions, as Kubeflow's PyTorchJob and TFJob default them; a
+#: container port of the role's template named like theirs (pytorchjob-port, tfjob-port)
+#: moves it, so templates written for those operators keep their ports.
+MASTER_PORT, MASTER_PORT_NAME = 23456, "pytorchjob-port"
+TF_PORT, TF_PORT_NAME = 2222, "tfjob-port"
+#: The volume a job's pods checkpoint into (docs/training.md): where a container mounts it is
+#: MLSCHED_CHECKPOINT_DIR.
+CHECKPOINT_VOLUME = "checkpoint"
+#: The pod's ordinal, defined first so that later values can refer to it as $(...): the
+#: kubelet expands a reference to a variable defined earlier in the list.
+INDEX_VAR = "MLSCHED_REPLICA_INDEX"
+ARCHITECTURE_NAMES = {"ps": "ParameterServer", "allreduce": "AllReduce"}
+
+
+def named_port(job: JobRecord, role: str, name: str, default: int) -> int:
+    """The containerPort of `role`'s template named `name`, else `default`."""
+    spec = (job.templates.get(role) or {}).get("spec") or {}
+    for container in spec.get("containers") or ():
+        for port in container.get("ports") or ():
+            if port.get("name") == name and isinstance(port.get("containerPort"), int):
+                return port["containerPort"]
+    return default
+
+
+def tf_config(job: JobRecord, role: str, counts: Mapping[str, int]) -> str:
+    """TF_CONFIG as Kubeflow's TFJob renders it, the task index left to the kubelet."""
+    cluster = {r: [f"{h}:{named_port(job, r, TF_PORT_NAME, TF_PORT)}"
+                   for h in host_names(job, r, counts.get(r, 0)).split(",") if h]
+               for r in ROLES}
+    text = json.dumps({"cluster": cluster, "task": {"type": role, "index": 0},
+                       "environment": "cloud"}, separators=(",", ":"))
+    # The one per-pod value: a template is shared by every pod of the StatefulSet.
+    return text.replace('"index":0', f'"index":$({INDEX_VAR})')
+
+
+def framework_environment(job: JobRecord, role: str, counts: Mapping[str, int]) -> dict[str, str]:
+    """The variables training frameworks already read, so code written for Kubeflow's
+    PyTorchJob / TFJob (or torchrun) runs unchanged: the torch.distributed `env://` set and
+    torchrun's PET_* for all-reduce jobs (one process per pod), TF_CONFIG for parameter-server
+    jobs. Per-pod values refer to the pod's ordinal ($(MLSCHED_REPLICA_INDEX))."""
+    if job.arch != "allreduce":
+        return {"TF_CONFIG": tf_config(job, role, counts)}
+    master = f"{job.name}-worker-0.{job.name}.{job.namespace}.svc"
+    port = str(named_port(job, "worker", MASTER_PORT_NAME, MASTER_PORT))
+    workers, rank = str(counts.get("worker", 0)), f"$({INDEX_VAR})"
+    return {"MASTER_ADDR": master, "MASTER_PORT": port, "WORLD_SIZE": workers, "RANK": rank,
+            "PET_MASTER_ADDR": master, "PET_MASTER_PORT": port, "PET_NNODES": workers,
+            "PET_NODE_RANK": rank}
+
+
 def environment(job: JobRecord, role: str, counts: Mapping[str, int],
                 settings: PodSettings) -> list[dict]:
-    """What training code needs to find its peers and report progress.
+    """What training code needs to find its peers and report progress: mlsched's own
+    MLSCHED_* variables and the frameworks' (framework_environment).
 
     The counts are part of the template on purpose: a job whose allocation changes restarts
     with the new cluster spec (checkpoint-restart, the scaling cost the simulator models).
     """
     ps, workers = counts.get("ps", 0), counts.get("worker", 0)
+    env: list[dict] = [
+        {"name": INDEX_VAR, "valueFrom": {"fieldRef": {
+            "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}},
+        {"name": "MLSCHED_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "MLSCHED_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}}]
     plain = {
         "MLSCHED_JOB_NAME": job.name,
         "MLSCHED_ROLE": role,
+        "MLSCHED_ARCHITECTURE": ARCHITECTURE_NAMES.get(job.arch, job.arch),
         "MLSCHED_MODEL_TYPE": job.model,
         "MLSCHED_EPOCHS": f"{job.epochs:g}",
         "MLSCHED_SERVICE": job.name,
@@ -105,12 +162,16 @@ def environment(job: JobRecord, role: str, counts: Mapping[str, int],
     }
     if settings.progress_ca:
         plain["MLSCHED_PROGRESS_CA"] = settings.progress_ca
-    env = [{"name": k, "value": v} for k, v in plain.items()]
-    env += [{"name": "MLSCHED_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
-            {"name": "MLSCHED_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-            {"name": "MLSCHED_REPLICA_INDEX", "valueFrom": {"fieldRef": {
-                "fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}}}]
-    return env
+    plain.update(framework_environment(job, role, counts))
+    return env + [{"name": k, "value": v} for k, v in plain.items()]
+
+
+def checkpoint_environment(container: Mapping[str, Any]) -> list[dict]:
+    """MLSCHED_CHECKPOINT_DIR for a container that mounts the `checkpoint` volume."""
+    for mount in container.get("volumeMounts") or ():
+        if mount.get("name") == CHECKPOINT_VOLUME and mount.get("mountPath"):
+            return [{"name": "MLSCHED_CHECKPOINT_DIR", "value": mount["mountPath"]}]
+    return []
 
 
 def pool_affinity(spec: dict, pool: PodPool) -> None:
@@ -186,10 +247,11 @@ def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
         {"serviceAccountToken": {"audience": settings.token_audience, "path": "token",
                                  "expirationSeconds": TOKEN_EXPIRATION_SECONDS}}]}}]
     ours = environment(job, role, counts, settings)
-    our_names = {e["name"] for e in ours}
     for container in spec.get("containers") or ():
+        mine = [*ours, *checkpoint_environment(container)]
+        our_names = {e["name"] for e in mine}
         env = [e for e in container.get("env") or () if e.get("name") not in our_names]
-        container["env"] = [*env, *ours]
+        container["env"] = [*env, *mine]
         mounts = [m for m in container.get("volumeMounts") or () if m.get("name") != TOKEN_VOLUME]
         container["volumeMounts"] = [*mounts, {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR,
                                                "readOnly": True}]
@@ -201,7 +263,7 @@ def pod_template(job: JobRecord, role: str, counts: Mapping[str, int],
 
 #: Bump when pod_template renders differently from the same inputs: running jobs then get
 #: the new template at their next round.
-RENDER_VERSION = 2  # 2: tolerations of the operator's tolerated taints
+RENDER_VERSION = 3  # 2: tolerations of the operator's tolerated taints; 3: frameworks' variables
 _hashes: dict[tuple, str] = {}
 _HASH_CACHE_SIZE = 8192
 

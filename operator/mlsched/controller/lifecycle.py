@@ -85,7 +85,7 @@ def _time(dt: datetime) -> str:
 
 def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("phase", "conditions", "replicaStatuses", "startTime", "completionTime",
-            "observedGeneration")
+            "observedGeneration", "rescales")
     return {k: status[k] for k in keys if status.get(k) is not None}
 
 
@@ -119,6 +119,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
 
     old_phase = status.get("phase")
     final = _final_phase(status)
+    rescale = track_rescale(status, roles, desired, sts, now, ended=bool(final) or run.suspend)
+    rescaling = _rescaling_text(rescale.last, roles, ready, desired) if rescale.in_progress else ""
     reason, message = "", ""
     if final:
         phase = final
@@ -152,6 +154,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             reason = "PodsCannotStart"
             message = (", ".join(f"{ready[r]}/{desired[r]} {r} ready" for r in roles)
                        + f"; {_cannot_start(seen.cannot_start)}")
+        elif rescaling:
+            reason, message = C.RESCALING.value, rescaling
     else:
         phase = JobPhase.PENDING
         if not seen.policy_exists:
@@ -172,6 +176,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         elif admitted:
             reason, message = "PodsStarting", ", ".join(f"{ready[r]}/{desired[r]} {r} ready"
                                                         for r in roles)
+            if rescaling:  # its pods restart with new counts: say so, not "starting"
+                reason, message = C.RESCALING.value, rescaling
             if seen.waiting_for_room:
                 message += "; " + _waiting_for_room(seen.waiting_for_room)
         elif seen.cannot_fit:
@@ -221,11 +227,17 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         if phase == JobPhase.SUSPENDED or get_condition(conds, C.SUSPENDED):
             put(C.SUSPENDED, phase == JobPhase.SUSPENDED,
                 "Suspended" if phase == JobPhase.SUSPENDED else "Resumed", message)
+        if rescale.status is not None and rescale.last is not None:
+            put(C.RESCALING, rescale.in_progress,
+                "CountsChanged" if rescale.in_progress else "Rescaled",
+                rescaling or _rescaled_text(rescale.last))
         if phase in (JobPhase.SUCCEEDED, JobPhase.FAILED):
             put(C.SUCCEEDED if phase == JobPhase.SUCCEEDED else C.FAILED, True, reason, message)
         elif get_condition(conds, C.FAILED):  # an InvalidSpec failure whose spec got fixed
             put(C.FAILED, False, "SpecValid", "the spec is valid again")
         new["conditions"] = _wire(conds)
+    if rescale.status is not None:
+        new["rescales"] = rescale.status
     if phase == JobPhase.RUNNING and not start:
         new["startTime"] = _time(now)
     if phase.value in FINAL and not status.get("completionTime"):
@@ -249,6 +261,7 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         out.events.append(("Warning" if failed else "Normal",
                            reason if failed else phase.value, text))
 
+    out.events += rescale.events
     finished = phase.value in FINAL
     out.scale_to_zero = any(desired.values()) and (
         phase == JobPhase.SUSPENDED or (finished and run.clean_pod_policy != CleanPodPolicy.NONE))
@@ -271,3 +284,90 @@ def _cannot_start(pods: list[tuple[str, str]]) -> str:
     more = len(pods) - 1
     return f"pod {pod} cannot start: {why}" + (
         f" (and {more} more pod{'s' * (more > 1)})" if more else "")
+
+
+# ------------------------------------------------------------------------------ rescales
+
+
+@dataclass
+class RescaleState:
+    status: dict[str, Any] | None  # status.rescales (wire form); None: never rescaled
+    in_progress: bool = False
+    events: list[tuple[str, str, str]] = field(default_factory=list)
+
+    @property
+    def last(self) -> dict[str, Any] | None:
+        return (self.status or {}).get("last")
+
+
+def _counts(replicas: Mapping[str, int]) -> dict[str, int]:
+    return {"ps": int(replicas.get("ps") or 0), "workers": int(replicas.get("worker") or 0)}
+
+
+def _show(counts: Mapping[str, int], roles: tuple[str, ...]) -> str:
+    return ", ".join(f"{counts['ps'] if r == 'ps' else counts['workers']} {r}" for r in roles)
+
+
+def _rolled_out(sts: Mapping[str, StsRecord], roles: tuple[str, ...],
+                desired: Mapping[str, int]) -> bool:
+    """Every pod of the new counts exists from the latest template and is Ready, and no pod of
+    the old ones is left (readyReplicas alone counts old pods still running)."""
+    return all(r in sts and sts[r].observed and sts[r].created == desired[r]
+               and sts[r].updated >= desired[r] and sts[r].ready >= desired[r] for r in roles)
+
+
+def track_rescale(status: Mapping[str, Any], roles: tuple[str, ...], desired: Mapping[str, int],
+                  sts: Mapping[str, StsRecord], now: datetime, ended: bool) -> RescaleState:
+    """status.rescales after this sweep. A rescale starts when the counts of a job that has run
+    (startTime) change from some of every role to some other of every role (the round patched
+    its StatefulSets: every pod restarts with the new topology), and ends when the new pods
+    are all Ready (or the job finishes or is suspended meanwhile). Pure: a sweep that still
+    sees the status it wrote last time computes the same thing again."""
+    old = status.get("rescales")
+    state = RescaleState(dict(old) if isinstance(old, Mapping) else None)
+    last = dict(state.last) if state.last else None
+    before = {r: int(((status.get("replicaStatuses") or {}).get(r) or {}).get("desired") or 0)
+              for r in roles}
+    changed = (status.get("startTime") and not ended and before != dict(desired)
+               and all(before.values()) and all(desired[r] > 0 for r in roles))
+    open_ = last is not None and not last.get("completionTime")
+
+    def finish(at: datetime) -> None:
+        assert last is not None and state.status is not None
+        begun = parse_time(last.get("startTime")) or at.timestamp()
+        seconds = max(0.0, at.timestamp() - begun)
+        last.update(completionTime=_time(at), seconds=round(seconds, 3))
+        state.status["seconds"] = round(float(state.status.get("seconds") or 0.0) + seconds, 3)
+        state.status["last"] = dict(last)
+        state.events.append(("Normal", "Rescaled", _rescaled_text(last)))
+
+    if changed:
+        if open_:  # changed again before the last one finished: that one ends here
+            finish(now)
+        state.status = state.status or {"count": 0, "seconds": 0.0}
+        last = {"from": _counts(before), "to": _counts(desired), "startTime": _time(now)}
+        state.status["count"] = int(state.status.get("count") or 0) + 1
+        state.status["last"] = dict(last)
+        state.in_progress = True
+        state.events.append(("Normal", "Rescaling", f"{_show(last['from'], roles)} → "
+                             f"{_show(last['to'], roles)}: the pods restart with the new counts"))
+    elif open_:
+        if ended or _rolled_out(sts, roles, desired):
+            finish(now)
+        else:
+            state.in_progress = True
+    return state
+
+
+def _rescaling_text(last: Mapping[str, Any] | None, roles: tuple[str, ...],
+                    ready: Mapping[str, int], desired: Mapping[str, int]) -> str:
+    if not last:
+        return ""
+    return (f"rescaling {_show(last['from'], roles)} → {_show(last['to'], roles)}: "
+            + ", ".join(f"{ready[r]}/{desired[r]} {r} ready" for r in roles))
+
+
+def _rescaled_text(last: Mapping[str, Any]) -> str:
+    roles = ("ps", "worker") if last["from"].get("ps") or last["to"].get("ps") else ("worker",)
+    return (f"rescaled {_show(last['from'], roles)} → {_show(last['to'], roles)} in "
+            f"{float(last.get('seconds') or 0):g} s")

@@ -115,12 +115,12 @@ async def _job(rt: Runtime, namespace: str, name: str) -> JobRecord | None:
     return job
 
 
-def next_progress(job: JobRecord, last: tuple[float, float, float] | None, reported: float,
+def next_progress(job: JobRecord, last: tuple[float, ...] | None, reported: float,
                   now: float, speed: float | None = None) -> tuple[float, float]:
     """(epochs done, epochs per second) after a report. Progress never goes back (a restart
     from an older checkpoint does not un-train an interval), and the speed is a running average
     of the epochs between reports over the time between them."""
-    before, at, avg = last if last else (job.epochs_done, job.last_report_s, job.speed)
+    before, at, avg = last[:3] if last else (job.epochs_done, job.last_report_s, job.speed)
     done = max(before, reported)
     if speed is None:
         speed = avg
@@ -131,11 +131,13 @@ def next_progress(job: JobRecord, last: tuple[float, float, float] | None, repor
 
 
 async def record_progress(rt: Runtime, job: JobRecord, reported: float, speed: float | None,
-                          now: float | None = None) -> dict[str, Any]:
+                          now: float | None = None,
+                          samples_per_second: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
     done, speed = next_progress(job, rt.progress.get(job.key), reported, now, speed)
-    rt.progress[job.key] = (done, now, speed)
-    progress = Progress.of(done, job.epochs, speed, at=utc(now)).to_k8s()
+    rt.progress[job.key] = (done, now, speed, samples_per_second)
+    progress = Progress.of(done, job.epochs, speed, at=utc(now),
+                           samples_per_second=samples_per_second).to_k8s()
     await rt.api.patch("MLJob", job.namespace, job.name, {"status": {"progress": progress}},
                        status=True)
     return progress
@@ -154,18 +156,21 @@ async def handle_progress(request: web.Request) -> web.Response:
             namespace, job_name = str(payload["namespace"]), str(payload["job"])
             epochs = float(payload["epochsDone"])
             speed = float(payload["speed"]) if payload.get("speed") is not None else None
-        except (ValueError, KeyError, TypeError) as err:
-            raise Refused(400, "invalid", f"expected JSON {{namespace, job, epochsDone[, speed]}}: {err}")
-        if not math.isfinite(epochs) or epochs < 0 or (speed is not None and
-                                                       (not math.isfinite(speed) or speed < 0)):
-            raise Refused(400, "invalid", "epochsDone and speed must be finite and >= 0")
+            samples = payload.get("samplesPerSecond")
+            samples = float(samples) if samples is not None else None
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            raise Refused(400, "invalid", "expected JSON {namespace, job, epochsDone[, speed]"
+                                          f"[, samplesPerSecond]}}: {err}")
+        if not all(math.isfinite(v) and v >= 0 for v in (epochs, speed, samples) if v is not None):
+            raise Refused(400, "invalid", "epochsDone, speed and samplesPerSecond must be finite "
+                                          "and >= 0")
         header = request.headers.get("Authorization", "")
         token = header[7:].strip() if header.lower().startswith("bearer ") else None
         pod = await authorize(rt, request.app[REVIEWS], token, namespace, job_name)
         job = await _job(rt, namespace, job_name)
         if job is None:
             raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
-        progress = await record_progress(rt, job, epochs, speed)
+        progress = await record_progress(rt, job, epochs, speed, samples_per_second=samples)
     except Refused as err:
         rt.metrics.progress_reports.labels(err.result).inc()
         # A flood is counted in the metrics; one warning per throttled request would be a

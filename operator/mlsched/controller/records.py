@@ -467,6 +467,7 @@ class StsRecord:
     # The StatefulSet controller has acted on its latest spec (status.observedGeneration):
     # until then a StatefulSet short of pods is only waiting in the controller's queue.
     observed: bool = True
+    updated: int = 0  # status.updatedReplicas: pods of the latest template
 
 
 @dataclass(frozen=True, slots=True)
@@ -508,7 +509,8 @@ def sts_record(body: Mapping[str, Any]) -> StsRecord:
                      pool=PodPool.parse((meta.get("annotations") or {}).get(STS_POOL_ANNOTATION)),
                      created=int(status.get("replicas") or 0),
                      observed=int(status.get("observedGeneration") or 0)
-                     >= int(meta.get("generation") or 0))
+                     >= int(meta.get("generation") or 0),
+                     updated=int(status.get("updatedReplicas") or 0))
 
 
 # ------------------------------------------------------------------------------------ mljobs
@@ -553,6 +555,7 @@ class JobRecord:
     # not a copy): rendering StatefulSets needs them when a round changes a job's counts.
     templates: Mapping[str, Mapping[str, Any]]
     error: str | None = None
+    samples_per_second: float | None = None  # as the job last reported it
     # What one pod of each role requests (its template's containers), the truth for planning;
     # the catalog's per-model demand only where the template requests nothing.
     demands: Mapping[str, Resources] = field(default_factory=dict)
@@ -714,6 +717,8 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         epochs_done=float(progress.get("epochsDone") or 0.0),
         speed=float(progress.get("speed") or 0.0),
         last_report_s=parse_time(progress.get("lastReportTime")),
+        samples_per_second=(float(progress["samplesPerSecond"])
+                            if progress.get("samplesPerSecond") is not None else None),
         history=tuple(status.get("history") or ()),
         trained=trained, slots_run=slots_run,
         placement=status.get("placement"),

@@ -47,10 +47,18 @@ def job_reward(epochs_trained: float, total_epochs: float) -> float:
     return epochs_trained / total_epochs if total_epochs > 0 else 0.0
 
 
-def close(interval: OpenInterval, epochs_now: Mapping[str, float]) -> ClosedInterval:
+#: (time of the report, epochs/s, samples/s) of a job's latest progress report.
+Measured = tuple[float | None, float, float | None]
+
+
+def close(interval: OpenInterval, epochs_now: Mapping[str, float],
+          measured: Mapping[str, Measured] | None = None) -> ClosedInterval:
     """Close `interval` with each job's epochs now. Jobs deleted meanwhile (absent from
-    `epochs_now`) have no object to record on and are left out of the sum as well."""
+    `epochs_now`) have no object to record on and are left out of the sum as well. A job that
+    reported its speed during the interval has it recorded: its speed at this interval's
+    counts, as the job itself measured it."""
     history, total, scheduled = {}, 0.0, 0
+    began = interval.start.timestamp()
     for name, grant in interval.grants.items():
         if name not in epochs_now:
             continue
@@ -58,9 +66,13 @@ def close(interval: OpenInterval, epochs_now: Mapping[str, float]) -> ClosedInte
         reward = job_reward(trained, grant.total_epochs)
         total += reward
         scheduled += grant.workers > 0
+        at, speed, samples = (measured or {}).get(name) or (None, 0.0, None)
+        fresh = at is not None and at >= began
         entry = HistoryEntry(interval=interval.number, start=interval.start, ps=grant.ps,
                              workers=grant.workers, placement=Placement(**grant.placement),
-                             epochs=trained, reward=reward)
+                             epochs=trained, reward=reward,
+                             speed=speed if fresh and speed > 0 else None,
+                             samples_per_second=samples if fresh else None)
         history[name] = entry.to_k8s()
     summary = RewardEntry(interval=interval.number, start=interval.start, reward=total,
                           jobs=scheduled)

@@ -443,7 +443,7 @@ class Runtime:
     intervals: dict[PolicyKey, OpenInterval] = field(default_factory=dict)
     # Latest accepted progress report per job (epochs, epoch seconds, speed): newer than the
     # index until the status patch comes back through the watch.
-    progress: dict[JobKey, tuple[float, float, float]] = field(default_factory=dict)
+    progress: dict[JobKey, tuple[float, float, float, float | None]] = field(default_factory=dict)
     # Pods pinned but not yet seen ungated (uid → node): a burst of watch events for one pod
     # then costs one patch, not one per event.
     pinned: dict[str, str] = field(default_factory=dict)
@@ -561,6 +561,14 @@ class Runtime:
         """The newest progress known: the index, or a report whose status write is in flight."""
         cached = self.progress.get(job.key)
         return max(job.epochs_done, cached[0] if cached else 0.0)
+
+    def measured(self, job: JobRecord) -> tuple[float | None, float, float | None]:
+        """(time, epochs/s, samples/s) of the job's latest progress report: the report this
+        process accepted last, else what its status holds."""
+        cached = self.progress.get(job.key)
+        if cached is not None:
+            return cached[1], cached[2], cached[3]
+        return job.last_report_s, job.speed, job.samples_per_second
 
     def note_departed(self, key: JobKey, policy: str) -> None:
         self.departed.pop(key, None)

@@ -144,6 +144,10 @@ class JobInterval:
     epochs: float  # trained in the interval
     reward: float  # epochs / total_epochs
     finished: bool = False  # the job completed during the interval
+    # What the job measured at these counts (its latest report in the interval), if it
+    # reported: the real speed, where `epochs` also holds the time a restart cost.
+    speed: float | None = None  # epochs/s
+    samples_per_second: float | None = None
 
 
 @dataclass
