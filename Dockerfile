@@ -91,6 +91,45 @@ USER 10001:10001
 WORKDIR /tmp
 ENTRYPOINT ["mlsched", "retrain"]
 
+# --------------------------------- reference training programs: docker build --target training
+#   docker build --target training -t mlsched-training:latest .
+# What manifests/samples run: examples/pytorch (all-reduce and parameter-server training of a
+# small network on scikit-learn's digits, shipped inside scikit-learn) on torch's CPU wheels,
+# with mlsched.training and mlsched.progress (standard library only: mlsched is installed
+# without the operator's dependencies). docs/training.md.
+FROM ${BASE_IMAGE} AS training
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# hadolint ignore=DL3008
+RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
+      apt-get update \
+      && apt-get install -y --no-install-recommends python3 python3-venv \
+      && rm -rf /var/lib/apt/lists/*; \
+    fi
+WORKDIR /build
+COPY pyproject.toml README.md ./
+COPY operator ./operator
+COPY examples /opt/mlsched/examples
+RUN python3 -m venv /opt/mlsched \
+ && /opt/mlsched/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.3" \
+ && /opt/mlsched/bin/pip install "scikit-learn>=1.4" \
+ && /opt/mlsched/bin/pip install --no-deps . \
+ && /opt/mlsched/bin/python -c "import torch, sklearn, mlsched.training" \
+ && /opt/mlsched/bin/python -m compileall -q /opt/mlsched \
+ && rm -rf /build \
+ && groupadd --system --gid 10001 mlsched \
+ && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+      --shell /usr/sbin/nologin mlsched
+ENV PATH=/opt/mlsched/bin:$PATH \
+    HOME=/tmp \
+    OMP_NUM_THREADS=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1
+USER 10001:10001
+WORKDIR /tmp
+CMD ["python", "/opt/mlsched/examples/pytorch/allreduce.py"]
+
 # -------------------------------------------------------------------------- runtime stage
 # The operator image, the default target (the last stage): no torch.
 FROM ${BASE_IMAGE}

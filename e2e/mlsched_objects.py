@@ -101,6 +101,12 @@ def for_kwok(job: dict, *, epochs: float | None = None, ttl: int | None = None,
     for role in spec["replicaSpecs"].values():
         pod = role["template"].setdefault("spec", {})
         pod["tolerations"] = [*(pod.get("tolerations") or []), KWOK_TOLERATION]
+        # kwok runs no container, so nothing checkpoints: the samples' claim (which needs
+        # ReadWriteMany storage this control plane has not) becomes a volume that needs nothing.
+        for volume in pod.get("volumes") or ():
+            if volume.get("name") == "checkpoint" and "persistentVolumeClaim" in volume:
+                del volume["persistentVolumeClaim"]
+                volume["emptyDir"] = {}
         if service_account:
             pod["serviceAccountName"] = service_account
     if epochs is not None:
@@ -108,6 +114,25 @@ def for_kwok(job: dict, *, epochs: float | None = None, ttl: int | None = None,
     if ttl is not None:
         spec.setdefault("runPolicy", {})["ttlSecondsAfterFinished"] = ttl
     return job
+
+
+def checkpoint_volumes(core: client.CoreV1Api, namespace: str) -> list[str]:
+    """What an admin provides for the samples' checkpoint claims: a ReadWriteMany
+    PersistentVolume for each, bound to it by claimRef (hostPath: kwok mounts nothing).
+    Returns their names; they are cluster-scoped, so the caller deletes them."""
+    names = []
+    for path in sorted(SAMPLES.glob("pvc-*.yaml")):
+        (claim,) = load_yaml(path)
+        name = f"{namespace}-{claim['metadata']['name']}"
+        core.create_persistent_volume({
+            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
+            "spec": {"capacity": claim["spec"]["resources"]["requests"],
+                     "accessModes": claim["spec"]["accessModes"],
+                     "persistentVolumeReclaimPolicy": "Delete",
+                     "hostPath": {"path": f"/tmp/{name}"},
+                     "claimRef": {"namespace": namespace, "name": claim["metadata"]["name"]}}})
+        names.append(name)
+    return names
 
 
 def _role(model_demand: dict[str, str], bounds: tuple[int, int]) -> dict:

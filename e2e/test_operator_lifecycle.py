@@ -10,8 +10,11 @@ progress, per-interval history and rewards, phase, and deletion.
 
 from __future__ import annotations
 
+import pytest
+from kubernetes import client
+
 from job_state import placed_as_decided, placement_problems
-from mlsched_objects import SAMPLES, condition, for_kwok, phase, sample
+from mlsched_objects import SAMPLES, checkpoint_volumes, condition, for_kwok, phase, sample
 from waiting import wait_for
 
 # Enough epochs for a few rounds of training at the emulator's compressed speed
@@ -22,12 +25,25 @@ POLICY = {"resnet50-ps": "dl2", "resnext110-allreduce": "default"}
 TTL_SECONDS = 3
 
 
-def test_the_samples_run_as_shipped_with_kubectl_apply_k(control_plane, mlsched, operator):
+@pytest.fixture
+def checkpoint_storage(api, mlsched):
+    """ReadWriteMany volumes for the samples' checkpoint claims, as an admin provides them."""
+    core = client.CoreV1Api(api)
+    names = checkpoint_volumes(core, mlsched.namespace)
+    yield names
+    for name in names:
+        core.delete_persistent_volume(name)
+
+
+def test_the_samples_run_as_shipped_with_kubectl_apply_k(control_plane, mlsched, operator,
+                                                         checkpoint_storage):
     # Unchanged: no toleration, epochs or TTL added for the test. The operator adds the
     # tolerations of the taints it places on (kwok's here, nvidia.com/gpu in most clusters).
     applied = control_plane.kubectl("apply", "-k", str(SAMPLES), "-n", mlsched.namespace).stdout
     for kind_name in ("mljob.mlsched.io/resnet50-ps", "mljob.mlsched.io/resnext110-allreduce",
-                      "schedulingpolicy.mlsched.io/default", "schedulingpolicy.mlsched.io/dl2"):
+                      "schedulingpolicy.mlsched.io/default", "schedulingpolicy.mlsched.io/dl2",
+                      "persistentvolumeclaim/resnet50-ps-checkpoints",
+                      "persistentvolumeclaim/resnext110-allreduce-checkpoints"):
         assert f"{kind_name} created" in applied, applied
     for name in ROLES:
         wait_for(lambda: phase(mlsched.job(name)) == "Running", 90, f"{name} to be Running",

@@ -313,9 +313,12 @@ class MemoryKube:
             ready = sum(1 for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
                         and p["metadata"]["name"].rsplit("-", 1)[0] == name
                         and p["status"].get("phase") == "Running")
-            created = sum(1 for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
-                          and p["metadata"]["name"].rsplit("-", 1)[0] == name)
-            sts["status"] = {"replicas": created, "readyReplicas": ready,
+            mine = [p for p in self.of_kind("Pod") if p["metadata"]["namespace"] == ns
+                    and p["metadata"]["name"].rsplit("-", 1)[0] == name]
+            updated = sum(1 for p in mine
+                          if p["metadata"]["labels"].get("controller-revision-hash") == revision)
+            sts["status"] = {"replicas": len(mine), "readyReplicas": ready,
+                             "updatedReplicas": updated,
                              "observedGeneration": meta.get("generation", 1)}
 
     def _failed_create(self, namespace: str, statefulset: str, message: str) -> None:

@@ -294,15 +294,30 @@ def load_samples() -> list[tuple[str, dict]]:
 def test_samples_exist():
     names = {name for name, _ in load_samples()}
     assert names == {"mljob-resnet50-ps.yaml", "mljob-allreduce.yaml",
-                     "schedulingpolicy-drf.yaml", "schedulingpolicy-dl2.yaml"}
+                     "schedulingpolicy-drf.yaml", "schedulingpolicy-dl2.yaml",
+                     "pvc-resnet50-ps.yaml", "pvc-resnext110-allreduce.yaml"}
     listed = yaml.safe_load((SAMPLES / "kustomization.yaml").read_text())["resources"]
     assert sorted(listed) == sorted(names)
 
 
 @pytest.mark.parametrize("name, obj", load_samples())
 def test_samples_validate_against_the_models(name, obj):
+    if obj["kind"] == "PersistentVolumeClaim":  # the jobs' checkpoint volumes
+        assert obj["spec"]["accessModes"] == ["ReadWriteMany"]
+        return
     model = {"MLJob": MLJob, "SchedulingPolicy": SchedulingPolicy}[obj["kind"]]
     model.from_k8s(obj)
+
+
+def test_sample_jobs_checkpoint_into_a_claim_the_samples_make():
+    samples = dict(load_samples())
+    claims = {o["metadata"]["name"] for o in samples.values() if o["kind"] == "PersistentVolumeClaim"}
+    for name in ("mljob-resnet50-ps.yaml", "mljob-allreduce.yaml"):
+        for role in samples[name]["spec"]["replicaSpecs"].values():
+            spec = role["template"]["spec"]
+            (volume,) = [v for v in spec["volumes"] if v["name"] == "checkpoint"]
+            assert volume["persistentVolumeClaim"]["claimName"] in claims
+            assert {"name": "checkpoint", "mountPath": "/checkpoint"} in spec["containers"][0]["volumeMounts"]
 
 
 def test_sample_policies_match_what_the_jobs_reference():

@@ -23,6 +23,8 @@ ALLOWED = {
     "controller": {"workloads", "cluster", "features", "policies", "controller", "api", "progress"},
     "api": {"api"},
     "progress": {"progress"},
+    # Imported by training programs in their own images: the progress client only, no scheduler.
+    "training": {"training", "progress"},
 }
 
 

@@ -125,6 +125,30 @@ def test_samples_per_second_lands_in_status_and_in_the_intervals_record():
     assert rt.measured(job_record(kube.obj("MLJob", NS, "bert")))[2] == 812.5
 
 
+def test_a_speed_measured_before_the_counts_changed_is_not_recorded_as_theirs():
+    """An admission step (a spec edit decided again at once) re-grants a job mid-interval: the
+    interval's record carries the new counts, so only a speed reported since counts; and a pod
+    being deleted (SIGTERM, saving) reports the epochs it reached, not its speed."""
+    from datetime import UTC, datetime
+    from mlsched.controller import rewards
+    began = 1000.0
+    interval = rewards.OpenInterval(4, datetime.fromtimestamp(began, UTC),
+                                    {"bert": rewards.Grant(1, 3, {}, 0.0, 100.0, since=1010.0)})
+    before = rewards.close(interval, {"bert": 1.0}, {"bert": (1005.0, 0.01, 250.0)})
+    assert "samplesPerSecond" not in before.history["bert"]
+    after = rewards.close(interval, {"bert": 1.0}, {"bert": (1012.0, 0.02, 700.0)})
+    assert after.history["bert"]["samplesPerSecond"] == 700.0
+
+    rt, kube = world()
+    leaving = pod("bert", "worker", 0, node_name="node-0")
+    leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    kube.put(leaving)
+    rt.indexes = kube.indexes()
+    status, _ = asyncio.run(post(rt, report(epochs=5.0, samplesPerSecond=250.0), "bert-token"))
+    written = kube.obj("MLJob", NS, "bert")["status"]["progress"]
+    assert status == 200 and written["epochsDone"] == 5.0 and "samplesPerSecond" not in written
+
+
 def test_progress_is_monotonic_and_speed_is_measured():
     job = job_record({**ps_job("bert"), "metadata": {"name": "bert", "namespace": NS}})
     done, speed = progress_server.next_progress(job, (10.0, 1000.0, 0.0), 12.0, 1010.0)

@@ -48,7 +48,8 @@ def test_two_stages_from_one_pinned_base():
     assert re.fullmatch(r"python:3\.11\.\d+-slim-\w+", image), image
     froms = [rest for word, rest in steps if word == "FROM"]
     # build, the retraining image's build and image (--target train), the operator last (the default)
-    assert froms == ["${BASE_IMAGE} AS build", "build AS build-train", "${BASE_IMAGE} AS train", "${BASE_IMAGE}"]
+    assert froms == ["${BASE_IMAGE} AS build", "build AS build-train", "${BASE_IMAGE} AS train",
+                     "${BASE_IMAGE} AS training", "${BASE_IMAGE}"]
 
 
 def stage(name: str | None) -> list[tuple[str, str]]:
@@ -118,3 +119,23 @@ def test_the_train_target_is_the_same_environment_with_torch_and_runs_retrain():
     assert ("ENTRYPOINT", '["mlsched", "retrain"]') in train
     job = yaml.safe_load((ROOT / "manifests/retraining/job.yaml").read_text())
     assert job["spec"]["template"]["spec"]["securityContext"]["runAsUser"] == 10001
+
+
+def test_the_training_target_runs_the_reference_programs_with_torch_and_without_the_operator():
+    training = stage("training")
+    run = " ".join(rest for word, rest in training if word == "RUN")
+    # torch from its CPU wheels, scikit-learn (the digits dataset ships inside it), and mlsched
+    # without its dependencies: mlsched.training needs the standard library only.
+    assert "download.pytorch.org/whl/cpu" in run and "scikit-learn" in run
+    assert "pip install --no-deps ." in run and "import torch, sklearn, mlsched.training" in run
+    assert ("COPY", "examples /opt/mlsched/examples") in training
+    assert ("USER", "10001:10001") in training and ("WORKDIR", "/tmp") in training
+    for program in ("allreduce.py", "parameter_server.py"):
+        assert (ROOT / "examples/pytorch" / program).exists()
+    # The samples run them from this image.
+    for sample in ("mljob-allreduce.yaml", "mljob-resnet50-ps.yaml"):
+        job = yaml.safe_load((ROOT / "manifests/samples" / sample).read_text())
+        for role in job["spec"]["replicaSpecs"].values():
+            (container,) = role["template"]["spec"]["containers"]
+            assert container["image"].split("/")[-1].startswith("mlsched-training:")
+            assert container["command"][1].startswith("/opt/mlsched/examples/pytorch/")

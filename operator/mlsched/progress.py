@@ -67,19 +67,26 @@ class Reporter:
             return None
         return ssl.create_default_context(cafile=self.ca_file, cadata=self.ca_pem)
 
-    def request(self, epochs_done: float, speed: float | None = None) -> urllib.request.Request:
+    def request(self, epochs_done: float, speed: float | None = None, *,
+                samples_per_second: float | None = None) -> urllib.request.Request:
         with open(self.token_file, encoding="utf-8") as f:
             token = f.read().strip()
         payload = {"namespace": self.namespace, "job": self.job, "epochsDone": float(epochs_done)}
         if speed is not None:
             payload["speed"] = float(speed)
+        if samples_per_second is not None:
+            # Measured by the program itself: the operator cannot derive it from epochs alone
+            # (it does not know the dataset's size), and it is what speed records compare.
+            payload["samplesPerSecond"] = float(samples_per_second)
         return urllib.request.Request(
             self.url, data=json.dumps(payload).encode(), method="POST",
             headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
 
-    def report(self, epochs_done: float, speed: float | None = None, *, strict: bool = False) -> bool:
+    def report(self, epochs_done: float, speed: float | None = None, *, strict: bool = False,
+               samples_per_second: float | None = None) -> bool:
         try:
-            with urllib.request.urlopen(self.request(epochs_done, speed), timeout=self.timeout_s,
+            request = self.request(epochs_done, speed, samples_per_second=samples_per_second)
+            with urllib.request.urlopen(request, timeout=self.timeout_s,
                                         context=self.ssl_context()) as response:
                 return 200 <= response.status < 300
         except (OSError, urllib.error.URLError) as err:
@@ -90,9 +97,11 @@ class Reporter:
             return False
 
 
-def report(epochs_done: float, speed: float | None = None, *, strict: bool = False) -> bool:
+def report(epochs_done: float, speed: float | None = None, *, strict: bool = False,
+           samples_per_second: float | None = None) -> bool:
     """Tell the operator that `epochs_done` epochs (cumulative, may be fractional) are done.
-    `speed` (epochs per second) is optional; the operator estimates it from the reports."""
+    `speed` (epochs per second) is optional; the operator estimates it from the reports.
+    `samples_per_second`, optional, is the training throughput the program measured."""
     try:
         reporter = Reporter.from_env()
     except ProgressError:
@@ -100,4 +109,4 @@ def report(epochs_done: float, speed: float | None = None, *, strict: bool = Fal
             raise
         log.warning("mlsched progress not reported: not in an mlsched training pod")
         return False
-    return reporter.report(epochs_done, speed, strict=strict)
+    return reporter.report(epochs_done, speed, strict=strict, samples_per_second=samples_per_second)

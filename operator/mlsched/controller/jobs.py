@@ -12,7 +12,7 @@ import logging
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, MutableMapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from mlsched.api import InvalidObject
@@ -340,6 +340,8 @@ async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
     seen = lifecycle.Observed(statefulsets=statefulsets, children_over_quota=over_quota)
     if now is not None:
         seen.now = now
+    else:
+        seen.precise_now = datetime.now(UTC)
     outcome = await _evaluate(rt, body, job, idx, seen, rejected, created)
 
     if outcome.changed:

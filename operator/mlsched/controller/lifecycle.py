@@ -64,6 +64,9 @@ class Observed:
     cannot_start: list[tuple[str, str]] = field(default_factory=list)
     workers_completed: int = 0  # worker pods whose every container has exited 0
     now: datetime = field(default_factory=lambda: datetime.now(UTC).replace(microsecond=0))
+    # The sweep's time to the millisecond, for what takes seconds (a rescale on kwok: 0.4 s);
+    # None: `now`.
+    precise_now: datetime | None = None
 
 
 @dataclass
@@ -85,7 +88,7 @@ def _time(dt: datetime) -> str:
 
 def _owned(status: Mapping[str, Any]) -> dict[str, Any]:
     keys = ("phase", "conditions", "replicaStatuses", "startTime", "completionTime",
-            "observedGeneration", "rescales")
+            "observedGeneration")
     return {k: status[k] for k in keys if status.get(k) is not None}
 
 
@@ -119,7 +122,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
 
     old_phase = status.get("phase")
     final = _final_phase(status)
-    rescale = track_rescale(status, roles, desired, sts, now, ended=bool(final) or run.suspend)
+    rescale = track_rescale(status, roles, desired, sts, seen.precise_now or now,
+                            ended=bool(final) or run.suspend)
     rescaling = _rescaling_text(rescale.last, roles, ready, desired) if rescale.in_progress else ""
     reason, message = "", ""
     if final:
@@ -236,7 +240,10 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
         elif get_condition(conds, C.FAILED):  # an InvalidSpec failure whose spec got fixed
             put(C.FAILED, False, "SpecValid", "the spec is valid again")
         new["conditions"] = _wire(conds)
-    if rescale.status is not None:
+    if rescale.finished:
+        # Written only when this sweep ends a rescale: the round that starts one writes it
+        # (reporting.py), and a sweep that read the status before that write must not put the
+        # older record back.
         new["rescales"] = rescale.status
     if phase == JobPhase.RUNNING and not start:
         new["startTime"] = _time(now)
@@ -293,11 +300,18 @@ def _cannot_start(pods: list[tuple[str, str]]) -> str:
 class RescaleState:
     status: dict[str, Any] | None  # status.rescales (wire form); None: never rescaled
     in_progress: bool = False
+    finished: bool = False  # this sweep ended the last one: status.rescales to write
     events: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
     def last(self) -> dict[str, Any] | None:
         return (self.status or {}).get("last")
+
+
+def _ms_time(dt: datetime) -> str:
+    """RFC 3339 to the millisecond (metav1.MicroTime's form, shortened): a rescale on a fast
+    cluster takes less than the second status times are usually given in."""
+    return dt.astimezone(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def _counts(replicas: Mapping[str, int]) -> dict[str, int]:
@@ -316,46 +330,52 @@ def _rolled_out(sts: Mapping[str, StsRecord], roles: tuple[str, ...],
                and sts[r].updated >= desired[r] and sts[r].ready >= desired[r] for r in roles)
 
 
+def start_rescale(rescales: Mapping[str, Any] | None, before: Mapping[str, int],
+                  after: Mapping[str, int], now: datetime) -> dict[str, Any]:
+    """status.rescales once a step changed a running job's counts from `before` to `after`
+    (role -> count; the round records it with the counts it decided, reporting.py). One that
+    had not finished yet ends now: the new counts restart the pods again."""
+    out = dict(rescales or {"count": 0, "seconds": 0.0})
+    last = dict(out.get("last") or {})
+    if last and not last.get("completionTime"):
+        begun = parse_time(last.get("startTime")) or now.timestamp()
+        seconds = max(0.0, now.timestamp() - begun)
+        out["seconds"] = round(float(out.get("seconds") or 0.0) + seconds, 3)
+    out["count"] = int(out.get("count") or 0) + 1
+    # None: a status patch is a merge patch, which would keep the finished one's keys.
+    out["last"] = {"from": _counts(before), "to": _counts(after), "startTime": _ms_time(now),
+                   "completionTime": None, "seconds": None}
+    return out
+
+
 def track_rescale(status: Mapping[str, Any], roles: tuple[str, ...], desired: Mapping[str, int],
                   sts: Mapping[str, StsRecord], now: datetime, ended: bool) -> RescaleState:
-    """status.rescales after this sweep. A rescale starts when the counts of a job that has run
-    (startTime) change from some of every role to some other of every role (the round patched
-    its StatefulSets: every pod restarts with the new topology), and ends when the new pods
-    are all Ready (or the job finishes or is suspended meanwhile). Pure: a sweep that still
-    sees the status it wrote last time computes the same thing again."""
+    """status.rescales after this sweep: the rescale a step started (start_rescale) ends when
+    the StatefulSets have the new counts and every pod of them is Ready (or the job finishes
+    or is suspended meanwhile). Events for both ends, also when one sweep sees both."""
     old = status.get("rescales")
     state = RescaleState(dict(old) if isinstance(old, Mapping) else None)
     last = dict(state.last) if state.last else None
-    before = {r: int(((status.get("replicaStatuses") or {}).get(r) or {}).get("desired") or 0)
-              for r in roles}
-    changed = (status.get("startTime") and not ended and before != dict(desired)
-               and all(before.values()) and all(desired[r] > 0 for r in roles))
-    open_ = last is not None and not last.get("completionTime")
-
-    def finish(at: datetime) -> None:
-        assert last is not None and state.status is not None
-        begun = parse_time(last.get("startTime")) or at.timestamp()
-        seconds = max(0.0, at.timestamp() - begun)
-        last.update(completionTime=_time(at), seconds=round(seconds, 3))
-        state.status["seconds"] = round(float(state.status.get("seconds") or 0.0) + seconds, 3)
-        state.status["last"] = dict(last)
-        state.events.append(("Normal", "Rescaled", _rescaled_text(last)))
-
-    if changed:
-        if open_:  # changed again before the last one finished: that one ends here
-            finish(now)
-        state.status = state.status or {"count": 0, "seconds": 0.0}
-        last = {"from": _counts(before), "to": _counts(desired), "startTime": _time(now)}
-        state.status["count"] = int(state.status.get("count") or 0) + 1
-        state.status["last"] = dict(last)
-        state.in_progress = True
-        state.events.append(("Normal", "Rescaling", f"{_show(last['from'], roles)} → "
+    if last is None or last.get("completionTime"):
+        return state
+    old_cond = get_condition(status.get("conditions"), C.RESCALING)
+    announced = old_cond is not None and old_cond.status == "True" and \
+        old_cond.message.startswith(_rescaling_text(last, roles, {}, {}).split(":")[0])
+    if not announced:
+        state.events.append(("Normal", C.RESCALING.value, f"{_show(last['from'], roles)} → "
                              f"{_show(last['to'], roles)}: the pods restart with the new counts"))
-    elif open_:
-        if ended or _rolled_out(sts, roles, desired):
-            finish(now)
-        else:
-            state.in_progress = True
+    target = {"ps": desired.get("ps", 0), "workers": desired.get("worker", 0)}
+    if ended or (target == last["to"] and _rolled_out(sts, roles, desired)):
+        begun = parse_time(last.get("startTime")) or now.timestamp()
+        seconds = max(0.0, now.timestamp() - begun)
+        last.update(completionTime=_ms_time(now), seconds=round(seconds, 3))
+        assert state.status is not None
+        state.status["seconds"] = round(float(state.status.get("seconds") or 0.0) + seconds, 3)
+        state.status["last"] = last
+        state.finished = True
+        state.events.append(("Normal", "Rescaled", _rescaled_text(last)))
+    else:
+        state.in_progress = True
     return state
 
 
@@ -364,7 +384,7 @@ def _rescaling_text(last: Mapping[str, Any] | None, roles: tuple[str, ...],
     if not last:
         return ""
     return (f"rescaling {_show(last['from'], roles)} → {_show(last['to'], roles)}: "
-            + ", ".join(f"{ready[r]}/{desired[r]} {r} ready" for r in roles))
+            + ", ".join(f"{ready.get(r, 0)}/{desired.get(r, 0)} {r} ready" for r in roles))
 
 
 def _rescaled_text(last: Mapping[str, Any]) -> str:

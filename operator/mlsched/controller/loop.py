@@ -606,7 +606,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                 continue  # a repair, not a decision: the interval keeps the round's grant
             grant = open_interval.grants[j.name] = rewards.Grant(
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
-                targets[j.name].placement(), rt.epochs_done(j), j.epochs)
+                targets[j.name].placement(), rt.epochs_done(j), j.epochs, since=now)
             opened[j.name] = rewards.open_status(open_interval.number, open_interval.start, grant)
     group_fields, group_changes = pool_steps.settle_groups(rt, admitted, targets, now)
     await pool_steps.group_events(rt, group_changes, set())

@@ -90,6 +90,11 @@ async def authorize(rt: Runtime, reviews: TokenReviews, token: str | None, names
     return pod_name
 
 
+def _terminating(rt: Runtime, namespace: str, job: str, pod_name: str) -> bool:
+    pods = rt.indexes.pods.get((namespace, job), ()) if rt.indexes else ()
+    return any(p.name == pod_name and p.deleting for p in pods)
+
+
 async def _pod_of_job(rt: Runtime, namespace: str, pod_name: str, pod_uid: str, job: str) -> bool:
     """The index is a cache that lags the API: right after an operator (re)start, before the
     pod watch has listed everything, and for a pod created a moment ago. A miss is therefore
@@ -170,6 +175,10 @@ async def handle_progress(request: web.Request) -> web.Response:
         job = await _job(rt, namespace, job_name)
         if job is None:
             raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
+        if samples is not None and _terminating(rt, namespace, job_name, pod):
+            # Its last words after SIGTERM (a rescale): measured at the counts being replaced,
+            # which the interval records must not take for the new ones'.
+            samples = None
         progress = await record_progress(rt, job, epochs, speed, samples_per_second=samples)
     except Refused as err:
         rt.metrics.progress_reports.labels(err.result).inc()

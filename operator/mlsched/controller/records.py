@@ -556,6 +556,8 @@ class JobRecord:
     templates: Mapping[str, Mapping[str, Any]]
     error: str | None = None
     samples_per_second: float | None = None  # as the job last reported it
+    started: bool = False  # status.startTime: it has run (a change of its counts is a rescale)
+    rescales: Mapping[str, Any] | None = None  # status.rescales as last written
     # What one pod of each role requests (its template's containers), the truth for planning;
     # the catalog's per-model demand only where the template requests nothing.
     demands: Mapping[str, Resources] = field(default_factory=dict)
@@ -719,6 +721,8 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         last_report_s=parse_time(progress.get("lastReportTime")),
         samples_per_second=(float(progress["samplesPerSecond"])
                             if progress.get("samplesPerSecond") is not None else None),
+        started=bool(status.get("startTime")),
+        rescales=status.get("rescales") if isinstance(status.get("rescales"), Mapping) else None,
         history=tuple(status.get("history") or ()),
         trained=trained, slots_run=slots_run,
         placement=status.get("placement"),

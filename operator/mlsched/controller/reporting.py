@@ -9,10 +9,11 @@ a quiet cluster stays quiet.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from mlsched.api import PolicyConditionType as P, get_condition, set_condition
-from mlsched.controller import rewards
+from mlsched.controller import lifecycle, rewards
 from mlsched.controller.desired import (
     Action, DeletePod, JobTarget, PatchStatefulSet, PinPod, roles_of,
 )
@@ -100,8 +101,14 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
             if placement != job.placement:
                 fields["placement"] = placement
             desired = {r: target.count(r) for r in roles_of(job)}
-            if desired != {r: job.desired.get(r, 0) for r in roles_of(job)}:
+            before = {r: job.desired.get(r, 0) for r in roles_of(job)}
+            if desired != before:
                 fields["replicaStatuses"] = {r: {"desired": n} for r, n in desired.items()}
+                if job.started and not job.final and all(before.values()) and all(desired.values()):
+                    # A running job resized: every pod restarts with the new counts (the
+                    # lifecycle sweep says when they all run again).
+                    fields["rescales"] = lifecycle.start_rescale(job.rescales, before, desired,
+                                                                 datetime.now(UTC))
         fields.update((groups or {}).get(job.name) or {})  # status.group, groupSince
         if job.name in opened and opened[job.name] != job.open_interval:
             fields["openInterval"] = opened[job.name]

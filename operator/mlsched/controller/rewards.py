@@ -28,6 +28,9 @@ class Grant:
     placement: Mapping[str, Any]  # Placement in wire form
     epochs_at_start: float
     total_epochs: float
+    # When these counts were given, if after the interval began (an admission step's grant):
+    # a speed reported before it was measured at other counts.
+    since: float | None = None
 
 
 @dataclass
@@ -67,7 +70,7 @@ def close(interval: OpenInterval, epochs_now: Mapping[str, float],
         total += reward
         scheduled += grant.workers > 0
         at, speed, samples = (measured or {}).get(name) or (None, 0.0, None)
-        fresh = at is not None and at >= began
+        fresh = at is not None and at >= max(began, grant.since or began)
         entry = HistoryEntry(interval=interval.number, start=interval.start, ps=grant.ps,
                              workers=grant.workers, placement=Placement(**grant.placement),
                              epochs=trained, reward=reward,
