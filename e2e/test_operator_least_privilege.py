@@ -159,7 +159,8 @@ def test_sample_jobs_run_as_the_training_service_account(api, mlsched, operator)
     mlsched.create(own)
     pod = running_pod(mlsched, "resnext110-allreduce")
     assert pod.spec.service_account_name == TRAINING_SA
-    # The training ServiceAccount mounts no API token: only the progress token is there.
-    assert [v.name for v in pod.spec.volumes] == ["mlsched-progress-token"]
+    # The training ServiceAccount mounts no API token: only the progress token is there (and
+    # the sample's own checkpoint volume).
+    assert sorted(v.name for v in pod.spec.volumes) == ["checkpoint", "mlsched-progress-token"]
     # A template that names its ServiceAccount keeps it.
     assert running_pod(mlsched, "own-account").spec.service_account_name == "default"

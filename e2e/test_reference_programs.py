@@ -80,7 +80,7 @@ def progress_endpoint():
 
 
 def mljob(name: str, architecture: str, program: str, *, epochs: float = EPOCHS,
-          sample_cost_s: float = 0.002) -> dict:
+          sample_cost_s: float = 0.002, launcher: tuple[str, ...] = ()) -> dict:
     def template(role: str) -> dict:
         env = [{"name": "OMP_NUM_THREADS", "value": "1"},  # one core per pod; 2 cores here
                {"name": "EXAMPLE_TRACE_STEPS", "value": "1"},
@@ -90,7 +90,7 @@ def mljob(name: str, architecture: str, program: str, *, epochs: float = EPOCHS,
             "volumes": [{"name": "checkpoint", "persistentVolumeClaim": {"claimName": f"{name}-ckpt"}}],
             "containers": [{
                 "name": role, "image": "mlsched-training:latest",
-                "command": [sys.executable, str(EXAMPLES / program)],
+                "command": [sys.executable, *launcher, str(EXAMPLES / program)],
                 "args": ["--global-batch-size", str(GLOBAL_BATCH), "--report-interval", "1"],
                 "env": env,
                 "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}],
@@ -275,3 +275,22 @@ def test_speed(examples_installed, tmp_path, progress_endpoint, capsys, program,
     assert speed > 0 and any(r.get("samplesPerSecond", 0) > 0 for r in received)
     with capsys.disabled():
         print(f"\n{program} with {counts}: {speed:.0f} samples/s")
+
+
+def test_torchrun_starts_from_the_pet_variables_alone(examples_installed, tmp_path,
+                                                      progress_endpoint):
+    """`torchrun SCRIPT` with no option, as under Kubeflow's PyTorchJob: its static rendezvous
+    reads PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT, and the ranks and
+    world size it gives its one process per pod are the ones the program checks against the
+    pod's ordinal and the host list."""
+    url, received = progress_endpoint
+    job = mljob("launched", "AllReduce", "allreduce.py", epochs=1, sample_cost_s=0,
+                launcher=("-m", "torch.distributed.run"))
+    checkpoint = tmp_path / "checkpoint"
+    checkpoint.mkdir()
+    with PodRunner(tmp_path / "pods") as runner:
+        pods = start(runner, job, {"worker": 2}, checkpoint, url)
+        finish(pods)
+    assert [int(e) for e, *_ in logged(pods, EPOCH_DONE)] == [1]
+    assert {(rank, world) for *_, rank, world in logged(pods, TRACE)} == {("0", "2"), ("1", "2")}
+    assert received[-1]["epochsDone"] == 1
