@@ -82,14 +82,12 @@ class LocalKubelet:
         busy = {p.name for p in self.running()}
         if any(p.metadata.name in busy for p in fresh):
             return  # its predecessor is still saving: the API would still show it Terminating
-        bodies = [self.api.sanitize_for_serialization(p) for p in live.values()]
+        peers = [self.api.sanitize_for_serialization(p) for p in live.values()]
+        new = [self.api.sanitize_for_serialization(p) for p in fresh]
         tokens = {p.metadata.name: self.tokens.path_for(p).read_text() for p in fresh}
-        started = self.runner.start([b for b in bodies if b["metadata"]["uid"] in
-                                     {p.metadata.uid for p in fresh}],
-                                    peers=bodies, volumes=self.volumes, tokens=tokens)
-        for body, process in zip((b for b in bodies if b["metadata"]["uid"] in
-                                  {p.metadata.uid for p in fresh}), started):
-            self.processes[body["metadata"]["uid"]] = process
+        started = self.runner.start(new, peers=peers, volumes=self.volumes, tokens=tokens)
+        for pod, process in zip(fresh, started):
+            self.processes[pod.metadata.uid] = process
         self.generations.append(started)
 
     def _complete(self, live: list[Any]) -> bool:

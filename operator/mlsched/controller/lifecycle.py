@@ -336,11 +336,9 @@ def start_rescale(rescales: Mapping[str, Any] | None, before: Mapping[str, int],
     (role -> count; the round records it with the counts it decided, reporting.py). One that
     had not finished yet ends now: the new counts restart the pods again."""
     out = dict(rescales or {"count": 0, "seconds": 0.0})
-    last = dict(out.get("last") or {})
+    last = out.get("last")
     if last and not last.get("completionTime"):
-        begun = parse_time(last.get("startTime")) or now.timestamp()
-        seconds = max(0.0, now.timestamp() - begun)
-        out["seconds"] = round(float(out.get("seconds") or 0.0) + seconds, 3)
+        out["seconds"] = round(float(out.get("seconds") or 0.0) + _elapsed(last, now), 3)
     out["count"] = int(out.get("count") or 0) + 1
     # None: a status patch is a merge patch, which would keep the finished one's keys.
     out["last"] = {"from": _counts(before), "to": _counts(after), "startTime": _ms_time(now),
@@ -360,14 +358,12 @@ def track_rescale(status: Mapping[str, Any], roles: tuple[str, ...], desired: Ma
         return state
     old_cond = get_condition(status.get("conditions"), C.RESCALING)
     announced = old_cond is not None and old_cond.status == "True" and \
-        old_cond.message.startswith(_rescaling_text(last, roles, {}, {}).split(":")[0])
+        old_cond.message.startswith(f"rescaling {_span(last, roles)}:")
     if not announced:
-        state.events.append(("Normal", C.RESCALING.value, f"{_show(last['from'], roles)} → "
-                             f"{_show(last['to'], roles)}: the pods restart with the new counts"))
-    target = {"ps": desired.get("ps", 0), "workers": desired.get("worker", 0)}
-    if ended or (target == last["to"] and _rolled_out(sts, roles, desired)):
-        begun = parse_time(last.get("startTime")) or now.timestamp()
-        seconds = max(0.0, now.timestamp() - begun)
+        state.events.append(("Normal", C.RESCALING.value,
+                             f"{_span(last, roles)}: the pods restart with the new counts"))
+    if ended or (_counts(desired) == last["to"] and _rolled_out(sts, roles, desired)):
+        seconds = _elapsed(last, now)
         last.update(completionTime=_ms_time(now), seconds=round(seconds, 3))
         assert state.status is not None
         state.status["seconds"] = round(float(state.status.get("seconds") or 0.0) + seconds, 3)
@@ -379,15 +375,24 @@ def track_rescale(status: Mapping[str, Any], roles: tuple[str, ...], desired: Ma
     return state
 
 
+def _elapsed(last: Mapping[str, Any], now: datetime) -> float:
+    begun = parse_time(last.get("startTime")) or now.timestamp()
+    return max(0.0, now.timestamp() - begun)
+
+
+def _span(last: Mapping[str, Any], roles: tuple[str, ...]) -> str:
+    """`1 ps, 1 worker → 2 ps, 3 worker`: what every text about a rescale names."""
+    return f"{_show(last['from'], roles)} → {_show(last['to'], roles)}"
+
+
 def _rescaling_text(last: Mapping[str, Any] | None, roles: tuple[str, ...],
                     ready: Mapping[str, int], desired: Mapping[str, int]) -> str:
     if not last:
         return ""
-    return (f"rescaling {_show(last['from'], roles)} → {_show(last['to'], roles)}: "
+    return (f"rescaling {_span(last, roles)}: "
             + ", ".join(f"{ready.get(r, 0)}/{desired.get(r, 0)} {r} ready" for r in roles))
 
 
 def _rescaled_text(last: Mapping[str, Any]) -> str:
     roles = ("ps", "worker") if last["from"].get("ps") or last["to"].get("ps") else ("worker",)
-    return (f"rescaled {_show(last['from'], roles)} → {_show(last['to'], roles)} in "
-            f"{float(last.get('seconds') or 0):g} s")
+    return f"rescaled {_span(last, roles)} in {float(last.get('seconds') or 0):g} s"

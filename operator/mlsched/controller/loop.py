@@ -348,7 +348,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         # previous run did not get written) are closed now.
         restored = rewards.restore(jobs)
         to_close, continuing = restored[:-1], (restored[-1] if restored else None)
-    measured = {j.name: rt.measured(j) for j in jobs}
+    measured = {j.name: rt.measured(j) for j in jobs} if to_close else {}
     closings = [rewards.close(interval, epochs_now, measured) for interval in to_close]
     closed = closings[-1] if closings else None
     # The number of the interval this round opens (exploration is seeded by it). On the first
