@@ -762,3 +762,55 @@ def test_an_admitted_job_still_starting_whose_policy_is_deleted_is_warned_once()
     assert cond(kube, "bert", "Running").reason == "PolicyNotFound"
     assert cond(kube, "bert", "Admitted").reason == "PolicyNotFound"
     assert [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"] == ["PolicyNotFound"]
+
+
+def reason_column(kube, name) -> str:
+    """What `kubectl get mljobs` shows under REASON: the printer column's JSONPath (a filter on
+    the conditions' type, then a field), evaluated on the stored object as the API server does."""
+    import re
+
+    from mlsched.api.mljob import CRD
+
+    (column,) = [c for c in CRD.columns if c.name == "Reason"]
+    match = re.fullmatch(r'\.status\.conditions\[\?\(@\.type=="(\w+)"\)\]\.(\w+)', column.json_path)
+    assert match, f"the test reads only a condition-field column, not {column.json_path}"
+    type_, field = match.groups()
+    found = [c.get(field) for c in status(kube, name).get("conditions") or [] if c["type"] == type_]
+    return found[0] if found else ""
+
+
+def test_every_failed_job_shows_its_reason_in_kubectl_get():
+    # backoffLimit
+    rt, kube = scheduled(run_policy={"backoffLimit": 0})
+    sync(rt, kube, "bert")
+    kube.of_kind("Pod")[0]["status"]["containerStatuses"] = [{"name": "w", "restartCount": 1}]
+    sync(rt, kube, "bert")
+    assert (status(kube, "bert")["phase"], reason_column(kube, "bert")) == \
+        ("Failed", "BackoffLimitExceeded")
+    # activeDeadlineSeconds
+    rt, kube = scheduled(run_policy={"activeDeadlineSeconds": 60})
+    start = datetime.now(UTC).replace(microsecond=0)
+    sync(rt, kube, "bert", now=start)
+    sync(rt, kube, "bert", now=start + timedelta(seconds=61))
+    assert (status(kube, "bert")["phase"], reason_column(kube, "bert")) == \
+        ("Failed", "DeadlineExceeded")
+    # A spec the operator cannot use, refused at creation (it used to show an empty REASON) ...
+    rt, kube = make_runtime(cluster(2))
+    kube.put(policy())
+    bad = ps_job("broken")
+    bad["spec"]["replicaSpecs"]["worker"].update(min=5, max=2)
+    run(create_jobs(rt, kube, bad))
+    assert (status(kube, "broken")["phase"], reason_column(kube, "broken")) == \
+        ("Failed", "InvalidSpec")
+    # ... and a running job whose template the API server refuses after an edit (it kept
+    # AllRolesReady beside Failed).
+    rt, kube = scheduled()
+    sync(rt, kube, "bert")
+    assert reason_column(kube, "bert") == "AllRolesReady"
+    kube.failing[("create", "bert-worker")] = 422
+    for sts in list(kube.of_kind("StatefulSet")):
+        del kube.objects[("StatefulSet", NS, sts["metadata"]["name"])]
+    run(kube.patch("MLJob", NS, "bert", {"spec": {"epochs": 90}}))
+    sync(rt, kube, "bert")
+    assert (status(kube, "bert")["phase"], reason_column(kube, "bert")) == \
+        ("Failed", "InvalidSpec")

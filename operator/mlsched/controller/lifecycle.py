@@ -100,6 +100,11 @@ def invalid(status: Mapping[str, Any], message: str, generation: int, now: datet
     """A spec the operator cannot use: Failed/InvalidSpec until the spec is fixed."""
     conds = set_condition(status.get("conditions"), C.FAILED, True, INVALID_SPEC, message,
                           observed_generation=generation, now=now)
+    # The Running condition's reason is the REASON column of `kubectl get mljobs`: without it
+    # a job refused at creation showed Failed with an empty REASON, and one refused after an
+    # edit kept the reason of the run before (AllRolesReady beside Failed).
+    conds = set_condition(conds, C.RUNNING, False, INVALID_SPEC, message,
+                          observed_generation=generation, now=now)
     new = {**_owned(status), "phase": JobPhase.FAILED.value, "conditions": _wire(conds),
            "observedGeneration": generation}
     changed = new != _owned(status)
