@@ -136,6 +136,44 @@ def test_a_running_job_whose_policy_is_deleted_says_so(control_plane, mlsched, o
     assert "PolicyNotFound" in described
 
 
+def test_a_policy_that_comes_a_second_after_its_job_leaves_no_warning_behind(control_plane,
+                                                                             mlsched, operator):
+    """`kubectl apply -k manifests/samples` creates the jobs a moment before their policies
+    (kustomize orders custom kinds by name): the dl2 sample used to keep a PolicyNotFound
+    Warning in `kubectl describe` although its policy came a second later."""
+    mlsched.create(mljob("early", ps=None, policy="later"))
+    wait_for(lambda: _reason(mlsched, "early"), 30, "the job to get a Running condition")
+    assert _reason(mlsched, "early")[0] == "WaitingForPolicy", _reason(mlsched, "early")
+    time.sleep(1)
+    mlsched.create(scheduling_policy("later", interval=600))
+    wait_for(lambda: (_reason(mlsched, "early") or ("",))[0] == "AllRolesReady", 90,
+             "the job to run", describe=lambda: _reason(mlsched, "early"))
+    reasons = {c["reason"] for c in mlsched.job("early")["status"]["conditions"]}
+    assert "PolicyNotFound" not in reasons and "WaitingForPolicy" not in reasons, reasons
+    assert _warnings(mlsched, "early") == []
+    described = control_plane.kubectl("describe", "mljob", "early", "-n", mlsched.namespace).stdout
+    assert "PolicyNotFound" not in described, described
+
+
+def test_a_missing_policy_clears_when_it_comes(control_plane, mlsched, operator):
+    """A job whose policy stays missing says PolicyNotFound (a Warning); when the policy comes,
+    no condition keeps saying so, and an Event beside the Warning says it was found."""
+    mlsched.create(mljob("patient", ps=None, policy="eventually"))
+    wait_for(lambda: (_reason(mlsched, "patient") or ("",))[0] == "PolicyNotFound", 45,
+             "the job to say its policy is missing", describe=lambda: _reason(mlsched, "patient"))
+    assert [r for r, _ in _warnings(mlsched, "patient")] == ["PolicyNotFound"]
+    mlsched.create(scheduling_policy("eventually", interval=600))
+    wait_for(lambda: (_reason(mlsched, "patient") or ("",))[0] == "AllRolesReady", 90,
+             "the job to run", describe=lambda: _reason(mlsched, "patient"))
+    reasons = {c["reason"] for c in mlsched.job("patient")["status"]["conditions"]}
+    assert "PolicyNotFound" not in reasons, reasons
+    found = [e for e in mlsched.events("patient", "MLJob") if e.reason == "PolicyFound"]
+    assert [e.type for e in found] == ["Normal"], found
+    assert "SchedulingPolicy 'eventually' exists now" in found[0].message
+    described = control_plane.kubectl("describe", "mljob", "patient", "-n", mlsched.namespace).stdout
+    assert "PolicyFound" in described, described
+
+
 def test_pods_whose_scheduler_does_not_run_here_are_reported(mlsched, start_operator):
     """A template brought over from Volcano names `schedulerName: volcano`, and no Volcano
     runs here: the operator pins and ungates the pods, nothing ever binds them, and

@@ -814,3 +814,43 @@ def test_every_failed_job_shows_its_reason_in_kubectl_get():
     sync(rt, kube, "bert")
     assert (status(kube, "bert")["phase"], reason_column(kube, "bert")) == \
         ("Failed", "InvalidSpec")
+
+
+def test_a_job_created_with_its_policy_is_not_warned_and_a_missing_policy_clears_when_found():
+    """`kubectl apply -k manifests/samples` creates the jobs a moment before their policies:
+    no PolicyNotFound (condition, Warning) for that moment; and a job that did say
+    PolicyNotFound says the policy was found when it comes, and no condition keeps the cause."""
+    rt, kube = make_runtime(cluster(4))
+    created = datetime.now(UTC).replace(microsecond=0)
+    job = ps_job("bert")
+    job["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    run(create_jobs(rt, kube, job))
+    sync(rt, kube, "bert", now=created + timedelta(seconds=1))
+    running = cond(kube, "bert", "Running")
+    assert running.reason == "WaitingForPolicy" and "does not exist in this namespace yet" in \
+        running.message
+    assert cond(kube, "bert", "Admitted").reason == "WaitingForPolicy"
+    assert not [e for e in kube.events("bert") if e["type"] == "Warning"]
+    kube.put(policy())
+    sync(rt, kube, "bert", now=created + timedelta(seconds=2))
+    assert {c["reason"] for c in status(kube, "bert")["conditions"]} == {"WaitingForAllocation"}
+    assert not [e for e in kube.events("bert") if e["type"] == "Warning"]
+
+    # Missing past the grace: PolicyNotFound, warned once; then the policy comes.
+    rt, kube = make_runtime(cluster(4))
+    job = ps_job("bert")
+    job["metadata"]["creationTimestamp"] = created.strftime("%Y-%m-%dT%H:%M:%SZ")
+    run(create_jobs(rt, kube, job))
+    late = created + timedelta(seconds=lifecycle.POLICY_GRACE_S)
+    sync(rt, kube, "bert", now=late)
+    assert cond(kube, "bert", "Running").reason == "PolicyNotFound"
+    assert [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"] == ["PolicyNotFound"]
+    kube.put(policy())
+    sync(rt, kube, "bert", now=late + timedelta(seconds=1))
+    reasons = {c["reason"] for c in status(kube, "bert")["conditions"]}
+    assert "PolicyNotFound" not in reasons, reasons
+    found = [e for e in kube.events("bert") if e["reason"] == "PolicyFound"]
+    assert [e["type"] for e in found] == ["Normal"]
+    assert "SchedulingPolicy 'default' exists now" in found[0]["message"]
+    sync(rt, kube, "bert", now=late + timedelta(seconds=2))
+    assert len([e for e in kube.events("bert") if e["reason"] == "PolicyFound"]) == 1  # once

@@ -416,6 +416,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
                                  and not p.deleting)
     seen.epochs_done = rt.epochs_done(job)
     seen.policy_exists = bool(list(idx.policies.get((job.namespace, job.policy), ())))
+    seen.created_s = job.created_s or None
     return lifecycle.evaluate(spec, job.generation, status, seen)
 
 

@@ -31,6 +31,12 @@ FINAL = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
 #: policy, the cluster): each gets a Warning Event when it starts, and the MLSchedJobsNeedAction
 #: alert (manifests/monitoring) watches the jobs that show one.
 NEEDS_ACTION = ("Unschedulable", "CannotFit", "PolicyNotFound", "PodsRefused", "PodsCannotStart")
+#: Seconds a new job waits for its SchedulingPolicy before it says PolicyNotFound (a Warning
+#: Event, the NEEDS_ACTION alert, Argo CD's Degraded). `kubectl apply -k manifests/samples`
+#: creates the jobs a moment before their policies (kustomize orders custom kinds by name), and
+#: the Warning it used to post then stayed in `kubectl describe` for an hour after the policy
+#: had arrived. Meanwhile the job says WaitingForPolicy.
+POLICY_GRACE_S = 10.0
 
 
 @dataclass
@@ -41,6 +47,7 @@ class Observed:
     failures: int = 0  # pod failures seen (container restarts, failed pods)
     epochs_done: float = 0.0
     policy_exists: bool = True
+    created_s: float | None = None  # the job's creationTimestamp (POLICY_GRACE_S), epoch seconds
     # (pod, kube-scheduler's message) for the job's pods the scheduler cannot place
     unschedulable: list[tuple[str, str]] = field(default_factory=list)
     # (pod, node, the pod of ours leaving that node or "" when one just left) for the job's
@@ -167,7 +174,12 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             reason, message = C.RESCALING.value, rescaling
     else:
         phase = JobPhase.PENDING
-        if not seen.policy_exists:
+        if not seen.policy_exists and seen.created_s is not None and (
+                now.timestamp() - seen.created_s < POLICY_GRACE_S):
+            reason, message = "WaitingForPolicy", \
+                f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this namespace " \
+                f"yet (a new job waits {POLICY_GRACE_S:g} s for it before it says PolicyNotFound)"
+        elif not seen.policy_exists:
             reason, message = "PolicyNotFound", \
                 f"SchedulingPolicy {spec.scheduling_policy!r} does not exist in this namespace"
         elif admitted and seen.pods_refused:
@@ -267,6 +279,13 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
     old_running = get_condition(status.get("conditions"), C.RUNNING)
     if reason in NEEDS_ACTION and (old_running is None or old_running.reason != reason):
         out.events.append(("Warning", reason, message))
+    # The policy a Warning said was missing exists now: say so beside that Warning, which
+    # `kubectl describe` keeps showing for an hour (an Event cannot be taken back).
+    if seen.policy_exists and not final and any(
+            c is not None and c.reason == "PolicyNotFound" for c in (old_running, old_admitted)):
+        out.events.append(("Normal", "PolicyFound",
+                           f"SchedulingPolicy {spec.scheduling_policy!r} exists now: "
+                           f"{message or phase.value}"))
     if phase.value != old_phase and not (old_phase is None and phase == JobPhase.PENDING):
         failed = phase == JobPhase.FAILED
         text = f"{old_phase or 'New'} → {phase.value}" + (f": {message}" if message else "")
