@@ -144,3 +144,41 @@ def test_a_typo_in_the_pod_template_fails_the_job_naming_the_field(mlsched, oper
     mlsched.patch_job("typo", mljob("typo", ps=None)["spec"])
     wait_for(lambda: phase(mlsched.job("typo")) == "Running", 90, "the fixed job to run",
              describe=lambda: (mlsched.job("typo") or {}).get("status"))
+
+
+# (field, a typo) for every algorithm name of a SchedulingPolicy: refused at admission with the
+# names it may take (it used to be stored and scheduled with the fallback, FallbackActive).
+ALGORITHM_TYPOS = [("allocation", "foobar"), ("placement", "load-balancing"),
+                   ("grouping", "harmonie"), ("fallback", "dl2")]
+
+
+@pytest.mark.parametrize(("field", "typo"), ALGORITHM_TYPOS, ids=[f for f, _ in ALGORITHM_TYPOS])
+def test_an_unknown_algorithm_name_is_refused_with_the_known_ones(control_plane, mlsched,
+                                                                   tmp_path, field, typo):
+    from mlsched.api import algorithms
+
+    known = {"allocation": algorithms.ALLOCATION, "placement": algorithms.PLACEMENT,
+             "grouping": algorithms.GROUPING, "fallback": algorithms.ALLOCATION_HEURISTICS}[field]
+    with pytest.raises(ApiException) as refused:
+        mlsched.create(scheduling_policy("typo", **{field: typo}))
+    assert refused.value.status == 422
+    message = json.loads(refused.value.body)["message"]
+    assert f'spec.{field}: Unsupported value: "{typo}"' in message, message
+    assert all(f'"{name}"' in message for name in known), message
+    assert mlsched.policy("typo") is None
+    # What a user typing `kubectl apply` sees.
+    path = tmp_path / "policy.yaml"
+    path.write_text(json.dumps(scheduling_policy("typo", **{field: typo})))
+    applied = control_plane.kubectl("apply", "-n", mlsched.namespace, "-f", str(path),
+                                    check=False)
+    assert applied.returncode != 0 and f'spec.{field}: Unsupported value: "{typo}"' in \
+        applied.stderr, applied.stderr
+    assert "supported values: " in applied.stderr and f'"{known[0]}"' in applied.stderr
+
+
+def test_every_known_algorithm_name_is_accepted(mlsched):
+    from mlsched.api import algorithms
+
+    for phase_, names in algorithms.BY_PHASE.items():
+        for number, name in enumerate(names):
+            mlsched.create(scheduling_policy(f"{phase_}-{number}", **{phase_: name}))

@@ -347,3 +347,29 @@ def apply_defaults(obj: Any, schema: dict[str, Any]) -> None:
     elif isinstance(obj, list) and "items" in schema:
         for value in obj:
             apply_defaults(value, schema["items"])
+
+
+def test_the_crds_algorithm_names_are_the_registrys():
+    """The enums the API server checks names against (api/algorithms.py) are exactly what the
+    operator can run: a name missing there would be refused although it works, a name only
+    there would be accepted and run as the fallback."""
+    from mlsched.api import algorithms
+    from mlsched.policies import registry
+
+    for phase, names in algorithms.BY_PHASE.items():
+        assert set(names) == set(registry.REGISTRY[phase]), phase
+    heuristics = {n for n in registry.REGISTRY["allocation"]
+                  if not registry.is_learned("allocation", n)}
+    assert set(algorithms.ALLOCATION_HEURISTICS) == heuristics
+    spec = schema_of("SchedulingPolicy")["properties"]["spec"]["properties"]
+    for field, names in (*algorithms.BY_PHASE.items(),
+                         ("fallback", algorithms.ALLOCATION_HEURISTICS)):
+        assert spec[field]["enum"] == list(names), field
+
+
+@pytest.mark.parametrize("field, typo", [("allocation", "foobar"), ("placement", "spread"),
+                                         ("grouping", "harmonie"), ("fallback", "dl2")])
+def test_an_unknown_algorithm_name_is_refused_by_the_schema(field, typo):
+    obj = dict(samples())["schedulingpolicy-dl2.yaml"]
+    obj["spec"][field] = typo
+    assert not jsonschema.Draft4Validator(schema_of("SchedulingPolicy")).is_valid(obj)

@@ -1,9 +1,11 @@
 """SchedulingPolicy: which algorithms schedule the MLJobs that name it, and their ONNX models.
 
-Editing the object swaps the policy live. Algorithm names are plain strings, not enums: the
-registry in `mlsched.policies` is the list of what exists, and a policy naming an unknown
-algorithm is reported through the `Ready` condition rather than rejected by the apiserver,
-so adding an algorithm never needs a CRD change.
+Editing the object swaps the policy live. Algorithm names are refused at admission unless
+they are among the known ones (`api/algorithms.py`, the CRD's `enum`s): a typo shows at
+`kubectl apply` with the names it could have been. The models here keep them plain strings,
+so that an object stored before a name was withdrawn (the API server does not re-check what
+it stores) still parses, and the operator schedules it with the fallback and says so
+(`Ready=True/FallbackActive`) rather than dropping the whole policy.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
+from mlsched.api import algorithms
 from mlsched.api.base import ApiModel, CelRule, StatusModel
 from mlsched.api.common import MAX_HISTORY, Condition
 from mlsched.api.crdinfo import AGE, API_VERSION, CrdInfo, PrinterColumn
@@ -148,17 +151,24 @@ class PhaseModels(ApiModel):
         return getattr(self, phase)
 
 
+def _algorithm(default: str, names: tuple[str, ...], description: str):
+    """A name the API server refuses unless it is one of `names` (an enum in the schema only:
+    see the module's docstring)."""
+    return Field(default, pattern=ALGORITHM_NAME, max_length=63,
+                 json_schema_extra={"enum": list(names)},
+                 description=f"{description} One of: {', '.join(names)}.")
+
+
 class SchedulingPolicySpec(ApiModel):
     """Algorithms for each decision kind, the models behind the learned ones, and bookkeeping."""
 
     interval: int = Field(1200, ge=1, le=86400, description="Seconds between scheduling rounds.")
-    allocation: str = Field("drf", pattern=ALGORITHM_NAME, max_length=63,
-                            description="How many PS and workers each job gets, e.g. drf, dl2.")
-    placement: str = Field("load-balance", pattern=ALGORITHM_NAME, max_length=63,
-                           description="Which node each task lands on.")
-    grouping: str = Field("none", pattern=ALGORITHM_NAME, max_length=63,
-                          description="Which jobs share a node pool: harmony, isolated, naive; "
-                                      "none disables grouping.")
+    allocation: str = _algorithm("drf", algorithms.ALLOCATION,
+                                 "How many PS and workers each job gets.")
+    placement: str = _algorithm("load-balance", algorithms.PLACEMENT,
+                                "Which node each task lands on.")
+    grouping: str = _algorithm("none", algorithms.GROUPING,
+                               "Which jobs share a node pool; none disables grouping.")
     pools: PoolOptions = Field(default_factory=PoolOptions, json_schema_extra={"default": {}})
     models: PhaseModels = Field(
         default_factory=PhaseModels, json_schema_extra={"default": {}},
@@ -172,8 +182,9 @@ class SchedulingPolicySpec(ApiModel):
                               "interval on, Manual only reports it in status.modelVersions. An "
                               "entry in models always wins.")
     retraining: Retraining = Field(default_factory=Retraining, json_schema_extra={"default": {}})
-    fallback: str = Field("drf", pattern=ALGORITHM_NAME, max_length=63,
-                          description="Allocation used while a learned model is unavailable.")
+    fallback: str = _algorithm("drf", algorithms.ALLOCATION_HEURISTICS,
+                               "Allocation used while a learned model is unavailable (one that "
+                               "needs no model).")
     history_limit: int = Field(50, ge=1, le=MAX_HISTORY,
                                description="Per-interval entries kept in status lists.")
 
