@@ -511,3 +511,30 @@ def test_the_teachers_labels_in_the_calibrated_simulator_are_learnable(tmp_path,
     before = dl2_train.agreement(net, s, m, a)
     dl2_train.fit(net, torch.optim.Adam(net.parameters(), lr=3e-3), s, m, a, 30, 64, "test")
     assert dl2_train.agreement(net, s, m, a) > before + 0.2, before
+
+
+def test_a_dry_run_on_records_without_progress_says_so(tmp_path, perturbed_history, capsys):
+    """`mlsched retrain dl2 --dry-run` on intervals in which no job reported progress used to
+    train a candidate from the priors alone without a word: it says so on stderr, at once and
+    again at the end, and in the report (stdout's last line)."""
+    from mlsched import cli as mlsched_cli
+
+    _, records = perturbed_history
+    idle = [dataclasses.replace(r, jobs=[dataclasses.replace(j, epochs=0.0, reward=0.0, speed=None,
+                                                             samples_per_second=None)
+                                         for j in r.jobs])
+            for r in records[:6]]
+    history.write_records(idle, tmp_path / "records")
+    argv = ["retrain", "dl2", "--records", str(tmp_path / "records"), "--dry-run",
+            "--out", str(tmp_path / "out"), "--time-budget-min", "0.005", "--episodes", "1",
+            "--eval-traces", "1"]
+    assert mlsched_cli.main(argv) == 0
+    out, err = capsys.readouterr()
+    report = json.loads(out.strip().splitlines()[-1])
+    (warning,) = report["warnings"]
+    jobs = sum(len(r.jobs) for r in idle)
+    assert warning.startswith(f"no progress recorded: none of the {jobs} job-intervals in the 6 "
+                              f"intervals (1-6) trained any epoch or reported a speed"), warning
+    assert err.count(f"WARNING: {warning}") == 2 and err.rstrip().splitlines()[-1] == f"WARNING: {warning}"
+    # Records with progress carry no warning.
+    assert cli.progress_warnings(records[:6], log=lambda m: None) == []

@@ -151,6 +151,28 @@ def new_intervals(records: list[IntervalRecord], versions, phase: str, algorithm
     return fresh, span
 
 
+def progress_warnings(fresh: list[IntervalRecord], log=print) -> list[str]:
+    """Say so when no job in the records trained anything: every job-interval at 0 epochs and
+    no measured speed (training programs that never call mlsched.progress, or intervals closed
+    before any report). Retraining then runs on nothing but the priors: the calibration keeps
+    them, every reward is 0, and a "candidate" comes out all the same, which used to pass
+    without a word. Logged at once and returned for the run's report."""
+    jobs = [j for r in fresh for j in r.jobs]
+    if any(j.epochs > 0 or j.speed for j in jobs):
+        return []
+    span = f"{min(r.interval for r in fresh)}-{max(r.interval for r in fresh)}"
+    if not jobs:
+        text = f"no progress recorded: the {len(fresh)} intervals ({span}) hold no job"
+    else:
+        text = (f"no progress recorded: none of the {len(jobs)} job-intervals in the {len(fresh)} "
+                f"intervals ({span}) trained any epoch or reported a speed, so the calibration "
+                f"keeps its priors and every reward is 0: this run learns nothing from the "
+                f"cluster. Do the jobs' programs report progress (mlsched.progress, "
+                f"docs/training.md)?")
+    log(f"WARNING: {text}")
+    return [text]
+
+
 def calibrate(fresh: list[IntervalRecord], versions, phase: str, algorithm: str, min_samples: int,
               log=print) -> calibration.Calibration:
     """Speed and sensitivity factors from the new records, the newest published version's as
@@ -175,6 +197,7 @@ def run(a, log=print) -> dict:
     fresh, span = new_intervals(records, versions, PHASE, ALGORITHM, log)
     if not fresh:
         return {"status": "nothing-new", "trained_through_interval": span[1]}
+    warnings = progress_warnings(fresh, log)
 
     work = Path(a.out) if a.out else Path(tempfile.mkdtemp(prefix="mlsched-retrain-"))
     base_path, base_version = base_model(a, store, policy_obj, work)
@@ -210,11 +233,25 @@ def run(a, log=print) -> dict:
     # The card carries the evaluation too (re-exported: the graph's bytes do not change).
     card_json = json.dumps(export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training,
                                          validation={"retrain_evaluation": evaluation}), indent=1, sort_keys=True)
-    return conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log)
+    return conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log,
+                    warnings)
 
 
 def conclude(a, work: Path, store, versions, phase: str, algorithm: str, candidate: Path, card_json: str,
-             evaluation: dict, cal, t0: float, log=print) -> dict:
+             evaluation: dict, cal, t0: float, log=print, warnings: list[str] = ()) -> dict:
+    """_conclude, with the run's warnings in its report (the Job log's last line) and again as
+    the last lines of stderr, where a reader of a long log looks."""
+    report = _conclude(a, work, store, versions, phase, algorithm, candidate, card_json, evaluation, cal,
+                       t0, log)
+    if warnings:
+        report["warnings"] = list(warnings)
+        for text in warnings:
+            log(f"WARNING: {text}")
+    return report
+
+
+def _conclude(a, work: Path, store, versions, phase: str, algorithm: str, candidate: Path, card_json: str,
+              evaluation: dict, cal, t0: float, log=print) -> dict:
     """The end of every retrainer's run: judge the candidate by the margin; with --out or
     --dry-run (or no store), write its calibration, evaluation and the ConfigMap it would be
     (with its parts, for a large model) to `work`; otherwise publish it if it is better (once: a rerun finds it already published)."""

@@ -139,6 +139,7 @@ def run(a, log=print) -> dict:
     fresh, span = cli.new_intervals(records, versions, PHASE, ALGORITHM, log)
     if not fresh:
         return {"status": "nothing-new", "trained_through_interval": span[1]}
+    warnings = cli.progress_warnings(fresh, log)
     placements = {r.algorithms.get("placement") for r in fresh}
     if ALGORITHM not in placements:
         log(f"note: the records were placed by {', '.join(sorted(map(str, placements)))}, not harmony; "
@@ -173,7 +174,8 @@ def run(a, log=print) -> dict:
                   "allocation": allocation}
     card_json = json.dumps(export.export(net, candidate, training, {"retrain_evaluation": evaluation}),
                            indent=1, sort_keys=True)
-    return cli.conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log)
+    return cli.conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log,
+                        warnings)
 
 
 def main(argv: list[str] | None = None) -> int:
