@@ -22,6 +22,7 @@ from kubernetes.client.exceptions import ApiException
 REPO = Path(__file__).resolve().parents[1]
 CRD_DIR = REPO / "crds"
 SAMPLES = REPO / "manifests" / "samples"
+TRAINING_NAMESPACE = REPO / "manifests" / "base" / "training-namespace"
 TRAINING_RBAC = REPO / "manifests" / "base" / "training-rbac" / "training-rbac.yaml"
 GROUP, VERSION = "mlsched.io", "v1alpha1"
 JOB_LABEL = "mlsched.io/job-name"
@@ -89,6 +90,13 @@ def apply_training_rbac(api: client.ApiClient, namespace: str) -> None:
 def sample(file_name: str) -> dict:
     """One object from manifests/samples, unchanged."""
     (doc,) = load_yaml(SAMPLES / file_name)
+    return doc
+
+
+def default_policy() -> dict:
+    """The SchedulingPolicy `default` of manifests/base/training-namespace, unchanged: what a
+    namespace where jobs run has before the samples come (they bring none of that name)."""
+    (doc,) = load_yaml(TRAINING_NAMESPACE / "default-schedulingpolicy.yaml")
     return doc
 
 

@@ -38,7 +38,9 @@ from plane_fixture import running_plane
 from mlsched.controller.constants import LEGACY_FINALIZER
 from mlsched.controller import dataset_store
 from mlsched.policies.decision_log import IntervalRecord
-from mlsched_objects import MLSched, condition, for_kwok, phase, sample, scheduling_policy
+from mlsched_objects import (
+    MLSched, condition, default_policy, for_kwok, phase, sample, scheduling_policy,
+)
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
 from operator_process import OperatorProcess
 from waiting import wait_for
@@ -181,7 +183,7 @@ def test_strict_validation_refuses_an_unknown_field(cluster, dev, tmp_path):
     objects = render(cluster, MANIFESTS / "overlays" / "prod")
     deployment = find(objects, "Deployment", "mlsched-operator")
     deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
-    policy = sample("schedulingpolicy-drf.yaml")
+    policy = default_policy()
     policy["spec"]["alocation"] = "drf"
     for obj, namespace, field in ((deployment, NAMESPACE, "imagePullPolicyy"),
                                   (policy, DEV_NAMESPACE, "spec.alocation")):

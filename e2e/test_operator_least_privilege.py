@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
-from mlsched_objects import GROUP, VERSION, for_kwok, mljob, sample
+from mlsched_objects import GROUP, VERSION, default_policy, for_kwok, mljob, sample
 from operator_identity import USER as OPERATOR, operator_token
 from test_operator_security import client_with_token, running_pod
 from waiting import wait_for
@@ -67,7 +67,7 @@ def test_the_operator_writes_only_in_namespaces_it_serves(control_plane, api, ml
                                                           unserved_namespace):
     served = mlsched.namespace
     # It works where it serves: a sample job gets its StatefulSets and a pinned, running pod.
-    mlsched.create(sample("schedulingpolicy-drf.yaml"))
+    mlsched.create(default_policy())
     mlsched.create(for_kwok(sample("mljob-allreduce.yaml")))
     running_pod(mlsched, "resnext110-allreduce")
 
@@ -153,7 +153,7 @@ def test_edit_users_create_mljobs_view_users_only_read(control_plane, api, mlsch
 
 
 def test_sample_jobs_run_as_the_training_service_account(api, mlsched, operator):
-    mlsched.create(sample("schedulingpolicy-drf.yaml"))
+    mlsched.create(default_policy())
     mlsched.create(for_kwok(sample("mljob-allreduce.yaml")))  # names no ServiceAccount
     own = for_kwok(mljob("own-account", ps=None, workers=(1, 1)), service_account="default")
     mlsched.create(own)

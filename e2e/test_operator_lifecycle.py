@@ -1,8 +1,9 @@
 """The samples, applied as a user applies them, run from creation to TTL deletion.
 
-manifests/samples holds two policies (drf `default`, and `dl2` serving the model shipped
-with the operator) and two jobs (ResNet-50 with parameter servers under dl2, ResNeXt-110
-all-reduce under `default`). The first test applies them unchanged with `kubectl apply -k`;
+manifests/samples holds a policy (`dl2`, serving the model shipped with the operator) and two
+jobs (ResNet-50 with parameter servers under dl2, ResNeXt-110 all-reduce under the namespace's
+`default`, from manifests/base/training-namespace). The first test applies them unchanged with
+`kubectl apply -k` into a namespace set up as the README says, whose `default` they leave alone;
 the second adjusts the jobs to finish within the test (epochs, TTL). Every step is checked on
 what the API server stores: children, replica counts, the node of every pod,
 progress, per-interval history and rewards, phase, and deletion.
@@ -14,7 +15,10 @@ import pytest
 from kubernetes import client
 
 from job_state import placed_as_decided, placement_problems
-from mlsched_objects import SAMPLES, checkpoint_volumes, condition, for_kwok, phase, sample
+from mlsched_objects import (
+    SAMPLES, TRAINING_NAMESPACE, checkpoint_volumes, condition, default_policy, for_kwok, phase,
+    sample,
+)
 from waiting import wait_for
 
 # Enough epochs for a few rounds of training at the emulator's compressed speed
@@ -37,14 +41,24 @@ def checkpoint_storage(api, mlsched):
 
 def test_the_samples_run_as_shipped_with_kubectl_apply_k(control_plane, mlsched, operator,
                                                          checkpoint_storage):
+    # The namespace's `default` policy as manifests/base/training-namespace brings it (applied
+    # alone: the session's fixtures made that kustomization's ClusterRole with another field
+    # manager), and as its admin then tuned it.
+    control_plane.kubectl("apply", "--server-side", "-n", mlsched.namespace, "-f",
+                          str(TRAINING_NAMESPACE / "default-schedulingpolicy.yaml"))
+    tuned = mlsched.patch_policy("default", {"historyLimit": 20})
     # Unchanged: no toleration, epochs or TTL added for the test. The operator adds the
     # tolerations of the taints it places on (kwok's here, nvidia.com/gpu in most clusters).
     applied = control_plane.kubectl("apply", "-k", str(SAMPLES), "-n", mlsched.namespace).stdout
     for kind_name in ("mljob.mlsched.io/resnet50-ps", "mljob.mlsched.io/resnext110-allreduce",
-                      "schedulingpolicy.mlsched.io/default", "schedulingpolicy.mlsched.io/dl2",
+                      "schedulingpolicy.mlsched.io/dl2",
                       "persistentvolumeclaim/resnet50-ps-checkpoints",
                       "persistentvolumeclaim/resnext110-allreduce-checkpoints"):
         assert f"{kind_name} created" in applied, applied
+    # The samples used to bring a `default` of their own and silently replace this one.
+    assert "schedulingpolicy.mlsched.io/default" not in applied, applied
+    kept = mlsched.policy("default")
+    assert kept["spec"] == tuned["spec"] and kept["spec"]["historyLimit"] == 20
     for name in ROLES:
         wait_for(lambda: phase(mlsched.job(name)) == "Running", 90, f"{name} to be Running",
                  describe=lambda: (mlsched.job(name) or {}).get("status"))
@@ -57,11 +71,17 @@ def test_the_samples_run_as_shipped_with_kubectl_apply_k(control_plane, mlsched,
     assert set(lines) == set(ROLES) and all("Running" in line for line in lines.values()), table
     assert table.split()[:3] == ["NAME", "PHASE", "REASON"], table
     assert all(line.split()[1:3] == ["Running", "AllRolesReady"] for line in lines.values()), table
+    # Nothing on them still reports a cause that has passed (the jobs come before their policies
+    # in kustomize's order): no Warning, no condition saying a policy is missing.
+    for name in ROLES:
+        reasons = {c["reason"] for c in mlsched.job(name)["status"]["conditions"]}
+        assert not reasons & {"PolicyNotFound", "WaitingForPolicy"}, (name, reasons)
+        assert [e.reason for e in mlsched.events(name, "MLJob") if e.type == "Warning"] == [], name
 
 
 def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator):
-    for policy in ("schedulingpolicy-drf.yaml", "schedulingpolicy-dl2.yaml"):
-        mlsched.create(sample(policy))
+    mlsched.create(default_policy())  # the training namespace's
+    mlsched.create(sample("schedulingpolicy-dl2.yaml"))
     for name, file_name in (("resnet50-ps", "mljob-resnet50-ps.yaml"),
                             ("resnext110-allreduce", "mljob-allreduce.yaml")):
         job = for_kwok(sample(file_name), epochs=EPOCHS[name], ttl=TTL_SECONDS)
