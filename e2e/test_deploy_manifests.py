@@ -371,3 +371,62 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
         f"listed as not exercised but requested: {sorted(NOT_EXERCISED & used)}")
     print(f"\n{len(requests)} requests by the operator; rules used: {len(used)} of {len(granted)}"
           f" (after a conflict: {sorted(AFTER_A_CONFLICT & used)})")
+
+
+# ---------------------------------------------------------- the README, typed as written
+
+
+def readme_block(heading: str) -> list[list[str]]:
+    """The commands of the first ```sh block under a README heading, comments dropped, each
+    split as a shell would."""
+    import re
+    import shlex
+
+    text = (REPO / "README.md").read_text()
+    section = text.split(f"### {heading}\n", 1)[1]
+    block = re.search(r"```sh\n(.*?)```", section, re.S).group(1)
+    return [shlex.split(line, comments=True) for line in block.splitlines()
+            if line.strip() and not line.lstrip().startswith("#")]
+
+
+def typed(cluster: ControlPlane, words: list[str]):
+    """A README line as a user types it in the repository root (kubectl resolves `-k`
+    paths against its working directory; this one runs from wherever pytest does)."""
+    assert words[0] == "kubectl", words
+    args = [str(REPO / w) if w.startswith("manifests/") else w for w in words[1:]]
+    return cluster.kubectl(*args, check=False)
+
+
+def test_the_readmes_install_and_uninstall_of_a_training_namespace_work_as_typed(cluster, dev):
+    """The README's install creates the namespace it then uses (it used to apply into
+    `team-a` without creating it: `namespaces "team-a" not found`), and its uninstall
+    removes what the install made, each line exiting 0. Run after the other tests: it ends
+    with the samples and the namespace gone.
+
+    Two lines are not run: the operator's install (this module installs `overlays/dev`, one of
+    the overlays the README's line names, in the `dev` fixture) and `rollout status` (the
+    operator's own pod cannot run on kwok nodes; the test above runs it as a process)."""
+    install = readme_block("Install with kustomize")
+    assert install[0][:4] == ["kubectl", "apply", "--server-side", "-k"], install[0]
+    namespaces = set()
+    for words in install[1:]:
+        if words[1:3] == ["-n", "mlsched-system"] and "rollout" in words:
+            continue
+        result = typed(cluster, words)
+        assert result.returncode == 0, f"{' '.join(words)}:\n{result.stdout}{result.stderr}"
+        if "-n" in words:
+            namespaces.add(words[words.index("-n") + 1])
+    assert namespaces == {"team-a"}
+    team_a = MLSched(cluster.api_client(), "team-a")
+    assert team_a.policy("default")["spec"]["allocation"] == "drf"  # the namespace's own
+    assert team_a.policy("dl2") and {j["metadata"]["name"] for j in team_a.jobs()} == \
+        {"resnet50-ps", "resnext110-allreduce"}
+
+    uninstall = readme_block("Uninstall")
+    for words in uninstall:
+        if words[1:3] == ["delete", "-k"] and words[3].startswith("manifests/overlays/"):
+            continue  # the operator's overlay: this module installed overlays/dev, not prod
+        result = typed(cluster, words)
+        assert result.returncode == 0, f"{' '.join(words)}:\n{result.stdout}{result.stderr}"
+    left = cluster.kubectl("get", "namespace", "team-a", "--ignore-not-found").stdout
+    assert left == "", left  # `kubectl delete namespace` waits until it is gone
