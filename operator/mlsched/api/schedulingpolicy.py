@@ -17,7 +17,9 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StringConstraints
 
-from mlsched.api import algorithms
+from mlsched.api.algorithms import (
+    ALLOCATION, ALLOCATION_HEURISTICS, GROUPING, PLACEMENT,
+)
 from mlsched.api.base import ApiModel, CelRule, StatusModel
 from mlsched.api.common import MAX_HISTORY, Condition
 from mlsched.api.crdinfo import AGE, API_VERSION, CrdInfo, PrinterColumn
@@ -163,11 +165,11 @@ class SchedulingPolicySpec(ApiModel):
     """Algorithms for each decision kind, the models behind the learned ones, and bookkeeping."""
 
     interval: int = Field(1200, ge=1, le=86400, description="Seconds between scheduling rounds.")
-    allocation: str = _algorithm("drf", algorithms.ALLOCATION,
+    allocation: str = _algorithm("drf", ALLOCATION,
                                  "How many PS and workers each job gets.")
-    placement: str = _algorithm("load-balance", algorithms.PLACEMENT,
+    placement: str = _algorithm("load-balance", PLACEMENT,
                                 "Which node each task lands on.")
-    grouping: str = _algorithm("none", algorithms.GROUPING,
+    grouping: str = _algorithm("none", GROUPING,
                                "Which jobs share a node pool; none disables grouping.")
     pools: PoolOptions = Field(default_factory=PoolOptions, json_schema_extra={"default": {}})
     models: PhaseModels = Field(
@@ -182,7 +184,7 @@ class SchedulingPolicySpec(ApiModel):
                               "interval on, Manual only reports it in status.modelVersions. An "
                               "entry in models always wins.")
     retraining: Retraining = Field(default_factory=Retraining, json_schema_extra={"default": {}})
-    fallback: str = _algorithm("drf", algorithms.ALLOCATION_HEURISTICS,
+    fallback: str = _algorithm("drf", ALLOCATION_HEURISTICS,
                                "Allocation used while a learned model is unavailable (one that "
                                "needs no model).")
     history_limit: int = Field(50, ge=1, le=MAX_HISTORY,
