@@ -422,6 +422,14 @@ def test_the_readmes_install_and_uninstall_of_a_training_namespace_work_as_typed
     assert team_a.policy("dl2") and {j["metadata"]["name"] for j in team_a.jobs()} == \
         {"resnet50-ps", "resnext110-allreduce"}
 
+    # The uninstall's first line deletes every MLJob and policy of the cluster: one that an
+    # earlier test of this module left with kopf's old finalizer (its operator failed before
+    # releasing it) would hold it until kubectl gives up. Say that, not a timeout.
+    held = [f"{o['metadata']['namespace']}/{o['metadata']['name']}"
+            for plural in ("mljobs", "schedulingpolicies")
+            for o in client.CustomObjectsApi(cluster.api_client()).list_cluster_custom_object(
+                "mlsched.io", "v1alpha1", plural)["items"] if o["metadata"].get("finalizers")]
+    assert not held, f"left with a finalizer by an earlier test (its operator failed?): {held}"
     uninstall = readme_block("Uninstall")
     for words in uninstall:
         if words[1:3] == ["delete", "-k"] and words[3].startswith("manifests/overlays/"):
