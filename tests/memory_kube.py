@@ -336,7 +336,8 @@ class MemoryKube:
             node = (spec.get("nodeSelector") or {}).get("kubernetes.io/hostname")
             if not spec.get("schedulingGates") and not spec.get("nodeName") and node:
                 spec["nodeName"] = node
-                pod["status"] = {"phase": "Running"}
+                pod["status"] = {"phase": "Running",
+                                 "conditions": [{"type": "Ready", "status": "True"}]}
 
     def settle(self, rounds: int = 2) -> None:
         for _ in range(rounds):

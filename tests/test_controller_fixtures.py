@@ -66,7 +66,9 @@ def policy(name: str = "default", namespace: str = NS, **spec: Any) -> dict[str,
 
 def pod(job: str, role: str, ordinal: int, *, node_name: str | None = None,
         pinned: str | None = None, gated: bool = False, phase: str = "Running",
-        restarts: int = 0, namespace: str = NS, uid: str | None = None) -> dict[str, Any]:
+        restarts: int = 0, namespace: str = NS, uid: str | None = None,
+        ready: bool | None = None) -> dict[str, Any]:
+    """A pod of a job; Ready when Running unless `ready` says otherwise."""
     spec: dict[str, Any] = {"containers": [{"name": role, "resources": {
         "requests": {"cpu": "2", "memory": "8Gi", **({"nvidia.com/gpu": "1"} if role == "worker" else {})}}}]}
     if node_name:
@@ -80,7 +82,9 @@ def pod(job: str, role: str, ordinal: int, *, node_name: str | None = None,
                          "uid": uid or f"uid-{job}-{role}-{ordinal}",
                          "labels": {"mlsched.io/job-name": job, "mlsched.io/role": role}},
             "spec": spec,
-            "status": {"phase": phase, "containerStatuses": [{"name": role, "restartCount": restarts}]}}
+            "status": {"phase": phase, "containerStatuses": [{"name": role, "restartCount": restarts}],
+                       "conditions": [{"type": "Ready", "status": "True" if (
+                           phase == "Running" if ready is None else ready) else "False"}]}}
 
 
 def make_runtime(kube: MemoryKube | None = None, **config: Any) -> tuple[Runtime, MemoryKube]:

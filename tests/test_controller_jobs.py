@@ -547,6 +547,9 @@ def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch)
                         "observedGeneration": worker["metadata"]["generation"]}
     for k in range(1, worker["spec"]["replicas"]):  # refused: never created
         del kube.objects[("Pod", NS, f"bert-worker-{k}")]
+    for name in ("bert-ps-0", "bert-worker-0"):  # the minimum runs
+        kube.obj("Pod", NS, name)["status"] = {
+            "phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     kube.put({"apiVersion": "v1", "kind": "Event", "type": "Warning", "reason": "FailedCreate",
               "message": "admission webhook denied the request: at most 1 GPU pod per user",
               "metadata": {"name": "bert-worker.1", "namespace": NS},
@@ -645,7 +648,7 @@ def test_pods_whose_containers_cannot_start_are_reported():
         running.message and "more pod" in running.message
     assert "PodsCannotStart" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
     for p in kube.of_kind("Pod"):  # fixed: the image is there now
-        p["status"] = {"phase": "Running"}
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     kube.settle()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"
@@ -682,7 +685,7 @@ def test_pods_whose_volumes_cannot_be_mounted_are_reported(monkeypatch):
     sync(rt, kube, "bert")
     assert len([c for c in kube.calls if c[:2] == ("list", "Event")]) == 1
     for p in kube.of_kind("Pod"):  # the ConfigMap was created: the kubelet mounts it
-        p["status"] = {"phase": "Running"}
+        p["status"] = {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}
     kube.settle()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 
 import pytest
@@ -333,6 +334,7 @@ def test_a_standby_replica_takes_no_report_but_is_ready():
     # Ready all the same: a PodDisruptionBudget counts Ready pods, and the Service finds the
     # leader by its pod label (leadership.label_own_pod), not by readiness.
     assert asyncio.run(probe("/healthz")) == 200 and asyncio.run(probe("/readyz")) == 200
+    rt.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
     rt.leadership.become_leader()
     assert asyncio.run(probe("/readyz")) == 200
     assert asyncio.run(post(rt, report(epochs=5.0), "bert-token"))[0] == 200

@@ -6,6 +6,7 @@ tested with promtool in e2e/test_monitoring.py.)"""
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -173,6 +174,7 @@ def test_the_leader_gauge_says_which_replica_writes():
     assert leader_gauge(rt) == "1.0"  # no election: it leads from the start
     rt.leadership = Leadership(leading=False)  # as handlers.py sets up a standby
     assert leader_gauge(rt) == "0.0"
+    rt.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
     rt.leadership.become_leader()
     assert leader_gauge(rt) == "1.0"
 

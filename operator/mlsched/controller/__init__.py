@@ -22,7 +22,8 @@ Data flows one way, and only the last two modules know about kopf or the network
     model_versions.py published model versions: the ConfigMap format          pure
     version_adoption.py which published version serves (updatePolicy), its status
     loop.py       one scheduling round, and the loop around it
-    jobs.py       MLJob children/lifecycle and late pod pinning
+    jobs.py       MLJob children/lifecycle (each job as its pods change) and late pod pinning
+    leadership.py the leader Lease: the election, writes fenced by it, restart in place
     progress_server.py  /v1/progress (TokenReview-authenticated), /metrics, /healthz
     token_reviews.py    TokenReviews cached by token hash and limited in rate
     serving_tls.py      the endpoint's CA and certificate, kept in a Secret

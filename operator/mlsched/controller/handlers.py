@@ -39,7 +39,8 @@ from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespaceClaims, OtherNamespacePods
 from mlsched.controller.host_ports import host_ports
 from mlsched.controller.kube import ClientKubeApi
-from mlsched.controller.leadership import Leadership, elect, label_own_pod
+from mlsched.controller.leadership import (Leadership, elect, label_own_pod,
+                                           unlabel_previous_leader)
 from mlsched.controller.loop import run_policy_forever
 from mlsched.controller.loop_health import LoopHealth
 from mlsched.controller.limitranges import limit_range_record
@@ -178,7 +179,9 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     configure(settings)
     # An embedding program (or a test) may have put a Runtime with its own API into the memo.
     rt = memo.get("runtime") or Runtime.create(CONFIG, ClientKubeApi(
-        concurrency=CONFIG.api_concurrency, create_concurrency=CONFIG.create_concurrency))
+        concurrency=CONFIG.api_concurrency, create_concurrency=CONFIG.create_concurrency,
+        # Which replica sent a request, in the API server's audit log.
+        user_agent=f"mlsched-operator ({CONFIG.leader_identity})"))
     rt.indexes = indexes_from(kwargs)
     if CONFIG.namespaces and isinstance(rt.api, ClientKubeApi):
         # Nodes are shared: count what other namespaces run on them (cluster_pods.py).
@@ -203,8 +206,14 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     rt.policy_loops = policy_loops(rt)
     if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
         rt.leadership = Leadership(leading=False)
-        await label_own_pod(rt.api, False, attempts=1)  # a restarted container: not yet
         rt.policy_loops.active = False
+        # Nothing is written unless this replica holds the Lease at the moment it is sent:
+        # the operator's writes (kube.py) and kopf's own Events of handler failures.
+        if isinstance(rt.api, ClientKubeApi):
+            rt.api.fence = lambda: rt.leadership.leading
+        settings.posting.enabled = False
+        rt.leadership.watchers.append(lambda leading: setattr(settings.posting, "enabled",
+                                                              leading))
     memo["runtime"] = rt
     memo["relists"] = Relists(lambda plural, ns: present(rt, plural, ns),
                               lambda gone: forget_gone(rt, gone),
@@ -217,13 +226,18 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     rt.leadership.on_leading(lambda: start_leading(rt, memo))
     if CONFIG.leader_election:
         elect(rt.leadership, CONFIG.leader_election, CONFIG.leader_identity,
-              asyncio.get_running_loop())
+              rt.api.api_client, asyncio.get_running_loop())
+
+
+async def move_leader_label(rt: Runtime) -> None:
+    """The Service's label onto this replica's pod, off the previous leader's."""
+    await label_own_pod(rt.api, True)
+    await unlabel_previous_leader(rt.api, rt.leadership.previous_holder)
 
 
 def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
     """What only the leader runs: the scheduling loops and the lifecycle sweep."""
-    memo["leader_label"] = asyncio.create_task(label_own_pod(rt.api, True),
-                                               name="mlsched-leader-label")
+    memo["leader_label"] = asyncio.create_task(move_leader_label(rt), name="mlsched-leader-label")
     rt.policy_loops.activate()
     memo["sweep_stopped"] = stopped = asyncio.Event()
     # A replica that just won the Lease sweeps at once: jobs created while it stood by have no
@@ -232,6 +246,9 @@ def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
         sweep_forever(lambda: jobs.sweep(rt, rt.indexes), CONFIG.job_sync_seconds, stopped,
                       first_after_s=0.0 if CONFIG.leader_election else None),
         name="mlsched-lifecycle-sweep")
+    # Between sweeps, the jobs whose pods changed, as they change.
+    memo["due"] = asyncio.create_task(jobs.sync_due_forever(rt, stopped),
+                                      name="mlsched-lifecycle-due")
 
 
 @kopf.on.cleanup()
@@ -241,7 +258,8 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
             memo[watch].stop()
     if "sweep" in memo:
         memo["sweep_stopped"].set()
-        await asyncio.gather(memo["sweep"], return_exceptions=True)
+        memo["due"].cancel()
+        await asyncio.gather(memo["sweep"], memo["due"], return_exceptions=True)
     await runtime(memo).policy_loops.stop_all()
     # Status records still queued get a few seconds; what is left is not lost: each job's
     # status.openInterval lets the next operator close the interval open now.
@@ -551,6 +569,9 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
     rt = runtime(memo)
     if not rt.leadership.leading:
         return
+    # Its pods rolled to a new revision (a rescale ends when they all have): the job's
+    # conditions follow now, not at the next sweep.
+    rt.lifecycle_due.mark((namespace, labels[JOB_LABEL]))
     # Scaled or recreated by hand: back to the decided replicas now, not at the next round.
     await jobs.restore_replicas(rt, event.get("type"), body, rt.indexes)
     # A new job can be admitted once its StatefulSets exist (they are created on arrival).

@@ -122,34 +122,80 @@ async def write_status(rt: Runtime, body: dict[str, Any], patch: Mapping[str, An
 SWEEP_BATCH = 50  # jobs whose lifecycle one step of the sweep checks (see sweep)
 
 
-async def sweep(rt: Runtime, idx: Indexes) -> None:
-    """Every job's lifecycle, and the children still to create after a transient error. One
-    job failing is logged and does not hold up the others."""
-
-    async def one(body: dict[str, Any]) -> None:
-        if body["metadata"].get("deletionTimestamp"):
-            return
-        job = job_record(body)
+async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes) -> bool:
+    """One job's lifecycle (or the children still to create after a transient error). False
+    when it is being evaluated already (the sweep and a prompt evaluation met): one at a time,
+    or both would post the same Events."""
+    if body["metadata"].get("deletionTimestamp"):
+        return True
+    job = job_record(body)
+    if job.key in rt.syncing:
+        return False
+    rt.syncing.add(job.key)
+    try:
         if rt.reconciled.get(job.key) != (job.uid, job.generation):
             await reconcile_if_needed(rt, body, idx)
-            return
+            return True
         patch: dict[str, Any] = {}
         await sync_lifecycle(rt, body, idx, patch)
         await write_status(rt, body, patch)
+        return True
+    finally:
+        rt.syncing.discard(job.key)
 
-    bodies = list(rt.job_bodies.values())
+
+async def sync_batches(rt: Runtime, bodies: list[dict[str, Any]], idx: Indexes) -> list[Any]:
+    """`sync_job` for each, SWEEP_BATCH at a time with the event loop free in between:
+    gathered all at once, thousands of jobs' lifecycle checks (about 0.6 ms each) ran back to
+    back before the loop polled its sockets again, so watch events, admissions and /healthz
+    waited for the whole sweep. Failures are logged, one job's not holding up the others."""
     results: list[Any] = []
-    # In batches, with the event loop free in between: gathered all at once, thousands of
-    # jobs' lifecycle checks (about 0.6 ms each) ran back to back before the loop polled its
-    # sockets again, so watch events, admissions and /healthz waited for the whole sweep.
     for start in range(0, len(bodies), SWEEP_BATCH):
         batch = bodies[start:start + SWEEP_BATCH]
-        results += await asyncio.gather(*(one(b) for b in batch), return_exceptions=True)
+        results += await asyncio.gather(*(sync_job(rt, b, idx) for b in batch),
+                                        return_exceptions=True)
         await asyncio.sleep(0)
     for body, result in zip(bodies, results):
         if isinstance(result, Exception):
             log.warning("MLJob %s/%s: %s", body["metadata"].get("namespace"),
                         body["metadata"].get("name"), result)
+    return results
+
+
+#: Jobs whose lifecycle is evaluated at once between sweeps (see sync_due_forever).
+DUE_CONCURRENCY = 32
+
+
+async def sync_due_forever(rt: Runtime, stopped: asyncio.Event) -> None:
+    """Evaluate the jobs marked due (a pod of theirs changed) as they are marked: a job's
+    phase follows its pods within a fraction of a second, a burst's too (issue 55: the
+    10 s sweep alone left 300 new jobs Pending for two minutes after their pods were Ready).
+    Up to DUE_CONCURRENCY at a time, each on its own: one slow status patch holds up no
+    other job (in batches, each waited for the slowest of its batch)."""
+    slots = asyncio.Semaphore(DUE_CONCURRENCY)
+
+    async def one(key: JobKey) -> None:
+        async with slots:
+            body = rt.job_bodies.get(key)
+            if body is None:
+                return
+            try:
+                if not await sync_job(rt, body, rt.indexes):
+                    rt.lifecycle_due.mark(key)  # the sweep has it now; look again after
+            except Exception as err:  # noqa: BLE001 - the sweep tries again
+                log.warning("MLJob %s/%s: %s", *key, err)
+
+    running: set[asyncio.Task] = set()
+    while not stopped.is_set():
+        for key in await rt.lifecycle_due.take():
+            task = asyncio.create_task(one(key))
+            running.add(task)
+            task.add_done_callback(running.discard)
+
+
+async def sweep(rt: Runtime, idx: Indexes) -> None:
+    """Every job's lifecycle, and the children still to create after a transient error."""
+    await sync_batches(rt, list(rt.job_bodies.values()), idx)
     try:
         await release_orphaned_pools(rt, idx)
     except Exception as err:  # noqa: BLE001 - retried at the next sweep
@@ -414,6 +460,9 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     seen.failures = rt.failures.total(job.key)
     seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
                                  and not p.deleting)
+    replicas = {s.role: s.replicas for s in seen.statefulsets}
+    seen.pods_ready = Counter(p.role for p in pods if p.ready and not p.deleting
+                              and p.ordinal < replicas.get(p.role, 0))
     seen.epochs_done = rt.epochs_done(job)
     seen.policy_exists = bool(list(idx.policies.get((job.namespace, job.policy), ())))
     seen.created_s = job.created_s or None
@@ -433,6 +482,8 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero)
     if not rt.leadership.leading:
         return  # the leader's first round pins what is gated
+    if rt.pod_states.changed(pod, gone=event_type == "DELETED"):
+        rt.lifecycle_due.mark(key)  # its phase and conditions follow the pod now
     job = idx.job(namespace, job_name)
     if (event_type != "DELETED" and job is not None
             and displacement.refused_there(pod, pod.pinned or "")):

@@ -8,6 +8,7 @@ the event loop never blocks); tests inject an in-memory fake with the same metho
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,14 @@ class KubeError(RuntimeError):
         """The namespace's ResourceQuota has no room for the object (an object count such as
         `services` or `count/statefulsets.apps`): it may have once others go."""
         return self.status == 403 and "exceeded quota" in self.message
+
+
+class NotLeading(KubeError):
+    """A write refused before it was sent: this replica does not hold the Lease now
+    (leadership.py's fence). Retrying is right: it is sent if the Lease is renewed."""
+
+    def __init__(self) -> None:
+        super().__init__(0, "not sent: this replica does not hold the leader Lease (fenced)")
 
 
 def _message(err) -> str:
@@ -126,10 +135,14 @@ def load_api_client(pool_size: int = 16):
     return client.ApiClient(configuration)
 
 
-def _request(fn, args: tuple, kwargs: dict) -> bytes | None:
+def _request(fence: Callable[[], bool] | None, fn, args: tuple, kwargs: dict) -> bytes | None:
     """One call, run in a worker thread together with reading its body: the event loop never
     waits on a socket, and the connection is back in the pool when the thread is done (read
-    later on the loop, it stayed checked out meanwhile and the next call opened another)."""
+    later on the loop, it stayed checked out meanwhile and the next call opened another).
+    A write (`fence` given) is sent only if the fence allows it at that moment: a write may
+    wait in the slots for seconds, and the Lease may lapse meanwhile."""
+    if fence is not None and not fence():
+        raise NotLeading()
     response = fn(*args, _preload_content=False, **kwargs)
     try:
         return response.data
@@ -140,10 +153,15 @@ def _request(fn, args: tuple, kwargs: dict) -> bytes | None:
 
 
 class ClientKubeApi:
-    def __init__(self, api_client=None, concurrency: int = 48, create_concurrency: int = 32):
+    def __init__(self, api_client=None, concurrency: int = 48, create_concurrency: int = 32,
+                 user_agent: str | None = None):
         from kubernetes import client
 
-        self._client = api_client or load_api_client(pool_size=concurrency + create_concurrency)
+        in_flight = concurrency + create_concurrency + max(1, concurrency // 3)  # all slots
+        self._client = api_client or load_api_client(pool_size=in_flight)
+        if user_agent:
+            self._client.user_agent = user_agent
+        self.api_client = self._client  # for the leader election's Lease requests
         self._core = client.CoreV1Api(self._client)
         self.core = self._core  # for the one watch the operator runs itself (cluster_pods.py)
         self._apps = client.AppsV1Api(self._client)
@@ -159,29 +177,48 @@ class ClientKubeApi:
         # Served by priority (CREATE_PRIORITY): a burst's StatefulSets before its Services and
         # Events (priority_slots.py).
         self._create_slots = PrioritySlots(max(1, create_concurrency))
+        # Status patches too: a job's phase turning Running must not wait behind the pins
+        # and scale patches of the admission step that a burst keeps busy (issue 55: the
+        # slowest of 300 jobs' phases lagged their pods by seconds behind them).
+        self._status_slots = asyncio.Semaphore(max(1, concurrency // 3))
+        # Whether writes may be sent now (leadership.Leadership.leading, set by the operator
+        # when it runs as one of several replicas); None: always.
+        self.fence: Callable[[], bool] | None = None
         # Called with (verb, resource) for every request sent (the Runtime counts them).
         self.on_request: Callable[[str, str], None] | None = None
         # Its own threads, as many as calls may be in flight: the loop's default executor has
         # min(32, CPUs + 4) threads (6 on 2 cores) and also runs the policies' decisions.
-        self._threads = ThreadPoolExecutor(max_workers=concurrency + create_concurrency,
+        self._threads = ThreadPoolExecutor(max_workers=in_flight,
                                            thread_name_prefix="mlsched-kube-api")
 
+    def unfenced(self) -> ClientKubeApi:
+        """The same client, its writes sent whether or not this replica leads: for what
+        every replica needs of its own (the progress endpoint's certificate)."""
+        view = copy.copy(self)
+        view.fence = None
+        return view
+
     async def _call(self, fn, *args, **kwargs) -> Any:
-        """A call in one of the slots for everything but creates."""
+        """A read in one of the slots for everything but creates."""
         async with self._slots:
-            return await self._send_in_thread(fn, args, kwargs)
+            return await self._send_in_thread(None, fn, args, kwargs)
+
+    async def _write_call(self, fn, *args, _status: bool = False, **kwargs) -> Any:
+        """A patch or delete, fenced: in the same slots as reads, a status patch in its own."""
+        async with self._status_slots if _status else self._slots:
+            return await self._send_in_thread(self.fence, fn, args, kwargs)
 
     async def _create_call(self, priority: int, fn, *args, **kwargs) -> Any:
-        """A create (or its dry run) in one of the create slots."""
+        """A create (or its dry run) in one of the create slots, fenced."""
         async with self._create_slots.slot(priority):
-            return await self._send_in_thread(fn, args, kwargs)
+            return await self._send_in_thread(self.fence, fn, args, kwargs)
 
-    async def _send_in_thread(self, fn, args: tuple, kwargs: dict) -> Any:
+    async def _send_in_thread(self, fence, fn, args: tuple, kwargs: dict) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         loop = asyncio.get_running_loop()
         try:
-            data = await loop.run_in_executor(self._threads, _request, fn, args, kwargs)
+            data = await loop.run_in_executor(self._threads, _request, fence, fn, args, kwargs)
         except ApiException as err:
             raise KubeError(err.status or 0, _message(err)) from None
         return json.loads(data) if data else None
@@ -302,12 +339,13 @@ class ClientKubeApi:
             if kind in CUSTOM_PLURALS:
                 fn = (self._custom.patch_namespaced_custom_object_status if status
                       else self._custom.patch_namespaced_custom_object)
-                await self._call(fn, GROUP, VERSION, namespace, CUSTOM_PLURALS[kind], name, patch,
-                                 **options)
+                await self._write_call(fn, GROUP, VERSION, namespace, CUSTOM_PLURALS[kind], name,
+                                       patch, _status=status, **options)
             elif kind == "Node":  # cluster-scoped: the pool labels of --label-nodes (pools.py)
-                await self._call(self._core.patch_node, name, patch, **options)
+                await self._write_call(self._core.patch_node, name, patch, **options)
             else:
-                await self._call(self._functions(kind)["patch"], name, namespace, patch, **options)
+                await self._write_call(self._functions(kind)["patch"], name, namespace, patch,
+                                       **options)
         except KubeError as err:
             if err.status == 404:
                 return False
@@ -319,10 +357,10 @@ class ClientKubeApi:
         body = {"preconditions": {"uid": uid}} if uid else {}
         try:
             if kind in CUSTOM_PLURALS:
-                await self._call(self._custom.delete_namespaced_custom_object, GROUP, VERSION,
+                await self._write_call(self._custom.delete_namespaced_custom_object, GROUP, VERSION,
                                  namespace, CUSTOM_PLURALS[kind], name, body=body)
             else:
-                await self._call(self._functions(kind)["delete"], name, namespace, body=body)
+                await self._write_call(self._functions(kind)["delete"], name, namespace, body=body)
         except KubeError as err:
             # 409: the uid precondition failed, i.e. the object was already replaced.
             if err.status in (404, 409):

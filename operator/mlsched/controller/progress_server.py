@@ -230,7 +230,11 @@ async def serving_context(rt: Runtime) -> ssl.SSLContext | None:
     cert, key, ca_pem = config.tls_cert, config.tls_key, None
     if config.tls_secret:
         host = urlsplit(config.progress_url).hostname or ""
-        tls = await ensure_serving_tls(rt.api, config.tls_secret, host)
+        # Every replica serves HTTPS, a standby too (its answers say 503): the Secret is the
+        # one write a replica makes without holding the Lease (leadership.py's fence).
+        unfenced = getattr(rt.api, "unfenced", None)
+        tls = await ensure_serving_tls(unfenced() if unfenced else rt.api, config.tls_secret,
+                                       host)
         cert, key, ca_pem = tls.cert_file, tls.key_file, tls.ca_pem
     elif config.tls_ca:
         with open(config.tls_ca, encoding="utf-8") as f:

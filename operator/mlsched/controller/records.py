@@ -325,6 +325,9 @@ class PodRecord:
     # made yet (no resourceClaimStatuses entry for it): kube-scheduler waits for it silently;
     # only the pod's FailedResourceClaimCreation Events say why (jobs.claims_unmade).
     claims_unmade: bool = False
+    # Its Ready condition is True (the kubelet's word, on the pod itself: the job's phase
+    # follows it without waiting for the StatefulSet controller to count it).
+    ready: bool = False
     scheduler: str = DEFAULT_SCHEDULER  # spec.schedulerName: who binds it once pinned
     # spec.priorityClassName ("" for none): set once, when the pod is created, from its
     # template or the globalDefault PriorityClass of that moment; a quota scoped to
@@ -382,6 +385,9 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         host_ports=host_ports(spec),
         extended=extended_requests(spec),
         labels=dict(labels),
+        ready=phase == "Running" and any(
+            c.get("type") == "Ready" and c.get("status") == "True"
+            for c in status.get("conditions") or ()),
     )
 
 

@@ -358,6 +358,59 @@ class ReservationBook:
         self._by_policy.pop(policy, None)
 
 
+class DueJobs:
+    """Jobs whose lifecycle (phase, conditions) is to be evaluated now, not at the next sweep:
+    a pod of theirs changed (Ready, failed, deleted) or a StatefulSet rolled. The sweep alone
+    left a burst of 300 jobs `Pending` two minutes after their pods were Ready (issue 55).
+    Marks within COALESCE_S are taken together, so a job whose pods change at once is looked
+    at once."""
+
+    COALESCE_S = 0.1
+
+    def __init__(self) -> None:
+        self._due: dict[JobKey, None] = {}  # insertion-ordered: the first marked go first
+        self._event: asyncio.Event | None = None
+
+    def _signal(self) -> asyncio.Event:
+        if self._event is None:
+            self._event = asyncio.Event()
+        return self._event
+
+    def mark(self, key: JobKey) -> None:
+        self._due[key] = None
+        self._signal().set()
+
+    async def take(self) -> list[JobKey]:
+        """Wait for a mark, let the burst it is part of gather, and take every job marked."""
+        event = self._signal()
+        await event.wait()
+        await asyncio.sleep(self.COALESCE_S)
+        event.clear()
+        due, self._due = list(self._due), {}
+        return due
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+
+class PodStates:
+    """What the lifecycle reads of each pod of ours, as last seen: a pod event that changes
+    none of it (a pin, a binding, a kubelet heartbeat) marks no job due (DueJobs)."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, tuple] = {}  # uid → state
+
+    def changed(self, pod: PodRecord, gone: bool = False) -> bool:
+        if gone:  # its going changes its job's counts
+            self._seen.pop(pod.uid, None)
+            return True
+        state = (pod.ready, pod.phase, pod.deleting, pod.restarts, pod.completed,
+                 pod.unschedulable, pod.stuck, pod.creating, pod.claims_unmade, pod.unseen)
+        before = self._seen.get(pod.uid)
+        self._seen[pod.uid] = state
+        return before != state
+
+
 class Wakeups:
     """Why a policy's loop should act before its next interval: `admission` (a job arrived,
     finished or got its StatefulSets) or `policy` (its spec was edited). Signals that arrive
@@ -450,6 +503,10 @@ class Runtime:
     indexes: Indexes | None = None
     round_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     wakeups: Wakeups = field(default_factory=Wakeups)
+    # Jobs to evaluate now (a pod changed), and those being evaluated: one at a time per job.
+    lifecycle_due: DueJobs = field(default_factory=DueJobs)
+    pod_states: PodStates = field(default_factory=PodStates)
+    syncing: set[JobKey] = field(default_factory=set)
     # The latest body of each MLJob (from its watch events), for the lifecycle sweep.
     job_bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # (uid, generation) whose children were created and templates refreshed: a watch event
