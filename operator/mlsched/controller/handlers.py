@@ -247,7 +247,7 @@ def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
                       first_after_s=0.0 if CONFIG.leader_election else None),
         name="mlsched-lifecycle-sweep")
     # Between sweeps, the jobs whose pods changed, as they change.
-    memo["due"] = asyncio.create_task(jobs.sync_due_forever(rt, stopped),
+    memo["due"] = asyncio.create_task(jobs.sync_due_forever(rt),
                                       name="mlsched-lifecycle-due")
 
 

@@ -166,12 +166,12 @@ async def sync_batches(rt: Runtime, bodies: list[dict[str, Any]], idx: Indexes) 
 DUE_CONCURRENCY = 32
 
 
-async def sync_due_forever(rt: Runtime, stopped: asyncio.Event) -> None:
-    """Evaluate the jobs marked due (a pod of theirs changed) as they are marked: a job's
-    phase follows its pods within a fraction of a second, a burst's too (issue 55: the
-    10 s sweep alone left 300 new jobs Pending for two minutes after their pods were Ready).
-    Up to DUE_CONCURRENCY at a time, each on its own: one slow status patch holds up no
-    other job (in batches, each waited for the slowest of its batch)."""
+async def sync_due_forever(rt: Runtime) -> None:
+    """Until cancelled, evaluate the jobs marked due (a pod of theirs changed) as they are
+    marked: a job's phase follows its pods within a fraction of a second, a burst's too
+    (issue 55: the 10 s sweep alone left 300 new jobs Pending for minutes after their pods
+    were Ready). Up to DUE_CONCURRENCY at a time, each on its own: one slow status patch
+    holds up no other job (in batches, each waited for the slowest of its batch)."""
     slots = asyncio.Semaphore(DUE_CONCURRENCY)
 
     async def one(key: JobKey) -> None:
@@ -186,7 +186,7 @@ async def sync_due_forever(rt: Runtime, stopped: asyncio.Event) -> None:
                 log.warning("MLJob %s/%s: %s", *key, err)
 
     running: set[asyncio.Task] = set()
-    while not stopped.is_set():
+    while True:
         for key in await rt.lifecycle_due.take():
             task = asyncio.create_task(one(key))
             running.add(task)

@@ -389,9 +389,6 @@ class DueJobs:
         due, self._due = list(self._due), {}
         return due
 
-    def __len__(self) -> int:
-        return len(self._due)
-
 
 class PodStates:
     """What the lifecycle reads of each pod of ours, as last seen: a pod event that changes
