@@ -8,7 +8,11 @@ follow replicas and templates, like the StatefulSet controller) and `run_schedul
 ungated pod binds to the node its nodeSelector names, like kube-scheduler). `indexes()`
 rebuilds what kopf's indexes would hold, using the very index functions of handlers.py.
 
-What it does not do: resourceVersion conflicts, admission, schema validation, label selectors.
+Every stored object has a `resourceVersion`, new at each write; a merge patch that carries
+`metadata.resourceVersion` is refused (409) unless it is the stored one, as the API server's
+optimistic concurrency does.
+
+What it does not do: admission, schema validation, set-based label selectors.
 The e2e tier runs the operator against a real API server for those.
 """
 
@@ -120,6 +124,7 @@ class MemoryKube:
         # (verb, name) → HTTP status to fail with: 500 plays an outage, 422 a refused object.
         self.failing: dict[tuple[str, str], int] = {}
         self._clock = itertools.count()
+        self._versions = itertools.count(1)
         # Admission of pods (a stand-in for Pod Security, a webhook): the pod's body -> the API
         # server's 403 message, or None to admit. Dry runs and the StatefulSet controller ask it.
         self.pod_admission: Callable[[dict], str | None] | None = None
@@ -171,6 +176,12 @@ class MemoryKube:
                 raise KubeError(415, "strategic merge patch is not supported for custom resources")
             new = strategic_patch(obj, patch)
         else:
+            expected = ((patch or {}).get("metadata") or {}).get("resourceVersion") \
+                if isinstance(patch, dict) else None
+            if expected is not None and expected != obj["metadata"].get("resourceVersion"):
+                raise KubeError(409, f'Operation cannot be fulfilled on {kind.lower()}s "{name}": '
+                                     f'the object has been modified; please apply your changes '
+                                     f'to the latest version and try again')
             new = merge_patch(obj, patch)
         if kind in CUSTOM_PLURALS:  # the status subresource: each endpoint writes its half only
             if status:
@@ -186,6 +197,7 @@ class MemoryKube:
             # As the API server: a pod's nodeSelector may change only while it is gated.
             raise KubeError(422, f'Pod "{name}" is invalid: spec: Forbidden: pod updates may '
                                  f'not change fields other than `spec.containers[*].image`, ...')
+        new["metadata"]["resourceVersion"] = str(next(self._versions))
         self.objects[key] = new
         return True
 
@@ -247,6 +259,7 @@ class MemoryKube:
         meta.setdefault("namespace", "")
         meta.setdefault("uid", str(uuid.uuid4()))
         meta.setdefault("generation", 1)
+        meta["resourceVersion"] = str(next(self._versions))
         meta.setdefault("creationTimestamp",
                         datetime.fromtimestamp(1_700_000_000 + next(self._clock), UTC)
                         .strftime("%Y-%m-%dT%H:%M:%SZ"))

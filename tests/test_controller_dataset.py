@@ -84,8 +84,13 @@ def test_learned_decisions_are_written_when_the_interval_opens():
     (closed,) = records(kube)
     assert closed.interval == 0 and len(closed.decisions) == 1 and closed.jobs
     assert closed.decisions[0].steps == log.steps
-    cm = kube.obj("ConfigMap", NS, "default-interval-0")
-    assert cm["metadata"]["labels"]["mlsched.io/record-state"] == "closed"
+    # Closed, it moved into the policy's segment: the open record's own ConfigMap is gone (the
+    # one left is interval 1's, open now).
+    assert sorted(c["metadata"]["name"] for c in kube.of_kind("ConfigMap")) == [
+        "default-dataset-0", "default-interval-1"]
+    cm = kube.obj("ConfigMap", NS, "default-dataset-0")
+    assert list(cm["binaryData"]) == ["interval-0.json.gz"]
+    assert cm["metadata"]["annotations"]["mlsched.io/intervals"] == "0"
 
 
 def test_a_restart_mid_interval_completes_the_open_record():
@@ -140,13 +145,13 @@ def test_a_failing_write_is_retried_until_written():
     rt, kube = setup()
     rt.objects.backoff_s = 0.01
     step(rt, kube, NOW)
-    kube.failing[("create", "default-interval-0")] = 500
+    kube.failing[("create", "default-dataset-0")] = 500
 
     async def close_then_heal():
         body = kube.obj("SchedulingPolicy", NS, "default")
         await loop.run_policy_round(rt, body, kube.indexes(), now=NOW + 1200)
         assert not await rt.objects.flush(0.2)  # still failing, kept
-        del kube.failing[("create", "default-interval-0")]
+        del kube.failing[("create", "default-dataset-0")]
         assert await rt.objects.flush(10)
 
     run(close_then_heal())

@@ -7,12 +7,16 @@ intervals open and close (dataset_store.py says where and how).
 - The round that closes N writes it `closed`, with every job's grant and what it trained, and
   the reward: one record per interval per policy, heuristic policies included (jobs and
   rewards, no decisions), so retraining can use any cluster's history. An interval with no
-  job and no decision (an idle policy) is not written.
+  job and no decision (an idle policy) is not written. A closed record goes into the policy's
+  newest segment (dataset_segments.py), many intervals to a ConfigMap, and the open record's
+  own ConfigMap is deleted; one too large for a segment stays in its own (parts).
 - After a restart the next operator closes the interval the last one left open
   (rewards.restore). That interval's record is then completed, not replaced: its first write
   merges in the decisions the earlier process stored.
 - Retention keeps the newest `spec.retraining.datasetLimit` closed intervals per policy; the
-  rest are deleted (the policy's stored intervals are listed, metadata only, once per process).
+  rest are deleted: their keys pruned from their segment, a segment left empty deleted whole,
+  a record of its own deleted (the policy's stored intervals are listed, metadata only, once
+  per process).
 
 Every write goes through an ObjectWriter: in the background, retried until done.
 """
@@ -20,11 +24,13 @@ Every write goes through an ObjectWriter: in the background, retried until done.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
+from mlsched.controller import dataset_segments as segments
 from mlsched.controller import dataset_store as store
 from mlsched.controller.kube import KubeApi
 from mlsched.controller.object_writer import ObjectWriter
@@ -58,9 +64,20 @@ class _Record:
     record: IntervalRecord
     merged: bool  # decisions an earlier process stored are in `record` (or there are none)
     closed: bool = False
-    parts: int = 0  # parts written (a rewrite with fewer deletes the rest)
+    parts: int = 0  # ConfigMaps of its own written (a rewrite with fewer deletes the rest)
     written: str | None = None  # sha256 of the bytes last written: an unchanged record is not
     existing: set[str] = field(default_factory=set)  # names known to exist: patched, not created
+    segment: int | None = None  # the segment holding it, once closed into one
+
+
+@dataclass
+class _Held:
+    """A closed interval stored by an earlier process: its ConfigMaps of its own (a record
+    too large for a segment, one from before segments, an open one left by a crash between
+    the move into its segment and the delete), and the segment holding it."""
+
+    names: list[str] = field(default_factory=list)
+    segment: int | None = None
 
 
 def job_intervals(interval: OpenInterval, closed: ClosedInterval,
@@ -91,9 +108,11 @@ class Dataset:
         # --interval-scale (tests, emulated clusters) wall seconds / the scale.
         self.interval_scale = interval_scale or 1.0
         self._records: dict[tuple[str, str, int], _Record] = {}
-        # Per policy, its closed intervals stored: the record written by this process, or the
-        # ConfigMap names an earlier one left (listed once per process, `_swept`).
-        self._stored: dict[PolicyKey, dict[int, _Record | list[str]]] = {}
+        # Per policy, its closed intervals stored: the record written by this process, or
+        # where an earlier one left it (listed once per process, `_swept`).
+        self._stored: dict[PolicyKey, dict[int, _Record | _Held]] = {}
+        self._segments: dict[PolicyKey, segments.PolicySegments] = {}
+        self._pruning: dict[tuple[PolicyKey, int], set[int]] = {}  # (policy, segment) → intervals
         self._swept: set[PolicyKey] = set()
         self._limits: dict[PolicyKey, int] = {}
 
@@ -140,19 +159,39 @@ class Dataset:
         (a metadata-only list, which retention uses too). A policy deleted and created again
         starts its numbering at 0: its records must not overwrite the history kept of the
         earlier one. 0 when the list fails (logged; retention lists again later)."""
-        if key not in self._swept:
-            try:
-                items = await self.api.list("ConfigMap", key[0], store.selector(key[1]),
-                                            metadata_only=True)
-            except Exception as err:  # noqa: BLE001 - the round goes on; numbering from status
-                log.warning("SchedulingPolicy %s/%s: cannot list its dataset records: %s",
-                            *key, err)
-                return 0
-            stored = self._stored.setdefault(key, {})
-            for interval, names in store.stored_intervals(self._mine(items, key[1])).items():
-                stored.setdefault(interval, names)
-            self._swept.add(key)
+        try:
+            await self._listed(key)
+        except Exception as err:  # noqa: BLE001 - the round goes on; numbering from status
+            log.warning("SchedulingPolicy %s/%s: cannot list its dataset records: %s", *key, err)
+            return 0
         return max(self._stored.get(key, {}), default=-1) + 1
+
+    async def _listed(self, key: PolicyKey) -> None:
+        """Learn, once per process, what the policy's dataset holds (names, labels and
+        annotations only). Raises if the list fails."""
+        if key in self._swept:
+            return
+        items = self._mine(await self.api.list("ConfigMap", key[0], store.selector(key[1]),
+                                               metadata_only=True), key[1])
+        stored = self._stored.setdefault(key, {})
+        for interval, names in store.stored_intervals(items).items():
+            held = stored.setdefault(interval, _Held())
+            if isinstance(held, _Held):
+                held.names = names
+        listed = store.stored_segments(items)
+        self._segs(key).learn(listed)
+        for number, (_, intervals) in listed.items():
+            for interval in intervals:
+                held = stored.setdefault(interval, _Held())
+                if isinstance(held, _Held):
+                    held.segment = number
+        self._swept.add(key)
+        # A record of its own beside its segment's copy is what a crash between the move and
+        # the delete leaves: the segment's copy is the one read, this one only costs quota.
+        for interval, held in stored.items():
+            if isinstance(held, _Held) and held.segment is not None and held.names:
+                names, held.names = held.names, []
+                self._delete_later(key, interval, names, "leftover of a record moved into its segment")
 
     @staticmethod
     def _mine(items: list[dict], policy: str) -> list[dict]:
@@ -165,6 +204,7 @@ class Dataset:
         for ident in [i for i in self._records if i[:2] == key]:
             del self._records[ident]
         self._stored.pop(key, None)
+        self._segments.pop(key, None)
         self._swept.discard(key)
 
     # ---- records ----------------------------------------------------------------------------
@@ -204,6 +244,8 @@ class Dataset:
                 r.start = earlier.start or r.start
                 rec.parts = max(rec.parts, parts)
             rec.merged = True
+        if rec.closed and await self._write_to_segment(rec):
+            return
         # Encoding a large round's states takes a while: not on the event loop.
         bodies = await asyncio.to_thread(store.manifests, r, store.CLOSED if rec.closed else store.OPEN)
         digest = bodies[0]["metadata"]["annotations"][store.SHA256] + str(rec.closed)
@@ -214,6 +256,29 @@ class Dataset:
         for part in range(len(bodies), rec.parts):
             await self.api.delete("ConfigMap", r.namespace, store.configmap_name(r.policy, r.interval, part))
         rec.parts, rec.written = len(bodies), digest
+
+    async def _write_to_segment(self, rec: _Record) -> bool:
+        """A closed record into the policy's segments, then its open ConfigMaps deleted; False
+        for a record too large for a segment (it is written in parts of its own)."""
+        r = rec.record
+        data = await asyncio.to_thread(r.to_bytes)
+        if not store.fits({}, r.interval, data):
+            return False
+        digest = hashlib.sha256(data).hexdigest() + "/segment"
+        if digest == rec.written:
+            return True
+        key = (r.namespace, r.policy)
+        await self._listed(key)  # which segment is the newest: from the listing
+        rec.segment = await segments.append(self.api, self._segs(key), r.interval, data)
+        for part in range(rec.parts):  # the open record, now in the segment
+            await self.api.delete("ConfigMap", r.namespace, store.configmap_name(r.policy, r.interval, part))
+        rec.parts, rec.written = 0, digest
+        return True
+
+    def _segs(self, key: PolicyKey) -> segments.PolicySegments:
+        if key not in self._segments:
+            self._segments[key] = segments.PolicySegments(*key)
+        return self._segments[key]
 
     async def _put(self, rec: _Record, body: dict) -> None:
         """Create, or (it exists) merge-patch labels, annotations and data: idempotent."""
@@ -247,11 +312,7 @@ class Dataset:
             return
 
         async def sweep() -> None:  # the first round's listing failed: list them now
-            items = await self.api.list("ConfigMap", key[0], store.selector(key[1]),
-                                        metadata_only=True)
-            for interval, names in store.stored_intervals(self._mine(items, key[1])).items():
-                stored.setdefault(interval, names)
-            self._swept.add(key)
+            await self._listed(key)
             self._expire(key)
 
         self.writer.submit(("sweep", *key), sweep, f"dataset retention {key[0]}/{key[1]}")
@@ -261,16 +322,55 @@ class Dataset:
         still_open = {i[2] for i in self._records if i[:2] == key}
         for interval in store.expired([n for n in stored if n not in still_open], self._limits[key]):
             held = stored.pop(interval)
+            if isinstance(held, _Record) and held.written is None:
+                # Its write is still queued: it is expired once written.
+                self._expire_after_write(key, interval, held)
+                continue
+            if isinstance(held, _Record):
+                names = [store.configmap_name(key[1], interval, k) for k in range(held.parts)]
+            else:
+                names = held.names
+            if names:
+                self._delete_later(key, interval, names, "expired interval record")
+            if held.segment is not None:
+                self._prune_later(key, held.segment, interval)
 
-            async def delete(held=held, interval=interval) -> None:
-                if isinstance(held, _Record):
-                    if held.written is None:  # its write is still queued: delete after it
-                        raise RuntimeError(f"interval {interval} is not written yet")
-                    names = [store.configmap_name(key[1], interval, k) for k in range(held.parts)]
-                else:
-                    names = held
-                for name in names:
-                    await self.api.delete("ConfigMap", key[0], name)
+    def _expire_after_write(self, key: PolicyKey, interval: int, rec: _Record) -> None:
+        async def expire() -> None:
+            if rec.written is None:
+                raise RuntimeError(f"interval {interval} is not written yet")
+            names = [store.configmap_name(key[1], interval, k) for k in range(rec.parts)]
+            for name in names:
+                await self.api.delete("ConfigMap", key[0], name)
+            if rec.segment is not None:
+                await segments.prune(self.api, self._segs(key), rec.segment, {interval})
 
-            self.writer.submit(("delete", key[0], key[1], interval), delete,
-                               f"expired interval record {key[0]}/{key[1]} #{interval}")
+        self.writer.submit(("expire", key[0], key[1], interval), expire,
+                           f"expired interval record {key[0]}/{key[1]} #{interval}")
+
+    def _delete_later(self, key: PolicyKey, interval: int, names: list[str], what: str) -> None:
+        async def delete() -> None:
+            for name in names:
+                await self.api.delete("ConfigMap", key[0], name)
+
+        self.writer.submit(("delete", key[0], key[1], interval), delete,
+                           f"{what} {key[0]}/{key[1]} #{interval}")
+
+    def _prune_later(self, key: PolicyKey, number: int, interval: int) -> None:
+        """Take `interval` out of segment `number`, with whatever else of that segment expires
+        before the write runs (one read and one write of the segment for all of them)."""
+        self._pruning.setdefault((key, number), set()).add(interval)
+        segs = self._segs(key)
+
+        async def prune() -> None:
+            drop = set(self._pruning.get((key, number), ()))
+            if drop:
+                await segments.prune(self.api, segs, number, drop)
+            left = self._pruning.get((key, number), set()) - drop
+            if left:
+                self._pruning[(key, number)] = left
+            else:
+                self._pruning.pop((key, number), None)
+
+        self.writer.submit(("prune", key[0], key[1], number), prune,
+                           f"expired interval records {key[0]}/{key[1]} in segment {number}")
