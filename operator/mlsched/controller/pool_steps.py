@@ -21,9 +21,16 @@ def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
             jobs: list[JobRecord], status: Mapping[str, Any], grouping):
     """The snapshot with the pools in force and the grouping as the cluster runs it. What this
     process last applied (labels, status.groups) wins over what the watch shows yet: an
-    admission step right after a round must see that round's pools, not the ones before."""
+    admission step right after a round must see that round's pools, not the ones before.
+
+    A policy that does not group sees no pools at all: the node labels are other policies'
+    pools, not pools in force for it. Left in its snapshot, they made its admission steps
+    read its running jobs on another policy's nodes as moved out of their pools and hold
+    every new job back with "its grouping has not given it a node pool yet" (issue 55)."""
     if setup is None:
-        return snapshot, grouping
+        if snapshot.node_pools is None:
+            return snapshot, grouping
+        return dataclasses.replace(snapshot, node_pools=None, pool_shares=None), grouping
     key = (setup.owner.split("/", 1)[0], setup.owner.split("/", 1)[1])
     nodes = {n.name: n for n in flatten(idx.nodes)}
     members = {j.name: pools.membership(j, rt.groups) for j in jobs}
@@ -31,7 +38,15 @@ def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
         status = {**status, "groups": rt.policy_groups[key]}
     snapshot, labels = pools.fill(snapshot, setup, nodes, members, status,
                                   rt.policy_nodes.get(key))
-    return snapshot, pools.grouping_for(grouping, setup, labels)
+    allowed = None
+    if setup.mode == pools.LABEL_NODES:
+        # Only nodes no other tenant uses go into this policy's pools (issue 55).
+        cluster = idx.cluster()
+        own = {j.key for j in idx.jobs_of_policy(*key)} | {j.key for j in jobs}
+        taken = pools.others_nodes(cluster.pods, own, rt.reservations.all(), cluster.strays,
+                                   cluster.foreign, cluster.foreign_extended)
+        allowed = pools.poolable(snapshot, taken)
+    return snapshot, pools.grouping_for(grouping, setup, labels, allowed)
 
 
 def with_pools(targets: dict[str, JobTarget], decision: Decision,
@@ -47,8 +62,11 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
     those; also with grouping off, so that turning it off removes them."""
     if not rt.config.label_nodes:
         return
-    if setup is not None and decision.pools.is_shared:
-        return  # an admission step with no pools in force to keep: the labels stay as they are
+    if setup is not None and decision.pools.is_shared and snapshot.node_pools is None:
+        return  # no pool in force, none wanted: nothing of this policy's to write or remove
+    # A shared plan with pools in force removes them: the grouping found no group worth a
+    # pool (Harmony's min_members), no node it may pool, or no job (they used to stay on the
+    # nodes of a policy left without jobs, keeping other grouping policies off them).
     owner = f"{ref.namespace}/{ref.name}"
     desired = pools.desired_labels(snapshot, decision.pools, setup)
     rt.policy_nodes[(ref.namespace, ref.name)] = desired

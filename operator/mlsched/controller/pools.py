@@ -9,7 +9,10 @@ Two modes (spec.pools.mode):
   places a grouping policy's jobs on nodes without the label or with its own. Needs
   --label-nodes and the nodes patch rule (manifests/overlays/label-nodes). Pool names are
   `<namespace>.<policy>.<group>` (a hash prefix when that is too long for a label value),
-  so two policies never share a label value.
+  so two policies never share a label value. Pools live beside other tenants (issue 55): a
+  pool takes only nodes no other tenant uses (`poolable`), a group of one job gets no pool
+  (its job runs ungrouped on the nodes in none), and a running job is moved only into a
+  pool where it fits (HarmonyConfig.min_members, moves_must_fit).
 - ExistingPools: groups are assigned to pools an admin labelled (`spec.pools.labelKey`,
   e.g. cloud.google.com/gke-nodepool); the operator writes no node, and a grouping policy
   places only on nodes carrying the key (policies/grouping/existing_pools.py).
@@ -41,6 +44,7 @@ from mlsched.controller.records import JobRecord, NodeRecord, PodPool
 from mlsched.policies.grouping.existing_pools import OntoExistingPools
 from mlsched.policies.grouping.harmony import Harmony
 from mlsched.policies.grouping.none import NoGrouping
+from mlsched.policies.grouping.on_nodes import OnNodes
 from mlsched.policies.grouping.profiles import profile_table
 
 log = logging.getLogger("mlsched.controller.pools")
@@ -95,8 +99,12 @@ def configure(resolved: ResolvedPolicy, spec: SchedulingPolicySpec, namespace: s
         resolved.ready = Verdict(True, "FallbackActive", message)
         return None
     if isinstance(resolved.grouping, Harmony):
+        # A pool of one job co-locates nothing and fences nodes off from everyone else: only
+        # the operator's own labels are such fences (ExistingPools' pools are the admin's).
         config = dataclasses.replace(resolved.grouping.config, threshold=spec.pools.threshold,
-                                     min_pool_s=spec.pools.min_stay_seconds * interval_scale)
+                                     min_pool_s=spec.pools.min_stay_seconds * interval_scale,
+                                     min_members=2 if spec.pools.mode == LABEL_NODES else 1,
+                                     moves_must_fit=True)
         resolved.grouping = Harmony(config)
     return setup_for(namespace, policy, spec)
 
@@ -106,6 +114,53 @@ def usable(node: NodeRecord, setup: PoolSetup) -> bool:
     if setup.mode == LABEL_NODES:
         return POOL_LABEL not in node.labels or node.pool_owner == setup.owner
     return setup.label_key in node.labels
+
+
+def others_nodes(pods: Mapping[tuple[str, str], Iterable[Any]], own: set[tuple[str, str]],
+                 reserved: Mapping[tuple[str, str], Mapping[str, Any]],
+                 strays: Iterable[Any] = (), foreign_gpus: Mapping[str, Iterable[Any]] | None = None,
+                 foreign_extended: Mapping[str, Iterable[Any]] | None = None) -> set[str]:
+    """The nodes other tenants use, which a LabelNodes policy must not put in its pools: where
+    pods of jobs not its own (any namespace, any policy) are bound and not finished, where
+    another policy's latest step reserved capacity (its pods may not exist yet), where pods of
+    an earlier job of the same name still run (`strays`), and where pods of other workloads
+    hold GPUs or extended resources (`foreign_gpus`: node -> their (cpu, gpu, mem) requests;
+    `foreign_extended`: node -> their extended resources). Other workloads' pods asking only
+    CPU and memory do not count: every node runs some (kube-proxy, log and metric agents),
+    and the indexes keep no owner to tell a node agent from a tenant's service."""
+    out: set[str] = set()
+    for key, found in pods.items():
+        if key in own:
+            continue
+        out.update(p.node for p in found if p.node and p.phase not in ("Succeeded", "Failed"))
+    for key, usage in reserved.items():
+        if key not in own:
+            out.update(node for node, r in usage.items() if any(float(x) > 0 for x in r))
+    out.update(p.node for p in strays if p.node and p.phase not in ("Succeeded", "Failed"))
+    for node, requests in (foreign_gpus or {}).items():
+        if any(float(r[1]) > 0 for r in requests):
+            out.add(node)
+    out.update(node for node, found in (foreign_extended or {}).items() if any(found))
+    return out
+
+
+def poolable(snapshot: Snapshot, taken: set[str]) -> list[bool]:
+    """Per snapshot node, whether a LabelNodes policy may put it in a pool: no other tenant
+    uses it (`taken`, others_nodes), and some task of the policy's jobs may run there (their
+    templates' node constraints, JobView.node_filters): a node none of them can use would be
+    a pool's node in name only."""
+    n = len(snapshot.node_names)
+    allowed = np.zeros(n, dtype=bool)
+    for job in snapshot.jobs:
+        for role in (("ps", "worker") if job.uses_ps else ("worker",)):
+            mask = job.node_filter(role)  # type: ignore[arg-type]
+            if mask is None:
+                allowed[:] = True
+                break
+            allowed |= mask
+        if allowed.all():
+            break
+    return [bool(a) and name not in taken for a, name in zip(allowed, snapshot.node_names)]
 
 
 @dataclass(frozen=True)
@@ -155,8 +210,12 @@ def fill(snapshot: Snapshot, setup: PoolSetup, nodes: Mapping[str, NodeRecord],
     return out, labels
 
 
-def grouping_for(grouping, setup: PoolSetup, labels: list):
-    return OntoExistingPools(grouping, labels) if setup.mode == EXISTING_POOLS else grouping
+def grouping_for(grouping, setup: PoolSetup, labels: list, allowed: list[bool] | None = None):
+    """The grouping as the cluster runs it: onto the admin's pools (ExistingPools), or pooling
+    only the `allowed` nodes (LabelNodes, `poolable`)."""
+    if setup.mode == EXISTING_POOLS:
+        return OntoExistingPools(grouping, labels)
+    return OnNodes(grouping, allowed) if allowed is not None else grouping
 
 
 def cluster_pool(plan: PoolPlan, job: str, setup: PoolSetup | None) -> str | None:

@@ -272,15 +272,51 @@ def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
 
 
 def with_pools(snapshot: Snapshot, plan: PoolPlan) -> Snapshot:
-    """The snapshot the allocation and placement phases see: job views carry their pool."""
+    """The snapshot the allocation and placement phases see: job views carry their pool.
+
+    A pool's nodes are its members': in a plan with pools, a job the plan leaves in none
+    (Harmony's `min_members`: a group too small for a pool runs ungrouped) may use only the
+    nodes in no pool, as a filter on each of its roles. Else it would take the capacity a
+    time-shared pool's members were given (their tasks ask for a share of the compute)."""
     if plan.is_shared and all(j.pool is None for j in snapshot.jobs):
         jobs = list(snapshot.jobs)  # nothing to copy: the views are read, never written
     else:
         jobs = [_in_pool(j, plan, snapshot.divisible) for j in snapshot.jobs]
+        if not plan.is_shared and plan.node_pools is not None \
+                and any(j.pool is None for j in jobs):
+            free = np.array([p is None for p in plan.node_pools], dtype=bool)
+            jobs = _off_pools(jobs, free)
     node_pools = list(plan.node_pools) if plan.node_pools is not None else snapshot.node_pools
     shares = dict(plan.shares) if not plan.is_shared else snapshot.pool_shares
     return dataclasses.replace(snapshot, jobs=jobs, node_pools=node_pools,
                                pool_shares=shares or None)
+
+
+def _off_pools(jobs: list[JobView], free: np.ndarray) -> list[JobView]:
+    """The jobs in no pool with each role's node filter narrowed to the `free` nodes. Jobs
+    with the same filter share the narrowed array (the ledger and DL²'s state key their
+    checks on a filter's identity)."""
+    narrowed: dict[int, np.ndarray] = {}
+
+    def narrow(mask: np.ndarray | None) -> np.ndarray:
+        if mask is None:
+            return free
+        found = narrowed.get(id(mask))
+        if found is None:
+            found = narrowed[id(mask)] = mask & free
+        return found
+
+    out = []
+    for j in jobs:
+        if j.pool is not None:
+            out.append(j)
+            continue
+        roles = ("ps", "worker") if j.uses_ps else ("worker",)
+        filters = dict(j.node_filters or {})
+        for role in roles:
+            filters[role] = narrow(filters.get(role))  # type: ignore[call-overload,index]
+        out.append(dataclasses.replace(j, node_filters=filters))
+    return out
 
 
 def _in_pool(j: JobView, plan: PoolPlan, divisible: tuple[int, ...] = (0, 1)) -> JobView:

@@ -13,6 +13,16 @@ and no members. Otherwise the current plan stands. On a trigger, a fresh groupin
 the current one only if its predicted score beats keeping it (finished jobs gone, newcomers
 added where they raise the score most, freed machines handed out) by `threshold`, and only
 if it moves no running job that joined its pool less than `min_pool_s` ago.
+
+In the cluster (controller/pools.py sets these) two more rules hold, because there a pool is
+a node label on nodes other tenants share, and a pod moved is a checkpoint-restart:
+
+- `min_members` (2 there, 1 in the simulator): a group of fewer members gets no pool. A
+  pool of one job co-locates nothing and only fences nodes off; its job runs ungrouped,
+  on the nodes no pool has, as the allocation and placement decide. A running ungrouped job
+  is therefore no arrival (it triggers nothing), and keeping the groups keeps it ungrouped.
+- `moves_must_fit`: a plan that moves a running job into a pool where its starting gang does
+  not fit (fit.py) is not taken; the groups in force stay until the pool has room.
 """
 
 from __future__ import annotations
@@ -23,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from mlsched.cluster.types import WAITING_POOL, PoolForecast, PoolPlan, Snapshot
-from mlsched.policies.grouping import algorithm, local_search
+from mlsched.policies.grouping import algorithm, fit, local_search
 from mlsched.policies.grouping.model import group_time
 from mlsched.policies.grouping.profiles import profile_table
 
@@ -46,6 +56,10 @@ class HarmonyConfig:
     # pairs examined in all, and how many neighbours by iteration time each group pairs with
     local_search_pairs: int = 1000
     local_search_window: int = 4
+    # The cluster's rules (module docstring): fewest members a group needs to get a pool, and
+    # whether a plan may move a running job into a pool its starting gang does not fit.
+    min_members: int = 1
+    moves_must_fit: bool = False
 
 
 @dataclass
@@ -68,26 +82,43 @@ class Harmony:
             return PoolPlan()
         C, N = profile_table(jobs, cfg.max_dop)
         current = _current(snapshot)
-        triggered = current is None or _triggered(snapshot, current)
+        triggered = current is None or _triggered(snapshot, current, cfg.min_members > 1)
         if not triggered:
             return self._plan(snapshot, current, C, N, regrouped=False, gain=0.0)
         fresh = self._fresh(snapshot, C, N, current or [])
         if current is None:
-            return self._plan(snapshot, fresh, C, N, regrouped=True, gain=0.0)
+            plan = self._plan(snapshot, fresh, C, N, regrouped=True, gain=0.0)
+            # Nothing is pooled yet: where a running job would not fit, everyone stays as is.
+            return PoolPlan() if self._unfit(snapshot, plan) else plan
         keep = self._keep(snapshot, current, C, N)
         s_keep, s_fresh = self._score(keep, C, N), self._score(fresh, C, N)
         gain = (s_fresh - s_keep) / s_keep if s_keep > 0 else math.inf
         if gain > cfg.threshold and not self._moves_pinned(snapshot, fresh):
-            return self._plan(snapshot, fresh, C, N, regrouped=True, gain=gain)
+            plan = self._plan(snapshot, fresh, C, N, regrouped=True, gain=gain)
+            if not self._unfit(snapshot, plan):
+                return plan
         return self._plan(snapshot, keep, C, N, regrouped=False, gain=gain)
+
+    def _unfit(self, snapshot: Snapshot, plan: PoolPlan) -> bool:
+        return self.config.moves_must_fit and bool(fit.unfit_moves(snapshot, plan))
 
     # ---- the two candidates ---------------------------------------------------------------
     def _k_max(self, snapshot: Snapshot) -> int:
-        """Members per group: one PS and one worker of each must fit a node's memory."""
+        """Members per group: one PS and one worker of each must fit a node's memory, and
+        its share of every resource time-sharing does not divide (in the cluster, GPUs: a
+        node of 2 GPUs holds the one-GPU workers of 2 members, not 3)."""
         mem = float(snapshot.capacity[:, 2].min()) if len(snapshot.capacity) else 0.0
         need = max(float(j.ps_demand[2] + j.worker_demand[2]) for j in snapshot.jobs)
         by_mem = int(mem // need) if need > 0 else self.config.max_jobs_per_group
-        return max(1, min(self.config.max_jobs_per_group, by_mem))
+        k = min(self.config.max_jobs_per_group, by_mem)
+        for r in (0, 1):  # cpu, gpu: only where they are not divided
+            if r in snapshot.divisible or not len(snapshot.capacity):
+                continue
+            need = max(float(j.ps_demand[r] + j.worker_demand[r]) for j in snapshot.jobs)
+            have = snapshot.capacity[:, r][snapshot.capacity[:, r] > 0]
+            if need > 0 and have.size:  # nodes without any of it host no such task anyway
+                k = min(k, int(float(have.min()) // need))
+        return max(1, k)
 
     def _fresh(self, snapshot: Snapshot, C, N, current: list[_Group]) -> list[_Group]:
         cfg = self.config
@@ -108,7 +139,10 @@ class Harmony:
 
     def _keep(self, snapshot: Snapshot, current: list[_Group], C, N) -> list[_Group]:
         """The current groups without finished jobs; newcomers join the group where they
-        raise the score most (or wait); machines of emptied groups go where they help most."""
+        raise the score most (or wait); machines of emptied groups go where they help most.
+        With `min_members` > 1 the jobs left out run ungrouped: each counts as a group of
+        its own over the nodes no group has (so that the score compares with a fresh
+        grouping's, which gives such jobs machines), and `_plan` gives them no pool."""
         cfg = self.config
         k_max = self._k_max(snapshot)
         groups = [g for g in current if g.members]
@@ -134,6 +168,20 @@ class Harmony:
             for g, m in zip(groups, machines.tolist()):
                 while len(g.nodes) < m and freed:
                     g.nodes.append(freed.pop(0))
+        if cfg.min_members > 1:
+            # The jobs left out share the nodes in no pool (those the ungrouped run on now
+            # stay theirs: a pool never grows over them when the groups are kept).
+            pooled = {n for g in groups for n in g.nodes}
+            unpooled = [n for n in range(len(snapshot.node_names)) if n not in pooled]
+            placed = {i for g in groups for i in g.members}
+            singles = [_Group(None, [i], []) for i in range(len(snapshot.jobs)) if i not in placed]
+            if singles:
+                machines = algorithm.allocate_machines([g.members for g in singles], C, N,
+                                                       len(unpooled), cfg.max_dop)
+                for g, m in zip(singles, machines.tolist()):
+                    while len(g.nodes) < m and unpooled:
+                        g.nodes.append(unpooled.pop(0))
+            groups += singles
         return groups
 
     def _group_value(self, members: list[int], C, N, d: int) -> float:
@@ -161,9 +209,13 @@ class Harmony:
     # ---- the answer ---------------------------------------------------------------------
     def _plan(self, snapshot: Snapshot, groups: list[_Group], C, N, regrouped: bool, gain: float) -> PoolPlan:
         node_pools: list[str | None] = [None] * len(snapshot.node_names)
-        job_pools = {j.name: WAITING_POOL for j in snapshot.jobs}
+        # With min_members > 1 a job in no group runs ungrouped (no entry), else it waits.
+        ungrouped = self.config.min_members > 1
+        job_pools = {} if ungrouped else {j.name: WAITING_POOL for j in snapshot.jobs}
         shares, forecasts = {}, {}
         for g in groups:
+            if ungrouped and len(g.members) < self.config.min_members:
+                continue  # no pool: its jobs ungrouped, its nodes in none
             assert g.name is not None
             for n in g.nodes:
                 node_pools[n] = g.name
@@ -177,7 +229,10 @@ class Harmony:
                 forecasts[g.name] = PoolForecast(t, float(c.sum() / t), float(n.sum() / t),
                                                  len(g.members), len(g.nodes))
         moved = tuple(j.name for j in snapshot.jobs
-                      if j.workers > 0 and j.pool is not None and job_pools[j.name] != j.pool)
+                      if j.workers > 0 and j.pool is not None and job_pools.get(j.name) != j.pool)
+        if ungrouped and not job_pools:
+            return PoolPlan(predicted_gain=float(gain) if math.isfinite(gain) else 0.0,
+                            regrouped=regrouped, moved=moved)  # no pool at all: one shared cluster
         return PoolPlan(job_pools, tuple(node_pools), shares, coordinated=True, forecasts=forecasts,
                         predicted_gain=float(gain) if math.isfinite(gain) else 0.0,
                         regrouped=regrouped, moved=moved)
@@ -197,10 +252,13 @@ def _current(snapshot: Snapshot) -> list[_Group] | None:
     return list(by_name.values())
 
 
-def _triggered(snapshot: Snapshot, current: list[_Group]) -> bool:
-    """An arrival (a job in no current pool) or a completion (a pool left without members)."""
+def _triggered(snapshot: Snapshot, current: list[_Group], ungrouped: bool = False) -> bool:
+    """An arrival (a job in no current pool) or a completion (a pool left without members).
+    `ungrouped` (min_members > 1): a running job in no pool is settled there, no arrival."""
     known = {g.name for g in current}
-    return any(j.pool not in known for j in snapshot.jobs) or any(not g.members for g in current)
+    return (any(j.pool not in known and not (ungrouped and j.pool is None and j.workers > 0)
+                for j in snapshot.jobs)
+            or any(not g.members for g in current))
 
 
 def _name_and_place(groups: list[list[int]], machines: np.ndarray, current: list[_Group],
