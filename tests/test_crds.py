@@ -72,7 +72,7 @@ def test_generation_is_deterministic_across_processes(tmp_path):
     ("MLJob", "mljobs", "mlj", ["Phase", "Reason", "PS", "Workers", "Progress", "Policy", "Group",
                                 "Age"]),
     ("SchedulingPolicy", "schedulingpolicies", "schedpol",
-     ["Allocation", "Placement", "Model loaded", "Ready", "Admitted", "Waiting", "Model version",
+     ["Allocation", "Placement", "Model loaded", "Ready", "Admitted", "Waiting", "GPUs", "Model version",
       "Last round", "Age"]),
 ])
 def test_crd_names_subresources_and_columns(kind, plural, short, columns):

@@ -97,6 +97,18 @@ class Retraining(ApiModel):
                     "mlsched.io/dataset-of=<policy>); older ones are deleted. 0 records nothing.")
 
 
+class FairSharing(ApiModel):
+    """How this policy shares GPUs with the other policies whose jobs draw on the same nodes
+    (docs/operator.md, "Fair sharing between policies")."""
+
+    weight: float = Field(
+        1.0, ge=0, le=1000,
+        description="While the policies' jobs together want more GPUs than the nodes have, each "
+                    "policy may book at most its weighted share of them (plus what the others "
+                    "leave idle); 0: only what the others leave idle, beyond its running jobs' "
+                    "minimums.")
+
+
 #: The node label a LabelNodes pool is written under (the only key the operator writes).
 POOL_LABEL_KEY = "mlsched.io/pool"
 LABEL_KEY = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -184,6 +196,8 @@ class SchedulingPolicySpec(ApiModel):
                               "interval on, Manual only reports it in status.modelVersions. An "
                               "entry in models always wins.")
     retraining: Retraining = Field(default_factory=Retraining, json_schema_extra={"default": {}})
+    fair_sharing: FairSharing = Field(default_factory=FairSharing,
+                                      json_schema_extra={"default": {}})
     fallback: str = _algorithm("drf", ALLOCATION_HEURISTICS,
                                "Allocation used while a learned model is unavailable (one that "
                                "needs no model).")
@@ -266,6 +280,15 @@ class GroupingStatus(StatusModel):
         None, description="When the groups' members last changed.")
 
 
+class FairShareStatus(StatusModel):
+    """The policy's fair share of the GPUs contended for at its latest step (spec.fairSharing)."""
+
+    entitled_gpus: float = Field(ge=0, description="The most its jobs may book in all now.")
+    capacity_gpus: float = Field(ge=0, description="The GPUs the contending policies share.")
+    demand_gpus: float = Field(ge=0, description="What its jobs could use, each at its max.")
+    contenders: int = Field(ge=0, description="Policies with demand for them, itself included.")
+
+
 class SchedulingPolicyStatus(StatusModel):
     """Written by the operator only (status subresource)."""
 
@@ -293,6 +316,11 @@ class SchedulingPolicyStatus(StatusModel):
     waiting_jobs: int | None = Field(
         None, ge=0, description="Its jobs (not suspended or finished) holding nothing then; each "
                                 "says why in its Admitted condition.")
+    booked_gpus: float | None = Field(
+        None, ge=0, description="GPUs its jobs hold as its latest round or admission step decided.")
+    fair_share: FairShareStatus | None = Field(
+        None, description="Its share while policies contend for GPUs; absent while nothing "
+                          "bounds it.")
     rewards: list[RewardEntry] = Field(default_factory=list, max_length=MAX_HISTORY,
                                        description="Newest last; trimmed to historyLimit.")
     observed_generation: int | None = Field(
@@ -335,12 +363,16 @@ CRD = CrdInfo(
         PrinterColumn("Ready", _condition_status(PolicyConditionType.READY)),
         PrinterColumn("Admitted", ".status.admittedJobs", "integer", "Jobs holding tasks"),
         PrinterColumn("Waiting", ".status.waitingJobs", "integer", "Jobs holding nothing"),
+        PrinterColumn("GPUs", ".status.bookedGpus", "number", "GPUs its jobs hold as decided"),
         PrinterColumn("Model version", ".status.modelVersion"),
         PrinterColumn("Last round", ".status.lastRoundTime", "date"),
         AGE,
         PrinterColumn("Grouping", ".spec.grouping", priority=1),
         PrinterColumn("Gain", ".status.grouping.predictedGain", "number",
                       "Predicted gain of regrouping over keeping the groups", 1),
+        PrinterColumn("Share", ".status.fairShare.entitledGpus", "number",
+                      "Its fair share of contended GPUs (absent: not bounded)", 1),
+        PrinterColumn("Weight", ".spec.fairSharing.weight", "number", "Fair-sharing weight", 1),
         PrinterColumn("Interval", ".spec.interval", "integer", "Seconds between rounds", 1),
         PrinterColumn("Decisions", ".status.decisions", "integer", priority=1),
     ),

@@ -33,7 +33,7 @@ import kubernetes.client
 import kubernetes.watch
 
 from mlsched.api import GROUP, VERSION
-from mlsched.controller import displacement, dra, jobs, preflight, progress_server
+from mlsched.controller import displacement, dra, fair_share, jobs, preflight, progress_server
 from mlsched.controller.config import OperatorConfig
 from mlsched.controller.constants import JOB_LABEL
 from mlsched.controller.cluster_pods import OtherNamespaceClaims, OtherNamespacePods
@@ -411,8 +411,10 @@ def mljob_index(namespace: str, name: str, body: kopf.Body, **_: Any):
 
 
 @kopf.index(*POLICIES)
-def policy_index(namespace: str, name: str, **_: Any):
-    return {(namespace, name): True}
+def policy_index(namespace: str, name: str, spec: kopf.Spec, **_: Any):
+    """The policies there are, with each one's fair-sharing weight (fair_share.py), which
+    every other policy's steps read."""
+    return {(namespace, name): fair_share.weight_of(spec)}
 
 
 # ---------------------------------------------------------------------- scheduling loop

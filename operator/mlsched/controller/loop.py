@@ -31,7 +31,8 @@ from typing import Any
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
 from mlsched.controller import (
-    displacement, pool_steps, pools, quotas, reporting, rewards, version_adoption, waiting,
+    displacement, fair_share, pool_steps, pools, quotas, reporting, rewards, version_adoption,
+    waiting,
 )
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
@@ -139,13 +140,19 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
 
 
 def job_counts(rt: Runtime, key: tuple[str, str], jobs: list[JobRecord],
-               status: Mapping[str, Any]) -> dict[str, int]:
-    """status.admittedJobs / waitingJobs after a step (the `kubectl get` columns), where they
-    changed since last written or queued: the policy's jobs holding tasks as decided, and
-    those (not suspended or finished) holding nothing."""
+               status: Mapping[str, Any]) -> dict[str, Any]:
+    """status.admittedJobs / waitingJobs / bookedGpus / fairShare after a step (the `kubectl
+    get` columns), where they changed since last written or queued: the policy's jobs holding
+    tasks as decided, those (not suspended or finished) holding nothing, the GPUs they hold,
+    and its fair share while one bounds it (None clears it)."""
     admitted = sum(1 for j in jobs if j.schedulable and (rt.placements.of(j.key) or {}).get("worker"))
+    share = rt.fair_shares.get(key)
     counts = {"admittedJobs": admitted,
-              "waitingJobs": sum(1 for j in jobs if j.schedulable) - admitted}
+              "waitingJobs": sum(1 for j in jobs if j.schedulable) - admitted,
+              "bookedGpus": round(rt.reservations.gpus(key), 3),
+              "fairShare": None if share is None else {
+                  "entitledGpus": round(share.gpus, 3), "capacityGpus": round(share.capacity, 3),
+                  "demandGpus": round(share.demand, 3), "contenders": share.contenders}}
     before = rt.policy_counts.get(key) or {k: status.get(k) for k in counts}
     rt.policy_counts[key] = counts
     return {k: v for k, v in counts.items() if before.get(k) != v}
@@ -168,7 +175,9 @@ async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str,
             rt.waiting.pop(j.key, None)
     if all(targets[j.name].count("worker") for j in jobs):
         return
-    reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation)
+    share = rt.fair_shares.get((jobs[0].namespace, jobs[0].policy)) if jobs else None
+    reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation,
+                                      fair_share.describe(share) if share else None)
     for j in jobs:
         if not targets[j.name].count("worker") and j.name in reasons:
             rt.waiting[j.key] = reasons[j.name]
@@ -217,11 +226,22 @@ async def _decide(snapshot, resolved: ResolvedPolicy,
 
 
 def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulable: list[JobRecord],
-                    now: float, interval_s: float, setup: pools.PoolSetup | None = None):
+                    now: float, interval_s: float, setup: pools.PoolSetup | None = None,
+                    policy: tuple[str, str] | None = None):
     """What one policy may decide on: capacity less what other policies reserved and what
-    pods outside its schedulable jobs hold (controller/snapshot.py). Call under round_lock.
-    With a grouping (`setup`), only the nodes it may use (pools.usable)."""
+    pods outside its schedulable jobs hold (controller/snapshot.py), its GPUs bounded by its
+    fair share while policies contend for them (fair_share.py; `policy`: its key, whose
+    entitlement is kept in rt.fair_shares). Call under round_lock. With a grouping (`setup`),
+    only the nodes it may use (pools.usable)."""
     cluster = idx.cluster()
+    share = None
+    if policy is not None:
+        share = policy_entitlement(rt, idx, policy, cluster)
+        if share is None:
+            rt.fair_shares.pop(policy, None)
+        else:
+            rt.fair_shares[policy] = share
+    budget = fair_share.bounded(quota_budget(rt, idx, schedulable), share)
     if setup is not None:
         cluster = dataclasses.replace(cluster, nodes=[n for n in cluster.nodes
                                                       if pools.usable(n, setup)])
@@ -242,7 +262,7 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
                           node_selector=rt.config.node_selector,
                           tolerated_taints=rt.config.tolerated_taints,
-                          budget=quota_budget(rt, idx, schedulable),
+                          budget=budget,
                           # Others' ports matter only to tasks holding ports themselves.
                           ports=held_ports(cluster, deciding, decided)
                           if any(j.host_ports for j in schedulable) else None,
@@ -252,6 +272,16 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
                           # Other workloads' anti-affinity terms repelling job pods (rare).
                           repelled=cluster.foreign_repels.get(schedulable[0].namespace)
                           if schedulable else None)
+
+
+def policy_entitlement(rt: Runtime, idx: Indexes, policy: tuple[str, str],
+                       cluster) -> fair_share.Entitlement | None:
+    """The policy's fair share of contended GPUs now (fair_share.py); None when unbounded.
+    The cluster is read before a grouping narrows it: the policies share all the nodes."""
+    every = flatten(idx.mljobs)
+    running = {j.key for j in every if (rt.placements.of(j.key) or {}).get("worker")}
+    return fair_share.entitlement(policy, every, fair_share.weights(idx.policies), running,
+                                  cluster, rt.config.node_selector)
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
@@ -298,6 +328,14 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
                     if quotas.matches(scope, priority):
                         usage.add(charge, quotas.quota_takes(job, role), missing)
     return quotas.budget(found, own, pending, default)
+
+
+def wake_others(rt: Runtime, key: tuple[str, str]) -> None:
+    """Every other policy's waiting jobs get an admission step now, not at their next round
+    (one with nothing waiting does nothing)."""
+    for other in rt.policy_loops.running() if rt.policy_loops is not None else ():
+        if other != key:
+            rt.wakeups.signal(other, "admission")
 
 
 def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef]:
@@ -382,14 +420,17 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
             # Sticky to the last decision, not only to pods that exist: a job admitted seconds
             # ago has gated pods with no node yet, and must not be placed anew (and moved).
             snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now,
-                                                       interval_s, setup),
+                                                       interval_s, setup, key),
                                        {j.name: rt.placements.of(j.key) for j in schedulable})
             snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable, status,
                                                     serving.phases["grouping"])
             decision, failure = await _decide(snapshot, resolved, serving, grouping)
             targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
+        held_before = rt.reservations.gpus(key)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
                                   if targets[j.name].count("worker")})
+        if rt.reservations.gpus(key) < held_before - 1e-9:
+            wake_others(rt, key)  # what it gave back (e.g. a borrowed fair share) is free now
         for job in schedulable:  # before the lock goes: others' quota budgets read it
             rt.placements.set(job.key, targets[job.name].nodes)
         # Until its patches are answered, events of these StatefulSets predate them.
@@ -529,7 +570,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     async with rt.round_lock:
         with collection_paused():  # as a round (loop_health.py)
             snapshot = held_as_decided(policy_snapshot(rt, idx, jobs, schedulable, now,
-                                                       interval_s, setup),
+                                                       interval_s, setup, key),
                                        {j.name: decided[j.key] for j in schedulable},
                                        released={name for _, name in redecided})
             snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable,
@@ -761,6 +802,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
         rt.policy_counts.pop(key, None)
+        rt.fair_shares.pop(key, None)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)
         rt.policy_nodes.pop(key, None)

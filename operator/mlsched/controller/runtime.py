@@ -350,6 +350,11 @@ class ReservationBook:
                 return usage[job]
         return None
 
+    def gpus(self, policy: PolicyKey) -> float:
+        """The GPUs the policy's jobs hold as decided."""
+        return sum(r[1] for usage in self._by_policy.get(policy, {}).values()
+                   for r in usage.values())
+
     def release(self, job: JobKey) -> None:
         for usage in self._by_policy.values():
             usage.pop(job, None)
@@ -561,6 +566,9 @@ class Runtime:
     policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
     # Each policy's status.admittedJobs / waitingJobs as last queued (loop.job_counts).
     policy_counts: dict[PolicyKey, dict[str, int]] = field(default_factory=dict)
+    # Each policy's fair share of contended GPUs at its latest step (fair_share.py); absent
+    # while nothing bounds it.
+    fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)
     policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)  # node → label
     # Policies named by jobs or node labels but missing from the index: since when (jobs.py).
     orphans: dict[PolicyKey, float] = field(default_factory=dict)

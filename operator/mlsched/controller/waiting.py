@@ -9,7 +9,8 @@ job given nothing gets one of:
 - its minimum would fit, but the policy gave the capacity to others (or, for a learned
   policy, chose to stop): a fairness or ordering decision, not a shortage;
 - its minimum would fit the nodes but not the namespace's quota once the tasks decided before
-  it count (the quota's own count, which WaitingForQuota reports, lags until their pods exist);
+  it count (the quota's own count, which WaitingForQuota reports, lags until their pods exist),
+  or not its policy's fair share of contended GPUs (fair_share.py);
 - its grouping has not given it a node pool yet.
 
 "Free now" is what the decision leaves: the snapshot's capacity (other policies' and other
@@ -38,8 +39,11 @@ def _amount(v: np.ndarray) -> str:
     return f"{gpu:g} GPU, {cpu:g} CPU, {mem:g} GiB"
 
 
-def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict[str, str]:
-    """Per job of the snapshot that the decision gives nothing: why it waits."""
+def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str,
+                fair_share: str | None = None) -> dict[str, str]:
+    """Per job of the snapshot that the decision gives nothing: why it waits. `fair_share`:
+    the policy's fair share of contended GPUs in words, when one bounds the step (the budget
+    is then that share as well as the quotas')."""
     view = with_pools(snapshot, decision.pools)
     waiting = [j for j in view.jobs if not (decision.jobs.get(j.name) or JobDecision()).workers]
     if not waiting:
@@ -70,6 +74,11 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str) -> dict
             out[job.name] = short
             continue
         if ledger.budget is not None and _fits_without_budget(ledger, job, gang):
+            if fair_share is not None:
+                out[job.name] = (f"its minimum would fit what is free now, but not within "
+                                 f"{fair_share}, or what the namespace's ResourceQuotas leave, "
+                                 f"once the tasks decided before it are counted")
+                continue
             # The quota's own count (quotas.reasons, WaitingForQuota) does not show it yet.
             out[job.name] = ("its minimum would fit what is free now, but not in what the "
                              "namespace's ResourceQuotas leave once the tasks decided before it "
