@@ -39,7 +39,7 @@ from mlsched.controller.constants import LEGACY_FINALIZER
 from mlsched.controller import dataset_store
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched_objects import (
-    MLSched, condition, default_policy, for_kwok, phase, sample, scheduling_policy,
+    GROUP, VERSION, MLSched, condition, default_policy, for_kwok, phase, sample, scheduling_policy,
 )
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
 from operator_process import OperatorProcess
@@ -345,6 +345,22 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
                  "the short job to finish and be deleted after its TTL",
                  describe=lambda: (emulator.reports, emulator.last_error,
                                    phase(jobs.job("resnet50-ps"))))
+        # Two intervals of `default` with a job recorded (the samples above finish within one):
+        # the first made its dataset segment (create), the second was appended to it and the
+        # first pruned (datasetLimit 1), conditional patches, which is what its patch on
+        # ConfigMaps is for since the dataset keeps closed intervals in segments. The long job
+        # is deleted while the operator runs, which takes its finalizer away.
+        long_job = for_kwok(sample("mljob-allreduce.yaml"), epochs=1e9)
+        long_job["metadata"]["name"] = "recorded"
+        jobs.create(long_job)
+        core, recorded = client.CoreV1Api(api), set()
+        wait_for(lambda: recorded.update(r.interval for r in dataset_store.list_records(
+                     core, DEV_NAMESPACE, "default") if r.policy_uid != "earlier")
+                 or len(recorded) >= 2, 90, "two intervals of default recorded",
+                 describe=lambda: sorted(recorded))
+        client.CustomObjectsApi(api).delete_namespaced_custom_object(
+            GROUP, VERSION, DEV_NAMESPACE, "mljobs", "recorded")
+        wait_for(lambda: jobs.job("recorded") is None, 60, "the long job deleted")
         assert operator.running(), operator.log_tail()
     finally:
         emulator.stop()
