@@ -161,6 +161,8 @@ def entitlement(key: PolicyKey, jobs: list[JobRecord], weights: Mapping[PolicyKe
                 node_selector: Mapping[str, str]) -> Entitlement | None:
     """Policy `key`'s entitlement now; None when nothing bounds it: it has no GPU demand, it
     is the only policy with any, or all of their demand fits."""
+    if len(weights) < 2:
+        return None  # one policy (the usual install): nothing to share, nothing to scan
     found = claims(jobs, weights, running)
     if key not in found or len(found) < 2:
         return None

@@ -278,10 +278,13 @@ def policy_entitlement(rt: Runtime, idx: Indexes, policy: tuple[str, str],
                        cluster) -> fair_share.Entitlement | None:
     """The policy's fair share of contended GPUs now (fair_share.py); None when unbounded.
     The cluster is read before a grouping narrows it: the policies share all the nodes."""
+    weights = fair_share.weights(idx.policies)
+    if len(weights) < 2:
+        return None  # one policy: nothing to share (and no job to scan)
     every = flatten(idx.mljobs)
     running = {j.key for j in every if (rt.placements.of(j.key) or {}).get("worker")}
-    return fair_share.entitlement(policy, every, fair_share.weights(idx.policies), running,
-                                  cluster, rt.config.node_selector)
+    return fair_share.entitlement(policy, every, weights, running, cluster,
+                                  rt.config.node_selector)
 
 
 def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
