@@ -16,7 +16,10 @@ Data flows one way, and only the last two modules know about kopf or the network
     token_bucket.py   the rate limit the writers and token reviews share
     status_writer.py  status records written in the background, retried, never dropped
     serving.py    a round's learned phases: exploration (bounded) and decision logs  pure
-    dataset_store.py  the retraining dataset's ConfigMap format; read_records  pure
+    dataset_store.py  the retraining dataset's ConfigMap format (segments, records of
+                  their own); read_records                                 pure
+    dataset_segments.py closed records appended to / pruned from segments, writes
+                  conditional on the resourceVersion read
     dataset.py    interval records written as intervals open and close, retention
     object_writer.py  whole objects (dataset ConfigMaps) written in the background, retried
     model_versions.py published model versions: the ConfigMap format          pure
