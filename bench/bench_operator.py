@@ -249,7 +249,8 @@ class AcceptingApi:
         self._count("get", kind)
         return None
 
-    async def patch(self, kind, namespace, name, patch, *, patch_type="merge", status=False):
+    async def patch(self, kind, namespace, name, patch, *, patch_type="merge", status=False,
+                    urgent=False):
         self._count("patch", kind, status)
         return True
 

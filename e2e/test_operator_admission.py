@@ -216,7 +216,8 @@ def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, control_
         table = control_plane.kubectl("get", "schedpol", "daily", "-n", mlsched.namespace).stdout
         header, row = table.splitlines()[:2]
         start = header.index("ADMITTED")  # columns are aligned; some headers have two words
-        assert row[start:header.index("MODEL VERSION")].split() == ["1", "1"], table
+        assert row[start:header.index("GPUS")].split() == ["1", "1"], table
+        assert row[header.index("GPUS"):header.index("MODEL VERSION")].split() == ["24"], table
         described = control_plane.kubectl("describe", "mljob", "waiter", "-n",
                                           mlsched.namespace).stdout
         assert "does not fit what is free now: 0 GPU" in described, described

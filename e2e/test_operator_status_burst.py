@@ -3,8 +3,8 @@
 300 small MLJobs created at once. Two watches, on the same clock, see each job's pods turn
 Ready and the job turn `Running`. The operator runs with its lifecycle sweep every 600 s, so
 only the jobs' own pod events can make them Running in time: every job must be Running within
-FOLLOW_S of its pods (the check), and the spread is printed (the figure: p50 0.12-0.19 s, p99
-2.4-6.4 s over five runs on 2 cores shared with the whole control plane; issue 55 asks p99
+FOLLOW_S of its pods (the check), and the spread is printed (the figure: p50 0.12-1.3 s, p99
+2.4-9.7 s over eleven runs on 2 cores shared with the whole control plane; issue 55 asks p99
 <= 5 s). A wall-clock p99 is not asserted: the machine's noise decides it, not the operator.
 Before, the phase came only from the sweep (every --job-sync-seconds, 10 by default): with it
 every 600 s no job turns Running within the test's wait. And Ready pods were counted from the
@@ -108,8 +108,21 @@ def test_a_burst_of_jobs_turns_running_within_seconds_of_their_pods(api, mlsched
           f"after the burst began")
     try:
         assert lags[-1] <= FOLLOW_S, (p50, p99, lags[-10:])
-        for name in names:  # and none Running before its pods were Ready
-            assert seen.running[name] >= max(seen.pod_ready[name].values()) - 0.5, name
+        # And none Running before its pods were Ready, by the API server's own timestamps
+        # (to the second): the two watches here may deliver a second or more apart under
+        # load, so their arrival times cannot say which came first.
+        ready_at: dict[str, str] = {}
+        for pod in mlsched.pods():
+            for c in pod.status.conditions or ():
+                if c.type == "Ready" and c.status == "True":
+                    job = pod.metadata.labels[JOB_LABEL]
+                    ready_at[job] = max(ready_at.get(job, ""), c.last_transition_time.isoformat())
+        for body in mlsched.jobs():
+            running = next(c for c in body["status"]["conditions"] if c["type"] == "Running")
+            name = body["metadata"]["name"]
+            assert running["status"] == "True", body["status"]
+            assert running["lastTransitionTime"].replace("Z", "+00:00") >= ready_at[name], \
+                (name, running, ready_at[name])
     finally:  # 300 pods take the garbage collector longer than the fixture waits
         mlsched.delete_all()
         wait_for(lambda: not mlsched.pods(), 300, "the burst's pods to be garbage-collected",

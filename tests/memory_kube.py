@@ -162,7 +162,8 @@ class MemoryKube:
         return copy.deepcopy(obj) if obj else None
 
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
-                    patch_type: PatchType = "merge", status: bool = False) -> bool:
+                    patch_type: PatchType = "merge", status: bool = False,
+                    urgent: bool = False) -> bool:
         self.calls.append(("patch-status" if status else "patch", kind, namespace, name))
         self._check("patch", name)
         key = (kind, namespace, name)

@@ -857,3 +857,64 @@ def test_a_job_created_with_its_policy_is_not_warned_and_a_missing_policy_clears
     assert "SchedulingPolicy 'default' exists now" in found[0]["message"]
     sync(rt, kube, "bert", now=late + timedelta(seconds=2))
     assert len([e for e in kube.events("bert") if e["reason"] == "PolicyFound"]) == 1  # once
+
+
+def _set_ready(kube, pod_name: str, ready: bool) -> None:
+    kube.obj("Pod", NS, pod_name)["status"]["conditions"] = [
+        {"type": "Ready", "status": "True" if ready else "False"}]
+
+
+def test_a_pod_events_change_of_counts_waits_to_share_a_patch_and_a_phase_change_does_not(
+        monkeypatch):
+    """In a burst each pod turning Ready was a status patch of its own ("1/3 worker ready",
+    six per job), and they held back the phase changes users wait for. A change of counts
+    alone brought by a pod event now waits COUNTS_DELAY_S to be written with the next one; the
+    phase turning Running is written at once."""
+    rt, kube = scheduled(min_workers=2, max_workers=2)
+    pods = sorted(p["metadata"]["name"] for p in kube.of_kind("Pod"))
+    for name in pods:
+        _set_ready(kube, name, False)
+    run(jobs.sync_job(rt, kube.obj("MLJob", NS, "bert"), kube.indexes()))  # the sweep writes
+    assert cond(kube, "bert", "Running").reason == "PodsStarting"
+    assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 0
+
+    def patches():
+        return sum(1 for c in kube.calls if c[:2] == ("patch-status", "MLJob"))
+
+    written = patches()
+    *first, last = pods
+    for name in first:  # each a change of counts alone: none written yet
+        _set_ready(kube, name, True)
+        run(jobs.sync_job(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), prompt=True))
+    assert patches() == written
+    assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 0
+    # The wait over (none here), the counts are written.
+    monkeypatch.setattr(jobs, "COUNTS_DELAY_S", 0.0)
+    rt.counts_due.clear()
+    for _ in range(2):  # the first starts the wait, the second finds it over
+        run(jobs.sync_job(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), prompt=True))
+    assert patches() == written + 1
+    assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 1
+    assert cond(kube, "bert", "Running").reason == "PodsStarting"
+    monkeypatch.setattr(jobs, "COUNTS_DELAY_S", 60.0)
+    _set_ready(kube, last, True)  # every pod Ready: Running, written at once
+    run(jobs.sync_job(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), prompt=True))
+    assert patches() == written + 2
+    assert status(kube, "bert")["phase"] == "Running"
+    assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 2
+    assert {e["reason"] for e in kube.events("bert")} >= {"Running"}
+    assert jobs.COUNTS_DELAY_S and not rt.counts_due  # written: nothing waits any more
+
+
+def test_only_counts_tells_counts_from_phase_and_reason_changes():
+    before = {"phase": "Pending", "replicaStatuses": {"worker": {"desired": 3, "ready": 1}},
+              "conditions": [{"type": "Running", "status": "False", "reason": "PodsStarting",
+                              "message": "1/3 worker ready"}]}
+    counts = {"phase": "Pending", "replicaStatuses": {"worker": {"desired": 3, "ready": 2}},
+              "conditions": [{"type": "Running", "status": "False", "reason": "PodsStarting",
+                              "message": "2/3 worker ready"}]}
+    assert lifecycle.only_counts(before, counts)
+    assert not lifecycle.only_counts(before, {**counts, "phase": "Running"})
+    assert not lifecycle.only_counts(before, {**counts, "conditions": [
+        {"type": "Running", "status": "True", "reason": "AllRolesReady"}]})
+    assert not lifecycle.only_counts(before, {**counts, "startTime": "2026-11-29T00:00:00Z"})

@@ -191,3 +191,41 @@ def test_a_flood_of_creates_leaves_slots_for_scaling_and_pinning():
 
     patched, posts_meanwhile = asyncio.run(scenario())
     assert patched and posts_meanwhile == 3  # the 3 create slots full, the patch sent anyway
+
+
+def test_an_urgent_status_patch_goes_before_the_others_waiting():
+    """A job's phase changing is sent before the records and pod counts queued for the status
+    slots (in a burst, a job's Running waited behind other jobs' counts)."""
+    import asyncio
+    import json
+    import threading
+
+    api_client = client.ApiClient(client.Configuration(host="https://apiserver.invalid"))
+    release = threading.Event()
+    sent: list[str] = []
+    lock = threading.Lock()
+
+    def request(method, url, headers=None, body=None, post_params=None, _request_timeout=None):
+        with lock:
+            sent.append(url.rsplit("/", 2)[-2])
+        release.wait(10)  # an API server slow to answer
+        return RESTResponse(Raw(200, {}))
+
+    api_client.rest_client.request = request
+    api = ClientKubeApi(api_client, concurrency=3)  # one status slot
+
+    async def scenario():
+        def patch(name, urgent=False):
+            return asyncio.create_task(api.patch("MLJob", NS, name, {"status": {}}, status=True,
+                                                 urgent=urgent))
+        tasks = [patch("first")]
+        await asyncio.sleep(0.2)  # "first" holds the slot
+        tasks += [patch(f"count-{i}") for i in range(3)]
+        await asyncio.sleep(0.05)
+        tasks.append(patch("running", urgent=True))
+        await asyncio.sleep(0.05)
+        release.set()
+        await asyncio.gather(*tasks)
+
+    asyncio.run(scenario())
+    assert sent[:2] == ["first", "running"], json.dumps(sent)

@@ -27,7 +27,7 @@ from mlsched.controller.events import ObjectRef
 from mlsched.controller.kube import KubeError
 from mlsched.controller.node_constraints import EVERY_NODE
 from mlsched.controller.records import (
-    DEFAULT_SCHEDULER, JobRecord, PodRecord, StsRecord, controller_uid, job_record, parse_job,
+    DEFAULT_SCHEDULER, JobRecord, PodRecord, StsRecord, controller_uid, job_record, parsed_job,
     pod_record, sts_record,
 )
 from mlsched.controller.runtime import Indexes, JobKey, Runtime, flatten, values
@@ -115,17 +115,28 @@ async def write_status(rt: Runtime, body: dict[str, Any], patch: Mapping[str, An
     if not status:
         return
     meta = body["metadata"]
-    await rt.api.patch("MLJob", meta["namespace"], meta["name"], {"status": status}, status=True)
+    # A change of phase or reason goes before the queued records and counts (kube.py).
+    urgent = not lifecycle.only_counts(body.get("status") or {}, status)
+    await rt.api.patch("MLJob", meta["namespace"], meta["name"], {"status": status}, status=True,
+                       urgent=urgent)
     body.setdefault("status", {}).update(status)
 
 
 SWEEP_BATCH = 50  # jobs whose lifecycle one step of the sweep checks (see sweep)
 
 
-async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes) -> bool:
+#: How long a change of pod counts alone (lifecycle.only_counts) may wait to be written when a
+#: pod event brought it: the job's next pods turning Ready within it share one status patch.
+COUNTS_DELAY_S = 1.0
+
+
+async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes,
+                   prompt: bool = False) -> bool:
     """One job's lifecycle (or the children still to create after a transient error). False
     when it is being evaluated already (the sweep and a prompt evaluation met): one at a time,
-    or both would post the same Events."""
+    or both would post the same Events. `prompt`: brought by a pod event (sync_due_forever),
+    whose change of counts alone waits up to COUNTS_DELAY_S to be written (a phase or reason
+    change, or an Event, never waits)."""
     if body["metadata"].get("deletionTimestamp"):
         return True
     job = job_record(body)
@@ -137,11 +148,28 @@ async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes) -> bool:
             await reconcile_if_needed(rt, body, idx)
             return True
         patch: dict[str, Any] = {}
-        await sync_lifecycle(rt, body, idx, patch)
+        outcome = await sync_lifecycle(rt, body, idx, patch)
+        if (prompt and patch.get("status") and not outcome.events
+                and lifecycle.only_counts(body.get("status") or {}, patch["status"])
+                and counts_wait(rt, job.key)):
+            return True
+        rt.counts_due.pop(job.key, None)
         await write_status(rt, body, patch)
         return True
     finally:
         rt.syncing.discard(job.key)
+
+
+def counts_wait(rt: Runtime, key: JobKey) -> bool:
+    """Whether the job's change of counts alone may wait: the first such change waits
+    COUNTS_DELAY_S (the job is marked due again then), later ones until that time."""
+    loop = asyncio.get_running_loop()
+    deadline = rt.counts_due.get(key)
+    if deadline is None:
+        rt.counts_due[key] = loop.time() + COUNTS_DELAY_S
+        loop.call_later(COUNTS_DELAY_S, rt.lifecycle_due.mark, key)
+        return True
+    return loop.time() < deadline
 
 
 async def sync_batches(rt: Runtime, bodies: list[dict[str, Any]], idx: Indexes) -> list[Any]:
@@ -180,7 +208,7 @@ async def sync_due_forever(rt: Runtime) -> None:
             if body is None:
                 return
             try:
-                if not await sync_job(rt, body, rt.indexes):
+                if not await sync_job(rt, body, rt.indexes, prompt=True):
                     rt.lifecycle_due.mark(key)  # the sweep has it now; look again after
             except Exception as err:  # noqa: BLE001 - the sweep tries again
                 log.warning("MLJob %s/%s: %s", *key, err)
@@ -410,7 +438,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
                     created: bool = False) -> lifecycle.Outcome:
     status = body.get("status") or {}
     try:
-        spec = parse_job(body).spec
+        spec = parsed_job(body).spec
     except InvalidObject as err:
         return lifecycle.invalid(status, str(err), job.generation, seen.now)
     if rejected is None and job.refused and status.get("observedGeneration") == job.generation:

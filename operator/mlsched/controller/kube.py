@@ -85,8 +85,10 @@ class KubeApi(Protocol):
     async def get(self, kind: str, namespace: str, name: str) -> dict[str, Any] | None: ...
 
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
-                    patch_type: PatchType = "merge", status: bool = False) -> bool:
-        """Patch an object (or its status subresource); False if it does not exist."""
+                    patch_type: PatchType = "merge", status: bool = False,
+                    urgent: bool = False) -> bool:
+        """Patch an object (or its status subresource); False if it does not exist. `urgent`:
+        a status patch users wait for (a job's phase), sent before the others waiting."""
 
     async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (only the object with this uid, when given); False if it did not exist."""
@@ -180,7 +182,9 @@ class ClientKubeApi:
         # Status patches too: a job's phase turning Running must not wait behind the pins
         # and scale patches of the admission step that a burst keeps busy (issue 55: the
         # slowest of 300 jobs' phases lagged their pods by seconds behind them).
-        self._status_slots = asyncio.Semaphore(max(1, concurrency // 3))
+        # Served by priority: a job's phase changing (jobs.write_status) before the records
+        # and pod counts queued with it (in a burst, up to six count patches per job).
+        self._status_slots = PrioritySlots(max(1, concurrency // 3))
         # Whether writes may be sent now (leadership.Leadership.leading, set by the operator
         # when it runs as one of several replicas); None: always.
         self.fence: Callable[[], bool] | None = None
@@ -203,9 +207,14 @@ class ClientKubeApi:
         async with self._slots:
             return await self._send_in_thread(None, fn, args, kwargs)
 
-    async def _write_call(self, fn, *args, _status: bool = False, **kwargs) -> Any:
-        """A patch or delete, fenced: in the same slots as reads, a status patch in its own."""
-        async with self._status_slots if _status else self._slots:
+    async def _write_call(self, fn, *args, _status: bool = False, _urgent: bool = False,
+                          **kwargs) -> Any:
+        """A patch or delete, fenced: in the same slots as reads, a status patch in its own
+        (an urgent one first)."""
+        if _status:
+            async with self._status_slots.slot(0 if _urgent else 1):
+                return await self._send_in_thread(self.fence, fn, args, kwargs)
+        async with self._slots:
             return await self._send_in_thread(self.fence, fn, args, kwargs)
 
     async def _create_call(self, priority: int, fn, *args, **kwargs) -> Any:
@@ -331,7 +340,8 @@ class ClientKubeApi:
             raise
 
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
-                    patch_type: PatchType = "merge", status: bool = False) -> bool:
+                    patch_type: PatchType = "merge", status: bool = False,
+                    urgent: bool = False) -> bool:
         self._count("patch", kind, status)
         options = {"_content_type": CONTENT_TYPES[patch_type], "field_manager": COMPONENT,
                    "field_validation": "Strict"}
@@ -340,7 +350,7 @@ class ClientKubeApi:
                 fn = (self._custom.patch_namespaced_custom_object_status if status
                       else self._custom.patch_namespaced_custom_object)
                 await self._write_call(fn, GROUP, VERSION, namespace, CUSTOM_PLURALS[kind], name,
-                                       patch, _status=status, **options)
+                                       patch, _status=status, _urgent=urgent, **options)
             elif kind == "Node":  # cluster-scoped: the pool labels of --label-nodes (pools.py)
                 await self._write_call(self._core.patch_node, name, patch, **options)
             else:

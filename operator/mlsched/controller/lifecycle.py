@@ -90,6 +90,30 @@ class Outcome:
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
 
 
+#: Status fields a "counts only" change may touch (see only_counts).
+COUNT_FIELDS = frozenset({"replicaStatuses", "conditions"})
+
+
+def only_counts(before: Mapping[str, Any], after: Mapping[str, Any]) -> bool:
+    """Whether `after` (the lifecycle's status) differs from `before` only in what counts pods:
+    `replicaStatuses` and condition messages ("2/3 worker ready"), with the phase, every
+    condition's status and reason, and everything else as they were. Such a change can wait a
+    moment to be written together with the next one (jobs.sync_job): in a burst each pod
+    turning Ready was a status patch of its own, six per job, and they held the phase changes
+    users wait for behind them."""
+    for key, value in after.items():
+        if before.get(key) == value:
+            continue
+        if key not in COUNT_FIELDS:
+            return False
+        if key == "conditions":
+            old = {c.get("type"): (c.get("status"), c.get("reason")) for c in before.get(key) or ()}
+            new = {c.get("type"): (c.get("status"), c.get("reason")) for c in value or ()}
+            if old != new:
+                return False
+    return True
+
+
 def _wire(conditions: list[Condition]) -> list[dict]:
     return [c.model_dump(mode="json", by_alias=True, exclude_none=True) for c in conditions]
 

@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 from mlsched.api import InvalidObject, MLJob
+from mlsched.api.base import plain
 from mlsched.controller import dra, runtimeclasses
 from mlsched.controller.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POOL_LABEL, POOL_OWNER_ANNOTATION, ROLE_LABEL,
@@ -740,24 +742,69 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
                    for role, rs in (spec.get("replicaSpecs") or {}).items()
                    if isinstance(rs, Mapping)},
     )
+    return JobRecord(**common, **_read_spec(body, common["templates"])[1])
+
+
+def parsed_job(body: Mapping[str, Any]) -> MLJob:
+    """parse_job, read once per spec (see _FROM_SPEC); raises InvalidObject as it does."""
+    job = _read_spec(body)[0]
+    if isinstance(job, InvalidObject):
+        raise job
+    return job
+
+
+def _read_spec(body: Mapping[str, Any], templates: Mapping[str, Any] | None = None
+               ) -> tuple[MLJob | InvalidObject, dict[str, Any]]:
+    meta, spec = body.get("metadata", {}), body.get("spec") or {}
+    key = (meta.get("namespace", ""), meta["name"])
+    cached = _FROM_SPEC.get(key)
+    if cached is not None and cached[0] == spec:
+        _FROM_SPEC.move_to_end(key)
+        return cached[1], cached[2]
+    if templates is None:
+        templates = {role: (rs or {}).get("template") or {}
+                     for role, rs in (spec.get("replicaSpecs") or {}).items()
+                     if isinstance(rs, Mapping)}
     try:
-        job = parse_job(body)
+        job: MLJob | InvalidObject = parse_job(body)
     except InvalidObject as exc:
-        return JobRecord(**common, model="", arch="ps", epochs=0.0, min_ps=0, max_ps=0,
-                         min_workers=0, max_workers=0, suspend=False, error=str(exc))
+        job = exc
+    fields = _from_spec(job, meta["name"], templates)
+    _FROM_SPEC[key] = (plain(spec), job, fields)
+    if len(_FROM_SPEC) > MAX_SPEC_CACHE:
+        _FROM_SPEC.popitem(last=False)
+    return job, fields
+
+
+#: What job_record reads from the spec (and the parsed MLJob), by job, with the spec it was
+#: read from: one parse serves every status write and watch event until the spec changes (a
+#: comparison of two dicts costs microseconds). Parsing the spec (pydantic validation, the templates' requests,
+#: constraints and charges) on each was 19 % of the operator's event loop in a 300-job burst
+#: (py-spy, bench_e2e (a)), which then saw its pods' Ready events 18 s late. Oldest out first
+#: beyond MAX_SPEC_CACHE (a few KiB each).
+_FROM_SPEC: OrderedDict[tuple[str, str], tuple[dict[str, Any], MLJob | InvalidObject,
+                                                dict[str, Any]]] = OrderedDict()
+MAX_SPEC_CACHE = 20000
+
+
+def _from_spec(job: MLJob | InvalidObject, name: str, templates: Mapping[str, Any]
+               ) -> dict[str, Any]:
+    if isinstance(job, InvalidObject):
+        return dict(model="", arch="ps", epochs=0.0, min_ps=0, max_ps=0, min_workers=0,
+                    max_workers=0, suspend=False, error=str(job))
     rs = job.spec.replica_specs
     model = model_label(job.spec.model_type)
-    labels = {role: pod_labels(common["name"], role, t) for role, t in common["templates"].items()}
-    return JobRecord(
-        **common, model=model, demands=role_demands(model, common["templates"]),
-        charges=role_charges(common["templates"]),
-        runtime_classes=runtimeclasses.named(common["templates"]),
-        claim_templates={role: names for role, t in common["templates"].items()
+    labels = {role: pod_labels(name, role, t) for role, t in templates.items()}
+    return dict(
+        model=model, demands=role_demands(model, templates),
+        charges=role_charges(templates),
+        runtime_classes=runtimeclasses.named(templates),
+        claim_templates={role: names for role, t in templates.items()
                          if (names := dra.claim_template_names(t))},
-        node_constraints=role_constraints(common["templates"], extended_requests),
-        host_ports=role_host_ports(common["templates"]),
-        anti_affinity=role_anti_affinity(common["templates"], labels),
-        spread_constraints=role_spread_constraints(common["templates"], labels),
+        node_constraints=role_constraints(templates, extended_requests),
+        host_ports=role_host_ports(templates),
+        anti_affinity=role_anti_affinity(templates, labels),
+        spread_constraints=role_spread_constraints(templates, labels),
         declared_epochs_per_hour=(job.spec.speed_prior.reference_epochs_per_hour
                                   if job.spec.speed_prior else None),
         arch="ps" if job.spec.architecture == "ParameterServer" else "allreduce",

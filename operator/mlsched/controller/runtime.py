@@ -509,6 +509,9 @@ class Runtime:
     lifecycle_due: DueJobs = field(default_factory=DueJobs)
     pod_states: PodStates = field(default_factory=PodStates)
     syncing: set[JobKey] = field(default_factory=set)
+    # Jobs whose change of pod counts alone waits to be written, until when (loop time;
+    # jobs.counts_wait).
+    counts_due: dict[JobKey, float] = field(default_factory=dict)
     # The latest body of each MLJob (from its watch events), for the lifecycle sweep.
     job_bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # (uid, generation) whose children were created and templates refreshed: a watch event
@@ -640,6 +643,7 @@ class Runtime:
 
     def forget_job(self, key: JobKey) -> None:
         self.job_bodies.pop(key, None)
+        self.counts_due.pop(key, None)
         self.reconciled.pop(key, None)
         for stuck in [k for k in self.short_since if k[0] == key]:
             del self.short_since[stuck]
