@@ -8,9 +8,11 @@ failed test.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from kubernetes import client
 
 from controlplane import ControlPlane
 from dl2_model import dl2_model_files
@@ -129,3 +131,17 @@ def emulator(control_plane: ControlPlane, mlsched: MLSched, tmp_path: Path):
     yield emulator
     emulator.stop()
     api_client.close()
+
+
+def own_nodes(api, control_plane: ControlPlane, count: int, prefix: str, label: str,
+              value: str, **shape) -> Iterator[list[str]]:
+    """For a fixture: `count` kwok nodes of a test's own (ControlPlane.create_nodes with
+    `shape`), labelled `label=value` so that its operator's node selector keeps to them and
+    the session's other nodes are left to the other tests; deleted afterwards."""
+    core = client.CoreV1Api(api)
+    names = control_plane.create_nodes(count, prefix=prefix, **shape)
+    for name in names:
+        core.patch_node(name, {"metadata": {"labels": {label: value}}})
+    yield names
+    for name in names:
+        core.delete_node(name)

@@ -15,9 +15,9 @@ from __future__ import annotations
 import time
 
 import pytest
-from kubernetes import client
 
 from mlsched_objects import JOB_LABEL, mljob, scheduling_policy
+from operator_fixtures import own_nodes
 from waiting import wait_for
 
 SELECT = "e2e.mlsched.io/fair-sharing"
@@ -30,14 +30,8 @@ TOLERANCE = 4
 
 @pytest.fixture
 def share_nodes(api, control_plane, mlsched):
-    core = client.CoreV1Api(api)
-    names = control_plane.create_nodes(NODES, cpu=64, gpu=GPUS_PER_NODE, memory_gib=256,
-                                       prefix="share")
-    for name in names:
-        core.patch_node(name, {"metadata": {"labels": {SELECT: mlsched.namespace}}})
-    yield names
-    for name in names:
-        core.delete_node(name)
+    yield from own_nodes(api, control_plane, NODES, "share", SELECT, mlsched.namespace,
+                         cpu=64, gpu=GPUS_PER_NODE, memory_gib=256)
 
 
 @pytest.fixture

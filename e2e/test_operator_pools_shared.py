@@ -23,6 +23,7 @@ import pytest
 from kubernetes import client
 
 from mlsched_objects import condition, mljob, phase, scheduling_policy
+from operator_fixtures import own_nodes
 from test_operator_grouping import OWNER, POOL_LABEL, label_rights  # noqa: F401 (a fixture)
 from waiting import wait_for
 
@@ -35,13 +36,8 @@ TEAM_B_JOBS = 3  # each two one-GPU workers (AllReduce): spread over up to six n
 
 @pytest.fixture
 def pool_nodes(api, control_plane, mlsched):
-    core = client.CoreV1Api(api)
-    names = control_plane.create_nodes(NODES, cpu=8, gpu=2, memory_gib=48, prefix="pools")
-    for name in names:
-        core.patch_node(name, {"metadata": {"labels": {SELECT: mlsched.namespace}}})
-    yield names
-    for name in names:
-        core.delete_node(name)
+    yield from own_nodes(api, control_plane, NODES, "pools", SELECT, mlsched.namespace,
+                         cpu=8, gpu=2, memory_gib=48)
 
 
 @pytest.fixture
