@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from mlsched.workloads import catalog
-from mlsched.workloads.interference import (DIMENSIONS, SENSITIVITY, job_speed_factors, max_slowdown,
-                                            node_capacity, pair_slowdown)
+from mlsched.workloads.interference import (DIMENSIONS, SENSITIVITY, PressureTracker, job_pressures,
+                                            job_speed_factors, max_slowdown, node_capacity, pair_slowdown)
 
 CTC = "cnn-text-classification"
 
@@ -90,3 +90,51 @@ def test_pressure_is_relative_to_what_the_node_has():
 def test_alone_or_apart_there_is_no_interference():
     f = job_speed_factors({"a": ("resnet-50", [0, 0, 1]), "b": (CTC, [2, 3])})
     assert f == {"a": 1.0, "b": 1.0}
+
+
+# ---- the simulator's incremental pressures ------------------------------------------------
+@pytest.mark.parametrize("capacity", [None, node_capacity(6), {n: node_capacity(4 + n) for n in range(12)}])
+@pytest.mark.parametrize("seed", range(4))
+def test_pressures_kept_between_changes_are_exactly_those_computed_afresh(capacity, seed):
+    # jobs start, finish, gain, lose and move tasks, change group and (now and then) come in
+    # another order: after each change the tracker answers job_pressures' floats, bit for bit
+    rng = np.random.default_rng(seed)
+    models = sorted(SENSITIVITY)
+    tracker = PressureTracker(capacity)
+    placements: dict[str, tuple[str, list[int]]] = {}
+    groups: dict[str, str] = {}
+    fresh_names = (f"j{k}" for k in range(10_000))
+    for step in range(150):
+        kind = rng.integers(6)
+        if kind <= 1 or len(placements) < 3:
+            name = next(fresh_names)
+            placements[name] = (models[rng.integers(len(models))], rng.integers(12, size=rng.integers(1, 7)).tolist())
+        elif kind == 2:
+            del placements[list(placements)[rng.integers(len(placements))]]
+        elif kind == 3:  # a task moves, one more starts, or one stops
+            name = list(placements)[rng.integers(len(placements))]
+            nodes = list(placements[name][1])
+            change = rng.integers(3)
+            if change == 0:
+                nodes[rng.integers(len(nodes))] = int(rng.integers(12))
+            elif change == 1 or len(nodes) == 1:
+                nodes.insert(int(rng.integers(len(nodes) + 1)), int(rng.integers(12)))
+            else:
+                del nodes[rng.integers(len(nodes))]
+            placements[name] = (placements[name][0], nodes)
+        elif kind == 4:
+            name = list(placements)[rng.integers(len(placements))]
+            if rng.random() < 0.7:
+                groups[name] = f"g{rng.integers(2)}"
+            else:
+                groups.pop(name, None)
+        elif rng.random() < 0.3:
+            items = list(placements.items())
+            rng.shuffle(items)
+            placements = dict(items)
+        current = {n: g for n, g in groups.items() if n in placements} if step % 3 else None
+        expected = job_pressures(placements, current, capacity)
+        got = tracker.pressures({n: (m, list(nodes)) for n, (m, nodes) in placements.items()}, current)
+        assert list(got) == list(expected)
+        assert got == expected  # exact floats, not approx
+    assert any(p > 0 for p in expected.values())

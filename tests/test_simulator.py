@@ -5,7 +5,7 @@ import pytest
 from mlsched.cluster.types import Decision, JobDecision
 from mlsched.policies import registry
 from mlsched.sim.simulator import CapacityExceeded, SimConfig, Simulator
-from mlsched.workloads import generators
+from mlsched.workloads import generators, interference
 from mlsched.workloads.speed_models import MeasuredSpeed, epochs_per_s
 from mlsched.workloads.traces import TraceJob
 
@@ -151,3 +151,42 @@ def test_admission_on_arrival_never_overcommits_and_finishes_every_job():
 def test_an_unknown_admission_mode_is_refused():
     with pytest.raises(ValueError, match="unknown admission 'sometimes'"):
         Simulator([TraceJob("a", 0.0, "resnet-50", 1.0)], SimConfig(admission="sometimes"))
+
+
+class _PressuresAfresh:
+    """interference.job_pressures at every stretch: what the simulator did before it kept
+    pressures between stretches (interference.PressureTracker)."""
+
+    def __init__(self, capacity):
+        self.capacity = capacity
+
+    def pressures(self, placements, groups=None):
+        return interference.job_pressures(placements, groups, self.capacity)
+
+
+@pytest.mark.parametrize("policy,placement,grouping,jobs", [("drf", "load-balance", None, 40),
+                                                            ("fifo", "lif-line", "harmony", 20)])
+def test_what_a_run_keeps_between_stretches_changes_none_of_its_figures(monkeypatch, policy, placement,
+                                                                        grouping, jobs):
+    # pressures (with Harmony's groups too) and busy time kept between the stretches of a
+    # slot are those computed afresh at every stretch, to the last bit
+    trace = generators.generate(jobs=jobs, rate=6.0, seed=11, arch_mix=0.3)
+
+    def simulate():
+        sim = Simulator(trace, SimConfig(nodes=6, admission="arrival"))
+        ctx = registry.PolicyContext(speed_model=sim.speed)
+        group = registry.make_grouping(grouping, ctx) if grouping else None
+        return sim.run(registry.make_allocation(policy, ctx), registry.make_placement(placement, ctx), group)
+
+    kept = simulate()
+    count_busy = Simulator._count_busy
+
+    def count_busy_afresh(self, s, epochs):
+        s.busy_per_step = None
+        count_busy(self, s, epochs)
+
+    monkeypatch.setattr(interference, "PressureTracker", _PressuresAfresh)
+    monkeypatch.setattr(Simulator, "_count_busy", count_busy_afresh)
+    afresh = simulate()
+    assert vars(kept) == vars(afresh)  # exact floats
+    assert kept.completed == jobs and kept.net_util > 0

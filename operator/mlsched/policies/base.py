@@ -77,10 +77,8 @@ class PlacementRequest:
 
 
 def book_held(ledger: Ledger, held: list[tuple[JobView, JobDecision]]) -> None:
-    for job, d in held:
-        for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
-            for node in nodes:
-                ledger.book(job, role, node)  # type: ignore[arg-type]
+    """Book tasks already in place, each job's PS then its workers (Ledger.book_held)."""
+    ledger.book_held(held)
 
 
 class PlacementPolicy(Protocol):

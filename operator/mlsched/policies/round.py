@@ -141,9 +141,12 @@ def run_admission(snapshot: Snapshot, allocation: AllocationPolicy, placement: P
     displaced = displaced or {}
     running = [j for j in view.jobs if _running(j) and j.name not in displaced]
     held = [(j, JobDecision(list(j.ps_nodes), list(j.worker_nodes))) for j in running]
-    restored, released = _restore(view, plan, placement, held,
-                                  [j for j in view.jobs if j.name in displaced], displaced,
-                                  avoid or {})
+    restored: list[tuple[JobView, JobDecision]] = []
+    released: set[str] = set()
+    if displaced:  # (a restore's ledger books every held task: none to restore, no ledger)
+        restored, released = _restore(view, plan, placement, held,
+                                      [j for j in view.jobs if j.name in displaced], displaced,
+                                      avoid or {})
     held += restored
     names = {j.name for j, _ in held}
     waiting = dataclasses.replace(view, jobs=[_emptied(j) if j.name in released else j

@@ -122,6 +122,20 @@ class JobState:
     phase_at: tuple[int, int] | None = None  # the (ps, workers) phase_s was measured at
     busy_compute_s: float = 0.0  # node-seconds of compute its iterations kept busy
     busy_net_s: float = 0.0  # node-seconds of NIC time
+    # What _count_busy derives from where the job runs, kept while it runs there (a slot has
+    # a stretch per arrival and completion): (ps nodes, worker nodes) -> its _BusyPerStep.
+    busy_per_step: tuple[tuple[tuple[int, ...], tuple[int, ...]], _BusyPerStep | None] | None = None
+
+
+@dataclass(frozen=True)
+class _BusyPerStep:
+    """Per training step of a job where it runs: compute seconds, the summed share of their
+    nodes' compute its workers keep busy, communication seconds, how many NICs it uses."""
+
+    compute_s: float
+    compute_shares: float
+    comm_s: float
+    nodes: int
 
 
 @dataclass
@@ -171,6 +185,8 @@ class Simulator:
             self.speed = ScaledSpeed(self.speed, self.config.speed_factors)
         self.sensitivity = interference.sensitivity_factors(self.config.sensitivity_factors)
         self.capacity = self.config.capacity()
+        self._task_demands: dict[tuple[str, str, int], np.ndarray] = {}  # _task_demand's
+        self._held_demands: dict[tuple[str, int, int, int], np.ndarray] = {}  # _held_demand's
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.name))
         self.ideal_s = {j.name: self.ideal_time(j) for j in self.trace}
@@ -187,6 +203,8 @@ class Simulator:
         # they were (their profiling noise comes from self.rng in the same order).
         self.phase_rng = np.random.default_rng([self.config.seed, 17])
         self.plan = PoolPlan()  # the pools in force
+        # Every stretch needs every placed job's interference, and a stretch changes few jobs.
+        self._pressures = interference.PressureTracker(interference.node_capacity(self.config.node_cpus))
         self.time_s = 0.0
         self.slot = 0
         self.states = {j.name: JobState(j) for j in self.trace}
@@ -308,12 +326,12 @@ class Simulator:
 
     def _rates(self) -> dict[str, float]:
         """Epochs/s of every placed, unfinished job, interference included."""
-        placements = {s.spec.name: (s.spec.model, list(s.ps_nodes) + list(s.worker_nodes))
+        placements = {s.spec.name: (s.spec.model, s.ps_nodes + s.worker_nodes)
                       for s in self.active if s.worker_nodes and s.finish_s is None}
         shared = self._timeshared(placements)
         groups = shared if self.plan.coordinated else None
-        factors = (interference.job_speed_factors(placements, groups, interference.node_capacity(self.config.node_cpus),
-                                                  self.sensitivity)
+        factors = (interference.speed_factors(placements, self._pressures.pressures(placements, groups),
+                                              self.sensitivity)
                    if self.config.interference else {})
         coloc = colocation_factors({n: self._phased(self.states[n]) for n in shared}, self.capacity) if shared else {}
         rates = {}
@@ -394,27 +412,55 @@ class Simulator:
             reward += trained / j.epochs
             self._count_busy(s, trained)
             share = self.plan.share_of(s.pool) if self.plan.shares else 1
-            demand = (ps * shared_demand(self.config.demand(j.model, "ps"), share)
-                      + w * shared_demand(self.config.demand(j.model, "worker"), share))
+            demand = self._held_demand(j.model, ps, w, share)
             s.cpu_s += demand[0] * held
             s.gpu_s += demand[1] * held
             trained_in.setdefault(j.name, []).append((rate, usable, ps, w))
         return reward
+
+    def _task_demand(self, model: str, role: str, share: int) -> np.ndarray:
+        """(cpu, gpu, mem) one task of `model` in `role` asks for in a pool `share` jobs
+        time-share. Asked for every task at every admission step's capacity check, and per
+        job at every stretch: computed once per combination (a handful)."""
+        key = (model, role, share)
+        found = self._task_demands.get(key)
+        if found is None:
+            found = self._task_demands[key] = shared_demand(self.config.demand(model, role), share)
+        return found
+
+    def _held_demand(self, model: str, ps: int, workers: int, share: int) -> np.ndarray:
+        """What a job of `model` with `ps` and `workers` tasks holds (as _task_demand)."""
+        key = (model, ps, workers, share)
+        found = self._held_demands.get(key)
+        if found is None:
+            found = self._held_demands[key] = (ps * self._task_demand(model, "ps", share)
+                                               + workers * self._task_demand(model, "worker", share))
+        return found
 
     def _count_busy(self, s: JobState, epochs: float) -> None:
         """Busy node-seconds of the iterations just trained: compute on each worker's share
         of its node, communication on the NIC of every node the job uses."""
         if epochs <= 0:
             return
-        j = s.spec
+        layout = (s.ps_nodes, s.worker_nodes)
+        if s.busy_per_step is None or s.busy_per_step[0] != layout:
+            s.busy_per_step = (layout, self._busy_per_step(s))
+        busy = s.busy_per_step[1]
+        if busy is None:
+            return
+        steps = epochs * catalog.MODELS[s.spec.model].steps_per_epoch
+        s.busy_compute_s += steps * busy.compute_s * busy.compute_shares
+        s.busy_net_s += steps * busy.comm_s * busy.nodes
+
+    def _busy_per_step(self, s: JobState) -> _BusyPerStep | None:
+        """The factors of _count_busy that depend only on where the job runs (None: its
+        iteration never ends there, nothing is busy)."""
         phased = self._phased(s)
         if not math.isfinite(phased.iteration_s):
-            return
-        steps = epochs * catalog.MODELS[j.model].steps_per_epoch
+            return None
         demand = phased.worker_demand
         shares = sum(worker_compute_share(demand, self.capacity[n]) for n in s.worker_nodes)
-        s.busy_compute_s += steps * phased.compute_s * shares
-        s.busy_net_s += steps * phased.comm_s * len(set(phased.nodes))
+        return _BusyPerStep(phased.compute_s, shares, phased.comm_s, len(set(phased.nodes)))
 
     def _retire_finished(self) -> None:
         for s in [s for s in self.active if s.finish_s is not None]:
@@ -535,17 +581,24 @@ class Simulator:
         return best
 
     def _check_capacity(self, decision: Decision) -> None:
-        used = np.zeros_like(self.capacity)
         names = {s.spec.name: s.spec for s in self.active}
+        nodes: list[int] = []  # every task's node: an admission step's decision lists every
+        demands: list[np.ndarray] = []  # running task (1,400 at 500 nodes); per (job, role) ...
+        counts: list[int] = []  # ... its demand and how many tasks
         for name, d in decision.jobs.items():
             if name not in names:
                 raise ValueError(f"decision names job {name!r}, which is not active")
             model = names[name].model
             share = decision.pools.share_of(decision.pools.job_pools.get(name))
-            for n in d.ps_nodes:
-                used[n] += shared_demand(self.config.demand(model, "ps"), share)
-            for n in d.worker_nodes:
-                used[n] += shared_demand(self.config.demand(model, "worker"), share)
+            for role, placed in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
+                if placed:
+                    nodes.extend(placed)
+                    demands.append(self._task_demand(model, role, share))
+                    counts.append(len(placed))
+        used = np.zeros_like(self.capacity)
+        if nodes:
+            per_task = np.repeat(np.array(demands, dtype=float), counts, axis=0)
+            np.add.at(used, np.array(nodes, dtype=np.intp), per_task)
         over = np.argwhere(used > self.capacity + 1e-9)
         if over.size:
             n, r = over[0]

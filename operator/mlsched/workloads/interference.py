@@ -47,6 +47,9 @@ language model, so WLM presses on PCIe rather than on the CPU.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Sequence
+
 import numpy as np
 
 from mlsched.workloads import catalog
@@ -103,7 +106,12 @@ def job_speed_factors(placements: dict[str, tuple[str, list[int]]],
     each node's (cpu, network, pcie) relative to the reference node (one vector for all
     nodes, or node -> vector); the reference node when None.
     """
-    pressures = job_pressures(placements, groups, capacity)
+    return speed_factors(placements, job_pressures(placements, groups, capacity), sensitivity)
+
+
+def speed_factors(placements: dict[str, tuple[str, list[int]]], pressures: dict[str, float],
+                  sensitivity: dict[str, float] | None = None) -> dict[str, float]:
+    """job_speed_factors from pressures already computed (job_pressures, PressureTracker)."""
     scale = sensitivity or {}
     return {job: 1.0 / (1.0 + scale.get(placements[job][0], 1.0) * p) for job, p in pressures.items()}
 
@@ -116,25 +124,110 @@ def job_pressures(placements: dict[str, tuple[str, list[int]]],
     on it per model (policy_models/retrain/calibration.py), since a job's slowdown scales
     with it whatever the neighbours are."""
     per_node = _demand_per_node(placements)
-    pressures = {}
-    for job, (model, nodes) in placements.items():
-        worst = 0.0
-        sens = SENSITIVITY[model]
-        mine = groups.get(job) if groups else None
-        for n in set(nodes):
-            here = per_node[n]
-            if len(here) < 2:
+    return {job: max([0.0, *(_node_pressure(job, model, n, per_node[n], groups, capacity)
+                             for n in set(nodes))])
+            for job, (model, nodes) in placements.items()}
+
+
+def _node_pressure(job: str, model: str, n: int, here: dict[str, np.ndarray],
+                   groups: dict[str, str] | None, capacity) -> float:
+    """Σ_r sensitivity_r · c_r of `job` on node `n`, `here` the node's demand per job
+    (_demand_per_node's): a job's pressure is the largest over its nodes (0 alone)."""
+    if len(here) < 2:
+        return 0.0
+    mine = groups.get(job) if groups else None
+    others = [d for other, d in here.items()
+              if other != job and (mine is None or groups.get(other) != mine)]  # type: ignore[union-attr]
+    if not others:
+        return 0.0
+    cap = _capacity_of(capacity, n)
+    o = sum(others) / cap
+    load = o + here[job] / cap
+    return float(SENSITIVITY[model] @ (o / np.maximum(1.0, load)))
+
+
+class PressureTracker:
+    """job_pressures for placements that change a few jobs at a time, kept between calls.
+
+    The simulator asks for every job's pressure at each stretch of a slot (with admission on
+    arrival, after every arrival and completion: 465 times in the 200-job, 500-node run), and
+    recomputing all of them cost more than the rest of the run (issue 52). A job's pressure
+    on a node depends only on the jobs on that node and their tasks there, so a call redoes
+    only the nodes where a job started, finished, gained or lost tasks or changed group, and
+    there the terms of the jobs on them; a job's pressure is the largest of its nodes' terms,
+    as before.
+
+    The answer is job_pressures' to the last bit (tests/test_interference.py holds it): both
+    compute each term with _node_pressure from a node's demands summed job by job in the
+    order `placements` lists the jobs; when the jobs that stay come in another order than
+    before, everything is recomputed. `capacity` is fixed for the tracker's life."""
+
+    def __init__(self, capacity: np.ndarray | dict[int, np.ndarray] | None = None):
+        self.capacity = capacity
+        self._forget()
+
+    def _forget(self) -> None:
+        # job -> (model, nodes, group) as last seen: what its terms were computed from
+        self._seen: dict[str, tuple[str, tuple[int, ...], str | None]] = {}
+        self._on_node: dict[int, set[str]] = {}  # node -> the jobs with a task on it
+        self._per_node: dict[int, dict[str, np.ndarray]] = {}  # as _demand_per_node's
+        self._terms: dict[str, dict[int, float]] = {}  # job -> node -> _node_pressure
+        self._pressures: dict[str, float] = {}  # job -> the largest of its terms
+
+    def pressures(self, placements: dict[str, tuple[str, Sequence[int]]],
+                  groups: dict[str, str] | None = None) -> dict[str, float]:
+        """job_pressures(placements, groups, self.capacity) (nodes as a list or a tuple)."""
+        now = {job: (model, tuple(nodes), groups.get(job) if groups else None)
+               for job, (model, nodes) in placements.items()}
+        if [job for job in self._seen if job in now] != [job for job in now if job in self._seen]:
+            self._forget()  # another order: the nodes' sums would differ from job_pressures'
+        changed = [job for job in dict.fromkeys((*self._seen, *now))
+                   if self._seen.get(job) != now.get(job)]
+        dirty: set[int] = set()  # nodes whose demands per job changed
+        touched: set[str] = set()  # jobs whose terms changed: their pressure is taken again
+        for job in changed:
+            old, new = self._seen.get(job), now.get(job)
+            old_count = Counter(old[1] if old else ())
+            new_count = Counter(new[1] if new else ())
+            # A job that only gained or lost tasks changes the nodes where its count changed:
+            # elsewhere its demand, and so every term there, is what it was.
+            same = old is not None and new is not None and (old[0], old[2]) == (new[0], new[2])
+            for n in old_count.keys() | new_count.keys():
+                if same and old_count[n] == new_count[n]:
+                    continue
+                dirty.add(n)
+                if n in new_count:
+                    self._on_node.setdefault(n, set()).add(job)
+                else:
+                    self._on_node[n].discard(job)
+                    self._terms.get(job, {}).pop(n, None)
+            if new is None:
+                self._terms.pop(job, None)
+                self._pressures.pop(job, None)
+            else:
+                touched.add(job)
+        self._seen = now
+        order = {job: i for i, job in enumerate(now)} if dirty else {}
+        for n in dirty:
+            jobs = sorted(self._on_node[n], key=order.__getitem__)
+            if not jobs:
+                del self._on_node[n]
+                self._per_node.pop(n, None)
                 continue
-            others = [d for other, d in here.items()
-                      if other != job and (mine is None or groups.get(other) != mine)]
-            if not others:
-                continue
-            cap = _capacity_of(capacity, n)
-            o = sum(others) / cap
-            load = o + here[job] / cap
-            worst = max(worst, float(sens @ (o / np.maximum(1.0, load))))
-        pressures[job] = worst
-    return pressures
+            here: dict[str, np.ndarray] = {}
+            for job in jobs:  # the sum _demand_per_node makes: one demand per task, in order
+                model, nodes, _ = now[job]
+                for m in nodes:
+                    if m == n:
+                        here[job] = here.get(job, 0.0) + DEMAND[model]
+            self._per_node[n] = here
+            for job in jobs:
+                self._terms.setdefault(job, {})[n] = _node_pressure(job, now[job][0], n, here, groups,
+                                                                    self.capacity)
+            touched.update(jobs)
+        for job in touched:
+            self._pressures[job] = max([0.0, *self._terms.get(job, {}).values()])
+        return {job: self._pressures[job] for job in now}
 
 
 def sensitivity_factors(factors: dict[str, float] | None) -> dict[str, float] | None:
