@@ -3,9 +3,11 @@
 300 small MLJobs created at once. Two watches, on the same clock, see each job's pods turn
 Ready and the job turn `Running`. The operator runs with its lifecycle sweep every 600 s, so
 only the jobs' own pod events can make them Running in time: every job must be Running within
-FOLLOW_S of its pods (the check), and the spread is printed (the figure: p50 0.12-1.3 s, p99
-2.4-9.7 s over eleven runs on 2 cores shared with the whole control plane; issue 55 asks p99
-<= 5 s). A wall-clock p99 is not asserted: the machine's noise decides it, not the operator.
+FOLLOW_S of its pods (the check), and the spread is printed (the figure: p50 0.13-0.17 s, p99
+2.2-3.0 s over four runs on 2 cores shared with the whole control plane; 2.4-9.7 s over eleven
+before the late watch bodies and status tiers of docs/e2e.md; issue 55 asks p99 <= 5 s). A
+wall-clock p99 is not asserted: the machine's noise decides it, not the operator. Each job
+has one `Running` Event.
 Before, the phase came only from the sweep (every --job-sync-seconds, 10 by default): with it
 every 600 s no job turns Running within the test's wait. And Ready pods were counted from the
 StatefulSets' status, which the StatefulSet controller updates late in a burst (it writes at
@@ -95,7 +97,10 @@ def test_a_burst_of_jobs_turns_running_within_seconds_of_their_pods(api, mlsched
         list(pool.map(lambda n: mlsched.create(copy.deepcopy(_small_job(n))), names))
     print(f"{BURST} MLJobs created in {time.monotonic() - created:.1f} s")
     try:
-        wait_for(lambda: len(seen.running) == BURST, 300, "every job of the burst to be Running",
+        # Both sides seen for every job: the test's pod watch may run behind the operator's
+        # (a job seen Running before its pod was seen Ready here).
+        wait_for(lambda: len(seen.running) == BURST and all(seen.pod_ready.get(n) for n in names),
+                 300, "every job of the burst to be Running",
                  describe=lambda: f"{len(seen.running)} Running, "
                                   f"{sum(1 for j in seen.pod_ready.values() if j)} with a pod Ready")
     finally:
@@ -123,6 +128,16 @@ def test_a_burst_of_jobs_turns_running_within_seconds_of_their_pods(api, mlsched
             assert running["status"] == "True", body["status"]
             assert running["lastTransitionTime"].replace("Z", "+00:00") >= ready_at[name], \
                 (name, running, ready_at[name])
+        # One `Running` Event per job, as `kubectl describe mljob` shows them: a watch body
+        # from before the operator's own status patch, arriving late in the burst, made most
+        # jobs Running twice (two Events, two patches).
+        events = client.CoreV1Api(api).list_namespaced_event(
+            mlsched.namespace, field_selector="reason=Running,involvedObject.kind=MLJob").items
+        per_job: dict[str, int] = {}
+        for event in events:
+            per_job[event.involved_object.name] = per_job.get(event.involved_object.name, 0) + 1
+        twice = {name: n for name, n in per_job.items() if n != 1}
+        assert not twice and len(per_job) == BURST, (len(per_job), sorted(twice.items())[:10])
     finally:  # 300 pods take the garbage collector longer than the fixture waits
         mlsched.delete_all()
         wait_for(lambda: not mlsched.pods(), 300, "the burst's pods to be garbage-collected",

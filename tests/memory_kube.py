@@ -161,9 +161,12 @@ class MemoryKube:
         obj = self.objects.get((kind, namespace, name))
         return copy.deepcopy(obj) if obj else None
 
+    def hurry_status(self, kind: str, namespace: str, name: str) -> None:
+        pass  # patches here are answered at once: none waits
+
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
                     patch_type: PatchType = "merge", status: bool = False,
-                    urgent: bool = False) -> bool:
+                    priority: int = 2) -> bool:
         self.calls.append(("patch-status" if status else "patch", kind, namespace, name))
         self._check("patch", name)
         key = (kind, namespace, name)

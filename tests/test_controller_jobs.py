@@ -3,6 +3,7 @@ bad objects, and pods pinned between rounds."""
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
 
 from mlsched.api import get_condition
@@ -918,3 +919,111 @@ def test_only_counts_tells_counts_from_phase_and_reason_changes():
     assert not lifecycle.only_counts(before, {**counts, "conditions": [
         {"type": "Running", "status": "True", "reason": "AllRolesReady"}]})
     assert not lifecycle.only_counts(before, {**counts, "startTime": "2026-11-29T00:00:00Z"})
+
+
+def test_a_watch_body_from_before_the_running_patch_does_not_make_the_job_running_twice():
+    """In a burst the MLJob watch delivers bodies seconds after the operator's own status
+    patches. Such a body, kept as the job's latest, made the lifecycle decide `Running` again:
+    a second Running Event and status patch (bench_e2e, issue 55)."""
+    rt, kube = scheduled()
+    key = (NS, "bert")
+    stale = kube.obj("MLJob", NS, "bert")  # before its lifecycle saw the pods Ready
+    run(jobs.on_job_event(rt, "MODIFIED", stale, kube.indexes()))
+
+    async def evaluate() -> None:
+        await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes())
+        await rt.recorder.settled()
+
+    run(evaluate())
+    assert status(kube, "bert")["phase"] == "Running"
+    assert [e["reason"] for e in kube.events("bert")].count("Running") == 1
+    patches = len([c for c in kube.calls if c[:2] == ("patch-status", "MLJob")])
+    run(jobs.on_job_event(rt, "MODIFIED", stale, kube.indexes()))  # the late echo
+    run(evaluate())
+    assert [e["reason"] for e in kube.events("bert")].count("Running") == 1
+    assert len([c for c in kube.calls if c[:2] == ("patch-status", "MLJob")]) == patches > 0
+    # Its own echo shows the patch: from then on the watch's bodies are taken as they are.
+    run(jobs.on_job_event(rt, "MODIFIED", kube.obj("MLJob", NS, "bert"), kube.indexes()))
+    assert not rt.written_status
+
+
+def test_the_lifecycles_events_do_not_hold_up_its_status_patch():
+    """Events go out through the create slots after a burst's StatefulSets: the job's phase
+    used to be written only once its Running Event had been created (up to 10 s late)."""
+    rt, kube = scheduled()
+    key = (NS, "bert")
+    run(jobs.on_job_event(rt, "MODIFIED", kube.obj("MLJob", NS, "bert"), kube.indexes()))
+    posted = asyncio.Event()  # never set while the status is written: Event creates hang
+    create = kube.create
+
+    async def slow_create(body):
+        if body["kind"] == "Event":
+            await posted.wait()
+        return await create(body)
+
+    kube.create = slow_create
+
+    async def evaluate() -> None:
+        await asyncio.wait_for(jobs.sync_job(rt, rt.job_bodies[key], kube.indexes()), 5)
+        assert status(kube, "bert")["phase"] == "Running"
+        assert "Running" not in [e["reason"] for e in kube.events("bert")]
+        posted.set()
+        await rt.recorder.settled()
+
+    run(evaluate())
+    assert [e["reason"] for e in kube.events("bert")].count("Running") == 1
+
+
+def test_a_watch_body_arriving_while_the_running_patch_is_out_does_not_make_it_running_twice():
+    rt, kube = scheduled()
+    key = (NS, "bert")
+    stale = kube.obj("MLJob", NS, "bert")
+    run(jobs.on_job_event(rt, "MODIFIED", stale, kube.indexes()))
+    patch = kube.patch
+
+    async def patch_meanwhile(kind, namespace, name, body, **kw):
+        if kind == "MLJob" and kw.get("status"):  # the watch delivers an older body now
+            await jobs.on_job_event(rt, "MODIFIED", stale, kube.indexes())
+        return await patch(kind, namespace, name, body, **kw)
+
+    kube.patch = patch_meanwhile
+
+    async def evaluate() -> None:
+        await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes())
+        await rt.recorder.settled()
+
+    run(evaluate())
+    run(evaluate())
+    assert status(kube, "bert")["phase"] == "Running"
+    assert [e["reason"] for e in kube.events("bert")].count("Running") == 1
+
+
+def test_a_job_marked_due_during_its_evaluation_is_evaluated_once_after_it():
+    """It used to be marked due again at once, and again every 0.3 s until the evaluation
+    under way ended: 13,789 evaluations that did nothing in a 300-job burst (bench_e2e)."""
+    rt, kube = scheduled()
+    key = (NS, "bert")
+    run(jobs.on_job_event(rt, "MODIFIED", kube.obj("MLJob", NS, "bert"), kube.indexes()))
+    patch = kube.patch
+    answered = asyncio.Event()
+
+    async def slow_patch(kind, namespace, name, body, **kw):
+        if kind == "MLJob" and kw.get("status"):
+            await answered.wait()
+        return await patch(kind, namespace, name, body, **kw)
+
+    kube.patch = slow_patch
+
+    async def meanwhile() -> list:
+        rt.lifecycle_due._due.clear()
+        first = asyncio.create_task(jobs.sync_job(rt, rt.job_bodies[key], kube.indexes()))
+        await asyncio.sleep(0.01)  # its status patch is out
+        assert key in rt.syncing
+        again = await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes(), prompt=True)
+        due_before = list(rt.lifecycle_due._due)
+        answered.set()
+        await first
+        return [again, due_before, list(rt.lifecycle_due._due)]
+
+    again, due_before, due_after = run(meanwhile())
+    assert again is False and due_before == [] and due_after == [key] and not rt.syncing

@@ -11,7 +11,7 @@ from kubernetes import client
 from kubernetes.client.rest import RESTResponse
 
 from mlsched.controller import handlers
-from mlsched.controller.kube import ClientKubeApi
+from mlsched.controller.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, ClientKubeApi
 from test_controller_fixtures import NS, run
 
 
@@ -193,8 +193,9 @@ def test_a_flood_of_creates_leaves_slots_for_scaling_and_pinning():
     assert patched and posts_meanwhile == 3  # the 3 create slots full, the patch sent anyway
 
 
-def test_an_urgent_status_patch_goes_before_the_others_waiting():
-    """A job's phase changing is sent before the records and pod counts queued for the status
+def test_status_patches_are_sent_by_priority():
+    """A job turning Running is sent before other jobs' phase changes (a burst's 300
+    `New -> Pending`), and those before the records and pod counts queued for the status
     slots (in a burst, a job's Running waited behind other jobs' counts)."""
     import asyncio
     import json
@@ -215,17 +216,18 @@ def test_an_urgent_status_patch_goes_before_the_others_waiting():
     api = ClientKubeApi(api_client, concurrency=3)  # one status slot
 
     async def scenario():
-        def patch(name, urgent=False):
+        def patch(name, priority=STATUS_ROUTINE):
             return asyncio.create_task(api.patch("MLJob", NS, name, {"status": {}}, status=True,
-                                                 urgent=urgent))
+                                                 priority=priority))
         tasks = [patch("first")]
         await asyncio.sleep(0.2)  # "first" holds the slot
         tasks += [patch(f"count-{i}") for i in range(3)]
+        tasks += [patch(f"pending-{i}", STATUS_SOON) for i in range(2)]
         await asyncio.sleep(0.05)
-        tasks.append(patch("running", urgent=True))
+        tasks.append(patch("running", STATUS_FIRST))
         await asyncio.sleep(0.05)
         release.set()
         await asyncio.gather(*tasks)
 
     asyncio.run(scenario())
-    assert sent[:2] == ["first", "running"], json.dumps(sent)
+    assert sent[:4] == ["first", "running", "pending-0", "pending-1"], json.dumps(sent)

@@ -47,3 +47,30 @@ def test_a_cancelled_waiter_loses_no_slot():
         await asyncio.wait_for(slots._acquire(0), 1)  # the slot is free again
         return slots._free
     assert asyncio.run(scenario()) == 0
+
+
+def test_a_tagged_waiter_promoted_goes_after_those_already_at_its_new_priority():
+    async def scenario():
+        slots, served = PrioritySlots(1), []
+        answered = asyncio.Event()
+
+        async def use(name, priority, tag=None):
+            async with slots.slot(priority, tag):
+                served.append(name)
+                await answered.wait()
+
+        holder = asyncio.ensure_future(use("first", 2))
+        await asyncio.sleep(0)
+        waiters = [asyncio.ensure_future(use(n, p, t)) for n, p, t in
+                   (("count-a", 2, "a"), ("count-b", 2, "b"), ("phase", 1, None), ("run", 0, None))]
+        await asyncio.sleep(0)
+        moved = [slots.promote("b", 1), slots.promote("b", 1), slots.promote("nobody", 0),
+                 slots.promote("a", 2)]
+        answered.set()
+        await asyncio.gather(holder, *waiters)
+        return moved, served, slots._tagged, slots._free
+    moved, served, tagged, free = asyncio.run(scenario())
+    # Moved once (not again to where it is, nor one not waiting, nor down or level).
+    assert moved == [True, False, False, False]
+    assert served == ["first", "run", "phase", "count-b", "count-a"]
+    assert tagged == {} and free == 1

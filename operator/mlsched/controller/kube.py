@@ -43,6 +43,11 @@ CREATE_PATHS = {"Service": "/api/v1/namespaces/{namespace}/services",
 CREATE_PRIORITY = {"StatefulSet": 0, "Service": 1}
 LAST = 2
 
+#: The order status patches wait in: a job turning Running or ending, what its user waits for
+#: (in a burst, 300 jobs' `New → Pending` patches queued ahead of the first jobs' `Running`,
+#: issue 55); any other change of phase or reason; pod counts and the rounds' records.
+STATUS_FIRST, STATUS_SOON, STATUS_ROUTINE = 0, 1, 2
+
 
 class KubeError(RuntimeError):
     def __init__(self, status: int, message: str):
@@ -86,9 +91,12 @@ class KubeApi(Protocol):
 
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
                     patch_type: PatchType = "merge", status: bool = False,
-                    urgent: bool = False) -> bool:
-        """Patch an object (or its status subresource); False if it does not exist. `urgent`:
-        a status patch users wait for (a job's phase), sent before the others waiting."""
+                    priority: int = STATUS_ROUTINE) -> bool:
+        """Patch an object (or its status subresource); False if it does not exist.
+        `priority`: where a status patch waits among the others (STATUS_FIRST first)."""
+
+    def hurry_status(self, kind: str, namespace: str, name: str) -> None:
+        """The object's status patch still waiting for a slot, if any, waits as STATUS_SOON."""
 
     async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         """Delete (only the object with this uid, when given); False if it did not exist."""
@@ -207,12 +215,13 @@ class ClientKubeApi:
         async with self._slots:
             return await self._send_in_thread(None, fn, args, kwargs)
 
-    async def _write_call(self, fn, *args, _status: bool = False, _urgent: bool = False,
+    async def _write_call(self, fn, *args, _status: bool = False,
+                          _priority: int = STATUS_ROUTINE, _tag: object = None,
                           **kwargs) -> Any:
         """A patch or delete, fenced: in the same slots as reads, a status patch in its own
-        (an urgent one first)."""
+        (by its priority)."""
         if _status:
-            async with self._status_slots.slot(0 if _urgent else 1):
+            async with self._status_slots.slot(_priority, _tag):
                 return await self._send_in_thread(self.fence, fn, args, kwargs)
         async with self._slots:
             return await self._send_in_thread(self.fence, fn, args, kwargs)
@@ -341,7 +350,7 @@ class ClientKubeApi:
 
     async def patch(self, kind: str, namespace: str, name: str, patch: Any, *,
                     patch_type: PatchType = "merge", status: bool = False,
-                    urgent: bool = False) -> bool:
+                    priority: int = STATUS_ROUTINE) -> bool:
         self._count("patch", kind, status)
         options = {"_content_type": CONTENT_TYPES[patch_type], "field_manager": COMPONENT,
                    "field_validation": "Strict"}
@@ -350,7 +359,8 @@ class ClientKubeApi:
                 fn = (self._custom.patch_namespaced_custom_object_status if status
                       else self._custom.patch_namespaced_custom_object)
                 await self._write_call(fn, GROUP, VERSION, namespace, CUSTOM_PLURALS[kind], name,
-                                       patch, _status=status, _urgent=urgent, **options)
+                                       patch, _status=status, _priority=priority,
+                                       _tag=(kind, namespace, name), **options)
             elif kind == "Node":  # cluster-scoped: the pool labels of --label-nodes (pools.py)
                 await self._write_call(self._core.patch_node, name, patch, **options)
             else:
@@ -361,6 +371,9 @@ class ClientKubeApi:
                 return False
             raise
         return True
+
+    def hurry_status(self, kind: str, namespace: str, name: str) -> None:
+        self._status_slots.promote((kind, namespace, name), STATUS_SOON)
 
     async def delete(self, kind: str, namespace: str, name: str, *, uid: str | None = None) -> bool:
         self._count("delete", kind)

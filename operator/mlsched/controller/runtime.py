@@ -34,6 +34,7 @@ from mlsched.controller.records import JobRecord, NodeRecord, PodRecord, Resourc
 from mlsched.controller.rewards import OpenInterval
 from mlsched.controller.snapshot import ClusterFit, ClusterState
 from mlsched.controller.status_writer import Seen, StatusWriter
+from mlsched.controller.written_status import WrittenStatus
 
 JobKey = tuple[str, str]
 PolicyKey = tuple[str, str]
@@ -508,12 +509,15 @@ class Runtime:
     # Jobs to evaluate now (a pod changed), and those being evaluated: one at a time per job.
     lifecycle_due: DueJobs = field(default_factory=DueJobs)
     pod_states: PodStates = field(default_factory=PodStates)
-    syncing: set[JobKey] = field(default_factory=set)
+    # Jobs being evaluated, each with whether it was marked due meanwhile (jobs.sync_job).
+    syncing: dict[JobKey, bool] = field(default_factory=dict)
     # Jobs whose change of pod counts alone waits to be written, until when (loop time;
     # jobs.counts_wait).
     counts_due: dict[JobKey, float] = field(default_factory=dict)
     # The latest body of each MLJob (from its watch events), for the lifecycle sweep.
     job_bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # The lifecycle's status patches not yet seen in the job's watch (written_status.py).
+    written_status: WrittenStatus = field(default_factory=WrittenStatus)
     # (uid, generation) whose children were created and templates refreshed: a watch event
     # of another generation (an edit) reconciles again. Lost on restart: all are, once.
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
@@ -643,6 +647,7 @@ class Runtime:
 
     def forget_job(self, key: JobKey) -> None:
         self.job_bodies.pop(key, None)
+        self.written_status.forget(key)
         self.counts_due.pop(key, None)
         self.reconciled.pop(key, None)
         for stuck in [k for k in self.short_since if k[0] == key]:
