@@ -15,6 +15,7 @@ Data flows one way, and only the last two modules know about kopf or the network
     write_queue.py    the writers' shared background queue: slots, rate, retries, backoff
     token_bucket.py   the rate limit the writers and token reviews share
     status_writer.py  status records written in the background, retried, never dropped
+    written_status.py the lifecycle's status patches laid over older MLJob watch bodies  pure
     serving.py    a round's learned phases: exploration (bounded) and decision logs  pure
     dataset_store.py  the retraining dataset's ConfigMap format (segments, records of
                   their own); read_records                                 pure
