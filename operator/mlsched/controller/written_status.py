@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from mlsched.controller.status_writer import compose
+
 JobKey = tuple[str, str]
 
 
@@ -32,17 +34,6 @@ def merged(base: Mapping[str, Any], patch: Mapping[str, Any]) -> dict[str, Any]:
         elif isinstance(value, Mapping):
             inner = out.get(name)
             out[name] = merged(inner if isinstance(inner, Mapping) else {}, value)
-        else:
-            out[name] = value
-    return out
-
-
-def composed(first: Mapping[str, Any], then: Mapping[str, Any]) -> dict[str, Any]:
-    """One merge patch doing what `first` and then `then` do (a deletion stays a deletion)."""
-    out = dict(first)
-    for name, value in then.items():
-        if isinstance(value, Mapping) and isinstance(out.get(name), Mapping):
-            out[name] = composed(out[name], value)
         else:
             out[name] = value
     return out
@@ -75,7 +66,7 @@ class WrittenStatus:
     def wrote(self, key: JobKey, status: Mapping[str, Any]) -> None:
         """A status patch of the job was accepted by the API server."""
         _, before = self._written.get(key, (0.0, {}))
-        self._written[key] = (self._clock(), composed(before, status))
+        self._written[key] = (self._clock(), compose(before, status))
 
     def over(self, key: JobKey, body: dict[str, Any]) -> dict[str, Any]:
         """The watch's body of the job, with what was written since laid over its status
