@@ -56,6 +56,13 @@ def _state(ledger: Ledger) -> tuple:
             {k: v.tolist() for k, v in ledger._holders_of.items()})
 
 
+def _book_one_by_one(ledger, held):
+    for view, d in held:
+        for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
+            for node in nodes:
+                ledger.book(view, role, node)
+
+
 @pytest.mark.parametrize("seed", range(6))
 @pytest.mark.parametrize("budget", [False, True])
 @pytest.mark.parametrize("odd_every", [0, 5])
@@ -66,10 +73,7 @@ def test_held_tasks_booked_in_bulk_leave_the_state_booking_them_one_by_one_leave
     one_by_one, bulk = Ledger(snap, _Nowhere()), Ledger(snap, _Nowhere())
     one_by_one.book(held[0][0], "worker", 3)  # something booked before, as _restore does
     bulk.book(held[0][0], "worker", 3)
-    for view, d in held:
-        for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
-            for node in nodes:
-                one_by_one.book(view, role, node)
+    _book_one_by_one(one_by_one, held)
     bulk.book_held(held)
     assert _state(bulk) == _state(one_by_one)
     assert np.array_equal(snap.capacity, _snapshot(23, np.random.default_rng(seed), budget).capacity)
@@ -82,9 +86,6 @@ def test_bulk_booking_matches_past_the_demands_given_a_load_vector(monkeypatch):
     snap = _snapshot(11, rng, budget=False)
     held = _held(rng, 11, 30, odd_every=0)
     one_by_one, bulk = Ledger(snap, _Nowhere()), Ledger(snap, _Nowhere())
-    for view, d in held:
-        for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
-            for node in nodes:
-                one_by_one.book(view, role, node)
+    _book_one_by_one(one_by_one, held)
     bulk.book_held(held)
     assert _state(bulk) == _state(one_by_one)

@@ -190,8 +190,9 @@ class ClientKubeApi:
         # Status patches too: a job's phase turning Running must not wait behind the pins
         # and scale patches of the admission step that a burst keeps busy (issue 55: the
         # slowest of 300 jobs' phases lagged their pods by seconds behind them).
-        # Served by priority: a job's phase changing (jobs.write_status) before the records
-        # and pod counts queued with it (in a burst, up to six count patches per job).
+        # Served by priority (STATUS_FIRST, _SOON, _ROUTINE; jobs.status_priority): a job
+        # turning Running or ending, then other phase changes, then the records and pod
+        # counts queued with them (in a burst, up to six count patches per job).
         self._status_slots = PrioritySlots(max(1, concurrency // 3))
         # Whether writes may be sent now (leadership.Leadership.leading, set by the operator
         # when it runs as one of several replicas); None: always.
