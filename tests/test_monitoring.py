@@ -188,7 +188,9 @@ def test_a_forgotten_policy_leaves_no_series_and_its_neighbour_keeps_its_own():
         metrics.fallback.labels("team-a", policy).set(1)
         metrics.step_failures.labels("team-a", policy, "round").inc()
         metrics.set_pools("team-a", policy, {"g0": {"predicted_compute": 0.8}})
+        metrics.idle_capacity.labels("team-a", policy, "gpus").set(3)
+        metrics.nonconserving_rounds.labels("team-a", policy).inc()
     metrics.forget_policy("team-a", "gone")
     text = metrics.render().decode()
     assert 'policy="gone"' not in text
-    assert text.count('policy="kept"') >= 6
+    assert text.count('policy="kept"') >= 8

@@ -289,6 +289,22 @@ class FairShareStatus(StatusModel):
     contenders: int = Field(ge=0, description="Policies with demand for them, itself included.")
 
 
+class WorkConservationStatus(StatusModel):
+    """Whether the latest round left idle capacity that a waiting job's minimum would fit
+    (docs/operator.md, Work conservation)."""
+
+    conserving: bool = Field(description="No waiting job's minimum task set would have fit "
+                                         "in what the latest round left free.")
+    idle_gpus: float = Field(0.0, ge=0, description="GPUs the minimums of the waiting jobs "
+                                                    "that would fit would use (0 when conserving).")
+    idle_cpus: float = Field(0.0, ge=0, description="CPUs they would use.")
+    idle_tasks: int = Field(0, ge=0, description="Tasks they would start.")
+    fitting_jobs: int = Field(0, ge=0, description="Waiting jobs whose minimum would fit.")
+    consecutive_rounds: int = Field(
+        0, ge=0, description="Rounds in a row, the latest included, that were not work "
+                             "conserving; Ready says NotWorkConserving from the third.")
+
+
 class SchedulingPolicyStatus(StatusModel):
     """Written by the operator only (status subresource)."""
 
@@ -321,6 +337,8 @@ class SchedulingPolicyStatus(StatusModel):
     fair_share: FairShareStatus | None = Field(
         None, description="Its share while policies contend for GPUs; absent while nothing "
                           "bounds it.")
+    work_conservation: WorkConservationStatus | None = Field(
+        None, description="The latest round's work-conservation check.")
     rewards: list[RewardEntry] = Field(default_factory=list, max_length=MAX_HISTORY,
                                        description="Newest last; trimmed to historyLimit.")
     observed_generation: int | None = Field(

@@ -7,6 +7,7 @@ Data flows one way, and only the last two modules know about kopf or the network
     desired.py    Decision → target per job → manifests and minimal actions    pure
     lifecycle.py  MLJob + observations → phase, conditions, run-policy actions  pure
     rewards.py    per-interval grants → history entries and policy rewards     pure
+    conservation.py   work conservation over rounds: status, Ready reason, Events  pure
     models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
     pools.py      grouping in the cluster: pool names, labels, affinity, status    pure
     pool_steps.py a round's grouping work: labels, job pools, status.groups, Events

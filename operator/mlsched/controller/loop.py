@@ -53,6 +53,7 @@ from mlsched.controller.snapshot import (
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round, run_served_round
+from mlsched.policies.work_conservation import idle_capacity
 
 log = logging.getLogger("mlsched.controller.loop")
 INVALID_RETRY_SECONDS = 60.0
@@ -511,8 +512,13 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
                                                 targets, now))
     extra.update(job_counts(rt, key, jobs, status))
+    # Every allocation, learned or not, checked for leaving idle what a waiting job's minimum
+    # would fit (policies/work_conservation.py; reported by conservation.py's rules).
+    idle = await asyncio.to_thread(idle_capacity, snapshot, decision)
+    fields, ready = await reporting.work_conservation(rt, ref, status, idle, resolved.ready)
+    extra.update(fields)
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
-                                         duration, spec.history_limit, extra)
+                                         duration, spec.history_limit, extra, ready)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
         rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
@@ -805,6 +811,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
         rt.policy_counts.pop(key, None)
+        rt.work_conservation.pop(key, None)
         rt.fair_shares.pop(key, None)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)

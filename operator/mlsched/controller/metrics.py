@@ -57,6 +57,18 @@ class Metrics:
         self.fallback = Gauge("mlsched_policy_fallback",
                               "1 while the policy schedules with its fallback, else 0",
                               ["namespace", "policy"], registry=r)
+        # Work conservation (controller/conservation.py), set every round: what the waiting
+        # jobs whose minimum would fit in the capacity the round left free would use of it
+        # (resource gpus | cpus | tasks; 0 when the round was work conserving), and how many
+        # rounds were not.
+        self.idle_capacity = Gauge(
+            "mlsched_work_conservation_idle",
+            "Idle capacity the latest round left that waiting jobs' minimums would fit",
+            ["namespace", "policy", "resource"], registry=r)
+        self.nonconserving_rounds = Counter(
+            "mlsched_rounds_not_work_conserving_total",
+            "Rounds that left idle capacity a waiting job's minimum would fit",
+            ["namespace", "policy"], registry=r)
         self.model_load_failures = Counter(
             "mlsched_model_load_failures_total", "Failed attempts to load a learned model",
             ["namespace", "policy", "reason"], registry=r)
@@ -117,7 +129,7 @@ class Metrics:
         labels = {"namespace": namespace, "policy": policy}
         for metric in (self.round_duration, self.decisions, self.reward, self.fallback,
                        self.model_load_failures, self.displaced_tasks, self.step_failures,
-                       self.pool_utilisation):
+                       self.pool_utilisation, self.idle_capacity, self.nonconserving_rounds):
             metric.remove_by_labels(labels)
         self._pool_series.pop((namespace, policy), None)
 

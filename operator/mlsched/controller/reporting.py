@@ -13,13 +13,15 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mlsched.api import PolicyConditionType as P, get_condition, set_condition
-from mlsched.controller import lifecycle, rewards
+from mlsched.controller import conservation, lifecycle, rewards
 from mlsched.controller.desired import (
     Action, DeletePod, JobTarget, PatchStatefulSet, PinPod, roles_of,
 )
 from mlsched.controller.events import ObjectRef
+from mlsched.controller.models import Verdict
 from mlsched.controller.records import JobRecord
 from mlsched.controller.runtime import Runtime
+from mlsched.policies.work_conservation import IdleCapacity
 
 
 def wire(conditions) -> list[dict]:
@@ -162,6 +164,28 @@ async def policy_versions_and_exploration(rt: Runtime, body: Mapping, ref: Objec
     return out
 
 
+async def work_conservation(rt: Runtime, ref: ObjectRef, status: Mapping[str, Any],
+                            idle: IdleCapacity, verdict: Verdict) -> tuple[dict[str, Any], Verdict]:
+    """A round's work-conservation check told (conservation.py): the metrics, the Event when
+    the Ready reason turns NotWorkConserving or back, and (status fields where they changed,
+    the Ready verdict to write)."""
+    key = (ref.namespace, ref.name)
+    last = rt.work_conservation.get(key) or status.get("workConservation")
+    before = conservation.rounds_before(last)
+    now = conservation.status_of(idle, before)
+    rounds = now["consecutiveRounds"]
+    rt.work_conservation[key] = now
+    for resource, amount in (("gpus", idle.gpus), ("cpus", idle.cpus), ("tasks", idle.tasks)):
+        rt.metrics.idle_capacity.labels(ref.namespace, ref.name, resource).set(amount)
+    if not idle.conserving:
+        rt.metrics.nonconserving_rounds.labels(ref.namespace, ref.name).inc()
+    event = conservation.event(before, rounds, idle)
+    if event is not None:
+        await rt.recorder.emit(ref, *event)
+    return ({"workConservation": now} if now != last else {},
+            conservation.ready(verdict, idle, rounds))
+
+
 def merge_patch(old: Any, new: Any) -> Any:
     """The RFC 7386 merge patch turning `old` into `new` (maps recursively, null removes)."""
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
@@ -178,13 +202,16 @@ def merge_patch(old: Any, new: Any) -> Any:
 async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resolved, decision,
                                closings: list[rewards.ClosedInterval], now: float,
                                duration: float, history_limit: int,
-                               extra: Mapping[str, Any] | None = None) -> None:
+                               extra: Mapping[str, Any] | None = None,
+                               ready: Verdict | None = None) -> None:
     """Events for condition changes now; the status patch (round summary, conditions and
-    models where they changed, the rewards of the intervals closed) queued in rt.records."""
+    models where they changed, the rewards of the intervals closed) queued in rt.records.
+    `ready`: the Ready verdict when the round has more to say than the resolved policy's
+    (work_conservation)."""
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
     old = status.get("conditions")
-    ml, ready = resolved.model_loaded, resolved.ready
+    ml, ready = resolved.model_loaded, ready or resolved.ready
     conds = set_condition(old, P.MODEL_LOADED, ml.status, ml.reason, ml.message,
                           observed_generation=generation)
     conds = set_condition(conds, P.READY, ready.status, ready.reason, ready.message,

@@ -573,6 +573,9 @@ class Runtime:
     policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
     # Each policy's status.admittedJobs / waitingJobs as last queued (loop.job_counts).
     policy_counts: dict[PolicyKey, dict[str, int]] = field(default_factory=dict)
+    # Each policy's status.workConservation as last queued (conservation.py): the count of
+    # rounds in a row not work conserving goes on from it, not from a status not yet written.
+    work_conservation: dict[PolicyKey, dict[str, Any]] = field(default_factory=dict)
     # Each policy's fair share of contended GPUs at its latest step (fair_share.py); absent
     # while nothing bounds it.
     fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)

@@ -67,7 +67,25 @@ def format_table(runs: list[Run]) -> str:
             f"{r['cpu_util']:>5.0%} {r['avg_slowdown']:>7.2f} {r['completed']:>3}/{r['jobs']:<3} {ratio:>8.2f}x")
     lines.append(f"JCT in hours (h) or minutes (m); slowdn = mean JCT / ideal JCT "
                  f"(ideal avg {_dur(base['ideal_avg_jct_s'])}); 'vs first' = avg JCT / first row's.")
+    lines += work_conservation_lines(runs)
     return "\n".join(lines)
+
+
+def work_conservation_lines(runs: list[Run]) -> list[str]:
+    """Per run, how many rounds left idle capacity a waiting job's minimum would fit
+    (policies/work_conservation.py) and the mean idle capacity in those rounds."""
+    lines = ["work conservation (rounds leaving idle what a waiting job's minimum would fit):"]
+    for run in runs:
+        r = run.result
+        grouping = f" / {run.grouping}" if run.grouping != "none" else ""
+        name = f"{run.policy} / {run.placement}{grouping}"
+        if r.nonconserving_rounds:
+            lines.append(f"  {name}: {r.nonconserving_rounds} of {r.rounds} rounds not work "
+                         f"conserving; idle then (mean): {r.idle_gpus:.1f} GPUs, "
+                         f"{r.idle_cpus:.1f} CPUs, {r.idle_tasks:.1f} tasks")
+        else:
+            lines.append(f"  {name}: every round work conserving ({r.rounds})")
+    return lines
 
 
 def _dur(seconds: float) -> str:

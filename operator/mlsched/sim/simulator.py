@@ -33,6 +33,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation, shared_demand
 from mlsched.policies.placement.heuristics import LoadBalance
 from mlsched.policies.round import run_admission, run_round
+from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.phases import phase_times
@@ -152,6 +153,14 @@ class SimResult:
     total_reward: float
     compute_util: float = 0.0  # busy compute (cpu/gpu) node-seconds / (nodes x makespan)
     net_util: float = 0.0  # busy NIC node-seconds / (nodes x makespan)
+    # Work conservation (policies/work_conservation.py), over the rounds of `run` (admission
+    # steps not counted): rounds that left idle capacity a waiting job's minimum would fit,
+    # and the mean of what those jobs' minimums would have used in them.
+    rounds: int = 0
+    nonconserving_rounds: int = 0
+    idle_gpus: float = 0.0
+    idle_cpus: float = 0.0
+    idle_tasks: float = 0.0
 
     def summary(self) -> dict:
         jct = np.array(list(self.jct_s.values())) if self.jct_s else np.array([np.nan])
@@ -169,6 +178,11 @@ class SimResult:
             "completed": self.completed,
             "compute_util": self.compute_util,
             "net_util": self.net_util,
+            "rounds": self.rounds,
+            "nonconserving_rounds": self.nonconserving_rounds,
+            "idle_gpus": self.idle_gpus,
+            "idle_cpus": self.idle_cpus,
+            "idle_tasks": self.idle_tasks,
         }
 
 
@@ -297,12 +311,15 @@ class Simulator:
     def run(self, allocation, placement, grouping=None, progress=None) -> SimResult:
         admit = ((lambda snapshot: run_admission(snapshot, allocation, placement, grouping))
                  if self.config.admission == "arrival" else None)
+        idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
         while not self.done:
-            decision = run_round(self.snapshot(), allocation, placement, grouping)
+            snapshot = self.snapshot()
+            decision = run_round(snapshot, allocation, placement, grouping)
+            idle.append(idle_capacity(snapshot, decision))
             self.advance(decision, admit)
             if progress is not None:
                 progress(len(self.trace) - len(self.active) - (len(self.trace) - self._next_arrival))
-        return self.result()
+        return self.result(idle)
 
     # ---- one slot, stretch by stretch ----------------------------------------------------
     def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
@@ -467,7 +484,8 @@ class Simulator:
             self.active.remove(s)
             s.ps_nodes = s.worker_nodes = ()
 
-    def result(self) -> SimResult:
+    def result(self, idle: list[IdleCapacity] = ()) -> SimResult:
+        """The run's figures; `idle`: each round's work-conservation check, when it was made."""
         done = [s for s in self.states.values() if s.finish_s is not None]
         jct = {s.spec.name: s.finish_s - s.spec.arrival_s for s in done}
         first = self.trace[0].arrival_s
@@ -477,6 +495,7 @@ class Simulator:
         gpu_s = sum(s.gpu_s for s in self.states.values())
         cpu_s = sum(s.cpu_s for s in self.states.values())
         node_s = len(self.node_names) * makespan
+        wasted = [i for i in idle if not i.conserving]
         return SimResult(
             jct_s=jct, ideal_s=self.ideal_s, makespan_s=makespan,
             gpu_util=gpu_s / (total[1] * makespan) if total[1] > 0 else 0.0,
@@ -485,6 +504,9 @@ class Simulator:
             inferences=self.inferences, total_reward=self.total_reward,
             compute_util=sum(s.busy_compute_s for s in self.states.values()) / node_s,
             net_util=sum(s.busy_net_s for s in self.states.values()) / node_s,
+            rounds=len(idle), nonconserving_rounds=len(wasted),
+            idle_gpus=_mean(i.gpus for i in wasted), idle_cpus=_mean(i.cpus for i in wasted),
+            idle_tasks=_mean(i.tasks for i in wasted),
         )
 
     # ---- internals ----------------------------------------------------------------------
@@ -604,3 +626,8 @@ class Simulator:
             n, r = over[0]
             raise CapacityExceeded(f"node {self.node_names[n]} over capacity in resource {r}: "
                                    f"{used[n, r]} > {self.capacity[n, r]}")
+
+
+def _mean(values) -> float:
+    values = list(values)
+    return float(sum(values) / len(values)) if values else 0.0
