@@ -39,7 +39,8 @@ def export_onnx(net: networks.ChicNet, jobs: int, pair: bool, path: Path) -> Non
 
 
 def export(net: networks.ChicNet, algorithm: str, jobs: int, pair: bool, path: Path, training: dict,
-           validation: dict, extras: dict | None = None) -> dict:
+           validation: dict, extras: dict | None = None, domain: dict | None = None) -> dict:
+    """`domain`: the setting it was trained in (policy_models/domain.py chic)."""
     export_onnx(net, jobs, pair, path)
     params = {"jobs": jobs, "pair": pair}
     card = ModelCard(
@@ -50,6 +51,7 @@ def export(net: networks.ChicNet, algorithm: str, jobs: int, pair: bool, path: P
         actions=actions_text(pair), onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         training={**training, "simulator_version": SIMULATOR_VERSION},
         validation=validation, extras={"onnx_opset": OPSET, **(extras or {})},
+        domain=domain or {},
     )
     card.write(card_path(path))
     return card.to_json()

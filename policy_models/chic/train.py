@@ -38,6 +38,7 @@ from mlsched.policies.allocation.chic import ChicPolicy, GainActor, greedy_decis
 from mlsched.sim import chic_scenario
 from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS
 from mlsched.sim.simulator import Simulator
+from policy_models import domain
 from policy_models.chic import export, networks
 from policy_models.options import parse_into
 
@@ -270,7 +271,8 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
                   "avg_jct_s": best["act_s"], "ratio_to_optimus": best["score"],
                   "optimus_avg_jct_s": float(np.mean(optimus))}
     card = export.export(net, name, args.jobs, args.pair, out / f"{name}.onnx", training, validation,
-                         extras={"architecture": {"hidden": list(args.hidden), "dropout": args.dropout}})
+                         extras={"architecture": {"hidden": list(args.hidden), "dropout": args.dropout}},
+                         domain=domain.chic(training["args"]))
     export.plot_curve(curve, float(np.mean(optimus)), name, out / "learning-curve.png")
     (out / "learning-curve.json").write_text(json.dumps(curve, indent=1) + "\n")
     log(f"best validation {best['score']:.3f} x Optimus at iteration {best['iteration']} of {iterations}; "

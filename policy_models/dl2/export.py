@@ -37,7 +37,8 @@ def export_onnx(net: torch.nn.Module, window: int, path: Path) -> None:
 
 
 def export(net: torch.nn.Module, args, path: Path, phase: str, training: dict, validation: dict,
-           extras: dict | None = None) -> dict:
+           extras: dict | None = None, domain: dict | None = None) -> dict:
+    """`domain`: the setting it was trained in (policy_models/domain.py dl2)."""
     export_onnx(net, args.window, path)
     params = {"window": args.window}
     card = ModelCard(
@@ -50,6 +51,7 @@ def export(net: torch.nn.Module, args, path: Path, phase: str, training: dict, v
         validation=validation,
         extras={"architecture": {"arch": args.arch, "hidden": list(args.hidden)},
                 "onnx_opset": OPSET, **(extras or {})},
+        domain=domain or {},
     )
     card.write(card_path(path))
     return card.to_json()

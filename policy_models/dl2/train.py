@@ -30,7 +30,9 @@ from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog, generators
 from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS
+from policy_models import domain
 from policy_models.dl2 import export, networks
+from policy_models.domain import DL2_JOBS_PER_EPISODE
 from policy_models.options import parse_into
 
 
@@ -222,7 +224,7 @@ def train_episode_setup(args: Args, k: int):
     rng = np.random.default_rng(args.train_seed_base + k)
     nodes = int(rng.choice(args.train_nodes))
     rate = 3.0 * nodes / 13 * rng.uniform(0.6, 1.4)
-    jobs = int(rng.integers(30, 61))
+    jobs = int(rng.integers(DL2_JOBS_PER_EPISODE[0], DL2_JOBS_PER_EPISODE[1] + 1))
     seed = args.train_seed_base + k
     assert seed not in BENCHMARK_SEEDS
     trace = generators.generate(jobs=jobs, rate=rate, seed=seed, models=training_models(args))
@@ -518,7 +520,8 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
     sl["validation_ratio_to_drf"] = score(sl_val, base)
     log(f"SL only: validation {json.dumps(sl_val)}, ratio to DRF {sl['validation_ratio_to_drf']:.3f}")
     sl_card = export.export(net, args, out / "dl2-sl.onnx", phase="sl", training={"sl": sl},
-                            validation={"avg_jct_s": sl_val, "baselines": base})
+                            validation={"avg_jct_s": sl_val, "baselines": base},
+                            domain=domain.dl2(dataclasses.asdict(args)))
 
     best = {"score": sl["validation_ratio_to_drf"], "state": {k: v.clone() for k, v in net.state_dict().items()},
             "episode": 0, "val": sl_val}
@@ -563,7 +566,8 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
         "sl": sl, "rl": {"episodes": episodes, "best_episode": best["episode"]},
     }
     validation = {"avg_jct_s": best["val"], "ratio_to_drf": best["score"], "baselines": base}
-    card = export.export(net, args, out / "dl2.onnx", phase="sl+rl", training=training, validation=validation)
+    card = export.export(net, args, out / "dl2.onnx", phase="sl+rl", training=training, validation=validation,
+                         domain=domain.dl2(training["args"]))
     export.plot_curve(curve, base, out / "learning-curve.png")
     log(f"best validation ratio to DRF {best['score']:.3f} at RL episode {best['episode']} of {episodes}; "
         f"wall time {wall / 60:.1f} min; wrote {out / 'dl2.onnx'}")

@@ -43,7 +43,8 @@ def export_onnx(net: networks.HarmonyNet, path: Path) -> None:
 
 
 def export(net: networks.HarmonyNet, path: Path, training: dict, validation: dict,
-           extras: dict | None = None) -> dict:
+           extras: dict | None = None, domain: dict | None = None) -> dict:
+    """`domain`: the setting it was trained in (policy_models/domain.py harmony)."""
     export_onnx(net, path)
     enc = harmony_state.ENCODER
     card = ModelCard(
@@ -52,6 +53,7 @@ def export(net: networks.HarmonyNet, path: Path, training: dict, validation: dic
         onnx_sha256=hashlib.sha256(path.read_bytes()).hexdigest(),
         training={**training, "simulator_version": SIMULATOR_VERSION},
         validation=validation, extras={"onnx_opset": OPSET, "network": dict(net.config), **(extras or {})},
+        domain=domain or {},
     )
     card.write(card_path(path))
     return card.to_json()
@@ -138,7 +140,7 @@ def reexport(path: Path) -> dict:
     training = {**card.training, "reexported": "same weights, graph of policy_models/harmony/networks.py "
                                                "as of this file's export"}
     extras = {k: v for k, v in card.extras.items() if k not in ("onnx_opset", "network")}
-    return export(net, path, training, card.validation, extras)
+    return export(net, path, training, card.validation, extras, card.domain)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -56,6 +56,7 @@ from mlsched.policies.placement.sticky import Sticky
 from mlsched.policies.round import run_admission, run_round
 from mlsched.sim import scenarios
 from mlsched.sim.simulator import SimConfig, Simulator
+from policy_models import domain
 from policy_models.harmony import export, networks, reward_model
 from policy_models.options import parse_into
 
@@ -401,7 +402,8 @@ def train(args: Args, argv: list[str] | None = None) -> dict:
     validation = {"avg_jct_over_lif_line": round(best["score"], 4), "nodes": list(args.val_nodes),
                   "allocations": list(args.allocations),
                   "traces_per_size": args.val_traces, "seeds_from": args.val_seed_base}
-    card = export.export(net, out / "harmony.onnx", training, validation)
+    card = export.export(net, out / "harmony.onnx", training, validation,
+                         domain=domain.harmony(training["args"]))
     export.plot_curve(curve, out / "learning-curve.png")
     (out / "learning-curve.json").write_text(json.dumps(curve, indent=1) + "\n")
     log(f"best validation {best['score']:.3f} x LIF-Line ({best['where']}); wall time {wall / 60:.1f} min; "

@@ -224,7 +224,9 @@ def run(a, log=print) -> dict:
                 "seed": a.seed, "summary": summary, "calibration": cal.to_json(), "workload": load.to_json()}
     cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal))
              for k in range(a.eval_traces)]
-    export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training, validation={})
+    domain = load.widened_domain(card.domain, len(fresh))
+    export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training, validation={},
+                  domain=domain)
     judged = evaluate.compare(str(base_path), str(candidate), cases)
     evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
                   "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
@@ -232,7 +234,8 @@ def run(a, log=print) -> dict:
                   "sensitivity_factors": cal.sensitivity_factors, "seed": a.seed}
     # The card carries the evaluation too (re-exported: the graph's bytes do not change).
     card_json = json.dumps(export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training,
-                                         validation={"retrain_evaluation": evaluation}), indent=1, sort_keys=True)
+                                         validation={"retrain_evaluation": evaluation}, domain=domain),
+                           indent=1, sort_keys=True)
     return conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log,
                     warnings)
 

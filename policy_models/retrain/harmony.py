@@ -165,14 +165,16 @@ def run(a, log=print) -> dict:
                 "seed": a.seed, "summary": summary, "calibration": cal.to_json(), "workload": load.to_json()}
     cases = [(load.trace(workload.EVALUATION_SEEDS + k), load.config(workload.EVALUATION_SEEDS + k, cal))
              for k in range(a.eval_traces)]
-    export.export(net, candidate, training, {})
+    domain = load.widened_domain(ModelCard.read(card_path(base_path)).domain, len(fresh))
+    export.export(net, candidate, training, {}, domain=domain)
     judged = evaluate.compare(str(base_path), str(candidate), cases, jct=jct_with(allocation))
     evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
                   "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
                   "base_sha256": base_sha, "speed_factors": cal.speed_factors,
                   "sensitivity_factors": cal.sensitivity_factors, "seed": a.seed,
                   "allocation": allocation}
-    card_json = json.dumps(export.export(net, candidate, training, {"retrain_evaluation": evaluation}),
+    card_json = json.dumps(export.export(net, candidate, training, {"retrain_evaluation": evaluation},
+                                         domain=domain),
                            indent=1, sort_keys=True)
     return cli.conclude(a, work, store, versions, PHASE, ALGORITHM, candidate, card_json, evaluation, cal, t0, log,
                         warnings)

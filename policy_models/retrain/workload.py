@@ -18,6 +18,7 @@ from mlsched.policies.decision_log import IntervalRecord
 from mlsched.sim.simulator import SimConfig
 from mlsched.workloads import catalog, speed_table
 from mlsched.workloads.traces import TraceJob
+from policy_models.domain import widened
 
 ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
 # Trace seeds by use; offset by the retraining seed. Disjoint from train.py's (1,000+ and
@@ -45,6 +46,12 @@ class Workload:
     # Jobs in one burst of arrivals as recorded (arrival_bursts), None: about 20 intervals of
     # arrivals, like the benchmark's scenarios (60 jobs at 3 per interval).
     burst_jobs: int | None = None
+
+    def widened_domain(self, base: dict, intervals: int) -> dict:
+        """The base model's card domain widened by this recorded cluster (a retrained model's
+        domain: policy_models/domain.py widened)."""
+        return widened(base, self.nodes, {j[0] for j in self.jobs}, {j[2] for j in self.jobs},
+                       f"retrained on {intervals} recorded intervals of a {self.nodes}-node cluster")
 
     @property
     def jobs_per_trace(self) -> int:

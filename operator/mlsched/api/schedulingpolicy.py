@@ -38,6 +38,9 @@ class PolicyConditionType(StrEnum):
     MODEL_LOADED = "ModelLoaded"
     # True when the policy can schedule: algorithms known and models loaded, or fallback active.
     READY = "Ready"
+    # Whether the round is inside the setting the served learned models were trained in (their
+    # cards' domain; Unknown when a card records none); absent when only heuristics serve.
+    MODEL_IN_DOMAIN = "ModelInDomain"
 
 
 # ---------------------------------------------------------------------------------- spec
@@ -321,7 +324,8 @@ class SchedulingPolicyStatus(StatusModel):
     exploration: ExplorationStatus | None = None
     conditions: list[Condition] = Field(
         default_factory=list, max_length=16,
-        description="ModelLoaded and Ready, one entry per type.",
+        description="ModelLoaded, Ready and (while a learned model serves) ModelInDomain, one "
+                    "entry per type.",
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]})
     last_round_time: datetime | None = Field(None, description="Start of the latest round.")
     last_round_duration_seconds: float | None = Field(

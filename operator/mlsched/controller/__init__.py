@@ -8,6 +8,7 @@ Data flows one way, and only the last two modules know about kopf or the network
     lifecycle.py  MLJob + observations → phase, conditions, run-policy actions  pure
     rewards.py    per-interval grants → history entries and policy rewards     pure
     conservation.py   work conservation over rounds: status, Ready reason, Events  pure
+    domain.py     ModelInDomain: served models' card domains vs the round, Events  pure
     models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
     pools.py      grouping in the cluster: pool names, labels, affinity, status    pure
     pool_steps.py a round's grouping work: labels, job pools, status.groups, Events

@@ -31,8 +31,8 @@ from typing import Any
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
 from mlsched.controller import (
-    displacement, fair_share, pool_steps, pools, quotas, reporting, rewards, version_adoption,
-    waiting,
+    displacement, domain, fair_share, pool_steps, pools, quotas, reporting, rewards,
+    version_adoption, waiting,
 )
 from mlsched.controller.dataset import Opening, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
@@ -53,6 +53,7 @@ from mlsched.controller.snapshot import (
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round, run_served_round
+from mlsched.policies.model_domain import shape_of
 from mlsched.policies.work_conservation import idle_capacity
 
 log = logging.getLogger("mlsched.controller.loop")
@@ -517,8 +518,12 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     idle = await asyncio.to_thread(idle_capacity, snapshot, decision)
     fields, ready = await reporting.work_conservation(rt, ref, status, idle, resolved.ready)
     extra.update(fields)
+    # The served learned models' trained domains against this round (controller/domain.py).
+    in_domain = domain.verdict(domain.served_cards(resolved.grouping, resolved.allocation,
+                                                   resolved.placement), shape_of(snapshot))
+    await reporting.model_domain(rt, ref, status, in_domain)
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
-                                         duration, spec.history_limit, extra, ready)
+                                         duration, spec.history_limit, extra, ready, in_domain)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
         rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
@@ -812,6 +817,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.wakeups.forget(key)
         rt.policy_counts.pop(key, None)
         rt.work_conservation.pop(key, None)
+        rt.model_domain.pop(key, None)
         rt.fair_shares.pop(key, None)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)

@@ -69,6 +69,13 @@ class Metrics:
             "mlsched_rounds_not_work_conserving_total",
             "Rounds that left idle capacity a waiting job's minimum would fit",
             ["namespace", "policy"], registry=r)
+        # ModelInDomain (controller/domain.py), set every round a learned model serves: 1 when
+        # the round is inside its card's trained domain, 0 outside; no series while only
+        # heuristics serve or a card records no domain (the condition says Unknown).
+        self.model_in_domain = Gauge(
+            "mlsched_model_in_domain",
+            "1 while the round is inside the served learned models' trained domain, 0 outside",
+            ["namespace", "policy"], registry=r)
         self.model_load_failures = Counter(
             "mlsched_model_load_failures_total", "Failed attempts to load a learned model",
             ["namespace", "policy", "reason"], registry=r)
@@ -129,7 +136,8 @@ class Metrics:
         labels = {"namespace": namespace, "policy": policy}
         for metric in (self.round_duration, self.decisions, self.reward, self.fallback,
                        self.model_load_failures, self.displaced_tasks, self.step_failures,
-                       self.pool_utilisation, self.idle_capacity, self.nonconserving_rounds):
+                       self.pool_utilisation, self.idle_capacity, self.nonconserving_rounds,
+                       self.model_in_domain):
             metric.remove_by_labels(labels)
         self._pool_series.pop((namespace, policy), None)
 

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from mlsched.api import PolicyConditionType as P, get_condition, set_condition
-from mlsched.controller import conservation, lifecycle, rewards
+from mlsched.controller import conservation, domain, lifecycle, rewards
 from mlsched.controller.desired import (
     Action, DeletePod, JobTarget, PatchStatefulSet, PinPod, roles_of,
 )
@@ -186,6 +186,25 @@ async def work_conservation(rt: Runtime, ref: ObjectRef, status: Mapping[str, An
             conservation.ready(verdict, idle, rounds))
 
 
+async def model_domain(rt: Runtime, ref: ObjectRef, status: Mapping[str, Any],
+                       verdict: domain.DomainVerdict | None) -> None:
+    """A round's ModelInDomain verdict (controller/domain.py): the metric, and the Event when
+    the condition changes; record_policy_status writes the condition itself."""
+    key = (ref.namespace, ref.name)
+    old = get_condition(status.get("conditions"), P.MODEL_IN_DOMAIN)
+    # The status last queued, not the one read: it may not be written yet.
+    before = rt.model_domain.get(key, old.status if old else None)
+    rt.model_domain[key] = verdict.status if verdict else None
+    gauge = rt.metrics.model_in_domain
+    if verdict is None or verdict.gauge is None:
+        gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})
+    else:
+        gauge.labels(ref.namespace, ref.name).set(verdict.gauge)
+    event = domain.event(before, verdict)
+    if event is not None:  # in the background: the round's status need not wait for it
+        rt.recorder.in_background(rt.recorder.emit(ref, *event))
+
+
 def merge_patch(old: Any, new: Any) -> Any:
     """The RFC 7386 merge patch turning `old` into `new` (maps recursively, null removes)."""
     if not isinstance(old, Mapping) or not isinstance(new, Mapping):
@@ -203,11 +222,13 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
                                closings: list[rewards.ClosedInterval], now: float,
                                duration: float, history_limit: int,
                                extra: Mapping[str, Any] | None = None,
-                               ready: Verdict | None = None) -> None:
+                               ready: Verdict | None = None,
+                               in_domain: domain.DomainVerdict | None = None) -> None:
     """Events for condition changes now; the status patch (round summary, conditions and
     models where they changed, the rewards of the intervals closed) queued in rt.records.
     `ready`: the Ready verdict when the round has more to say than the resolved policy's
-    (work_conservation)."""
+    (work_conservation). `in_domain`: the ModelInDomain condition (model_domain); None
+    removes it (only heuristics serve)."""
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
     old = status.get("conditions")
@@ -216,6 +237,11 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
                           observed_generation=generation)
     conds = set_condition(conds, P.READY, ready.status, ready.reason, ready.message,
                           observed_generation=generation)
+    if in_domain is not None:
+        conds = set_condition(conds, P.MODEL_IN_DOMAIN, in_domain.status, in_domain.reason,
+                              in_domain.message, observed_generation=generation)
+    else:
+        conds = [c for c in conds if c.type != P.MODEL_IN_DOMAIN]
     if condition_changed(old, conds, P.MODEL_LOADED):
         if not ml.status:
             await rt.recorder.emit(ref, "Warning", ml.reason, ml.message)

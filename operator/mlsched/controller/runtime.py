@@ -576,6 +576,9 @@ class Runtime:
     # Each policy's status.workConservation as last queued (conservation.py): the count of
     # rounds in a row not work conserving goes on from it, not from a status not yet written.
     work_conservation: dict[PolicyKey, dict[str, Any]] = field(default_factory=dict)
+    # Each policy's ModelInDomain status as last queued ("True" | "False" | "Unknown", None:
+    # absent), so its Events follow changes of the condition, not of a status not yet written.
+    model_domain: dict[PolicyKey, str | None] = field(default_factory=dict)
     # Each policy's fair share of contended GPUs at its latest step (fair_share.py); absent
     # while nothing bounds it.
     fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)

@@ -9,11 +9,14 @@
       "onnx_sha256": "...",
       "training": {...provenance: command, wall time, simulator version, data...},
       "validation": {...numbers on validation traces...},
-      "extras": {...whatever one algorithm needs, e.g. network architecture...}
+      "extras": {...whatever one algorithm needs, e.g. network architecture...},
+      "domain": {...the setting it was trained in: cluster sizes and shapes, load, job mix...}
     }
 
 Shapes leave out the batch dimension. Everything but training, validation and extras is
 checked when a model is loaded (policies/onnx_runner.py); those three are for people.
+`domain` (policies/model_domain.py has its format) is checked against every round the model
+serves; a card without one (a user's own model) is written without the key.
 """
 
 from __future__ import annotations
@@ -46,9 +49,10 @@ class ModelCard:
     training: dict[str, Any] = field(default_factory=dict)
     validation: dict[str, Any] = field(default_factory=dict)
     extras: dict[str, Any] = field(default_factory=dict)
+    domain: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        out = {
             "algorithm": self.algorithm, "phase": self.phase,
             "encoder": {"name": self.encoder_name, "version": self.encoder_version,
                         "params": self.encoder_params},
@@ -57,6 +61,9 @@ class ModelCard:
             "actions": self.actions, "onnx_sha256": self.onnx_sha256,
             "training": self.training, "validation": self.validation, "extras": self.extras,
         }
+        if self.domain:
+            out["domain"] = self.domain
+        return out
 
     @classmethod
     def from_json(cls, raw: Any, where: str = "model card") -> "ModelCard":
@@ -72,7 +79,7 @@ class ModelCard:
                 outputs=tuple(TensorSpec.from_json(t) for t in raw["outputs"]),
                 actions=str(raw.get("actions", "")), onnx_sha256=str(raw["onnx_sha256"]),
                 training=dict(raw.get("training") or {}), validation=dict(raw.get("validation") or {}),
-                extras=dict(raw.get("extras") or {}),
+                extras=dict(raw.get("extras") or {}), domain=dict(raw.get("domain") or {}),
             )
         except KeyError as exc:
             raise CardError(f"{where} lacks field {exc}") from None

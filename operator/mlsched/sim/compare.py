@@ -68,7 +68,31 @@ def format_table(runs: list[Run]) -> str:
     lines.append(f"JCT in hours (h) or minutes (m); slowdn = mean JCT / ideal JCT "
                  f"(ideal avg {_dur(base['ideal_avg_jct_s'])}); 'vs first' = avg JCT / first row's.")
     lines += work_conservation_lines(runs)
+    lines += model_domain_lines(runs)
     return "\n".join(lines)
+
+
+def model_domain_lines(runs: list[Run]) -> list[str]:
+    """Per run that served a learned model, whether its rounds were inside the model's
+    trained domain (its card's; policies/model_domain.py): the operator's ModelInDomain."""
+    lines = []
+    for run in runs:
+        r = run.result
+        if not r.domain_rounds:
+            continue  # heuristics only
+        grouping = f" / {run.grouping}" if run.grouping != "none" else ""
+        name = f"{run.policy} / {run.placement}{grouping}"
+        if r.rounds_outside_domain:
+            lines.append(f"  WARNING {name}: outside its model's trained domain in "
+                         f"{r.rounds_outside_domain} of {r.domain_rounds} rounds: {r.outside_domain}")
+        if r.no_domain:
+            lines.append(f"  {name}: the model card of {', '.join(r.no_domain)} records no "
+                         "training domain (not checked)")
+        if not r.rounds_outside_domain and not r.no_domain:
+            lines.append(f"  {name}: every round inside its model's trained domain ({r.domain_rounds})")
+    if lines:
+        lines.insert(0, "model domain (each round against the served learned models' cards):")
+    return lines
 
 
 def work_conservation_lines(runs: list[Run]) -> list[str]:

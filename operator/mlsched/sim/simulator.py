@@ -24,7 +24,7 @@ workloads/phases.py) for the utilisation figures Harmony reports.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 import numpy as np
@@ -33,6 +33,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation, shared_demand
 from mlsched.policies.placement.heuristics import LoadBalance
 from mlsched.policies.round import run_admission, run_round
+from mlsched.policies.model_domain import DomainTally, served_cards, shape_of
 from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.workloads import catalog, interference
@@ -161,6 +162,14 @@ class SimResult:
     idle_gpus: float = 0.0
     idle_cpus: float = 0.0
     idle_tasks: float = 0.0
+    # Model domain (policies/model_domain.py): rounds of `run` checked (those a learned model
+    # served; 0 for heuristics), those outside the trained domain of a served model (its
+    # card's), what was outside (first value found, per model and figure; "" when nothing),
+    # and the served models whose cards record no domain.
+    domain_rounds: int = 0
+    rounds_outside_domain: int = 0
+    outside_domain: str = ""
+    no_domain: tuple[str, ...] = ()
 
     def summary(self) -> dict:
         jct = np.array(list(self.jct_s.values())) if self.jct_s else np.array([np.nan])
@@ -183,6 +192,8 @@ class SimResult:
             "idle_gpus": self.idle_gpus,
             "idle_cpus": self.idle_cpus,
             "idle_tasks": self.idle_tasks,
+            "rounds_outside_domain": self.rounds_outside_domain,
+            "outside_domain": self.outside_domain,
         }
 
 
@@ -312,14 +323,18 @@ class Simulator:
         admit = ((lambda snapshot: run_admission(snapshot, allocation, placement, grouping))
                  if self.config.admission == "arrival" else None)
         idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
+        domain = DomainTally.of(served_cards(grouping, allocation, placement))
         while not self.done:
             snapshot = self.snapshot()
+            domain.add(shape_of(snapshot))
             decision = run_round(snapshot, allocation, placement, grouping)
             idle.append(idle_capacity(snapshot, decision))
             self.advance(decision, admit)
             if progress is not None:
                 progress(len(self.trace) - len(self.active) - (len(self.trace) - self._next_arrival))
-        return self.result(idle)
+        return replace(self.result(idle), domain_rounds=domain.rounds,
+                       rounds_outside_domain=domain.outside_rounds,
+                       outside_domain=domain.outside(), no_domain=domain.unknown)
 
     # ---- one slot, stretch by stretch ----------------------------------------------------
     def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
