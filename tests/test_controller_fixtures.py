@@ -8,6 +8,7 @@ other controller tests import from here.
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any
 
@@ -129,6 +130,36 @@ def recorded(rt: Runtime, coro, timeout: float = 10.0):
         return result
 
     return run(then_flush())
+
+
+def recorded_but_refused(rt: Runtime, kube: MemoryKube, coro, limit: float = 10.0):
+    """Run a round while the API server refuses the status writes `kube.failing` names, and
+    wait until every record it queued for another object is written and each refused one was
+    tried (and refused) at least once; the refused stay queued, backing off.
+
+    What it waits for is that state, not a wall-clock budget: a loaded machine only makes it
+    come later (`limit` is a safety net that fails the test, never a timing the test needs)."""
+    refused = {name for verb, name in kube.failing if verb == "patch"}
+    failures = rt.metrics.api_errors.labels("record")
+
+    def settled(failed_before: float) -> bool:
+        left = rt.records.pending_keys()
+        return (all(name in refused for _, _, name in left)
+                and failures._value.get() - failed_before >= len(left))
+
+    async def then_settle():
+        failed_before = failures._value.get()
+        result = await coro
+        deadline = time.monotonic() + limit
+        while not settled(failed_before):
+            assert time.monotonic() < deadline, (
+                f"records still pending after {limit} s: {sorted(rt.records.pending_keys())}, "
+                f"refused: {sorted(refused)}")
+            await asyncio.sleep(0.001)
+        await rt.recorder.settled(limit)
+        return result
+
+    return run(then_settle())
 
 
 # ---- the builders are what the parsers expect ------------------------------------------------

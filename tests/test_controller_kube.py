@@ -182,7 +182,13 @@ def test_a_flood_of_creates_leaves_slots_for_scaling_and_pinning():
     async def scenario():
         creates = [asyncio.create_task(api.create(
             {"kind": "Service", "metadata": {"namespace": NS, "name": f"s{i}"}})) for i in range(20)]
-        await asyncio.sleep(0.2)
+        # Until the create slots are full (sent, held by the slow API server): a state, not a
+        # time budget, which a loaded machine can overrun.
+        for _ in range(10_000):
+            with lock:
+                if in_flight["POST"] >= 3:
+                    break
+            await asyncio.sleep(0.001)
         patched = await asyncio.wait_for(api.patch("StatefulSet", NS, "s", {"spec": {"replicas": 1}}), 5)
         posts_meanwhile = in_flight["POST"]
         release.set()

@@ -78,7 +78,11 @@ class WriteQueue(Generic[Item]):
 
     def pending(self) -> int:
         """Keys with something not yet written (in flight included)."""
-        return len(self._queued.keys() | self._inflight.keys())
+        return len(self.pending_keys())
+
+    def pending_keys(self) -> set[Hashable]:
+        """Which keys those are."""
+        return self._queued.keys() | self._inflight.keys()
 
     async def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued is written (retries included); False on timeout."""
