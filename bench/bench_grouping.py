@@ -11,13 +11,22 @@
 4. Closeness to exhaustive search: random 8-job instances on 8 nodes; every partition of
    the jobs into groups (machines by the same allocation step), best predicted throughput
    against harmony's.
+5. `--arrivals JOBS,NODES,RATE,SEED ...` (off by default: slow): generated traces with Poisson
+   arrivals on the default node (8 CPU, 2 GPU), DRF; mean JCT x isolated of harmony alone
+   and guarded, and of none, and the co-location model's error.
+
+In every table `harmony` is its search alone (SimConfig.grouping_guard off) and `guarded` is
+harmony as it runs by default, compared with isolated and none by rollouts at every arrival
+(sim/grouping_guard.py).
 
     python bench/bench_grouping.py [--jobs 80] [--nodes 100] [--seed 1] [--skip-dl2]
+    python bench/bench_grouping.py --skip-dl2 --exhaustive 0 --arrivals 20,6,3,5 30,8,2,23
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import statistics
 import time
@@ -32,7 +41,7 @@ from mlsched.policies.grouping import algorithm, local_search  # noqa: E402
 from mlsched.policies.grouping.harmony import Harmony, HarmonyConfig  # noqa: E402
 from mlsched.policies.grouping.profiles import profile_table  # noqa: E402
 from mlsched.sim.simulator import SimConfig, Simulator  # noqa: E402
-from mlsched.workloads import catalog  # noqa: E402
+from mlsched.workloads import catalog, generators  # noqa: E402
 from mlsched.workloads.speed_models import MeasuredSpeed, epochs_per_s  # noqa: E402
 from mlsched.workloads.traces import TraceJob  # noqa: E402
 
@@ -40,7 +49,7 @@ MIXES = {
     "catalog": catalog.MODEL_NAMES,
     "matched": ("dssm", "seq2seq", "resnext-110", "inception-bn", "wlm"),
 }
-GROUPINGS = ("isolated", "naive", "harmony", "none")
+GROUPINGS = ("isolated", "naive", "harmony", "none", "guarded")  # guarded: harmony, SimConfig.grouping_guard
 
 
 def ps_trace(jobs: int, models, seed: int) -> list[TraceJob]:
@@ -60,6 +69,10 @@ def cluster(nodes: int, seed: int) -> SimConfig:
 
 
 def run(trace, config, allocation: str, grouping: str) -> dict:
+    # "harmony": its search alone; "guarded": harmony as it runs by default, compared with
+    # isolated and none by rollouts at every arrival (sim/grouping_guard.py)
+    config = dataclasses.replace(config, grouping_guard=grouping == "guarded")
+    grouping = "harmony" if grouping == "guarded" else grouping
     sim = Simulator(trace, config)
     ctx = registry.PolicyContext(speed_model=sim.speed)
     g = None if grouping == "none" else registry.make_grouping(grouping, ctx)
@@ -77,10 +90,18 @@ def scale_table(args, allocation: str) -> None:
         print(f"{'grouping':<10} {'compute util':>13} {'net util':>9} {'mean JCT':>9} {'makespan':>9} "
               f"{'x util c':>9} {'x util n':>9} {'x JCT':>6} {'x mksp':>7} done")
         for g, r in rows.items():
+            if g == "guarded":
+                print(f"{g:<10} mean JCT x isolated {r['avg_jct_s'] / base['avg_jct_s']:.2f}, x none "
+                      f"{r['avg_jct_s'] / rows['none']['avg_jct_s']:.2f}, x harmony "
+                      f"{r['avg_jct_s'] / rows['harmony']['avg_jct_s']:.2f}; decisions won: {r['grouping_choices']}")
+                continue
             print(f"{g:<10} {r['compute_util']:>13.3f} {r['net_util']:>9.3f} {r['avg_jct_s'] / 3600:>8.2f}h "
                   f"{r['makespan_s'] / 3600:>8.2f}h {r['compute_util'] / base['compute_util']:>9.2f} "
                   f"{r['net_util'] / base['net_util']:>9.2f} {r['avg_jct_s'] / base['avg_jct_s']:>6.2f} "
                   f"{r['makespan_s'] / base['makespan_s']:>7.2f} {r['completed']}/{r['jobs']}")
+        h = rows["harmony"]
+        print(f"harmony's co-location model vs the simulator: mean abs. relative error of predicted vs "
+              f"true co-located speed {h['colocation_mare']:.1%} over {h['colocation_samples']} job-slots")
 
 
 def random_jobs(count: int, rng, prefix="j") -> list[JobView]:
@@ -163,6 +184,22 @@ def exhaustive(instances: int, jobs: int, nodes: int) -> None:
           f"mean {statistics.mean(ratios):.3f}, worst {min(ratios):.3f} (the paper: within about 2 %)")
 
 
+def arrivals_table(specs: list[str]) -> None:
+    print("\nPoisson arrivals (generated traces, DRF, load-balance; mean JCT x isolated)")
+    print(f"{'jobs,nodes,rate,seed':<22} {'harmony':>8} {'guarded':>8} {'none':>6} {'guarded x none':>15} "
+          f"{'coloc. err':>10}  decisions won")
+    for spec in specs:
+        jobs, nodes, rate, seed = spec.split(",")
+        trace = generators.generate(jobs=int(jobs), rate=float(rate), seed=int(seed))
+        config = SimConfig(nodes=int(nodes), seed=int(seed))
+        rows = {g: run(trace, config, "drf", g) for g in ("isolated", "none", "harmony", "guarded")}
+        iso = rows["isolated"]["avg_jct_s"]
+        g = rows["guarded"]
+        print(f"{spec:<22} {rows['harmony']['avg_jct_s'] / iso:>8.3f} {g['avg_jct_s'] / iso:>8.3f} "
+              f"{rows['none']['avg_jct_s'] / iso:>6.3f} {g['avg_jct_s'] / rows['none']['avg_jct_s']:>15.3f} "
+              f"{g['colocation_mare']:>10.1%}  {g['grouping_choices']}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--jobs", type=int, default=80)
@@ -171,6 +208,8 @@ def main() -> None:
     p.add_argument("--skip-dl2", action="store_true")
     p.add_argument("--exhaustive", type=int, default=5,
                    help="instances for the exhaustive comparison (0 skips it)")
+    p.add_argument("--arrivals", nargs="*", default=[], metavar="JOBS,NODES,RATE,SEED",
+                   help="generated Poisson traces to compare harmony, guarded harmony and the baselines on")
     args = p.parse_args()
     scale_table(args, "drf")
     if not args.skip_dl2:
@@ -178,6 +217,8 @@ def main() -> None:
     grouping_time()
     if args.exhaustive > 0:
         exhaustive(args.exhaustive, 8, 8)
+    if args.arrivals:
+        arrivals_table(args.arrivals)
 
 
 if __name__ == "__main__":

@@ -47,6 +47,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="scale each model's speed (and its interference sensitivity) by a calibration's "
                         "factors (the JSON `mlsched retrain` writes: {\"speed_factors\": {model: factor}, "
                         "\"sensitivity_factors\": {model: factor}}); default: the catalog's speeds")
+    p.add_argument("--no-grouping-guard", action="store_true",
+                   help="run harmony grouping's search alone, not compared at each arrival with isolated "
+                        "and none by rollouts (docs/grouping.md, \"Never worse than its baselines\")")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -75,7 +78,8 @@ def _config(args):
                      max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
                      speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
                      admission=args.admission, speed_factors=speed_factors,
-                     sensitivity_factors=sensitivity_factors)
+                     sensitivity_factors=sensitivity_factors,
+                     grouping_guard=not args.no_grouping_guard)
 
 
 def cmd_simulate(args) -> int:

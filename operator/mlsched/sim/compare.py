@@ -69,7 +69,31 @@ def format_table(runs: list[Run]) -> str:
                  f"(ideal avg {_dur(base['ideal_avg_jct_s'])}); 'vs first' = avg JCT / first row's.")
     lines += work_conservation_lines(runs)
     lines += model_domain_lines(runs)
+    lines += colocation_lines(runs)
     return "\n".join(lines)
+
+
+def colocation_lines(runs: list[Run]) -> list[str]:
+    """Per harmony-grouped run, its co-location model against the simulator's ground truth on
+    the pools of 2+ jobs it formed (sim/colocation_error.py), and, when guarded
+    (sim/grouping_guard.py), which grouping won its decisions."""
+    lines = []
+    for run in runs:
+        r = run.result
+        if run.grouping != "harmony":
+            continue
+        name = f"{run.policy} / {run.placement} / harmony"
+        if r.colocation_samples:
+            lines.append(f"  {name}: mean absolute relative error of predicted vs true co-located speed "
+                         f"{r.colocation_mare:.1%} over {r.colocation_samples} job-slots in shared pools")
+        else:
+            lines.append(f"  {name}: no pool of 2+ jobs formed (nothing to check)")
+        if r.grouping_choices:
+            won = ", ".join(f"{g} {n}" for g, n in sorted(r.grouping_choices.items()))
+            lines.append(f"    guarded: decisions won by {won}")
+    if lines:
+        lines.insert(0, "harmony co-location model vs the simulator's ground truth:")
+    return lines
 
 
 def model_domain_lines(runs: list[Run]) -> list[str]:

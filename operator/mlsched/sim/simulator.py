@@ -23,6 +23,7 @@ workloads/phases.py) for the utilisation figures Harmony reports.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 from typing import Callable
@@ -36,6 +37,8 @@ from mlsched.policies.round import run_admission, run_round
 from mlsched.policies.model_domain import DomainTally, served_cards, shape_of
 from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
+from mlsched.sim.colocation_error import ColocationError
+from mlsched.sim.grouping_guard import GuardedGrouping, simulator_rollout
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.phases import phase_times
 from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
@@ -94,6 +97,9 @@ class SimConfig:
     # model -> factor on its sensitivity to co-tenants (interference.job_speed_factors): the
     # same kind of calibration, for interference. None: the table's sensitivities.
     sensitivity_factors: dict[str, float] | None = None
+    # `harmony` grouping compared at every arrival with `isolated` and `none` by rollouts in
+    # this simulator, the best one kept (sim/grouping_guard.py). False: harmony alone.
+    grouping_guard: bool = True
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -170,6 +176,12 @@ class SimResult:
     rounds_outside_domain: int = 0
     outside_domain: str = ""
     no_domain: tuple[str, ...] = ()
+    # Harmony grouping (sim/grouping_guard.py, sim/colocation_error.py): decisions won by each
+    # candidate (harmony, isolated, none), and the co-location model's mean absolute relative
+    # error of predicted vs true co-located speed over the job-slots in pools of 2+ jobs.
+    grouping_choices: dict[str, int] = field(default_factory=dict)
+    colocation_samples: int = 0
+    colocation_mare: float = 0.0
 
     def summary(self) -> dict:
         jct = np.array(list(self.jct_s.values())) if self.jct_s else np.array([np.nan])
@@ -194,6 +206,9 @@ class SimResult:
             "idle_tasks": self.idle_tasks,
             "rounds_outside_domain": self.rounds_outside_domain,
             "outside_domain": self.outside_domain,
+            "grouping_choices": dict(self.grouping_choices),
+            "colocation_samples": self.colocation_samples,
+            "colocation_mare": self.colocation_mare,
         }
 
 
@@ -237,8 +252,30 @@ class Simulator:
         self.active: list[JobState] = []
         self.inferences = 0
         self.total_reward = 0.0
+        self.colocation_error = ColocationError()
         self._admit()
         self._skip_idle()
+
+    def fork(self, arrivals: list[TraceJob] = ()) -> "Simulator":
+        """A copy of this simulator as it stands, holding only the jobs active now (as they
+        are: progress, tasks, pools) and `arrivals` (new names, arriving after now) instead of
+        the rest of the trace, with no grouping guard: what a rollout runs (sim/grouping_guard.py).
+        Nothing of this simulator changes."""
+        fork = copy.copy(self)
+        fork.config = replace(self.config, grouping_guard=False)
+        fork.states = {s.spec.name: copy.deepcopy(s) for s in self.active}
+        fork.active = [fork.states[s.spec.name] for s in self.active]
+        later = sorted(arrivals, key=lambda j: (j.arrival_s, j.name))
+        fork.trace = [s.spec for s in fork.active] + later
+        fork._next_arrival = len(fork.active)
+        fork.states.update({j.name: JobState(j) for j in later})
+        fork.ideal_s = {**{n: self.ideal_s[n] for n in fork.states if n in self.ideal_s},
+                        **{j.name: self.ideal_time(j) for j in later}}
+        fork.rng, fork.phase_rng = copy.deepcopy(self.rng), copy.deepcopy(self.phase_rng)
+        fork._pressures = copy.deepcopy(self._pressures)
+        fork.colocation_error = ColocationError()
+        fork.inferences, fork.total_reward = 0, 0.0
+        return fork
 
     @property
     def done(self) -> bool:
@@ -285,6 +322,8 @@ class Simulator:
         trained_in: dict[str, list[tuple[float, float, int, int]]] = {}  # job -> (rate, usable s, ps, w)
         while True:
             rates = self._rates()
+            if t == start:
+                self._check_colocation(rates)
             cut = self._next_event(t, end, rates) if admit is not None else end
             length = interval if (t == start and cut >= end) else min(cut, end) - t
             reward += self._train(t, length, rates, trained_in)
@@ -320,7 +359,12 @@ class Simulator:
         return reward
 
     def run(self, allocation, placement, grouping=None, progress=None) -> SimResult:
-        admit = ((lambda snapshot: run_admission(snapshot, allocation, placement, grouping))
+        if grouping is not None and self.config.grouping_guard and getattr(grouping, "name", None) == "harmony":
+            grouping = GuardedGrouping(grouping, simulator_rollout(self, allocation, placement))
+        # The guard decides at full rounds, where its rollouts start; admission steps use the
+        # grouping it chose (a switch there could not move running jobs: round.admissible).
+        admit = ((lambda snapshot: run_admission(snapshot, allocation, placement,
+                                                 getattr(grouping, "in_force", grouping)))
                  if self.config.admission == "arrival" else None)
         idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
         domain = DomainTally.of(served_cards(grouping, allocation, placement))
@@ -334,7 +378,8 @@ class Simulator:
                 progress(len(self.trace) - len(self.active) - (len(self.trace) - self._next_arrival))
         return replace(self.result(idle), domain_rounds=domain.rounds,
                        rounds_outside_domain=domain.outside_rounds,
-                       outside_domain=domain.outside(), no_domain=domain.unknown)
+                       outside_domain=domain.outside(), no_domain=domain.unknown,
+                       grouping_choices=dict(getattr(grouping, "choices", {})))
 
     # ---- one slot, stretch by stretch ----------------------------------------------------
     def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
@@ -374,6 +419,23 @@ class Simulator:
                                     len(set(s.worker_nodes)))
                 rates[j.name] = base * factors.get(j.name, 1.0) * coloc.get(j.name, 1.0)
         return rates
+
+    def _check_colocation(self, rates: dict[str, float]) -> None:
+        """Each slot: every job in a forecast pool of 2+ members, harmony's predicted iteration
+        time against the one it runs at (sim/colocation_error.py)."""
+        forecasts = self.plan.forecasts
+        if not forecasts:
+            return
+        for s in self.active:
+            f = forecasts.get(s.pool) if s.pool is not None else None
+            rate = rates.get(s.spec.name, 0.0)
+            if f is None or f.jobs < 2 or rate <= 0:
+                continue
+            j = s.spec
+            ps, w, spanned = len(s.ps_nodes), len(s.worker_nodes), len(set(s.worker_nodes))
+            alone = epochs_per_s(self.speed, j.model, j.arch, ps, w, spanned)
+            t_alone = phase_times(self.speed, j.model, j.arch, ps, w, spanned)[0]
+            self.colocation_error.add(f.iteration_s, t_alone * alone / rate)
 
     def _timeshared(self, placements: dict) -> dict[str, str]:
         """job -> pool for the placed jobs in time-shared pools of the plan in force."""
@@ -522,6 +584,8 @@ class Simulator:
             rounds=len(idle), nonconserving_rounds=len(wasted),
             idle_gpus=_mean(i.gpus for i in wasted), idle_cpus=_mean(i.cpus for i in wasted),
             idle_tasks=_mean(i.tasks for i in wasted),
+            colocation_samples=self.colocation_error.samples,
+            colocation_mare=self.colocation_error.mare,
         )
 
     # ---- internals ----------------------------------------------------------------------

@@ -1,0 +1,66 @@
+"""Harmony grouping against its own baselines (issue 51, part 4; sim/grouping_guard.py) and its
+co-location model against the simulator's ground truth (sim/colocation_error.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from mlsched.policies import registry
+from mlsched.sim.compare import Run, format_table
+from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.workloads import generators
+
+
+def _run(trace, config: SimConfig, grouping: str):
+    sim = Simulator(trace, config)
+    ctx = registry.PolicyContext(speed_model=sim.speed)
+    g = None if grouping == "none" else registry.make_grouping(grouping, ctx)
+    return sim.run(registry.make_allocation("drf", ctx), registry.make_placement("load-balance"), g)
+
+
+def _batch(jobs: int, seed: int):
+    """The project's generator's jobs (models, lengths), all submitted at once."""
+    return [dataclasses.replace(j, arrival_s=0.0) for j in generators.generate(jobs=jobs, seed=seed)]
+
+
+# Sizes, loads and seeds unlike bench_grouping.py's (80 jobs on 100 nodes of 4 CPU, 1 GPU, seed 1).
+@pytest.mark.parametrize("jobs,nodes,seed", [(12, 16, 31), (18, 8, 32), (10, 4, 33)])
+def test_guarded_harmony_is_never_worse_than_isolated_or_none_when_every_job_is_known(jobs, nodes, seed):
+    trace = _batch(jobs, seed)
+    config = SimConfig(nodes=nodes, node_cpus=4, node_gpus=1, node_mem_gib=96, seed=seed)
+    jct = {g: _run(trace, config, g).summary()["avg_jct_s"] for g in ("isolated", "none")}
+    guarded = _run(trace, config, "harmony")
+    alone = _run(trace, dataclasses.replace(config, grouping_guard=False), "harmony").summary()["avg_jct_s"]
+    got = guarded.summary()["avg_jct_s"]
+    assert got <= jct["isolated"] * (1 + 1e-9) and got <= jct["none"] * (1 + 1e-9)
+    # the rollouts are the runs themselves here: the guarded run is exactly the best of the three
+    assert got == pytest.approx(min(alone, *jct.values()), rel=1e-9)
+    assert sum(guarded.grouping_choices.values()) == 1  # one decision: nobody arrives later
+
+
+def test_a_fork_runs_on_from_where_the_simulator_stands_and_changes_nothing():
+    trace = _batch(8, 34)
+    config = SimConfig(nodes=6, seed=34, grouping_guard=False)
+    whole = _run(trace, config, "isolated")
+    sim = Simulator(trace, config)
+    before = {n: (s.epochs_done, s.finish_s) for n, s in sim.states.items()}
+    ctx = registry.PolicyContext(speed_model=sim.speed)
+    grouping = registry.make_grouping("isolated", ctx)
+    forked = sim.fork().run(registry.make_allocation("drf", ctx), registry.make_placement("load-balance"),
+                            grouping)
+    assert forked.jct_s == pytest.approx(whole.jct_s)
+    assert {n: (s.epochs_done, s.finish_s) for n, s in sim.states.items()} == before
+
+
+def test_colocation_model_error_is_measured_and_printed():
+    trace = _batch(12, 35)
+    config = SimConfig(nodes=4, node_cpus=4, node_gpus=1, node_mem_gib=96, seed=35, grouping_guard=False)
+    result = _run(trace, config, "harmony")
+    assert result.colocation_samples > 0  # harmony shared pools here: every slot of each member checked
+    assert 0.0 <= result.colocation_mare < 1.0
+    assert result.summary()["colocation_mare"] == result.colocation_mare
+    text = format_table([Run("drf", "load-balance", result, "harmony")])
+    assert "harmony co-location model vs the simulator's ground truth" in text
+    assert f"{result.colocation_mare:.1%}" in text
