@@ -273,6 +273,25 @@ def test_backoff_limit_fails_the_job_and_cleans_up_pods():
     assert rt.failures.total((NS, "bert")) == 3
 
 
+def test_a_job_failed_by_its_backoff_limit_names_the_container_and_its_exit_code():
+    """What a user reads in `kubectl describe mljob`: which container exited with which code,
+    not only how many failures there were."""
+    rt, kube = scheduled(run_policy={"backoffLimit": 1})
+    sync(rt, kube, "bert")
+    worker = next(p for p in kube.of_kind("Pod") if "-worker-" in p["metadata"]["name"])
+    worker["status"]["containerStatuses"] = [{
+        "name": "trainer", "restartCount": 2, "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+        "lastState": {"terminated": {"exitCode": 3, "reason": "Error"}}}]
+    sync(rt, kube, "bert")
+    failed = cond(kube, "bert", "Failed")
+    assert failed.reason == "BackoffLimitExceeded"
+    name = worker["metadata"]["name"]
+    assert failed.message == (f"2 pod failures, backoffLimit=1; the last: pod {name}: container "
+                              "trainer exited with code 3 (Error)"), failed.message
+    warning = [e for e in kube.events("bert") if e["reason"] == "BackoffLimitExceeded"]
+    assert warning and "exited with code 3" in warning[0]["message"]
+
+
 def test_active_deadline_fails_with_deadline_exceeded():
     rt, kube = scheduled(run_policy={"activeDeadlineSeconds": 60})
     start = datetime.now(UTC).replace(microsecond=0)

@@ -84,6 +84,31 @@ def test_a_restart_after_exit_0_is_no_failure():
     assert book.total(key) == 1
 
 
+def test_the_latest_non_zero_exit_is_kept_with_its_pod():
+    book = FailureBook()
+    key = (NS, "j")
+    book.observe(key, "p", restarts=1, pod="j-worker-0", failure="container w exited with code 2")
+    book.observe(key, "q", restarts=1, last_exit_zero=True, pod="j-worker-1",
+                 failure="container w exited with code 9")  # after exit 0: not a failure
+    assert book.last(key) == "pod j-worker-0: container w exited with code 2"
+    book.forget(key)
+    assert book.last(key) is None
+
+
+def test_a_pods_last_failure_is_its_latest_non_zero_exit():
+    body = pod("j", "worker", 0)
+    body["status"]["containerStatuses"] = [{
+        "name": "worker", "restartCount": 1, "state": {"running": {}},
+        "lastState": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}}}]
+    assert pod_record(body).last_failure == "container worker exited with code 137 (OOMKilled)"
+    # A container terminated now is newer than what it last restarted after.
+    body["status"]["containerStatuses"][0]["state"] = {"terminated": {"exitCode": 1}}
+    assert pod_record(body).last_failure == "container worker exited with code 1"
+    body["status"]["containerStatuses"][0]["state"] = {"running": {}}
+    body["status"]["containerStatuses"][0]["lastState"]["terminated"]["exitCode"] = 0
+    assert pod_record(body).last_failure is None
+
+
 def test_a_pod_whose_containers_exited_0_has_completed():
     body = pod("j", "worker", 0)
     body["status"]["containerStatuses"] = [{

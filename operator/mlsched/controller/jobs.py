@@ -517,7 +517,8 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
                                  f"{rejected}", job.generation, seen.now)
     pods = list(idx.pods.get(job.key, ()))
     for pod in pods:
-        rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero)
+        rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
+                            pod.last_failure)
     seen.cannot_start = sorted([(p.name, p.stuck) for p in pods if p.stuck and not p.deleting]
                                + await stuck_creating(rt, job.key, job.namespace, pods)
                                + await claims_unmade(rt, job.key, job.namespace, pods))
@@ -542,6 +543,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
         seen.over_quota = waiting
         seen.waiting_for = rt.waiting.get(job.key)
     seen.failures = rt.failures.total(job.key)
+    seen.last_failure = rt.failures.last(job.key)
     seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
                                  and not p.deleting)
     replicas = {s.role: s.replicas for s in seen.statefulsets}
@@ -563,7 +565,8 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     meta = body.get("metadata", {})
     namespace, job_name = meta.get("namespace", ""), meta["labels"][JOB_LABEL]
     key = (namespace, job_name)
-    rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero)
+    rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
+                        pod.last_failure)
     if not rt.leadership.leading:
         return  # the leader's first round pins what is gated
     if rt.pod_states.changed(pod, gone=event_type == "DELETED"):

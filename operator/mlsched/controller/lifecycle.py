@@ -45,6 +45,7 @@ class Observed:
 
     statefulsets: Iterable[StsRecord] = ()
     failures: int = 0  # pod failures seen (container restarts, failed pods)
+    last_failure: str | None = None  # the latest: "pod p: container c exited with code 3 (Error)"
     epochs_done: float = 0.0
     policy_exists: bool = True
     created_s: float | None = None  # the job's creationTimestamp (POLICY_GRACE_S), epoch seconds
@@ -183,7 +184,8 @@ def evaluate(spec: MLJobSpec, generation: int, status: Mapping[str, Any],
             f"running longer than activeDeadlineSeconds={run.active_deadline_seconds}"
     elif run.backoff_limit is not None and seen.failures > run.backoff_limit:
         phase, reason, message = JobPhase.FAILED, "BackoffLimitExceeded", \
-            f"{seen.failures} pod failures, backoffLimit={run.backoff_limit}"
+            f"{seen.failures} pod failures, backoffLimit={run.backoff_limit}" + (
+                f"; the last: {seen.last_failure}" if seen.last_failure else "")
     elif run.suspend:
         phase, reason, message = JobPhase.SUSPENDED, "Suspended", "spec.runPolicy.suspend is true"
     elif admitted and all(ready[r] >= minimum[r] for r in roles):

@@ -11,7 +11,7 @@ import json
 import os
 import re
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -316,6 +316,9 @@ class PodRecord:
     # container has exited 0 has completed its work.
     last_exit_zero: bool = False  # the latest restart followed an exit 0
     completed: bool = False
+    # Its latest non-zero exit, said as a user needs it when backoffLimit fails the job:
+    # "container worker exited with code 3 (Error)".
+    last_failure: str | None = None
     # Why the kubelet cannot start one of its containers, when it is one of STUCK_REASONS:
     # "ImagePullBackOff: Back-off pulling image ...".
     stuck: str | None = None
@@ -378,6 +381,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         last_exit_zero=bool(restarts) and all(e in (0, None) for e in last_exits)
         and 0 in last_exits,
         completed=bool(exits) and all(0 in pair for pair in exits),
+        last_failure=_last_failure(containers),
         stuck=_stuck(status),
         creating=bool(spec.get("nodeName")) and phase == "Pending" and _creating(status),
         scheduler=spec.get("schedulerName") or DEFAULT_SCHEDULER,
@@ -400,6 +404,19 @@ def pod_labels(job: str, role: str, template: Any) -> dict[str, str]:
     labels = meta.get("labels") if isinstance(meta, Mapping) else None
     own = {str(k): str(v) for k, v in labels.items()} if isinstance(labels, Mapping) else {}
     return {**own, **operator_labels(job, role)}
+
+
+def _last_failure(containers: Iterable[Mapping[str, Any]]) -> str | None:
+    """The latest non-zero exit among the containers (the one terminated now before the one it
+    last restarted after), with the container's name, code and the runtime's reason."""
+    for key in ("state", "lastState"):
+        for container in containers:
+            terminated = (container.get(key) or {}).get("terminated") or {}
+            code = terminated.get("exitCode")
+            if code not in (0, None):
+                reason = f" ({terminated['reason']})" if terminated.get("reason") else ""
+                return f"container {container.get('name', '?')} exited with code {code}{reason}"
+    return None
 
 
 def _exit_code(state: Mapping[str, Any] | None) -> int | None:

@@ -471,19 +471,30 @@ class FailureBook:
 
     def __init__(self) -> None:
         self._seen: dict[JobKey, dict[str, tuple[int, int]]] = {}  # uid → (restarts, failures)
+        self._last: dict[JobKey, str] = {}  # "pod p: container c exited with code 3 (Error)"
 
-    def observe(self, job: JobKey, uid: str, restarts: int, last_exit_zero: bool = False) -> None:
+    def observe(self, job: JobKey, uid: str, restarts: int, last_exit_zero: bool = False,
+                pod: str = "", failure: str | None = None) -> None:
+        """`failure`: the pod's latest non-zero exit (PodRecord.last_failure), kept as the
+        job's last when this observation counts a new failure."""
         pods = self._seen.setdefault(job, {})
         seen, failures = pods.get(uid, (0, 0))
         if restarts > seen:
-            failures += restarts - seen - (1 if last_exit_zero else 0)
+            new = restarts - seen - (1 if last_exit_zero else 0)
+            failures += new
+            if new > 0 and failure:
+                self._last[job] = f"pod {pod}: {failure}" if pod else failure
         pods[uid] = (max(seen, restarts), failures)
 
     def total(self, job: JobKey) -> int:
         return sum(failures for _, failures in self._seen.get(job, {}).values())
 
+    def last(self, job: JobKey) -> str | None:
+        return self._last.get(job)
+
     def forget(self, job: JobKey) -> None:
         self._seen.pop(job, None)
+        self._last.pop(job, None)
 
 
 @dataclass
