@@ -20,6 +20,14 @@
 
 # Pinned to a patch release and a Debian release, so a rebuild gets the same Python.
 ARG BASE_IMAGE=python:3.11.14-slim-bookworm
+# Where the torch of the retraining and training images comes from: torch's CPU wheels, not
+# the default index's Linux wheels with gigabytes of CUDA libraries these images never use.
+# e2e/build_images.sh builds where only PyPI is reachable and passes https://pypi.org/simple.
+ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
+# torch's test helpers hold files for newer Pythons (torch 2.15's
+# testing/_internal/py312_intrinsics.py is 3.12 syntax): compileall stops at them, and
+# nothing here imports them.
+ARG TORCH_NOT_COMPILED=/torch/testing/
 
 # ---------------------------------------------------------------------------- build stage
 FROM ${BASE_IMAGE} AS build
@@ -38,20 +46,25 @@ RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
 
 WORKDIR /build
 COPY pyproject.toml README.md ./
-COPY operator ./operator
-# policy_models carries the shipped ONNX artifacts and their model cards: the default model of
-# a learned policy whose SchedulingPolicy names no file. Its torch code is never imported.
-COPY policy_models ./policy_models
+# The dependencies pyproject.toml names first, in a layer of their own: an edit to the code
+# then reinstalls only mlsched, not kopf, onnxruntime and the rest.
 # The CPU onnxruntime is a dependency of mlsched; the GPU build swaps it for onnxruntime-gpu
 # of the same version (both install the module `onnxruntime`, so they must not coexist).
-# Bytecode is compiled here because the running container cannot write it.
 RUN python3 -m venv /opt/mlsched \
- && /opt/mlsched/bin/pip install . \
+ && /opt/mlsched/bin/python -c "import tomllib; print('\n'.join(tomllib.load(open( \
+      'pyproject.toml', 'rb'))['project']['dependencies']))" > requirements.txt \
+ && /opt/mlsched/bin/pip install -r requirements.txt \
  && if [ "$ONNXRUNTIME" != onnxruntime ]; then \
       version="$(/opt/mlsched/bin/pip show onnxruntime | sed -n 's/^Version: //p')" \
       && /opt/mlsched/bin/pip uninstall -y onnxruntime \
       && /opt/mlsched/bin/pip install "$ONNXRUNTIME==$version"; \
-    fi \
+    fi
+COPY operator ./operator
+# policy_models carries the shipped ONNX artifacts and their model cards: the default model of
+# a learned policy whose SchedulingPolicy names no file. Its torch code is never imported.
+COPY policy_models ./policy_models
+# Bytecode is compiled here because the running container cannot write it.
+RUN /opt/mlsched/bin/pip install --no-deps . \
  && /opt/mlsched/bin/python -c "import onnxruntime, mlsched.controller" \
  && ! /opt/mlsched/bin/python -c "import torch" 2>/dev/null \
  && /opt/mlsched/bin/python -m compileall -q /opt/mlsched
@@ -61,10 +74,12 @@ RUN python3 -m venv /opt/mlsched \
 # same environment plus the `train` extra. torch comes from its CPU wheel index: the default
 # index's Linux wheels bring gigabytes of CUDA libraries the Job never uses.
 FROM build AS build-train
-RUN /opt/mlsched/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.3" \
+ARG TORCH_INDEX
+ARG TORCH_NOT_COMPILED
+RUN /opt/mlsched/bin/pip install --index-url "$TORCH_INDEX" "torch>=2.3" \
  && /opt/mlsched/bin/pip install ".[train]" \
  && /opt/mlsched/bin/python -c "import torch, onnx, policy_models.retrain.cli" \
- && /opt/mlsched/bin/python -m compileall -q /opt/mlsched
+ && /opt/mlsched/bin/python -m compileall -q -x "$TORCH_NOT_COMPILED" /opt/mlsched
 
 # ---------------------------------------------- retraining image: docker build --target train
 #   docker build --target train -t mlsched-train:latest .
@@ -98,6 +113,8 @@ ENTRYPOINT ["mlsched", "retrain"]
 # with mlsched.training and mlsched.progress (standard library only: mlsched is installed
 # without the operator's dependencies). docs/training.md.
 FROM ${BASE_IMAGE} AS training
+ARG TORCH_INDEX
+ARG TORCH_NOT_COMPILED
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
@@ -107,16 +124,21 @@ RUN if ! python3 -m venv --help >/dev/null 2>&1; then \
       && apt-get install -y --no-install-recommends python3 python3-venv \
       && rm -rf /var/lib/apt/lists/*; \
     fi
+# torch and scikit-learn in a layer of their own, before the project's files are copied: an
+# edit to the code rebuilds only the small layer after it, not gigabytes of wheels.
+RUN python3 -m venv /opt/mlsched \
+ && /opt/mlsched/bin/pip install --index-url "$TORCH_INDEX" "torch>=2.3" \
+ && /opt/mlsched/bin/pip install "scikit-learn>=1.4" \
+ && /opt/mlsched/bin/python -c "import torch, sklearn" \
+ && /opt/mlsched/bin/python -m compileall -q -x "$TORCH_NOT_COMPILED" /opt/mlsched
 WORKDIR /build
 COPY pyproject.toml README.md ./
 COPY operator ./operator
 COPY examples /opt/mlsched/examples
-RUN python3 -m venv /opt/mlsched \
- && /opt/mlsched/bin/pip install --index-url https://download.pytorch.org/whl/cpu "torch>=2.3" \
- && /opt/mlsched/bin/pip install "scikit-learn>=1.4" \
- && /opt/mlsched/bin/pip install --no-deps . \
+RUN /opt/mlsched/bin/pip install --no-deps . \
  && /opt/mlsched/bin/python -c "import torch, sklearn, mlsched.training" \
- && /opt/mlsched/bin/python -m compileall -q /opt/mlsched \
+ && /opt/mlsched/bin/python -m compileall -q /opt/mlsched/lib/python3*/site-packages/mlsched \
+      /opt/mlsched/examples \
  && rm -rf /build \
  && groupadd --system --gid 10001 mlsched \
  && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \

@@ -16,7 +16,10 @@ class BuildScriptError(RuntimeError):
     pass
 
 
-def run_build_script(script: Path, what: str) -> Path:
+GO_NEEDS = "Go >= 1.26 (on PATH, or GO=/path/to/go) and the Go module proxy"
+
+
+def run_build_script(script: Path, what: str, needs: str = GO_NEEDS) -> Path:
     """Runs `bash script` and returns the path it prints last (what it built)."""
     if shutil.which("bash") is None:
         raise BuildScriptError(f"bash is needed to run {script}")
@@ -31,7 +34,7 @@ def run_build_script(script: Path, what: str) -> Path:
     if process.returncode != 0 or not lines or not Path(lines[-1]).exists():
         raise BuildScriptError(
             f"{what} is not built: `bash {script}` failed (exit {process.returncode}). It needs "
-            "Go >= 1.26 (on PATH, or GO=/path/to/go) and the Go module proxy. Its messages:\n"
+            f"{needs}. Its messages:\n"
             + "".join(messages))
     return Path(lines[-1])
 

@@ -60,7 +60,8 @@ def build_binaries() -> Path:
 
 
 def read_versions(bin_dir: Path) -> dict[str, str]:
-    """The versions the build script recorded: K8S_VERSION, ETCD_VERSION, KWOK_VERSION."""
+    """The versions the build script recorded: K8S_VERSION, ETCD_VERSION, KWOK_VERSION,
+    COREDNS_VERSION."""
     text = (bin_dir.parent / "versions.env").read_text()
     return dict(line.split("=", 1) for line in text.split() if "=" in line)
 
@@ -81,8 +82,11 @@ def _free_ports(count: int) -> list[int]:
 
 class ControlPlane:
     def __init__(self, *, startup_timeout: float = 120.0, audit_policy: dict | None = None,
-                 extra_flags: dict[str, list[str]] | None = None):
+                 extra_flags: dict[str, list[str]] | None = None, address: str = "127.0.0.1"):
         self.startup_timeout = startup_timeout
+        # The apiserver's address: loopback, or the real node's bridge (e2e/real_node.py), which
+        # must exist before start().
+        self.address = address
         # An audit policy (audit.k8s.io/v1 Policy) makes the apiserver log the requests it
         # selects, as JSON lines, to audit_log_path: who asked for what, and the answer.
         self.audit_policy = audit_policy
@@ -121,13 +125,13 @@ class ControlPlane:
     def _start_all(self) -> None:
         assert self.workdir is not None
         (self.workdir / "logs").mkdir()
-        pki = make_pki(self.workdir / "pki")
+        pki = make_pki(self.workdir / "pki", self.address)
         ports = flags.Ports(*_free_ports(6))
-        self.apiserver_url = f"https://127.0.0.1:{ports.apiserver}"
+        self.apiserver_url = f"https://{self.address}:{ports.apiserver}"
         self.etcd_url = f"http://127.0.0.1:{ports.etcd}"
         creds = Credentials(self.workdir, self.apiserver_url, pki.ca_cert)
         self.kubeconfig_path = creds.kubeconfig(credentials.ADMIN)
-        layout = self._layout = flags.Layout(self.workdir, ports, pki, creds)
+        layout = self._layout = flags.Layout(self.workdir, ports, pki, creds, self.address)
 
         # Each waits for what it needs: etcd before the apiserver, the apiserver
         # before its clients.

@@ -17,6 +17,14 @@ ADMIN = "admin"
 CONTROLLER_MANAGER = "system:kube-controller-manager"
 SCHEDULER = "system:kube-scheduler"
 KWOK = "kwok"
+# The real node's components (e2e/real_node.py), as kubeadm names them: the Node authorizer and
+# the bootstrap ClusterRoles (system:node, system:node-proxier) grant what they need. CoreDNS
+# gets the ClusterRole real_node.py creates for it.
+NODE_PREFIX = "system:node:"
+REAL_NODE = "mlsched-node-0"
+KUBELET = NODE_PREFIX + REAL_NODE
+KUBE_PROXY = "system:kube-proxy"
+COREDNS = "coredns"
 
 # user name -> groups
 _USERS = {
@@ -24,6 +32,9 @@ _USERS = {
     CONTROLLER_MANAGER: [],
     SCHEDULER: [],
     KWOK: ["system:masters"],
+    KUBELET: ["system:nodes"],
+    KUBE_PROXY: [],
+    COREDNS: [],
 }
 
 
@@ -41,7 +52,7 @@ class Credentials:
 
     def kubeconfig(self, user: str) -> Path:
         """Writes (or rewrites) the kubeconfig of `user` and returns its path."""
-        path = self.directory / f"{user.removeprefix('system:')}.kubeconfig"
+        path = self.directory / f"{user.removeprefix('system:').replace(':', '-')}.kubeconfig"
         path.write_text(yaml.safe_dump({
             "apiVersion": "v1",
             "kind": "Config",

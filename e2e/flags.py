@@ -38,6 +38,9 @@ class Layout:
     ports: Ports
     pki: Pki
     creds: Credentials
+    # Where the apiserver serves: loopback, or the real node's bridge address (e2e/real_node.py),
+    # which its pods reach through the `kubernetes` Service.
+    address: str = "127.0.0.1"
 
 
 def etcd(layout: Layout) -> list[str]:
@@ -61,8 +64,8 @@ def apiserver(layout: Layout) -> list[str]:
     pki = layout.pki
     return [
         f"--etcd-servers=http://127.0.0.1:{layout.ports.etcd}",
-        "--bind-address=127.0.0.1",
-        "--advertise-address=127.0.0.1",
+        f"--bind-address={layout.address}",
+        f"--advertise-address={layout.address}",
         f"--secure-port={layout.ports.apiserver}",
         f"--cert-dir={layout.workdir / 'apiserver-certs'}",
         f"--tls-cert-file={pki.serving_cert}",
@@ -77,8 +80,14 @@ def apiserver(layout: Layout) -> list[str]:
         f"--service-cluster-ip-range={SERVICE_CIDR}",
         "--allow-privileged=true",
         # The `kubernetes` Service cannot point at a loopback address; with the
-        # default reconciler the apiserver logs that error every few seconds.
-        "--endpoint-reconciler-type=none",
+        # default reconciler the apiserver logs that error every few seconds. Served on the real
+        # node's bridge, the default reconciler points it there, for pods in that node.
+        *(["--endpoint-reconciler-type=none"] if layout.address == "127.0.0.1" else []),
+        # `kubectl logs` and `exec` on the real node: the apiserver dials the node's InternalIP
+        # (its name resolves nowhere) with a client certificate the kubelet checks.
+        "--kubelet-preferred-address-types=InternalIP",
+        f"--kubelet-client-certificate={pki.kubelet_client_cert}",
+        f"--kubelet-client-key={pki.kubelet_client_key}",
         # On SIGTERM, drain ordinary requests (answering 429 + Retry-After) and
         # then give open watches 2 s. Without it the HTTP server waits up to
         # --request-timeout (60 s) for watch connections to go idle.

@@ -9,6 +9,9 @@ What is made, as kubeadm would for a one-node cluster:
                                 verifies client certs, and is the root CA that
                                 KCM publishes to every namespace (kube-root-ca.crt)
   apiserver.crt/apiserver.key   serving cert for 127.0.0.1 and the in-cluster names
+                                (and the real node's bridge address, when there is one)
+  kubelet-client.crt/.key       the apiserver's client cert towards kubelets (`kubectl
+                                logs`, `exec`), in system:masters, as kubeadm makes it
   sa.key/sa.pub                 ServiceAccount token signing key and its public half
 """
 
@@ -39,6 +42,8 @@ class Pki:
     serving_key: Path
     sa_key: Path
     sa_pub: Path
+    kubelet_client_cert: Path
+    kubelet_client_key: Path
 
 
 def _openssl(*args: str) -> None:
@@ -47,7 +52,19 @@ def _openssl(*args: str) -> None:
         raise RuntimeError(f"openssl {' '.join(args)} failed:\n{result.stderr}")
 
 
-def make_pki(directory: Path) -> Pki:
+def _leaf(pki: Pki, subject: str, usage: str, key: Path, cert: Path, *extra: str) -> None:
+    """A key and a certificate for `usage` (serverAuth, clientAuth) signed by the CA.
+    OpenSSL >= 3.0: 'req -x509 -CA' makes and signs the leaf in one step."""
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", _DAYS,
+             "-subj", subject, "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
+             "-addext", "basicConstraints=critical,CA:FALSE",
+             "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
+             "-addext", f"extendedKeyUsage={usage}", *extra,
+             "-keyout", str(key), "-out", str(cert))
+
+
+def make_pki(directory: Path, address: str = "127.0.0.1") -> Pki:
+    """`address`: the one the apiserver serves on, when not loopback (e2e/real_node.py)."""
     if shutil.which("openssl") is None:
         raise RuntimeError(
             "the e2e control plane needs the openssl command to make its certificates: "
@@ -61,21 +78,19 @@ def make_pki(directory: Path) -> Pki:
         serving_key=directory / "apiserver.key",
         sa_key=directory / "sa.key",
         sa_pub=directory / "sa.pub",
+        kubelet_client_cert=directory / "kubelet-client.crt",
+        kubelet_client_key=directory / "kubelet-client.key",
     )
+    names = _SERVING_NAMES if address == "127.0.0.1" else f"{_SERVING_NAMES},IP:{address}"
     _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", _DAYS,
              "-subj", "/CN=mlsched-e2e-ca",
              "-addext", "basicConstraints=critical,CA:TRUE",
              "-addext", "keyUsage=critical,keyCertSign,cRLSign,digitalSignature",
              "-keyout", str(pki.ca_key), "-out", str(pki.ca_cert))
-    # OpenSSL >= 3.0: 'req -x509 -CA' makes and signs the leaf in one step.
-    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", _DAYS,
-             "-subj", "/CN=kube-apiserver",
-             "-CA", str(pki.ca_cert), "-CAkey", str(pki.ca_key),
-             "-addext", "basicConstraints=critical,CA:FALSE",
-             "-addext", "keyUsage=critical,digitalSignature,keyEncipherment",
-             "-addext", "extendedKeyUsage=serverAuth",
-             "-addext", f"subjectAltName={_SERVING_NAMES}",
-             "-keyout", str(pki.serving_key), "-out", str(pki.serving_cert))
+    _leaf(pki, "/CN=kube-apiserver", "serverAuth", pki.serving_key, pki.serving_cert,
+          "-addext", f"subjectAltName={names}")
+    _leaf(pki, "/O=system:masters/CN=kube-apiserver-kubelet-client", "clientAuth",
+          pki.kubelet_client_key, pki.kubelet_client_cert)
     _openssl("genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048",
              "-out", str(pki.sa_key))
     _openssl("pkey", "-in", str(pki.sa_key), "-pubout", "-out", str(pki.sa_pub))

@@ -1,8 +1,9 @@
 """The operator image's Dockerfile: hadolint finds nothing (warnings and style included), and
 the image is built the way docs/operator.md and the manifests rely on: two stages from one
 pinned base, no torch, the shipped ONNX models inside, a fixed non-root uid, nothing written
-outside /tmp, a CUDA variant chosen by build arguments. There is no Docker engine here, so
-the build itself is not run; what the build needs from its context is checked instead."""
+outside /tmp, a CUDA variant chosen by build arguments. These are the fast checks; the images
+are really built with buildah (FROM a Debian base made here) and run on the real node by the
+e2e tier (e2e/build_images.sh, e2e/test_real_node.py)."""
 
 from __future__ import annotations
 
@@ -72,7 +73,9 @@ def test_runtime_is_non_root_read_only_friendly_and_without_torch():
     assert ("WORKDIR", "/tmp") in runtime
     assert ("ENTRYPOINT", '["python", "-m", "mlsched.controller"]') in runtime
     build = " ".join(rest for word, rest in stage("build") + runtime if word == "RUN")
-    assert "compileall" in build and "pip install ." in build
+    # mlsched's dependencies from pyproject.toml in a layer before the code, then mlsched itself.
+    assert "compileall" in build and "pip install -r requirements.txt" in build
+    assert "pip install --no-deps ." in build
     assert "[train]" not in build and "torch" not in build.replace('-c "import torch"', "")
     assert '! /opt/mlsched/bin/python -c "import torch"' in build  # the build fails if it is there
     # openssl: serving_tls.py makes the endpoint's certificate with it.
@@ -110,9 +113,18 @@ def test_build_context_holds_what_the_dockerfile_copies():
         assert onnx.with_suffix(".card.json").exists(), f"{onnx} has no model card"
 
 
+def torch_index_default() -> str:
+    """torch comes from the index the build argument TORCH_INDEX names: by default torch's CPU
+    wheels (e2e/build_images.sh names PyPI, the only index reachable where it runs)."""
+    (default,) = [rest.split("=", 1)[1] for word, rest in instructions()
+                  if word == "ARG" and rest.startswith("TORCH_INDEX=")]
+    return default
+
+
 def test_the_train_target_is_the_same_environment_with_torch_and_runs_retrain():
     build = " ".join(rest for word, rest in stage("build-train") if word == "RUN")
-    assert ".[train]" in build and "download.pytorch.org/whl/cpu" in build and "compileall" in build
+    assert torch_index_default() == "https://download.pytorch.org/whl/cpu"
+    assert ".[train]" in build and '--index-url "$TORCH_INDEX"' in build and "compileall" in build
     train = stage("train")
     assert ("COPY", "--from=build-train /opt/mlsched /opt/mlsched") in train
     assert ("USER", "10001:10001") in train and ("WORKDIR", "/tmp") in train
@@ -126,7 +138,8 @@ def test_the_training_target_runs_the_reference_programs_with_torch_and_without_
     run = " ".join(rest for word, rest in training if word == "RUN")
     # torch from its CPU wheels, scikit-learn (the digits dataset ships inside it), and mlsched
     # without its dependencies: mlsched.training needs the standard library only.
-    assert "download.pytorch.org/whl/cpu" in run and "scikit-learn" in run
+    assert torch_index_default() == "https://download.pytorch.org/whl/cpu"
+    assert '--index-url "$TORCH_INDEX"' in run and "scikit-learn" in run
     assert "pip install --no-deps ." in run and "import torch, sklearn, mlsched.training" in run
     assert ("COPY", "examples /opt/mlsched/examples") in training
     assert ("USER", "10001:10001") in training and ("WORKDIR", "/tmp") in training
