@@ -221,6 +221,10 @@ class ControlPlane:
         """The cluster CA: it signed the apiserver's certificate."""
         return self._layout.pki.ca_cert
 
+    def kubeconfig_for(self, user: str) -> Path:
+        """The kubeconfig of one of credentials.py's users (the real node's components)."""
+        return self._layout.creds.kubeconfig(user)
+
     def component_log(self, name: str) -> Path:
         return self._components[name].log_path
 

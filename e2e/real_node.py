@@ -134,12 +134,11 @@ class RealNode:
         self._start_containerd(timeout)
         for archive in images:
             self.ctr("images", "import", str(archive))
-        creds = plane._layout.creds
-        self._start_kubelet(creds.kubeconfig(credentials.KUBELET), plane._layout.pki.ca_cert)
-        self._start_kube_proxy(creds.kubeconfig(credentials.KUBE_PROXY))
+        self._start_kubelet(plane.kubeconfig_for(credentials.KUBELET), plane.ca_cert_path)
+        self._start_kube_proxy(plane.kubeconfig_for(credentials.KUBE_PROXY))
         api = plane.api_client()
         try:
-            self._install_dns(api, creds.kubeconfig(credentials.COREDNS), timeout)
+            self._install_dns(api, plane.kubeconfig_for(credentials.COREDNS), timeout)
             self._wait_ready(client.CoreV1Api(api), timeout)
         finally:
             api.close()

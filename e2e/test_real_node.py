@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client
 
 import real_node
-from mlsched_objects import REPO, load_yaml
+from mlsched_objects import REPO, MLSched, condition, load_yaml
 from real_cluster import (
     JOBS_NAMESPACE, LEADER_LABEL, LEASE, OPERATOR_NAMESPACE, TRAINING_IMAGE, RealCluster,
     install_operator, running_real_cluster,
@@ -248,23 +248,18 @@ def test_the_samples_train_for_real(installed: RealCluster):
     volumes = [checkpoint_volume(cluster, path) for path in sorted(SAMPLES.glob("pvc-*.yaml"))]
     overlay = samples_overlay(cluster, counts)
     api = cluster.api_client()
-    custom = client.CustomObjectsApi(api)
-
-    def job(name: str) -> dict:
-        return custom.get_namespaced_custom_object("mlsched.io", "v1alpha1", JOBS_NAMESPACE,
-                                                   "mljobs", name)
-
+    jobs = MLSched(api, JOBS_NAMESPACE)
     speeds: dict[str, float] = {}
 
     def finished():
         done = True
         for name in counts:
-            status = job(name).get("status") or {}
-            speed = (status.get("progress") or {}).get("samplesPerSecond") or 0
+            current = status(jobs, name)
+            speed = (current.get("progress") or {}).get("samplesPerSecond") or 0
             speeds[name] = max(speeds.get(name, 0), speed)
-            if status.get("phase") == "Failed":
-                raise AssertionError(f"{name} failed: {status.get('conditions')}")
-            done = done and status.get("phase") == "Succeeded"
+            if current.get("phase") == "Failed":
+                raise AssertionError(f"{name} failed: {current.get('conditions')}")
+            done = done and current.get("phase") == "Succeeded"
         return done
 
     followers = [PodLogs(cluster, name) for name in counts]
@@ -273,7 +268,7 @@ def test_the_samples_train_for_real(installed: RealCluster):
             follower.__enter__()
         cluster.kubectl("apply", "-n", JOBS_NAMESPACE, "-k", str(overlay))
         wait_for(finished, 600, "both samples Succeeded",
-                 describe=lambda: {n: (job(n).get("status") or {}).get("phase") for n in counts}
+                 describe=lambda: {n: status(jobs, n).get("phase") for n in counts}
                  | {"pods": cluster.kubectl("get", "pods", "-n", JOBS_NAMESPACE, "-o", "wide",
                                             check=False).stdout})
     finally:
@@ -384,55 +379,24 @@ def claim_with_volume(cluster: RealCluster, name: str) -> tuple[str, str]:
     return name, volume
 
 
-class Jobs:
-    """The MLJobs of the jobs namespace, read as a user reads them."""
+def status(jobs: MLSched, name: str) -> dict:
+    return (jobs.job(name) or {}).get("status") or {}
 
-    def __init__(self, cluster: RealCluster):
-        self.cluster = cluster
-        self.api = cluster.api_client()
-        self.custom = client.CustomObjectsApi(self.api)
 
-    def create(self, body: dict) -> None:
-        plural = "mljobs" if body["kind"] == "MLJob" else "schedulingpolicies"
-        self.custom.create_namespaced_custom_object("mlsched.io", "v1alpha1", JOBS_NAMESPACE,
-                                                    plural, body)
-
-    def get(self, name: str) -> dict:
-        return self.custom.get_namespaced_custom_object("mlsched.io", "v1alpha1",
-                                                        JOBS_NAMESPACE, "mljobs", name)
-
-    def status(self, name: str) -> dict:
-        return self.get(name).get("status") or {}
-
-    def condition(self, name: str, type_: str) -> dict:
-        return next((c for c in self.status(name).get("conditions") or []
-                     if c["type"] == type_), {})
-
-    def patch(self, name: str, spec: dict) -> None:
-        self.custom.patch_namespaced_custom_object("mlsched.io", "v1alpha1", JOBS_NAMESPACE,
-                                                   "mljobs", name, {"spec": spec})
-
-    def events(self, name: str) -> list[client.CoreV1Event]:
-        return client.CoreV1Api(self.api).list_namespaced_event(
-            JOBS_NAMESPACE, field_selector=f"involvedObject.name={name},"
-            "involvedObject.kind=MLJob").items
-
-    def history_at(self, name: str, workers: int) -> list[dict]:
-        return [h for h in self.status(name).get("history") or []
-                if h["workers"] == workers and (h.get("samplesPerSecond") or 0) > 0]
-
-    def close(self) -> None:
-        self.api.close()
+def history_at(jobs: MLSched, name: str, workers: int) -> list[dict]:
+    """The job's interval records at this worker count that carry a measured speed."""
+    return [h for h in status(jobs, name).get("history") or []
+            if h["workers"] == workers and (h.get("samplesPerSecond") or 0) > 0]
 
 
 @pytest.fixture
 def jobs(installed: RealCluster):
-    jobs = Jobs(installed)
-    yield jobs
-    jobs.close()
+    api = installed.api_client()
+    yield MLSched(api, JOBS_NAMESPACE)
+    api.close()
 
 
-def short_policy(jobs: Jobs, name: str) -> str:
+def short_policy(jobs: MLSched, name: str) -> str:
     """A SchedulingPolicy deciding every 6 s (the shipped ones every 20 min), so that each count
     gets interval records within seconds."""
     jobs.create({"apiVersion": "mlsched.io/v1alpha1", "kind": "SchedulingPolicy",
@@ -455,7 +419,7 @@ def test_a_live_rescale_restarts_the_pods_and_resumes_from_the_checkpoint(instal
         for number, counts in enumerate(stages):
             if number:
                 logs.stage = number
-                jobs.patch("rescaled", {"replicaSpecs": {"worker": {
+                jobs.patch_job("rescaled", {"replicaSpecs": {"worker": {
                     "min": counts["worker"], "max": counts["worker"]}}})
             # Every pod of the stage running, and the chief (worker 0: it logs the start).
             wait_for(lambda: len(logs.runs()) > number and
@@ -464,12 +428,12 @@ def test_a_live_rescale_restarts_the_pods_and_resumes_from_the_checkpoint(instal
                      f"the pods of {counts} to start training",
                      describe=lambda: [[p.log(tail=3) for p in run] for run in logs.runs()])
             if number < len(stages) - 1:
-                wait_for(lambda: jobs.history_at("rescaled", counts["worker"]), 120,
+                wait_for(lambda: history_at(jobs, "rescaled", counts["worker"]), 120,
                          f"an interval record at {counts} with its measured speed",
-                         describe=lambda: jobs.status("rescaled").get("history"))
-        wait_for(lambda: jobs.status("rescaled").get("phase") == "Succeeded", 240,
+                         describe=lambda: status(jobs, "rescaled").get("history"))
+        wait_for(lambda: status(jobs, "rescaled").get("phase") == "Succeeded", 240,
                  "the rescaled job to succeed",
-                 describe=lambda: (jobs.status("rescaled").get("progress"),
+                 describe=lambda: (status(jobs, "rescaled").get("progress"),
                                    [[p.log(tail=2) for p in run] for run in logs.runs()]))
     runs = logs.runs()
     assert [sorted(p.name for p in run) for run in runs] == [
@@ -479,13 +443,13 @@ def test_a_live_rescale_restarts_the_pods_and_resumes_from_the_checkpoint(instal
     first, last = logged(runs[0], START)[0], logged(runs[-1], EPOCH_DONE)
     assert int(last[-1][0]) == RESCALE_EPOCHS
     assert float(last[-1][1]) < 0.5 * float(first[2]), (first, last[-1])
-    status = jobs.status("rescaled")
-    assert status["progress"]["epochsDone"] == RESCALE_EPOCHS
-    assert status["rescales"]["count"] == 2
+    final = status(jobs, "rescaled")
+    assert final["progress"]["epochsDone"] == RESCALE_EPOCHS
+    assert final["rescales"]["count"] == 2
     speeds = {}
     for counts in stages[:2]:
         speeds[counts["worker"]] = max(h["samplesPerSecond"]
-                                       for h in jobs.history_at("rescaled", counts["worker"]))
+                                       for h in history_at(jobs, "rescaled", counts["worker"]))
     # Two workers share the stand-in compute: the records show the real speed-up.
     assert speeds[2] > speeds[1], speeds
     print(f"\nreal node 1 -> 2 -> 1 workers: stopped at {stops}; samples/s recorded {speeds}; "
@@ -507,9 +471,9 @@ def test_a_deleted_worker_resumes_from_its_checkpoint(installed, jobs):
                  describe=lambda: [[p.log(tail=3) for p in run] for run in logs.runs()])
         logs.stage = 1
         cluster.kubectl("delete", "pod", "deleted-worker-1", "-n", JOBS_NAMESPACE)
-        wait_for(lambda: jobs.status("deleted").get("phase") == "Succeeded", 240,
+        wait_for(lambda: status(jobs, "deleted").get("phase") == "Succeeded", 240,
                  "the job to succeed after its worker was deleted",
-                 describe=lambda: (jobs.status("deleted").get("progress"),
+                 describe=lambda: (status(jobs, "deleted").get("progress"),
                                    [[p.log(tail=2) for p in run] for run in logs.runs()]))
     runs = logs.runs()
     # The deleted pod's successor, a new pod of the same name, joined the surviving pod, whose
@@ -533,13 +497,13 @@ def test_an_image_that_does_not_exist_is_reported(installed, jobs):
     pod["containers"][0].update(image="localhost/mlsched-no-such-image:e2e",
                                 imagePullPolicy="IfNotPresent")
     jobs.create(job)
-    reason = wait_for(lambda: (c := jobs.condition("typo", "Running")).get("reason") ==
+    reason = wait_for(lambda: (c := (condition(jobs.job("typo"), "Running") or {})).get("reason") ==
                       "PodsCannotStart" and c, 120, "the job to say its pod cannot start",
-                      describe=lambda: jobs.condition("typo", "Running"))
+                      describe=lambda: (condition(jobs.job("typo"), "Running") or {}))
     assert "typo-worker-0" in reason["message"]
     assert "ErrImagePull" in reason["message"] or "ImagePullBackOff" in reason["message"], reason
     assert "localhost/mlsched-no-such-image:e2e" in reason["message"], reason
-    warnings = [e for e in jobs.events("typo") if e.type == "Warning"]
+    warnings = [e for e in jobs.events("typo", "MLJob") if e.type == "Warning"]
     assert any(e.reason == "PodsCannotStart" for e in warnings), [e.reason for e in warnings]
     shown = cluster_describe(installed, "typo")
     assert "PodsCannotStart" in shown
@@ -555,13 +519,13 @@ def test_a_program_that_crashes_fails_the_job_naming_its_exit_code(installed, jo
     pod["volumes"] = [{"name": "checkpoint", "emptyDir": {}}]
     pod["containers"][0].update(command=["python", "-c", "raise SystemExit(3)"], args=[])
     jobs.create(job)
-    wait_for(lambda: jobs.status("crasher").get("phase") == "Failed", 180, "the job to fail",
-             describe=lambda: jobs.status("crasher"))
-    failed = jobs.condition("crasher", "Failed")
+    wait_for(lambda: status(jobs, "crasher").get("phase") == "Failed", 180, "the job to fail",
+             describe=lambda: status(jobs, "crasher"))
+    failed = condition(jobs.job("crasher"), "Failed")
     assert failed["reason"] == "BackoffLimitExceeded", failed
     assert "pod crasher-worker-0: container worker exited with code 3 (Error)" in \
         failed["message"], failed
-    warnings = [e for e in jobs.events("crasher") if e.type == "Warning"]
+    warnings = [e for e in jobs.events("crasher", "MLJob") if e.type == "Warning"]
     assert any(e.reason == "BackoffLimitExceeded" and "exited with code 3" in e.message
                for e in warnings), [(e.reason, e.message) for e in warnings]
 

@@ -28,6 +28,13 @@ def span(lo: float, hi: float) -> dict[str, float]:
     return {"min": lo, "max": hi}
 
 
+def node_shape(cfg: SimConfig) -> dict[str, dict[str, float]]:
+    """The one node shape a simulator config trains on, as spans."""
+    return {"node_gpus": span(cfg.node_gpus, cfg.node_gpus),
+            "node_cpus": span(cfg.node_cpus, cfg.node_cpus),
+            "node_mem_gib": span(cfg.node_mem_gib, cfg.node_mem_gib)}
+
+
 def _hours(per_slot: float, interval_s: float) -> float:
     return round(per_slot * 3600.0 / interval_s, 2)
 
@@ -38,9 +45,7 @@ def chic(args: Mapping[str, Any]) -> dict[str, Any]:
     cfg = chic_scenario.config(window=window)
     return {
         "nodes": span(cfg.nodes, cfg.nodes),
-        "node_gpus": span(cfg.node_gpus, cfg.node_gpus),
-        "node_cpus": span(cfg.node_cpus, cfg.node_cpus),
-        "node_mem_gib": span(cfg.node_mem_gib, cfg.node_mem_gib),
+        **node_shape(cfg),
         "pools": 1,
         "jobs_per_trace": span(jobs, jobs),
         "jobs_present": span(0, jobs),
@@ -76,9 +81,7 @@ def dl2(args: Mapping[str, Any]) -> dict[str, Any]:
     val = [SCENARIOS[s] for s in args.get("val_scenarios") or ()]
     return {
         "nodes": span(min(nodes), max(nodes)),
-        "node_gpus": span(cfg.node_gpus, cfg.node_gpus),
-        "node_cpus": span(cfg.node_cpus, cfg.node_cpus),
-        "node_mem_gib": span(cfg.node_mem_gib, cfg.node_mem_gib),
+        **node_shape(cfg),
         "pools": 1,
         "jobs_per_trace": span(*DL2_JOBS_PER_EPISODE),
         "jobs_present": span(0, DL2_JOBS_PER_EPISODE[1]),
@@ -110,9 +113,7 @@ def harmony(args: Mapping[str, Any]) -> dict[str, Any]:
     jobs = (HARMONY_JOBS_PER_NODE * min(nodes), HARMONY_JOBS_PER_NODE * max(nodes))
     return {
         "nodes": span(min(nodes), max(nodes)),
-        "node_gpus": span(cfg.node_gpus, cfg.node_gpus),
-        "node_cpus": span(cfg.node_cpus, cfg.node_cpus),
-        "node_mem_gib": span(cfg.node_mem_gib, cfg.node_mem_gib),
+        **node_shape(cfg),
         "pools": 1,
         "jobs_per_trace": span(*jobs),
         "jobs_present": span(0, jobs[1]),
