@@ -246,6 +246,7 @@ class Simulator:
         # Every stretch needs every placed job's interference, and a stretch changes few jobs.
         self._pressures = interference.PressureTracker(interference.node_capacity(self.config.node_cpus))
         self.time_s = 0.0
+        self.last_slot_s = 0.0
         self.slot = 0
         self.states = {j.name: JobState(j) for j in self.trace}
         self._next_arrival = 0  # index into self.trace
@@ -353,17 +354,32 @@ class Simulator:
         self._retire_finished()
         self.total_reward += reward
         self.time_s = start + interval
+        self.last_slot_s = interval  # the slot's length (event-driven: until its event)
         self.slot += 1
         self._admit()
         self._skip_idle()
         return reward
 
-    def run(self, allocation, placement, grouping=None, progress=None) -> SimResult:
+    def run(self, allocation, placement, grouping=None, progress=None, guard=None) -> SimResult:
+        """`guard`: a sim.regret_guard.SimGuard serving its fallback while it is tripped."""
+        learned = (allocation, placement)
+        if guard is not None:  # the policies in force are the guard's choice, round by round
+            def allocation_now():
+                return guard.serving(*learned)[0]
+
+            def placement_now():
+                return guard.serving(*learned)[1]
+        else:
+            def allocation_now():
+                return learned[0]
+
+            def placement_now():
+                return learned[1]
         if grouping is not None and self.config.grouping_guard and getattr(grouping, "name", None) == "harmony":
             grouping = GuardedGrouping(grouping, simulator_rollout(self, allocation, placement))
         # The guard decides at full rounds, where its rollouts start; admission steps use the
         # grouping it chose (a switch there could not move running jobs: round.admissible).
-        admit = ((lambda snapshot: run_admission(snapshot, allocation, placement,
+        admit = ((lambda snapshot: run_admission(snapshot, allocation_now(), placement_now(),
                                                  getattr(grouping, "in_force", grouping)))
                  if self.config.admission == "arrival" else None)
         idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
@@ -371,9 +387,13 @@ class Simulator:
         while not self.done:
             snapshot = self.snapshot()
             domain.add(shape_of(snapshot))
-            decision = run_round(snapshot, allocation, placement, grouping)
+            decision = run_round(snapshot, allocation_now(), placement_now(), grouping)
             idle.append(idle_capacity(snapshot, decision))
-            self.advance(decision, admit)
+            before = {s.spec.name: s.epochs_done for s in self.active}
+            start = self.time_s
+            reward = self.advance(decision, admit)
+            if guard is not None:
+                guard.closed(self, start, before, decision, reward, learned)
             if progress is not None:
                 progress(len(self.trace) - len(self.active) - (len(self.trace) - self._next_arrival))
         return replace(self.result(idle), domain_rounds=domain.rounds,

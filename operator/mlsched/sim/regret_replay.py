@@ -1,0 +1,146 @@
+"""The regret guard's estimates: a window of recorded intervals replayed in the simulator under
+the learned policy and under the fallback (policies/regret_guard.py has the rule and why the
+figure is normalised progress per hour).
+
+The window's start comes from its records (policies/decision_log.IntervalRecord, what the
+operator keeps of every closed interval and the simulator writes too, `interval_record`):
+each job of the first record that was created by its start is present then, with the epochs
+it had (`epochs_at_start`) and the tasks it held, on the nodes named; a job first recorded
+later arrives at its creation time. Records carry wall times and, under the operator's
+--interval-scale, intervals in the policy's time (`length_s`): arrivals are placed on the
+policy's time by the ratio of the two. Jobs of models outside the catalog cannot be simulated
+and are left out (counted in the estimate); a window with none left is an error, as is one
+whose jobs cannot run on the cluster at all.
+
+The cluster is the caller's SimConfig (the simulator's own; in the operator one built from
+the live nodes, controller/guard.py) with its node names, so that held tasks stay on the
+nodes they were on: a replay of the policy that ran pays no scaling cost the cluster did not
+pay. Both replays start from the same state with the same seed, and run whole rounds (run_round,
+and admission steps when the config admits on arrival) until the window's length has passed.
+
+This is torch-free (the operator imports it): policy_models/retrain/workload.py builds
+longer synthetic workloads from records for retraining; a replay needs the window as it was.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime, timedelta
+
+from mlsched.cluster.types import Decision
+from mlsched.policies.decision_log import IntervalRecord, JobInterval
+from mlsched.policies.regret_guard import FALLBACK, LEARNED, Estimate
+from mlsched.policies.round import run_admission, run_round
+from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.workloads import catalog
+from mlsched.workloads.traces import TraceJob
+
+ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
+EPOCH = datetime(2026, 1, 1, tzinfo=UTC)  # wall time of the simulator's second 0 in its records
+
+
+class ReplayError(ValueError):
+    """The window cannot be replayed (said why): the guard reports it and changes nothing."""
+
+
+@dataclass(frozen=True)
+class WindowStart:
+    trace: list[TraceJob]  # present jobs at 0 s, arrivals after
+    held: dict[str, tuple[float, tuple[str, ...], tuple[str, ...]]]  # name -> (epochs, ps nodes, worker nodes)
+    span_s: float  # the window's length in the policy's time
+    recorded: float  # normalised progress per hour the records show
+    intervals: int
+    left_out: int
+
+
+def window_start(records: list[IntervalRecord]) -> WindowStart:
+    if not records:
+        raise ReplayError("no closed intervals to replay")
+    records = sorted(records, key=lambda r: r.interval)
+    try:
+        t0, t1 = _seconds(records[0].start), _seconds(records[-1].end)
+    except ValueError as err:
+        raise ReplayError(f"record times do not parse: {err}") from None
+    span = float(sum(r.length_s for r in records))
+    if span <= 0:
+        raise ReplayError("the window's intervals have no length")
+    scale = span / (t1 - t0) if t1 > t0 else 1.0  # policy seconds per wall second
+    first: dict[str, JobInterval] = {}
+    for r in records:
+        for j in r.jobs:
+            first.setdefault(j.uid or j.name, j)
+    trace, held, left_out = [], {}, 0
+    present = {j.uid or j.name for j in records[0].jobs}
+    for uid, j in first.items():
+        if not catalog.is_known(j.model_type):
+            left_out += 1
+            continue
+        try:
+            created = _seconds(j.created)
+        except ValueError:
+            created = t0
+        at = 0.0 if uid in present and created <= t0 + 1e-6 else max(0.0, (created - t0) * scale)
+        if j.epochs_at_start >= j.total_epochs * (1 - 1e-9):
+            continue  # done before the window
+        name = f"j{len(trace):05d}"
+        trace.append(TraceJob(name, round(at, 3), catalog.canonical_name(j.model_type),
+                              float(j.total_epochs), ARCH.get(j.architecture, "ps")))
+        if at == 0.0:
+            held[name] = (float(j.epochs_at_start), tuple(j.placement.get("ps", ())),
+                          tuple(j.placement.get("worker", ())))
+    if not trace:
+        raise ReplayError(f"no job of the window can be simulated ({left_out} of models "
+                          "outside the catalog)" if left_out else "the window had no unfinished job")
+    recorded = sum(r.reward for r in records) / span * 3600.0
+    return WindowStart(trace, held, span, recorded, len(records), left_out)
+
+
+def replay(start: WindowStart, config: SimConfig, node_names: list[str] | None,
+           allocation, placement) -> float:
+    """Normalised progress per hour of `allocation` + `placement` over the window."""
+    cfg = replace(config, seed=0, grouping_guard=False, max_slots=10**6)
+    try:
+        sim = Simulator(start.trace, cfg)
+    except ValueError as err:
+        raise ReplayError(str(err)) from None
+    if node_names is not None and len(node_names) == len(sim.node_names):
+        sim.node_names = list(node_names)
+    index = {n: k for k, n in enumerate(sim.node_names)}
+    for name, (epochs, ps, workers) in start.held.items():
+        s = sim.states[name]
+        s.epochs_done = min(epochs, s.spec.epochs)
+        if all(n in index for n in (*ps, *workers)) and workers:
+            s.ps_nodes = tuple(index[n] for n in ps)
+            s.worker_nodes = tuple(index[n] for n in workers)
+    admit = ((lambda snap: run_admission(snap, allocation, placement))
+             if cfg.admission == "arrival" else None)
+    progress, t0 = 0.0, sim.time_s
+    while not sim.done and sim.time_s - t0 < start.span_s - 1e-6:
+        decision: Decision = run_round(sim.snapshot(), allocation, placement)
+        progress += sim.advance(decision, admit)
+    # A policy that finished everything early could do no more in the rest of the window.
+    return progress / max(sim.time_s - t0, start.span_s) * 3600.0
+
+
+def estimate(records: list[IntervalRecord], config: SimConfig, node_names: list[str] | None,
+             learned: tuple, fallback: tuple, ran: str) -> Estimate:
+    """Both estimates of the window of `records`; `learned` and `fallback` are (allocation,
+    placement) pairs, `ran` which of them served the window."""
+    if ran not in (LEARNED, FALLBACK):
+        raise ValueError(f"ran must be {LEARNED!r} or {FALLBACK!r}")
+    start = window_start(records)
+    mine = replay(start, config, node_names, *learned)
+    theirs = replay(start, config, node_names, *fallback)
+    if not all(math.isfinite(x) for x in (mine, theirs)):
+        raise ReplayError("the replay's progress is not finite")
+    return Estimate(mine, theirs, start.recorded, ran, start.intervals, len(start.trace),
+                    start.left_out)
+
+
+def rfc3339(seconds: float) -> str:
+    return (EPOCH + timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _seconds(text: str) -> float:
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

@@ -1,0 +1,163 @@
+"""The regret guard (issue 51, part 3): its rule (policies/regret_guard.py), the replay of a
+recorded window (sim/regret_replay.py) and the guard in a simulation (sim/regret_guard.py)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from mlsched.policies import registry
+from mlsched.policies.regret_guard import (
+    FALLBACK, LEARNED, Estimate, GuardSpec, GuardState, judge, on_generation, parse_threshold,
+)
+from mlsched.sim import chic_scenario
+from mlsched.sim.regret_guard import SimGuard
+from mlsched.sim.regret_replay import ReplayError, estimate, window_start
+from mlsched.sim.simulator import SimConfig, Simulator
+from mlsched.workloads import generators
+
+
+def est(learned: float, fallback: float, recorded: float | None = None, ran: str = LEARNED) -> Estimate:
+    replayed = learned if ran == LEARNED else fallback
+    return Estimate(learned, fallback, replayed if recorded is None else recorded, ran, 6, 10)
+
+
+# ---- the rule ---------------------------------------------------------------------------------
+def test_spec_parses_percentages_fractions_and_refuses_nonsense():
+    assert GuardSpec.parse("10%:6") == GuardSpec(0.10, 6)
+    assert parse_threshold(0.25) == 0.25 and parse_threshold("0.5") == 0.5
+    for bad in ("10", "x%:6", "10%:0", "10%:two", "-5%:3"):
+        with pytest.raises(ValueError):
+            GuardSpec.parse(bad)
+    with pytest.raises(ValueError):
+        parse_threshold(float("nan"))
+
+
+def test_trips_only_beyond_the_threshold_and_clears_only_when_the_model_is_ahead():
+    spec = GuardSpec(0.10, 6)
+    state = judge(GuardState(), est(1.0, 1.09), spec, 10.0)
+    assert not state.tripped  # within 10 %
+    state = judge(GuardState(), est(1.0, 1.5), spec, 10.0)
+    assert state.tripped and state.since == 10.0 and state.recent == ()
+    # Tripped: the fallback a little ahead, or level, keeps it tripped (no flapping).
+    state = judge(state, est(1.0, 1.0, ran=FALLBACK), spec, 20.0)
+    assert state.tripped and state.since == 10.0
+    state = judge(state, est(1.3, 1.0, ran=FALLBACK), spec, 30.0)
+    assert not state.tripped and state.since == 30.0
+
+
+def test_a_replay_far_off_the_records_does_not_trip():
+    spec = GuardSpec(0.10, 6)
+    # 1.2 x ahead, but the replay of what ran is 30 % off what was recorded.
+    assert not judge(GuardState(), est(1.0, 1.2, recorded=1.0 / 1.3), spec, 0).tripped
+    assert judge(GuardState(), est(1.0, 1.2, recorded=1.0), spec, 0).tripped
+
+
+def test_one_bad_window_among_good_ones_is_pooled_away():
+    spec = GuardSpec(0.10, 6)
+    state = GuardState()
+    for good in (est(1.0, 0.8), est(1.0, 0.8)):
+        state = judge(state, good, spec, 0)
+    assert not judge(state, est(1.0, 1.25), spec, 0).tripped
+    assert judge(state, est(1.0, 2.0), spec, 0).tripped  # bad enough to outweigh them
+
+
+def test_a_spec_edit_re_enables_the_model():
+    state = on_generation(GuardState(), 3, 0.0)
+    state = judge(state, est(1.0, 2.0), GuardSpec(0.1, 6), 5.0)
+    assert state.tripped and state.generation == 3
+    assert on_generation(state, 3, 6.0).tripped
+    edited = on_generation(state, 4, 7.0)
+    assert not edited.tripped and edited.generation == 4 and edited.since == 7.0
+
+
+# ---- the replay -------------------------------------------------------------------------------
+def guarded_run(trace, config, learned="chic", fallback="drf", guard="10%:6"):
+    sim = Simulator(trace, config)
+    ctx = registry.PolicyContext(speed_model=sim.speed)
+    g = SimGuard(GuardSpec.parse(guard), registry.make_allocation(fallback, ctx))
+    result = sim.run(registry.make_allocation(learned, ctx), registry.make_placement("load-balance"),
+                     guard=g)
+    return result, g
+
+
+def plain_run(trace, config, policy):
+    sim = Simulator(trace, config)
+    ctx = registry.PolicyContext(speed_model=sim.speed)
+    return sim.run(registry.make_allocation(policy, ctx), registry.make_placement("load-balance"))
+
+
+def test_the_replay_of_what_ran_matches_its_records_and_a_bad_window_is_an_error():
+    trace = generators.generate(jobs=30, seed=41)
+    _, g = guarded_run(trace, SimConfig(nodes=13, seed=41), learned="drf", guard="10%:4")
+    assert g.estimates and not g.failures
+    # The same policy on both sides: the estimates agree, and the replay tracks the records.
+    for e in g.estimates:
+        assert e.learned == pytest.approx(e.fallback)
+        assert abs(e.error) < 0.10, e.describe()
+    with pytest.raises(ReplayError, match="no closed intervals"):
+        window_start([])
+
+
+def test_a_window_of_unknown_models_cannot_be_replayed():
+    trace = generators.generate(jobs=10, seed=5)
+    sim = Simulator(trace, SimConfig(nodes=6, seed=5))
+    g = SimGuard(GuardSpec.parse("10%:2"), registry.make_allocation("drf"))
+    sim.run(registry.make_allocation("drf"), registry.make_placement("load-balance"), guard=g)
+    window = [g_rec for g_rec in _records(sim, g)]
+    for r in window:
+        for j in r.jobs:
+            j.model_type = "my-own-model"
+    with pytest.raises(ReplayError, match="outside the catalog"):
+        estimate(window, sim.config, sim.node_names, (registry.make_allocation("drf"), None),
+                 (registry.make_allocation("drf"), None), LEARNED)
+
+
+def _records(sim, g):
+    """A window of records of a fresh run (the guard empties its own after each window)."""
+    from mlsched.sim.regret_guard import interval_record
+
+    sim.reset()
+    out = []
+    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
+    from mlsched.policies.round import run_round
+    while not sim.done and len(out) < 3:
+        before = {s.spec.name: s.epochs_done for s in sim.active}
+        start = sim.time_s
+        decision = run_round(sim.snapshot(), drf, lb)
+        reward = sim.advance(decision)
+        out.append(interval_record(sim, start, before, decision, reward, len(out)))
+    return out
+
+
+# ---- what it must show (issue 51) -------------------------------------------------------------
+# Held-out seeds: the guard's rule was set on seeds 0-4 (30 nodes) and 300000-300004 (Chic's).
+def test_guarded_chic_on_a_cluster_unlike_its_training_is_near_the_fallback():
+    """Five 80-job traces on 30 nodes of 8 CPUs and 2 GPUs (chic saw one 10-GPU pool): the
+    guarded chic's average JCT over drf's (the fallback) is at most 1.10 on the mean of the
+    five, and at most 1.15 on each (measured: 0.98, 1.13, 1.10, 1.05, 1.02; unguarded chic
+    1.6-2.6 x): the guard judges a window of 6 intervals at its end, pooled with the ones
+    before it, so chic serves 12-18 intervals before it trips."""
+    ratios = []
+    for seed in (21, 22, 23, 24, 25):
+        trace = generators.generate(jobs=80, seed=seed)
+        config = SimConfig(nodes=30, seed=seed)
+        fallback = plain_run(trace, config, "drf").summary()["avg_jct_s"]
+        unguarded = plain_run(trace, config, "chic").summary()["avg_jct_s"]
+        result, g = guarded_run(trace, config)
+        assert unguarded > 1.4 * fallback  # the failure the guard is for is there
+        assert g.trips >= 1 and g.first_trip_round is not None
+        assert all(math.isfinite(e.error) for e in g.estimates)
+        ratios.append(result.summary()["avg_jct_s"] / fallback)
+    assert max(ratios) <= 1.15, ratios
+    assert sum(ratios) / len(ratios) <= 1.10, ratios
+
+
+@pytest.mark.parametrize("seed", [300020, 300021])
+def test_the_guard_does_not_trip_where_chic_was_trained(seed):
+    for rate in chic_scenario.RATES_PER_HOUR:
+        trace = chic_scenario.trace(rate, seed)
+        result, g = guarded_run(trace, chic_scenario.config(seed))
+        assert g.estimates, "no window judged"
+        assert g.trips == 0, (rate, [e.describe() for e in g.estimates])
