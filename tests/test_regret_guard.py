@@ -161,3 +161,26 @@ def test_the_guard_does_not_trip_where_chic_was_trained(seed):
         result, g = guarded_run(trace, chic_scenario.config(seed))
         assert g.estimates, "no window judged"
         assert g.trips == 0, (rate, [e.describe() for e in g.estimates])
+
+
+# ---- mlsched simulate --guard ----------------------------------------------------------------
+def test_simulate_guard_reports_the_guarded_runs_only():
+    from mlsched.sim import compare
+
+    trace = generators.generate(jobs=25, seed=8)
+    runs = compare.run_pairs(trace, SimConfig(nodes=10, seed=8), ["drf", "chic"], ["load-balance"],
+                             guard=GuardSpec.parse("10%:3"))
+    assert runs[0].guard is None and runs[1].guard is not None
+    assert runs[1].guard["guard_windows"] >= 1
+    text = compare.format_table(runs)
+    assert "regret guard" in text and "chic / load-balance:" in text.split("regret guard")[1]
+    with pytest.raises(ValueError, match="heuristic allocation"):
+        compare.run_pairs(trace, SimConfig(nodes=10), ["chic"], ["load-balance"],
+                          guard=GuardSpec.parse("10%:3"), fallback="chic")
+
+
+def test_simulate_refuses_a_malformed_guard(capsys):
+    from mlsched import cli
+
+    assert cli.main(["simulate", "--policies", "chic", "--guard", "ten"]) == 2
+    assert "THRESHOLD:WINDOW" in capsys.readouterr().err

@@ -85,6 +85,7 @@ def _config(args):
 def cmd_simulate(args) -> int:
     from tqdm import tqdm
 
+    from mlsched.policies.regret_guard import GuardSpec
     from mlsched.sim import compare
     from mlsched.workloads import traces
 
@@ -100,7 +101,9 @@ def cmd_simulate(args) -> int:
     with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         runs = compare.run_pairs(trace, config, args.policies, args.placement,
                                  model_path=args.model, progress=bar.update, groupings=args.grouping,
-                                 placement_model_path=args.placement_model)
+                                 placement_model_path=args.placement_model,
+                                 guard=GuardSpec.parse(args.guard) if args.guard else None,
+                                 fallback=args.fallback)
     if args.plot:
         from mlsched.sim.plot import plot_jct
 
@@ -218,6 +221,11 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--model", help="ONNX model for a learned allocation policy (default: the shipped artifact)")
     sim.add_argument("--placement-model", help="ONNX model for a learned placement, e.g. harmony "
                                                "(default: the shipped artifact)")
+    sim.add_argument("--guard", metavar="THRESHOLD:WINDOW",
+                     help="a regret guard on learned policies, e.g. 10%%:6: every WINDOW intervals the "
+                          "window is replayed under the learned policy and --fallback, and the "
+                          "fallback serves while it is ahead by more than THRESHOLD (docs/operator.md)")
+    sim.add_argument("--fallback", default="drf", help="the guard's fallback allocation (default drf)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")
     _add_cluster_args(sim)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlsched.policies import registry
+from mlsched.policies.regret_guard import GuardSpec
+from mlsched.sim.regret_guard import SimGuard
 from mlsched.sim.simulator import SimConfig, SimResult, Simulator
 from mlsched.workloads.traces import TraceJob
 
@@ -15,15 +17,20 @@ class Run:
     placement: str
     result: SimResult
     grouping: str = "none"
+    guard: dict | None = None  # the regret guard's summary (sim/regret_guard.py), when guarded
 
     def row(self) -> dict:
         return {"policy": self.policy, "placement": self.placement, **self.result.summary(),
-                "grouping": self.grouping}
+                "grouping": self.grouping, **(self.guard or {})}
 
 
 def run_pairs(trace: list[TraceJob], config: SimConfig, policies: list[str], placements: list[str],
               model_path: str | None = None, progress=None,
-              groupings: list[str] | None = None, placement_model_path: str | None = None) -> list[Run]:
+              groupings: list[str] | None = None, placement_model_path: str | None = None,
+              guard: GuardSpec | None = None, fallback: str = "drf") -> list[Run]:
+    """`guard`: runs that serve a learned allocation or placement do so under a regret guard
+    (sim/regret_guard.py) whose fallback is `fallback` (and load-balance for a learned
+    placement), as the operator's spec.guard and spec.fallback."""
     # Build every policy before running any, so a bad name fails at once, not after minutes.
     sim = Simulator(trace, config)
     ctx = registry.PolicyContext(speed_model=sim.speed, model_path=model_path)
@@ -32,6 +39,9 @@ def run_pairs(trace: list[TraceJob], config: SimConfig, policies: list[str], pla
     place_ctx = registry.PolicyContext(model_path=placement_model_path)
     places = [(p, registry.make_placement(p, place_ctx)) for p in placements]
     groups = [(g, registry.make_grouping(g, ctx)) for g in (groupings or ["none"])]
+    if guard is not None and (registry.is_learned("allocation", fallback)
+                              or not registry.known("allocation", fallback)):
+        raise ValueError(f"fallback {fallback!r}: a heuristic allocation expected (one that needs no model)")
     runs = []
     for (pname, alloc), (lname, place), (gname, grouping) in (
             (a, p, g) for a in allocs for p in places for g in groups):
@@ -43,11 +53,18 @@ def run_pairs(trace: list[TraceJob], config: SimConfig, policies: list[str], pla
                 progress(done - before[0])
             before[0] = done
 
+        sim_guard = None
+        if guard is not None and (registry.is_learned("allocation", pname)
+                                  or registry.is_learned("placement", lname)):
+            sim_guard = SimGuard(guard, registry.make_allocation(fallback, ctx),
+                                 registry.make_placement("load-balance")
+                                 if registry.is_learned("placement", lname) else None)
         # `none` runs with no grouping at all: exactly the results of before grouping existed
-        result = sim.run(alloc, place, grouping if gname != "none" else None, progress=tick)
+        result = sim.run(alloc, place, grouping if gname != "none" else None, progress=tick,
+                         guard=sim_guard)
         if progress is not None:
             progress(len(trace) - before[0])
-        runs.append(Run(pname, lname, result, gname))
+        runs.append(Run(pname, lname, result, gname, sim_guard.summary() if sim_guard else None))
     return runs
 
 
@@ -70,7 +87,33 @@ def format_table(runs: list[Run]) -> str:
     lines += work_conservation_lines(runs)
     lines += model_domain_lines(runs)
     lines += colocation_lines(runs)
+    lines += guard_lines(runs)
     return "\n".join(lines)
+
+
+def guard_lines(runs: list[Run]) -> list[str]:
+    """Per guarded run (sim/regret_guard.py): windows judged, trips, rounds the fallback
+    served, the replay's error against the records, and the latest judgement."""
+    lines = []
+    for run in runs:
+        g = run.guard
+        if g is None:
+            continue
+        grouping = f" / {run.grouping}" if run.grouping != "none" else ""
+        name = f"{run.policy} / {run.placement}{grouping}"
+        error = (f"{g['guard_mean_abs_error']:.1%}" if g["guard_mean_abs_error"] is not None else "-")
+        first = (f", first at round {g['guard_first_trip_round']}"
+                 if g["guard_first_trip_round"] is not None else "")
+        failed = f"; {g['guard_failures']} windows could not be replayed" if g["guard_failures"] else ""
+        lines.append(f"  {name}: {g['guard_windows']} windows judged, tripped {g['guard_trips']} "
+                     f"times{first}, cleared {g['guard_clears']}; the fallback served "
+                     f"{g['guard_fallback_rounds']} of {run.result.rounds} rounds; the replay's mean "
+                     f"|error| against the records {error}{failed}")
+        if g["guard_last"]:
+            lines.append(f"    latest: {g['guard_last']}")
+    if lines:
+        lines.insert(0, "regret guard (each window replayed under the learned policy and the fallback):")
+    return lines
 
 
 def colocation_lines(runs: list[Run]) -> list[str]:
