@@ -1,4 +1,7 @@
-"""The layout follows the data: workloads -> cluster -> features -> policies -> sim / controller.
+"""The layout follows the data: workloads -> cluster -> features -> policies -> sim -> controller.
+
+The controller imports the simulator for one thing: the regret guard replays a policy's
+recorded intervals in it (controller/guard.py, sim/regret_replay.py, issue 51).
 
 Every import in mlsched (module level, inside functions, under TYPE_CHECKING: all of them) is
 read from the source, so a cycle hidden by a lazy import is still a cycle here.
@@ -20,7 +23,8 @@ ALLOWED = {
     "features": {"workloads", "cluster", "features"},
     "policies": {"workloads", "cluster", "features", "policies"},
     "sim": {"workloads", "cluster", "features", "policies", "sim"},
-    "controller": {"workloads", "cluster", "features", "policies", "controller", "api", "progress"},
+    "controller": {"workloads", "cluster", "features", "policies", "sim", "controller", "api",
+                   "progress"},
     "api": {"api"},
     "progress": {"progress"},
     # Imported by training programs in their own images: the progress client only, no scheduler.

@@ -41,6 +41,10 @@ class PolicyConditionType(StrEnum):
     # Whether the round is inside the setting the served learned models were trained in (their
     # cards' domain; Unknown when a card records none); absent when only heuristics serve.
     MODEL_IN_DOMAIN = "ModelInDomain"
+    # With spec.guard: True while the fallback serves because the recorded intervals, replayed,
+    # show it ahead of the learned policy; False while the model serves; Unknown when the
+    # estimate failed (the model keeps serving). Absent without a guard or a learned phase.
+    GUARD_TRIPPED = "GuardTripped"
 
 
 # ---------------------------------------------------------------------------------- spec
@@ -89,6 +93,19 @@ class Exploration(ApiModel):
     entropy: float | None = Field(
         None, ge=0, description="Entropy-bonus weight for retraining Jobs that learn from this "
                                 "policy's records; not used when serving.")
+
+
+class Guard(ApiModel):
+    """A regret guard (docs/operator.md, "Regret guard"): every `window` closed intervals the
+    simulator replays them from their recorded start under the learned policy and under the
+    fallback; the fallback serves once it is ahead by more than `fallbackWhenWorseBy`, and the
+    model again after a spec edit or when a later window shows it ahead."""
+
+    fallback_when_worse_by: str = Field(
+        "10%", pattern=r"^[0-9]+(\.[0-9]+)?%?$", max_length=16,
+        description="How far ahead the fallback's estimate must be to trip: a percentage "
+                    "(\"10%\") or a fraction as a string (\"0.1\").")
+    window: int = Field(6, ge=1, le=1000, description="Closed intervals per judgement.")
 
 
 class Retraining(ApiModel):
@@ -201,6 +218,9 @@ class SchedulingPolicySpec(ApiModel):
     retraining: Retraining = Field(default_factory=Retraining, json_schema_extra={"default": {}})
     fair_sharing: FairSharing = Field(default_factory=FairSharing,
                                       json_schema_extra={"default": {}})
+    guard: Guard | None = Field(
+        None, description="Serve the fallback while the recorded intervals show it doing better "
+                          "than the learned policy; absent: no guard.")
     fallback: str = _algorithm("drf", ALLOCATION_HEURISTICS,
                                "Allocation used while a learned model is unavailable (one that "
                                "needs no model).")
@@ -308,6 +328,28 @@ class WorkConservationStatus(StatusModel):
                              "conserving; Ready says NotWorkConserving from the third.")
 
 
+class GuardStatus(StatusModel):
+    """The regret guard's latest judgement (docs/operator.md, "Regret guard"). Estimates are
+    normalised progress per hour: the jobs' epochs trained over their total epochs."""
+
+    tripped: bool = Field(description="The fallback serves in place of the learned policy.")
+    since: datetime | None = Field(None, description="When it last tripped or cleared.")
+    window: int = Field(ge=1, description="Closed intervals per judgement (spec.guard.window).")
+    intervals: int = Field(0, ge=0, description="Closed intervals collected for the next one.")
+    learned_estimate: float | None = Field(
+        None, description="The latest window replayed under the learned policy.")
+    fallback_estimate: float | None = Field(
+        None, description="The latest window replayed under the fallback.")
+    recorded: float | None = Field(None, description="What the policy that ran achieved, "
+                                                     "as recorded.")
+    estimate_error: float | None = Field(
+        None, description="(replay of the policy that ran - recorded) / recorded: how far the "
+                          "simulator's estimate is off on this cluster.")
+    served: str | None = Field(None, description="learned or fallback: what ran that window.")
+    message: str | None = Field(None, max_length=1024,
+                                description="The latest judgement, or why none could be made.")
+
+
 class SchedulingPolicyStatus(StatusModel):
     """Written by the operator only (status subresource)."""
 
@@ -343,6 +385,7 @@ class SchedulingPolicyStatus(StatusModel):
                           "bounds it.")
     work_conservation: WorkConservationStatus | None = Field(
         None, description="The latest round's work-conservation check.")
+    guard: GuardStatus | None = Field(None, description="The regret guard, with spec.guard.")
     rewards: list[RewardEntry] = Field(default_factory=list, max_length=MAX_HISTORY,
                                        description="Newest last; trimmed to historyLimit.")
     observed_generation: int | None = Field(

@@ -31,10 +31,10 @@ from typing import Any
 from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.cluster.types import Decision
 from mlsched.controller import (
-    displacement, domain, fair_share, pool_steps, pools, quotas, reporting, rewards,
+    displacement, domain, fair_share, guard, pool_steps, pools, quotas, reporting, rewards,
     version_adoption, waiting,
 )
-from mlsched.controller.dataset import Opening, rfc3339
+from mlsched.controller.dataset import Opening, job_intervals, rfc3339
 from mlsched.controller.apply import execute_all, ordered, summarize
 from mlsched.controller.desired import (
     Action, JobTarget, job_targets, plan_pods, plan_statefulset, roles_of,
@@ -53,6 +53,7 @@ from mlsched.controller.snapshot import (
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round, run_served_round
+from mlsched.policies.decision_log import IntervalRecord
 from mlsched.policies.model_domain import shape_of
 from mlsched.policies.work_conservation import idle_capacity
 
@@ -409,6 +410,9 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     versions_served = version_adoption.report(spec, versions, resolved.served_refs,
                                               resolved.active_models).served
     rt.served_versions[key] = versions_served
+    # The regret guard (controller/guard.py) judges the intervals just closed before the round
+    # decides: while tripped, the fallback serves this round.
+    book = await guard_round(rt, ref, body, spec, resolved, jobs, to_close, closings, now)
     serving = serving_for(rt, ref, spec, resolved, number, "round", now, versions_served)
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
@@ -522,8 +526,16 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     in_domain = domain.verdict(domain.served_cards(resolved.grouping, resolved.allocation,
                                                    resolved.placement), shape_of(snapshot))
     await reporting.model_domain(rt, ref, status, in_domain)
+    guard_verdict = None
+    if book is not None:
+        book.cluster = guard.replay_cluster(snapshot, float(spec.interval))
+        guard_verdict = guard.verdict(book)
+        extra["guard"] = guard.status_of(book)
+    elif status.get("guard") is not None:
+        extra["guard"] = None  # the guard was removed from the spec
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
-                                         duration, spec.history_limit, extra, ready, in_domain)
+                                         duration, spec.history_limit, extra, ready, in_domain,
+                                         guard_verdict)
     rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
         rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
@@ -536,6 +548,53 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
              kinds["scale"], kinds["place"], kinds["evict"])
     return RoundReport(number, interval_s, targets, actions, closed, duration,
                        resolved.allocation.name, job_patches)
+
+
+async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec, resolved,
+                      jobs: list[JobRecord], to_close, closings, now: float):
+    """The regret guard's part of a round (controller/guard.py): the intervals it closed
+    added, a full window judged (in a thread: two replays), the Event and metrics of a change,
+    and, while tripped, `resolved` serving the fallback. Returns the policy's book, None
+    without a guard (or with no learned phase to guard). Never raises."""
+    key = (ref.namespace, ref.name)
+    if spec.guard is None or not guard.learned_serves(resolved):
+        rt.guards.pop(key, None)
+        for gauge in (rt.metrics.guard_tripped, rt.metrics.guard_estimate):
+            gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})
+        return None
+    try:
+        book = guard.book_for(rt.guards, key, guard.GuardSpec.of(spec.guard.fallback_when_worse_by,
+                                                                 spec.guard.window))
+        edited = guard.on_edit(book, body["metadata"].get("generation"), now)
+        by_name = {j.name: j for j in jobs}
+        records = [IntervalRecord(namespace=ref.namespace, policy=ref.name, policy_uid="",
+                                  interval=interval.number, start=rfc3339(interval.start),
+                                  end=rfc3339(now),
+                                  length_s=max(0.0, now - interval.start.timestamp())
+                                  / (rt.config.interval_scale or 1.0),
+                                  algorithms={}, nodes=0,
+                                  reward=float(closing.reward.get("reward") or 0.0),
+                                  jobs=job_intervals(interval, closing, by_name))
+                   for interval, closing in zip(to_close, closings)]
+        change = await asyncio.to_thread(guard.add_and_judge, book, records,
+                                         (resolved.allocation, resolved.placement),
+                                         guard.fallback_of(resolved), now)
+    except Exception:  # noqa: BLE001 - the guard must never stop a round
+        log.exception("regret guard of %s/%s failed; the model keeps serving", *key)
+        return rt.guards.get(key)
+    event = guard.event(change, edited, book)
+    if event is not None:
+        rt.recorder.in_background(rt.recorder.emit(ref, *event))
+    rt.metrics.guard_tripped.labels(ref.namespace, ref.name).set(1.0 if book.state.tripped else 0.0)
+    last = book.state.last
+    if last is not None:
+        for name, value in (("learned", last.learned), ("fallback", last.fallback),
+                            ("recorded", last.recorded)):
+            rt.metrics.guard_estimate.labels(ref.namespace, ref.name, name).set(value)
+    if book.state.tripped:
+        guard.serve_fallback(resolved, book)
+        rt.metrics.fallback.labels(ref.namespace, ref.name).set(1.0)
+    return book
 
 
 async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: Indexes,
@@ -572,6 +631,10 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         queue_counts(rt, ref, body, jobs)  # e.g. a job finished or was deleted
         return None
     resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
+    book = rt.guards.get(key)
+    if spec.guard is not None and book is not None and book.state.tripped \
+            and guard.learned_serves(resolved):
+        guard.serve_fallback(resolved, book)  # admission steps follow the guard's round
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
                             rt.config.interval_scale)
     interval_s = rt.config.round_seconds(spec.interval)
@@ -818,6 +881,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.policy_counts.pop(key, None)
         rt.work_conservation.pop(key, None)
         rt.model_domain.pop(key, None)
+        rt.guards.pop(key, None)
         rt.fair_shares.pop(key, None)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.policy_groups.pop(key, None)

@@ -76,6 +76,17 @@ class Metrics:
             "mlsched_model_in_domain",
             "1 while the round is inside the served learned models' trained domain, 0 outside",
             ["namespace", "policy"], registry=r)
+        # The regret guard (controller/guard.py): 1 while the fallback serves because the
+        # replayed window showed it ahead, 0 while the model serves; and the latest
+        # estimates (normalised progress per hour; estimate learned | fallback | recorded).
+        self.guard_tripped = Gauge(
+            "mlsched_guard_tripped",
+            "1 while the regret guard serves the fallback in place of the learned policy",
+            ["namespace", "policy"], registry=r)
+        self.guard_estimate = Gauge(
+            "mlsched_guard_estimate",
+            "The regret guard's latest window: normalised progress per hour, replayed or recorded",
+            ["namespace", "policy", "estimate"], registry=r)
         self.model_load_failures = Counter(
             "mlsched_model_load_failures_total", "Failed attempts to load a learned model",
             ["namespace", "policy", "reason"], registry=r)
@@ -137,7 +148,7 @@ class Metrics:
         for metric in (self.round_duration, self.decisions, self.reward, self.fallback,
                        self.model_load_failures, self.displaced_tasks, self.step_failures,
                        self.pool_utilisation, self.idle_capacity, self.nonconserving_rounds,
-                       self.model_in_domain):
+                       self.model_in_domain, self.guard_tripped, self.guard_estimate):
             metric.remove_by_labels(labels)
         self._pool_series.pop((namespace, policy), None)
 

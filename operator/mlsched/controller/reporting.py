@@ -223,12 +223,14 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
                                duration: float, history_limit: int,
                                extra: Mapping[str, Any] | None = None,
                                ready: Verdict | None = None,
-                               in_domain: domain.DomainVerdict | None = None) -> None:
+                               in_domain: domain.DomainVerdict | None = None,
+                               guard_verdict=None) -> None:
     """Events for condition changes now; the status patch (round summary, conditions and
     models where they changed, the rewards of the intervals closed) queued in rt.records.
     `ready`: the Ready verdict when the round has more to say than the resolved policy's
     (work_conservation). `in_domain`: the ModelInDomain condition (model_domain); None
-    removes it (only heuristics serve)."""
+    removes it (only heuristics serve). `guard_verdict`: the GuardTripped condition
+    (controller/guard.py); None removes it (no guard)."""
     status = body.get("status") or {}
     generation = body["metadata"].get("generation")
     old = status.get("conditions")
@@ -242,6 +244,11 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
                               in_domain.message, observed_generation=generation)
     else:
         conds = [c for c in conds if c.type != P.MODEL_IN_DOMAIN]
+    if guard_verdict is not None:
+        conds = set_condition(conds, P.GUARD_TRIPPED, guard_verdict.status, guard_verdict.reason,
+                              guard_verdict.message, observed_generation=generation)
+    else:
+        conds = [c for c in conds if c.type != P.GUARD_TRIPPED]
     if condition_changed(old, conds, P.MODEL_LOADED):
         if not ml.status:
             await rt.recorder.emit(ref, "Warning", ml.reason, ml.message)

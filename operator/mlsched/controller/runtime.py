@@ -590,6 +590,9 @@ class Runtime:
     # Each policy's ModelInDomain status as last queued ("True" | "False" | "Unknown", None:
     # absent), so its Events follow changes of the condition, not of a status not yet written.
     model_domain: dict[PolicyKey, str | None] = field(default_factory=dict)
+    # Each policy's regret guard between rounds (controller/guard.py: its records of the
+    # current window, its state); absent without spec.guard.
+    guards: dict[PolicyKey, Any] = field(default_factory=dict)
     # Each policy's fair share of contended GPUs at its latest step (fair_share.py); absent
     # while nothing bounds it.
     fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)
