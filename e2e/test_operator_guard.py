@@ -1,0 +1,92 @@
+"""The regret guard on the control plane (issue 51, part 3; docs/operator.md, "Regret guard"):
+the shipped `chic` (a 3-job window, trained on one pool of 10 GPUs) with
+`guard: {fallbackWhenWorseBy: "10%", window: 3}` on twelve kwok nodes of 2 GPUs with ten jobs,
+a cluster unlike its training. Chic gives jobs outside its window nothing; the workload
+emulator trains the others at the simulator's speeds. After the first window of three
+intervals the operator replays it under chic and under drf (the fallback), finds drf ahead,
+and says so: GuardTripped=True with both estimates, a Warning Event, status.guard; from the
+next round on drf decides, and every job gets workers.
+
+The test gives its operator nodes of its own (a node selector on a label only they carry).
+"""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client
+
+from dl2_model import configmap_ref, model_configmap
+from mlsched_objects import REPO, condition, mljob, scheduling_policy
+from operator_fixtures import own_nodes
+from test_operator_models import counts
+from waiting import wait_for
+
+CHIC = REPO / "policy_models" / "artifacts" / "chic" / "chic.onnx"
+SELECT = "e2e.mlsched.io/regret-guard"
+NODES, JOBS, WINDOW = 12, 10, 3
+ROUND_S = 6  # 1200 policy seconds at the e2e interval scale
+# The first window closes after WINDOW intervals with jobs; the judgement is made at the start
+# of the next round. Rounds slip on a loaded 2-core machine: allow three times as long.
+TRIP_TIMEOUT = 3 * (WINDOW + 2) * ROUND_S + 30
+
+
+@pytest.fixture
+def guard_nodes(api, control_plane, mlsched):
+    yield from own_nodes(api, control_plane, NODES, "guard", SELECT, mlsched.namespace,
+                         cpu=8, gpu=2, memory_gib=48)
+
+
+@pytest.fixture
+def guard_operator(guard_nodes, start_operator, mlsched):
+    return start_operator(extra_env={"MLSCHED_NODE_SELECTOR": f"{SELECT}={mlsched.namespace}"})
+
+
+def workers(mlsched) -> dict[str, int]:
+    return {f"job-{i}": counts(mlsched, f"job-{i}")["worker"] for i in range(JOBS)}
+
+
+def test_chic_outside_its_domain_trips_the_guard_and_drf_takes_over(api, mlsched, guard_operator,
+                                                                     emulator):
+    card = CHIC.with_name("chic.card.json")
+    assert CHIC.is_file() and card.is_file(), f"the shipped Chic model is missing: {CHIC}"
+    client.CoreV1Api(api).create_namespaced_config_map(
+        mlsched.namespace, model_configmap("chic-policy", CHIC, card))
+    mlsched.create(scheduling_policy(
+        "guarded", allocation="chic", fallback="drf",
+        models={"allocation": {"chic": configmap_ref("chic-policy")}},
+        guard={"fallbackWhenWorseBy": "10%", "window": WINDOW}))
+    for i in range(JOBS):  # long enough not to finish within the test
+        mlsched.create(mljob(f"job-{i}", ps=(1, 4), workers=(1, 8), epochs=5000, policy="guarded"))
+
+    # Under chic, jobs outside its window wait with nothing while GPUs are free.
+    under_chic = wait_for(lambda: any(workers(mlsched).values()) and workers(mlsched), 60,
+                          "chic's first allocation")
+    guard = mlsched.policy("guarded")["status"]["guard"]
+    assert guard["tripped"] is False and guard["window"] == WINDOW
+    assert condition(mlsched.policy("guarded"), "GuardTripped")["reason"] == "CollectingWindow"
+    waiting = [j for j, w in under_chic.items() if w == 0]
+    assert waiting, f"chic gave every job workers: {under_chic}"
+
+    tripped = wait_for(
+        lambda: (c := condition(p := mlsched.policy("guarded"), "GuardTripped"))
+        and c["status"] == "True" and p, TRIP_TIMEOUT, "GuardTripped=True",
+        describe=lambda: mlsched.policy("guarded")["status"].get("guard"))
+    cond = condition(tripped, "GuardTripped")
+    assert cond["reason"] == "FallbackAhead"
+    # Judged on the first window (a later one would pool 6 or 9 intervals), both estimates named.
+    assert f"over the last {WINDOW} intervals" in cond["message"], cond["message"]
+    assert "learned" in cond["message"] and "fallback" in cond["message"]
+    status = tripped["status"]["guard"]
+    assert status["tripped"] is True and status["served"] == "learned"
+    assert status["fallbackEstimate"] > status["learnedEstimate"] * 1.1
+    assert status["estimateError"] is not None
+    [event] = [e for e in mlsched.events("guarded", "SchedulingPolicy") if e.reason == "GuardTripped"]
+    assert event.type == "Warning" and "fallback" in event.message
+    ready = condition(tripped, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "FallbackActive")
+
+    # The fallback decides from now on: drf gives every job workers.
+    after = wait_for(lambda: all((w := workers(mlsched)).values()) and w, 3 * ROUND_S + 30,
+                     "drf giving every job workers", describe=lambda: workers(mlsched))
+    print(f"chic decided {under_chic}; after the trip drf decided {after}; guard: {status}")
+    assert condition(mlsched.policy("guarded"), "GuardTripped")["status"] == "True"
