@@ -141,3 +141,12 @@ def test_the_guard_trips_on_records_of_chic_on_30_nodes_and_says_so():
     assert (kind, reason) == ("Warning", "GuardTripped")
     assert "learned" in message and "fallback" in message and "off the records" in message
     assert guard.status_of(book)["tripped"] is True
+
+
+def test_a_guard_beyond_1000_percent_is_an_invalid_spec_said_so():
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy("default", allocation="chic", guard={"fallbackWhenWorseBy": "1500%", "window": 3}))
+    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
+    ready = condition(kube, "Ready")
+    assert ready.status == "False" and "fallbackWhenWorseBy" in ready.message
+    assert "1000 %" in ready.message

@@ -15,7 +15,7 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import Field, StringConstraints, field_validator
 
 from mlsched.api.algorithms import (
     ALLOCATION, ALLOCATION_HEURISTICS, GROUPING, PLACEMENT,
@@ -106,6 +106,16 @@ class Guard(ApiModel):
         description="How far ahead the fallback's estimate must be to trip: a percentage "
                     "(\"10%\") or a fraction as a string (\"0.1\").")
     window: int = Field(6, ge=1, le=1000, description="Closed intervals per judgement.")
+
+    @field_validator("fallback_when_worse_by")
+    @classmethod
+    def _at_most_1000_percent(cls, value: str) -> str:
+        # The scheduler's parse (policies/regret_guard.parse_threshold) refuses more; the
+        # api imports nothing of the scheduler, so the bound is stated here as well.
+        number = float(value.rstrip("%")) / (100 if value.endswith("%") else 1)
+        if number > 10:
+            raise ValueError(f"fallbackWhenWorseBy {value!r}: at most 1000 % (10)")
+        return value
 
 
 class Retraining(ApiModel):
