@@ -301,6 +301,9 @@ class Decision:
     # Tasks the allocation phase granted that the placement phase could not place (per job):
     # a learned placement may pack differently from the fit checks allocation asked.
     unplaced: dict[str, int] = field(default_factory=dict)
+    # Jobs the cycle guard kept at their counts (policies/cycle_guard.py): name -> ((ps,
+    # workers) kept, (ps, workers) the policy decided, back to counts it held before).
+    kept: dict[str, tuple[tuple[int, int], tuple[int, int]]] = field(default_factory=dict)
 
     def counts(self, name: str) -> tuple[int, int]:
         d = self.jobs.get(name)

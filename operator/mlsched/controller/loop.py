@@ -52,6 +52,7 @@ from mlsched.controller.snapshot import (
 )
 from mlsched.controller.supervision import plain
 from mlsched.policies import registry
+from mlsched.policies.cycle_guard import CycleGuard
 from mlsched.policies.round import run_admission, run_round, run_served_round
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched.policies.model_domain import shape_of
@@ -205,9 +206,11 @@ def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
 
 
 async def _decide(snapshot, resolved: ResolvedPolicy,
-                  serving: RoundServing | None = None, grouping=None) -> tuple[Decision, str | None]:
+                  serving: RoundServing | None = None, grouping=None,
+                  guard: CycleGuard | None = None) -> tuple[Decision, str | None]:
     """Run the policies (`serving`: this round's copies of the learned ones; `grouping`: the
-    grouping as the cluster runs it, pools.grouping_for); if a (learned) allocation raises,
+    grouping as the cluster runs it, pools.grouping_for; `guard`: the policy's cycle guard,
+    through which a learned round goes, policies/cycle_guard.py); if a (learned) allocation raises,
     decide again with the fallback and the same (heuristic) grouping, so that a failing
     learned phase does not take the pools' labels and affinity away."""
     phases = serving.phases if serving is not None else {
@@ -218,7 +221,7 @@ async def _decide(snapshot, resolved: ResolvedPolicy,
         # A heuristic round is decided to its fixed point (policies/round.py), so that the
         # rounds after it, finding nothing new, restart nobody.
         return await asyncio.to_thread(run_served_round, snapshot, phases["allocation"],
-                                       phases["placement"], grouping), None
+                                       phases["placement"], grouping, guard), None
     except Exception as err:  # noqa: BLE001 - a policy bug must not stop scheduling
         fallback = resolved.fallback
         log.exception("a learned phase failed; deciding with %s allocation", fallback)
@@ -433,7 +436,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                        {j.name: rt.placements.of(j.key) for j in schedulable})
             snapshot, grouping = pool_steps.grouped(rt, idx, snapshot, setup, schedulable, status,
                                                     serving.phases["grouping"])
-            decision, failure = await _decide(snapshot, resolved, serving, grouping)
+            decision, failure = await _decide(snapshot, resolved, serving, grouping,
+                                              rt.cycle_guards.setdefault(key, CycleGuard()))
             targets = pool_steps.with_pools(job_targets(decision, snapshot), decision, setup)
         held_before = rt.reservations.gpus(key)
         rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in schedulable
@@ -497,6 +501,11 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     by_name = {j.name: j for j in jobs}
     for interval, closing in zip(to_close, closings):
         rt.dataset.closed(key, interval, closing, by_name, facts, now, limit)
+    if decision.kept:  # in the allocation's decision log, and the operator's
+        serving.keep(decision.kept)
+        log.info("SchedulingPolicy %s/%s: cycle guard kept %d job(s) at their counts "
+                 "(kept <- decided): %s", *key, len(decision.kept),
+                 ", ".join(f"{n} {k} <- {d}" for n, (k, d) in sorted(decision.kept.items())[:10]))
     rt.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
                       limit, continued=continuing is not None)
 
@@ -876,6 +885,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.intervals.pop(key, None)
         rt.adopted.pop(key, None)
         rt.served_versions.pop(key, None)
+        rt.cycle_guards.pop(key, None)
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
         rt.policy_counts.pop(key, None)

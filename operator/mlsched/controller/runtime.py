@@ -35,6 +35,7 @@ from mlsched.controller.rewards import OpenInterval
 from mlsched.controller.snapshot import ClusterFit, ClusterState
 from mlsched.controller.status_writer import Seen, StatusWriter
 from mlsched.controller.written_status import WrittenStatus
+from mlsched.policies.cycle_guard import CycleGuard
 
 JobKey = tuple[str, str]
 PolicyKey = tuple[str, str]
@@ -576,6 +577,9 @@ class Runtime:
     # Per policy, the published versions serving ("phase/algorithm" -> version), for the
     # decision log of admission steps.
     served_versions: dict[PolicyKey, dict[str, int | None]] = field(default_factory=dict)
+    # Per policy, the cycle guard its unsettled (learned) rounds go through
+    # (policies/cycle_guard.py): the counts each job held since anything else changed.
+    cycle_guards: dict[PolicyKey, CycleGuard] = field(default_factory=dict)
     # Whether this replica may write (controller/leadership.py); it does unless it stands by.
     leadership: Leadership = field(default_factory=Leadership)
     # Grouping (pools.py): each job's pool as the latest decision left it, and each policy's

@@ -39,6 +39,12 @@ class RoundServing:
     phases: dict[str, Any]  # phase -> policy object (a per-round copy where it explores/records)
     recorders: list[DecisionRecorder] = field(default_factory=list)
 
+    def keep(self, kept: dict[str, tuple[tuple[int, int], tuple[int, int]]]) -> None:
+        """What the cycle guard kept (Decision.kept), in the allocation phase's decision log."""
+        for recorder in self.recorders:
+            if recorder.meta["phase"] == "allocation":
+                recorder.keep(kept)
+
     def decisions(self) -> list[RoundDecisions]:
         return [d for d in (r.finish() for r in self.recorders) if d is not None]
 

@@ -9,7 +9,9 @@ Two types, both pure data (no Kubernetes, no torch) so that the operator writes 
 simulator can produce them, and `mlsched retrain` reads them:
 
 - `RoundDecisions`: the steps of one learned phase in one round (or admission step), as arrays.
-  `DecisionRecorder` collects them; an actor calls `record(...)` once per inference.
+  `DecisionRecorder` collects them; an actor calls `record(...)` once per inference. `kept`
+  names the jobs the cycle guard (cycle_guard.py) kept at their counts where the phase's
+  decision would have sent them back to counts they held a round or a few before.
 - `IntervalRecord`: one closed interval of one SchedulingPolicy, the unit of the dataset: the
   decisions made when it opened (the round and any admission steps until it closed), each job's
   grant and what it trained, and the policy's reward. `to_bytes` / `from_bytes` give a
@@ -28,7 +30,8 @@ from typing import Any
 import numpy as np
 
 FORMAT = "mlsched.io/interval-record"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: RoundDecisions.kept (written when not empty)
+READS = (1, 2)  # a version-1 record is a version-2 one with nothing kept
 
 
 def _pack(array: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -68,6 +71,10 @@ class RoundDecisions:
     policy_probs: np.ndarray  # (steps,) float32
     granted: np.ndarray  # (steps,) bool: the ledger accepted the action (the stop action: False)
     windows: np.ndarray  # (steps,) int32: which window (DL²) or decision group of the round
+    # The cycle guard's doing (policies/cycle_guard.py): job -> [[ps, workers] it kept,
+    # [ps, workers] the steps above decided]. The interval's grants are the kept counts, so a
+    # transition rebuilt from these steps must not credit its reward to the decided ones.
+    kept: dict[str, list[list[int]]] = field(default_factory=dict)
 
     @property
     def steps(self) -> int:
@@ -84,7 +91,7 @@ class RoundDecisions:
                   "behaviour_probs": _pack(self.behaviour_probs, "float32"),
                   "policy_probs": _pack(self.policy_probs, "float32"),
                   "granted": _pack(self.granted, "bool"), "windows": _pack(self.windows, "int32")}
-        return {**meta, "arrays": arrays}
+        return {**meta, "arrays": arrays, **({"kept": self.kept} if self.kept else {})}
 
     @classmethod
     def from_json(cls, raw: dict[str, Any]) -> RoundDecisions:
@@ -105,6 +112,14 @@ class DecisionRecorder:
                          encoder_version=encoder_version, encoder_params=dict(encoder_params),
                          epsilon=epsilon)
         self._rows: list[tuple] = []
+        self._kept: dict[str, list[list[int]]] = {}
+
+    def keep(self, kept: dict[str, tuple[tuple[int, int], tuple[int, int]]]) -> None:
+        """The jobs the cycle guard kept this round (Decision.kept). Kept with the steps: a
+        round with no step has no record (a learned allocation regrows every running job
+        step by step, so a round that kept one made steps)."""
+        for name, (held, decided) in kept.items():
+            self._kept[name] = [list(held), list(decided)]
 
     def record(self, state: np.ndarray, mask: np.ndarray, action: int, behaviour_prob: float,
                policy_prob: float, granted: bool, window: int = 0) -> None:
@@ -124,7 +139,8 @@ class DecisionRecorder:
                               actions=np.array(actions, np.int64),
                               behaviour_probs=np.array(mu, np.float32),
                               policy_probs=np.array(pi, np.float32),
-                              granted=np.array(granted, bool), windows=np.array(windows, np.int32))
+                              granted=np.array(granted, bool), windows=np.array(windows, np.int32),
+                              kept=dict(self._kept))
 
 
 @dataclass
@@ -187,9 +203,9 @@ class IntervalRecord:
             raise ValueError(f"not an interval record (gzip'd JSON expected): {exc}") from None
         if doc.get("format") != FORMAT:
             raise ValueError(f"not an interval record: format {doc.get('format')!r}")
-        if doc.get("version") != FORMAT_VERSION:
+        if doc.get("version") not in READS:
             raise ValueError(f"interval record format version {doc.get('version')!r}; this mlsched "
-                             f"reads version {FORMAT_VERSION}")
+                             f"reads versions {', '.join(map(str, READS))}")
         jobs = [JobInterval(**j) for j in doc.pop("jobs")]
         decisions = [RoundDecisions.from_json(d) for d in doc.pop("decisions")]
         del doc["format"], doc["version"]

@@ -39,20 +39,22 @@ SETTLE_PASSES = 6
 
 
 def run_served_round(snapshot: Snapshot, allocation: AllocationPolicy, placement: PlacementPolicy,
-                     grouping: GroupingPolicy | None = None) -> Decision:
+                     grouping: GroupingPolicy | None = None, guard=None) -> Decision:
     """A round as the operator runs it: settled (run_settled_round) where `settles` says,
-    else run_round."""
+    else run_round, through `guard` (a cycle_guard.CycleGuard kept across rounds) when given:
+    a round that cannot be settled is kept from sending a job back to counts it just left."""
     if settles(allocation, placement, grouping):
         return run_settled_round(snapshot, allocation, placement)
-    return run_round(snapshot, allocation, placement, grouping)
+    decision = run_round(snapshot, allocation, placement, grouping)
+    return guard.apply(snapshot, decision) if guard is not None else decision
 
 
 def settles(allocation: AllocationPolicy, placement: PlacementPolicy,
             grouping: GroupingPolicy | None) -> bool:
     """Whether the operator runs this policy's rounds settled: heuristic phases and no
     grouping. A learned phase would infer (explore, and record its decisions) once per pass
-    (DL² mostly settles by itself: 3 changes after the first round of bench_settling.py
-    where DRF made 113, though on some bursts it flips a few jobs every round: docs/e2e.md);
+    (DL² mostly settles by itself, though on some bursts it flipped a few jobs every round:
+    the rounds not settled go through a cycle guard, cycle_guard.py, docs/e2e.md);
     a grouping keeps its own state across rounds (a pool's minimum stay, the regrouping
     threshold)."""
     return ((grouping is None or grouping.name == "none")

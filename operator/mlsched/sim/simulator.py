@@ -33,7 +33,8 @@ import numpy as np
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation, shared_demand
 from mlsched.policies.placement.heuristics import LoadBalance
-from mlsched.policies.round import run_admission, run_round
+from mlsched.policies.cycle_guard import CycleGuard
+from mlsched.policies.round import run_admission, run_round, settles
 from mlsched.policies.model_domain import DomainTally, served_cards, shape_of
 from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
@@ -100,6 +101,9 @@ class SimConfig:
     # `harmony` grouping compared at every arrival with `isolated` and `none` by rollouts in
     # this simulator, the best one kept (sim/grouping_guard.py). False: harmony alone.
     grouping_guard: bool = True
+    # Learned rounds go through the operator's cycle guard (policies/cycle_guard.py): a job is
+    # not sent back to counts it held since anything else changed. False: the policy alone.
+    cycle_guard: bool = True
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -384,10 +388,17 @@ class Simulator:
                  if self.config.admission == "arrival" else None)
         idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
         domain = DomainTally.of(served_cards(grouping, allocation, placement))
+        # The rounds the operator does not settle (a learned phase) go through the cycle
+        # guard, as its served round does (round.run_served_round); heuristic rounds are
+        # decided as the simulator always has (the operator settles those instead).
+        self.cycle_guard = CycleGuard() if self.config.cycle_guard else None
         while not self.done:
             snapshot = self.snapshot()
             domain.add(shape_of(snapshot))
-            decision = run_round(snapshot, allocation_now(), placement_now(), grouping)
+            phases = (allocation_now(), placement_now())
+            decision = run_round(snapshot, *phases, grouping)
+            if self.cycle_guard is not None and not settles(*phases, grouping):
+                decision = self.cycle_guard.apply(snapshot, decision)
             idle.append(idle_capacity(snapshot, decision))
             before = {s.spec.name: s.epochs_done for s in self.active}
             start = self.time_s
