@@ -12,7 +12,8 @@ from mlsched.policies.regret_guard import (
     FALLBACK, LEARNED, Estimate, GuardSpec, GuardState, judge, on_generation, parse_threshold,
 )
 from mlsched.sim import chic_scenario
-from mlsched.sim.regret_guard import SimGuard
+from mlsched.policies.round import run_round
+from mlsched.sim.regret_guard import SimGuard, interval_record
 from mlsched.sim.regret_replay import ReplayError, estimate, window_start
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import generators
@@ -101,34 +102,19 @@ def test_the_replay_of_what_ran_matches_its_records_and_a_bad_window_is_an_error
 
 
 def test_a_window_of_unknown_models_cannot_be_replayed():
-    trace = generators.generate(jobs=10, seed=5)
-    sim = Simulator(trace, SimConfig(nodes=6, seed=5))
-    g = SimGuard(GuardSpec.parse("10%:2"), registry.make_allocation("drf"))
-    sim.run(registry.make_allocation("drf"), registry.make_placement("load-balance"), guard=g)
-    window = [g_rec for g_rec in _records(sim, g)]
+    sim = Simulator(generators.generate(jobs=10, seed=5), SimConfig(nodes=6, seed=5))
+    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
+    window = []
+    while not sim.done and len(window) < 3:
+        before, start = {s.spec.name: s.epochs_done for s in sim.active}, sim.time_s
+        decision = run_round(sim.snapshot(), drf, lb)
+        window.append(interval_record(sim, start, before, decision, sim.advance(decision), sim.slot))
+    assert estimate(window, sim.config, sim.node_names, (drf, lb), (drf, lb), LEARNED).jobs > 0
     for r in window:
         for j in r.jobs:
             j.model_type = "my-own-model"
     with pytest.raises(ReplayError, match="outside the catalog"):
-        estimate(window, sim.config, sim.node_names, (registry.make_allocation("drf"), None),
-                 (registry.make_allocation("drf"), None), LEARNED)
-
-
-def _records(sim, g):
-    """A window of records of a fresh run (the guard empties its own after each window)."""
-    from mlsched.sim.regret_guard import interval_record
-
-    sim.reset()
-    out = []
-    drf, lb = registry.make_allocation("drf"), registry.make_placement("load-balance")
-    from mlsched.policies.round import run_round
-    while not sim.done and len(out) < 3:
-        before = {s.spec.name: s.epochs_done for s in sim.active}
-        start = sim.time_s
-        decision = run_round(sim.snapshot(), drf, lb)
-        reward = sim.advance(decision)
-        out.append(interval_record(sim, start, before, decision, reward, len(out)))
-    return out
+        estimate(window, sim.config, sim.node_names, (drf, lb), (drf, lb), LEARNED)
 
 
 # ---- what it must show (issue 51) -------------------------------------------------------------
