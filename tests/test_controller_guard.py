@@ -98,6 +98,16 @@ def test_while_tripped_the_fallback_serves_and_a_spec_edit_brings_the_model_back
     [cleared] = events(kube, "GuardCleared")
     assert cleared["type"] == "Normal" and "edited" in cleared["message"]
 
+    # Tripped again, then the guard itself edited (a longer window): cleared the same way.
+    book = rt.guards[(NS, "default")]
+    book.state = GuardState(True, NOW, book.state.generation, bad)
+    assert round_(rt, kube, 3).allocation == "drf"
+    pol = kube.obj("SchedulingPolicy", NS, "default")
+    pol["spec"]["guard"] = {"fallbackWhenWorseBy": "20%", "window": 4}
+    pol["metadata"]["generation"] += 1
+    assert round_(rt, kube, 4).allocation == "chic"
+    assert len(events(kube, "GuardCleared")) == 2 and status(kube)["guard"]["window"] == 4
+
 
 def test_a_failed_estimate_is_unknown_and_the_model_keeps_serving(monkeypatch):
     def broken(*args, **kwargs):

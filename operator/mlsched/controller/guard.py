@@ -70,10 +70,11 @@ def replay_cluster(snapshot: Snapshot, interval_s: float) -> tuple[SimConfig, li
 
 
 def book_for(books: dict, key, spec: GuardSpec) -> GuardBook:
-    """The policy's book, a new one when the guard's spec changed (threshold or window)."""
+    """The policy's book; a new window when the guard's spec changed (threshold or window),
+    the state kept, so that the edit's generation clears a trip with its Event (on_edit)."""
     book = books.get(key)
     if book is None or book.spec != spec:
-        book = books[key] = GuardBook(spec, GuardState(generation=book.state.generation if book else None))
+        book = books[key] = GuardBook(spec, book.state if book else GuardState())
     return book
 
 
