@@ -46,6 +46,7 @@ NAME = credentials.REAL_NODE
 CNI_BIN = Path("/usr/lib/cni")
 K8S_NAMESPACE = "k8s.io"  # containerd's namespace for the CRI's containers and images
 COREDNS_ROLE = "system:coredns"
+IMPORT_TIMEOUT_S = 1200  # `ctr images import` of one archive: a guard against a hang
 
 _PACKAGES = {
     "containerd": "containerd", "ctr": "containerd", "runc": "runc",
@@ -69,8 +70,8 @@ def check_requirements() -> None:
                             f"apt-get install -y {' '.join(missing)}")
 
 
-def _run(*argv: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+def _run(*argv: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and result.returncode != 0:
         raise RealNodeError(f"{' '.join(argv)} failed ({result.returncode}): "
                             f"{result.stderr.strip() or result.stdout.strip()}")
@@ -133,7 +134,10 @@ class RealNode:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self._start_containerd(timeout)
         for archive in images:
-            self.ctr("images", "import", str(archive))
+            # The training image is 3.3 GB (PyPI's torch carries CUDA's libraries): about
+            # 2 minutes to import on a quiet 2-core machine, over 5 once when the machine was
+            # loaded three times over. The limit is a guard against a hang, not a deadline.
+            self.ctr("images", "import", str(archive), timeout=IMPORT_TIMEOUT_S)
         self._start_kubelet(plane.kubeconfig_for(credentials.KUBELET), plane.ca_cert_path)
         self._start_kube_proxy(plane.kubeconfig_for(credentials.KUBE_PROXY))
         api = plane.api_client()
@@ -162,9 +166,9 @@ class RealNode:
 
     # ------------------------------------------------------------------ containerd
 
-    def ctr(self, *args: str) -> str:
+    def ctr(self, *args: str, timeout: float = 300) -> str:
         return _run("ctr", "--address", str(self.socket), "--namespace", K8S_NAMESPACE,
-                    *args).stdout
+                    *args, timeout=timeout).stdout
 
     def _start_containerd(self, timeout: float) -> None:
         base = self.workdir / "containerd"

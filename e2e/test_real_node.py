@@ -405,36 +405,83 @@ def short_policy(jobs: MLSched, name: str) -> str:
     return name
 
 
+def holder_job(name: str, policy: str) -> dict:
+    """Another tenant's one-pod job, which only holds its pod (a `sleep`): what makes DRF give
+    the rescaled job less or more."""
+    pod = {"terminationGracePeriodSeconds": 1, "containers": [{
+        "name": "worker", "image": TRAINING_IMAGE, "imagePullPolicy": "Never",
+        "command": ["sleep", "infinity"],
+        "resources": {"requests": {"cpu": "10m", "memory": "16Mi"}}}]}
+    return {"apiVersion": "mlsched.io/v1alpha1", "kind": "MLJob", "metadata": {"name": name},
+            "spec": {"modelType": "mlp-digits", "architecture": "AllReduce", "epochs": 1,
+                     "globalBatchSize": GLOBAL_BATCH, "schedulingPolicy": policy,
+                     "replicaSpecs": {"worker": {"min": 1, "max": 1,
+                                                 "template": {"spec": pod}}}}}
+
+
+def pods_quota(cluster: RealCluster, pods: int) -> str:
+    """A ResourceQuota of `pods` pods in the jobs' namespace (a tenant's quota, as platform
+    teams give each namespace): the capacity the policy shares out."""
+    path = cluster.workdir / "quota.yaml"
+    path.write_text(yaml.safe_dump({"apiVersion": "v1", "kind": "ResourceQuota",
+                                    "metadata": {"name": "tenant-pods"},
+                                    "spec": {"hard": {"pods": str(pods)}}}))
+    cluster.kubectl("apply", "-n", JOBS_NAMESPACE, "-f", str(path))
+    return "tenant-pods"
+
+
 def test_a_live_rescale_restarts_the_pods_and_resumes_from_the_checkpoint(installed, jobs):
-    """1 -> 2 -> 1 workers while training, each a spec edit the policy decides again: the
-    StatefulSet's pods stop with SIGTERM at a step they agree on, checkpoint into the claim,
+    """1 -> 2 -> 1 workers while training, each decided by the SchedulingPolicy (DRF) as another
+    tenant's job leaves and comes, under a namespace quota of two pods: no edit of the job.
+    The StatefulSet's pods stop with SIGTERM at a step they agree on, checkpoint into the claim,
     and the new pods (the new topology in their environment) resume there; every step of
     every epoch trained exactly once; the interval records carry the speed at each count."""
     cluster = installed
     claim, volume = claim_with_volume(cluster, "rescale-checkpoints")
     policy = short_policy(jobs, "live")
+    quota = pods_quota(cluster, 2)
     stages = [{"worker": 1}, {"worker": 2}, {"worker": 1}]
-    jobs.create(training_job("rescaled", stages[0], claim, policy=policy))
-    with Generations(cluster, "rescaled") as logs:
-        for number, counts in enumerate(stages):
-            if number:
-                logs.stage = number
-                jobs.patch_job("rescaled", {"replicaSpecs": {"worker": {
-                    "min": counts["worker"], "max": counts["worker"]}}})
-            # Every pod of the stage running, and the chief (worker 0: it logs the start).
-            wait_for(lambda: len(logs.runs()) > number and
-                     len(logs.runs()[number]) == counts["worker"] and
-                     logged(logs.runs()[number], START), 180,
-                     f"the pods of {counts} to start training",
-                     describe=lambda: [[p.log(tail=3) for p in run] for run in logs.runs()])
-            if number < len(stages) - 1:
-                wait_for(lambda: history_at(jobs, "rescaled", counts["worker"]), 120,
-                         f"an interval record at {counts} with its measured speed",
-                         describe=lambda: status(jobs, "rescaled").get("history"))
-        wait_for(lambda: status(jobs, "rescaled").get("phase") == "Succeeded", 240,
-                 "the rescaled job to succeed",
-                 describe=lambda: (status(jobs, "rescaled").get("progress"),
-                                   [[p.log(tail=2) for p in run] for run in logs.runs()]))
+
+    # What changes the policy's answer at each stage: the other tenant's job goes, then a new
+    # one comes. DRF shares the quota's two pods: one each while both want one.
+    def make_room():
+        cluster.kubectl("delete", "mljob", "-n", JOBS_NAMESPACE, "holder", "--wait=false")
+
+    def take_room():
+        jobs.create(holder_job("holder-2", policy))
+
+    try:
+        jobs.create(holder_job("holder", policy))
+        wait_for(lambda: (status(jobs, "holder").get("phase") == "Running"), 120,
+                 "the other tenant's job to run", describe=lambda: status(jobs, "holder"))
+        job = training_job("rescaled", {"worker": 1}, claim, policy=policy)
+        job["spec"]["replicaSpecs"]["worker"]["max"] = 2
+        jobs.create(job)
+        with Generations(cluster, "rescaled") as logs:
+            for number, counts in enumerate(stages):
+                if number:
+                    logs.stage = number
+                    (make_room, take_room)[number - 1]()
+                # Every pod of the stage running, and the chief (worker 0: it logs the start).
+                wait_for(lambda: len(logs.runs()) > number and
+                         len(logs.runs()[number]) == counts["worker"] and
+                         logged(logs.runs()[number], START), 180,
+                         f"the pods of {counts} to start training",
+                         describe=lambda: ([[p.log(tail=3) for p in run] for run in logs.runs()],
+                                           status(jobs, "rescaled").get("conditions")))
+                if number < len(stages) - 1:
+                    wait_for(lambda: history_at(jobs, "rescaled", counts["worker"]), 120,
+                             f"an interval record at {counts} with its measured speed",
+                             describe=lambda: status(jobs, "rescaled").get("history"))
+            wait_for(lambda: status(jobs, "rescaled").get("phase") == "Succeeded", 240,
+                     "the rescaled job to succeed",
+                     describe=lambda: (status(jobs, "rescaled").get("progress"),
+                                       [[p.log(tail=2) for p in run] for run in logs.runs()]))
+    finally:
+        cluster.kubectl("delete", "mljob", "-n", JOBS_NAMESPACE, "holder", "holder-2",
+                        "--ignore-not-found", "--wait=false", check=False)
+        cluster.kubectl("delete", "resourcequota", "-n", JOBS_NAMESPACE, quota,
+                        "--ignore-not-found", check=False)
     runs = logs.runs()
     assert [sorted(p.name for p in run) for run in runs] == [
         [f"rescaled-worker-{k}" for k in range(c["worker"])] for c in stages]
@@ -446,6 +493,7 @@ def test_a_live_rescale_restarts_the_pods_and_resumes_from_the_checkpoint(instal
     final = status(jobs, "rescaled")
     assert final["progress"]["epochsDone"] == RESCALE_EPOCHS
     assert final["rescales"]["count"] == 2
+    assert jobs.job("rescaled")["metadata"]["generation"] == 1  # the policy rescaled it, not an edit
     speeds = {}
     for counts in stages[:2]:
         speeds[counts["worker"]] = max(h["samplesPerSecond"]
