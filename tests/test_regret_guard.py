@@ -9,7 +9,8 @@ import pytest
 
 from mlsched.policies import registry
 from mlsched.policies.regret_guard import (
-    FALLBACK, LEARNED, Estimate, GuardSpec, GuardState, judge, on_generation, parse_threshold,
+    FALLBACK, LEARNED, POOLED, Estimate, GuardSpec, GuardState, judge, on_generation,
+    parse_threshold,
 )
 from mlsched.sim import chic_scenario
 from mlsched.policies.round import run_round
@@ -35,11 +36,15 @@ def test_spec_parses_percentages_fractions_and_refuses_nonsense():
         parse_threshold(float("nan"))
 
 
+def twice(e: Estimate, spec: GuardSpec, now: float = 0.0) -> GuardState:
+    return judge(judge(GuardState(), e, spec, now), e, spec, now)
+
+
 def test_trips_only_beyond_the_threshold_and_clears_only_when_the_model_is_ahead():
     spec = GuardSpec(0.10, 6)
-    state = judge(GuardState(), est(1.0, 1.09), spec, 10.0)
-    assert not state.tripped  # within 10 %
-    state = judge(GuardState(), est(1.0, 1.5), spec, 10.0)
+    assert not twice(est(1.0, 1.09), spec).tripped  # within 10 %
+    assert not judge(GuardState(), est(1.0, 1.5), spec, 5.0).tripped  # never one window alone
+    state = twice(est(1.0, 1.5), spec, 10.0)
     assert state.tripped and state.since == 10.0 and state.recent == ()
     # Tripped: the fallback a little ahead, or level, keeps it tripped (no flapping).
     state = judge(state, est(1.0, 1.0, ran=FALLBACK), spec, 20.0)
@@ -51,8 +56,8 @@ def test_trips_only_beyond_the_threshold_and_clears_only_when_the_model_is_ahead
 def test_a_replay_far_off_the_records_does_not_trip():
     spec = GuardSpec(0.10, 6)
     # 1.2 x ahead, but the replay of what ran is 30 % off what was recorded.
-    assert not judge(GuardState(), est(1.0, 1.2, recorded=1.0 / 1.3), spec, 0).tripped
-    assert judge(GuardState(), est(1.0, 1.2, recorded=1.0), spec, 0).tripped
+    assert not twice(est(1.0, 1.2, recorded=1.0 / 1.3), spec).tripped
+    assert twice(est(1.0, 1.2, recorded=1.0), spec).tripped
 
 
 def test_one_bad_window_among_good_ones_is_pooled_away():
@@ -64,9 +69,50 @@ def test_one_bad_window_among_good_ones_is_pooled_away():
     assert judge(state, est(1.0, 2.0), spec, 0).tripped  # bad enough to outweigh them
 
 
+def judged(state: GuardState, ratios, spec=GuardSpec(0.10, 6)) -> list[bool]:
+    """Rolling judgements of fallback / learned `ratios` in turn: tripped after each."""
+    out = []
+    for k, r in enumerate(ratios):
+        state = judge(state, est(1.0, r), spec, float(k))
+        out.append(state.tripped)
+    return out
+
+
+def test_rolling_judgements_trip_on_a_growing_loss_but_not_on_a_short_wobble():
+    # A model outside its domain (chic on 30 nodes, seed 0's rolling windows from round 6):
+    # level with the fallback, then losing more with every interval. Tripped three judgements
+    # after the first one over the line (1.13 x, round 13), and stays tripped.
+    growing = judged(GuardState(), [0.97, 0.91, 0.84, 0.92, 1.01, 1.07, 1.05, 1.13, 1.23, 1.30,
+                                    1.34, 1.51, 1.80, 2.02])
+    assert growing.index(True) == 10 and all(growing[10:])
+    # Chic's own setting (seeds 300003 and 300000 at 2.7 jobs/h): four, then three rolling
+    # windows in a row over the line among level ones: no trip.
+    assert not any(judged(GuardState(), [0.93, 0.96, 1.08, 1.10, 1.05, 0.98, 1.01, 0.92, 1.24,
+                                         1.17, 1.15, 1.23, 0.98, 0.87]))
+    assert not any(judged(GuardState(), [0.86, 0.89, 0.92, 0.95, 1.06, 1.11, 1.21, 1.15, 1.06]))
+    # A first window a hair over the line (seed 300002 at 1.8 jobs/h), then level: no trip.
+    assert not any(judged(GuardState(), [1.11, 0.99, 0.82]))
+    assert len(judge(GuardState(recent=(est(1, 1),) * POOLED), est(1, 1), GuardSpec(0.1, 6),
+                     0).recent) == POOLED
+
+
+def test_a_tripped_guard_clears_on_the_pooled_estimate_not_on_one_window():
+    spec = GuardSpec(0.10, 6)
+    state = twice(est(1.0, 2.0), spec)
+    assert state.tripped and state.recent == ()
+    for k, learned in enumerate((0.8, 0.9, 0.95)):  # the fallback ahead while it serves
+        state = judge(state, est(learned, 1.0, ran=FALLBACK), spec, 1.0 + k)
+    state = judge(state, est(1.2, 1.0, ran=FALLBACK), spec, 5.0)  # one window ahead: not enough
+    assert state.tripped
+    for k in range(3):
+        state = judge(state, est(1.2, 1.0, ran=FALLBACK), spec, 6.0 + k)
+    assert not state.tripped and state.since == 6.0  # the pooled estimate ahead (1.01 x)
+
+
 def test_a_spec_edit_re_enables_the_model():
     state = on_generation(GuardState(), 3, 0.0)
-    state = judge(state, est(1.0, 2.0), GuardSpec(0.1, 6), 5.0)
+    for _ in range(2):
+        state = judge(state, est(1.0, 2.0), GuardSpec(0.1, 6), 5.0)
     assert state.tripped and state.generation == 3
     assert on_generation(state, 3, 6.0).tripped
     edited = on_generation(state, 4, 7.0)
@@ -91,8 +137,10 @@ def plain_run(trace, config, policy):
 
 def test_the_replay_of_what_ran_matches_its_records_and_a_bad_window_is_an_error():
     trace = generators.generate(jobs=30, seed=41)
-    _, g = guarded_run(trace, SimConfig(nodes=13, seed=41), learned="drf", guard="10%:4")
+    result, g = guarded_run(trace, SimConfig(nodes=13, seed=41), learned="drf", guard="10%:4")
     assert g.estimates and not g.failures
+    # The window rolls: judged at every round from the 4th on (no trip to start it afresh).
+    assert g.trips == 0 and len(g.estimates) == result.rounds - 3
     # The same policy on both sides: the estimates agree, and the replay tracks the records.
     for e in g.estimates:
         assert e.learned == pytest.approx(e.fallback)
@@ -118,13 +166,14 @@ def test_a_window_of_unknown_models_cannot_be_replayed():
 
 
 # ---- what it must show (issue 51) -------------------------------------------------------------
-# Held-out seeds: the guard's rule was set on seeds 0-4 (30 nodes) and 300000-300004 (Chic's).
+# Held-out seeds: the guard's rule was set on seeds 0-4 (30 nodes) and 300000-300004 (Chic's);
+# 21-25 and 300020-300021 were only measured (bench/bench_regret_guard.py, also 31-35).
 def test_guarded_chic_on_a_cluster_unlike_its_training_is_near_the_fallback():
     """Five 80-job traces on 30 nodes of 8 CPUs and 2 GPUs (chic saw one 10-GPU pool): the
-    guarded chic's average JCT over drf's (the fallback) is at most 1.10 on the mean of the
-    five, and at most 1.15 on each (measured: 0.98, 1.13, 1.10, 1.05, 1.02; unguarded chic
-    1.6-2.6 x): the guard judges a window of 6 intervals at its end, pooled with the ones
-    before it, so chic serves 12-18 intervals before it trips."""
+    guarded chic's average JCT over drf's (the fallback) is at most 1.10 on each (measured:
+    0.955, 0.971, 1.019, 0.974, 0.955; unguarded chic 2.0-2.7 x): the guard judges a rolling
+    window of 6 intervals at every interval, pooled with the judgements before it, and trips
+    at rounds 7-15 (non-overlapping windows: 6-18, up to 1.13 x)."""
     ratios = []
     for seed in (21, 22, 23, 24, 25):
         trace = generators.generate(jobs=80, seed=seed)
@@ -136,8 +185,7 @@ def test_guarded_chic_on_a_cluster_unlike_its_training_is_near_the_fallback():
         assert g.trips >= 1 and g.first_trip_round is not None
         assert all(math.isfinite(e.error) for e in g.estimates)
         ratios.append(result.summary()["avg_jct_s"] / fallback)
-    assert max(ratios) <= 1.15, ratios
-    assert sum(ratios) / len(ratios) <= 1.10, ratios
+    assert max(ratios) <= 1.10, ratios
 
 
 @pytest.mark.parametrize("seed", [300020, 300021])

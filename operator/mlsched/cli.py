@@ -222,9 +222,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--placement-model", help="ONNX model for a learned placement, e.g. harmony "
                                                "(default: the shipped artifact)")
     sim.add_argument("--guard", metavar="THRESHOLD:WINDOW",
-                     help="a regret guard on learned policies, e.g. 10%%:6: every WINDOW intervals the "
-                          "window is replayed under the learned policy and --fallback, and the "
-                          "fallback serves while it is ahead by more than THRESHOLD (docs/operator.md)")
+                     help="a regret guard on learned policies, e.g. 10%%:6: at every interval the "
+                          "latest WINDOW (a rolling window) are replayed under the learned policy and "
+                          "--fallback, and the fallback serves while it is ahead by more than "
+                          "THRESHOLD (docs/operator.md)")
     sim.add_argument("--fallback", default="drf", help="the guard's fallback allocation (default drf)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")

@@ -96,16 +96,18 @@ class Exploration(ApiModel):
 
 
 class Guard(ApiModel):
-    """A regret guard (docs/operator.md, "Regret guard"): every `window` closed intervals the
-    simulator replays them from their recorded start under the learned policy and under the
-    fallback; the fallback serves once it is ahead by more than `fallbackWhenWorseBy`, and the
-    model again after a spec edit or when a later window shows it ahead."""
+    """A regret guard (docs/operator.md, "Regret guard"): once `window` intervals have closed,
+    at every closed interval the simulator replays the latest `window` of them (a rolling
+    window) from their recorded start under the learned policy and under the fallback; the
+    fallback serves once it is ahead, over the latest judgements pooled, by more than
+    `fallbackWhenWorseBy`, and the model again after a spec edit or when they show it ahead."""
 
     fallback_when_worse_by: str = Field(
         "10%", pattern=r"^[0-9]+(\.[0-9]+)?%?$", max_length=16,
         description="How far ahead the fallback's estimate must be to trip: a percentage "
                     "(\"10%\") or a fraction as a string (\"0.1\").")
-    window: int = Field(6, ge=1, le=1000, description="Closed intervals per judgement.")
+    window: int = Field(6, ge=1, le=1000, description="Closed intervals per judgement (a rolling "
+                                                      "window, judged at every interval once full).")
 
     @field_validator("fallback_when_worse_by")
     @classmethod
@@ -345,7 +347,8 @@ class GuardStatus(StatusModel):
     tripped: bool = Field(description="The fallback serves in place of the learned policy.")
     since: datetime | None = Field(None, description="When it last tripped or cleared.")
     window: int = Field(ge=1, description="Closed intervals per judgement (spec.guard.window).")
-    intervals: int = Field(0, ge=0, description="Closed intervals collected for the next one.")
+    intervals: int = Field(0, ge=0, description="Closed intervals in the window (fewer than "
+                                                "`window` until the first judgement after a change).")
     learned_estimate: float | None = Field(
         None, description="The latest window replayed under the learned policy.")
     fallback_estimate: float | None = Field(

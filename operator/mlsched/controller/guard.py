@@ -1,15 +1,17 @@
 """The regret guard in the operator (spec.guard): each policy's closed intervals kept as
-records, judged every `window` of them (policies/regret_guard.py's rule over
-sim/regret_replay.py's estimates), and what that means for the round: who serves, the
-GuardTripped condition, status.guard, the Events and the metric.
+records, the latest `window` of them judged at every closed interval once there are that many
+(a rolling window: policies/regret_guard.py's rule over sim/regret_replay.py's estimates),
+and what that means for the round: who serves, the GuardTripped condition, status.guard, the
+Events and the metric.
 
 - The judgement is made at the start of a round, from the intervals it closed, before the
   round decides: a trip serves the fallback from this very round on.
 - The replay's cluster is the one the window ran on: the node names and (median) node shape
   of the snapshot of the round before (`remember`), and the spec's interval.
-- Windows do not overlap, and a change of who serves (a trip, a clear, a spec edit) starts
-  the next window empty, so a window is always served by one policy: the one whose replay is
-  checked against what the records say it achieved (the estimate's error).
+- A change of who serves (a trip, a clear, a spec edit) starts the window empty, so a window
+  is always served by one policy: the one whose replay is checked against what the records
+  say it achieved (the estimate's error). Rolling costs a replay per round (two simulations
+  of `window` intervals, in a thread) where non-overlapping windows cost one per `window`.
 - An estimate that fails (the window cannot be replayed: jobs of models the simulator lacks,
   a job that cannot run on the replayed nodes; or any error in the replay) is reported as
   GuardTripped=Unknown with why, and changes nothing: the model keeps serving. The guard
@@ -90,12 +92,14 @@ def on_edit(book: GuardBook, generation: int | None, now: float) -> bool:
 
 def add_and_judge(book: GuardBook, closed: list[IntervalRecord], learned: tuple, fallback: tuple,
                   now: float) -> str | None:
-    """Add the intervals a round closed; judge when a window is full. Returns "tripped" or
+    """Add the intervals a round closed; judge the latest `window` of them when there are
+    that many and the round closed one with jobs (the window rolls). Returns "tripped" or
     "cleared" when that changed who serves, else None. Never raises."""
-    book.records.extend(r for r in closed if r.jobs)  # an idle interval says nothing
-    if len(book.records) < book.spec.window:
+    fresh = [r for r in closed if r.jobs]  # an idle interval says nothing
+    book.records = [*book.records, *fresh][-book.spec.window:]
+    if not fresh or len(book.records) < book.spec.window:
         return None
-    window, book.records = book.records[: book.spec.window], []
+    window = book.records
     ran = FALLBACK if book.state.tripped else LEARNED
     try:
         if book.cluster is None:
@@ -110,6 +114,7 @@ def add_and_judge(book: GuardBook, closed: list[IntervalRecord], learned: tuple,
     was = book.state.tripped
     book.state = judge(book.state, found, book.spec, now)
     if book.state.tripped != was:
+        book.records = []  # the next window is served by the policy now serving
         return "tripped" if book.state.tripped else "cleared"
     return None
 

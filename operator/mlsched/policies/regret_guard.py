@@ -4,15 +4,18 @@ the fallback?                                                                   
 A learned policy can do worse than the heuristic it replaces (issue 51: the shipped `chic`,
 trained on one 10-GPU pool, gives 2.4-2.8 x the average JCT of a heuristic on 30 nodes). A
 SchedulingPolicy's `guard` asks the operator (and `mlsched simulate --guard`) to watch for it:
-every `window` closed intervals, the simulator replays the window from its recorded start
-under the learned policy and under the fallback (sim/regret_replay.py), and this module
-decides from the two estimates:
+once `window` intervals have closed since the last change of who serves, at every closed
+interval the simulator replays the latest `window` intervals (a rolling window) from their
+recorded start under the learned policy and under the fallback (sim/regret_replay.py), and
+this module decides from the estimates, pooled over the latest judgements (`judge`):
 
-- not tripped: trip when the fallback's estimate beats the learned one by more than
-  `threshold` plus the replay's own error on the window (`margin`);
-- tripped (the fallback serves): clear when a later window's estimate shows the model ahead
+- not tripped: trip when the fallback's pooled estimate beats the learned one by more than
+  `threshold` plus the replay's own error (`margin`);
+- tripped (the fallback serves): clear when the pooled estimate shows the model ahead
   (learned > fallback), or when the spec is edited (its generation changes: the user may have
   changed the model, the cluster or the threshold, and the model gets a fresh chance).
+
+Neither on one window alone: a change needs two judgements or more since the last one.
 
 The threshold only guards the trip: clearing needs the model strictly ahead, so a policy
 whose two estimates stay within the threshold of each other does not flap.
@@ -116,13 +119,27 @@ class Estimate:
                 f"is off the records' {self.recorded:.3g}/h by {self.error:+.0%}")
 
 
-#: Windows pooled into one judgement: the latest and up to two before it, since the last
-#: change. One window of a few event-driven rounds can favour either policy by chance (in
-#: Chic's own setting single windows showed the fallback 1.16-1.21 x ahead where the
-#: fallback then served made the average JCT 6-21 % worse); a model outside its domain
-#: loses window after window, and its first bad window still trips when it is bad enough
-#: to outweigh the ones before it.
-POOLED_WINDOWS = 3
+#: Rolling judgements pooled into one verdict: the latest and up to POOLED - 1 before it,
+#: since the last change; a change (trip or clear) needs at least AT_LEAST of them: never one
+#: window alone.
+#: Why rolling, judged at every closed interval: non-overlapping windows (judged every
+#: `window` intervals, pooled with up to two before) noticed a model outside its domain late.
+#: On 30 nodes chic's first window (6 intervals) came while it still did as well as drf (few
+#: jobs yet), the pooled second one stayed within the margin, and on two traces of five the
+#: trip came only at round 18 of ~50 (guarded chic 1.10 and 1.13 x drf's average JCT). A rolling window sees the
+#: loss the interval it shows. Why pooled, and over more judgements than a window: one window
+#: of a few event-driven rounds can favour either policy by chance, and a judgement at every
+#: interval gives chance `window` x as many tries. In Chic's own setting (the seeds the rule
+#: was set on, 300000-300004) rolling windows were over the line up to four in a row (fallback
+#: 1.15-1.24 x ahead at 2.7 jobs/h, seed 300003; 1.11-1.21 x, seed 300000) and a first window
+#: alone by a hair (1.101 x, 300002 at 1.8 jobs/h), where serving the fallback makes the
+#: average JCT worse; pooling six judgements still tripped on two of those 25 runs, eight with
+#: at least two none. A model outside its domain loses more with every interval (1.1, 1.2,
+#: 1.3, 1.5, 1.8 x on the 30-node traces), so the pooled estimate crosses the line a few
+#: intervals after the first window does: rounds 16, 13, 10 on seeds 0-2 (non-overlapping
+#: windows: 18, 12, 12).
+POOLED = 8
+AT_LEAST = 2
 
 
 @dataclass(frozen=True)
@@ -131,25 +148,34 @@ class GuardState:
     since: float | None = None  # when it last changed (seconds; the caller's clock)
     generation: int | None = None  # the spec generation the judgement holds for
     last: Estimate | None = None  # the latest judgement's (pooled) estimate
-    recent: tuple[Estimate, ...] = ()  # the windows since the last change, newest last
+    recent: tuple[Estimate, ...] = ()  # judgements since the last change (up to POOLED), newest last
 
 
 def pooled(estimates: tuple[Estimate, ...]) -> Estimate:
-    """Windows of the same policy, one estimate: the mean rates (windows are the same number
-    of intervals), the intervals summed."""
+    """Judgements of the same policy, one estimate: the mean rates (each is over `window`
+    intervals), the intervals of the span they cover (rolling windows overlap: the latest
+    window plus one interval per judgement before it)."""
     n = len(estimates)
     last = estimates[-1]
     return Estimate(sum(e.learned for e in estimates) / n, sum(e.fallback for e in estimates) / n,
                     sum(e.recorded for e in estimates) / n, last.ran,
-                    sum(e.intervals for e in estimates), max(e.jobs for e in estimates),
+                    last.intervals + n - 1, max(e.jobs for e in estimates),
                     max(e.left_out for e in estimates))
 
 
 def judge(state: GuardState, estimate: Estimate, spec: GuardSpec, now: float) -> GuardState:
-    """The state after a window's estimate (module doc), judged on it pooled with the
-    windows before it since the last change (POOLED_WINDOWS)."""
-    recent = (*state.recent, estimate)[-POOLED_WINDOWS:]
+    """The state after a closed interval's rolling window (module doc), judged on it pooled
+    with the judgements before it since the last change (POOLED; a change needs AT_LEAST).
+
+    Clearing is kept from flapping three ways: it needs the model strictly ahead (no
+    threshold: estimates within it of each other keep the fallback), on the pooled estimate
+    of two judgements or more (one window cannot clear it, as one cannot trip it), and a
+    change of who serves starts the window empty, so `window` + 1 intervals of the new policy
+    close before it can change again."""
+    recent = (*state.recent, estimate)[-POOLED:]
     both = pooled(recent)
+    if len(recent) < AT_LEAST:
+        return replace(state, last=both, recent=recent)
     if not state.tripped and both.fallback > both.learned * (1 + margin(both, spec)):
         return GuardState(True, now, state.generation, both)
     if state.tripped and both.learned > both.fallback:

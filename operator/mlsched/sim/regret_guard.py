@@ -2,11 +2,12 @@
 replay as the operator's (policies/regret_guard.py, sim/regret_replay.py), fed by interval
 records the simulator writes of its own run as the operator writes them of the cluster's.
 
-Windows do not overlap: every `window` closed intervals the window is replayed under the
-learned policy and the fallback and judged, and the next window starts empty, so each window
-was served by one policy (the one whose replay is checked against the records). A window that
-cannot be replayed is counted and changes nothing: the learned policy keeps serving, as in
-the operator.
+The window rolls: once `window` slots have closed since the last change of who serves, at
+every closed slot the latest `window` of them are replayed under the learned policy and the
+fallback and judged (policies/regret_guard.py says why); a change (a trip, a clear) starts the
+window empty, so each window was served by one policy (the one whose replay is checked against
+the records). A window that cannot be replayed is counted and changes nothing: the learned
+policy keeps serving, as in the operator.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class SimGuard:
                                             sim.slot))
         if len(self.records) < self.spec.window:
             return
-        window, self.records = self.records, []
+        window = self.records = self.records[-self.spec.window:]
         ran = FALLBACK if self.state.tripped else LEARNED
         try:
             est = estimate(window, sim.config, sim.node_names, learned,
@@ -71,6 +72,8 @@ class SimGuard:
                 self.first_trip_round = sim.slot
         elif was and not self.state.tripped:
             self.clears += 1
+        if self.state.tripped != was:
+            self.records = []  # the next window is served by the policy now serving
 
     def summary(self) -> dict:
         errors = [abs(e.error) for e in self.estimates]
