@@ -28,25 +28,25 @@ test: $(BIN)/.installed-dev
 	$(BIN)/python -m pytest -q tests
 
 # Builds etcd, kube-apiserver, KCM, kube-scheduler, kubectl and kwok from the Go module proxy into
-# ~/.cache/mlsched-e2e on first use (about 13 minutes), Argo CD's CLI for the health checks
-# of manifests/argocd (about 15 minutes) and Prometheus' promtool for the alerts of
-# manifests/monitoring (about 4 minutes), then runs the operator against them. The real node
-# (e2e/real_node.py) runs on Debian's containerd, runc, CNI plugins and iptables, installed
-# here when missing (root), and on images built from this checkout with buildah (several
-# minutes the first time).
-# A hung test fails after 15 minutes with its stack instead of eating CI's 90.
+# ~/.cache/mlsched-e2e on first use (about 13 minutes), Argo CD's health assessment for the
+# checks of manifests/argocd (e2e/argocd_health, about 5 minutes) and Prometheus' promtool for
+# the alerts of manifests/monitoring (about 4 minutes), then runs the operator against them.
+# The real node (e2e/real_node.py) runs on Debian's containerd, runc, CNI plugins and
+# iptables, installed here when missing (root), and on images built from this checkout with
+# buildah (about 8 minutes the first time).
+# A hung test fails after 15 minutes with its stack instead of eating CI's 90; the 20 slowest
+# tests are listed at the end (what to look at when the suite's time grows).
 e2e: $(BIN)/.installed-dev
 	bash e2e/install_node_packages.sh
 	bash e2e/build_control_plane.sh
 	bash e2e/build_images.sh
 	bash e2e/build_argocd.sh
 	bash e2e/build_prometheus_tools.sh
-	$(BIN)/python -m pytest -q e2e -o timeout_func_only=true --timeout=900
+	$(BIN)/python -m pytest -q e2e -o timeout_func_only=true --timeout=900 --durations=20
 
 # Operator latency and scale against the real control plane (several minutes).
 bench-e2e: $(BIN)/.installed-dev
 	bash e2e/build_control_plane.sh
-	bash e2e/build_argocd.sh
 	$(BIN)/python bench/bench_e2e.py
 
 bench: $(BIN)/.installed-dev

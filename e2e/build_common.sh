@@ -21,7 +21,7 @@ find_go() {
 
 # Every Go cache inside the cache dir (deleting it resets everything), the module cache
 # writable so that `rm -rf` works on it, the local toolchain unless told otherwise, and
-# static binaries, as upstream ships them. The control plane and the argocd CLI share the
+# static binaries, as upstream ships them. The control plane and the Argo CD program share the
 # caches: Kubernetes' packages compile once.
 go_env() {
   export GOMODCACHE="$CACHE_ROOT/go/mod"

@@ -2,14 +2,16 @@
 
 Every case of every health_test.yaml (laid out as Argo CD's resource_customizations: one
 object per MLJob phase and condition that matters, one per SchedulingPolicy state) goes
-through `argocd admin settings resource-overrides health` with the argocd-cm.yaml a user
-pastes, so the Lua runs in Argo CD's own Lua VM with its own libraries, and the status and
+through Argo CD's own settings and health code with the argocd-cm.yaml a user pastes (what
+`argocd admin settings resource-overrides health` runs; e2e/argocd_health/main.go), so the Lua
+runs in Argo CD's own Lua VM with its own libraries, and the status and
 message must be exactly what the test file says. tests/test_argocd_manifests.py checks that
 argocd-cm.yaml holds exactly the health.lua files and that every test object is valid
 against the CRDs.
 
-The CLI is built from the Go module proxy on first use (build_argocd.sh, about 15 minutes
-cold, cached after). A failed build fails these tests with what to run; nothing is skipped.
+The program is built against Argo CD's module from the Go module proxy on first use
+(build_argocd.sh, about 5 minutes cold, cached after). A failed build fails these tests with
+what to run; nothing is skipped.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ CASES = [(test_file.parent, case)
 
 @pytest.fixture(scope="module")
 def argocd(request: pytest.FixtureRequest) -> Path:
-    return build_for_fixture(request, BUILD_SCRIPT, "the argocd CLI")
+    return build_for_fixture(request, BUILD_SCRIPT, "Argo CD's health assessment")
 
 
 def test_every_kind_and_health_status_is_covered():
