@@ -18,6 +18,11 @@ inference on a GPU), timed in the same process.
     python bench/bench_placement.py [--seeds 3] [--nodes 6 30 100] [--skip-dl2]
                                     [--allocations fixed dl2] [--harmony-model PATH]
                                     [--harmony-dl2-model PATH] [--skip-timing] [--bound]
+                                    [--seed0 N] [--mix JOBS_PER_NODE ALLREDUCE MAX_WORKERS]
+
+`harmony` is Harmony as served, under its guard (issue 51, part 4: LIF-Line's layout served
+where the simulator's model scores the network's lower, policies/placement/guarded.py);
+`harmony-alone` is the network unguarded. `--seed0` and `--mix` give held-out traces.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from dataclasses import replace
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -35,12 +41,17 @@ from mlsched.sim.simulator import SimConfig, Simulator  # noqa: E402
 from mlsched.sim import scenarios  # noqa: E402
 
 HEURISTICS = ("load-balance", "bin-pack", "tetris", "lif-line", "lif-quad", "tiresias")
-PLACEMENTS = HEURISTICS + ("harmony",)
+# harmony: as served, under its guard (LIF-Line where the simulator's model says the network's
+# layout loses, policies/placement/guarded.py); harmony-alone: the network unguarded.
+PLACEMENTS = HEURISTICS + ("harmony", "harmony-alone")
 SEED0 = 700000  # disjoint from every training seed (docs/dl2.md, docs/chic.md)
 
 
+MIX = {"jobs_per_node": 4, "arch_mix": 0.3, "max_workers": 4}  # issue 15's, what harmony trained on
+
+
 def trace(nodes: int, seed: int):
-    return scenarios.placement_trace(nodes, seed)
+    return scenarios.placement_trace(nodes, seed, **MIX)
 
 
 def main() -> None:
@@ -53,18 +64,24 @@ def main() -> None:
                                                     "harmony-dl2.onnx, trained with DL2 deciding the counts)")
     parser.add_argument("--allocations", nargs="+", choices=["fixed", "dl2"])
     parser.add_argument("--skip-timing", action="store_true")
+    parser.add_argument("--seed0", type=int, default=SEED0, help="first trace seed (default %(default)s)")
+    parser.add_argument("--mix", nargs=3, type=float, metavar=("JOBS_PER_NODE", "ALLREDUCE", "MAX_WORKERS"),
+                        help="another job mix: jobs per node, all-reduce share, most workers a job "
+                             "asks (default 4 0.3 4, the one harmony was trained on)")
     parser.add_argument("--bound", action="store_true",
                         help="also the same traces with interference switched off (bin-pack and "
                              "LIF-Line, the lower): a floor no placement reaches, as a ratio to the "
                              "best heuristic with interference")
     args = parser.parse_args()
+    if args.mix:
+        MIX.update(jobs_per_node=int(args.mix[0]), arch_mix=args.mix[1], max_workers=int(args.mix[2]))
     placement_ctx = registry.PolicyContext(model_path=args.harmony_model)
     allocations = args.allocations or (["fixed"] + ([] if args.skip_dl2 else ["dl2"]))
     from mlsched.policies.onnx_runner import default_model_path
 
     dl2_model = args.harmony_dl2_model or str(default_model_path("harmony").with_name("harmony-dl2.onnx"))
     placement_ctxs = {"fixed": placement_ctx, "dl2": registry.PolicyContext(model_path=dl2_model)}
-    seeds = range(SEED0, SEED0 + args.seeds)
+    seeds = range(args.seed0, args.seed0 + args.seeds)
     print(f"avg JCT (h) over {args.seeds} traces (seeds {seeds[0]}-{seeds[-1]}); "
           f"ratio to the best heuristic placement of the row")
     print(f"{'alloc':<6} {'nodes':>5} " + " ".join(f"{p:>12}" for p in PLACEMENTS))
@@ -78,8 +95,11 @@ def main() -> None:
                 for p in PLACEMENTS:
                     sim.reset()
                     t0 = time.perf_counter()
+                    pctx = placement_ctxs[allocation]
+                    if p == "harmony-alone":
+                        pctx = replace(pctx, placement_guard=False)
                     result = sim.run(registry.make_allocation(allocation, ctx),
-                                     registry.make_placement(p, placement_ctxs[allocation]))
+                                     registry.make_placement(p.removesuffix("-alone"), pctx))
                     spent[p] += time.perf_counter() - t0
                     summary = result.summary()
                     if summary["completed"] != summary["jobs"]:
@@ -118,9 +138,8 @@ def no_interference(allocation: str, nodes: int, seeds) -> float:
 def timing(placement_ctx, nodes: int = 100, new: int = 20, running: int = 60, repeats: int = 7) -> None:
     """One interval's placement: every task of `new` jobs placed (grants through the ledger,
     as a round does) on `nodes` nodes where `running` jobs hold theirs, median of `repeats`,
-    Harmony next to LIF-Line; and the time per decision (state, inference, choice)."""
-    from dataclasses import replace
-
+    Harmony next to LIF-Line; and the time per decision (state, inference, choice). The
+    network's choices only: its guard adds LIF-Line's replay and two scores per round."""
     from mlsched.cluster.ledger import Ledger
     from mlsched.policies.placement.heuristics import LoadBalance
     from mlsched.policies.placement.interference_aware import LeastInterferenceFirst
@@ -129,7 +148,8 @@ def timing(placement_ctx, nodes: int = 100, new: int = 20, running: int = 60, re
     snapshot = Simulator(jobs, SimConfig(nodes=nodes, seed=SEED0)).snapshot()
     assert len(snapshot.jobs) == running + new
     rules = {"lif-line": LeastInterferenceFirst(degree=1),
-             "harmony": registry.make_placement("harmony", replace(placement_ctx, sticky=False))}
+             "harmony": registry.make_placement("harmony", replace(placement_ctx, sticky=False,
+                                                                 placement_guard=False))}
     newcomers = snapshot.jobs[running:]
     out, placed = {}, 0
     for name, rule in rules.items():

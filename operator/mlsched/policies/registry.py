@@ -39,6 +39,9 @@ class PolicyContext:
     model_path: str | None = None  # a learned policy's ONNX file (its card sits beside it)
     sticky: bool = True  # placement: keep unchanged tasks where they ran
     execution_provider: str = "CPU"  # where a learned policy's model runs (onnx_runner.PROVIDERS)
+    # harmony placement: LIF-Line served where the simulator's model says the network's layout
+    # loses (policies/placement/guarded.py); False: the network alone
+    placement_guard: bool = True
 
 
 @dataclass(frozen=True)
@@ -76,10 +79,21 @@ def _placement(cls) -> Entry:
     return Entry(lambda ctx: _sticky(cls(), ctx))
 
 
-def _harmony(ctx: PolicyContext) -> PlacementPolicy:
+def _harmony_alone(ctx: PolicyContext) -> PlacementPolicy:
     from mlsched.policies.placement.harmony import HarmonyPlacement  # imported lazily: loads onnxruntime
 
     return _sticky(HarmonyPlacement.load(ctx.model_path, provider=ctx.execution_provider), ctx)
+
+
+def _harmony(ctx: PolicyContext) -> PlacementPolicy:
+    """Harmony placement under its guard: LIF-Line served where the simulator's model says
+    the network's layout loses (policies/placement/guarded.py)."""
+    from mlsched.policies.placement.guarded import GuardedPlacement
+
+    if not ctx.placement_guard:
+        return _harmony_alone(ctx)
+    return GuardedPlacement(_harmony_alone(ctx), _sticky(LeastInterferenceFirst(degree=1), ctx),
+                            speed=ctx.speed_model)
 
 
 REGISTRY: dict[str, dict[str, Entry]] = {

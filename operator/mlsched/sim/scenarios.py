@@ -41,13 +41,15 @@ SCENARIOS = {
 BENCHMARK_SEEDS = range(100_000, 100_005)
 
 
-def placement_trace(nodes: int, seed: int, jobs_per_node: int = 4) -> list[TraceJob]:
+def placement_trace(nodes: int, seed: int, jobs_per_node: int = 4, arch_mix: float = 0.3,
+                    max_workers: int = 4) -> list[TraceJob]:
     """Harmony placement's setting (issue 15): mixed parameter-server / all-reduce jobs (30 %
     all-reduce) whose owners fix the counts: 1-4 workers and, for PS jobs, 1-2 PS each
     (uniform, from the seed); `jobs_per_node x nodes` jobs arriving at `nodes / 2` per slot.
     Run with the `fixed` allocation. bench/bench_placement.py tests on seeds 700000+;
-    training (policy_models/harmony) uses others."""
-    jobs = generators.generate(jobs=jobs_per_node * nodes, rate=nodes / 2, seed=seed, arch_mix=0.3)
+    training (policy_models/harmony) uses others. `arch_mix` (the all-reduce share) and
+    `max_workers` give job mixes the shipped model was not trained on (bench --mix)."""
+    jobs = generators.generate(jobs=jobs_per_node * nodes, rate=nodes / 2, seed=seed, arch_mix=arch_mix)
     rng = np.random.default_rng(seed + 1)
-    return [replace(j, workers=int(rng.integers(1, 5)),
+    return [replace(j, workers=int(rng.integers(1, max_workers + 1)),
                     ps=int(rng.integers(1, 3)) if j.arch == "ps" else None) for j in jobs]
