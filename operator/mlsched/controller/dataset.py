@@ -90,6 +90,7 @@ def job_intervals(interval: OpenInterval, closed: ClosedInterval,
         if grant is None or job is None:
             continue
         epochs = float(entry.get("epochs") or 0.0)
+        (min_ps, max_ps), (min_workers, max_workers) = job.bounds("ps"), job.bounds("worker")
         out.append(JobInterval(
             name=name, uid=job.uid, model_type=job.model, architecture=ARCHITECTURES.get(job.arch, job.arch),
             total_epochs=grant.total_epochs, created=rfc3339(job.created_s), ps=grant.ps,
@@ -97,7 +98,8 @@ def job_intervals(interval: OpenInterval, closed: ClosedInterval,
             epochs_at_start=grant.epochs_at_start, epochs=epochs,
             reward=float(entry.get("reward") or 0.0),
             finished=grant.epochs_at_start + epochs >= grant.total_epochs * (1 - 1e-9),
-            speed=entry.get("speed"), samples_per_second=entry.get("samplesPerSecond")))
+            speed=entry.get("speed"), samples_per_second=entry.get("samplesPerSecond"),
+            min_ps=min_ps, max_ps=max_ps, min_workers=min_workers, max_workers=max_workers))
     return out
 
 
@@ -145,7 +147,7 @@ class Dataset:
             rec = _Record(self._new(key, interval.number, interval.start, opening), merged=False)
         r = rec.record
         r.end = rfc3339(end)
-        r.length_s = max(0.0, end - interval.start.timestamp()) / self.interval_scale
+        r.length_s = interval.length_s(end, self.interval_scale)
         r.jobs = job_intervals(interval, closed, jobs)
         r.reward = float(closed.reward.get("reward") or 0.0)
         if not r.jobs and not r.decisions and rec.merged:

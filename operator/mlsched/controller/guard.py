@@ -50,6 +50,9 @@ class GuardBook:
     records: list[IntervalRecord] = field(default_factory=list)
     failure: str | None = None  # why the latest window could not be judged
     cluster: tuple[SimConfig, list[str]] | None = None  # the replay's cluster (`remember`)
+    # Per record (interval number), the served round's cycle guard's memory when it closed:
+    # the replay of a window primes its own guard with that of its first interval.
+    memories: dict[int, dict] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,12 +94,16 @@ def on_edit(book: GuardBook, generation: int | None, now: float) -> bool:
 
 
 def add_and_judge(book: GuardBook, closed: list[IntervalRecord], learned: tuple, fallback: tuple,
-                  now: float) -> str | None:
+                  now: float, memory: dict | None = None) -> str | None:
     """Add the intervals a round closed; judge the latest `window` of them when there are
-    that many and the round closed one with jobs (the window rolls). Returns "tripped" or
+    that many and the round closed one with jobs (the window rolls). `memory`: the policy's
+    cycle guard's (CycleGuard.remembered) as the intervals close. Returns "tripped" or
     "cleared" when that changed who serves, else None. Never raises."""
     fresh = [r for r in closed if r.jobs]  # an idle interval says nothing
     book.records = [*book.records, *fresh][-book.spec.window:]
+    for r in fresh:
+        book.memories[r.interval] = dict(memory or {})
+    book.memories = {r.interval: book.memories.get(r.interval, {}) for r in book.records}
     if not fresh or len(book.records) < book.spec.window:
         return None
     window = book.records
@@ -105,7 +112,8 @@ def add_and_judge(book: GuardBook, closed: list[IntervalRecord], learned: tuple,
         if book.cluster is None:
             raise ValueError("no snapshot of the cluster the window ran on yet")
         config, names = book.cluster
-        found = estimate(window, config, names, learned, fallback, ran)
+        found = estimate(window, config, names, learned, fallback, ran,
+                         book.memories.get(window[0].interval))
     except Exception as err:  # noqa: BLE001 - a failed estimate must not stop scheduling
         log.warning("regret guard: the window could not be replayed: %s", err)
         book.failure = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)

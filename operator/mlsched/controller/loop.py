@@ -490,7 +490,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         for name, grant in grants.items():
             opening.grants.setdefault(name, grant)
     else:
-        opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants)
+        opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants,
+                                       started_s=now)
     rt.intervals[key] = opening
 
     # The dataset (dataset.py): the intervals closed, complete; the one opened, with the
@@ -579,15 +580,16 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
         records = [IntervalRecord(namespace=ref.namespace, policy=ref.name, policy_uid="",
                                   interval=interval.number, start=rfc3339(interval.start),
                                   end=rfc3339(now),
-                                  length_s=max(0.0, now - interval.start.timestamp())
-                                  / (rt.config.interval_scale or 1.0),
+                                  length_s=interval.length_s(now, rt.config.interval_scale),
                                   algorithms={}, nodes=0,
                                   reward=float(closing.reward.get("reward") or 0.0),
                                   jobs=job_intervals(interval, closing, by_name))
                    for interval, closing in zip(to_close, closings)]
+        cycles = rt.cycle_guards.get(key)
         change = await asyncio.to_thread(guard.add_and_judge, book, records,
                                          (resolved.allocation, resolved.placement),
-                                         guard.fallback_of(resolved), now)
+                                         guard.fallback_of(resolved), now,
+                                         cycles.remembered() if cycles is not None else None)
     except Exception:  # noqa: BLE001 - the guard must never stop a round
         log.exception("regret guard of %s/%s failed; the model keeps serving", *key)
         return rt.guards.get(key)

@@ -36,8 +36,18 @@ class Grant:
 @dataclass
 class OpenInterval:
     number: int
-    start: datetime
+    start: datetime  # whole seconds, as status records it
     grants: dict[str, Grant] = field(default_factory=dict)  # job name → grant
+    # The exact time the round opened it (None when restored from status): `start` is cut to
+    # the second, which under --interval-scale 0.005 is up to 200 s of the policy's 1200.
+    started_s: float | None = None
+
+    def length_s(self, end: float, interval_scale: float = 1.0) -> float:
+        """The interval's length in the policy's time when it closes at `end` (wall time):
+        under --interval-scale, wall seconds / the scale. The dataset's records and the
+        regret guard's both use this."""
+        began = self.started_s if self.started_s is not None else self.start.timestamp()
+        return max(0.0, end - began) / (interval_scale or 1.0)
 
 
 @dataclass

@@ -63,6 +63,23 @@ class CycleGuard:
             return decision
         return self._keep(snapshot, decision, cycling)
 
+    def remembered(self) -> dict[str, tuple[Counts, ...]]:
+        """Per job, the counts it held in this context as far as remembered, oldest first,
+        those of the latest snapshot seen last: what the regret guard's replay of a window
+        that starts after that snapshot primes its own guard with (`primed`)."""
+        return {name: (*self._earlier.get(name, ()), now) for name, now in self._held.items()}
+
+    def primed(self, snapshot: Snapshot, earlier: dict[str, tuple[Counts, ...]]) -> "CycleGuard":
+        """This guard, having seen `snapshot` (its context and every job's counts), with
+        `earlier` as the counts each job held before (`remembered` of another guard, under
+        the names of `snapshot`): a replay of a window goes on from where the served
+        round's guard stood, not from a guard that knows nothing (sim/regret_replay.py)."""
+        self._observe(snapshot)
+        for name, counts in earlier.items():
+            if name in self._held:
+                self._earlier[name] = tuple(c for c in counts if c != self._held[name])[-MEMORY:]
+        return self
+
     def _observe(self, snapshot: Snapshot) -> None:
         context = _context(snapshot)
         if context != self._context:  # something else changed: the policy may change anything

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 
 FORMAT = "mlsched.io/interval-record"
-FORMAT_VERSION = 2  # 2: RoundDecisions.kept (written when not empty)
-READS = (1, 2)  # a version-1 record is a version-2 one with nothing kept
+FORMAT_VERSION = 3  # 2: RoundDecisions.kept (written when not empty); 3: JobInterval's bounds
+READS = (1, 2, 3)  # a version-1 record is a version-2 one with nothing kept; 2 has no bounds
 
 
 def _pack(array: np.ndarray, dtype: str) -> dict[str, Any]:
@@ -164,6 +164,12 @@ class JobInterval:
     # reported: the real speed, where `epochs` also holds the time a restart cost.
     speed: float | None = None  # epochs/s
     samples_per_second: float | None = None
+    # The counts the job allows (spec.replicaSpecs' min and max; None in records before
+    # version 3): a replay of the window may not give it more than it could get.
+    min_ps: int | None = None
+    max_ps: int | None = None
+    min_workers: int | None = None
+    max_workers: int | None = None
 
 
 @dataclass

@@ -38,6 +38,9 @@ class SimGuard:
     failures: list[str] = field(default_factory=list)
     fallback_rounds: int = 0
     first_trip_round: int | None = None
+    # Per record (interval number), the run's cycle guard's memory when it closed
+    # (controller/guard.GuardBook.memories).
+    memories: dict[int, dict] = field(default_factory=dict)
 
     def serving(self, allocation, placement) -> tuple:
         """The (allocation, placement) to run now."""
@@ -53,13 +56,17 @@ class SimGuard:
         self.fallback_rounds += self.state.tripped
         self.records.append(interval_record(sim, start_s, before, decision, reward,
                                             sim.slot))
+        cycles = getattr(sim, "cycle_guard", None)
+        self.memories[self.records[-1].interval] = cycles.remembered() if cycles is not None else {}
         if len(self.records) < self.spec.window:
             return
         window = self.records = self.records[-self.spec.window:]
+        self.memories = {r.interval: self.memories.get(r.interval, {}) for r in window}
         ran = FALLBACK if self.state.tripped else LEARNED
         try:
             est = estimate(window, sim.config, sim.node_names, learned,
-                           (self.fallback, self.fallback_placement or learned[1]), ran)
+                           (self.fallback, self.fallback_placement or learned[1]), ran,
+                           self.memories.get(window[0].interval))
         except ReplayError as err:
             self.failures.append(str(err))
             return
@@ -106,7 +113,9 @@ def interval_record(sim, start_s: float, before: dict[str, float], decision: Dec
             workers=len(workers), placement={"ps": ps, "worker": workers},
             epochs_at_start=float(at_start), epochs=float(trained),
             reward=float(trained / spec.epochs),
-            finished=bool(s.finish_s is not None and s.finish_s >= start_s)))
+            finished=bool(s.finish_s is not None and s.finish_s >= start_s),
+            min_ps=1 if spec.arch == "ps" else 0, max_ps=sim.config.max_ps if spec.arch == "ps" else 0,
+            min_workers=1, max_workers=sim.config.max_workers))
     return IntervalRecord(namespace="sim", policy="sim", policy_uid="sim", interval=number,
                           start=rfc3339(start_s), end=rfc3339(end_s), length_s=sim.last_slot_s,
                           algorithms={}, nodes=len(sim.node_names), reward=float(reward), jobs=jobs)

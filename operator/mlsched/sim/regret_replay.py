@@ -12,6 +12,14 @@ policy's time by the ratio of the two. Jobs of models outside the catalog cannot
 and are left out (counted in the estimate); a window with none left is an error, as is one
 whose jobs cannot run on the cluster at all.
 
+Each job keeps the counts its spec allows (JobInterval's bounds, record version 3: the
+simulator's own caps are 16 of each, and a replay of chic gave a job of at most 4 PS fifteen).
+A learned policy's rounds go through a cycle guard as the operator's served rounds and the
+simulator's runs do (policies/cycle_guard.py), primed with what the served round's guard
+remembered of each job's earlier counts (`earlier`): without it a replay of chic sent back to
+nothing the jobs an admission step had started, which the operator's guard kept running, and
+put its own progress 25-40 % under the records on the e2e cluster.
+
 The cluster is the caller's SimConfig (the simulator's own; in the operator one built from
 the live nodes, controller/guard.py) with its node names, so that held tasks stay on the
 nodes they were on: a replay of the policy that ran pays no scaling cost the cluster did not
@@ -25,13 +33,14 @@ longer synthetic workloads from records for retraining; a replay needs the windo
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from mlsched.cluster.types import Decision
+from mlsched.cluster.types import Decision, Snapshot
+from mlsched.policies.cycle_guard import CycleGuard, Counts
 from mlsched.policies.decision_log import IntervalRecord, JobInterval
 from mlsched.policies.regret_guard import FALLBACK, LEARNED, Estimate
-from mlsched.policies.round import run_admission, run_round
+from mlsched.policies.round import run_admission, run_round, settles
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog
 from mlsched.workloads.traces import TraceJob
@@ -52,6 +61,9 @@ class WindowStart:
     recorded: float  # normalised progress per hour the records show
     intervals: int
     left_out: int
+    names: dict[str, str] = field(default_factory=dict)  # the records' job name -> the trace's
+    # trace name -> (min_ps, max_ps, min_workers, max_workers) from the records (version 3)
+    bounds: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)
 
 
 def window_start(records: list[IntervalRecord]) -> WindowStart:
@@ -70,7 +82,7 @@ def window_start(records: list[IntervalRecord]) -> WindowStart:
     for r in records:
         for j in r.jobs:
             first.setdefault(j.uid or j.name, j)
-    trace, held, left_out = [], {}, 0
+    trace, held, left_out, names, bounds = [], {}, 0, {}, {}
     present = {j.uid or j.name for j in records[0].jobs}
     for uid, j in first.items():
         if not catalog.is_known(j.model_type):
@@ -83,7 +95,9 @@ def window_start(records: list[IntervalRecord]) -> WindowStart:
         at = 0.0 if uid in present and created <= t0 + 1e-6 else max(0.0, (created - t0) * scale)
         if j.epochs_at_start >= j.total_epochs * (1 - 1e-9):
             continue  # done before the window
-        name = f"j{len(trace):05d}"
+        name = names[j.name] = f"j{len(trace):05d}"
+        if None not in (j.min_ps, j.max_ps, j.min_workers, j.max_workers):
+            bounds[name] = (int(j.min_ps), int(j.max_ps), int(j.min_workers), int(j.max_workers))
         trace.append(TraceJob(name, round(at, 3), catalog.canonical_name(j.model_type),
                               float(j.total_epochs), ARCH.get(j.architecture, "ps")))
         if at == 0.0:
@@ -93,12 +107,27 @@ def window_start(records: list[IntervalRecord]) -> WindowStart:
         raise ReplayError(f"no job of the window can be simulated ({left_out} of models "
                           "outside the catalog)" if left_out else "the window had no unfinished job")
     recorded = sum(r.reward for r in records) / span * 3600.0
-    return WindowStart(trace, held, span, recorded, len(records), left_out)
+    return WindowStart(trace, held, span, recorded, len(records), left_out, names, bounds)
+
+
+def bounded(snapshot: Snapshot, bounds: dict[str, tuple[int, int, int, int]]) -> Snapshot:
+    """`snapshot` with each job of `bounds` at the counts its spec allows."""
+    if not bounds:
+        return snapshot
+    jobs = []
+    for j in snapshot.jobs:
+        b = bounds.get(j.name)
+        if b is not None:
+            j = replace(j, min_workers=b[2], max_workers=b[3],
+                        **({"min_ps": b[0], "max_ps": b[1]} if j.uses_ps else {}))
+        jobs.append(j)
+    return replace(snapshot, jobs=jobs)
 
 
 def replay(start: WindowStart, config: SimConfig, node_names: list[str] | None,
-           allocation, placement) -> float:
-    """Normalised progress per hour of `allocation` + `placement` over the window."""
+           allocation, placement, earlier: dict[str, tuple[Counts, ...]] | None = None) -> float:
+    """Normalised progress per hour of `allocation` + `placement` over the window; `earlier`:
+    the served round's cycle guard's memory (CycleGuard.remembered), by the records' job names."""
     cfg = replace(config, seed=0, grouping_guard=False, max_slots=10**6)
     try:
         sim = Simulator(start.trace, cfg)
@@ -113,25 +142,38 @@ def replay(start: WindowStart, config: SimConfig, node_names: list[str] | None,
         if all(n in index for n in (*ps, *workers)) and workers:
             s.ps_nodes = tuple(index[n] for n in ps)
             s.worker_nodes = tuple(index[n] for n in workers)
-    admit = ((lambda snap: run_admission(snap, allocation, placement))
+    def view() -> Snapshot:
+        return bounded(sim.snapshot(), start.bounds)
+
+    admit = ((lambda snap: run_admission(bounded(snap, start.bounds), allocation, placement))
              if cfg.admission == "arrival" else None)
+    # As Simulator.run and the operator's served round: a learned round through a cycle guard.
+    guard = None
+    if cfg.cycle_guard and not settles(allocation, placement, None):
+        guard = CycleGuard().primed(view(), {start.names[n]: tuple(c) for n, c in (earlier or {}).items()
+                                             if n in start.names})
     progress, t0 = 0.0, sim.time_s
     while not sim.done and sim.time_s - t0 < start.span_s - 1e-6:
-        decision: Decision = run_round(sim.snapshot(), allocation, placement)
+        snapshot = view()
+        decision: Decision = run_round(snapshot, allocation, placement)
+        if guard is not None:
+            decision = guard.apply(snapshot, decision)
         progress += sim.advance(decision, admit)
     # A policy that finished everything early could do no more in the rest of the window.
     return progress / max(sim.time_s - t0, start.span_s) * 3600.0
 
 
 def estimate(records: list[IntervalRecord], config: SimConfig, node_names: list[str] | None,
-             learned: tuple, fallback: tuple, ran: str) -> Estimate:
+             learned: tuple, fallback: tuple, ran: str,
+             earlier: dict[str, tuple[Counts, ...]] | None = None) -> Estimate:
     """Both estimates of the window of `records`; `learned` and `fallback` are (allocation,
-    placement) pairs, `ran` which of them served the window."""
+    placement) pairs, `ran` which of them served the window; `earlier` the cycle guard's
+    memory of the rounds that served it (`replay`)."""
     if ran not in (LEARNED, FALLBACK):
         raise ValueError(f"ran must be {LEARNED!r} or {FALLBACK!r}")
     start = window_start(records)
-    mine = replay(start, config, node_names, *learned)
-    theirs = replay(start, config, node_names, *fallback)
+    mine = replay(start, config, node_names, *learned, earlier)
+    theirs = replay(start, config, node_names, *fallback, earlier)
     if not all(math.isfinite(x) for x in (mine, theirs)):
         raise ReplayError("the replay's progress is not finite")
     return Estimate(mine, theirs, start.recorded, ran, start.intervals, len(start.trace),
