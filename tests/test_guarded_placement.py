@@ -111,3 +111,19 @@ def test_rounds_that_record_or_explore_serve_the_network_alone_others_stay_guard
     assert isinstance(recorded, Sticky)
     guarded = placement.for_round(Serving(0.0))
     assert isinstance(guarded, GuardedPlacement) and guarded.choices is placement.choices
+
+
+def test_a_run_reports_the_decisions_each_side_won_and_the_table_prints_them():
+    from mlsched.sim import compare
+
+    trace = scenarios.placement_trace(6, 31)
+    runs = compare.run_pairs(trace, SimConfig(nodes=6, seed=31), ["fixed"], ["lif-line", "harmony"])
+    lif, harmony = (r.result for r in runs)
+    assert lif.placement_choices == {}
+    assert sum(harmony.placement_choices.values()) > 0
+    assert set(harmony.placement_choices) <= {"learned", "fallback"}
+    assert harmony.summary()["placement_choices"] == harmony.placement_choices
+    assert "the network's layout served in" in compare.format_table(runs)
+    # A second run of the same policy object counts its own decisions only.
+    again = compare.run_pairs(trace, SimConfig(nodes=6, seed=31), ["fixed", "fixed"], ["harmony"])
+    assert again[0].result.placement_choices == again[1].result.placement_choices == harmony.placement_choices

@@ -87,6 +87,7 @@ def format_table(runs: list[Run]) -> str:
     lines += work_conservation_lines(runs)
     lines += model_domain_lines(runs)
     lines += colocation_lines(runs)
+    lines += placement_guard_lines(runs)
     lines += guard_lines(runs)
     return "\n".join(lines)
 
@@ -113,6 +114,24 @@ def guard_lines(runs: list[Run]) -> list[str]:
             lines.append(f"    latest: {g['guard_last']}")
     if lines:
         lines.insert(0, "regret guard (each window replayed under the learned policy and the fallback):")
+    return lines
+
+
+def placement_guard_lines(runs: list[Run]) -> list[str]:
+    """Per run of a guarded learned placement (policies/placement/guarded.py): in how many
+    decisions its layout was served, and in how many the fallback's (LIF-Line)."""
+    lines = []
+    for run in runs:
+        c = run.result.placement_choices
+        if not c:
+            continue
+        grouping = f" / {run.grouping}" if run.grouping != "none" else ""
+        total = sum(c.values())
+        lines.append(f"  {run.policy} / {run.placement}{grouping}: the network's layout served in "
+                     f"{c.get('learned', 0)} of {total} decisions, LIF-Line's in {c.get('fallback', 0)}")
+    if lines:
+        lines.insert(0, "placement guard (each decision's layouts scored by the simulator's model, "
+                        "the better served):")
     return lines
 
 

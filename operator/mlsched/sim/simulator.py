@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
@@ -186,6 +187,9 @@ class SimResult:
     grouping_choices: dict[str, int] = field(default_factory=dict)
     colocation_samples: int = 0
     colocation_mare: float = 0.0
+    # A guarded learned placement (policies/placement/guarded.py): decisions won by the
+    # network's layout ("learned") and by the fallback's ("fallback") in this run.
+    placement_choices: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict:
         jct = np.array(list(self.jct_s.values())) if self.jct_s else np.array([np.nan])
@@ -213,6 +217,7 @@ class SimResult:
             "grouping_choices": dict(self.grouping_choices),
             "colocation_samples": self.colocation_samples,
             "colocation_mare": self.colocation_mare,
+            "placement_choices": dict(self.placement_choices),
         }
 
 
@@ -392,6 +397,7 @@ class Simulator:
         # guard, as its served round does (round.run_served_round); heuristic rounds are
         # decided as the simulator always has (the operator settles those instead).
         self.cycle_guard = CycleGuard() if self.config.cycle_guard else None
+        placed_before = Counter(getattr(placement, "choices", {}))  # a guarded placement's tally
         while not self.done:
             snapshot = self.snapshot()
             domain.add(shape_of(snapshot))
@@ -410,7 +416,8 @@ class Simulator:
         return replace(self.result(idle), domain_rounds=domain.rounds,
                        rounds_outside_domain=domain.outside_rounds,
                        outside_domain=domain.outside(), no_domain=domain.unknown,
-                       grouping_choices=dict(getattr(grouping, "choices", {})))
+                       grouping_choices=dict(getattr(grouping, "choices", {})),
+                       placement_choices=dict(Counter(getattr(placement, "choices", {})) - placed_before))
 
     # ---- one slot, stretch by stretch ----------------------------------------------------
     def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
