@@ -1,14 +1,22 @@
 """The regret guard on the control plane (issue 51, part 3; docs/operator.md, "Regret guard"):
 the shipped `chic` (a 3-job window, trained on one pool of 10 GPUs) with
-`guard: {fallbackWhenWorseBy: "10%", window: 3}` on twelve kwok nodes of 2 GPUs with ten jobs,
-a cluster unlike its training. Chic gives jobs outside its window nothing; the workload
-emulator trains the others at the simulator's speeds. After the first window of three
-intervals the operator replays it under chic and under drf (the fallback), and again at every
-interval after (the window rolls). The test checks the first judgement made from the real
-records (both estimates, the replay's error, the condition) and that the operator acts on
-it consistently: tripped, a Warning Event, Ready=FallbackActive and drf giving every job
-workers; not tripped, ModelServing and no Event. It does not assert which: on this emulated
-cluster the replays put drf at 0.94-1.52 x chic from run to run (see the comment below).
+`guard: {fallbackWhenWorseBy: "10%", window: 3}` on twelve kwok nodes of 2 GPUs with ten
+all-reduce ResNet-50 jobs (1-8 workers), a cluster unlike its training. Chic gives the jobs of
+its window four workers each and those outside it nothing (an admission step may start a few
+more, whom the cycle guard then keeps); the workload emulator trains them at the simulator's
+speeds. After the first window of three intervals the operator replays it under chic and under
+drf (the fallback) at every closed interval; drf, spreading the 24 GPUs over all ten jobs,
+comes out 1.60-1.87 x ahead (three runs; the replay of chic +10 to +14 % off its records on
+the first window, which holds the pods' start on kwok, -1.5 to +0.9 % on the second), and the
+guard trips on its second judgement, the earliest its rule allows: GuardTripped=True with both estimates, a Warning Event,
+Ready=FallbackActive, status.guard; from the next round on drf decides, and every job gets
+workers.
+
+Why all-reduce ResNet-50 and not parameter-server jobs: chic gives a PS job of ResNet-50 4 PS
+and 1 worker, which the measured table makes 1.9 x as fast as drf's 2 + 2, so with the jobs an
+admission step starts beside its window (6 of 10 on this cluster) chic is ahead of drf there
+(0.84 x in the replays, as in the records), and behind only when no admission step runs
+(1.4 x): whether the guard should trip depended on the operator's timing, not on the model.
 
 The test gives its operator nodes of its own (a node selector on a label only they carry).
 """
@@ -61,8 +69,8 @@ def test_chic_outside_its_domain_trips_the_guard_and_drf_takes_over(api, mlsched
         "guarded", allocation="chic", fallback="drf",
         models={"allocation": {"chic": configmap_ref("chic-policy")}},
         guard={"fallbackWhenWorseBy": "10%", "window": WINDOW}))
-    for i in range(JOBS):  # long enough not to finish within the test
-        mlsched.create(mljob(f"job-{i}", ps=(1, 4), workers=(1, 8), epochs=5000, policy="guarded"))
+    for i in range(JOBS):  # all-reduce (ps=None), long enough not to finish within the test
+        mlsched.create(mljob(f"job-{i}", ps=None, workers=(1, 8), epochs=5000, policy="guarded"))
 
     # Under chic, jobs outside its window wait with nothing while GPUs are free.
     under_chic = wait_for(lambda: any(workers(mlsched).values()) and workers(mlsched), 60,
@@ -73,39 +81,32 @@ def test_chic_outside_its_domain_trips_the_guard_and_drf_takes_over(api, mlsched
     waiting = [j for j, w in under_chic.items() if w == 0]
     assert waiting, f"chic gave every job workers: {under_chic}"
 
-    # A judgement: both replays made from the recorded window, and the condition saying what
-    # the guard made of them. Whether drf comes out ahead here is not asserted: on this
-    # emulated cluster the replays have put drf at 0.94 x to 1.52 x chic from run to run (the
-    # replay of chic off its records by -7 % to -31 %), so the trip itself is shown in the
-    # simulator (tests/test_regret_guard.py); here, that the operator judges from real
-    # records and acts on its verdict consistently either way.
-    judged = wait_for(
-        lambda: (g := (p := mlsched.policy("guarded"))["status"].get("guard") or {})
-        and g.get("learnedEstimate") is not None and g.get("fallbackEstimate") is not None
-        and p, TRIP_TIMEOUT, "the guard's first judgement",
+    tripped = wait_for(
+        lambda: (c := condition(p := mlsched.policy("guarded"), "GuardTripped"))
+        and c["status"] == "True" and p, TRIP_TIMEOUT, "GuardTripped=True",
         describe=lambda: mlsched.policy("guarded")["status"].get("guard"))
-    cond = condition(judged, "GuardTripped")
-    status = judged["status"]["guard"]
+    cond = condition(tripped, "GuardTripped")
+    assert cond["reason"] == "FallbackAhead"
+    # Within the stated window: on the second judgement (the first window pooled with the one
+    # rolled an interval on, WINDOW + 1 intervals), the earliest a trip may come.
     span = re.search(r"over the last (\d+) intervals", cond["message"])
-    assert span and int(span.group(1)) >= WINDOW, cond["message"]
+    assert span and int(span.group(1)) == WINDOW + 1, cond["message"]
     assert "learned" in cond["message"] and "fallback" in cond["message"]
     assert "off the records" in cond["message"], cond["message"]
-    assert status["estimateError"] is not None and status["recorded"] > 0
-    events = [e for e in mlsched.events("guarded", "SchedulingPolicy") if e.reason == "GuardTripped"]
-    ready = condition(judged, "Ready")
-    if cond["status"] == "True":
-        assert cond["reason"] == "FallbackAhead"
-        assert status["tripped"] is True
-        assert status["fallbackEstimate"] > status["learnedEstimate"] * 1.1
-        [event] = events
-        assert event.type == "Warning" and "fallback" in event.message
-        assert (ready["status"], ready["reason"]) == ("True", "FallbackActive")
-        # The fallback decides from now on: drf gives every job workers.
-        after = wait_for(lambda: all((w := workers(mlsched)).values()) and w, 3 * ROUND_S + 30,
-                         "drf giving every job workers", describe=lambda: workers(mlsched))
-        print(f"chic decided {under_chic}; tripped, drf decided {after}; guard: {status}")
-    else:
-        assert (cond["status"], cond["reason"]) == ("False", "ModelServing"), cond
-        assert status["tripped"] is False and not events
-        assert ready["reason"] != "FallbackActive", ready
-        print(f"chic decided {under_chic}; the model serves; guard: {status}")
+    status = tripped["status"]["guard"]
+    assert status["tripped"] is True and status["served"] == "learned"
+    # Ahead by more than the threshold plus the replay's own error, and that error small: the
+    # replay of chic tracks what the emulator recorded (the first window, holding the jobs'
+    # start on kwok, is the one off, by 10-14 %; pooled with the next, +5 to +6 %).
+    assert status["fallbackEstimate"] > status["learnedEstimate"] * (1.1 + abs(status["estimateError"]))
+    assert abs(status["estimateError"]) < 0.2, status
+    [event] = [e for e in mlsched.events("guarded", "SchedulingPolicy") if e.reason == "GuardTripped"]
+    assert event.type == "Warning" and "fallback" in event.message
+    ready = condition(tripped, "Ready")
+    assert (ready["status"], ready["reason"]) == ("True", "FallbackActive")
+
+    # The fallback decides from now on: drf gives every job workers.
+    after = wait_for(lambda: all((w := workers(mlsched)).values()) and w, 3 * ROUND_S + 30,
+                     "drf giving every job workers", describe=lambda: workers(mlsched))
+    print(f"chic decided {under_chic}; after the trip drf decided {after}; guard: {status}")
+    assert condition(mlsched.policy("guarded"), "GuardTripped")["status"] == "True"
