@@ -24,24 +24,22 @@ dev: $(BIN)/.installed-dev
 demo: $(BIN)/.installed
 	$(BIN)/mlsched simulate --plot $(OUT)/jct.png
 
+# Two workers (pytest-xdist): CI's machine has two cores, and the unit tests share no state.
 test: $(BIN)/.installed-dev
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 tests
 
-# Builds etcd, kube-apiserver, KCM, kube-scheduler, kubectl and kwok from the Go module proxy into
-# ~/.cache/mlsched-e2e on first use (about 13 minutes), Argo CD's health assessment for the
-# checks of manifests/argocd (e2e/argocd_health, about 5 minutes) and Prometheus' promtool for
-# the alerts of manifests/monitoring (about 4 minutes), then runs the operator against them.
-# The real node (e2e/real_node.py) runs on Debian's containerd, runc, CNI plugins and
-# iptables, installed here when missing (root), and on images built from this checkout with
-# buildah (about 8 minutes the first time).
+# e2e/build_all.sh builds what the tests run on, into ~/.cache/mlsched-e2e on first use: etcd,
+# kube-apiserver, KCM, kube-scheduler, kubectl, kwok, kubelet, kube-proxy and CoreDNS from the
+# Go module proxy (about 15 minutes), Argo CD's health assessment for the checks of
+# manifests/argocd (e2e/argocd_health, about 5 minutes) and Prometheus' promtool for the alerts
+# of manifests/monitoring (about 3 minutes), one after another; meanwhile, in the background,
+# the images the real node runs, built from this checkout with buildah (about 8 minutes). The
+# real node runs on Debian's containerd, runc, CNI plugins and iptables, installed when missing
+# (root).
 # A hung test fails after 15 minutes with its stack instead of eating CI's 90; the 20 slowest
 # tests are listed at the end (what to look at when the suite's time grows).
 e2e: $(BIN)/.installed-dev
-	bash e2e/install_node_packages.sh
-	bash e2e/build_control_plane.sh
-	bash e2e/build_images.sh
-	bash e2e/build_argocd.sh
-	bash e2e/build_prometheus_tools.sh
+	bash e2e/build_all.sh
 	$(BIN)/python -m pytest -q e2e -o timeout_func_only=true --timeout=900 --durations=20
 
 # Operator latency and scale against the real control plane (several minutes).

@@ -79,7 +79,7 @@ def test_a_records_size_fits_a_configmap_for_a_busy_dl2_round():
     (gzip.compress(json.dumps({"format": "other"}).encode()), "format 'other'"),
     (gzip.compress(json.dumps({"format": "mlsched.io/interval-record", "version": 99}).encode()),
      "version 99"),
-])
+], ids=["not-gzip", "other-format", "newer-version"])  # gzip's header holds a time: ids must not
 def test_a_foreign_or_newer_record_is_refused_with_the_reason(data, said):
     with pytest.raises(ValueError, match=said):
         IntervalRecord.from_bytes(data)
