@@ -43,11 +43,19 @@ context_key() {
     find Dockerfile .dockerignore pyproject.toml README.md operator policy_models examples \
       -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -path '*.egg-info/*' -print0 |
       sort -z | xargs -0 sha256sum
-    sha256sum "${BASH_SOURCE[0]}"
+    # The script's content only: sha256sum FILE would print the path as invoked too, and `make
+    # e2e` (e2e/build_images.sh) and the tests' fixture (an absolute path) would get two keys,
+    # building the images twice in one CI run.
+    sha256sum <"${BASH_SOURCE[0]}"
   } | sha256sum | cut -c1-16
 }
 
 KEY="$(context_key)"
+# --print-key: the key alone, to check that every way of calling this script agrees on it.
+if [[ "${1:-}" == --print-key ]]; then
+  echo "$KEY"
+  exit 0
+fi
 OUT="$IMAGES_ROOT/$KEY"
 all_built() {
   local image

@@ -152,3 +152,15 @@ def test_the_training_target_runs_the_reference_programs_with_torch_and_without_
             (container,) = role["template"]["spec"]["containers"]
             assert container["image"].split("/")[-1].startswith("mlsched-training:")
             assert container["command"][1].startswith("/opt/mlsched/examples/pytorch/")
+
+
+def test_the_e2e_image_key_is_the_same_however_the_build_script_is_called(tmp_path):
+    """`make e2e` calls e2e/build_images.sh by a relative path and the real node's fixture by an
+    absolute one; the key once held the path too, and CI built the images twice."""
+    script = ROOT / "e2e" / "build_images.sh"
+    relative = subprocess.run(["bash", "e2e/build_images.sh", "--print-key"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    absolute = subprocess.run(["bash", str(script), "--print-key"], cwd=tmp_path,
+                              capture_output=True, text=True, check=True).stdout.strip()
+    assert re.fullmatch(r"[0-9a-f]{16}", relative), relative
+    assert relative == absolute
