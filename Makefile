@@ -30,10 +30,11 @@ test: $(BIN)/.installed-dev
 
 # e2e/build_all.sh builds what the tests run on, into ~/.cache/mlsched-e2e on first use: etcd,
 # kube-apiserver, KCM, kube-scheduler, kubectl, kwok, kubelet, kube-proxy and CoreDNS from the
-# Go module proxy (about 15 minutes), Argo CD's health assessment for the checks of
-# manifests/argocd (e2e/argocd_health, about 5 minutes) and Prometheus' promtool for the alerts
-# of manifests/monitoring (about 3 minutes), one after another; meanwhile, in the background,
-# the images the real node runs, built from this checkout with buildah (about 8 minutes). The
+# Go module proxy (18.5 minutes cold), Argo CD's health assessment for the checks of
+# manifests/argocd (e2e/argocd_health, 4 minutes) and Prometheus' promtool for the alerts of
+# manifests/monitoring (3 minutes), one after another; meanwhile, in the background, the images
+# the real node runs, built from this checkout with buildah (13 minutes beside the compiler).
+# 25 minutes in all from empty caches (docs/e2e.md, "A cold .ci/run"). The
 # real node runs on Debian's containerd, runc, CNI plugins and iptables, installed when missing
 # (root).
 # A hung test fails after 15 minutes with its stack instead of eating CI's 90; the 20 slowest
