@@ -34,7 +34,8 @@ by design (those rounds are what retraining learns from).
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, deque
+from dataclasses import replace
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from mlsched.cluster.types import JobDecision, JobView, Role
 from mlsched.policies.base import PlacementPolicy, PlacementRequest
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.speed_models import SpeedModel, epochs_per_s, get_speed_model
+
+
+GAINS_KEPT = 1000
 
 
 class GuardedPlacement:
@@ -56,7 +60,9 @@ class GuardedPlacement:
         self.sensitivity = interference.sensitivity_factors(sensitivity)
         self.min_gain = min_gain
         self.choices: Counter[str] = Counter()  # decisions won: "learned" / "fallback"
-        self.gains: list[float] = []  # the learned layout's predicted gain, per decision
+        # The learned layout's predicted gain, per decision, the latest GAINS_KEPT: the operator
+        # keeps one guard per policy for as long as it serves, so the tally must not grow forever.
+        self.gains: deque[float] = deque(maxlen=GAINS_KEPT)
         self.last: str | None = None  # who served the latest decision
 
     @property
@@ -132,8 +138,6 @@ class GuardedPlacement:
 
 
 def _with_placer(request: PlacementRequest, placer) -> PlacementRequest:
-    from dataclasses import replace
-
     return replace(request, tentative_placer=placer)
 
 
