@@ -236,7 +236,7 @@ def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
     card = model.card
     assert card.training["stage"] == "sl+rl" and card.encoder_params["window"] == 40
     assert card.training["wall_time_s"] <= 32 * 60
-    assert card.validation["ratio_to_drf"] < 1.0
+    assert isinstance(card.validation["ratio_to_drf"], float)  # the card states it; measured below
     sl = load_model(path.with_name("dl2-sl.onnx"), "dl2", "allocation")
     assert sl.card.training["stage"] == "sl"
     # Trained on an earlier simulator: it still loads (the version is provenance), and the card
@@ -248,6 +248,9 @@ def test_the_shipped_model_loads_matches_its_card_and_schedules(capsys):
     assert main(["simulate", "--policies", "drf,dl2", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)["results"]
     assert rows[1]["policy"] == "dl2" and rows[1]["completed"] == rows[1]["jobs"]
+    # Measured here, not read from the card: on the default trace the shipped model beats DRF
+    # (0.70 x on sim-2 when this was written; docs/dl2.md has the held-out figures).
+    assert rows[1]["avg_jct_s"] < 0.85 * rows[0]["avg_jct_s"]
 
 
 def test_relative_teacher_gain_ignores_job_length_where_optimus_favours_long_jobs():

@@ -245,7 +245,10 @@ def test_no_trigger_no_regroup():
     assert [quiet.job_pools[j.name] for j in jobs] == ["g0", "g0", "g1", "g1"]
 
 
-def test_grouping_time_stays_small_at_moderate_scale():
+def test_grouping_400_jobs_on_500_nodes_gives_a_valid_plan():
+    # How long this takes is measured by bench/bench_grouping.py (its third part, 8,000 jobs
+    # on 10,000 nodes, as ratios in one run), not here: a wall-clock assert in a unit test
+    # measures the machine. This checks the plan at a scale where every search step runs.
     rng = np.random.default_rng(0)
     jobs = [job(f"j{i}", str(m), arrival=float(i)) for i, m in enumerate(rng.choice(catalog.MODEL_NAMES, 400))]
     plan = Harmony().group(snap(jobs, nodes=500))
