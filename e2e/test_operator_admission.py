@@ -12,7 +12,7 @@ import re
 import time
 
 from job_state import placed_as_decided, placement_problems
-from mlsched_objects import mljob, phase, scheduling_policy
+from mlsched_objects import condition, mljob, phase, scheduling_policy
 from waiting import wait_for
 
 DAY = 86400
@@ -209,7 +209,12 @@ def test_capacity_that_appears_admits_a_waiting_job_within_seconds(api, control_
         wait_for(lambda: placed_as_decided(mlsched, "filler"), 90, "the filler to run",
                  describe=lambda: placement_problems(mlsched, "filler"))
         mlsched.create(mljob("waiter", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
-        time.sleep(3)  # its admission step has run and found no room
+        # Its admission step has run and found no room: the job says so (a positive signal
+        # before asserting what did not happen).
+        wait_for(lambda: "does not fit what is free now" in
+                 (condition(mlsched.job("waiter"), "Admitted") or {}).get("message", ""), 30,
+                 "the waiting job to say why it waits",
+                 describe=lambda: condition(mlsched.job("waiter"), "Admitted"))
         assert not (mlsched.job("waiter").get("status") or {}).get("placement", {}).get("worker")
         last_round = mlsched.policy("daily")["status"].get("lastRoundTime")
         # What `kubectl get schedpol` and `kubectl describe mljob` tell the user meanwhile.

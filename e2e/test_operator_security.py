@@ -287,7 +287,17 @@ def test_the_endpoint_serves_https_as_shipped(api, mlsched, start_operator, tmp_
     # A restarted operator keeps the CA: the job's pods are not re-rendered (not restarted).
     template_hash = mlsched.statefulsets("other")["worker"].metadata.annotations
     operator.stop()
+    restarted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     operator.start()
-    time.sleep(3 * 1200 * INTERVAL_SCALE)  # a few rounds
+    # Two rounds of the new process (a positive signal that it has acted), not a fixed sleep.
+    first = wait_for(lambda: (t := _last_round(mlsched)) and t > restarted and t, 60,
+                     "a round after the restart")
+    wait_for(lambda: (_last_round(mlsched) or "") > first, 10 + 3 * 1200 * INTERVAL_SCALE,
+             "a second round after the restart")
     assert mlsched.statefulsets("other")["worker"].metadata.annotations == template_hash
     assert pod.metadata.uid in {p.metadata.uid for p in mlsched.pods("other")}
+
+
+def _last_round(mlsched) -> str | None:
+    """The policy's lastRoundTime (RFC 3339 in UTC to the second, so strings compare in time order)."""
+    return (mlsched.policy("default").get("status") or {}).get("lastRoundTime")
