@@ -19,44 +19,14 @@ Using the models in the operator
 - An omitted `spec.schedulingPolicy` is defaulted to `default`: the SchedulingPolicy named
   `default` in the job's namespace.
 
-Where kopf keeps its bookkeeping (decision)
--------------------------------------------
-The CRD schemas are structural, so the apiserver prunes every status field the models do not
-declare. kopf's defaults would write `status.kopf.progress` (pruned, so handlers would re-run
-forever) and `status.<handler id>` for handler return values (also pruned). Therefore:
-
-1. All kopf state goes into annotations under our own prefix, never into status::
-
-       @kopf.on.startup()
-       def configure(settings: kopf.OperatorSettings, **_):
-           settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
-               prefix="mlsched.io", v1=False)
-           settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
-               prefix="mlsched.io", key="last-handled-configuration", v1=False)
-           settings.persistence.finalizer = "mlsched.io/finalizer"
-
-   (`v1=False`: no legacy duplicate keys to keep for rollbacks in a new operator.)
-   Annotations written: `mlsched.io/last-handled-configuration` (the diff base, the spec as
-   last handled), `mlsched.io/touch-dummy` (kopf's no-op patch for timers and daemons), and
-   short-lived `mlsched.io/<handler-id>` progress keys, removed when a handler succeeds.
-2. Handlers return None and write status through `patch.status[...]` with values from
-   `to_k8s()`; a returned value would land in the pruned `status.<handler id>`.
-3. Argo CD must neither report these annotations as drift nor re-reconcile the Application
-   every time kopf or the operator touches them. The manifests are owned by `manifests/`;
-   the settings to put there, for kinds `MLJob` and `SchedulingPolicy` of group mlsched.io::
-
-       # Application.spec (or argocd-cm resource.customizations.ignoreDifferences.<group>_<kind>)
-       ignoreDifferences:
-       - group: mlsched.io
-         kind: MLJob                      # and again for SchedulingPolicy
-         jqPathExpressions:
-         - .metadata.annotations["mlsched.io/last-handled-configuration"]
-         - .metadata.annotations["mlsched.io/touch-dummy"]
-       # argocd-cm: resource.customizations.ignoreResourceUpdates.mlsched.io_MLJob (and
-       # ..._SchedulingPolicy): the same two paths plus `.status`, which the operator rewrites
-       # every interval.
-
-   Status is not in the manifests, so it does not show up as drift.
+Where kopf keeps its bookkeeping
+--------------------------------
+Nowhere on the objects (docs/operator.md, "Where kopf keeps its bookkeeping"): the operator
+uses kopf for watching and indexing only, with no change handlers, timers or daemons, so kopf
+writes no finalizer, no diff-base annotation and no `status.<handler id>`. The CRD schemas are
+structural, so the apiserver prunes any status field these models do not declare: a new
+status field goes into these models first (then `crds/` is regenerated). kopf's settings are
+in the operator's handlers module (`configure`).
 """
 
 from mlsched.api.base import InvalidObject, describe_errors, immutable_changes
