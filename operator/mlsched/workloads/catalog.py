@@ -94,7 +94,3 @@ def is_known(name: str) -> bool:
 
 def get(name: str) -> ModelProfile:
     return MODELS[canonical_name(name)]
-
-
-def model_index(name: str) -> int:
-    return MODEL_NAMES.index(canonical_name(name))

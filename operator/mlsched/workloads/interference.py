@@ -81,9 +81,6 @@ SENSITIVITY: dict[str, np.ndarray] = {
 }
 
 
-INTENSITY = DEMAND  # sim-1 called the per-task numbers intensities
-
-
 def node_capacity(cpus: float, reference_cpus: float = 8.0) -> np.ndarray:
     """(cpu, network, pcie) capacity of a node relative to the reference node: CPU scales with
     its cores; every simulated node has the reference NIC and PCIe bus."""
@@ -257,9 +254,6 @@ def _demand_per_node(placements: dict[str, tuple[str, list[int]]]) -> dict[int, 
             d = per_node.setdefault(n, {})
             d[job] = d.get(job, 0.0) + DEMAND[model]
     return per_node
-
-
-_intensity_per_node = _demand_per_node  # its name in sim-1, kept for code written against it
 
 
 def max_slowdown(model: str) -> float:
