@@ -9,13 +9,14 @@ means adding its name here and regenerating crds/ (`python -m mlsched.api.crdgen
 
 from __future__ import annotations
 
-ALLOCATION = ("fixed", "fifo", "srtf", "drf", "tetris", "optimus", "optimus-oracle", "dl2",
-              "chic", "chic-pair")
+ALLOCATION = ("fixed", "fifo", "srtf", "drf", "tetris", "optimus", "optimus-oracle",
+              "drf-hetero", "optimus-hetero", "dl2", "chic", "chic-pair")
 #: Allocations that need no model: what `fallback` may name (a learned fallback could itself
 #: be unavailable when it is needed).
-ALLOCATION_HEURISTICS = ("fixed", "fifo", "srtf", "drf", "tetris", "optimus", "optimus-oracle")
+ALLOCATION_HEURISTICS = ("fixed", "fifo", "srtf", "drf", "tetris", "optimus", "optimus-oracle",
+                         "drf-hetero", "optimus-hetero")
 PLACEMENT = ("load-balance", "bin-pack", "first-fit", "tetris", "lif-line", "lif-quad", "tiresias",
-             "harmony")
+             "harmony", "gpu-type-aware")
 GROUPING = ("none", "isolated", "naive", "harmony")
 
 BY_PHASE = {"allocation": ALLOCATION, "placement": PLACEMENT, "grouping": GROUPING}

@@ -339,6 +339,19 @@ class Ledger:
             return step
         return steps[node]
 
+    def gpu_type(self, node: int) -> str | None:
+        """The GPU type of `node` (Snapshot.gpu_types); None when untyped."""
+        return self.snapshot.gpu_type(node)
+
+    def worker_types(self, job: JobView) -> set[str | None]:
+        """The GPU types of the nodes this round gives `job`'s workers so far (the job runs
+        at the slowest one's pace); empty when it has none."""
+        d = self.jobs.get(job.name)
+        if d is None or self.snapshot.gpu_types is None:
+            return set() if d is None or not d.worker_nodes else {None}
+        types = self.snapshot.gpu_types
+        return {types[n] for n in d.worker_nodes}
+
     def used_share(self, job: JobView) -> np.ndarray:
         """Share of the cluster's total of each resource that this round gives the job."""
         d = self.jobs.get(job.name)

@@ -37,7 +37,7 @@ _NOTHING: frozenset = frozenset()
 @dataclass(frozen=True, eq=False)
 class Spread:
     """A cap on how unevenly a role's tasks may spread over topology domains (in the
-    cluster, a template's topologySpreadConstraints: controller/topology_spread.py). A task may
+    cluster, a template's topologySpreadConstraints: controller/constraints/topology_spread.py). A task may
     go on a node whose domain holds fewer than `min + max_skew` tasks counted under `token`,
     `min` being the fewest in any `eligible` domain (0 when fewer than `min_domains` are
     eligible); nodes outside every domain are not allowed."""
@@ -93,7 +93,7 @@ class JobView:
     # fit checks on the array's identity).
     node_filters: dict[Role, np.ndarray] = field(default_factory=dict)
     # Per role, what one task counts against its namespace's ResourceQuotas, in the cluster
-    # (controller/records.QUOTA_DIMS: requests of CPU, GPU, memory, limits of CPU, memory, one
+    # (controller/objects/records.QUOTA_DIMS: requests of CPU, GPU, memory, limits of CPU, memory, one
     # pod; NaN where its pods set no such request or limit). A role absent: its demand, no
     # limits, one pod.
     quota_charges: dict[Role, np.ndarray] = field(default_factory=dict)
@@ -102,7 +102,7 @@ class JobView:
     # one it was made with, and a quota scoped to classes counts it by that. Usually empty.
     kept_charges: dict[Role, tuple[np.ndarray | None, ...]] = field(default_factory=dict)
     # Per role, what one task holds on its node alone (tokens compared by equality): in the
-    # cluster, the host ports of its pod template, ("TCP", 29500) (controller/host_ports.py),
+    # cluster, the host ports of its pod template, ("TCP", 29500) (controller/constraints/host_ports.py),
     # and the required pod anti-affinity groups its pods belong to (pod_anti_affinity.py).
     # Two tasks holding the same token never share a node, whatever their jobs. A role
     # absent holds none.
@@ -115,6 +115,10 @@ class JobView:
     # memory (Snapshot.counted_free): in the cluster, the pod itself ("pods", 1) and its
     # extended resources (an RDMA NIC, a MIG slice, scratch disk). A role absent takes none.
     counted: dict[Role, tuple[tuple[str, float], ...]] = field(default_factory=dict)
+    # The GPU type (Snapshot.gpu_types) of the slowest worker of each of `observations`, in
+    # the same order: the pace it was measured at (None: no type, the homogeneous default).
+    # Empty when no observation has a type.
+    observation_types: tuple[str | None, ...] = ()
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -202,13 +206,28 @@ class Snapshot:
     spread_held: dict[Hashable, np.ndarray] = field(default_factory=dict)
     # Per resource counted beside CPU, GPU and memory (JobView.counted), how much of it each
     # node has free for the round: in the cluster, its allocatable pods and extended resources
-    # less what pods the round does not re-decide use (controller/counted_resources.py).
+    # less what pods the round does not re-decide use (controller/admission/counted_resources.py).
     counted_free: dict[str, np.ndarray] = field(default_factory=dict)
+    # Per node, the type of its GPUs (workloads/gpu_types.py: "v100", "p100", "k80"); a job's
+    # workers run at the pace of the slowest type among their nodes. None (or a node's None):
+    # untyped, the homogeneous default, where every GPU is the same. In the cluster, from a
+    # node label (nvidia.com/gpu.product).
+    gpu_types: Sequence[str | None] | None = None
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)
         if self.capacity.ndim != 2 or self.capacity.shape[0] != len(self.node_names):
             raise ValueError("capacity must be an (N, 3) array with one row per node")
+        if self.gpu_types is not None and len(self.gpu_types) != len(self.node_names):
+            raise ValueError("gpu_types must have one entry per node")
+
+    @property
+    def typed(self) -> bool:
+        """Whether any node has a GPU type (else every GPU is the same)."""
+        return self.gpu_types is not None and any(t is not None for t in self.gpu_types)
+
+    def gpu_type(self, node: int) -> str | None:
+        return self.gpu_types[node] if self.gpu_types is not None else None
 
     @property
     def total_capacity(self) -> np.ndarray:

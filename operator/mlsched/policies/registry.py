@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mlsched.policies.allocation.drf import DRF
+from mlsched.policies.allocation.hetero import HeteroDRF, HeteroOptimus
 from mlsched.policies.allocation.optimus import Optimus
 from mlsched.policies.allocation.simple import FIFO, SRTF, Fixed
 from mlsched.policies.allocation.tetris import Tetris
@@ -20,6 +21,7 @@ from mlsched.policies.base import AllocationPolicy, GroupingPolicy, PlacementPol
 from mlsched.policies.grouping.harmony import Harmony
 from mlsched.policies.grouping.none import NoGrouping
 from mlsched.policies.grouping.partitions import isolated, naive
+from mlsched.policies.placement.gpu_type_aware import GpuTypeAware
 from mlsched.policies.placement.heuristics import BinPack, FirstFit, LoadBalance, TetrisPlacement
 from mlsched.policies.placement.interference_aware import LeastInterferenceFirst, TiresiasPlacement
 from mlsched.policies.placement.sticky import Sticky
@@ -105,6 +107,9 @@ REGISTRY: dict[str, dict[str, Entry]] = {
         "tetris": Entry(lambda ctx: Tetris()),
         "optimus": Entry(lambda ctx: Optimus()),
         "optimus-oracle": Entry(_oracle),
+        # heterogeneity-aware (GPU types, workloads/gpu_types.py): pair with gpu-type-aware
+        "drf-hetero": Entry(lambda ctx: HeteroDRF()),
+        "optimus-hetero": Entry(lambda ctx: HeteroOptimus()),
         "dl2": Entry(_dl2, learned=True),
         "chic": Entry(_chic(pair=False), learned=True),
         "chic-pair": Entry(_chic(pair=True), learned=True),
@@ -117,6 +122,8 @@ REGISTRY: dict[str, dict[str, Entry]] = {
         "lif-line": _placement(lambda: LeastInterferenceFirst(degree=1)),
         "lif-quad": _placement(lambda: LeastInterferenceFirst(degree=2)),
         "tiresias": _placement(TiresiasPlacement),
+        # stickiness built in (a type-blind Sticky could send a task to another GPU type)
+        "gpu-type-aware": Entry(lambda ctx: GpuTypeAware(sticky=ctx.sticky)),
         "harmony": Entry(_harmony, learned=True),
     },
     "grouping": {

@@ -41,7 +41,7 @@ from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.sim.colocation_error import ColocationError
 from mlsched.sim.grouping_guard import GuardedGrouping, simulator_rollout
-from mlsched.workloads import catalog, interference
+from mlsched.workloads import catalog, gpu_types, interference
 from mlsched.workloads.phases import phase_times
 from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
@@ -105,6 +105,10 @@ class SimConfig:
     # Learned rounds go through the operator's cycle guard (policies/cycle_guard.py): a job is
     # not sent back to counts it held since anything else changed. False: the policy alone.
     cycle_guard: bool = True
+    # One GPU type per node (workloads/gpu_types.py; gpu_types.parse_cluster reads
+    # `v100:4,p100:4,k80:4`): a job trains at its catalog speed times the relative speed of the
+    # slowest type among its workers' nodes. None: untyped, every GPU the same (as before).
+    gpu_types: tuple[str, ...] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -125,6 +129,8 @@ class JobState:
     worker_nodes: tuple[int, ...] = ()
     slots_run: int = 0
     observations: list[SpeedObservation] = field(default_factory=list)
+    # the GPU type each observation was measured at (its slowest worker's); typed clusters only
+    observation_types: list[str | None] = field(default_factory=list)
     finish_s: float | None = None
     gpu_s: float = 0.0
     cpu_s: float = 0.0
@@ -234,6 +240,13 @@ class Simulator:
             self.speed = ScaledSpeed(self.speed, self.config.speed_factors)
         self.sensitivity = interference.sensitivity_factors(self.config.sensitivity_factors)
         self.capacity = self.config.capacity()
+        types = self.config.gpu_types
+        if types is not None:
+            if len(types) != self.config.nodes:
+                raise ValueError(f"gpu_types names {len(types)} nodes' types, the cluster has "
+                                 f"{self.config.nodes} nodes")
+            types = tuple(gpu_types.canonical_type(t) for t in types)
+        self.gpu_types = types
         self._task_demands: dict[tuple[str, str, int], np.ndarray] = {}  # _task_demand's
         self._held_demands: dict[tuple[str, int, int, int], np.ndarray] = {}  # _held_demand's
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
@@ -305,11 +318,12 @@ class Simulator:
                 requested_ps=j.ps, requested_workers=j.workers, observations=tuple(s.observations),
                 ps_demand=cfg.demand(j.model, "ps"), worker_demand=cfg.demand(j.model, "worker"),
                 pool=s.pool, pool_since_s=s.pool_since_s, phase_s=s.phase_s,
+                observation_types=tuple(s.observation_types),
             ))
         plan = self.plan
         node_pools = list(plan.node_pools) if plan.node_pools is not None else None
         return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs,
-                        node_pools, dict(plan.shares) or None)
+                        node_pools, dict(plan.shares) or None, gpu_types=self.gpu_types)
 
     def advance(self, decision: Decision, admit: Admit | None = None) -> float:
         """Run one slot under `decision`; returns the slot reward Σ epochs trained / total.
@@ -359,6 +373,9 @@ class Simulator:
             if rate > 0:
                 s.observations.append(SpeedObservation(ps, w, rate))
                 del s.observations[:-MAX_OBSERVATIONS]
+                if self.gpu_types is not None:
+                    s.observation_types.append(self._pace_type(s))
+                    del s.observation_types[:-MAX_OBSERVATIONS]
             self._measure_phases(s, ps, w)
         self._retire_finished()
         self.total_reward += reward
@@ -456,7 +473,30 @@ class Simulator:
                 base = epochs_per_s(self.speed, j.model, j.arch, len(s.ps_nodes), len(s.worker_nodes),
                                     len(set(s.worker_nodes)))
                 rates[j.name] = base * factors.get(j.name, 1.0) * coloc.get(j.name, 1.0)
+                if self.gpu_types is not None:  # (untyped: the arithmetic exactly as before)
+                    rates[j.name] *= self._type_factor(j.model, s.worker_nodes)
         return rates
+
+    def _uses_gpu(self, model: str) -> bool:
+        return bool(self.config.demand(model, "worker")[1] > 0)
+
+    def _type_factor(self, model: str, worker_nodes: tuple[int, ...]) -> float:
+        """The pace of a job whose workers run on these nodes: its slowest worker's type."""
+        types = self.gpu_types
+        return gpu_types.slowest(model, (types[n] for n in worker_nodes), self._uses_gpu(model))
+
+    def _pace_type(self, s: JobState) -> str | None:
+        """The GPU type that sets the job's pace where it runs (its slowest worker's)."""
+        types = self.gpu_types
+        if types is None or not s.worker_nodes:
+            return None
+        model = s.spec.model
+        return min((types[n] for n in s.worker_nodes),
+                   key=lambda t: gpu_types.relative_speed(model, t))
+
+    def _profile_type(self) -> str | None:
+        """Where profiling runs on a typed cluster: a node of the first type listed."""
+        return self.gpu_types[0] if self.gpu_types is not None else None
 
     def _check_colocation(self, rates: dict[str, float]) -> None:
         """Each slot: every job in a forecast pool of 2+ members, harmony's predicted iteration
@@ -631,6 +671,9 @@ class Simulator:
         while self._next_arrival < len(self.trace) and self.trace[self._next_arrival].arrival_s <= self.time_s:
             s = self.states[self.trace[self._next_arrival].name]
             s.observations.extend(self._profile(s.spec))
+            if self.gpu_types is not None:
+                s.observation_types.extend([self._profile_type()] * (len(s.observations)
+                                                                     - len(s.observation_types)))
             self.active.append(s)
             self._next_arrival += 1
 
@@ -677,6 +720,8 @@ class Simulator:
         out = []
         for ps, w in configs:
             f = epochs_per_s(self.speed, job.model, job.arch, ps, w)
+            if self.gpu_types is not None:
+                f *= gpu_types.relative_speed(job.model, self._profile_type(), self._uses_gpu(job.model))
             out.append(SpeedObservation(ps, w, f * (1 + noise * self.rng.uniform(-1, 1))))
         return out
 
@@ -685,6 +730,9 @@ class Simulator:
         beats. `pairs`: its best allocation with as many PS as workers (the bound of a policy
         that grows jobs by worker-PS pairs, Chic-Pair)."""
         best = self._best_rate(job.model, job.arch, pairs)
+        if self.gpu_types is not None:  # on the fastest type the cluster has for it
+            best *= max(gpu_types.relative_speed(job.model, t, self._uses_gpu(job.model))
+                        for t in set(self.gpu_types))
         return job.epochs / best if best > 0 else float("inf")
 
     def _best_rate(self, model: str, arch: str, pairs: bool = False) -> float:

@@ -1,0 +1,43 @@
+"""What a heterogeneity-aware policy knows of a job's speed on each GPU type.
+
+A job's relative speed per type comes from the measured table (workloads/gpu_types.py) for a
+catalog model, the prior for any other; a job whose workers request no GPU runs alike on every
+type. Speeds a job showed are divided by the relative speed of the type they were measured at
+(`JobView.observation_types`), so that one fit serves every type: `normalised` views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
+from mlsched.workloads import gpu_types
+
+
+def uses_gpu(job: JobView) -> bool:
+    return bool(job.worker_demand is not None and job.worker_demand[1] > 0)
+
+
+def relative_speed(job: JobView, gpu_type: str | None) -> float:
+    """One worker of `job` on a GPU of `gpu_type`, a V100 = 1.0 (None: untyped, 1.0)."""
+    return gpu_types.relative_speed(job.model, gpu_type, uses_gpu(job))
+
+
+def pace(job: JobView, types) -> float:
+    """The pace of `job` with workers on GPUs of `types` (its slowest worker's)."""
+    return gpu_types.slowest(job.model, types, uses_gpu(job))
+
+
+def normalised(job: JobView) -> JobView:
+    """The job with each observed speed divided by the relative speed of the GPU type it was
+    measured at: what it would have shown on the reference type (a V100)."""
+    types = job.observation_types
+    if not types or len(types) != len(job.observations) or all(t is None for t in types):
+        return job
+    obs = tuple(SpeedObservation(o.ps, o.workers, o.epochs_per_s / relative_speed(job, t))
+                for o, t in zip(job.observations, job.observation_types))
+    return dataclasses.replace(job, observations=obs, observation_types=())
+
+
+def normalised_snapshot(snapshot: Snapshot) -> Snapshot:
+    return dataclasses.replace(snapshot, jobs=[normalised(j) for j in snapshot.jobs])
