@@ -53,3 +53,22 @@ def placement_trace(nodes: int, seed: int, jobs_per_node: int = 4, arch_mix: flo
     rng = np.random.default_rng(seed + 1)
     return [replace(j, workers=int(rng.integers(1, max_workers + 1)),
                     ps=int(rng.integers(1, 3)) if j.arch == "ps" else None) for j in jobs]
+
+
+#: Heterogeneous GPUs (issue 54, bench/bench_hetero.py): equal node counts of each GPU type,
+#: held-out seeds no other benchmark or trainer uses; the heuristics were tuned on
+#: HETERO_TUNING_SEEDS at 12 nodes (4 per type) only.
+HETERO_TYPES = ("v100", "p100", "k80")
+HETERO_SEEDS = range(540_100, 540_105)
+HETERO_TUNING_SEEDS = range(54_000, 54_003)
+
+
+def hetero_cluster(nodes_per_type: int, types: tuple[str, ...] = HETERO_TYPES) -> tuple[str, ...]:
+    """One GPU type per node, `nodes_per_type` nodes of each (a third of the GPUs each)."""
+    return tuple(t for t in types for _ in range(nodes_per_type))
+
+
+def hetero_trace(nodes: int, seed: int, pattern: str = "poisson") -> list[TraceJob]:
+    """The DL² scenarios' load per node (about 5 jobs per node, nodes / 4 arrivals per slot),
+    with the project's arrival patterns (poisson, uniform, google)."""
+    return generators.generate(jobs=5 * nodes, rate=nodes / 4, seed=seed, pattern=pattern)
