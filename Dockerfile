@@ -158,7 +158,7 @@ FROM ${BASE_IMAGE}
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
 
 # openssl makes the progress endpoint's CA and certificate (--tls-secret; see
-# mlsched/controller/serving_tls.py for why not a Python package); a CUDA base also needs
+# mlsched/controller/serving/serving_tls.py for why not a Python package); a CUDA base also needs
 # Python itself.
 # hadolint ignore=DL3008
 RUN apt-get update \

@@ -28,7 +28,7 @@ operator can beat.
     to 0) well within the interval. Also the busiest round (target <= 10 s) and the
     operator's RSS (VmRSS now, VmHWM peak; target <= 500 MB), and the operator's account of
     its event loop: the worst lag and the garbage collections by generation
-    (controller/loop_health.py; `--no-gc-tuning` runs it with CPython's collector defaults).
+    (controller/process/loop_health.py; `--no-gc-tuning` runs it with CPython's collector defaults).
 
 `--oracle` first runs (a) without the operator in a namespace of its own, as a bound on what
 any operator could reach on this control plane: the client creates each job's headless Service
@@ -377,7 +377,7 @@ class RoundLog:
 
 
 def loop_health_line(metrics: str) -> str:
-    """The operator's own account of its event loop (controller/loop_health.py)."""
+    """The operator's own account of its event loop (controller/process/loop_health.py)."""
     def value(name: str, labels: str = "") -> float:
         match = re.search(rf"^{name}{re.escape(labels)} (\S+)$", metrics, re.M)
         return float(match.group(1)) if match else float("nan")

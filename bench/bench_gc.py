@@ -1,5 +1,5 @@
 """Garbage collection while 2,000 MLJobs arrive: the default collector against the operator's
-tuning (`controller/loop_health.py`: a larger young threshold, the imports frozen at startup,
+tuning (`controller/process/loop_health.py`: a larger young threshold, the imports frozen at startup,
 the survivors of each full collection frozen by the loop watcher).
 
 Each arrival does in process what the operator keeps for a job: the MLJob body (kopf keeps it
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_operator import NAMESPACE, job_body, pod_body  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
-from mlsched.controller import loop_health  # noqa: E402
-from mlsched.controller.loop_health import LoopHealth  # noqa: E402
-from mlsched.controller.records import job_record, pod_record  # noqa: E402
+from mlsched.controller.process import loop_health  # noqa: E402
+from mlsched.controller.process.loop_health import LoopHealth  # noqa: E402
+from mlsched.controller.objects.records import job_record, pod_record  # noqa: E402
 
 BATCH = 20
 PODS_PER_JOB = 5

@@ -21,7 +21,7 @@
    afresh each round anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
    raised, what the indexes hold frozen, as its watcher freezes the survivors of every full
    collection, and held off for the snapshot and the decision, as loop.py holds it for a
-   round: controller/loop_health.py); `--gc-defaults` measures with CPython's.
+   round: controller/process/loop_health.py); `--gc-defaults` measures with CPython's.
 
 Ratios < 1.00 meet the target. Run: `python bench/bench_operator.py [--scale-jobs N --scale-nodes M]`.
 """
@@ -46,16 +46,16 @@ from collections import defaultdict  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-from mlsched.controller import handlers  # noqa: E402,F401 - the operator's import footprint
-from mlsched.controller import loop  # noqa: E402
-from mlsched.controller.config import OperatorConfig  # noqa: E402
-from mlsched.controller.kube import RESOURCES  # noqa: E402
-from mlsched.controller.runtime import Indexes, Runtime  # noqa: E402
-from mlsched.controller.desired import (  # noqa: E402
+from mlsched.controller.app import handlers  # noqa: E402,F401 - the operator's import footprint
+from mlsched.controller.scheduling import loop  # noqa: E402
+from mlsched.controller.process.config import OperatorConfig  # noqa: E402
+from mlsched.controller.kube.kube import RESOURCES  # noqa: E402
+from mlsched.controller.scheduling.runtime import Indexes, Runtime  # noqa: E402
+from mlsched.controller.objects.desired import (  # noqa: E402
     PodSettings, clear_hash_cache, job_targets, plan_pods, plan_statefulset, roles_of,
     statefulset_manifest,
 )
-from mlsched.controller.records import job_record, node_record, pod_record, sts_record  # noqa: E402
+from mlsched.controller.objects.records import job_record, node_record, pod_record, sts_record  # noqa: E402
 from mlsched.policies import registry  # noqa: E402
 from mlsched.policies.round import run_served_round  # noqa: E402 (a round as loop.py decides it)
 from mlsched.workloads import catalog  # noqa: E402
@@ -328,7 +328,7 @@ def measure_api_calls(jobs: list[dict]) -> list[tuple[str, dict]]:
 
 def measure_scale(n_jobs: int, n_nodes: int, repeats: int = 3, gc_defaults: bool = False) -> None:
     """Section 4: snapshot + decide (and the diff) for DRF and DL² on a large cold cluster."""
-    from mlsched.controller.loop_health import collection_paused, tune_collector
+    from mlsched.controller.process.loop_health import collection_paused, tune_collector
     from mlsched.policies.allocation.dl2 import DL2Policy
 
     paused = contextlib.nullcontext if gc_defaults else collection_paused

@@ -49,7 +49,7 @@ from mlsched.policies import registry  # noqa: E402
 from mlsched.policies.allocation.dl2 import DL2Policy  # noqa: E402
 from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS  # noqa: E402
 from mlsched.sim.simulator import Simulator  # noqa: E402
-from mlsched.controller import model_versions  # noqa: E402
+from mlsched.formats import model_versions  # noqa: E402
 from policy_models.retrain import calibration, cli, history, publish  # noqa: E402
 
 SL = "policy_models/artifacts/dl2/dl2-sl.onnx"

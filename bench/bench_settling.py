@@ -33,8 +33,8 @@ import argparse
 import random
 
 import bench_operator as bo
-from mlsched.controller.desired import roles_of, statefulset_manifest
-from mlsched.controller.records import job_record
+from mlsched.controller.objects.desired import roles_of, statefulset_manifest
+from mlsched.controller.objects.records import job_record
 from mlsched.policies import registry
 from mlsched.policies.cycle_guard import CycleGuard
 from mlsched.policies.round import run_admission, run_round, run_served_round

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-#: The audience the operator's progress endpoint accepts (mlsched.controller.constants).
+#: The audience the operator's progress endpoint accepts (mlsched.controller.kube.constants).
 PROGRESS_AUDIENCE = "mlsched.io/progress"
 
 

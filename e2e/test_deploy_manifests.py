@@ -35,8 +35,8 @@ from kubernetes import client
 
 from controlplane import ControlPlane
 from plane_fixture import running_plane
-from mlsched.controller.constants import LEGACY_FINALIZER
-from mlsched.controller import dataset_store
+from mlsched.controller.kube.constants import LEGACY_FINALIZER
+from mlsched.formats import dataset_store
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched_objects import (
     GROUP, VERSION, MLSched, condition, default_policy, for_kwok, phase, sample, scheduling_policy,

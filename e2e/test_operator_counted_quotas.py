@@ -2,7 +2,7 @@
 (`requests.example.com/nic`) and devices of a DRA DeviceClass
 (`<class>.deviceclass.resource.k8s.io/devices`, which the quota counts on each ResourceClaim
 kube-controller-manager makes for a pod). The operator plans within them as within a CPU or
-GPU quota (controller/quotas.py): a job is never scaled past what they leave, one whose
+GPU quota (controller/admission/quotas.py): a job is never scaled past what they leave, one whose
 minimum they can never hold is told so, and one waiting for others' usage says so.
 
 Found on the plane before: DRF scaled a job of NIC-requesting workers past a 2-NIC quota; the

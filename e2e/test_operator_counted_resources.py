@@ -1,7 +1,7 @@
 """A node's pod slots and extended resources, on the real control plane. kube-scheduler
 refuses a pod on a node whose allocatable `pods` are taken ("Too many pods") or that has too
 little left of an extended resource the pod asks for ("Insufficient example.com/nic"). The
-operator counts both per node like CPU (controller/counted_resources.py): tasks are placed
+operator counts both per node like CPU (controller/admission/counted_resources.py): tasks are placed
 where they fit at once, and a job whose minimum the nodes cannot hold now waits holding
 nothing and says why.
 

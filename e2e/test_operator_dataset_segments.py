@@ -20,7 +20,7 @@ from pathlib import Path
 
 from kubernetes import client
 
-from mlsched.controller import dataset_store
+from mlsched.formats import dataset_store
 from mlsched_objects import mljob, scheduling_policy
 from waiting import wait_for
 
@@ -112,8 +112,8 @@ def test_a_segment_write_from_a_stale_read_is_refused_and_the_retry_keeps_both(a
     the newer write), and `dataset_segments.append` then reads again and keeps both records."""
     import asyncio
 
-    from mlsched.controller import dataset_segments
-    from mlsched.controller.kube import ClientKubeApi, KubeError
+    from mlsched.controller.dataset import dataset_segments
+    from mlsched.controller.kube.kube import ClientKubeApi, KubeError
     from mlsched.policies.decision_log import IntervalRecord
 
     def record(n: int) -> bytes:

@@ -3,7 +3,7 @@ control plane: a DeviceClass selecting a driver's GPUs by CEL, ResourceSlices pu
 per node, and a ResourceClaimTemplate the workers name. kube-controller-manager makes one
 ResourceClaim per pod and kube-scheduler allocates it a device on the node it picks, refusing
 a node with none left ("cannot allocate all claims"). The operator counts the devices per
-node like extended resources (controller/dra.py): tasks are placed where their devices are, at
+node like extended resources (controller/constraints/dra.py): tasks are placed where their devices are, at
 once, and a job whose minimum the devices left cannot hold waits holding nothing and says why.
 
 Found on the plane before: the workers' containers request 1 CPU and no GPU, so bin-packing

@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from job_state import placed_as_decided, placement_problems
-from mlsched.controller.constants import LEADER_LABEL
+from mlsched.controller.kube.constants import LEADER_LABEL
 from mlsched_objects import JOB_LABEL, mljob, scheduling_policy
 from operator_identity import NAMESPACE as OPERATOR_NAMESPACE
 from waiting import wait_for

@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from controlplane import ControlPlane
 from job_state import placed_as_decided, placement_problems
-from mlsched.controller.constants import LEADER_LABEL
+from mlsched.controller.kube.constants import LEADER_LABEL
 from mlsched_objects import install_crds, mljob, scheduling_policy
 from operator_identity import NAMESPACE as OPERATOR_NAMESPACE
 from operator_identity import USER, operator_kubeconfig

@@ -101,7 +101,7 @@ def test_samples_run_from_apply_to_ttl_deletion(api, mlsched, operator, emulator
             # Pods start gated: kube-scheduler waits for the operator's placement.
             gates = sts.spec.template.spec.scheduling_gates or []
             assert [g.name for g in gates] == ["mlsched.io/placement"]
-        # The Service comes right after the StatefulSets (controller/services.py says why).
+        # The Service comes right after the StatefulSets (controller/objects/services.py says why).
         service = wait_for(lambda: mlsched.service(name), 30, f"the Service of {name}")
         assert service.spec.cluster_ip == "None"
         assert service.metadata.owner_references[0].uid == uid

@@ -71,7 +71,7 @@ def test_tasks_of_a_drained_node_are_placed_again_within_seconds(api, mlsched, o
 
 def test_a_pod_kube_scheduler_refuses_is_placed_again_elsewhere(mlsched, operator):
     """A constraint the operator does not plan with, here a required pod anti-affinity (one
-    worker per node) that names its namespaces (controller/pod_anti_affinity.py plans only
+    worker per node) that names its namespaces (controller/constraints/pod_anti_affinity.py plans only
     terms that do not; without `namespaces` the workers are spread before they are pinned,
     test_operator_one_per_node.py): bin-packing puts two workers on a node, kube-scheduler
     refuses the second. It used to stay Pending until the next round (a day here), which would

@@ -2,11 +2,11 @@
 true`, as RDMA/NCCL training runs them) hold their containerPorts on the node, and
 kube-scheduler puts one such pod per node and port; a required pod anti-affinity on the
 hostname spreads the pods it matches the same way. The operator plans with both
-(controller/host_ports.py, controller/pod_anti_affinity.py): tasks are placed one per node at
+(controller/constraints/host_ports.py, controller/constraints/pod_anti_affinity.py): tasks are placed one per node at
 once, a job whose port (or spread) is taken everywhere waits holding nothing, and one whose
 minimum needs more nodes than there are is told CannotFit. And topologySpreadConstraints,
 which the operator's pin hides from kube-scheduler, are enforced by the planner
-(controller/topology_spread.py)."""
+(controller/constraints/topology_spread.py)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Pod Security admission, a missing ServiceAccount, a ValidatingAdmissionPolicy or
 judge a pod only when it is created, never its StatefulSet. A job whose pods they refuse used
 to be admitted, its StatefulSets scaled and every pod refused (`FailedCreate`), its capacity
 held until its policy's next round (a day under these tests' policies). The operator now
-creates one pod of each role with `dryRun=All` first (controller/preflight.py), and asks again
+creates one pod of each role with `dryRun=All` first (controller/objects/preflight.py), and asks again
 when an admitted job's pods are all refused. The refusals quoted are kube-apiserver 1.34's.
 """
 

@@ -191,7 +191,7 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     # Not a create call every second: one Event, and the holder is not told its children
     # were not created (a full quota refuses even the create of an object that exists).
     time.sleep(3)
-    # Its StatefulSet comes before its Service (controller/services.py), and is not scaled:
+    # Its StatefulSet comes before its Service (controller/objects/services.py), and is not scaled:
     # without the Service its pods would have no DNS names.
     assert {r: s.spec.replicas for r, s in mlsched.statefulsets("second").items()} == {"worker": 0}
     assert mlsched.pods("second") == []

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from kubernetes import client
 
-from mlsched.controller import dataset_store, model_versions
+from mlsched.formats import dataset_store, model_versions
 from mlsched_objects import REPO, mljob, scheduling_policy
 from waiting import wait_for
 

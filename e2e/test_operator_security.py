@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from mlsched import progress
 from mlsched.controller.__main__ import parse_args
-from mlsched.controller.config import OperatorConfig
+from mlsched.controller.process.config import OperatorConfig
 from mlsched_objects import (
     GROUP, REPO, VERSION, apply_training_rbac, for_kwok, load_yaml, mljob, sample,
     scheduling_policy,

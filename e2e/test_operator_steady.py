@@ -1,7 +1,7 @@
 """A steady cluster costs the API server only the interval records: a round with nothing to
 change writes one status patch per job (its history entry), one for the policy, and one
 dataset write (the interval's record appended to the policy's dataset segment, a patch, or a
-create when a segment starts: controller/dataset.py), and nothing else: no StatefulSet, pod,
+create when a segment starts: controller/dataset/dataset.py), and nothing else: no StatefulSet, pod,
 Event or lifecycle write. Counted with the operator's own `mlsched_api_requests_total`."""
 
 from __future__ import annotations

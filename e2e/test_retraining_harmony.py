@@ -8,7 +8,7 @@ the Harmony retrainer shares that code (retrain/cli.py `sources`, `conclude`, pu
 
 The paper's encoder size (128 units, 8 heads) makes a 1.4 MB graph, over a ConfigMap's 1 MiB:
 retrained from such a model, the version is published in part ConfigMaps
-(controller/model_versions.py), adopted, and refused once a part is replaced; made by hand with
+(formats/model_versions.py), adopted, and refused once a part is replaced; made by hand with
 `mlsched model-configmap` and `kubectl create -f`, it serves when a policy pins it.
 """
 
@@ -22,8 +22,8 @@ import sys
 
 from kubernetes import client
 
-from mlsched.controller import model_versions
-from mlsched.controller.model_sources import MODEL_PARTS
+from mlsched.formats import model_versions
+from mlsched.formats.model_sources import MODEL_PARTS
 from mlsched_objects import condition, mljob, scheduling_policy
 from test_retraining_loop import (
     POLICY, ROUND_TIMEOUT, SHORT_INTERVAL, RetrainingJob, job_args, policy_status, records, require_torch,

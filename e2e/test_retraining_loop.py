@@ -33,7 +33,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
-from mlsched.controller import dataset_store, model_versions
+from mlsched.formats import dataset_store, model_versions
 from mlsched_objects import GROUP, REPO, VERSION, load_yaml, mljob, scheduling_policy
 from operator_identity import TOKEN_SECONDS, _create
 from waiting import wait_for

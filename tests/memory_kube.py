@@ -26,9 +26,9 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
-from mlsched.controller.constants import POD_INDEX_LABEL, TEMPLATE_HASH_ANNOTATION
-from mlsched.controller.kube import CUSTOM_PLURALS, KubeError, PatchType
-from mlsched.controller.runtime import Indexes
+from mlsched.controller.kube.constants import POD_INDEX_LABEL, TEMPLATE_HASH_ANNOTATION
+from mlsched.controller.kube.kube import CUSTOM_PLURALS, KubeError, PatchType
+from mlsched.controller.scheduling.runtime import Indexes
 
 Key = tuple[str, str, str]  # kind, namespace, name
 
@@ -364,7 +364,7 @@ class MemoryKube:
 
     def indexes(self) -> Indexes:
         """What kopf's indexes would hold for the objects stored now."""
-        from mlsched.controller import handlers
+        from mlsched.controller.app import handlers
 
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",

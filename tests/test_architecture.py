@@ -1,7 +1,8 @@
-"""The layout follows the data: workloads -> cluster -> features -> policies -> sim -> controller.
+"""The layout follows the data: workloads -> cluster -> features -> policies -> formats -> sim ->
+controller; inside the controller, its subpackages in CONTROLLER_ORDER.
 
 The controller imports the simulator for one thing: the regret guard replays a policy's
-recorded intervals in it (controller/guard.py, sim/regret_replay.py, issue 51).
+recorded intervals in it (controller/scheduling/guard.py, sim/regret_replay.py, issue 51).
 
 Every import in mlsched (module level, inside functions, under TYPE_CHECKING: all of them) is
 read from the source, so a cycle hidden by a lazy import is still a cycle here.
@@ -16,15 +17,17 @@ import mlsched
 
 ROOT = Path(mlsched.__file__).parent
 # Each layer may import only from the layers before it (and itself). `api` stands apart.
-LAYERS = ["workloads", "cluster", "features", "policies", "sim", "controller"]
+LAYERS = ["workloads", "cluster", "features", "policies", "formats", "sim", "controller"]
 ALLOWED = {
     "workloads": {"workloads"},
     "cluster": {"workloads", "cluster"},
     "features": {"workloads", "cluster", "features"},
     "policies": {"workloads", "cluster", "features", "policies"},
+    # What the operator and retraining (policy_models/retrain, cli.py) both read and write.
+    "formats": {"workloads", "cluster", "features", "policies", "formats", "api"},
     "sim": {"workloads", "cluster", "features", "policies", "sim"},
-    "controller": {"workloads", "cluster", "features", "policies", "sim", "controller", "api",
-                   "progress"},
+    "controller": {"workloads", "cluster", "features", "policies", "formats", "sim", "controller",
+                   "api", "progress"},
     "api": {"api"},
     "progress": {"progress"},
     # Imported by training programs in their own images: the progress client only, no scheduler.
@@ -41,18 +44,52 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(path: Path) -> set[str]:
+    """Every module name the file imports (any package: mlsched, policy_models, torch, ...),
+    relative imports resolved; `from mlsched.x import y` adds mlsched.x.y when y is a module or
+    a subpackage of mlsched."""
     tree = ast.parse(path.read_text(), str(path))
+    package = module_name(path).split(".") if path.is_relative_to(ROOT.parent) else []
+    if package and path.name != "__init__.py":
+        package = package[:-1]
     out = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("mlsched")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mlsched"):
-            out.add(node.module)
-            # `from mlsched.x import y` may import the submodule mlsched.x.y
-            for a in node.names:
-                if (ROOT.parent / (node.module + "." + a.name).replace(".", "/")).with_suffix(".py").exists():
-                    out.add(node.module + "." + a.name)
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[:len(package) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            out.add(module)
+            if module.startswith("mlsched"):
+                for a in node.names:
+                    sub = ROOT.parent / (module + "." + a.name).replace(".", "/")
+                    if sub.with_suffix(".py").exists() or (sub / "__init__.py").exists():
+                        out.add(module + "." + a.name)
     return out
+
+
+#: Calls that load a module named by a string (what an import statement is not needed for).
+LOADERS = {"find_spec", "import_module", "__import__"}
+
+
+def loads_by_name(path: Path) -> set[str]:
+    """`importlib.util.find_spec("x")`, `importlib.import_module("x")`, `__import__("x")`:
+    the module names given as string literals."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
+            if name in LOADERS:
+                out.add(node.args[0].value)
+    return out
+
+
+def names(modules: set[str], package: str) -> set[str]:
+    return {m for m in modules if m == package or m.startswith(package + ".")}
 
 
 def graph() -> dict[str, set[str]]:
@@ -95,9 +132,73 @@ def test_layers_import_only_what_stands_before_them():
     assert not bad, "\n".join(sorted(bad))
 
 
+#: The one place the runtime names policy_models: finding the shipped artifacts as files
+#: (`find_spec` locates the package without importing it), never importing its code.
+POLICY_MODELS_LOOKUPS = {("mlsched.policies.onnx_runner", "policy_models")}
+
+
 def test_the_runtime_package_ships_no_test_doubles_and_never_imports_torch():
+    lookups = set()
     for p in ROOT.rglob("*.py"):
-        text = p.read_text()
-        assert "import torch" not in text, p
-        assert "policy_models" not in imports_of(p), p
+        imported = imports_of(p)
+        assert not names(imported, "torch"), p
+        assert not names(imported, "policy_models"), p
+        by_name = loads_by_name(p)
+        assert not names(by_name, "torch"), p
+        lookups |= {(module_name(p), n) for n in names(by_name, "policy_models")}
+    assert lookups == POLICY_MODELS_LOOKUPS
     assert not (ROOT / "controller" / "testing.py").exists()
+
+
+CONTROLLER = ROOT / "controller"
+#: The controller's subpackages, lowest first: each imports only those before it (and itself).
+#: A new subpackage must be placed here (docs/architecture.md, "The operator's packages").
+CONTROLLER_ORDER = ["kube", "process", "serving", "constraints", "objects", "admission", "dataset",
+                    "scheduling", "progress", "app"]
+
+
+def controller_order_violations(order: list[str]) -> list[str]:
+    bad = []
+    for p in sorted(CONTROLLER.rglob("*.py")):
+        rel = p.relative_to(CONTROLLER).parts
+        if len(rel) == 1:
+            continue  # __init__.py, __main__.py: the entry point, above every subpackage
+        own = order.index(rel[0])
+        for i in imports_of(p) | loads_by_name(p):
+            parts = i.split(".")
+            if parts[:2] != ["mlsched", "controller"] or i == "mlsched.controller":
+                continue
+            if parts[2] not in order:
+                bad.append(f"{module_name(p)} imports {i}, outside the controller's subpackages")
+            elif order.index(parts[2]) > own:
+                bad.append(f"{module_name(p)} imports {i}, a subpackage above its own ({rel[0]})")
+    return bad
+
+
+def test_the_controller_is_subpackages_in_a_declared_order():
+    subpackages = {d.name for d in CONTROLLER.iterdir() if (d / "__init__.py").exists()}
+    assert subpackages == set(CONTROLLER_ORDER)
+    loose = {p.name for p in CONTROLLER.glob("*.py")}
+    assert loose == {"__init__.py", "__main__.py"}, "controller modules belong in a subpackage"
+    for sub in CONTROLLER_ORDER:  # each says what its modules hold
+        doc = ast.get_docstring(ast.parse((CONTROLLER / sub / "__init__.py").read_text())) or ""
+        for m in (CONTROLLER / sub).glob("*.py"):
+            assert m.name == "__init__.py" or m.name in doc, f"{sub}/__init__.py does not map {m.name}"
+    assert not controller_order_violations(CONTROLLER_ORDER), "\n".join(
+        controller_order_violations(CONTROLLER_ORDER))
+
+
+def test_the_order_check_sees_an_upward_import():
+    # The real graph against the order reversed: every import between subpackages is upward.
+    assert controller_order_violations(list(reversed(CONTROLLER_ORDER)))
+
+
+def test_training_and_the_cli_never_import_the_operator():
+    """Retraining Jobs and the `mlsched` CLI share formats with the operator through
+    mlsched.formats, never through mlsched.controller."""
+    training = ROOT.parent.parent / "policy_models"
+    files = sorted(training.rglob("*.py")) + [ROOT / "cli.py"]
+    assert len(files) > 10
+    bad = [f"{p} imports {sorted(names(imports_of(p) | loads_by_name(p), 'mlsched.controller'))}"
+           for p in files if names(imports_of(p) | loads_by_name(p), "mlsched.controller")]
+    assert not bad, "\n".join(bad)

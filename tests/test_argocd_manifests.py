@@ -61,7 +61,7 @@ def test_mljob_cases_show_every_phase_and_every_reason_the_operator_writes():
     phases = {(obj.get("status") or {}).get("phase") for obj in objects}
     assert {p.value for p in JobPhase} <= phases
     # The reasons lifecycle.py gives a phase (`reason, message = "X"`), and InvalidSpec.
-    written = written_reasons(CONTROLLER / "lifecycle.py", r'reason, message = (?:JobPhase\.\w+, )?"(\w+)"')
+    written = written_reasons(CONTROLLER / "objects" / "lifecycle.py", r'reason, message = (?:JobPhase\.\w+, )?"(\w+)"')
     assert {"PolicyNotFound", "CannotFit", "Unschedulable", "BackoffLimitExceeded"} <= written
     shown = set().union(*(reasons(obj) for obj in objects))
     assert written | {"InvalidSpec"} <= shown, written | {"InvalidSpec"} - shown
@@ -69,8 +69,8 @@ def test_mljob_cases_show_every_phase_and_every_reason_the_operator_writes():
 
 def test_policy_cases_show_every_condition_reason_the_operator_writes():
     objects = [obj for obj, _ in cases("SchedulingPolicy")]
-    written = written_reasons(CONTROLLER / "models.py", r'Verdict\(True, "(\w+)"')
-    written |= written_reasons(CONTROLLER / "reporting.py", r'_policy_not_ready\(rt, body, ref, "(\w+)"')
+    written = written_reasons(CONTROLLER / "serving" / "models.py", r'Verdict\(True, "(\w+)"')
+    written |= written_reasons(CONTROLLER / "scheduling" / "reporting.py", r'_policy_not_ready\(rt, body, ref, "(\w+)"')
     assert {"NoModelNeeded", "ModelVerified", "Scheduling", "FallbackActive", "InvalidSpec",
             "RoundFailed"} <= written
     shown = set().union(*(reasons(obj) for obj in objects))

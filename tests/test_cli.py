@@ -54,7 +54,7 @@ def _read_model(items, name="big", key="policy.onnx"):
     """What the operator's ConfigMap model reader makes of created `items`."""
     import asyncio
 
-    from mlsched.controller.model_sources import read_configmap_model
+    from mlsched.formats.model_sources import read_configmap_model
 
     by_name = {i["metadata"]["name"]: i for i in items}
 

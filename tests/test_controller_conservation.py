@@ -1,4 +1,4 @@
-"""Work conservation in the operator (controller/conservation.py, issue 51), as a user sees it
+"""Work conservation in the operator (controller/scheduling/conservation.py, issue 51), as a user sees it
 on the SchedulingPolicy: every round's amounts in status.workConservation and the metrics;
 from the third round in a row that leaves a waiting job's minimum unstarted, Ready=True
 says NotWorkConserving with the amounts, and a Warning Event says so once; the first work
@@ -7,8 +7,8 @@ conserving round clears it, with a Normal Event."""
 from __future__ import annotations
 
 from mlsched.api import get_condition
-from mlsched.controller import conservation, loop
-from mlsched.controller.models import Verdict
+from mlsched.controller.scheduling import conservation, loop
+from mlsched.controller.serving.models import Verdict
 from mlsched.policies.work_conservation import IdleCapacity
 from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
 

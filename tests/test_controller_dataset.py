@@ -1,4 +1,4 @@
-"""The retraining dataset written by the scheduling loop (controller/dataset.py) against the
+"""The retraining dataset written by the scheduling loop (controller/dataset/dataset.py) against the
 in-memory API: one record per closed interval, decisions safe from the interval's start, a
 restart completing the open record, retention, and writes retried until done."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from mlsched.controller import dataset_store as store
-from mlsched.controller import loop
-from mlsched.controller.progress_server import record_progress
+from mlsched.formats import dataset_store as store
+from mlsched.controller.scheduling import loop
+from mlsched.controller.progress.progress_server import record_progress
 from test_controller_fixtures import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run,
 )

@@ -1,4 +1,4 @@
-"""The dataset's segments (controller/dataset_segments.py, dataset_store.py): closed records many
+"""The dataset's segments (controller/dataset/dataset_segments.py, dataset_store.py): closed records many
 to a ConfigMap, filled and rolled over, written conditionally on the resourceVersion read (a
 concurrent writer is never lost), pruned by retention, and datasets from before segments still
 read, continued and expired. Against the in-memory API (which refuses a stale resourceVersion
@@ -11,8 +11,8 @@ import logging
 
 import pytest
 
-from mlsched.controller import dataset_segments as segments
-from mlsched.controller import dataset_store as store
+from mlsched.controller.dataset import dataset_segments as segments
+from mlsched.formats import dataset_store as store
 from mlsched.policies.decision_log import IntervalRecord, JobInterval
 from memory_kube import MemoryKube
 from test_controller_dataset import records, report, setup, step
@@ -144,7 +144,7 @@ def test_endless_conflicts_give_up_for_now_and_the_writer_retries_later():
     rt.dataset.api = interloper
 
     async def close_then_calm():
-        from mlsched.controller import loop
+        from mlsched.controller.scheduling import loop
         body = kube.obj("SchedulingPolicy", NS, "default")
         await loop.run_policy_round(rt, body, kube.indexes(), now=NOW + 2400)
         assert await rt.objects.flush(10)
@@ -305,7 +305,7 @@ def test_bad_keys_and_bad_records_in_a_segment_are_skipped_and_the_rest_read(cap
         "interval-7.json.gz": base64.b64encode(record(7).to_bytes()[:-9]).decode(),  # cut short
         "notes.txt": base64.b64encode(b"hello").decode(),
     })
-    with caplog.at_level(logging.WARNING, "mlsched.controller.dataset_store"):
+    with caplog.at_level(logging.WARNING, "mlsched.formats.dataset_store"):
         assert [r.interval for r in store.read_records([cm])] == [1, 2]
     warned = caplog.text
     for what in ("interval-3.json.gz", "#4", "#5", "#7", "notes.txt"):

@@ -4,13 +4,13 @@ replica bounds, per-ordinal pinning, and no action when nothing changes."""
 from __future__ import annotations
 
 from mlsched.cluster.types import Decision, JobDecision
-from mlsched.controller.desired import (
+from mlsched.controller.objects.desired import (
     DeletePod, PatchStatefulSet, PinPod, PodSettings, job_targets, plan_pods, plan_statefulset,
     pod_template, service_manifest, statefulset_manifest, template_hash,
 )
-from mlsched.controller.records import job_record, pod_record, sts_record
-from mlsched.controller.snapshot import ClusterState, build_snapshot
-from mlsched.controller.records import node_record
+from mlsched.controller.objects.records import job_record, pod_record, sts_record
+from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot
+from mlsched.controller.objects.records import node_record
 from test_controller_fixtures import NS, env_of, node, pod, ps_job
 
 SETTINGS = PodSettings(progress_url="http://op:8080/v1/progress")

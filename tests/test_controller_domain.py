@@ -1,4 +1,4 @@
-"""ModelInDomain in the operator (controller/domain.py, issue 51 part 1), as a user sees it
+"""ModelInDomain in the operator (controller/scheduling/domain.py, issue 51 part 1), as a user sees it
 on the SchedulingPolicy: the shipped `chic` (trained on one pool of 10 GPUs and 120 CPUs)
 served on 30 ordinary nodes says ModelInDomain=False naming what is outside, with a Warning
 Event and the metric at 0; on the setting it was trained for, True; heuristics, no condition;
@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 
 from mlsched.api import get_condition
-from mlsched.controller import loop
+from mlsched.controller.scheduling import loop
 from test_controller_fixtures import (
     NOW, NS, MemoryKube, cluster, create_jobs, make_runtime, node, policy, ps_job, recorded, run,
 )
@@ -109,7 +109,7 @@ def test_a_model_whose_card_records_no_domain_is_unknown(tmp_path):
 
 
 def test_outside_wins_over_unknown_and_events_follow_changes_only():
-    from mlsched.controller import domain
+    from mlsched.controller.scheduling import domain
     from mlsched.features.card import ModelCard
     from mlsched.policies.model_domain import RoundShape
 

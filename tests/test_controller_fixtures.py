@@ -14,9 +14,9 @@ from typing import Any
 
 import yaml
 
-from mlsched.controller.config import OperatorConfig
-from mlsched.controller.records import job_record, node_record
-from mlsched.controller.runtime import Runtime
+from mlsched.controller.process.config import OperatorConfig
+from mlsched.controller.objects.records import job_record, node_record
+from mlsched.controller.scheduling.runtime import Runtime
 from memory_kube import MemoryKube
 
 SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples"
@@ -103,7 +103,7 @@ def cluster(nodes: int = 4, **kw: Any) -> MemoryKube:
 
 async def create_jobs(rt: Runtime, kube: MemoryKube, *bodies: dict) -> None:
     """Store MLJobs and run the create handler on each, applying its status patch."""
-    from mlsched.controller import jobs
+    from mlsched.controller.app import jobs
 
     for body in bodies:
         stored = kube.put(body)

@@ -1,4 +1,4 @@
-"""The regret guard in the operator (controller/guard.py, issue 51 part 3): status.guard, the
+"""The regret guard in the operator (controller/scheduling/guard.py, issue 51 part 3): status.guard, the
 GuardTripped condition, its Events and metric, the fallback serving while tripped, a spec edit
 re-enabling the model, and a failed estimate reported without stopping the learned policy."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mlsched.api import get_condition
-from mlsched.controller import guard, loop
+from mlsched.controller.scheduling import guard, loop
 from mlsched.policies import registry
 from mlsched.policies.regret_guard import LEARNED, Estimate, GuardSpec, GuardState
 from mlsched.sim.regret_guard import interval_record

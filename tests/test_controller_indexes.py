@@ -11,7 +11,7 @@ from typing import Any
 from kopf._core.actions.execution import Outcome
 from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
-from mlsched.controller import handlers
+from mlsched.controller.app import handlers
 
 
 def _reindexed(indexer_fn, *bodies: dict[str, Any], **kwargs: Any) -> dict:

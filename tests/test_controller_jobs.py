@@ -7,8 +7,10 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from mlsched.api import get_condition
-from mlsched.controller import jobs, lifecycle, loop
-from mlsched.controller.records import parse_job
+from mlsched.controller.app import jobs
+from mlsched.controller.objects import lifecycle
+from mlsched.controller.scheduling import loop
+from mlsched.controller.objects.records import parse_job
 from test_controller_fixtures import (
     NOW, NS, cluster, create_jobs, make_runtime, pod, policy, ps_job, run,
 )
@@ -420,7 +422,7 @@ def test_a_template_the_api_server_refuses_fails_the_job_until_fixed():
 
 def test_transient_api_errors_are_left_to_kopf_to_retry():
     import pytest
-    from mlsched.controller.kube import KubeError
+    from mlsched.controller.kube.kube import KubeError
 
     rt, kube = make_runtime(cluster(1))
     kube.failing[("create", "bert")] = 503

@@ -10,8 +10,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import RESTResponse
 
-from mlsched.controller import handlers
-from mlsched.controller.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, ClientKubeApi
+from mlsched.controller.app import handlers
+from mlsched.controller.kube.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, ClientKubeApi
 from test_controller_fixtures import NS, run
 
 
@@ -143,9 +143,9 @@ def test_create_sends_the_body_as_written_with_strict_field_validation(recorded)
 
 
 def test_every_request_is_counted_by_verb_and_resource(recorded):
-    from mlsched.controller.runtime import Runtime
-    from mlsched.controller.config import OperatorConfig
-    from mlsched.controller.models import ModelResolver
+    from mlsched.controller.scheduling.runtime import Runtime
+    from mlsched.controller.process.config import OperatorConfig
+    from mlsched.controller.serving.models import ModelResolver
 
     api, requests, replies = recorded
     rt = Runtime(config=OperatorConfig(), api=api, models=ModelResolver("/tmp/x", None))

@@ -7,9 +7,9 @@ import math
 
 import pytest
 
-from mlsched.controller import jobs
-from mlsched.controller.leadership import Leadership
-from mlsched.controller.supervision import PolicyLoops
+from mlsched.controller.app import jobs
+from mlsched.controller.process.leadership import Leadership
+from mlsched.controller.process.supervision import PolicyLoops
 from test_controller_fixtures import NS, cluster, make_runtime, policy, ps_job, run
 
 
@@ -64,7 +64,7 @@ def test_a_standby_creates_no_children_and_pins_nothing():
 def test_the_leader_labels_its_own_pod_and_a_new_leader_unlabels_the_previous_ones(monkeypatch):
     """The Service selects the leader's pod by mlsched.io/leader=true, so both replicas can be
     Ready (a PodDisruptionBudget counts Ready pods) while reports reach the leader only."""
-    from mlsched.controller.leadership import label_own_pod, unlabel_previous_leader
+    from mlsched.controller.process.leadership import label_own_pod, unlabel_previous_leader
 
     rt, kube = make_runtime(cluster(2))
     kube.put({"apiVersion": "v1", "kind": "Pod",
@@ -125,7 +125,7 @@ class MemoryLeaseStore:
         return self.record
 
     def write(self, holder, *, duration_s, acquire_time, transitions, resource_version):
-        from mlsched.controller.leadership import Conflict, LeaseRecord
+        from mlsched.controller.process.leadership import Conflict, LeaseRecord
 
         if self.down:
             raise Outage("connection refused")
@@ -157,7 +157,7 @@ class Partition:
 
 
 def replica(store, identity, clock):
-    from mlsched.controller.leadership import Election
+    from mlsched.controller.process.leadership import Election
 
     leadership = Leadership(leading=False, clock=clock)
     events = []
@@ -168,7 +168,7 @@ def replica(store, identity, clock):
 
 def tick(clock, elections, seconds=1.0):
     """Each election tries once (errors as the thread's loop takes them), then time passes."""
-    from mlsched.controller.leadership import Conflict
+    from mlsched.controller.process.leadership import Conflict
 
     for election in elections:
         try:
@@ -193,7 +193,7 @@ def test_a_leader_cut_off_stops_writing_before_the_standby_can_take_the_lease():
     """The leader cannot reach the API server for 20 s, the standby can: the leader is fenced
     at its deadline; the standby, which campaigned all along, takes over no sooner than 2 s
     later; the old leader, back, finds the Lease taken and restarts as a standby."""
-    from mlsched.controller.leadership import LEASE_S, RENEW_DEADLINE_S
+    from mlsched.controller.process.leadership import LEASE_S, RENEW_DEADLINE_S
 
     clock, store = Clock(), MemoryLeaseStore()
     way = Partition(store)
@@ -250,7 +250,7 @@ def test_a_fenced_leader_whose_lease_nobody_took_resumes_writing():
 def test_the_leases_duration_is_counted_from_when_the_standby_saw_the_record():
     """A standby that starts late does not take a Lease whose renewTime is old: it has not
     seen it unchanged for a whole duration yet (clocks of other machines are not trusted)."""
-    from mlsched.controller.leadership import LEASE_S
+    from mlsched.controller.process.leadership import LEASE_S
 
     clock, store = Clock(), MemoryLeaseStore()
     a, la, _ = replica(store, "a", clock)
@@ -270,7 +270,7 @@ def test_the_election_loop_survives_every_error(monkeypatch):
     import threading
     import time
 
-    from mlsched.controller import leadership
+    from mlsched.controller.process import leadership
 
     class Flaky(MemoryLeaseStore):
         calls = 0
@@ -296,7 +296,7 @@ def test_the_election_loop_survives_every_error(monkeypatch):
 
 
 def test_writes_are_refused_before_they_are_sent_when_the_lease_lapsed():
-    from mlsched.controller.kube import NotLeading, _request
+    from mlsched.controller.kube.kube import NotLeading, _request
 
     sent = []
     clock = Clock()

@@ -9,9 +9,10 @@ import copy
 import pytest
 
 from mlsched.api import get_condition
-from mlsched.controller import jobs, loop
-from mlsched.controller.desired import DeletePod
-from mlsched.controller.kube import KubeError
+from mlsched.controller.app import jobs
+from mlsched.controller.scheduling import loop
+from mlsched.controller.objects.desired import DeletePod
+from mlsched.controller.kube.kube import KubeError
 from mlsched.policies import registry
 from test_controller_fixtures import (
     NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, node, policy, ps_job,
@@ -385,7 +386,7 @@ def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission
 
 
 def test_outgrown_names_what_the_edit_broke():
-    from mlsched.controller.records import job_record, node_record
+    from mlsched.controller.objects.records import job_record, node_record
     from test_controller_fixtures import node
     body = ps_job("j", min_workers=1, max_workers=2)
     body["metadata"].update(uid="u", generation=2)
@@ -727,7 +728,7 @@ def test_a_round_right_after_an_admission_keeps_the_admitted_job_where_it_was_de
 def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
     # At 2,000 jobs a snapshot that compared every reservation with every job (O(jobs²))
     # held the event loop for 8-15 s per admission step. Count the work, not the time.
-    from mlsched.controller.records import JobRecord
+    from mlsched.controller.objects.records import JobRecord
 
     jobs_n = 60
     rt, kube = setup(nodes=8, job_bodies=[ps_job(f"j{k}") for k in range(jobs_n)])
@@ -790,7 +791,7 @@ def test_a_pod_pinned_by_its_handler_while_the_round_decided_is_moved_not_report
     round is replacing; the round, which read it gated, then pins it elsewhere, and the API
     server refuses (an ungated pod's nodeSelector may not change). It used to be a Warning
     `ApplyFailed` on the job (4 in one bench_e2e settling) and the pod left where it was."""
-    from mlsched.controller import apply
+    from mlsched.controller.objects import apply
 
     rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=4)])
     first = round_(rt, kube)

@@ -44,27 +44,27 @@ NEEDED = [
     ("", "pods", "get"), ("", "pods", "list"),
     ("", "pods", "watch"), ("", "pods", "patch"), ("", "pods", "delete"),
     ("", "nodes", "list"), ("", "nodes", "watch"), ("", "configmaps", "get"), ("", "events", "create"),
-    # Published model versions (list) and the retraining dataset (controller/dataset.py).
+    # Published model versions (list) and the retraining dataset (controller/dataset/dataset.py).
     ("", "configmaps", "list"), ("", "configmaps", "create"), ("", "configmaps", "patch"),
     ("", "configmaps", "delete"),
     ("authentication.k8s.io", "tokenreviews", "create"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "list"),
     ("apiextensions.k8s.io", "customresourcedefinitions", "watch"),
     ("", "namespaces", "list"), ("", "namespaces", "watch"),
-    # RuntimeClasses: what pods naming one will be (controller/runtimeclasses.py).
+    # RuntimeClasses: what pods naming one will be (controller/constraints/runtimeclasses.py).
     ("node.k8s.io", "runtimeclasses", "list"), ("node.k8s.io", "runtimeclasses", "watch"),
-    # The globalDefault PriorityClass: what PriorityClass-scoped quotas count (controller/quotas.py).
+    # The globalDefault PriorityClass: what PriorityClass-scoped quotas count (controller/admission/quotas.py).
     ("scheduling.k8s.io", "priorityclasses", "list"), ("scheduling.k8s.io", "priorityclasses", "watch"),
-    # Dynamic Resource Allocation: devices per node and what claims take (controller/dra.py).
+    # Dynamic Resource Allocation: devices per node and what claims take (controller/constraints/dra.py).
     *(("resource.k8s.io", r, v) for r in ("deviceclasses", "resourceslices", "resourceclaimtemplates",
                                           "resourceclaims") for v in ("list", "watch")),
-    # The namespace's ResourceQuotas: a round's budget (controller/quotas.py).
+    # The namespace's ResourceQuotas: a round's budget (controller/admission/quotas.py).
     ("", "resourcequotas", "list"), ("", "resourcequotas", "watch"),
-    # The namespace's LimitRanges: the requests its pods get (controller/limitranges.py).
+    # The namespace's LimitRanges: the requests its pods get (controller/admission/limitranges.py).
     ("", "limitranges", "list"), ("", "limitranges", "watch"),
     # A StatefulSet's FailedCreate Events: why the API server refuses a job's pods.
     ("", "events", "list"),
-    # Dry-run creates of a job's pods before it is given capacity (controller/preflight.py).
+    # Dry-run creates of a job's pods before it is given capacity (controller/objects/preflight.py).
     ("", "pods", "create"),
 ]
 

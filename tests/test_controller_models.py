@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from mlsched.api import SchedulingPolicySpec
-from mlsched.controller import models
-from mlsched.controller.model_sources import MODEL_PARTS, ModelDirs, ModelLoadError, read_bounded
-from mlsched.controller.models import ModelResolver
+from mlsched.controller.serving import models
+from mlsched.formats.model_sources import MODEL_PARTS, ModelDirs, ModelLoadError, read_bounded
+from mlsched.controller.serving.models import ModelResolver
 from mlsched.features.card import card_path
 from mlsched.policies import registry
 from mlsched.policies.allocation.drf import DRF
@@ -242,7 +242,7 @@ def test_a_learned_placement_loads_its_model_by_phase_and_falls_back_to_load_bal
 
 @pytest.mark.parametrize("grouping", ["harmony", "isolated", "naive"])
 def test_every_grouping_runs_in_the_cluster(tmp_path, grouping):
-    # controller/pools.py renders their pools (labels, affinity, divided CPU requests).
+    # controller/scheduling/pools.py renders their pools (labels, affinity, divided CPU requests).
     r = run(resolver(tmp_path).resolve(POLICY, spec(grouping=grouping)))
     assert r.grouping.name == grouping
     assert r.ready.reason == "Scheduling"
@@ -623,7 +623,7 @@ def test_folders_left_by_a_killed_operator_or_an_older_release_are_removed(tmp_p
 
 def test_model_dirs_and_size_limit_from_flags_and_environment(monkeypatch):
     from mlsched.controller.__main__ import export, parse_args
-    from mlsched.controller.config import OperatorConfig, shipped_model_dirs
+    from mlsched.controller.process.config import OperatorConfig, shipped_model_dirs
 
     default = OperatorConfig.from_env({})
     assert default.model_dirs == shipped_model_dirs() and default.max_model_bytes == 64 * 2**20
@@ -660,7 +660,7 @@ def test_an_unavailable_execution_provider_is_a_reason_and_the_policy_falls_back
 
 def test_execution_provider_from_flags_and_a_wrong_one_refused_at_start(monkeypatch):
     from mlsched.controller.__main__ import export, parse_args
-    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.process.config import OperatorConfig
 
     assert OperatorConfig.from_env({}).execution_provider == "CPU"
     monkeypatch.setenv("MLSCHED_EXECUTION_PROVIDER", "")  # undone after the test

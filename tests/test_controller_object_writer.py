@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from mlsched.controller.kube import KubeError
-from mlsched.controller.object_writer import ObjectWriter
+from mlsched.controller.kube.kube import KubeError
+from mlsched.controller.kube.object_writer import ObjectWriter
 
 
 def writer(**kw) -> ObjectWriter:

@@ -1,4 +1,4 @@
-"""Grouping in the cluster (controller/pools.py): the snapshot a grouping decides on, pool
+"""Grouping in the cluster (controller/scheduling/pools.py): the snapshot a grouping decides on, pool
 labels and their bookkeeping, affinity and CPU shares in pod templates, status.groups, and
 rounds against the in-memory API seen from the user's side (labels, templates, status,
 Events, metrics)."""
@@ -12,14 +12,15 @@ import pytest
 
 from mlsched.api import SchedulingPolicySpec
 from mlsched.cluster.types import WAITING_POOL, PoolForecast, PoolPlan, Snapshot
-from mlsched.controller import jobs, loop, pools
-from mlsched.controller.apply import refresh_plan
-from mlsched.controller.constants import POOL_LABEL, POOL_OWNER_ANNOTATION, STS_POOL_ANNOTATION
-from mlsched.controller.desired import (
+from mlsched.controller.app import jobs
+from mlsched.controller.scheduling import loop, pools
+from mlsched.controller.objects.apply import refresh_plan
+from mlsched.controller.kube.constants import POOL_LABEL, POOL_OWNER_ANNOTATION, STS_POOL_ANNOTATION
+from mlsched.controller.objects.desired import (
     PodSettings, plan_statefulset, pod_template, statefulset_manifest, template_hash,
 )
-from mlsched.controller.models import ResolvedPolicy, Verdict
-from mlsched.controller.records import PodPool, job_record, node_record, sts_record
+from mlsched.controller.serving.models import ResolvedPolicy, Verdict
+from mlsched.controller.objects.records import PodPool, job_record, node_record, sts_record
 from mlsched.policies import registry
 from mlsched.policies.grouping.existing_pools import project
 from test_controller_fixtures import (
@@ -170,7 +171,7 @@ def test_a_grouped_pod_requires_its_pool_and_requests_its_share_of_cpu_only():
     assert [t["matchExpressions"][0]["values"] for t in terms] == [["a"], ["b"]]
     before = plain["spec"]["containers"][0]["resources"]["requests"]
     after = tpl["spec"]["containers"][0]["resources"]["requests"]
-    from mlsched.controller.records import parse_quantity
+    from mlsched.controller.objects.records import parse_quantity
 
     assert parse_quantity(after["cpu"]) == pytest.approx(parse_quantity(before["cpu"]) / 2, abs=1e-3)
     assert after.get("nvidia.com/gpu") == before.get("nvidia.com/gpu")
@@ -179,7 +180,7 @@ def test_a_grouped_pod_requires_its_pool_and_requests_its_share_of_cpu_only():
 
 
 def test_pod_level_cpu_is_shared_too_and_a_template_without_it_is_left_as_it_was():
-    from mlsched.controller.desired import share_cpu
+    from mlsched.controller.objects.desired import share_cpu
 
     spec = {"containers": [{"name": "t", "resources": {"requests": {"cpu": "4"}}}],
             "resources": {"limits": {"cpu": "6", "memory": "8Gi"}}}
@@ -421,7 +422,7 @@ def _affinity_key(kube, sts):
 
 def test_label_nodes_is_off_unless_asked_for(monkeypatch):
     from mlsched.controller.__main__ import export, parse_args
-    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.process.config import OperatorConfig
 
     assert OperatorConfig().label_nodes is False
     assert OperatorConfig.from_env({}).label_nodes is False

@@ -13,9 +13,10 @@ from pathlib import Path
 import numpy as np
 
 from mlsched.cluster.types import WAITING_POOL, PoolPlan, Snapshot
-from mlsched.controller import jobs, loop, pools
-from mlsched.controller.constants import POOL_LABEL, POOL_OWNER_ANNOTATION
-from mlsched.controller.records import PodRecord
+from mlsched.controller.app import jobs
+from mlsched.controller.scheduling import loop, pools
+from mlsched.controller.kube.constants import POOL_LABEL, POOL_OWNER_ANNOTATION
+from mlsched.controller.objects.records import PodRecord
 from mlsched.policies.grouping import fit
 from mlsched.policies.grouping.harmony import Harmony, HarmonyConfig
 from mlsched.policies.grouping.on_nodes import OnNodes, restricted

@@ -1,4 +1,4 @@
-"""Dry-run creates of a job's pods before it is given capacity (controller/preflight.py), against
+"""Dry-run creates of a job's pods before it is given capacity (controller/objects/preflight.py), against
 the in-memory API whose `pod_admission` plays Pod Security, a missing ServiceAccount or a
 webhook for dry runs and for the StatefulSet controller alike."""
 
@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 
 from mlsched.api import get_condition
-from mlsched.controller import jobs, loop, preflight
-from mlsched.controller.kube import KubeError
+from mlsched.controller.app import jobs
+from mlsched.controller.scheduling import loop
+from mlsched.controller.objects import preflight
+from mlsched.controller.kube.kube import KubeError
 from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
 
 MISSING_SA = ('pods "{pod}" is forbidden: error looking up service account team-a/tyop: '
@@ -100,7 +102,7 @@ def test_answers_are_classified(status, message, kind):
 
 def test_the_dry_run_pod_is_the_statefulset_s_first_pod():
     rt, _ = make_runtime(cluster(1))
-    from mlsched.controller.records import job_record
+    from mlsched.controller.objects.records import job_record
 
     job = job_record(ps_job("bert"))
     pod = preflight.dry_run_pod(job, "worker", rt.pod_settings)
@@ -284,7 +286,7 @@ def test_a_burst_from_one_manifest_shares_the_dry_run_in_flight():
 def test_a_relabelled_namespace_has_its_refused_jobs_asked_again_at_once():
     """Pod Security's level lowered (or a label an admission policy selects on removed): the
     namespace's refused jobs are asked again by the namespace's watch event, not 30 s later."""
-    from mlsched.controller import handlers
+    from mlsched.controller.app import handlers
 
     rt, kube = make_runtime(cluster(2))
     kube.pod_admission = refuse_service_account

@@ -11,8 +11,8 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from mlsched import progress as client
-from mlsched.controller import progress_server
-from mlsched.controller.records import job_record
+from mlsched.controller.progress import progress_server
+from mlsched.controller.objects.records import job_record
 from test_controller_fixtures import NS, cluster, make_runtime, pod, ps_job
 
 AUD = "mlsched.io/progress"
@@ -103,7 +103,7 @@ def test_malformed_reports_are_400(payload):
 
 def test_samples_per_second_lands_in_status_and_in_the_intervals_record():
     from datetime import UTC, datetime
-    from mlsched.controller import rewards
+    from mlsched.controller.dataset import rewards
     rt, kube = world()
     began = time.time() - 1
     status, _ = asyncio.run(post(rt, report(epochs=2.0, speed=0.01, samplesPerSecond=812.5),
@@ -131,7 +131,7 @@ def test_a_speed_measured_before_the_counts_changed_is_not_recorded_as_theirs():
     interval's record carries the new counts, so only a speed reported since counts; and a pod
     being deleted (SIGTERM, saving) reports the epochs it reached, not its speed."""
     from datetime import UTC, datetime
-    from mlsched.controller import rewards
+    from mlsched.controller.dataset import rewards
     began = 1000.0
     interval = rewards.OpenInterval(4, datetime.fromtimestamp(began, UTC),
                                     {"bert": rewards.Grant(1, 3, {}, 0.0, 100.0, since=1010.0)})
@@ -282,7 +282,7 @@ def test_a_token_is_reviewed_once_while_cached_and_never_stored_raw():
 
 
 def test_cache_expiry_lru_bound_and_shared_in_flight_reviews():
-    from mlsched.controller.token_reviews import Throttled, TokenReviews
+    from mlsched.controller.kube.token_reviews import Throttled, TokenReviews
 
     now = [0.0]
     sent: list[str] = []
@@ -319,7 +319,7 @@ def test_cache_expiry_lru_bound_and_shared_in_flight_reviews():
 
 
 def test_a_standby_replica_takes_no_report_but_is_ready():
-    from mlsched.controller.leadership import Leadership
+    from mlsched.controller.process.leadership import Leadership
 
     rt, kube = world()
     rt.leadership = Leadership(leading=False)

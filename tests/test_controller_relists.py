@@ -1,5 +1,5 @@
 """Objects deleted while a watch was down are dropped from kopf's indexes after it lists the
-resource again (controller/relists.py), through kopf's own indexers."""
+resource again (controller/process/relists.py), through kopf's own indexers."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import asyncio
 from kopf._core.actions.execution import Outcome
 from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
-from mlsched.controller import handlers
-from mlsched.controller.relists import FIRST_LIST_S, Gone, Relists
+from mlsched.controller.app import handlers
+from mlsched.controller.process.relists import FIRST_LIST_S, Gone, Relists
 
 
 def _pod(name: str, node: str) -> dict:

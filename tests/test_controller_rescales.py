@@ -7,8 +7,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from mlsched.api import get_condition
-from mlsched.controller.lifecycle import Observed, evaluate, start_rescale
-from mlsched.controller.records import StsRecord, parse_job
+from mlsched.controller.objects.lifecycle import Observed, evaluate, start_rescale
+from mlsched.controller.objects.records import StsRecord, parse_job
 from test_controller_fixtures import NS, allreduce_job, ps_job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
@@ -143,7 +143,8 @@ def test_the_round_records_a_rescale_of_a_running_job_and_the_sweep_ends_it():
     assert status(kube, "bert")["phase"] == "Running" and "rescales" not in status(kube, "bert")
     before = status(kube, "bert")["replicaStatuses"]
     run(kube.patch("MLJob", NS, "bert", {"spec": {"replicaSpecs": {"worker": {"min": 3, "max": 3}}}}))
-    from mlsched.controller import jobs, loop
+    from mlsched.controller.app import jobs
+    from mlsched.controller.scheduling import loop
     recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                        kube.indexes()))
     rescales = status(kube, "bert").get("rescales")

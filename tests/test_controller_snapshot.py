@@ -7,10 +7,10 @@ import pytest
 
 from mlsched.cluster.types import SpeedObservation
 
-from mlsched.controller.records import (
+from mlsched.controller.objects.records import (
     job_record, node_record, parse_quantity, pod_record, sts_record,
 )
-from mlsched.controller.snapshot import ClusterState, build_snapshot, held_elsewhere, observations
+from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot, held_elsewhere, observations
 from test_controller_fixtures import NS, allreduce_job, node, pod, ps_job
 
 

@@ -9,11 +9,11 @@ import contextlib
 
 import pytest
 
-from mlsched.controller import loop
-from mlsched.controller.kube import KubeError
-from mlsched.controller.progress_server import record_progress
-from mlsched.controller.status_writer import StatusWriter
-from mlsched.controller.token_bucket import TokenBucket
+from mlsched.controller.scheduling import loop
+from mlsched.controller.kube.kube import KubeError
+from mlsched.controller.progress.progress_server import record_progress
+from mlsched.controller.kube.status_writer import StatusWriter
+from mlsched.controller.kube.token_bucket import TokenBucket
 from test_controller_fixtures import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, recorded_but_refused,
     run,

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import asyncio
 
-from mlsched.controller import jobs
-from mlsched.controller.constants import LEGACY_FINALIZER
-from mlsched.controller.supervision import PolicyLoops
+from mlsched.controller.app import jobs
+from mlsched.controller.kube.constants import LEGACY_FINALIZER
+from mlsched.controller.process.supervision import PolicyLoops
 from test_controller_fixtures import NS, cluster, make_runtime, policy, ps_job, run
 
 
@@ -133,8 +133,8 @@ def test_objects_of_an_earlier_operator_lose_kopfs_finalizer_and_annotations():
 
 
 def test_an_admission_step_waits_for_a_burst_to_end_but_not_forever():
-    from mlsched.controller import loop
-    from mlsched.controller.runtime import Wakeups
+    from mlsched.controller.scheduling import loop
+    from mlsched.controller.scheduling.runtime import Wakeups
 
     class Clock:
         def __init__(self):

@@ -17,9 +17,10 @@ from dataclasses import replace
 import pytest
 
 from mlsched import progress as client
-from mlsched.controller import progress_server, serving_tls
-from mlsched.controller.config import OperatorConfig
-from mlsched.controller.desired import pod_template
+from mlsched.controller.progress import progress_server
+from mlsched.controller.serving import serving_tls
+from mlsched.controller.process.config import OperatorConfig
+from mlsched.controller.objects.desired import pod_template
 from test_controller_fixtures import NS, make_runtime
 from test_controller_progress import report, world
 

@@ -4,12 +4,12 @@ fit, workers that finish by exiting 0, children of an earlier job of the same na
 from __future__ import annotations
 
 from mlsched.api import get_condition
-from mlsched.controller import jobs
-from mlsched.controller.desired import PodSettings, pod_template
-from mlsched.controller.records import job_record, pod_record
-from mlsched.controller.runtime import FailureBook
-from mlsched.controller.snapshot import ClusterFit
-from mlsched.controller.records import node_record
+from mlsched.controller.app import jobs
+from mlsched.controller.objects.desired import PodSettings, pod_template
+from mlsched.controller.objects.records import job_record, pod_record
+from mlsched.controller.scheduling.runtime import FailureBook
+from mlsched.controller.scheduling.snapshot import ClusterFit
+from mlsched.controller.objects.records import node_record
 from test_controller_fixtures import NS, cluster, create_jobs, make_runtime, node, pod, policy, ps_job, run
 
 
@@ -147,7 +147,7 @@ def test_children_of_an_earlier_job_of_the_same_name_are_not_the_new_jobs():
 
 
 def test_pods_of_other_namespaces_hold_their_nodes_in_namespaced_mode():
-    from mlsched.controller.cluster_pods import OtherNamespacePods
+    from mlsched.controller.objects.cluster_pods import OtherNamespacePods
 
     other = OtherNamespacePods(["team-a", "ml-*"])
     busy = pod("x", "worker", 0, node_name="node-1", namespace="team-b")
@@ -167,7 +167,7 @@ def test_pods_of_other_namespaces_hold_their_nodes_in_namespaced_mode():
 
 
 def test_pod_requests_count_limits_init_containers_and_overhead_as_the_scheduler_does():
-    from mlsched.controller.records import pod_requests
+    from mlsched.controller.objects.records import pod_requests
 
     spec = {"containers": [
         # A GPU limit next to a CPU request: the GPU is requested too (defaulted from the limit).
@@ -184,7 +184,7 @@ def test_pod_requests_count_sidecars_and_pod_level_resources_as_the_scheduler_do
     they add to the pod's request, and to every init container declared after them. They used
     to count only as init containers (the larger of, not the sum), so a template with a 2-CPU
     sidecar was planned 2 CPUs short and its pods stayed Pending on full nodes."""
-    from mlsched.controller.records import pod_requests
+    from mlsched.controller.objects.records import pod_requests
 
     def box(cpu, mem="0"):
         return {"resources": {"requests": {"cpu": cpu, "memory": mem}}}
@@ -207,7 +207,7 @@ def test_pod_requests_count_sidecars_and_pod_level_resources_as_the_scheduler_do
 def test_the_other_namespace_watch_lists_then_follows_events():
     import threading
 
-    from mlsched.controller.cluster_pods import OtherNamespacePods
+    from mlsched.controller.objects.cluster_pods import OtherNamespacePods
 
     busy = pod("x", "worker", 0, node_name="node-1", namespace="team-b")
     later = pod("y", "worker", 0, node_name="node-2", namespace="team-b")
@@ -245,7 +245,7 @@ def test_the_other_namespace_watch_lists_then_follows_events():
 def test_new_capacity_wakes_every_policys_admission_and_a_heartbeat_does_not():
     """A node added, uncordoned, untainted or grown, or another workload's pod gone, wakes the
     admission of every running policy loop (waiting jobs start now, not at the next round)."""
-    from mlsched.controller import handlers
+    from mlsched.controller.app import handlers
 
     rt, kube = make_runtime(cluster(2))
 
@@ -299,7 +299,7 @@ def test_new_capacity_wakes_every_policys_admission_and_a_heartbeat_does_not():
 
 
 def test_a_pod_of_another_namespace_that_ends_is_reported_freed():
-    from mlsched.controller.cluster_pods import OtherNamespacePods
+    from mlsched.controller.objects.cluster_pods import OtherNamespacePods
 
     other = OtherNamespacePods(["mine"])
     busy = pod("x", "worker", 0, node_name="node-1", namespace="team-b")
@@ -314,7 +314,7 @@ def test_a_deleted_job_s_pods_going_wake_its_policy_and_a_moved_job_wakes_the_on
     handler looked the job up to find its policy, found nothing, and the policy's waiting jobs
     waited for its next round (20 minutes by default). A job moved to another policy: the one
     it left went on counting it in `kubectl get schedulingpolicy`."""
-    from mlsched.controller import handlers
+    from mlsched.controller.app import handlers
 
     rt, kube = make_runtime(cluster(2))
     memo = {"runtime": rt}

@@ -1,4 +1,4 @@
-"""Published model versions in the scheduling loop (controller/version_adoption.py): Auto adopts
+"""Published model versions in the scheduling loop (controller/serving/version_adoption.py): Auto adopts
 the newest at the next round, Manual only reports it, an explicit model wins (rollback), an
 ill-formed or broken version never breaks scheduling; exploration is bounded."""
 
@@ -7,8 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from mlsched.api import get_condition
-from mlsched.controller import dataset_store as store
-from mlsched.controller import loop, model_versions
+from mlsched.formats import dataset_store as store
+from mlsched.controller.scheduling import loop
+from mlsched.formats import model_versions
 from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "policy_models" / "artifacts" / "dl2"

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from mlsched.controller.written_status import WrittenStatus, merged, shows
+from mlsched.controller.kube.written_status import WrittenStatus, merged, shows
 
 KEY = ("ns", "bert")
 

@@ -1,5 +1,5 @@
 """A node's pod slots and extended resources are counted like CPU
-(controller/counted_resources.py): no round plans more pods on a node than its allocatable
+(controller/admission/counted_resources.py): no round plans more pods on a node than its allocatable
 `pods` leave, or more of an RDMA NIC or a MIG slice than it has left, so kube-scheduler never
 has to refuse a pinned pod for "Too many pods" or "Insufficient example.com/nic"."""
 
@@ -10,9 +10,9 @@ import numpy as np
 from mlsched.api import get_condition
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
-from mlsched.controller.counted_resources import POD_SLOTS
-from mlsched.controller.records import job_record, node_record, pod_record
-from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot, held_counted
+from mlsched.controller.admission.counted_resources import POD_SLOTS
+from mlsched.controller.objects.records import job_record, node_record, pod_record
+from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot, held_counted
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round

@@ -10,7 +10,7 @@ import json
 
 from conftest import job, make_snapshot
 from mlsched.cluster.types import Decision
-from mlsched.controller.serving import RoundServing
+from mlsched.formats.serving import RoundServing
 from mlsched.policies import registry
 from mlsched.policies.cycle_guard import CycleGuard
 from mlsched.policies.decision_log import DecisionRecorder, IntervalRecord

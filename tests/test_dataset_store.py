@@ -7,7 +7,7 @@ import json
 
 import numpy as np
 
-from mlsched.controller import dataset_store as store
+from mlsched.formats import dataset_store as store
 from mlsched.policies.decision_log import DecisionRecorder, IntervalRecord, JobInterval
 
 

@@ -1,5 +1,5 @@
 """Tasks whose node was drained, deleted or tainted are placed again by the next admission
-step (controller/displacement.py, round._restore), not left Pending until the next round."""
+step (controller/scheduling/displacement.py, round._restore), not left Pending until the next round."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import copy
 import numpy as np
 
 from mlsched.cluster.types import JobDecision, Snapshot
-from mlsched.controller import displacement
-from mlsched.controller.node_constraints import EVERY_NODE, role_constraints
-from mlsched.controller.records import node_record
+from mlsched.controller.scheduling import displacement
+from mlsched.controller.constraints.node_constraints import EVERY_NODE, role_constraints
+from mlsched.controller.objects.records import node_record
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission
 from conftest import job
@@ -180,7 +180,7 @@ def _refuse(rt, kube, name, message="0/6 nodes are available: 1 node(s) didn't m
                                      "anti-affinity rules, 5 node(s) didn't match Pod's node "
                                      "affinity/selector."):
     """kube-scheduler refusing a pinned pod: unbound, Pending, PodScheduled=False."""
-    from mlsched.controller import jobs
+    from mlsched.controller.app import jobs
 
     pod = kube.obj("Pod", NS, name)
     pod["spec"].pop("nodeName", None)
@@ -214,7 +214,7 @@ def test_refused_pods_are_moved_a_bounded_number_of_times():
     """What a pod lacks may be lacking everywhere (a volume that cannot bind): after MAX_MOVES
     moves in REFUSAL_TTL_S, refused pods stay, reported Unschedulable, even when every task of
     the role is refused and they outnumber the nodes (no bound by distinct nodes would do)."""
-    from mlsched.controller.displacement import MAX_MOVES
+    from mlsched.controller.scheduling.displacement import MAX_MOVES
 
     rt, kube, before = _placed_job()
     moves = 0
@@ -253,7 +253,7 @@ def test_a_refusal_where_our_pod_is_beyond_its_count_or_just_left_waits_then_is_
     a pod beyond the shrunk job's count still runs until the StatefulSet removes it, and once
     it is gone the refusal stays in the new pod's status until kube-scheduler tries again.
     Acting on either moved 200-270 pods per 2,000-job settling (bench_e2e (b))."""
-    from mlsched.controller.displacement import DEPARTURE_SETTLE_S
+    from mlsched.controller.scheduling.displacement import DEPARTURE_SETTLE_S
 
     rt, kube, before = _placed_job()
     shared = [k for k, n in enumerate(before.nodes["worker"]) if n in before.nodes["ps"]]

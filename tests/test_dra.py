@@ -1,4 +1,4 @@
-"""Devices claimed through Dynamic Resource Allocation (controller/dra.py) are counted per
+"""Devices claimed through Dynamic Resource Allocation (controller/constraints/dra.py) are counted per
 node like extended resources: no round pins more one-GPU workers to a node than its
 ResourceSlices publish devices of the class left unclaimed, a job whose claim template or
 device class does not exist is told so, and what other pods' claims hold is taken out."""
@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 
 from mlsched.api import get_condition
-from mlsched.controller import dra
-from mlsched.controller.records import job_record
-from mlsched.controller.runtime import flatten
-from mlsched.controller.snapshot import held_elsewhere
+from mlsched.controller.constraints import dra
+from mlsched.controller.objects.records import job_record
+from mlsched.controller.scheduling.runtime import flatten
+from mlsched.controller.scheduling.snapshot import held_elsewhere
 from test_controller_fixtures import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run
 from test_controller_jobs import sync
 from test_controller_loop import round_, settle
@@ -319,7 +319,7 @@ def test_the_gpu_device_classes_flag_reaches_the_planner(monkeypatch):
     import sys
 
     from mlsched.controller.__main__ import export, parse_args
-    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.process.config import OperatorConfig
 
     assert OperatorConfig.from_env({}).gpu_device_classes == ("gpu.nvidia.com",)
     config = OperatorConfig.from_env({"MLSCHED_GPU_DEVICE_CLASSES": "gpu.amd.com, gpu.example.com"})
@@ -329,7 +329,7 @@ def test_the_gpu_device_classes_flag_reaches_the_planner(monkeypatch):
     # As the CLI runs it: the flag reaches the module the planner reads.
     monkeypatch.delenv("MLSCHED_GPU_DEVICE_CLASSES", raising=False)
     export(parse_args(["--gpu-device-class", "gpu.amd.com", "--gpu-device-class", DRIVER]))
-    out = subprocess.run([sys.executable, "-c", "from mlsched.controller import dra; "
+    out = subprocess.run([sys.executable, "-c", "from mlsched.controller.constraints import dra; "
                           "print(sorted(dra.GPU_CLASSES))"], capture_output=True, text=True, check=True)
     monkeypatch.delenv("MLSCHED_GPU_DEVICE_CLASSES")
     assert out.stdout.strip() == str(sorted(["gpu.amd.com", DRIVER]))
@@ -338,8 +338,8 @@ def test_the_gpu_device_classes_flag_reaches_the_planner(monkeypatch):
 def test_with_namespace_the_claims_of_other_namespaces_are_watched_and_held():
     # An operator serving team-a only (kopf watches team-a's claims): a notebook of team-b
     # holding both devices of node-0 through its claim kept nobody off node-0 before.
-    from mlsched.controller.cluster_pods import OtherNamespaceClaims
-    from mlsched.controller.snapshot import held_counted
+    from mlsched.controller.objects.cluster_pods import OtherNamespaceClaims
+    from mlsched.controller.scheduling.snapshot import held_counted
 
     theirs = allocated_claim("notebook", "node-0", ["gpu-0", "gpu-1"], namespace="team-b")
     ours = allocated_claim("stray", "node-1", ["gpu-0"], namespace=NS)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mlsched.controller.serving import applied_epsilon, seed, serve
+from mlsched.formats.serving import applied_epsilon, seed, serve
 from mlsched.policies import registry
 from mlsched.policies.exploration import Serving, greedy_behaviour, sampling_behaviour
 from mlsched.policies.round import run_round
@@ -117,7 +117,7 @@ def test_heuristics_are_served_as_they_are():
 
 def test_the_operator_bound_is_a_setting():
     from mlsched.controller.__main__ import parse_args
-    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.process.config import OperatorConfig
 
     assert OperatorConfig().max_exploration == 0.2
     assert OperatorConfig.from_env({"MLSCHED_MAX_EXPLORATION": "0.05"}).max_exploration == 0.05

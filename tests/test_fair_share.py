@@ -1,12 +1,12 @@
-"""Fair sharing of GPUs between SchedulingPolicies (controller/fair_share.py): the water-filling
+"""Fair sharing of GPUs between SchedulingPolicies (controller/scheduling/fair_share.py): the water-filling
 itself, and rounds of two policies against the in-memory API."""
 
 from __future__ import annotations
 
 import pytest
 
-from mlsched.controller import fair_share, loop
-from mlsched.controller.fair_share import Claim, water_fill
+from mlsched.controller.scheduling import fair_share, loop
+from mlsched.controller.scheduling.fair_share import Claim, water_fill
 from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, \
     recorded, run
 

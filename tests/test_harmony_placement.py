@@ -208,7 +208,7 @@ def test_reward_model_learns_and_drives_a_simulator():
 
 
 def test_served_rounds_explore_and_record_decisions_that_replay(tmp_path):
-    from mlsched.controller.serving import serve
+    from mlsched.formats.serving import serve
 
     torch.manual_seed(2)
     path = tmp_path / "harmony.onnx"

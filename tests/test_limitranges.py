@@ -1,4 +1,4 @@
-"""A namespace's LimitRanges as the requests its pods will have (controller/limitranges.py).
+"""A namespace's LimitRanges as the requests its pods will have (controller/admission/limitranges.py).
 
 The rules below were checked against a real kube-apiserver 1.34 (the e2e harness's): a
 LimitRange is stored with `defaultRequest` defaulted from `default`, then `min`, and `default`
@@ -10,11 +10,11 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mlsched.controller.limitranges import (
+from mlsched.controller.admission.limitranges import (
     ContainerDefaults, Defaulted, as_planned, container_defaults, defaulted, limit_range_record,
     refusal,
 )
-from mlsched.controller.records import job_record, pod_requests
+from mlsched.controller.objects.records import job_record, pod_requests
 from test_controller_fixtures import NS, policy, ps_job
 from test_controller_loop import round_, setup
 

@@ -11,8 +11,8 @@ import weakref
 import pytest
 from prometheus_client import CollectorRegistry
 
-from mlsched.controller import loop_health
-from mlsched.controller.loop_health import LoopHealth
+from mlsched.controller.process import loop_health
+from mlsched.controller.process.loop_health import LoopHealth
 
 
 def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
@@ -42,7 +42,7 @@ def test_a_blocked_loop_is_measured_and_logged(caplog):
         stopped.set()
         await task
 
-    with caplog.at_level(logging.WARNING, logger="mlsched.controller.loop_health"):
+    with caplog.at_level(logging.WARNING, logger="mlsched.controller.process.loop_health"):
         asyncio.run(scenario())
     assert health.worst_s > 1.0
     assert _sample(registry, "mlsched_event_loop_lag_seconds_count") >= 2

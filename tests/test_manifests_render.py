@@ -16,8 +16,8 @@ import pytest
 import yaml
 
 from mlsched.controller.__main__ import parse_args
-from mlsched.controller.config import OperatorConfig
-from mlsched.controller.constants import LEADER_LABEL
+from mlsched.controller.process.config import OperatorConfig
+from mlsched.controller.kube.constants import LEADER_LABEL
 from dev_tools import dev_tool
 from test_crds import strict_validator
 

@@ -6,7 +6,7 @@ import base64
 import hashlib
 import json
 
-from mlsched.controller import model_versions as mv
+from mlsched.formats import model_versions as mv
 
 
 def _published(version: int, onnx: bytes = b"graph", policy: str = "default") -> dict:

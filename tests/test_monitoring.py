@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from mlsched.controller.lifecycle import NEEDS_ACTION
-from mlsched.controller.loop_health import LoopHealth
-from mlsched.controller.metrics import Metrics
+from mlsched.controller.objects.lifecycle import NEEDS_ACTION
+from mlsched.controller.process.loop_health import LoopHealth
+from mlsched.controller.process.metrics import Metrics
 
 REPO = Path(__file__).resolve().parents[1]
 MONITORING = REPO / "manifests" / "monitoring"
@@ -164,7 +164,7 @@ def test_the_dashboard_is_one_grafana_can_import():
 
 
 def test_the_leader_gauge_says_which_replica_writes():
-    from mlsched.controller.leadership import Leadership
+    from mlsched.controller.process.leadership import Leadership
     from test_controller_fixtures import make_runtime
 
     def leader_gauge(rt) -> str:

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from mlsched.cluster.ledger import Ledger
-from mlsched.controller.node_constraints import node_constraint, role_constraints
-from mlsched.controller.records import job_record, node_record
-from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot
+from mlsched.controller.constraints.node_constraints import node_constraint, role_constraints
+from mlsched.controller.objects.records import job_record, node_record
+from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round
@@ -315,7 +315,7 @@ def test_extended_resources_send_a_role_only_to_nodes_that_have_them():
     why = ClusterFit.of(list(cluster.nodes)).why_not(_fpga_job("greedy", per_worker="4"))
     assert why == ("no schedulable node matches the worker template's requests 4 "
                    "example.com/fpga (of the cluster's 3 schedulable nodes)"), why
-    from mlsched.controller.displacement import refusal
+    from mlsched.controller.scheduling.displacement import refusal
     assert refusal(node_record(node("a")), job.node_constraints["worker"], {}, frozenset()) == \
         "lacks example.com/fpga"
 

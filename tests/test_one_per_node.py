@@ -1,5 +1,5 @@
-"""Host ports (controller/host_ports.py) and spreading pod anti-affinity
-(controller/pod_anti_affinity.py) are planned like capacity: one pod holding a port, or
+"""Host ports (controller/constraints/host_ports.py) and spreading pod anti-affinity
+(controller/constraints/pod_anti_affinity.py) are planned like capacity: one pod holding a port, or
 matching the selector, per node, across jobs, so kube-scheduler never has to refuse a pinned
 pod for "didn't have free ports for the requested pod ports" or "didn't match pod
 anti-affinity rules"."""
@@ -11,11 +11,11 @@ import numpy as np
 from mlsched.api import get_condition
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobDecision, JobView, Snapshot
-from mlsched.controller.host_ports import host_ports, role_host_ports
-from mlsched.controller.pod_anti_affinity import spreading_selectors
-from mlsched.controller.topology_spread import spread_constraints
-from mlsched.controller.records import job_record, node_record, pod_record
-from mlsched.controller.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
+from mlsched.controller.constraints.host_ports import host_ports, role_host_ports
+from mlsched.controller.constraints.pod_anti_affinity import spreading_selectors
+from mlsched.controller.constraints.topology_spread import spread_constraints
+from mlsched.controller.objects.records import job_record, node_record, pod_record
+from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round
@@ -411,8 +411,8 @@ def test_pods_the_round_does_not_redecide_hold_the_selectors_they_match():
     where a matching pod of its namespace runs, whoever runs it; the round used to match only
     the jobs it decided, so it pinned a task next to another workload's matching pod and
     kube-scheduler refused it."""
-    from mlsched.controller.pod_anti_affinity import token
-    from mlsched.controller.snapshot import held_labelled, held_selected
+    from mlsched.controller.constraints.pod_anti_affinity import token
+    from mlsched.controller.scheduling.snapshot import held_labelled, held_selected
 
     carrier = _record(spread(allreduce_job("carrier", max_workers=8)))
     (selector,) = carrier.anti_affinity["worker"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnxruntime
 import pytest
 
-from mlsched.controller import models
+from mlsched.controller.serving import models
 from mlsched.policies import registry
 from mlsched.policies.onnx_runner import ProviderUnavailable, load_model
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 
-from mlsched.controller.priority_slots import PrioritySlots
+from mlsched.controller.kube.priority_slots import PrioritySlots
 
 
 def test_waiters_are_served_by_priority_then_in_arrival_order():

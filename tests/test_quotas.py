@@ -1,12 +1,12 @@
-"""A namespace's ResourceQuotas as the budget of its rounds (controller/quotas.py), and which
+"""A namespace's ResourceQuotas as the budget of its rounds (controller/admission/quotas.py), and which
 accelerator counts as the planner's GPU (--gpu-resource)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from mlsched.controller.records import job_record, node_record
-from mlsched.controller.snapshot import ClusterState, build_snapshot
+from mlsched.controller.objects.records import job_record, node_record
+from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round
@@ -14,13 +14,13 @@ from test_controller_fixtures import node, ps_job
 
 
 def _quota(hard, used=None, name="team", **spec):
-    from mlsched.controller.quotas import quota_record
+    from mlsched.controller.admission.quotas import quota_record
     return quota_record({"metadata": {"name": name, "namespace": "team-a"},
                          "spec": {"hard": hard, **spec}, "status": {"used": used or {}}})
 
 
 def test_quota_records_read_what_the_planner_books():
-    from mlsched.controller.quotas import Usage, budget, why_not, why_waiting
+    from mlsched.controller.admission.quotas import Usage, budget, why_not, why_waiting
     q = _quota({"requests.nvidia.com/gpu": "4", "requests.cpu": "16", "memory": "64Gi",
                 "count/pods": "50", "limits.cpu": "8", "count/services": "3"},
                {"requests.nvidia.com/gpu": "3", "requests.cpu": "6", "memory": "24Gi",
@@ -42,7 +42,7 @@ def test_quota_records_read_what_the_planner_books():
         ("In", ("critical", "high"))
     assert selecting({"scopeName": "Terminating", "operator": "Exists"}) is None
     assert selecting({"scopeName": "PriorityClass", "operator": "DoesNotExist"}) is None
-    from mlsched.controller.quotas import matches
+    from mlsched.controller.admission.quotas import matches
     assert matches(("In", ("high",)), "high") and not matches(("In", ("high",)), "")
     assert matches(("NotIn", ("high",)), "") and not matches(("NotIn", ("high",)), "high")
     assert matches(("Exists", ()), "low") and not matches(("Exists", ()), "")
@@ -79,7 +79,7 @@ def test_a_pod_counts_against_quotas_what_the_api_server_counts():
     """Requests and limits by the pod rule (sidecars and init containers), LimitRange defaults
     applied, one pod; NaN where a container leaves a request or limit unset (the quota
     admission refuses such a pod wherever that resource is bounded: verified on 1.34)."""
-    from mlsched.controller.records import quota_usage
+    from mlsched.controller.objects.records import quota_usage
     gib = 2.0**30
     box = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
     spec = {"containers": [{"name": "a", "resources": box},
@@ -99,7 +99,7 @@ def test_limits_and_pod_count_quotas_bound_a_round():
     """A job of 2-CPU-limit workers under `limits.cpu: 8` gets four workers, not eight (four
     pods were refused with FailedCreate and the job ran short while their GPUs stayed
     reserved); under `pods: 3`, three tasks; without a CPU limit, none."""
-    from mlsched.controller.quotas import budget
+    from mlsched.controller.admission.quotas import budget
     body = ps_job("capped", max_workers=8, min_workers=1)
     for role in body["spec"]["replicaSpecs"].values():
         for c in role["template"]["spec"]["containers"]:
@@ -139,7 +139,7 @@ def test_limits_and_pod_count_quotas_bound_a_round():
 
 
 def test_every_allocation_stays_within_the_budget():
-    from mlsched.controller.quotas import budget
+    from mlsched.controller.admission.quotas import budget
     jobs = [job_record({**b, "metadata": {**b["metadata"], "uid": b["metadata"]["name"],
                                           "creationTimestamp": f"2024-01-01T00:00:0{i}Z"}})
             for i, b in enumerate([ps_job("a"), ps_job("b"), ps_job("c")])]
@@ -169,11 +169,11 @@ def test_another_vendors_accelerator_is_planned_as_the_gpu(monkeypatch):
     import subprocess
     import sys
 
-    from mlsched.controller import records
+    from mlsched.controller.objects import records
     from mlsched.controller.__main__ import export, parse_args
-    from mlsched.controller.config import OperatorConfig
-    from mlsched.controller.quotas import keys
-    from mlsched.controller.records import pod_requests
+    from mlsched.controller.process.config import OperatorConfig
+    from mlsched.controller.admission.quotas import keys
+    from mlsched.controller.objects.records import pod_requests
 
     monkeypatch.setattr(records, "GPU_RESOURCE", "amd.com/gpu")
     amd = node("mi300", gpu="0")
@@ -193,7 +193,7 @@ def test_another_vendors_accelerator_is_planned_as_the_gpu(monkeypatch):
     # The flag reaches the module the index functions read, as the CLI runs it.
     monkeypatch.delenv("MLSCHED_GPU_RESOURCE", raising=False)
     export(parse_args(["--gpu-resource", "amd.com/gpu"]))
-    out = subprocess.run([sys.executable, "-c", "from mlsched.controller import records; "
+    out = subprocess.run([sys.executable, "-c", "from mlsched.controller.objects import records; "
                           "print(records.GPU_RESOURCE)"], capture_output=True, text=True, check=True)
     monkeypatch.delenv("MLSCHED_GPU_RESOURCE")
     assert out.stdout.strip() == "amd.com/gpu"
@@ -209,7 +209,7 @@ def test_a_job_whose_children_a_full_object_count_quota_refuses_waits_saying_why
     told "could not create the job's children", since a full quota refuses a create (403)
     before the API server looks for the name."""
     from mlsched.api import get_condition
-    from mlsched.controller import handlers, jobs
+    from mlsched.controller.app import handlers, jobs
     from test_controller_fixtures import NS, allreduce_job, cluster, make_runtime, policy, run
 
     rt, kube = make_runtime(cluster(4))
@@ -251,7 +251,7 @@ def test_quotas_on_counted_resources_are_read_by_the_names_the_planner_counts():
     """`requests.<extended resource>` (and `ephemeral-storage`) and a DRA DeviceClass's
     `<class>.deviceclass.resource.k8s.io/devices` bound the counted resources
     (counted_resources.py) of the same names; the GPU resource stays a QUOTA_DIMS one."""
-    from mlsched.controller.quotas import counted_key
+    from mlsched.controller.admission.quotas import counted_key
     assert counted_key("requests.example.com/nic") == "example.com/nic"
     assert counted_key("ephemeral-storage") == "ephemeral-storage"
     assert counted_key("requests.ephemeral-storage") == "ephemeral-storage"
@@ -270,7 +270,7 @@ def test_quotas_on_counted_resources_are_read_by_the_names_the_planner_counts():
 
 
 def test_the_budget_and_the_reasons_count_the_counted_resources():
-    from mlsched.controller.quotas import Usage, budget, why_not, why_waiting
+    from mlsched.controller.admission.quotas import Usage, budget, why_not, why_waiting
     nics = _quota({"requests.example.com/nic": "4", "requests.cpu": "10"},
                   {"requests.example.com/nic": "3", "requests.cpu": "2"}, name="nics")
     devices = _quota({"gpu.x.deviceclass.resource.k8s.io/devices": "2"},
@@ -290,7 +290,7 @@ def test_the_budget_and_the_reasons_count_the_counted_resources():
     assert why_waiting(none, [nics], {"example.com/nic": 2.0}) == (
         "its minimum requests 2 example.com/nic; the namespace's ResourceQuota 'nics' has 1 of 4 left")
     # A request narrowing the class by its own selectors counts as the class's devices.
-    from mlsched.controller.quotas import add_takes
+    from mlsched.controller.admission.quotas import add_takes
     total: dict[str, float] = {}
     add_takes(total, (("dra:gpu.x[gpu.x/model='h100']", 1.0), ("dra:gpu.x", 1.0),
                       ("example.com/nic", 2.0)), 2)
@@ -303,7 +303,7 @@ def test_a_quota_on_an_extended_resource_bounds_every_allocation():
     """Workers asking one example.com/nic each under `requests.example.com/nic: 3`: no policy
     gives them more than 3 (DRF gave all 8 and the API server refused 5 pods: FailedCreate),
     and what is decided for jobs without pods yet counts as used."""
-    from mlsched.controller.quotas import Usage, budget, minimum_of
+    from mlsched.controller.admission.quotas import Usage, budget, minimum_of
     from test_counted_resources import _node, _record, small_workers
     from test_controller_fixtures import allreduce_job
     body = small_workers(allreduce_job("ring"), cpu="1", nics=1, min_workers=1)
@@ -328,7 +328,7 @@ def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only(
     """`scopeSelector` on PriorityClass: its own block of the budget, charged only by tasks
     whose template names a matching class; its reasons only for such jobs. Before, it was left
     out: a high-priority job was scaled past it and pods were refused."""
-    from mlsched.controller.quotas import budget, charges, reasons
+    from mlsched.controller.admission.quotas import budget, charges, reasons
     from test_counted_resources import _node, _record
     from test_controller_fixtures import allreduce_job
 
@@ -430,7 +430,7 @@ def test_a_quota_on_the_count_of_resource_claims_bounds_every_allocation():
     """`count/resourceclaims.resource.k8s.io`: each worker makes one claim from its template,
     so under a quota of 3 no policy gives a job more than 3 (DRF gave 8: the claims of five
     pods were never made and they waited for good); the reasons say so in claims."""
-    from mlsched.controller.quotas import CLAIMS, Usage, budget, counted_key, minimum_of, why_not, why_waiting
+    from mlsched.controller.admission.quotas import CLAIMS, Usage, budget, counted_key, minimum_of, why_not, why_waiting
     from test_counted_resources import _node, _record, small_workers
     from test_controller_fixtures import allreduce_job
     from test_dra import claiming

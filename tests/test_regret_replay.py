@@ -10,7 +10,8 @@ from datetime import UTC, datetime
 import pytest
 
 from mlsched.cluster.types import Decision
-from mlsched.controller import loop, rewards
+from mlsched.controller.scheduling import loop
+from mlsched.controller.dataset import rewards
 from mlsched.policies import registry
 from mlsched.policies.cycle_guard import CycleGuard
 from mlsched.policies.decision_log import IntervalRecord, JobInterval

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
-from mlsched.controller import model_versions
+from mlsched.formats import model_versions
 from mlsched.features import dl2_state
 from mlsched.policies import registry
 from mlsched.policies.decision_log import IntervalRecord, RoundDecisions
@@ -425,7 +425,7 @@ def test_a_dry_run_of_a_model_over_a_configmap_writes_its_parts_before_its_versi
 
 
 def test_a_split_version_whose_part_was_replaced_is_not_a_base_to_retrain_from(tmp_path):
-    from mlsched.controller.model_sources import ModelLoadError
+    from mlsched.formats.model_sources import ModelLoadError
 
     store = publish.DirStore(tmp_path, "p")
     _publish_big(store)

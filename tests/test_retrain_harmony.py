@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from mlsched.controller import model_versions
+from mlsched.formats import model_versions
 from mlsched.policies.onnx_runner import load_model
 from policy_models.retrain import harmony, history, publish, workload
 

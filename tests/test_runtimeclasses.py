@@ -1,4 +1,4 @@
-"""RuntimeClasses as the API server applies them to a job's pods (controller/runtimeclasses.py):
+"""RuntimeClasses as the API server applies them to a job's pods (controller/constraints/runtimeclasses.py):
 the overhead, nodeSelector and tolerations it adds, and its refusals, each checked on
 kube-apiserver 1.34 with the same objects."""
 
@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections import Counter
 
-from mlsched.controller.limitranges import as_planned
-from mlsched.controller.records import job_record
-from mlsched.controller.runtimeclasses import effective, runtime_class_record
+from mlsched.controller.admission.limitranges import as_planned
+from mlsched.controller.objects.records import job_record
+from mlsched.controller.constraints.runtimeclasses import effective, runtime_class_record
 from test_controller_fixtures import NS, create_jobs, node, policy, ps_job, run
 from test_controller_jobs import cond, sync
 from test_controller_loop import round_, setup

@@ -1,4 +1,4 @@
-"""A job its policy did not admit says why in its Admitted condition (controller/waiting.py):
+"""A job its policy did not admit says why in its Admitted condition (controller/scheduling/waiting.py):
 short of capacity (with what it needs and what is free), or passed over by the policy."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 
 from mlsched.api import get_condition
 from mlsched.cluster.types import Decision, JobDecision, PoolPlan, Snapshot
-from mlsched.controller.waiting import why_waiting
+from mlsched.controller.scheduling.waiting import why_waiting
 from conftest import job
 from test_controller_fixtures import NS, create_jobs, policy, ps_job, run
 from test_controller_jobs import sync

@@ -162,8 +162,8 @@ def model_configmaps(name: str, key: str, model: bytes, card: bytes,
     import base64
     from pathlib import Path
 
-    from mlsched.controller.dataset_store import PART_BYTES
-    from mlsched.controller.model_sources import model_pieces, parts_annotation
+    from mlsched.formats.dataset_store import PART_BYTES
+    from mlsched.formats.model_sources import model_pieces, parts_annotation
     from mlsched.features.card import card_path
 
     card_key = card_path(Path(key)).name

@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from mlsched.controller import model_versions
+from mlsched.formats import model_versions
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched.policies.onnx_runner import default_model_path
 from policy_models.dl2 import export

@@ -7,7 +7,7 @@ becomes one `IntervalRecord` (the operator writes one per interval and policy): 
 grant, placement and epochs trained, the interval's reward, and, for DL², every inference
 of the round and of the admission steps inside the interval, with the behaviour and policy
 probabilities of the epsilon-greedy serving policy (`ExploringActor`). A learned placement
-(Harmony) explores and records through the operator's own serving code (controller/serving.py).
+(Harmony) explores and records through the operator's own serving code (formats/serving.py).
 
     python -m policy_models.retrain.history --out DIR --intervals 200 [--speed-perturbation 0.3]
 
@@ -27,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from mlsched.cluster.types import Decision
-from mlsched.controller import serving
+from mlsched.formats import serving
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.decision_log import DecisionRecorder, IntervalRecord, JobInterval

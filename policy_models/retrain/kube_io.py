@@ -7,8 +7,8 @@ SchedulingPolicies in the policy's namespace; nothing is ever updated or deleted
 from __future__ import annotations
 
 from mlsched.api import GROUP
-from mlsched.controller import model_versions
-from mlsched.controller.model_versions import PublishedVersion
+from mlsched.formats import model_versions
+from mlsched.formats.model_versions import PublishedVersion
 
 API_VERSION = "v1alpha1"
 PLURAL = "schedulingpolicies"
@@ -68,10 +68,10 @@ def active_sha256(policy: dict, phase: str, algorithm: str) -> str | None:
 
 def list_records(core_v1, namespace: str, policy: str) -> list:
     """The policy's recorded intervals. The operator side of issue 17 owns the dataset format
-    (mlsched/controller/dataset_store.py); this is the one place that reads it."""
+    (mlsched/formats/dataset_store.py); this is the one place that reads it."""
     try:
-        from mlsched.controller import dataset_store
+        from mlsched.formats import dataset_store
     except ImportError:
-        raise ValueError("this mlsched has no dataset store (mlsched.controller.dataset_store): "
+        raise ValueError("this mlsched has no dataset store (mlsched.formats.dataset_store): "
                          "read records from a directory with --records DIR") from None
     return dataset_store.list_records(core_v1, namespace, policy)

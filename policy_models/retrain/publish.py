@@ -1,6 +1,6 @@
 """Publishing a candidate as a model version, once, and what a run may consume.
 
-A store is where the published-version ConfigMaps (mlsched.controller.model_versions) live:
+A store is where the published-version ConfigMaps (mlsched.formats.model_versions) live:
 the cluster (`KubeStore`: list and create ConfigMaps, never update one) or a directory of
 ConfigMap JSON files (`DirStore`: tests, benchmarks, a dry run's --store). Retraining never
 writes a SchedulingPolicy.
@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Protocol
 
-from mlsched.controller import model_sources, model_versions
-from mlsched.controller.dataset_store import policy_label
-from mlsched.controller.model_versions import PublishedVersion
+from mlsched.formats import model_sources, model_versions
+from mlsched.formats.dataset_store import policy_label
+from mlsched.formats.model_versions import PublishedVersion
 
 
 class Store(Protocol):

@@ -1,39 +1,36 @@
 """The operator: kopf handlers and the translation between Kubernetes objects and `cluster/`.
 
-Data flows one way, and only the last two modules know about kopf or the network:
+Split by responsibility into subpackages, each with a map of its modules in its docstring.
+Lowest first; a subpackage imports only those before it (tests/test_architecture.py reads
+every import and fails on one against the order):
 
-    records.py    k8s object → compact record (what kopf indexes hold)         pure
-    snapshot.py   records → cluster.Snapshot for one SchedulingPolicy         pure
-    desired.py    Decision → target per job → manifests and minimal actions    pure
-    lifecycle.py  MLJob + observations → phase, conditions, run-policy actions  pure
-    rewards.py    per-interval grants → history entries and policy rewards     pure
-    conservation.py   work conservation over rounds: status, Ready reason, Events  pure
-    domain.py     ModelInDomain: served models' card domains vs the round, Events  pure
-    models.py     SchedulingPolicy spec → policy objects, ONNX models, fallback
-    pools.py      grouping in the cluster: pool names, labels, affinity, status    pure
-    pool_steps.py a round's grouping work: labels, job pools, status.groups, Events
-    kube.py       the API seam (kubernetes client in threads; a fake in tests)
-    apply.py      executes actions idempotently
-    write_queue.py    the writers' shared background queue: slots, rate, retries, backoff
-    token_bucket.py   the rate limit the writers and token reviews share
-    status_writer.py  status records written in the background, retried, never dropped
-    written_status.py the lifecycle's status patches laid over older MLJob watch bodies  pure
-    serving.py    a round's learned phases: exploration (bounded) and decision logs  pure
-    dataset_store.py  the retraining dataset's ConfigMap format (segments, records of
-                  their own); read_records                                 pure
-    dataset_segments.py closed records appended to / pruned from segments, writes
-                  conditional on the resourceVersion read
-    dataset.py    interval records written as intervals open and close, retention
-    object_writer.py  whole objects (dataset ConfigMaps) written in the background, retried
-    model_versions.py published model versions: the ConfigMap format          pure
-    version_adoption.py which published version serves (updatePolicy), its status
-    loop.py       one scheduling round, and the loop around it
-    jobs.py       MLJob children/lifecycle (each job as its pods change) and late pod pinning
-    leadership.py the leader Lease: the election, writes fenced by it, restart in place
-    progress_server.py  /v1/progress (TokenReview-authenticated), /metrics, /healthz
-    token_reviews.py    TokenReviews cached by token hash and limited in rate
-    serving_tls.py      the endpoint's CA and certificate, kept in a Secret
-    handlers.py   kopf decorators only
+    kube/         the API seam and its writers: KubeApi, status/object writers, Events,
+                  token reviews, the names the operator writes (constants.py)
+    process/      the process's own machinery: config, leader Lease, metrics, supervision
+                  of loops and sweeps, event-loop health, relists
+    serving/      which models a policy serves: spec → policy objects and loaded models,
+                  published-version adoption, the endpoint's TLS
+    constraints/  what pod templates and nodes constrain: node affinity, label selectors,
+                  topology spread, anti-affinity, host ports, RuntimeClasses, DRA     pure
+    objects/      records of watched objects, desired manifests, apply, preflight,
+                  Services, an MLJob's lifecycle, pods of other namespaces
+    admission/    mirrors of namespace admission: ResourceQuotas, LimitRanges, counted
+                  resources                                                        pure
+    dataset/      rewards and the retraining dataset's interval records
+    scheduling/   the Runtime, snapshots, a round and admission steps, fair share, pools,
+                  displacement, guard, reporting: the scheduling loop
+    progress/     the HTTP endpoint: /v1/progress, /metrics, /healthz
+    app/          kopf handlers (decorators only) and what the MLJob handlers do
 
-Entry point: `python -m mlsched.controller` (docs/operator.md).
+Formats shared with retraining (the dataset's ConfigMaps, published model versions, model
+parts, a round's serving) live outside, in `mlsched.formats`.
+
+Where a change goes: a new watched kind → its record in objects/records.py, its index and
+handlers in app/handlers.py; a new constraint → constraints/ (per pod or node) or admission/
+(per namespace), planned in scheduling/snapshot.py; a new policy → mlsched.policies (no
+operator change beyond api/algorithms.py); a new status field → its model in mlsched.api,
+written by scheduling/reporting.py (a round's, through kube/status_writer.py) or app/jobs.py
+(a job's lifecycle, from objects/lifecycle.py).
+
+Entry point: `python -m mlsched.controller` (__main__.py; docs/operator.md).
 """

@@ -4,7 +4,7 @@
 
 Flags are also read from MLSCHED_* variables (see config.py); a flag wins. Without
 --namespace the operator serves every namespace. With --leader-election, several replicas run
-and only the holder of the Lease writes anything (controller/leadership.py); kopf peering is
+and only the holder of the Lease writes anything (controller/process/leadership.py); kopf peering is
 not used (it pauses operators, it elects no leader).
 """
 
@@ -17,7 +17,7 @@ import sys
 
 
 def _byte_count(text: str) -> str:
-    from mlsched.controller.config import parse_bytes
+    from mlsched.controller.process.config import parse_bytes
 
     try:
         parse_bytes(text)
@@ -128,7 +128,7 @@ def export(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     export(args)
-    from mlsched.controller.config import OperatorConfig
+    from mlsched.controller.process.config import OperatorConfig
 
     problems = OperatorConfig.from_env().problems()
     if problems:  # before kopf starts: a pod in CrashLoopBackOff whose log says why
@@ -137,12 +137,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import kopf
 
-    from mlsched.controller import handlers  # registers the handlers  # noqa: F401
+    from mlsched.controller.app import handlers  # registers the handlers  # noqa: F401
 
     configure_logging(args.log_format, args.verbose)
     namespaces = handlers.CONFIG.namespaces
     if os.environ.get("MLSCHED_GC_TUNING", "1") != "0":  # "0": CPython's defaults (loop_health.py)
-        from mlsched.controller.loop_health import tune_collector
+        from mlsched.controller.process.loop_health import tune_collector
         tune_collector()  # after the imports, which it freezes out of every later collection
     kopf.run(standalone=True, clusterwide=not namespaces, namespaces=namespaces)
     return 0

@@ -22,7 +22,7 @@ MAX_CORRECTION = 8.0  # a prior is never trusted less than 8x off (a bad observa
 
 def recent(observations: Sequence[SpeedObservation]) -> Sequence[tuple[int, int, float]]:
     """The latest RECENT observations, as (ps, workers, epochs_per_s) tuples. The operator's
-    (controller/snapshot.RecordedSpeeds) hand them over without building a SpeedObservation
+    (controller/scheduling/snapshot.RecordedSpeeds) hand them over without building a SpeedObservation
     each: 80,000 of them for a 10,000-job round cost it 30 ms."""
     latest = getattr(observations, "latest", None)
     return latest(RECENT) if latest is not None else observations[-RECENT:]

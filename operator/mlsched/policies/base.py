@@ -21,7 +21,7 @@ sees a snapshot whose jobs are the waiting ones. Any policy, heuristic or learne
 admits jobs with no code of its own: it only ever grows the jobs it is shown, into the capacity
 the ledger has left. Running jobs are re-decided only by the full round, at the interval, as in
 the papers. One repair happens between rounds: a running job whose tasks lost their node
-(drained, deleted: controller/displacement.py) gets those tasks placed again by the placement
+(drained, deleted: controller/scheduling/displacement.py) gets those tasks placed again by the placement
 policy's per-task rule, before the waiting jobs are decided, its other tasks held.
 """
 

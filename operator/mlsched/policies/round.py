@@ -119,7 +119,7 @@ def _by_job(jobs) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
 
 
 #: Per displaced job, per role: the decided node index of each ordinal, None for a task to
-#: place again (controller/displacement.py).
+#: place again (controller/scheduling/displacement.py).
 Slots = dict[str, tuple[int | None, ...]]
 
 

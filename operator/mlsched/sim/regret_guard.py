@@ -39,7 +39,7 @@ class SimGuard:
     fallback_rounds: int = 0
     first_trip_round: int | None = None
     # Per record (interval number), the run's cycle guard's memory when it closed
-    # (controller/guard.GuardBook.memories).
+    # (controller/scheduling/guard.GuardBook.memories).
     memories: dict[int, dict] = field(default_factory=dict)
 
     def serving(self, allocation, placement) -> tuple:

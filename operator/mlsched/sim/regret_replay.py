@@ -21,7 +21,7 @@ nothing the jobs an admission step had started, which the operator's guard kept 
 put its own progress 25-40 % under the records on the e2e cluster.
 
 The cluster is the caller's SimConfig (the simulator's own; in the operator one built from
-the live nodes, controller/guard.py) with its node names, so that held tasks stay on the
+the live nodes, controller/scheduling/guard.py) with its node names, so that held tasks stay on the
 nodes they were on: a replay of the policy that ran pays no scaling cost the cluster did not
 pay. Both replays start from the same state with the same seed, and run whole rounds (run_round,
 and admission steps when the config admits on arrival) until the window's length has passed.

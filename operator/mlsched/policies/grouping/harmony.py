@@ -14,7 +14,7 @@ the current one only if its predicted score beats keeping it (finished jobs gone
 added where they raise the score most, freed machines handed out) by `threshold`, and only
 if it moves no running job that joined its pool less than `min_pool_s` ago.
 
-In the cluster (controller/pools.py sets these) two more rules hold, because there a pool is
+In the cluster (controller/scheduling/pools.py sets these) two more rules hold, because there a pool is
 a node label on nodes other tenants share, and a pod moved is a checkpoint-restart:
 
 - `min_members` (2 there, 1 in the simulator): a group of fewer members gets no pool. A

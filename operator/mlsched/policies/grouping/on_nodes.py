@@ -1,6 +1,6 @@
 """A grouping that may pool only some of the snapshot's nodes (the operator's LabelNodes mode:
 nodes that other tenants' pods or other policies' reservations use are not its to label,
-controller/pools.py `poolable`; docs/grouping.md, "In the cluster").
+controller/scheduling/pools.py `poolable`; docs/grouping.md, "In the cluster").
 
 The inner policy (harmony, isolated, naive) decides on a snapshot of the allowed nodes only,
 and its plan is mapped back: the other nodes belong to no pool. The policy's jobs may still

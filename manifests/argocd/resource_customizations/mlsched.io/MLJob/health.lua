@@ -1,5 +1,5 @@
 -- Argo CD health of an MLJob, from the status the mlsched operator writes
--- (operator/mlsched/controller/lifecycle.py): status.phase summarises the conditions
+-- (operator/mlsched/controller/objects/lifecycle.py): status.phase summarises the conditions
 -- Admitted, Running, Suspended, Succeeded and Failed, and the Running condition's reason says
 -- why a Pending job waits.
 --   Healthy      Running (every role has its minimum of ready pods) or Succeeded

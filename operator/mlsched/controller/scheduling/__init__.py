@@ -1,0 +1,18 @@
+"""The scheduling step: one SchedulingPolicy's rounds and admission steps, and the operator-wide
+state (`Runtime`) they run on. Imports any subpackage below it (not `progress/` or `app/`). A new policy goes in `mlsched.policies` (docs/architecture.md, "Adding a
+policy"); a new status field a round writes goes in reporting.py (pool_steps.py for groups),
+written through `kube/status_writer.py`, with its model in `mlsched.api`.
+
+    snapshot.py      index records → cluster.Snapshot: what one policy's round sees  pure
+    displacement.py  tasks whose decided node no longer takes them, placed again
+    fair_share.py    GPUs shared between policies that draw on the same nodes
+    runtime.py       operator-wide state: the seams, indexes, writers and small books
+    pools.py         grouping in the cluster: pool names, labels, affinity, status  pure
+    pool_steps.py    a round's grouping work: labels, job pools, status.groups, Events
+    waiting.py       why a job the policy did not admit still waits
+    domain.py        ModelInDomain: the round against the served models' domains   pure
+    guard.py         the regret guard: closed intervals judged over a rolling window
+    conservation.py  work conservation over rounds: status, Ready reason, Events   pure
+    reporting.py     what a round tells the world: Events and status writes
+    loop.py          one round, an admission step, and the loop around them
+"""
