@@ -89,3 +89,49 @@ def test_model_configmap_without_a_card_says_so(tmp_path, capsys):
     assert main(["model-configmap", "m", str(tmp_path / "m.onnx")]) == 2
     err = capsys.readouterr().err
     assert "no model card" in err and "--card" in err
+
+
+def _commands(parser, path=()):
+    """Every command path of the `mlsched` parser: ("simulate",), ("trace", "generate"), ..."""
+    import argparse
+
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for name, sub in action.choices.items():
+                yield path + (name,)
+                yield from _commands(sub, path + (name,))
+
+
+def _help_exits_0(argv, capsys):
+    import pytest
+
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--help"])
+    out = capsys.readouterr()
+    assert exit_.value.code == 0, (argv, out.err)
+    assert out.out.startswith("usage: mlsched"), (argv, out.out)
+
+
+def test_every_command_prints_its_help_and_exits_0(capsys):
+    from mlsched.cli import build_parser
+
+    commands = list(_commands(build_parser()))
+    assert {("simulate",), ("train",), ("retrain",), ("model-configmap",), ("trace",),
+            ("trace", "generate")} <= set(commands)
+    for argv in [(), *commands]:
+        _help_exits_0(list(argv), capsys)
+
+
+def test_every_trainer_and_retrainer_prints_its_help_and_exits_0(capsys):
+    """`mlsched train POLICY --help`, `mlsched retrain POLICY --help`: past the policy name every
+    argument is the trainer's own (policy_models/*/train.py, policy_models/retrain/cli.py)."""
+    from importlib.metadata import entry_points
+
+    import pytest
+
+    pytest.importorskip("torch")
+    runs = [(command, e.name) for command, group in (("train", "mlsched.trainers"), ("retrain", "mlsched.retrainers"))
+            for e in entry_points(group=group)]
+    assert {("retrain", "dl2"), ("retrain", "harmony"), ("train", "dl2")} <= set(runs)
+    for command, policy in runs:
+        _help_exits_0([command, policy], capsys)

@@ -232,15 +232,20 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster_args(sim)
     sim.set_defaults(func=cmd_simulate)
 
+    # `mlsched train dl2 --help` reaches the trainer: past the policy, every argument is its own.
     train = sub.add_parser("train", help="train a learned policy in the simulator (needs the train extra)",
-                           add_help=False)
+                           description="Train a learned policy in the simulator; `mlsched train POLICY "
+                                       "--help` lists that trainer's options.")
     train.add_argument("policy", help="which policy to train, e.g. dl2")
     train.add_argument("trainer_args", nargs=argparse.REMAINDER, help="options of that trainer (--help lists them)")
     train.set_defaults(func=cmd_train)
 
-    retrain = sub.add_parser("retrain", add_help=False,
+    retrain = sub.add_parser("retrain",
                              help="improve a learned policy from the cluster's interval records and publish it "
-                                  "if it wins (needs the train extra; docs/retraining.md)")
+                                  "if it wins (needs the train extra; docs/retraining.md)",
+                             description="Improve a learned policy from the cluster's interval records and "
+                                         "publish it if it wins; `mlsched retrain POLICY --help` lists that "
+                                         "retrainer's options.")
     retrain.add_argument("policy", help="which learned algorithm to retrain, e.g. dl2")
     retrain.add_argument("trainer_args", nargs=argparse.REMAINDER, help="its options (--help lists them)")
     retrain.set_defaults(func=lambda a: cmd_train(a, "mlsched.retrainers", "retrainer"))
