@@ -21,8 +21,6 @@ import numpy as np
 from mlsched.policies.decision_log import DecisionRecorder, RoundDecisions
 from mlsched.policies.exploration import Serving
 
-DEFAULT_MAX_EXPLORATION = 0.2
-
 
 def applied_epsilon(requested: float, maximum: float) -> float:
     return max(0.0, min(requested, maximum))

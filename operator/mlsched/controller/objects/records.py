@@ -129,12 +129,6 @@ def _pod_slots(allocatable: Mapping[str, Any] | None) -> float:
 # ------------------------------------------------------------------------------------- pods
 
 
-def container_requests(container: Mapping[str, Any]) -> Resources:
-    """A container's requests; a resource with a limit and no request requests its limit (the
-    API server defaults it so, per resource: a GPU limit next to a CPU request counts)."""
-    return _planned(container_requested(container))
-
-
 def container_requested(container: Mapping[str, Any],
                         defaults: Mapping[str, float] | None = None) -> dict[str, float]:
     """Every resource a container (or a pod's own `spec.resources`) requests, by name, a limit
