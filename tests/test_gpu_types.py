@@ -57,6 +57,14 @@ def test_the_cluster_flag_parses_nodes_per_type():
             gpu_types.parse_cluster(bad)
 
 
+def test_a_nodes_gpu_product_label_names_its_type():
+    assert gpu_types.from_product_label("Tesla-V100-SXM2-16GB") == "v100"
+    assert gpu_types.from_product_label("Tesla-P100-PCIE-16GB") == "p100"
+    assert gpu_types.from_product_label("Tesla-K80") == "k80"
+    assert gpu_types.from_product_label("NVIDIA-A100-SXM4-40GB") is None
+    assert gpu_types.from_product_label(None) is None
+
+
 # ---- the cluster model ------------------------------------------------------------------
 def test_a_snapshot_has_one_type_per_node_or_none():
     snap = make_snapshot([], nodes=2)

@@ -100,6 +100,19 @@ def slowest(model: str, types: Iterable[str | None], uses_gpu: bool = True) -> f
     return min((relative_speed(model, t, uses_gpu) for t in types), default=1.0)
 
 
+def from_product_label(product: str | None) -> str | None:
+    """The table's type for a node's GPU product name, as NVIDIA's GPU feature discovery
+    labels it (`nvidia.com/gpu.product`, e.g. `Tesla-V100-SXM2-16GB`); None (untyped, the
+    V100's speeds) for no label or a product the table does not know (an A100, an H100)."""
+    if not product:
+        return None
+    name = product.lower()
+    for kind in GPU_TYPES:
+        if kind in name:
+            return kind
+    return None
+
+
 def parse_cluster(text: str) -> tuple[str, ...]:
     """`v100:12,p100:12,k80:12` (GPU type : nodes, in that order) -> one type per node."""
     out: list[str] = []
