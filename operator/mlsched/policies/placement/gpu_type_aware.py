@@ -41,6 +41,7 @@ class GpuTypeAware(TaskByTaskPlacement):
         self._untyped = Sticky(LoadBalance()) if sticky else LoadBalance()
         self._lb = LoadBalance()
         self._masks: tuple[object, dict[str | None, np.ndarray]] | None = None
+        self._share: tuple[Snapshot, int] | None = None
 
     def place(self, request: PlacementRequest):
         if not request.snapshot.typed:
@@ -106,11 +107,13 @@ class GpuTypeAware(TaskByTaskPlacement):
                 best, best_score = t, score
         return best
 
-    @staticmethod
-    def _fair_share(snap: Snapshot) -> int:
-        """Workers per GPU job if the cluster's GPUs were split evenly among them."""
-        gpu_jobs = sum(1 for j in snap.jobs if gpu_speed.uses_gpu(j))
-        return int(snap.total_capacity[1] // max(gpu_jobs, 1))
+    def _fair_share(self, snap: Snapshot) -> int:
+        """Workers per GPU job if the cluster's GPUs were split evenly among them (once per
+        snapshot: a round asks for every job's gang)."""
+        if self._share is None or self._share[0] is not snap:
+            gpu_jobs = sum(1 for j in snap.jobs if gpu_speed.uses_gpu(j))
+            self._share = (snap, int(snap.total_capacity[1] // max(gpu_jobs, 1)))
+        return self._share[1]
 
     def _type_masks(self, snap: Snapshot) -> dict[str | None, np.ndarray]:
         """Per GPU type, its nodes (made once per snapshot)."""
