@@ -110,6 +110,17 @@ def test_the_simulated_speed_is_the_slowest_workers_types():
     assert _rate(("k80", "k80", "k80"), (0, 1), "dssm") == _rate(None, (0, 1), "dssm")
 
 
+def test_a_step_keeps_a_slower_gpu_busy_for_longer():
+    def busy(types):
+        sim = Simulator(_one_job(), SimConfig(nodes=2, gpu_types=types))
+        s = sim.states["j"]
+        s.ps_nodes, s.worker_nodes = (0,), (0, 1)
+        return sim._busy_per_step(s).compute_s
+
+    assert busy(("v100", "v100")) == busy(None)
+    assert busy(("v100", "k80")) == pytest.approx(busy(None) / 0.159)
+
+
 def test_a_typed_simulator_records_the_type_each_speed_was_measured_at():
     types = ("v100", "k80")
     sim = Simulator(_one_job(), SimConfig(nodes=2, gpu_types=types))

@@ -632,7 +632,10 @@ class Simulator:
             return None
         demand = phased.worker_demand
         shares = sum(worker_compute_share(demand, self.capacity[n]) for n in s.worker_nodes)
-        return _BusyPerStep(phased.compute_s, shares, phased.comm_s, len(set(phased.nodes)))
+        compute_s = phased.compute_s
+        if self.gpu_types is not None:  # a step computes for longer on a slower GPU
+            compute_s /= self._type_factor(s.spec.model, s.worker_nodes)
+        return _BusyPerStep(compute_s, shares, phased.comm_s, len(set(phased.nodes)))
 
     def _retire_finished(self) -> None:
         for s in [s for s in self.active if s.finish_s is not None]:
