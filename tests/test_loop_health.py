@@ -20,6 +20,42 @@ def _sample(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+class LoopTime:
+    """The watcher's clock and sleep, driven by the test: each of its sleeps returns at once,
+    `late_by[i]` seconds later than it asked for (the loop blocked that long), and runs
+    `between[i]` first (what the process does meanwhile). After the last scripted sleep the
+    watcher is stopped, so it makes exactly len(late_by) measurements."""
+
+    def __init__(self, stopped: asyncio.Event, late_by: list[float], between=None):
+        self.now = 1000.0
+        self.stopped = stopped
+        self.late_by = list(late_by)
+        self.between = dict(between or {})
+        self.sleeps = 0
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        i = self.sleeps
+        self.sleeps += 1
+        if i in self.between:
+            self.between[i]()
+        self.now += seconds + self.late_by[i]
+        if self.sleeps == len(self.late_by):
+            self.stopped.set()
+        await asyncio.sleep(0)
+
+
+def _watch(health: LoopHealth, late_by: list[float], between=None) -> LoopTime:
+    async def scenario():
+        loop_time = LoopTime(asyncio.Event(), late_by, between)
+        await health.watch(loop_time.stopped, clock=loop_time.clock, sleep=loop_time.sleep)
+        return loop_time
+
+    return asyncio.run(scenario())
+
+
 @pytest.fixture
 def collector_restored():
     threshold = gc.get_threshold()
@@ -33,23 +69,33 @@ def test_a_blocked_loop_is_measured_and_logged(caplog):
     registry = CollectorRegistry()
     health = LoopHealth(registry)
 
+    # The second wake-up comes 1.4 s late: what a long synchronous step does to every task.
+    with caplog.at_level(logging.WARNING, logger="mlsched.controller.process.loop_health"):
+        _watch(health, [0.0, 1.4, 0.02])
+    assert health.worst_s == pytest.approx(1.4)
+    assert _sample(registry, "mlsched_event_loop_lag_seconds_count") == 3
+    assert _sample(registry, "mlsched_event_loop_lag_seconds_bucket", le="1.0") == 2
+    assert _sample(registry, "mlsched_event_loop_lag_seconds_sum") == pytest.approx(1.42)
+    warned = [r.getMessage() for r in caplog.records]
+    assert len(warned) == 1 and "event loop was blocked for 1.4 s" in warned[0]
+    assert health.gc not in gc.callbacks  # removed when the watcher stops
+
+
+def test_the_default_clock_measures_a_real_block():
+    """The same with the loop's real time (one short block, no scripted clock)."""
+    health = LoopHealth(CollectorRegistry())
+
     async def scenario():
         stopped = asyncio.Event()
         task = asyncio.create_task(health.watch(stopped))
-        await asyncio.sleep(0.3)
-        time.sleep(1.4)  # what a long synchronous step does to every other task
-        await asyncio.sleep(0.3)
+        await asyncio.sleep(0)  # the watcher is asleep, due PERIOD_S from now
+        time.sleep(loop_health.PERIOD_S + 0.05)  # a synchronous step holds the loop past that
+        await asyncio.sleep(0)
         stopped.set()
         await task
 
-    with caplog.at_level(logging.WARNING, logger="mlsched.controller.process.loop_health"):
-        asyncio.run(scenario())
-    assert health.worst_s > 1.0
-    assert _sample(registry, "mlsched_event_loop_lag_seconds_count") >= 2
-    assert _sample(registry, "mlsched_event_loop_lag_seconds_bucket", le="1.0") < \
-        _sample(registry, "mlsched_event_loop_lag_seconds_count")
-    assert any("event loop was blocked for 1." in r.getMessage() for r in caplog.records)
-    assert health.gc not in gc.callbacks  # removed when the watcher stops
+    asyncio.run(scenario())
+    assert health.worst_s >= 0.04
 
 
 def test_every_collection_is_timed_by_generation():
@@ -73,34 +119,16 @@ def test_survivors_of_a_full_collection_are_frozen_once_tuned(collector_restored
     assert frozen_at_start > 0  # the imports
     health = LoopHealth(CollectorRegistry())
     kept = [{"job": i, "history": [{"interval": k} for k in range(5)]} for i in range(5000)]
-
-    async def scenario():
-        stopped = asyncio.Event()
-        task = asyncio.create_task(health.watch(stopped))
-        await asyncio.sleep(0.05)
-        gc.collect()  # as CPython starts one when the long-lived objects grew by a quarter
-        await asyncio.sleep(loop_health.PERIOD_S * 2)
-        stopped.set()
-        await task
-
-    asyncio.run(scenario())
+    # As CPython starts one when the long-lived objects grew by a quarter, during a sleep.
+    _watch(health, [0.0, 0.0], between={0: gc.collect})
     assert gc.get_freeze_count() >= frozen_at_start + len(kept)
 
 
 def test_untuned_processes_are_never_frozen(collector_restored):
     # Tests, and programs embedding the operator, keep the collector as they set it.
     health = LoopHealth(CollectorRegistry())
-
-    async def scenario():
-        stopped = asyncio.Event()
-        task = asyncio.create_task(health.watch(stopped))
-        await asyncio.sleep(0.05)
-        gc.collect()
-        await asyncio.sleep(loop_health.PERIOD_S * 2)
-        stopped.set()
-        await task
-
-    asyncio.run(scenario())
+    _watch(health, [0.0, 0.0], between={0: gc.collect})
+    assert health.gc.full_collections >= 1  # the watcher saw it, and froze nothing
     assert gc.get_freeze_count() == 0
 
 

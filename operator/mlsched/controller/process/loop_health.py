@@ -36,6 +36,7 @@ import gc
 import logging
 import threading
 import time
+from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -101,16 +102,19 @@ class LoopHealth:
         Gauge("mlsched_event_loop_lag_worst_seconds", "The longest event-loop lag since start",
               registry=registry).set_function(lambda: self.worst_s)
 
-    async def watch(self, stopped: asyncio.Event) -> None:
+    async def watch(self, stopped: asyncio.Event, *,
+                    clock: Callable[[], float] = time.monotonic,
+                    sleep: Callable[[float], Awaitable[object]] = asyncio.sleep) -> None:
+        """Until `stopped`. `clock` and `sleep` are the loop's time (tests pass a fake one)."""
         self.gc.install()
         frozen_after = self.gc.full_collections
-        last_refreeze = time.monotonic()
+        last_refreeze = clock()
         try:
             while not stopped.is_set():
-                due = time.monotonic() + PERIOD_S
+                due = clock() + PERIOD_S
                 gc_before = self.gc.paused_s
-                await asyncio.sleep(PERIOD_S)
-                late = max(0.0, time.monotonic() - due)
+                await sleep(PERIOD_S)
+                late = max(0.0, clock() - due)
                 self.lag.observe(late)
                 self.worst_s = max(self.worst_s, late)
                 if late > WARN_S:
@@ -118,9 +122,9 @@ class LoopHealth:
                                 "of it)", late, self.gc.paused_s - gc_before)
                 if not _tuned:
                     continue
-                if time.monotonic() - last_refreeze > REFREEZE_S:
+                if clock() - last_refreeze > REFREEZE_S:
                     refreeze()
-                    last_refreeze = time.monotonic()
+                    last_refreeze = clock()
                 elif self.gc.full_collections > frozen_after:
                     gc.freeze()  # (not from the callback: the collector is still running there)
                 frozen_after = self.gc.full_collections
