@@ -11,6 +11,15 @@ from mlsched.controller.process.supervision import PolicyLoops
 from test_controller_fixtures import NS, cluster, make_runtime, policy, ps_job, run
 
 
+async def until(condition, turns: int = 1000) -> None:
+    """Let the other tasks run until `condition()` holds (a positive signal, not a time)."""
+    for _ in range(turns):
+        if condition():
+            return
+        await asyncio.sleep(0)
+    raise AssertionError(f"not after {turns} turns of the event loop")
+
+
 def _policy(name="p", generation=1, uid="u1", deleting=False):
     meta = {"name": name, "namespace": NS, "uid": uid, "generation": generation,
             "managedFields": [{"manager": "kubectl"}]}
@@ -27,20 +36,20 @@ def test_a_loop_runs_per_policy_sees_edits_and_stops_on_deletion():
         async def loop(body, stopped):
             while not stopped.is_set():
                 seen.append(body["spec"]["interval"])
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0)
             finished.append(body["metadata"]["name"])
 
         loops = PolicyLoops(loop)
         assert loops.observe(_policy()) is False  # first sight starts it, it is no edit
-        await asyncio.sleep(0.03)
+        await until(lambda: seen)
         assert loops.running() == [(NS, "p")]
         assert loops.observe(_policy()) is False  # the same generation: a status write, say
         assert loops.observe(_policy(generation=2)) is True
-        await asyncio.sleep(0.03)
-        assert seen[0] == 1 and seen[-1] == 2  # the running loop reads the latest body
+        await until(lambda: seen[-1] == 2)
+        assert seen[0] == 1 and set(seen) == {1, 2}  # the running loop reads the latest body
         assert "managedFields" not in str(seen)
         loops.observe(_policy(generation=2, deleting=True))
-        await asyncio.sleep(0.03)
+        await until(lambda: finished)
         assert finished == ["p"] and loops.running() == []
 
     run(scenario())
@@ -56,9 +65,9 @@ def test_a_policy_recreated_under_its_name_gets_a_new_loop():
 
         loops = PolicyLoops(loop)
         loops.observe(_policy(uid="u1"))
-        await asyncio.sleep(0.01)
+        await until(lambda: uids)
         loops.observe(_policy(uid="u2"))
-        await asyncio.sleep(0.01)
+        await until(lambda: len(uids) == 2)
         assert uids == ["u1", "u2"] and loops.running() == [(NS, "p")]
         await loops.stop_all()
         assert loops.running() == []
@@ -76,11 +85,10 @@ def test_a_crashing_loop_is_logged_and_restarted_by_the_next_event():
 
         loops = PolicyLoops(loop)
         loops.observe(_policy())
-        await asyncio.sleep(0.01)
-        assert loops.running() == []
+        await until(lambda: calls and loops.running() == [])  # died, and forgot the policy
         loops.observe(_policy())
-        await asyncio.sleep(0.01)
-        assert len(calls) == 2
+        await until(lambda: len(calls) == 2)
+        assert loops.running() == []
 
     run(scenario())
 
