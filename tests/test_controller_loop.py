@@ -447,15 +447,22 @@ def test_an_edited_policy_or_an_arrival_wakes_the_loop_before_its_interval():
             body = kube.obj("SchedulingPolicy", NS, "default")
             task = asyncio.ensure_future(loop.run_policy_forever(
                 rt, body, kube.indexes(), sleep=nap, stopped=stop.is_set))
-            await asyncio.sleep(0.5)
-            assert rounds == [1] and admissions == []
+            async def until(condition):  # a positive signal: what the loop did, within 10 s
+                for _ in range(1000):
+                    if condition():
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError("the loop did not get there")
+
+            await until(lambda: rounds == [1])  # the first round, then asleep for a day
+            assert admissions == []
             rt.wakeups.signal((NS, "default"), "admission")
             rt.wakeups.signal((NS, "default"), "admission")  # a burst: one step
-            await asyncio.sleep(0.6)
-            assert admissions == [1] and rounds == [1]
+            await until(lambda: admissions == [1])
+            assert rounds == [1]
             rt.wakeups.signal((NS, "default"), "policy")
-            await asyncio.sleep(0.3)
-            assert rounds == [1, 1]
+            await until(lambda: rounds == [1, 1])
+            assert admissions == [1]  # the burst was one step, and the edit woke a round
             stop.set()
             await asyncio.wait_for(task, 5)
         finally:
