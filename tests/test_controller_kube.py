@@ -225,13 +225,24 @@ def test_status_patches_are_sent_by_priority():
         def patch(name, priority=STATUS_ROUTINE):
             return asyncio.create_task(api.patch("MLJob", NS, name, {"status": {}}, status=True,
                                                  priority=priority))
+        async def until(condition):  # a state, not a time budget
+            for _ in range(10_000):
+                with lock:
+                    if condition():
+                        return
+                await asyncio.sleep(0.001)
+            raise AssertionError("not reached")
+
+        def queued():
+            return len(api._status_slots._waiting)
+
         tasks = [patch("first")]
-        await asyncio.sleep(0.2)  # "first" holds the slot
+        await until(lambda: sent == ["first"])  # "first" holds the slot (sent, not answered)
         tasks += [patch(f"count-{i}") for i in range(3)]
         tasks += [patch(f"pending-{i}", STATUS_SOON) for i in range(2)]
-        await asyncio.sleep(0.05)
+        await until(lambda: queued() == 5)
         tasks.append(patch("running", STATUS_FIRST))
-        await asyncio.sleep(0.05)
+        await until(lambda: queued() == 6)
         release.set()
         await asyncio.gather(*tasks)
 
