@@ -1026,10 +1026,11 @@ def test_a_job_marked_due_during_its_evaluation_is_evaluated_once_after_it():
     key = (NS, "bert")
     run(jobs.on_job_event(rt, "MODIFIED", kube.obj("MLJob", NS, "bert"), kube.indexes()))
     patch = kube.patch
-    answered = asyncio.Event()
+    answered, out = asyncio.Event(), asyncio.Event()
 
     async def slow_patch(kind, namespace, name, body, **kw):
         if kind == "MLJob" and kw.get("status"):
+            out.set()
             await answered.wait()
         return await patch(kind, namespace, name, body, **kw)
 
@@ -1038,7 +1039,7 @@ def test_a_job_marked_due_during_its_evaluation_is_evaluated_once_after_it():
     async def meanwhile() -> list:
         rt.lifecycle_due._due.clear()
         first = asyncio.create_task(jobs.sync_job(rt, rt.job_bodies[key], kube.indexes()))
-        await asyncio.sleep(0.01)  # its status patch is out
+        await asyncio.wait_for(out.wait(), 10)  # its status patch is out
         assert key in rt.syncing
         again = await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes(), prompt=True)
         due_before = list(rt.lifecycle_due._due)
