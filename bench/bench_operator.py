@@ -1,13 +1,13 @@
 """Operator speed and memory at scale: 1,000 MLJobs on 500 nodes.
 
 1. One scheduling round (target <= 200 ms): Snapshot from the index records, grouping ->
-   allocation (drf) -> placement (load-balance) via run_served_round (as loop.py runs a round:
+   allocation (drf) -> placement (load-balance) via run_served_round (as rounds.py runs a round:
    settled, policies/round.py), and the desired-state diff (StatefulSet and pod actions) for
    every job. No API calls. Measured in steady state (the cluster already runs the previous
    decision) and cold (every job new), and once more including turning the raw Kubernetes
    dicts into index records, which the operator does per watch event rather than per round.
 2. API calls per round (mlsched_api_requests_total, counted as the operator counts them, by
-   verb and resource) when the real `loop.run_policy_round` runs against an API that accepts
+   verb and resource) when the real `rounds.run_policy_round` runs against an API that accepts
    every call at once: a busy round (1,000 new jobs scaled and placed) and a steady round
    (nothing changed: only each job's interval record and the policy's are written).
 3. Process RSS while the indexes hold 1,000 MLJobs (and their bodies, which kopf keeps for the
@@ -20,7 +20,7 @@
    cold cluster, the most work a decision can have; the learned policy decides every job
    afresh each round anyway), the garbage collector as `python -m mlsched.controller` runs it (young threshold
    raised, what the indexes hold frozen, as its watcher freezes the survivors of every full
-   collection, and held off for the snapshot and the decision, as loop.py holds it for a
+   collection, and held off for the snapshot and the decision, as step.py holds it for a
    round: controller/process/loop_health.py); `--gc-defaults` measures with CPython's.
 
 Ratios < 1.00 meet the target. Run: `python bench/bench_operator.py [--scale-jobs N --scale-nodes M]`.
@@ -47,7 +47,7 @@ from collections import defaultdict  # noqa: E402
 import numpy as np  # noqa: E402
 
 from mlsched.controller.app import handlers  # noqa: E402,F401 - the operator's import footprint
-from mlsched.controller.scheduling import loop  # noqa: E402
+from mlsched.controller.scheduling import loop, policy_view  # noqa: E402
 from mlsched.controller.process.config import OperatorConfig  # noqa: E402
 from mlsched.controller.kube.kube import RESOURCES  # noqa: E402
 from mlsched.controller.scheduling.runtime import Indexes, Runtime  # noqa: E402
@@ -57,7 +57,7 @@ from mlsched.controller.objects.desired import (  # noqa: E402
 )
 from mlsched.controller.objects.records import job_record, node_record, pod_record, sts_record  # noqa: E402
 from mlsched.policies import registry  # noqa: E402
-from mlsched.policies.round import run_served_round  # noqa: E402 (a round as loop.py decides it)
+from mlsched.policies.round import run_served_round  # noqa: E402 (a round as rounds.py decides it)
 from mlsched.workloads import catalog  # noqa: E402
 
 JOBS, NODES, NAMESPACE = 1000, 500, "bench"
@@ -155,13 +155,13 @@ def cold_indexes(nodes, jobs, settings: PodSettings = SETTINGS):
 
 def snapshot_of(node_index, job_index, pod_index, sts_index):
     """The schedulable jobs and the snapshot a round decides on, built by the operator's own
-    `loop.policy_snapshot`, with every job holding a reservation (as after any round)."""
+    `policy_view.policy_snapshot`, with every job holding a reservation (as after any round)."""
     jobs = [j for store in job_index.values() for j in store if j.schedulable]
     rt = Runtime.create(OperatorConfig(), AcceptingApi())
     rt.reservations.set((NAMESPACE, "default"), {j.key: {} for j in jobs})
     idx = Indexes(nodes=node_index, pods=pod_index, statefulsets=sts_index, foreign={},
                   mljobs=job_index, policies={(NAMESPACE, "default"): [True]})
-    return jobs, loop.policy_snapshot(rt, idx, jobs, jobs, now=time.time(), interval_s=1200.0)
+    return jobs, policy_view.policy_snapshot(rt, idx, jobs, jobs, now=time.time(), interval_s=1200.0)
 
 
 def plan_all(jobs, targets, pod_index, sts_index):
@@ -180,7 +180,7 @@ def plan_all(jobs, targets, pod_index, sts_index):
 
 
 def one_round(node_index, job_index, pod_index, sts_index):
-    """Snapshot → run_served_round → targets → actions: the CPU part of loop.run_policy_round."""
+    """Snapshot → run_served_round → targets → actions: the CPU part of rounds.run_policy_round."""
     jobs, snap = snapshot_of(node_index, job_index, pod_index, sts_index)
     decision = run_served_round(snap, registry.make_allocation("drf"),
                                 registry.make_placement("load-balance"))

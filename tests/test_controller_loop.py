@@ -10,7 +10,7 @@ import pytest
 
 from mlsched.api import get_condition
 from mlsched.controller.app import jobs
-from mlsched.controller.scheduling import loop
+from mlsched.controller.scheduling import loop, policy_view, step, step_jobs
 from mlsched.controller.objects.desired import DeletePod
 from mlsched.controller.kube.kube import KubeError
 from mlsched.policies import registry
@@ -95,15 +95,15 @@ def test_an_edit_landing_mid_round_is_not_reported_as_observed(monkeypatch):
     """The body is kopf's live view: an edit arriving while the round decides belongs to the
     next round, so this round must report the generation it decided with."""
     rt, kube = setup(job_bodies=[ps_job("bert", max_workers=8)])
-    decide = loop._decide
+    decide = step.decide
 
-    async def edited_while_deciding(snapshot, resolved, *serving):
+    async def edited_while_deciding(*args):
         pol = kube.obj("SchedulingPolicy", NS, "default")
         pol["spec"]["allocation"] = "fifo"
         pol["metadata"]["generation"] = 2
-        return await decide(snapshot, resolved, *serving)
+        return await decide(*args)
 
-    monkeypatch.setattr(loop, "_decide", edited_while_deciding)
+    monkeypatch.setattr(step, "decide", edited_while_deciding)
     report = round_(rt, kube)
     assert report.allocation == "drf"
     assert kube.obj("SchedulingPolicy", NS, "default")["status"]["observedGeneration"] == 1
@@ -369,7 +369,7 @@ def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission
     _edit_spec(rt, kube, "bert", more_cpu)
     report = admit(rt, kube)
     assert set(report.targets) == {"bert"}
-    assert rt.reservations.usage_of((NS, "bert")) == loop.usage_of(
+    assert rt.reservations.usage_of((NS, "bert")) == step_jobs.usage_of(
         kube.indexes().job(NS, "bert"), report.targets["bert"].nodes)
     settle(rt, kube)
     cpu = {}
@@ -393,16 +393,16 @@ def test_outgrown_names_what_the_edit_broke():
     nodes = {n: node_record(node(n, labels={"disk": "ssd"} if n == "a" else {})) for n in "ab"}
     job = job_record(body)
     decided = {"ps": ("a",), "worker": ("a", "b")}
-    reserved = loop.usage_of(job, decided)
-    assert loop.outgrown(job, decided, nodes, reserved) is None
-    assert loop.outgrown(job, {"ps": ("a",), "worker": ("a", "b", "b")}, nodes, None) == \
+    reserved = step_jobs.usage_of(job, decided)
+    assert step_jobs.outgrown(job, decided, nodes, reserved) is None
+    assert step_jobs.outgrown(job, {"ps": ("a",), "worker": ("a", "b", "b")}, nodes, None) == \
         "its 3 worker are outside the edited [1, 2]"
-    assert loop.outgrown(job, {"ps": (), "worker": ("a",)}, nodes, None) == \
+    assert step_jobs.outgrown(job, {"ps": (), "worker": ("a",)}, nodes, None) == \
         "its 0 ps are outside the edited [1, 4]"
     body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"] = {"disk": "ssd"}
-    assert loop.outgrown(job_record(body), decided, nodes, reserved) == \
+    assert step_jobs.outgrown(job_record(body), decided, nodes, reserved) == \
         "its worker on b, which the edited template does not allow"
-    assert loop.outgrown(job, decided, nodes, {"a": (4.0, 1.0, 16.0), "b": (3.0, 1.0, 8.0)}) == \
+    assert step_jobs.outgrown(job, decided, nodes, {"a": (4.0, 1.0, 16.0), "b": (3.0, 1.0, 8.0)}) == \
         "its pods' requests were edited"
 
 
@@ -505,16 +505,16 @@ def test_a_statefulset_event_older_than_the_admission_scaling_it_is_not_taken_fo
     rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
     stale = kube.obj("StatefulSet", NS, "bert-worker")  # as the watch reported it: 0 replicas
     assert stale["spec"]["replicas"] == 0
-    original = loop.execute_all
+    original = step.execute_all
     restored_mid_step = []
 
     async def execute_all_after_a_stale_event(api, actions):
         restored_mid_step.append(await jobs.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
         return await original(api, actions)
-    monkeypatch.setattr(loop, "execute_all", execute_all_after_a_stale_event)
+    monkeypatch.setattr(step, "execute_all", execute_all_after_a_stale_event)
     decided = admit(rt, kube).targets["bert"].count("worker")
     assert decided >= 1 and restored_mid_step == [False]
-    monkeypatch.setattr(loop, "execute_all", original)
+    monkeypatch.setattr(step, "execute_all", original)
     # Handled only now, after the admission's patches were answered: still not a hand edit.
     assert not run(jobs.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
     assert "Restored" not in {e["reason"] for e in kube.events("bert")}
@@ -534,7 +534,7 @@ def test_a_step_that_fails_while_applying_leaves_the_job_restorable(monkeypatch)
     async def unreachable(api, actions):
         assert rt.placements.being_applied((NS, "bert"))
         raise ConnectionError("the API server went away")
-    monkeypatch.setattr(loop, "execute_all", unreachable)
+    monkeypatch.setattr(step, "execute_all", unreachable)
     with pytest.raises(ConnectionError):
         run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                       kube.indexes(), now=NOW + 30))
@@ -603,7 +603,7 @@ def test_a_spec_edit_during_a_round_is_not_undone_by_the_rounds_template(monkeyp
     for i in range(1, 6):
         kube.put(node(f"node-{i}"))
     idx = kube.indexes()
-    original = loop._decide
+    original = step.decide
 
     async def edited_while_deciding(*args, **kw):
         decision = await original(*args, **kw)
@@ -612,7 +612,7 @@ def test_a_spec_edit_during_a_round_is_not_undone_by_the_rounds_template(monkeyp
         object.__setattr__(idx, "mljobs", now.mljobs)  # kopf's indexes are live
         await jobs.reconcile_children(rt, edited, now, {})
         return decision
-    monkeypatch.setattr(loop, "_decide", edited_while_deciding)
+    monkeypatch.setattr(step, "decide", edited_while_deciding)
     second = recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), idx,
                                                 now=NOW + 1200)).targets["bert"]
     worker = kube.obj("StatefulSet", NS, "bert-worker")
@@ -628,7 +628,7 @@ def test_a_spec_edit_waits_for_the_step_applying_a_decision(monkeypatch):
     round_(rt, kube)
     for i in range(1, 6):
         kube.put(node(f"node-{i}"))
-    original = loop.execute_all
+    original = step.execute_all
     refresh = []
 
     async def edited_while_applying(api, actions):
@@ -638,7 +638,7 @@ def test_a_spec_edit_waits_for_the_step_applying_a_decision(monkeypatch):
             await asyncio.sleep(0)
         assert not refresh[0].done()  # waiting for these patches
         return await original(api, actions)
-    monkeypatch.setattr(loop, "execute_all", edited_while_applying)
+    monkeypatch.setattr(step, "execute_all", edited_while_applying)
 
     async def round_then_refresh():
         report = await loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
@@ -746,7 +746,7 @@ def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
     reads = []
     real = JobRecord.key  # the slot's descriptor (the records exist already)
     monkeypatch.setattr(JobRecord, "key", property(lambda self: reads.append(1) or real.__get__(self)))
-    snapshot = loop.policy_snapshot(rt, idx, jobs_, jobs_, NOW, 1200.0)
+    snapshot = policy_view.policy_snapshot(rt, idx, jobs_, jobs_, NOW, 1200.0)
     assert len(snapshot.jobs) == jobs_n
     assert len(reads) <= 20 * jobs_n, f"{len(reads)} key reads for {jobs_n} jobs"
 
@@ -814,13 +814,13 @@ def test_a_pod_pinned_by_its_handler_while_the_round_decided_is_moved_not_report
         pod["spec"].pop("schedulingGates", None)
         return await real_execute_all(api, actions)
 
-    monkeypatch.setattr(loop, "execute_all", handler_first)
+    monkeypatch.setattr(step, "execute_all", handler_first)
     uid = kube.obj("Pod", NS, "bert-worker-0")["metadata"]["uid"]
     round_(rt, kube, now=NOW + 1300)
     assert not [e for e in kube.events("bert") if e["reason"] == "ApplyFailed"], kube.events("bert")
     pod = kube.objects.get(("Pod", NS, "bert-worker-0"))
     assert pod is None or pod["metadata"]["uid"] != uid  # recreated, gated, by its StatefulSet
-    monkeypatch.setattr(loop, "execute_all", real_execute_all)
+    monkeypatch.setattr(step, "execute_all", real_execute_all)
     settle(rt, kube)
     assert kube.obj("Pod", NS, "bert-worker-0")["spec"]["nodeName"] == target
 
@@ -869,9 +869,9 @@ def test_rounds_after_a_burst_restart_nobody_once_nothing_changes():
     run(create_jobs(rt, kube, *bodies[:2]))
     round_(rt, kube)
     settle(rt, kube)
-    for step, batch in enumerate((bodies[2:8], bodies[8:])):  # arrivals, admitted on arrival
+    for n, batch in enumerate((bodies[2:8], bodies[8:])):  # arrivals, admitted on arrival
         run(create_jobs(rt, kube, *batch))
-        admit(rt, kube, now=NOW + 30 * (step + 1))
+        admit(rt, kube, now=NOW + 30 * (n + 1))
         settle(rt, kube)
     first = round_(rt, kube, now=NOW + 1200)
     assert first.actions  # the burst is re-decided

@@ -1,5 +1,6 @@
 """The scheduling step: one SchedulingPolicy's rounds and admission steps, and the operator-wide
-state (`Runtime`) they run on. Imports any subpackage below it (not `progress/` or `app/`). A new policy goes in `mlsched.policies` (docs/architecture.md, "Adding a
+state (`Runtime`) they run on. Imports any subpackage below it (not `progress/` or `app/`).
+A new policy goes in `mlsched.policies` (docs/architecture.md, "Adding a
 policy"); a new status field a round writes goes in reporting.py (pool_steps.py for groups),
 written through `kube/status_writer.py`, with its model in `mlsched.api`.
 
@@ -14,5 +15,12 @@ written through `kube/status_writer.py`, with its model in `mlsched.api`.
     guard.py         the regret guard: closed intervals judged over a rolling window
     conservation.py  work conservation over rounds: status, Ready reason, Events   pure
     reporting.py     what a round tells the world: Events and status writes
-    loop.py          one round, an admission step, and the loop around them
+    step_jobs.py     the jobs a step decides: reservations, edited specs, displaced tasks,
+                     children ready, the policy's job counts
+    policy_view.py   what one policy's step sees: its snapshot, its jobs held as decided
+    step.py          the step engine: snapshot → decide (one fallback path) → book → plan →
+                     apply → Events, and the jobs' status after a step
+    rounds.py        a round: intervals closed and opened, dataset, guard, policy status
+    admitting.py     an admission step: waiting, re-decided and displaced jobs
+    loop.py          the loop around them: rounds on time, admission steps on wake-ups
 """
