@@ -28,6 +28,10 @@ from mlsched.workloads.speed_models import epochs_per_s
 from mlsched.workloads.traces import TraceJob
 from policy_models.chic import export, networks, train
 
+# torch: the training tier (`make test`'s second step; conftest.py keeps the fast tier from
+# importing this module).
+pytestmark = pytest.mark.training
+
 
 class RecordingFIFO(FIFO):
     """FIFO that records the time of every round it is asked to decide."""

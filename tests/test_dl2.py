@@ -22,6 +22,10 @@ from mlsched.sim.simulator import SIMULATOR_VERSION, SimConfig, Simulator
 from mlsched.workloads import catalog, generators
 from policy_models.dl2 import export, networks, train
 
+# torch: the training tier (`make test`'s second step; conftest.py keeps the fast tier from
+# importing this module).
+pytestmark = pytest.mark.training
+
 LB = registry.make_placement("load-balance")
 J = 8
 

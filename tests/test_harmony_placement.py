@@ -25,6 +25,10 @@ from mlsched.sim.simulator import SimConfig, Simulator
 from policy_models.harmony import export, networks, reward_model
 from policy_models.harmony import train as harmony_train
 
+# torch: the training tier (`make test`'s second step; conftest.py keeps the fast tier from
+# importing this module).
+pytestmark = pytest.mark.training
+
 
 def _snapshot(nodes: int = 4) -> Snapshot:
     jobs = [JobView("a", "resnet-50", "ps", 0.0, 10.0, ps=1, workers=2, ps_nodes=(0,), worker_nodes=(0, 1)),

@@ -22,6 +22,10 @@ from mlsched.workloads import generators
 from policy_models.dl2 import export, networks
 from policy_models.retrain import calibration, cli, history, offpolicy, publish, warm_start
 
+# torch: the training tier (`make test`'s second step; conftest.py keeps the fast tier from
+# importing this module).
+pytestmark = pytest.mark.training
+
 SHIPPED = "policy_models/artifacts/dl2/dl2.onnx"
 
 

@@ -17,6 +17,10 @@ from mlsched.formats import model_versions
 from mlsched.policies.onnx_runner import load_model
 from policy_models.retrain import harmony, history, publish, workload
 
+# torch: the training tier (`make test`'s second step; conftest.py keeps the fast tier from
+# importing this module).
+pytestmark = pytest.mark.training
+
 ROOT = Path(__file__).resolve().parents[1]
 ALGORITHM_PATH = ROOT / "policy_models/artifacts/harmony/harmony.onnx"  # the shipped model
 
