@@ -32,7 +32,8 @@ from prometheus_client import CollectorRegistry  # noqa: E402
 
 from mlsched.controller.process import loop_health  # noqa: E402
 from mlsched.controller.process.loop_health import LoopHealth  # noqa: E402
-from mlsched.controller.objects.records import job_record, pod_record  # noqa: E402
+from mlsched.controller.objects.records import pod_record
+from mlsched.controller.objects.job_records import job_record
 
 BATCH = 20
 PODS_PER_JOB = 5

@@ -55,7 +55,8 @@ from mlsched.controller.objects.desired import (  # noqa: E402
     PodSettings, clear_hash_cache, job_targets, plan_pods, plan_statefulset, roles_of,
     statefulset_manifest,
 )
-from mlsched.controller.objects.records import job_record, node_record, pod_record, sts_record  # noqa: E402
+from mlsched.controller.objects.records import node_record, pod_record, sts_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.policies import registry  # noqa: E402
 from mlsched.policies.round import run_served_round  # noqa: E402 (a round as rounds.py decides it)
 from mlsched.workloads import catalog  # noqa: E402

@@ -34,7 +34,7 @@ import random
 
 import bench_operator as bo
 from mlsched.controller.objects.desired import roles_of, statefulset_manifest
-from mlsched.controller.objects.records import job_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.policies import registry
 from mlsched.policies.cycle_guard import CycleGuard
 from mlsched.policies.round import run_admission, run_round, run_served_round

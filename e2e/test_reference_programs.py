@@ -26,7 +26,7 @@ import pytest
 
 from mlsched import training
 from mlsched.controller.objects.desired import PodSettings, statefulset_manifest
-from mlsched.controller.objects.records import job_record
+from mlsched.controller.objects.job_records import job_record
 from pod_runner import (
     PodProcess, PodRunner, addresses, expand, hosts_file, pod_argv, pod_env, statefulset_pods,
     terminate_all,

@@ -8,7 +8,8 @@ from mlsched.controller.objects.desired import (
     DeletePod, PatchStatefulSet, PinPod, PodSettings, job_targets, plan_pods, plan_statefulset,
     pod_template, service_manifest, statefulset_manifest, template_hash,
 )
-from mlsched.controller.objects.records import job_record, pod_record, sts_record
+from mlsched.controller.objects.records import pod_record, sts_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot
 from mlsched.controller.objects.records import node_record
 from test_controller_fixtures import NS, env_of, node, pod, ps_job

@@ -15,7 +15,8 @@ from typing import Any
 import yaml
 
 from mlsched.controller.process.config import OperatorConfig
-from mlsched.controller.objects.records import job_record, node_record
+from mlsched.controller.objects.records import node_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.runtime import Runtime
 from memory_kube import MemoryKube
 

@@ -10,7 +10,7 @@ from mlsched.api import get_condition
 from mlsched.controller.app import jobs
 from mlsched.controller.objects import lifecycle
 from mlsched.controller.scheduling import loop
-from mlsched.controller.objects.records import parse_job
+from mlsched.controller.objects.job_records import parse_job
 from test_controller_fixtures import (
     NOW, NS, cluster, create_jobs, make_runtime, pod, policy, ps_job, run,
 )

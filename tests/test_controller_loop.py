@@ -386,7 +386,8 @@ def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission
 
 
 def test_outgrown_names_what_the_edit_broke():
-    from mlsched.controller.objects.records import job_record, node_record
+    from mlsched.controller.objects.records import node_record
+    from mlsched.controller.objects.job_records import job_record
     from test_controller_fixtures import node
     body = ps_job("j", min_workers=1, max_workers=2)
     body["metadata"].update(uid="u", generation=2)
@@ -735,7 +736,7 @@ def test_a_round_right_after_an_admission_keeps_the_admitted_job_where_it_was_de
 def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
     # At 2,000 jobs a snapshot that compared every reservation with every job (O(jobs²))
     # held the event loop for 8-15 s per admission step. Count the work, not the time.
-    from mlsched.controller.objects.records import JobRecord
+    from mlsched.controller.objects.job_records import JobRecord
 
     jobs_n = 60
     rt, kube = setup(nodes=8, job_bodies=[ps_job(f"j{k}") for k in range(jobs_n)])

@@ -20,7 +20,8 @@ from mlsched.controller.objects.desired import (
     PodSettings, plan_statefulset, pod_template, statefulset_manifest, template_hash,
 )
 from mlsched.controller.serving.models import ResolvedPolicy, Verdict
-from mlsched.controller.objects.records import PodPool, job_record, node_record, sts_record
+from mlsched.controller.objects.records import PodPool, node_record, sts_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.policies import registry
 from mlsched.policies.grouping.existing_pools import project
 from test_controller_fixtures import (
@@ -171,7 +172,7 @@ def test_a_grouped_pod_requires_its_pool_and_requests_its_share_of_cpu_only():
     assert [t["matchExpressions"][0]["values"] for t in terms] == [["a"], ["b"]]
     before = plain["spec"]["containers"][0]["resources"]["requests"]
     after = tpl["spec"]["containers"][0]["resources"]["requests"]
-    from mlsched.controller.objects.records import parse_quantity
+    from mlsched.controller.objects.quantities import parse_quantity
 
     assert parse_quantity(after["cpu"]) == pytest.approx(parse_quantity(before["cpu"]) / 2, abs=1e-3)
     assert after.get("nvidia.com/gpu") == before.get("nvidia.com/gpu")

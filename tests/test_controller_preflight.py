@@ -102,7 +102,7 @@ def test_answers_are_classified(status, message, kind):
 
 def test_the_dry_run_pod_is_the_statefulset_s_first_pod():
     rt, _ = make_runtime(cluster(1))
-    from mlsched.controller.objects.records import job_record
+    from mlsched.controller.objects.job_records import job_record
 
     job = job_record(ps_job("bert"))
     pod = preflight.dry_run_pod(job, "worker", rt.pod_settings)

@@ -8,7 +8,8 @@ from datetime import UTC, datetime, timedelta
 
 from mlsched.api import get_condition
 from mlsched.controller.objects.lifecycle import Observed, evaluate, start_rescale
-from mlsched.controller.objects.records import StsRecord, parse_job
+from mlsched.controller.objects.records import StsRecord
+from mlsched.controller.objects.job_records import parse_job
 from test_controller_fixtures import NS, allreduce_job, ps_job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)

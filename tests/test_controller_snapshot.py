@@ -7,9 +7,9 @@ import pytest
 
 from mlsched.cluster.types import SpeedObservation
 
-from mlsched.controller.objects.records import (
-    job_record, node_record, parse_quantity, pod_record, sts_record,
-)
+from mlsched.controller.objects.records import node_record, pod_record, sts_record
+from mlsched.controller.objects.job_records import job_record
+from mlsched.controller.objects.quantities import parse_quantity
 from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot, held_elsewhere, observations
 from test_controller_fixtures import NS, allreduce_job, node, pod, ps_job
 

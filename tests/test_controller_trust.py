@@ -6,7 +6,8 @@ from __future__ import annotations
 from mlsched.api import get_condition
 from mlsched.controller.app import jobs
 from mlsched.controller.objects.desired import PodSettings, pod_template
-from mlsched.controller.objects.records import job_record, pod_record
+from mlsched.controller.objects.records import pod_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.runtime import FailureBook
 from mlsched.controller.scheduling.snapshot import ClusterFit
 from mlsched.controller.objects.records import node_record
@@ -167,7 +168,7 @@ def test_pods_of_other_namespaces_hold_their_nodes_in_namespaced_mode():
 
 
 def test_pod_requests_count_limits_init_containers_and_overhead_as_the_scheduler_does():
-    from mlsched.controller.objects.records import pod_requests
+    from mlsched.controller.objects.quantities import pod_requests
 
     spec = {"containers": [
         # A GPU limit next to a CPU request: the GPU is requested too (defaulted from the limit).
@@ -184,7 +185,7 @@ def test_pod_requests_count_sidecars_and_pod_level_resources_as_the_scheduler_do
     they add to the pod's request, and to every init container declared after them. They used
     to count only as init containers (the larger of, not the sum), so a template with a 2-CPU
     sidecar was planned 2 CPUs short and its pods stayed Pending on full nodes."""
-    from mlsched.controller.objects.records import pod_requests
+    from mlsched.controller.objects.quantities import pod_requests
 
     def box(cpu, mem="0"):
         return {"resources": {"requests": {"cpu": cpu, "memory": mem}}}

@@ -11,7 +11,8 @@ from mlsched.api import get_condition
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.controller.admission.counted_resources import POD_SLOTS
-from mlsched.controller.objects.records import job_record, node_record, pod_record
+from mlsched.controller.objects.records import node_record, pod_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot, held_counted
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit

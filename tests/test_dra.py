@@ -9,7 +9,7 @@ import pytest
 
 from mlsched.api import get_condition
 from mlsched.controller.constraints import dra
-from mlsched.controller.objects.records import job_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.runtime import flatten
 from mlsched.controller.scheduling.snapshot import held_elsewhere
 from test_controller_fixtures import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run

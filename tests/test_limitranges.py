@@ -14,7 +14,8 @@ from mlsched.controller.admission.limitranges import (
     ContainerDefaults, Defaulted, as_planned, container_defaults, defaulted, limit_range_record,
     refusal,
 )
-from mlsched.controller.objects.records import job_record, pod_requests
+from mlsched.controller.objects.job_records import job_record
+from mlsched.controller.objects.quantities import pod_requests
 from test_controller_fixtures import NS, policy, ps_job
 from test_controller_loop import round_, setup
 

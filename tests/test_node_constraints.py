@@ -8,7 +8,8 @@ import pytest
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.controller.constraints.node_constraints import node_constraint, role_constraints
-from mlsched.controller.objects.records import job_record, node_record
+from mlsched.controller.objects.records import node_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy

@@ -14,7 +14,8 @@ from mlsched.cluster.types import JobDecision, JobView, Snapshot
 from mlsched.controller.constraints.host_ports import host_ports, role_host_ports
 from mlsched.controller.constraints.pod_anti_affinity import spreading_selectors
 from mlsched.controller.constraints.topology_spread import spread_constraints
-from mlsched.controller.objects.records import job_record, node_record, pod_record
+from mlsched.controller.objects.records import node_record, pod_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from mlsched.controller.objects.records import job_record, node_record
+from mlsched.controller.objects.records import node_record
+from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
@@ -25,7 +26,7 @@ def test_quota_records_read_what_the_planner_books():
                 "count/pods": "50", "limits.cpu": "8", "count/services": "3"},
                {"requests.nvidia.com/gpu": "3", "requests.cpu": "6", "memory": "24Gi",
                 "count/pods": "5", "limits.cpu": "7"})
-    # Requests of CPU, GPU, memory; limits of CPU, memory; pods (records.QUOTA_DIMS).
+    # Requests of CPU, GPU, memory; limits of CPU, memory; pods (quantities.QUOTA_DIMS).
     assert q.hard == (16.0, 4.0, 64.0, 8.0, None, 50.0)
     assert q.used == (6.0, 3.0, 24.0, 7.0, 0.0, 5.0)
     # Scoped quotas bound some pods only; quotas of nothing we plan bound none.
@@ -79,7 +80,7 @@ def test_a_pod_counts_against_quotas_what_the_api_server_counts():
     """Requests and limits by the pod rule (sidecars and init containers), LimitRange defaults
     applied, one pod; NaN where a container leaves a request or limit unset (the quota
     admission refuses such a pod wherever that resource is bounded: verified on 1.34)."""
-    from mlsched.controller.objects.records import quota_usage
+    from mlsched.controller.objects.quantities import quota_usage
     gib = 2.0**30
     box = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "2", "memory": "2Gi"}}
     spec = {"containers": [{"name": "a", "resources": box},
@@ -169,13 +170,13 @@ def test_another_vendors_accelerator_is_planned_as_the_gpu(monkeypatch):
     import subprocess
     import sys
 
-    from mlsched.controller.objects import records
+    from mlsched.controller.objects import quantities
     from mlsched.controller.__main__ import export, parse_args
     from mlsched.controller.process.config import OperatorConfig
     from mlsched.controller.admission.quotas import keys
-    from mlsched.controller.objects.records import pod_requests
+    from mlsched.controller.objects.quantities import pod_requests
 
-    monkeypatch.setattr(records, "GPU_RESOURCE", "amd.com/gpu")
+    monkeypatch.setattr(quantities, "GPU_RESOURCE", "amd.com/gpu")
     amd = node("mi300", gpu="0")
     amd["status"]["allocatable"]["amd.com/gpu"] = "8"
     assert node_record(amd).allocatable == (8.0, 8.0, 48.0)
@@ -193,8 +194,8 @@ def test_another_vendors_accelerator_is_planned_as_the_gpu(monkeypatch):
     # The flag reaches the module the index functions read, as the CLI runs it.
     monkeypatch.delenv("MLSCHED_GPU_RESOURCE", raising=False)
     export(parse_args(["--gpu-resource", "amd.com/gpu"]))
-    out = subprocess.run([sys.executable, "-c", "from mlsched.controller.objects import records; "
-                          "print(records.GPU_RESOURCE)"], capture_output=True, text=True, check=True)
+    out = subprocess.run([sys.executable, "-c", "from mlsched.controller.objects import quantities; "
+                          "print(quantities.GPU_RESOURCE)"], capture_output=True, text=True, check=True)
     monkeypatch.delenv("MLSCHED_GPU_RESOURCE")
     assert out.stdout.strip() == "amd.com/gpu"
 

@@ -5,7 +5,7 @@ kube-scheduler refuses a pod on a node whose allocatable `pods` are taken ("Too 
 or that has too little left of an extended resource the pod requests ("Insufficient
 example.com/nic"): a device plugin's RDMA NICs (`rdma/hca`, `vpc.amazonaws.com/efa`), MIG
 slices (`nvidia.com/mig-1g.10gb`), and the node-local `ephemeral-storage` and
-`hugepages-<size>` (records.is_extended). Pod slots are few on some clouds: EKS with the VPC
+`hugepages-<size>` (quantities.is_extended). Pod slots are few on some clouds: EKS with the VPC
 CNI allows 17 pods on a t3.medium and 29 on an m5.large, DaemonSets included.
 
 Planning used to check only that a node had enough of an extended resource for one pod, and
@@ -32,7 +32,8 @@ import numpy as np
 
 from mlsched.controller.objects.desired import roles_of
 from mlsched.controller.constraints.node_constraints import DEVICE_PREFIX, resource_text
-from mlsched.controller.objects.records import JobRecord, NodeRecord
+from mlsched.controller.objects.records import NodeRecord
+from mlsched.controller.objects.job_records import JobRecord
 
 #: The counted resource every pod takes one of: the node's allocatable `pods`.
 POD_SLOTS = "pods"

@@ -26,9 +26,10 @@ from typing import Any
 
 from mlsched.controller.constraints import dra, runtimeclasses
 from mlsched.controller.constraints.node_constraints import EVERY_NODE, role_constraints
-from mlsched.controller.objects.records import (
-    JobRecord, container_limited, container_requested, extended_requests, parse_quantity,
-    pod_limits, pod_requests, pod_totals, role_charges, role_demands,
+from mlsched.controller.objects.job_records import JobRecord, role_charges, role_demands
+from mlsched.controller.objects.quantities import (
+    container_limited, container_requested, extended_requests, parse_quantity, pod_limits,
+    pod_requests, pod_totals,
 )
 from mlsched.controller.constraints.runtimeclasses import RuntimeClassRecord
 

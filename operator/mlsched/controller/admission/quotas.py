@@ -8,9 +8,9 @@ it: a round's ledger may book no more CPU, GPU and memory requests than every qu
 namespace has left for the jobs it decides (cluster/ledger.py `budget`), and a job whose
 minimum exceeds a quota's hard limit is told it can never run.
 
-What counts (records.QUOTA_DIMS): `requests.cpu` (or `cpu`), `requests.memory` (or `memory`),
+What counts (quantities.QUOTA_DIMS): `requests.cpu` (or `cpu`), `requests.memory` (or `memory`),
 `requests.<the GPU resource>` (`requests.nvidia.com/gpu` by default), `limits.cpu`,
-`limits.memory` and `pods` (or `count/pods`), each pod charged what records.quota_usage says
+`limits.memory` and `pods` (or `count/pods`), each pod charged what quantities.quota_usage says
 (LimitRange defaults applied). Namespaces that bound limits or the pod count were planned as if
 unbounded: a job of eight 2-CPU-limit workers under `limits.cpu: 8` was scaled to 8, four pods
 were refused with `FailedCreate`, and the job showed Running with half its workers while the
@@ -53,20 +53,22 @@ from typing import Any
 import numpy as np
 
 from mlsched.controller.constraints import dra
-from mlsched.controller.objects import records
+from mlsched.controller.objects import quantities
 from mlsched.controller.admission.counted_resources import Counted, extended_of
 from mlsched.controller.constraints.node_constraints import DEVICE_PREFIX, amount_text, resource_text
-from mlsched.controller.objects.records import (
-    QUOTA_DIMS, JobRecord, PodRecord, QuotaUsage, is_extended, parse_quantity,
+from mlsched.controller.objects.records import PodRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import (
+    QUOTA_DIMS, QuotaUsage, is_extended, parse_quantity,
 )
 
 UNITS = (1.0, 1.0, 2.0**30, 1.0, 2.0**30, 1.0)  # memory in GiB, as everywhere in the planner
 
 
 def keys() -> tuple[tuple[str, ...], ...]:
-    """Quota keys per dimension, in records.QUOTA_DIMS order; either spelling where Kubernetes
+    """Quota keys per dimension, in quantities.QUOTA_DIMS order; either spelling where Kubernetes
     has two. Extended resources (the GPU) are quota'd as requests only."""
-    return (("requests.cpu", "cpu"), (f"requests.{records.GPU_RESOURCE}",),
+    return (("requests.cpu", "cpu"), (f"requests.{quantities.GPU_RESOURCE}",),
             ("requests.memory", "memory"), ("limits.cpu",), ("limits.memory",),
             ("pods", "count/pods"))
 ALWAYS_APPLY = {"NotTerminating", "NotBestEffort"}
@@ -249,7 +251,7 @@ def budget(quotas: Iterable[QuotaRecord], own: Mapping[Scope | None, Usage],
 
 def charges(job: JobRecord, budget: Budget) -> dict[str, np.ndarray]:
     """Per role, what one task counts against `budget`: in each scope's block that counts its
-    pods, QUOTA_DIMS (records.quota_usage) then its take of each counted resource (extended
+    pods, QUOTA_DIMS (quantities.quota_usage) then its take of each counted resource (extended
     requests, DRA devices); zeros in the others. A new pod's: of the class its template or
     the current globalDefault gives (kept_charges: the pods that exist)."""
     return {role: _in_scopes(_block(job, role, budget), priority_of(job, role, budget.default_priority),
@@ -269,7 +271,7 @@ def kept_charges(job: JobRecord, pods: Iterable[PodRecord],
         return {}
     out: dict[str, list[np.ndarray | None]] = {}
     for pod in pods:
-        if pod.phase in records.TERMINAL_POD_PHASES or pod.deleting or pod.role not in job.charges:
+        if pod.phase in quantities.TERMINAL_POD_PHASES or pod.deleting or pod.role not in job.charges:
             continue  # a deleted pod's replacement gets the class of a new one
         if pod.priority_class == priority_of(job, pod.role, budget.default_priority):
             continue
@@ -333,7 +335,7 @@ def minimum_of(job: JobRecord, scope: Scope | None,
     for role in ("ps", "worker"):
         count = job.bounds(role)[0]
         if count and matches(scope, priority_of(job, role, default_priority)):
-            charge = job.charges.get(role, records.NO_CHARGE)
+            charge = job.charges.get(role, quantities.NO_CHARGE)
             total = [t + count * c for t, c in zip(total, charge)]
             add_takes(takes, quota_takes(job, role), count)
     return tuple(total), takes  # type: ignore[return-value]

@@ -52,10 +52,9 @@ from mlsched.controller.constraints.pod_anti_affinity import node_selectors
 from mlsched.controller.constraints.runtimeclasses import runtime_class_record
 from mlsched.controller.admission.quotas import global_default_entry, quota_record
 from mlsched.controller.process.relists import Gone, Relists
-from mlsched.controller.objects.records import (
-    extended_requests, is_active_pod, job_record, node_record, pod_record, pod_requests,
-    sts_record,
-)
+from mlsched.controller.objects.records import node_record, pod_record, sts_record
+from mlsched.controller.objects.job_records import job_record
+from mlsched.controller.objects.quantities import extended_requests, is_active_pod, pod_requests
 from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten
 from mlsched.controller.process.supervision import LiveBody, PolicyLoops, sweep_forever
 

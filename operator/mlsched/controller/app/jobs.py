@@ -29,9 +29,9 @@ from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.kube.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, KubeError
 from mlsched.controller.constraints.node_constraints import EVERY_NODE
 from mlsched.controller.objects.records import (
-    DEFAULT_SCHEDULER, JobRecord, PodRecord, StsRecord, controller_uid, job_record, parsed_job,
-    pod_record, sts_record,
+    DEFAULT_SCHEDULER, PodRecord, StsRecord, controller_uid, pod_record, sts_record,
 )
+from mlsched.controller.objects.job_records import JobRecord, job_record, parsed_job
 from mlsched.controller.scheduling.runtime import Indexes, JobKey, Runtime, flatten, values
 from mlsched.controller.process.supervision import key_of, plain
 

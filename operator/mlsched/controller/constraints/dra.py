@@ -48,7 +48,7 @@ from mlsched.controller.constraints.node_constraints import DEVICE_PREFIX
 PREFIX = DEVICE_PREFIX
 
 #: DeviceClasses whose devices are GPUs (--gpu-device-class; read at import, as
-#: records.GPU_RESOURCE is): besides being counted, they are folded into the GPU dimension, so
+#: quantities.GPU_RESOURCE is): besides being counted, they are folded into the GPU dimension, so
 #: that a node publishing two has 2 GPUs and a pod claiming one asks for 1 GPU: DRF's shares
 #: and DL²'s state see a GPU job, not a CPU one. NVIDIA's DRA driver names its class
 #: gpu.nvidia.com.

@@ -99,7 +99,7 @@ class NodeConstraint:
     selector: tuple[tuple[str, str], ...] = ()
     terms: tuple[tuple[Requirement, ...], ...] | None = None
     tolerations: tuple[Toleration, ...] = ()
-    # Extended resources one pod asks for (records.extended_requests): a node must have at
+    # Extended resources one pod asks for (quantities.extended_requests): a node must have at
     # least that much allocatable; how much other pods use is counted per round
     # (counted_resources.py).
     resources: tuple[tuple[str, float], ...] = ()
@@ -215,7 +215,7 @@ def role_constraints(templates: Mapping[str, Any],
                      extended: Callable[[Mapping[str, Any]], tuple[tuple[str, float], ...]]
                      | None = None) -> dict[str, NodeConstraint]:
     """Per role, the constraint of its template (roles that constrain nothing left out);
-    `extended`: the extended resources a pod spec requests (records.extended_requests)."""
+    `extended`: the extended resources a pod spec requests (quantities.extended_requests)."""
     out = {}
     for role in ("ps", "worker"):
         template = templates.get(role)

@@ -34,7 +34,7 @@ from mlsched.controller.dataset import dataset_segments as segments
 from mlsched.formats import dataset_store as store
 from mlsched.controller.kube.kube import KubeApi
 from mlsched.controller.kube.object_writer import ObjectWriter
-from mlsched.controller.objects.records import JobRecord
+from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.dataset.rewards import ClosedInterval, OpenInterval
 from mlsched.policies.decision_log import IntervalRecord, JobInterval, RoundDecisions
 

@@ -101,7 +101,7 @@ def open_status(number: int, start: datetime, grant: Grant) -> dict[str, Any]:
 
 def restore(jobs: Iterable[Any]) -> list[OpenInterval]:
     """The intervals a previous operator run opened and never closed, from the jobs'
-    `status.openInterval` (records.JobRecord), oldest first. One per interval number: a run
+    `status.openInterval` (job_records.JobRecord), oldest first. One per interval number: a run
     killed while recording may have left some jobs one interval behind the others. An
     interval a job's history already holds is closed already and not restored."""
     restored: dict[int, OpenInterval] = {}

@@ -14,9 +14,8 @@ from mlsched.controller.objects.desired import (
     service_manifest, starting_counts, statefulset_manifest,
 )
 from mlsched.controller.kube.kube import KubeApi, KubeError
-from mlsched.controller.objects.records import (
-    JobRecord, StsRecord, controller_uid, pod_record, sts_record,
-)
+from mlsched.controller.objects.records import StsRecord, controller_uid, pod_record, sts_record
+from mlsched.controller.objects.job_records import JobRecord
 
 log = logging.getLogger("mlsched.controller.objects.apply")
 

@@ -29,12 +29,12 @@ from typing import Any
 
 from mlsched.controller.constraints.dra import ClaimRecord, resource_claim_record
 from mlsched.controller.constraints.host_ports import HostPort, host_ports
-from mlsched.controller.objects.records import Resources, extended_requests, pod_requests
+from mlsched.controller.objects.quantities import Resources, extended_requests, pod_requests
 
 log = logging.getLogger("mlsched.controller.objects.cluster_pods")
 
 TERMINAL = ("Succeeded", "Failed")
-Extended = tuple[tuple[str, float], ...]  # records.extended_requests
+Extended = tuple[tuple[str, float], ...]  # quantities.extended_requests
 
 
 def served(namespace: str, patterns: Iterable[str]) -> bool:

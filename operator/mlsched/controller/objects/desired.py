@@ -23,9 +23,9 @@ from mlsched.controller.kube.constants import (
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, TOKEN_AUDIENCE, TOKEN_DIR, TOKEN_EXPIRATION_SECONDS, TOKEN_PATH,
     TOKEN_VOLUME, operator_labels,
 )
-from mlsched.controller.objects.records import (
-    JobRecord, PodPool, PodRecord, StsRecord, parse_quantity,
-)
+from mlsched.controller.objects.records import PodPool, PodRecord, StsRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import parse_quantity
 
 # ------------------------------------------------------------------------------ manifests
 

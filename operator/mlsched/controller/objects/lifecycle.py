@@ -24,7 +24,9 @@ from mlsched.api import (
     set_condition,
 )
 from mlsched.controller.objects.preflight import RECHECK_S
-from mlsched.controller.objects.records import INVALID_SPEC, StsRecord, is_final, parse_time
+from mlsched.controller.objects.records import StsRecord
+from mlsched.controller.objects.job_records import INVALID_SPEC, is_final
+from mlsched.controller.objects.quantities import parse_time
 
 FINAL = (JobPhase.SUCCEEDED.value, JobPhase.FAILED.value)
 #: Running-condition reasons of a job stuck until someone acts (fixes the template, the

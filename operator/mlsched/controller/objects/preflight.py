@@ -40,7 +40,7 @@ from typing import Any
 
 from mlsched.controller.objects.desired import pod_template, roles_of, sts_name
 from mlsched.controller.kube.kube import KubeError
-from mlsched.controller.objects.records import JobRecord
+from mlsched.controller.objects.job_records import JobRecord
 
 log = logging.getLogger("mlsched.controller.objects.preflight")
 

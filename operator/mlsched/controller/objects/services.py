@@ -19,7 +19,8 @@ import logging
 
 from mlsched.controller.kube.constants import JOB_LABEL
 from mlsched.controller.kube.kube import KubeApi, KubeError
-from mlsched.controller.objects.records import JobRecord, controller_uid
+from mlsched.controller.objects.records import controller_uid
+from mlsched.controller.objects.job_records import JobRecord
 
 log = logging.getLogger("mlsched.controller.objects.services")
 

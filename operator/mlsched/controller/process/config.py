@@ -110,7 +110,7 @@ class OperatorConfig:
     # Nodes the operator places tasks on: label selector, and NoSchedule/NoExecute taint keys
     # training pods are expected to tolerate (nodes with other such taints are left out).
     node_selector: Mapping[str, str] = field(default_factory=dict)
-    # The accelerator's extended resource name (records.GPU_RESOURCE reads the same variable);
+    # The accelerator's extended resource name (quantities.GPU_RESOURCE reads the same variable);
     # a GPU node pool's taint conventionally has that key, so it is tolerated by default.
     gpu_resource: str = "nvidia.com/gpu"
     # DRA DeviceClasses whose devices are GPUs (dra.GPU_CLASSES reads the same variable):

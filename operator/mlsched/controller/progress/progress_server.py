@@ -29,7 +29,7 @@ from aiohttp import web
 from mlsched.api import Progress
 from mlsched.controller.kube.constants import EXTRA_POD_NAME, EXTRA_POD_UID, JOB_LABEL
 from mlsched.controller.kube.kube import KubeError
-from mlsched.controller.objects.records import JobRecord, job_record
+from mlsched.controller.objects.job_records import JobRecord, job_record
 from mlsched.controller.dataset.rewards import utc
 from mlsched.controller.scheduling.runtime import Runtime
 from mlsched.controller.serving.serving_tls import ensure_serving_tls

@@ -39,7 +39,9 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple
 
 from mlsched.controller.constraints.node_constraints import EVERY_NODE, NodeConstraint
-from mlsched.controller.objects.records import TERMINAL_POD_PHASES, JobRecord, NodeRecord, PodRecord
+from mlsched.controller.objects.records import NodeRecord, PodRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import TERMINAL_POD_PHASES
 from mlsched.controller.scheduling.snapshot import untolerated, usable
 
 

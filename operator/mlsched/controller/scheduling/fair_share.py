@@ -34,7 +34,9 @@ from typing import Any, TypeVar
 import numpy as np
 
 from mlsched.controller.admission import quotas
-from mlsched.controller.objects.records import QUOTA_DIMS, JobRecord, NodeRecord
+from mlsched.controller.objects.records import NodeRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import QUOTA_DIMS
 from mlsched.controller.scheduling.snapshot import ClusterState, held_elsewhere, usable
 
 K = TypeVar("K")

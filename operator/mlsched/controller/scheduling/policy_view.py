@@ -9,7 +9,8 @@ from collections import Counter
 from collections.abc import Mapping
 
 from mlsched.controller.admission import quotas
-from mlsched.controller.objects.records import TERMINAL_POD_PHASES, JobRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import TERMINAL_POD_PHASES
 from mlsched.controller.scheduling import fair_share, pools
 from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten, values
 from mlsched.controller.scheduling.snapshot import (

@@ -13,7 +13,7 @@ from mlsched.controller.scheduling import pools
 from mlsched.controller.dataset.dataset import rfc3339
 from mlsched.controller.objects.desired import JobTarget
 from mlsched.controller.kube.events import ObjectRef
-from mlsched.controller.objects.records import JobRecord
+from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten
 
 

@@ -40,7 +40,8 @@ from mlsched.api import SchedulingPolicySpec
 from mlsched.cluster.types import WAITING_POOL, PoolPlan, Snapshot
 from mlsched.controller.kube.constants import POOL_LABEL, POOL_OWNER_ANNOTATION
 from mlsched.controller.serving.models import ResolvedPolicy, Verdict
-from mlsched.controller.objects.records import JobRecord, NodeRecord, PodPool
+from mlsched.controller.objects.records import NodeRecord, PodPool
+from mlsched.controller.objects.job_records import JobRecord
 from mlsched.policies.grouping.existing_pools import OntoExistingPools
 from mlsched.policies.grouping.harmony import Harmony
 from mlsched.policies.grouping.none import NoGrouping

@@ -21,7 +21,7 @@ from mlsched.controller.objects.desired import (
 )
 from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.serving.models import Verdict
-from mlsched.controller.objects.records import JobRecord
+from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.scheduling.runtime import Runtime
 from mlsched.policies.work_conservation import IdleCapacity
 

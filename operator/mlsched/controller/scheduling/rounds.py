@@ -20,7 +20,7 @@ from mlsched.controller.dataset import rewards
 from mlsched.controller.dataset.dataset import Opening, job_intervals, rfc3339
 from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.objects.apply import summarize
-from mlsched.controller.objects.records import JobRecord
+from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.scheduling import domain, guard, pool_steps, pools, reporting
 from mlsched.controller.scheduling.runtime import Indexes, Runtime
 from mlsched.controller.scheduling.step import (

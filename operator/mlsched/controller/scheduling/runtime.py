@@ -30,7 +30,9 @@ from mlsched.controller.serving.models import ModelResolver
 from mlsched.controller.objects.preflight import Preflight
 from mlsched.controller.kube.object_writer import ObjectWriter
 from mlsched.controller.admission.quotas import GLOBAL_DEFAULT, QuotaRecord
-from mlsched.controller.objects.records import JobRecord, NodeRecord, PodRecord, Resources, StsRecord
+from mlsched.controller.objects.records import NodeRecord, PodRecord, StsRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import Resources
 from mlsched.controller.dataset.rewards import OpenInterval
 from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState
 from mlsched.controller.kube.status_writer import Seen, StatusWriter

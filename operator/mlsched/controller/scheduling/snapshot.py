@@ -31,9 +31,9 @@ from mlsched.controller.admission.quotas import Budget
 from mlsched.controller.admission.quotas import charges as quota_charges, kept_charges
 from mlsched.controller.constraints.topology_spread import SpreadConstraint
 from mlsched.controller.constraints.node_constraints import EVERY_NODE, NodeConstraint, Taint
-from mlsched.controller.objects.records import (
-    NO_RESOURCES, JobRecord, NodeRecord, PodRecord, Resources, StsRecord, add,
-)
+from mlsched.controller.objects.records import NodeRecord, PodRecord, StsRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import NO_RESOURCES, Resources, add
 
 JobKey = tuple[str, str]  # (namespace, name)
 

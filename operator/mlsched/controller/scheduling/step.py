@@ -33,7 +33,8 @@ from mlsched.controller.objects.apply import execute_all, ordered, summarize
 from mlsched.controller.objects.desired import (
     Action, JobTarget, job_targets, plan_pods, plan_statefulset, roles_of,
 )
-from mlsched.controller.objects.records import JobRecord, PodPool
+from mlsched.controller.objects.records import PodPool
+from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.process.loop_health import collection_paused
 from mlsched.controller.process.supervision import plain
 from mlsched.controller.scheduling import fair_share, pool_steps, pools, reporting, waiting

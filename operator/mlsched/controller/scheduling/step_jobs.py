@@ -10,7 +10,9 @@ from typing import Any
 
 from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.objects.desired import JobTarget, roles_of
-from mlsched.controller.objects.records import JobRecord, NodeRecord, Resources, add
+from mlsched.controller.objects.records import NodeRecord
+from mlsched.controller.objects.job_records import JobRecord
+from mlsched.controller.objects.quantities import Resources, add
 from mlsched.controller.scheduling import displacement
 from mlsched.controller.scheduling.runtime import Indexes, JobKey, Runtime
 
