@@ -10,7 +10,8 @@ from mlsched.controller.objects.desired import (
 )
 from mlsched.controller.objects.records import pod_record, sts_record
 from mlsched.controller.objects.job_records import job_record
-from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot
+from mlsched.controller.scheduling.snapshot import build_snapshot
+from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.controller.objects.records import node_record
 from test_controller_fixtures import NS, env_of, node, pod, ps_job
 

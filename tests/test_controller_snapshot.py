@@ -10,7 +10,8 @@ from mlsched.cluster.types import SpeedObservation
 from mlsched.controller.objects.records import node_record, pod_record, sts_record
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.objects.quantities import parse_quantity
-from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot, held_elsewhere, observations
+from mlsched.controller.scheduling.snapshot import build_snapshot, observations
+from mlsched.controller.scheduling.cluster_state import ClusterState, held_elsewhere
 from test_controller_fixtures import NS, allreduce_job, node, pod, ps_job
 
 

@@ -11,7 +11,7 @@ from mlsched.api import get_condition
 from mlsched.controller.constraints import dra
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.runtime import flatten
-from mlsched.controller.scheduling.snapshot import held_elsewhere
+from mlsched.controller.scheduling.cluster_state import held_elsewhere
 from test_controller_fixtures import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run
 from test_controller_jobs import sync
 from test_controller_loop import round_, settle
@@ -339,7 +339,7 @@ def test_with_namespace_the_claims_of_other_namespaces_are_watched_and_held():
     # An operator serving team-a only (kopf watches team-a's claims): a notebook of team-b
     # holding both devices of node-0 through its claim kept nobody off node-0 before.
     from mlsched.controller.objects.cluster_pods import OtherNamespaceClaims
-    from mlsched.controller.scheduling.snapshot import held_counted
+    from mlsched.controller.scheduling.cluster_state import held_counted
 
     theirs = allocated_claim("notebook", "node-0", ["gpu-0", "gpu-1"], namespace="team-b")
     ours = allocated_claim("stray", "node-1", ["gpu-0"], namespace=NS)

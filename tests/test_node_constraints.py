@@ -10,7 +10,9 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.controller.constraints.node_constraints import node_constraint, role_constraints
 from mlsched.controller.objects.records import node_record
 from mlsched.controller.objects.job_records import job_record
-from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot
+from mlsched.controller.scheduling.snapshot import build_snapshot
+from mlsched.controller.scheduling.cluster_fit import ClusterFit
+from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round

@@ -16,7 +16,9 @@ from mlsched.controller.constraints.pod_anti_affinity import spreading_selectors
 from mlsched.controller.constraints.topology_spread import spread_constraints
 from mlsched.controller.objects.records import node_record, pod_record
 from mlsched.controller.objects.job_records import job_record
-from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState, build_snapshot, held_ports
+from mlsched.controller.scheduling.snapshot import build_snapshot
+from mlsched.controller.scheduling.cluster_fit import ClusterFit
+from mlsched.controller.scheduling.cluster_state import ClusterState, held_ports
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round
@@ -413,7 +415,7 @@ def test_pods_the_round_does_not_redecide_hold_the_selectors_they_match():
     the jobs it decided, so it pinned a task next to another workload's matching pod and
     kube-scheduler refused it."""
     from mlsched.controller.constraints.pod_anti_affinity import token
-    from mlsched.controller.scheduling.snapshot import held_labelled, held_selected
+    from mlsched.controller.scheduling.cluster_state import held_labelled, held_selected
 
     carrier = _record(spread(allreduce_job("carrier", max_workers=8)))
     (selector,) = carrier.anti_affinity["worker"]

@@ -7,7 +7,8 @@ import numpy as np
 
 from mlsched.controller.objects.records import node_record
 from mlsched.controller.objects.job_records import job_record
-from mlsched.controller.scheduling.snapshot import ClusterState, build_snapshot
+from mlsched.controller.scheduling.snapshot import build_snapshot
+from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round

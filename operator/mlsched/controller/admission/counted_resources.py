@@ -17,7 +17,7 @@ and held their nodes while two stayed Pending for good, so the gang never traine
 So a round counts them like CPU: `Snapshot.counted_free` per node (the node's allocatable less
 what the pods the round does not re-decide use: other workloads' pods, other jobs' and
 strays', and the tasks other policies decided, by their decided nodes, before their pods
-exist: snapshot.other_tasks), `JobView.counted` per role, and the ledger books every task's
+exist: cluster_state.other_tasks), `JobView.counted` per role, and the ledger books every task's
 share. Only the extended
 resources some decided job requests are counted, and pod slots only where they could run out
 before CPU, GPU or memory do (a node's free slots fewer than the tasks its free capacity could
@@ -60,7 +60,7 @@ class CountedResources:
     def __init__(self, jobs: Sequence[JobRecord], nodes: Sequence[NodeRecord],
                  capacity: np.ndarray, used: Mapping[str, Mapping[str, float]] | None):
         """`capacity`: (N, 3) CPU, GPU and memory free for the round on `nodes`; `used`: per
-        node, what pods the round does not re-decide take (snapshot.held_counted)."""
+        node, what pods the round does not re-decide take (cluster_state.held_counted)."""
         used = used or {}
         demands: set[tuple[float, float, float]] = set()  # distinct: a round has a handful
         self.takes: dict[JobKey, dict[str, Counted]] = {}

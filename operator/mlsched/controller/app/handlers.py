@@ -333,7 +333,7 @@ def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, bo
                         **_: Any):
     """Node and labels of other schedulers' pods per namespace, for those with labels: a
     job's required anti-affinity keeps its pods off nodes where a matching pod of its
-    namespace runs (snapshot.held_selected)."""
+    namespace runs (cluster_state.held_selected)."""
     node = _bound_to(spec, body) if labels else None
     return {namespace: (node, dict(labels))} if node else NOT_INDEXED
 

@@ -13,7 +13,7 @@ displacement machinery moved it, and a second job whose port was taken on every 
 admitted, held its GPUs with every pod Pending and was reported Unschedulable. Now each role's
 host ports are part of its demand: the ledger books them per node (cluster/ledger.py), ports
 held by pods the round does not re-decide, and by tasks other policies decided whose pods may
-not exist yet, are taken out first (snapshot.held_ports), a job
+not exist yet, are taken out first (cluster_state.held_ports), a job
 whose minimum needs more nodes than allow its ports is told CannotFit, and one whose port is
 taken where it could run waits, holding nothing.
 

@@ -21,7 +21,7 @@ What is planned, and what is left to kube-scheduler (a refusal moves the task):
   pods, or one with `namespaces`, a `namespaceSelector`, `matchLabelKeys` or
   `mismatchLabelKeys` is not planned;
 - pods the round does not re-decide (other policies' jobs, other workloads) hold a selector
-  on their node when they are in the job's namespace and match it (snapshot.held_selected);
+  on their node when they are in the job's namespace and match it (cluster_state.held_selected);
   other workloads' own terms repel the job's pods by symmetry ("keep training off my node":
   `mlsched.io/job-name Exists`): a role whose pods match one is kept off that pod's node
   (`node_selectors`, snapshot.repelled_masks); other jobs' terms that only repel are not read;

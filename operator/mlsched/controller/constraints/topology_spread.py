@@ -21,7 +21,7 @@ a role that carries it on a node whose domain already has `min + maxSkew` matchi
 What is counted and what is not:
 - the tasks of the jobs a round decides whose pods match the selector (any of them, whichever
   carries the constraint), and the matching pods of the namespace it does not decide (other
-  workloads', other policies' jobs' and the tasks those were decided: snapshot.held_labelled),
+  workloads', other policies' jobs' and the tasks those were decided: cluster_state.held_labelled),
   in the domain of their node, cordoned or not (Spreads.held); kube-scheduler counts them all;
 - the domains are those of the nodes the round can place on (Ready, not cordoned, inside the
   operator's node selector) that the template allows; kube-scheduler would also count

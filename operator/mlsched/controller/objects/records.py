@@ -134,7 +134,7 @@ class PodRecord:
     # Its extended resources (is_extended) and how much of each: counted on its node
     # (counted_resources.py).
     extended: tuple[tuple[str, float], ...] = ()
-    # Its labels: what other jobs' anti-affinity selectors match (snapshot.held_selected).
+    # Its labels: what other jobs' anti-affinity selectors match (cluster_state.held_selected).
     labels: Mapping[str, str] = field(default_factory=dict)
 
     @property

@@ -4,7 +4,9 @@ A new policy goes in `mlsched.policies` (docs/architecture.md, "Adding a
 policy"); a new status field a round writes goes in reporting.py (pool_steps.py for groups),
 written through `kube/status_writer.py`, with its model in `mlsched.api`.
 
+    cluster_state.py the cluster as the indexes show it, and what others hold in it    pure
     snapshot.py      index records → cluster.Snapshot: what one policy's round sees  pure
+    cluster_fit.py   the nodes the operator places on: why a job can never fit        pure
     displacement.py  tasks whose decided node no longer takes them, placed again
     fair_share.py    GPUs shared between policies that draw on the same nodes
     runtime.py       operator-wide state: the seams, indexes, writers and small books

@@ -42,7 +42,7 @@ from mlsched.controller.constraints.node_constraints import EVERY_NODE, NodeCons
 from mlsched.controller.objects.records import NodeRecord, PodRecord
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import TERMINAL_POD_PHASES
-from mlsched.controller.scheduling.snapshot import untolerated, usable
+from mlsched.controller.scheduling.cluster_state import untolerated, usable
 
 
 class Displacement(NamedTuple):

@@ -37,7 +37,7 @@ from mlsched.controller.admission import quotas
 from mlsched.controller.objects.records import NodeRecord
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import QUOTA_DIMS
-from mlsched.controller.scheduling.snapshot import ClusterState, held_elsewhere, usable
+from mlsched.controller.scheduling.cluster_state import ClusterState, held_elsewhere, usable
 
 K = TypeVar("K")
 PolicyKey = tuple[str, str]

@@ -34,7 +34,8 @@ from mlsched.controller.objects.records import NodeRecord, PodRecord, StsRecord
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import Resources
 from mlsched.controller.dataset.rewards import OpenInterval
-from mlsched.controller.scheduling.snapshot import ClusterFit, ClusterState
+from mlsched.controller.scheduling.cluster_fit import ClusterFit
+from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.controller.kube.status_writer import Seen, StatusWriter
 from mlsched.controller.kube.written_status import WrittenStatus
 from mlsched.policies.cycle_guard import CycleGuard
@@ -330,7 +331,7 @@ class ReservationBook:
     """What each policy's latest round allotted, per job and node (catalog demands).
 
     Other policies subtract it from capacity even before the pods exist. Lost on restart: the
-    pods that exist by then are counted instead (snapshot.held_elsewhere).
+    pods that exist by then are counted instead (cluster_state.held_elsewhere).
     """
 
     def __init__(self) -> None:
