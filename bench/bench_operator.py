@@ -50,7 +50,8 @@ from mlsched.controller.app import handlers  # noqa: E402,F401 - the operator's 
 from mlsched.controller.scheduling import loop, policy_view  # noqa: E402
 from mlsched.controller.process.config import OperatorConfig  # noqa: E402
 from mlsched.controller.kube.kube import RESOURCES  # noqa: E402
-from mlsched.controller.scheduling.runtime import Indexes, Runtime  # noqa: E402
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes
 from mlsched.controller.objects.desired import (  # noqa: E402
     PodSettings, clear_hash_cache, job_targets, plan_pods, plan_statefulset, roles_of,
     statefulset_manifest,

@@ -28,7 +28,7 @@ from typing import Any
 
 from mlsched.controller.kube.constants import POD_INDEX_LABEL, TEMPLATE_HASH_ANNOTATION
 from mlsched.controller.kube.kube import CUSTOM_PLURALS, KubeError, PatchType
-from mlsched.controller.scheduling.runtime import Indexes
+from mlsched.controller.scheduling.indexes import Indexes
 
 Key = tuple[str, str, str]  # kind, namespace, name
 

@@ -142,7 +142,7 @@ def test_objects_of_an_earlier_operator_lose_kopfs_finalizer_and_annotations():
 
 def test_an_admission_step_waits_for_a_burst_to_end_but_not_forever():
     from mlsched.controller.scheduling import loop
-    from mlsched.controller.scheduling.runtime import Wakeups
+    from mlsched.controller.scheduling.books import Wakeups
 
     class Clock:
         def __init__(self):

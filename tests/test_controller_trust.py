@@ -8,7 +8,7 @@ from mlsched.controller.app import jobs
 from mlsched.controller.objects.desired import PodSettings, pod_template
 from mlsched.controller.objects.records import pod_record
 from mlsched.controller.objects.job_records import job_record
-from mlsched.controller.scheduling.runtime import FailureBook
+from mlsched.controller.scheduling.books import FailureBook
 from mlsched.controller.scheduling.cluster_fit import ClusterFit
 from mlsched.controller.objects.records import node_record
 from test_controller_fixtures import NS, cluster, create_jobs, make_runtime, node, pod, policy, ps_job, run

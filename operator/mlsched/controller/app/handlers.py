@@ -55,7 +55,8 @@ from mlsched.controller.process.relists import Gone, Relists
 from mlsched.controller.objects.records import node_record, pod_record, sts_record
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.objects.quantities import extended_requests, is_active_pod, pod_requests
-from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, flatten
 from mlsched.controller.process.supervision import LiveBody, PolicyLoops, sweep_forever
 
 DRA = ("resource.k8s.io", "v1")  # Dynamic Resource Allocation's API (dra.py)

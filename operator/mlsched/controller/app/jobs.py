@@ -32,7 +32,8 @@ from mlsched.controller.objects.records import (
     DEFAULT_SCHEDULER, PodRecord, StsRecord, controller_uid, pod_record, sts_record,
 )
 from mlsched.controller.objects.job_records import JobRecord, job_record, parsed_job
-from mlsched.controller.scheduling.runtime import Indexes, JobKey, Runtime, flatten, values
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, JobKey, flatten, values
 from mlsched.controller.process.supervision import key_of, plain
 
 log = logging.getLogger("mlsched.controller.app.jobs")

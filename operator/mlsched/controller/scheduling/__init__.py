@@ -9,7 +9,9 @@ written through `kube/status_writer.py`, with its model in `mlsched.api`.
     cluster_fit.py   the nodes the operator places on: why a job can never fit        pure
     displacement.py  tasks whose decided node no longer takes them, placed again
     fair_share.py    GPUs shared between policies that draw on the same nodes
-    runtime.py       operator-wide state: the seams, indexes, writers and small books
+    indexes.py       the kopf indexes as the operator reads them (Indexes), values/flatten
+    books.py         small in-memory books: placements, reservations, wake-ups, restarts
+    runtime.py       operator-wide state: the seams, writers, books and per-policy state
     pools.py         grouping in the cluster: pool names, labels, affinity, status  pure
     pool_steps.py    a round's grouping work: labels, job pools, status.groups, Events
     waiting.py       why a job the policy did not admit still waits

@@ -17,7 +17,8 @@ from mlsched.controller.dataset import rewards
 from mlsched.controller.dataset.dataset import Opening
 from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.scheduling import displacement, guard, pool_steps, pools
-from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, flatten
 from mlsched.controller.scheduling.step import (
     Outcome, RoundReport, Step, algorithms, one_version, report_jobs, run_step, serving_for,
 )

@@ -226,7 +226,7 @@ class Vacating:
               decided_of: Callable[[Any], Mapping[str, tuple[str, ...]] | None],
               settling: Iterable[str], now: float,
               asked: Iterable[str] = ()) -> Mapping[str, str]:
-        """`pods`: the pods index by job (Indexes.pods, a runtime.Owned: its `strays()`,
+        """`pods`: the pods index by job (Indexes.pods, a indexes.Owned: its `strays()`,
         children of an earlier job of the same name, are leaving too); `decided_of`: a job's decided nodes per role;
         `settling`: Refusals.settling; `asked`: the nodes the caller looks up."""
         age = now - self._at

@@ -18,7 +18,8 @@ from typing import Any
 from mlsched.controller.scheduling import reporting
 from mlsched.controller.scheduling.admitting import run_policy_admission
 from mlsched.controller.scheduling.rounds import run_policy_round
-from mlsched.controller.scheduling.runtime import Indexes, Runtime
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes
 from mlsched.controller.scheduling.step import one_version
 from mlsched.controller.scheduling.step_jobs import children_exist
 
@@ -51,7 +52,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                              stopped: Callable[[], bool]) -> None:
     """The daemon body: `body` is kopf's live view, so each round sees the latest spec.
 
-    Between rounds the loop waits for its interval or a wake-up (runtime.Wakeups): `policy`
+    Between rounds the loop waits for its interval or a wake-up (books.Wakeups): `policy`
     (the spec was edited) runs a full round at once; `admission` runs an admission step after
     a short debounce, so a burst of arrivals is admitted together."""
     key = (body["metadata"].get("namespace"), body["metadata"]["name"])

@@ -12,7 +12,8 @@ from mlsched.controller.admission import quotas
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import TERMINAL_POD_PHASES
 from mlsched.controller.scheduling import fair_share, pools
-from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten, values
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, flatten, values
 from mlsched.controller.scheduling.snapshot import build_snapshot
 from mlsched.controller.scheduling.cluster_state import (
     held_counted, held_elsewhere, held_labelled, held_ports, held_selected,

@@ -14,7 +14,8 @@ from mlsched.controller.dataset.dataset import rfc3339
 from mlsched.controller.objects.desired import JobTarget
 from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.objects.job_records import JobRecord
-from mlsched.controller.scheduling.runtime import Indexes, Runtime, flatten
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, flatten
 
 
 def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,

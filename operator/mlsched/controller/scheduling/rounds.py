@@ -22,7 +22,8 @@ from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.objects.apply import summarize
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.scheduling import domain, guard, pool_steps, pools, reporting
-from mlsched.controller.scheduling.runtime import Indexes, Runtime
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes
 from mlsched.controller.scheduling.step import (
     RoundReport, Step, algorithms, one_version, report_jobs, run_step, serving_for,
 )

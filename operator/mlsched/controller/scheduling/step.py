@@ -39,7 +39,8 @@ from mlsched.controller.process.loop_health import collection_paused
 from mlsched.controller.process.supervision import plain
 from mlsched.controller.scheduling import fair_share, pool_steps, pools, reporting, waiting
 from mlsched.controller.scheduling.policy_view import held_as_decided, policy_snapshot
-from mlsched.controller.scheduling.runtime import Indexes, JobKey, Runtime
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, JobKey
 from mlsched.controller.scheduling.step_jobs import reservation, wake_others
 from mlsched.controller.serving.models import ResolvedPolicy
 from mlsched.formats.serving import RoundServing, applied_epsilon, serve

@@ -14,7 +14,8 @@ from mlsched.controller.objects.records import NodeRecord
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import Resources, add
 from mlsched.controller.scheduling import displacement
-from mlsched.controller.scheduling.runtime import Indexes, JobKey, Runtime
+from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.indexes import Indexes, JobKey
 
 
 def reservation(job: JobRecord, target: JobTarget) -> dict[str, Resources]:
