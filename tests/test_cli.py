@@ -2,6 +2,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from mlsched.cli import main
 
 FIELDS = ["policy", "placement", "avg_jct_s", "p50_jct_s", "p95_jct_s", "makespan_s", "gpu_util",
@@ -122,6 +124,7 @@ def test_every_command_prints_its_help_and_exits_0(capsys):
         _help_exits_0(list(argv), capsys)
 
 
+@pytest.mark.training  # the trainers import torch
 def test_every_trainer_and_retrainer_prints_its_help_and_exits_0(capsys):
     """`mlsched train POLICY --help`, `mlsched retrain POLICY --help`: past the policy name every
     argument is the trainer's own (policy_models/*/train.py, policy_models/retrain/cli.py)."""

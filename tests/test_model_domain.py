@@ -105,6 +105,7 @@ def test_the_shipped_domains_are_what_their_training_used():
     assert harmony["architectures"] == ["allreduce", "ps"]
 
 
+@pytest.mark.training  # exports a torch network
 def test_a_new_export_writes_the_domain(tmp_path):
     from policy_models.chic import export, networks, train
 
