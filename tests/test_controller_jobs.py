@@ -7,7 +7,7 @@ import asyncio
 from datetime import UTC, datetime, timedelta
 
 from mlsched.api import get_condition
-from mlsched.controller.app import jobs
+from mlsched.controller.app import job_lifecycle, jobs, pod_events, pod_problems
 from mlsched.controller.objects import lifecycle
 from mlsched.controller.scheduling import loop
 from mlsched.controller.objects.job_records import parse_job
@@ -20,7 +20,7 @@ def sync(rt, kube, name, now=None):
     """Run the lifecycle timer once for a job and apply its status patch, like kopf would."""
     body = kube.obj("MLJob", NS, name)
     patch: dict = {}
-    outcome = run(jobs.sync_lifecycle(rt, body, kube.indexes(), patch, now=now))
+    outcome = run(job_lifecycle.sync_lifecycle(rt, body, kube.indexes(), patch, now=now))
     if patch:
         run(kube.patch("MLJob", NS, name, patch, status=True))
     return outcome
@@ -42,7 +42,7 @@ def scheduled(names=("bert",), **job_kw):
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
     kube.settle()
     for p in kube.of_kind("Pod"):
-        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
     kube.settle()
     return rt, kube
 
@@ -170,14 +170,14 @@ def test_a_service_deleted_by_hand_comes_back_at_once_and_a_deleted_jobs_stays_g
     rt, kube = scheduled()
     deleted = kube.obj("Service", NS, "bert")
     run(kube.delete("Service", NS, "bert"))
-    assert run(jobs.on_service_deleted(rt, deleted, kube.indexes()))
+    assert run(pod_events.on_service_deleted(rt, deleted, kube.indexes()))
     assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
     restored = [e for e in kube.events("bert") if e["reason"] == "Restored"]
     assert restored and restored[-1]["message"].startswith("Service bert was deleted")
 
     deleted, lagging = kube.obj("Service", NS, "bert"), kube.indexes()
     run(kube.delete("MLJob", NS, "bert"))  # its Service collected with it
-    assert not run(jobs.on_service_deleted(rt, deleted, lagging))
+    assert not run(pod_events.on_service_deleted(rt, deleted, lagging))
     assert not kube.of_kind("Service")
 
 
@@ -189,7 +189,7 @@ def test_a_service_that_could_not_be_made_again_is_retried_by_the_sweep_and_hold
     deleted = kube.obj("Service", NS, "bert")
     run(kube.delete("Service", NS, "bert"))
     kube.failing[("create", "bert")] = 503
-    assert not run(jobs.on_service_deleted(rt, deleted, kube.indexes()))
+    assert not run(pod_events.on_service_deleted(rt, deleted, kube.indexes()))
     assert not kube.of_kind("Service") and not rt.services.refused(jobs.job_record(
         kube.obj("MLJob", NS, "bert")))
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(),
@@ -372,8 +372,8 @@ def test_a_gated_pod_created_between_rounds_is_pinned_once():
     rt.placements.set((NS, "bert"), {"ps": ("node-1",), "worker": ("node-0",)})
     late = pod("bert", "worker", 0, gated=True, phase="Pending")
     kube.put(late)
-    run(jobs.on_pod_event(rt, "ADDED", late, kube.indexes()))
-    run(jobs.on_pod_event(rt, "MODIFIED", late, kube.indexes()))  # stale event: no second patch
+    run(pod_events.on_pod_event(rt, "ADDED", late, kube.indexes()))
+    run(pod_events.on_pod_event(rt, "MODIFIED", late, kube.indexes()))  # stale event: no second patch
     spec = kube.obj("Pod", NS, "bert-worker-0")["spec"]
     assert spec["nodeSelector"] == {"kubernetes.io/hostname": "node-0"} and spec["schedulingGates"] == []
     assert [c[0] for c in kube.writes()] == ["patch"]
@@ -382,7 +382,7 @@ def test_a_gated_pod_created_between_rounds_is_pinned_once():
 def test_a_gated_pod_without_a_decision_stays_gated():
     rt, kube = make_runtime(cluster(1))
     late = kube.put(pod("bert", "worker", 5, gated=True, phase="Pending"))
-    run(jobs.on_pod_event(rt, "ADDED", late, kube.indexes()))
+    run(pod_events.on_pod_event(rt, "ADDED", late, kube.indexes()))
     assert kube.writes() == []
 
 
@@ -392,7 +392,7 @@ def test_after_a_restart_pods_are_pinned_from_the_status_placement():
     job["status"] = {"placement": {"ps": ["node-1"], "worker": ["node-0"]}}
     kube.put(job)
     late = kube.put(pod("bert", "ps", 0, gated=True, phase="Pending"))
-    run(jobs.on_pod_event(rt, "ADDED", late, kube.indexes()))
+    run(pod_events.on_pod_event(rt, "ADDED", late, kube.indexes()))
     assert kube.obj("Pod", NS, "bert-ps-0")["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "node-1"}
 
 
@@ -485,7 +485,7 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "PodsStarting"  # within the grace period
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
-    clock[0] += jobs.REFUSAL_GRACE_S
+    clock[0] += pod_problems.REFUSAL_GRACE_S
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert running.reason == "PodsRefused" and status(kube, "bert")["phase"] == "Pending"
@@ -516,17 +516,17 @@ def test_a_statefulset_still_gaining_pods_is_not_asked_why_it_is_short(monkeypat
             sts["status"] = {"replicas": min(created, sts["spec"]["replicas"]), "readyReplicas": 0,
                              "observedGeneration": sts["metadata"]["generation"]}
         sync(rt, kube, "bert")
-        clock[0] += jobs.REFUSAL_GRACE_S
+        clock[0] += pod_problems.REFUSAL_GRACE_S
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
     # Scaled again, and not yet acted on by the StatefulSet controller: waiting in its queue.
     run(kube.patch("StatefulSet", NS, "bert-worker", {"spec": {"replicas": 4}}))
     sync(rt, kube, "bert")
-    clock[0] += jobs.REFUSAL_GRACE_S
+    clock[0] += pod_problems.REFUSAL_GRACE_S
     sync(rt, kube, "bert")
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
     kube.obj("StatefulSet", NS, "bert-worker")["status"]["observedGeneration"] += 1
     sync(rt, kube, "bert")
-    clock[0] += jobs.REFUSAL_GRACE_S
+    clock[0] += pod_problems.REFUSAL_GRACE_S
     sync(rt, kube, "bert")  # acted on, no pod for a grace period now: asked
     assert [c for c in kube.calls if c[:2] == ("list", "Event")]
 
@@ -547,7 +547,7 @@ def test_pods_the_watch_has_seen_count_before_the_statefulset_status_does(monkey
     monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
     for _ in range(3):
         sync(rt, kube, "bert")
-        clock[0] += jobs.REFUSAL_GRACE_S
+        clock[0] += pod_problems.REFUSAL_GRACE_S
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
     assert cond(kube, "bert", "Running").reason != "PodsRefused"
 
@@ -579,7 +579,7 @@ def test_a_running_job_short_of_pods_the_api_server_refuses_says_so(monkeypatch)
     clock = [1000.0]
     monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
     sync(rt, kube, "bert")
-    clock[0] += jobs.REFUSAL_GRACE_S
+    clock[0] += pod_problems.REFUSAL_GRACE_S
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert status(kube, "bert")["phase"] == "Running" and running.status == "True"
@@ -603,7 +603,7 @@ def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
     kube.run_statefulsets()
     for p in kube.of_kind("Pod"):
-        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
         p["status"] = {"phase": "Pending", "conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "SchedulingGated",
             "message": "Scheduling is blocked due to non-empty scheduling gates"}]}
@@ -638,7 +638,7 @@ def test_a_pod_held_by_a_gate_of_its_template_s_own_says_so(monkeypatch):
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
     kube.run_statefulsets()
     for p in kube.of_kind("Pod"):
-        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
     assert all(p["spec"]["schedulingGates"] == [{"name": "example.com/quota-check"}]
                for p in kube.of_kind("Pod"))
     clock = [1000.0]
@@ -742,7 +742,7 @@ def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
               "involvedObject": {"kind": "Pod", "name": names[0], "namespace": NS}})
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "PodsStarting"  # claims take a second
-    clock[0] += jobs.CLAIMS_GRACE_S
+    clock[0] += pod_problems.CLAIMS_GRACE_S
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert running.reason == "PodsCannotStart", running

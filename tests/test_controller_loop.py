@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from mlsched.api import get_condition
-from mlsched.controller.app import jobs
+from mlsched.controller.app import jobs, pod_events
 from mlsched.controller.scheduling import loop, policy_view, step, step_jobs
 from mlsched.controller.objects.desired import DeletePod
 from mlsched.controller.kube.kube import KubeError
@@ -29,7 +29,7 @@ def settle(rt, kube):
     """Let the fake controllers act and the pod handler pin what they created."""
     kube.settle()
     for p in kube.of_kind("Pod"):
-        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
     kube.settle()
 
 
@@ -488,11 +488,11 @@ def test_a_statefulset_scaled_by_hand_is_scaled_back_to_the_decision_at_once():
     decided = round_(rt, kube).targets["bert"].count("worker")
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     sts["spec"]["replicas"] = 0  # kubectl scale --replicas 0
-    assert run(jobs.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
+    assert run(pod_events.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
     assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == decided
     assert "Restored" in {e["reason"] for e in kube.events("bert")}
     # As decided: nothing to do.
-    assert not run(jobs.restore_replicas(rt, "MODIFIED", kube.obj("StatefulSet", NS, "bert-worker"),
+    assert not run(pod_events.restore_replicas(rt, "MODIFIED", kube.obj("StatefulSet", NS, "bert-worker"),
                                          kube.indexes()))
 
 
@@ -510,14 +510,14 @@ def test_a_statefulset_event_older_than_the_admission_scaling_it_is_not_taken_fo
     restored_mid_step = []
 
     async def execute_all_after_a_stale_event(api, actions):
-        restored_mid_step.append(await jobs.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
+        restored_mid_step.append(await pod_events.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
         return await original(api, actions)
     monkeypatch.setattr(step, "execute_all", execute_all_after_a_stale_event)
     decided = admit(rt, kube).targets["bert"].count("worker")
     assert decided >= 1 and restored_mid_step == [False]
     monkeypatch.setattr(step, "execute_all", original)
     # Handled only now, after the admission's patches were answered: still not a hand edit.
-    assert not run(jobs.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
+    assert not run(pod_events.restore_replicas(rt, "MODIFIED", stale, kube.indexes()))
     assert "Restored" not in {e["reason"] for e in kube.events("bert")}
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert sts["spec"]["replicas"] == decided
@@ -554,7 +554,7 @@ def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decid
     assert recreated["spec"]["replicas"] == 0
     # Rendered for the job's starting counts (its minimum), not for what was decided.
     assert env_of(recreated["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == "1"
-    assert run(jobs.restore_replicas(rt, "ADDED", recreated, kube.indexes()))
+    assert run(pod_events.restore_replicas(rt, "ADDED", recreated, kube.indexes()))
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert sts["spec"]["replicas"] == decided
     assert env_of(sts["spec"]["template"], "MLSCHED_WORKER_REPLICAS") == str(decided)
@@ -718,7 +718,7 @@ def test_a_suspended_job_is_not_scaled_back():
     round_(rt, kube)
     rt.placements.set((NS, "bert"), {"ps": ("node-0",), "worker": ("node-0",)})  # a stale decision
     sts = kube.obj("StatefulSet", NS, "bert-worker")
-    assert not run(jobs.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
+    assert not run(pod_events.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
 
 
 def test_a_round_right_after_an_admission_keeps_the_admitted_job_where_it_was_decided():

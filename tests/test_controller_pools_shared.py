@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from mlsched.cluster.types import WAITING_POOL, PoolPlan, Snapshot
-from mlsched.controller.app import jobs
+from mlsched.controller.app import pod_events
 from mlsched.controller.scheduling import loop, pools
 from mlsched.controller.kube.constants import POOL_LABEL, POOL_OWNER_ANNOTATION
 from mlsched.controller.objects.records import PodRecord
@@ -211,7 +211,7 @@ def _settle(rt, kube):
     kube.settle()
     for pod in kube.of_kind("Pod"):
         if pod["spec"].get("schedulingGates"):
-            run(jobs.on_pod_event(rt, "ADDED", pod, kube.indexes()))
+            run(pod_events.on_pod_event(rt, "ADDED", pod, kube.indexes()))
     kube.settle()
 
 

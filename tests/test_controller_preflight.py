@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from mlsched.api import get_condition
-from mlsched.controller.app import jobs
+from mlsched.controller.app import job_lifecycle, jobs, pod_problems
 from mlsched.controller.scheduling import loop
 from mlsched.controller.objects import preflight
 from mlsched.controller.kube.kube import KubeError
@@ -34,7 +34,7 @@ def typo_job(name: str, **kw) -> dict:
 def sync(rt, kube, name):
     body = kube.obj("MLJob", NS, name)
     patch: dict = {}
-    run(jobs.sync_lifecycle(rt, body, kube.indexes(), patch))
+    run(job_lifecycle.sync_lifecycle(rt, body, kube.indexes(), patch))
     if patch:
         run(kube.patch("MLJob", NS, name, patch, status=True))
 
@@ -177,7 +177,7 @@ def test_a_job_whose_pods_become_refused_after_admission_gives_its_capacity_back
     kube.settle()
     assert not kube.of_kind("Pod")
     sync(rt, kube, "later")  # refused pods noticed; the grace period starts
-    clock.now += max(jobs.REFUSAL_GRACE_S, preflight.RECHECK_S)
+    clock.now += max(pod_problems.REFUSAL_GRACE_S, preflight.RECHECK_S)
     sync(rt, kube, "later")
     assert set(replicas(kube, "later").values()) == {0}
     assert rt.placements.of((NS, "later")) is None and rt.reservations.usage_of((NS, "later")) is None
@@ -207,7 +207,7 @@ def test_a_running_job_is_never_released_by_a_dry_run(monkeypatch):
     assert [p["metadata"]["name"] for p in kube.of_kind("Pod") if "-worker-" in p["metadata"]["name"]] \
         == ["bert-worker-1"]
     sync(rt, kube, "bert")
-    clock.now += max(jobs.REFUSAL_GRACE_S, preflight.RECHECK_S)
+    clock.now += max(pod_problems.REFUSAL_GRACE_S, preflight.RECHECK_S)
     sync(rt, kube, "bert")
     assert replicas(kube, "bert")["bert-worker"] == 4
     assert not dry_runs(kube)[2:]  # pods exist: not asked again

@@ -144,7 +144,7 @@ def test_the_round_records_a_rescale_of_a_running_job_and_the_sweep_ends_it():
     assert status(kube, "bert")["phase"] == "Running" and "rescales" not in status(kube, "bert")
     before = status(kube, "bert")["replicaStatuses"]
     run(kube.patch("MLJob", NS, "bert", {"spec": {"replicaSpecs": {"worker": {"min": 3, "max": 3}}}}))
-    from mlsched.controller.app import jobs
+    from mlsched.controller.app import pod_events
     from mlsched.controller.scheduling import loop
     recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                        kube.indexes()))
@@ -161,7 +161,7 @@ def test_the_round_records_a_rescale_of_a_running_job_and_the_sweep_ends_it():
         f"{last['to']['ps']} ps, 3 worker: ")
     kube.settle()  # the new pods are created, pinned, and run
     for p in kube.of_kind("Pod"):
-        run(jobs.on_pod_event(rt, "ADDED", p, kube.indexes()))
+        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
     kube.settle()
     sync(rt, kube, "bert")
     done = status(kube, "bert")["rescales"]["last"]

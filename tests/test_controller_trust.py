@@ -4,7 +4,7 @@ fit, workers that finish by exiting 0, children of an earlier job of the same na
 from __future__ import annotations
 
 from mlsched.api import get_condition
-from mlsched.controller.app import jobs
+from mlsched.controller.app import job_lifecycle, jobs
 from mlsched.controller.objects.desired import PodSettings, pod_template
 from mlsched.controller.objects.records import pod_record
 from mlsched.controller.objects.job_records import job_record
@@ -16,7 +16,7 @@ from test_controller_fixtures import NS, cluster, create_jobs, make_runtime, nod
 
 def _sync(rt, kube, name):
     patch: dict = {}
-    outcome = run(jobs.sync_lifecycle(rt, kube.obj("MLJob", NS, name), kube.indexes(), patch))
+    outcome = run(job_lifecycle.sync_lifecycle(rt, kube.obj("MLJob", NS, name), kube.indexes(), patch))
     if patch:
         run(kube.patch("MLJob", NS, name, patch, status=True))
     return outcome

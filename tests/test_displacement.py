@@ -180,13 +180,13 @@ def _refuse(rt, kube, name, message="0/6 nodes are available: 1 node(s) didn't m
                                      "anti-affinity rules, 5 node(s) didn't match Pod's node "
                                      "affinity/selector."):
     """kube-scheduler refusing a pinned pod: unbound, Pending, PodScheduled=False."""
-    from mlsched.controller.app import jobs
+    from mlsched.controller.app import pod_events
 
     pod = kube.obj("Pod", NS, name)
     pod["spec"].pop("nodeName", None)
     pod["status"] = {"phase": "Pending", "conditions": [
         {"type": "PodScheduled", "status": "False", "reason": "Unschedulable", "message": message}]}
-    run(jobs.on_pod_event(rt, "MODIFIED", pod, kube.indexes()))
+    run(pod_events.on_pod_event(rt, "MODIFIED", pod, kube.indexes()))
     return pod["spec"]["nodeSelector"]["kubernetes.io/hostname"]
 
 

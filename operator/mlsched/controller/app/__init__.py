@@ -3,8 +3,11 @@ subpackage below. A new watched kind gets its index and handlers in handlers.py 
 in `objects/records.py`).
 
     handlers.py  kopf decorators, indexes and startup only; the work is elsewhere
-    jobs.py      what the MLJob and pod handlers do, apart from kopf: children, lifecycle
-                 sweep, late pod pinning
+    jobs.py           what the MLJob handlers do, apart from kopf: children, status, the
+                      lifecycle sweep and due jobs
+    job_lifecycle.py  a job's phase and conditions evaluated and written
+    pod_problems.py   why a job's pods do not run: unscheduled, stuck, claims, refused
+    pod_events.py     pods pinned when placeable, hand scaling undone, Services restored
 
 The process entry point is `python -m mlsched.controller` (controller/__main__.py).
 """

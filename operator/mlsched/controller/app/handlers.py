@@ -10,7 +10,7 @@ Run with `python -m mlsched.controller` (see __main__.py) or
   job's StatefulSets appear or one of our pods goes away (capacity freed), and for a full
   round when the policy's spec is edited (a new generation). A StatefulSet scaled or
   recreated by hand is scaled back to the decided replicas (with their template) at once;
-  not while the decision's own patches are in flight (jobs.restore_replicas).
+  not while the decision's own patches are in flight (pod_events.restore_replicas).
 - MLJobs: a watch-event handler creates the children of each new generation; one sweep over
   all jobs keeps the lifecycle (phase, conditions, suspend, deadline, backoff, cleanup, TTL)
   current. No kopf change handler, timer or daemon: those need finalizers and annotations.
@@ -35,7 +35,7 @@ import kubernetes.watch
 from mlsched.api import GROUP, VERSION
 from mlsched.controller.scheduling import displacement, fair_share
 from mlsched.controller.constraints import dra
-from mlsched.controller.app import jobs
+from mlsched.controller.app import jobs, pod_events
 from mlsched.controller.objects import preflight
 from mlsched.controller.progress import progress_server
 from mlsched.controller.process.config import OperatorConfig
@@ -579,7 +579,7 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
     # conditions follow now, not at the next sweep.
     rt.lifecycle_due.mark((namespace, labels[JOB_LABEL]))
     # Scaled or recreated by hand: back to the decided replicas now, not at the next round.
-    await jobs.restore_replicas(rt, event.get("type"), body, rt.indexes)
+    await pod_events.restore_replicas(rt, event.get("type"), body, rt.indexes)
     # A new job can be admitted once its StatefulSets exist (they are created on arrival).
     if event.get("type") == "ADDED":
         wake_admission(rt, namespace, labels[JOB_LABEL])
@@ -587,10 +587,10 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
 
 @kopf.on.event("services", labels={JOB_LABEL: kopf.PRESENT})
 async def service_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """A job's Service deleted by hand comes back at once (jobs.on_service_deleted)."""
+    """A job's Service deleted by hand comes back at once (pod_events.on_service_deleted)."""
     rt = runtime(memo)
     if event.get("type") == "DELETED" and rt.leadership.leading:
-        await jobs.on_service_deleted(rt, body, rt.indexes)
+        await pod_events.on_service_deleted(rt, body, rt.indexes)
 
 
 # ------------------------------------------------------------------------------ mljobs
@@ -632,7 +632,7 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
 @kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})
 async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime(memo)
-    await jobs.on_pod_event(rt, event.get("type"), body, rt.indexes)
+    await pod_events.on_pod_event(rt, event.get("type"), body, rt.indexes)
     if event.get("type") == "DELETED":  # capacity freed (a job finished, was deleted, shrank)
         namespace = body["metadata"].get("namespace", "")
         job_name = body["metadata"].get("labels", {}).get(JOB_LABEL, "")

@@ -1,4 +1,6 @@
-"""What the MLJob and pod handlers do, apart from kopf: children, lifecycle, late pod pinning.
+"""What the MLJob handlers do, apart from kopf: a job's children (Service, StatefulSets) made
+and kept, its status written, the lifecycle sweep and due jobs; its lifecycle evaluated in
+job_lifecycle.py, pod, StatefulSet and Service events in pod_events.py.
 
 Each function takes the Runtime, the object's body and the indexes, so tests call them with a
 fake API and plain dicts; handlers.py only wires them to kopf's decorators.
@@ -7,40 +9,30 @@ fake API and plain dicts; handlers.py only wires them to kopf's decorators.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
-from collections import Counter
-from collections.abc import Iterable, Mapping, MutableMapping
-from datetime import UTC, datetime
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
-from mlsched.api import InvalidObject
-from mlsched.controller.scheduling import displacement, pools
+from mlsched.controller.scheduling import pools
 from mlsched.controller.objects import lifecycle, preflight
-from mlsched.controller.admission import quotas
 from mlsched.controller.objects.apply import (
     ChildOverQuota, WaitingForOldChildren, ensure_service, ensure_statefulsets, execute,
-    execute_all, refresh_plan, refresh_templates, scale_to_zero_plan,
+    refresh_plan, refresh_templates,
 )
-from mlsched.controller.kube.constants import JOB_LABEL, LEGACY_ANNOTATIONS, LEGACY_FINALIZER
-from mlsched.controller.objects.desired import DeletePod, PinPod, plan_statefulset, roles_of
-from mlsched.controller.kube.events import ObjectRef
+from mlsched.controller.kube.constants import LEGACY_ANNOTATIONS, LEGACY_FINALIZER
+from mlsched.controller.objects.desired import plan_statefulset, roles_of
 from mlsched.controller.kube.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, KubeError
-from mlsched.controller.constraints.node_constraints import EVERY_NODE
-from mlsched.controller.objects.records import (
-    DEFAULT_SCHEDULER, PodRecord, StsRecord, controller_uid, pod_record, sts_record,
-)
-from mlsched.controller.objects.job_records import JobRecord, job_record, parsed_job
+from mlsched.controller.objects.records import StsRecord
+from mlsched.controller.objects.job_records import JobRecord, job_record
 from mlsched.controller.scheduling.runtime import Runtime
-from mlsched.controller.scheduling.indexes import Indexes, JobKey, flatten, values
+from mlsched.controller.scheduling.indexes import Indexes, JobKey, flatten
 from mlsched.controller.process.supervision import key_of, plain
+
+from mlsched.controller.app.job_lifecycle import job_ref, sync_lifecycle
 
 log = logging.getLogger("mlsched.controller.app.jobs")
 
-
-def _ref(body: Mapping[str, Any]) -> ObjectRef:
-    return ObjectRef.of({**body, "kind": "MLJob"})
 
 
 async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
@@ -94,7 +86,7 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
         rt.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
         if rt.retrying.get(job.key) != str(err):
             rt.retrying[job.key] = str(err)
-            await rt.recorder.emit(_ref(body), "Normal", "WaitingForQuota", str(err))
+            await rt.recorder.emit(job_ref(body), "Normal", "WaitingForQuota", str(err))
         return
     except Exception as err:
         # Transient (the API server unavailable, an earlier job's children still there): say
@@ -108,7 +100,7 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
                       f"{rt.config.job_sync_seconds:g} s: {err}"
         if rt.retrying.get(job.key) != message:
             rt.retrying[job.key] = message
-            await rt.recorder.emit(_ref(body), type_, reason, message)
+            await rt.recorder.emit(job_ref(body), type_, reason, message)
         raise
     rt.retrying.pop(job.key, None)
     rt.over_quota.pop(job.key, None)
@@ -385,35 +377,6 @@ def _waiting_for_capacity(job: JobRecord, statefulsets: list[StsRecord]) -> bool
             and not any(s.replicas for s in statefulsets))
 
 
-async def _pods_verdict(rt: Runtime, job: JobRecord, seen: lifecycle.Observed) -> str | None:
-    """Whether the API server would refuse the job's pods, asked again when a refusal is old
-    (what refused it is not watched) or when the pods of a job given capacity are all refused;
-    such a job gives its capacity back (its policy's next round would have taken it, a day
-    later under a daily interval)."""
-    if job.error is not None or job.suspend or job.final:
-        return None
-    book = rt.preflight
-    none_created = not any(s.created for s in seen.statefulsets)
-    ask = book.due(job) or (seen.pods_refused is not None and none_created
-                            and not book.recent(job))
-    if ask and book.start(job):
-        await preflight.check(rt, job)
-    refusal = book.refusal(job)
-    held = {s.role: s.replicas for s in seen.statefulsets if s.replicas}
-    if refusal is not None and held and none_created:
-        # The decision goes first: the StatefulSets' watch events during the scaling must not
-        # find it and restore the replicas (restore_replicas).
-        rt.reservations.release(job.key)
-        rt.placements.forget(job.key)
-        await execute_all(rt.api, scale_to_zero_plan(seen.statefulsets, job.namespace))
-        rt.wakeups.signal((job.namespace, job.policy), "admission")
-        await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
-                               "Released", "gave back " + ", ".join(f"{n} {r}" for r, n in held.items())
-                               + ": the API server refuses to create its pods")
-        seen.statefulsets = [dataclasses.replace(s, replicas=0) for s in seen.statefulsets]
-    return refusal
-
-
 async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
                            existing: list[StsRecord]) -> None:
     # The StatefulSets first (both at once), then the Service (services.py says why, and
@@ -433,7 +396,7 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
         if refused:  # held from admission until now; its StatefulSets were there already
             rt.wakeups.signal((job.namespace, job.policy), "admission")
     if created:
-        await rt.recorder.emit(_ref(body), "Normal", "Created",
+        await rt.recorder.emit(job_ref(body), "Normal", "Created",
                                f"{', '.join(created)}; waiting for SchedulingPolicy "
                                f"{job.policy!r} to allocate")
     # The template was edited (a generation of this job reconciled before in this process):
@@ -446,405 +409,3 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
     if existing and (read_first or refresh_plan(job, existing, rt.pod_settings)):
         await rt.placements.settled(job.key)
         await refresh_templates(rt.api, job, existing, rt.pod_settings, read_first=read_first)
-
-
-async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
-                         patch: MutableMapping[str, Any], now: datetime | None = None,
-                         rejected: str | None = None,
-                         over_quota: str | None = None,
-                         created: bool = False) -> lifecycle.Outcome:
-    """Phase, conditions and run-policy actions (suspend, cleanPodPolicy, TTL) for one job.
-    `rejected`: the API server's message when it just refused one of the job's children;
-    `over_quota`: why one of them cannot be created yet (apply.ChildOverQuota); `created`:
-    its children were just made, so none is to be made again (the index may not show them
-    yet: each was created a second time, a 409 and a read, when the creates were answered
-    before their watch events, bench_e2e)."""
-    job = idx.as_planned(job_record(body))
-    statefulsets = list(idx.statefulsets.get(job.key, ()))
-    seen = lifecycle.Observed(statefulsets=statefulsets, children_over_quota=over_quota)
-    if now is not None:
-        seen.now = now
-    else:
-        seen.precise_now = datetime.now(UTC)
-    outcome = await _evaluate(rt, body, job, idx, seen, rejected, created)
-
-    if outcome.changed:
-        patch.setdefault("status", {}).update(outcome.status)
-    if outcome.events:
-        # Posted without the status patch waiting for them: Events go out through the create
-        # slots, after a burst's StatefulSets and Services (kube.py), and in bench_e2e's burst
-        # a job's `Running` phase was written up to 10 s after its `Running` Event was logged.
-        rt.recorder.in_background(_emit_in_order(rt, _ref(body), outcome.events))
-    if outcome.scale_to_zero:
-        await execute_all(rt.api, scale_to_zero_plan(statefulsets, job.namespace))
-        rt.reservations.release(job.key)
-        rt.placements.forget(job.key)
-    if outcome.delete_job:
-        await rt.recorder.emit(_ref(body), "Normal", "TTLExpired",
-                               "ttlSecondsAfterFinished has passed; deleting the MLJob")
-        await rt.api.delete("MLJob", job.namespace, job.name, uid=job.uid)
-    return outcome
-
-
-async def _emit_in_order(rt: Runtime, ref: ObjectRef,
-                         events: list[tuple[str, str, str]]) -> None:
-    for type_, reason, message in events:
-        await rt.recorder.emit(ref, type_, reason, message)
-
-
-async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: Indexes,
-                    seen: lifecycle.Observed, rejected: str | None,
-                    created: bool = False) -> lifecycle.Outcome:
-    status = body.get("status") or {}
-    try:
-        spec = parsed_job(body).spec
-    except InvalidObject as err:
-        return lifecycle.invalid(status, str(err), job.generation, seen.now)
-    if rejected is None and job.refused and status.get("observedGeneration") == job.generation:
-        # Refused and not edited since: nothing to retry (an edit runs reconcile_children).
-        return lifecycle.Outcome(status=dict(status), changed=False)
-    if rejected is None and not created and not job.finished and not seen.children_over_quota:
-        try:  # self-healing: a StatefulSet deleted by hand comes back (with zero replicas)
-            await ensure_statefulsets(rt.api, job, seen.statefulsets, rt.pod_settings)
-            await restore_service(rt, job)  # a restore that failed after its deletion event
-        except KubeError as err:
-            if not err.rejected:
-                raise
-            rejected = err.message
-        except WaitingForOldChildren:
-            pass  # reported by reconcile_if_needed, which the sweep retries
-        except ChildOverQuota as err:
-            seen.children_over_quota = str(err)  # created when the quota has room
-    if rejected is not None:
-        return lifecycle.invalid(status, f"the API server refused the job's StatefulSet: "
-                                 f"{rejected}", job.generation, seen.now)
-    pods = list(idx.pods.get(job.key, ()))
-    for pod in pods:
-        rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
-                            pod.last_failure)
-    seen.cannot_start = sorted([(p.name, p.stuck) for p in pods if p.stuck and not p.deleting]
-                               + await stuck_creating(rt, job.key, job.namespace, pods)
-                               + await claims_unmade(rt, job.key, job.namespace, pods))
-    refused = [p for p in pods if p.unschedulable and not p.deleting]
-    if refused:  # refused where a pod of ours is leaving: the plan at work (displacement.py)
-        at = time.time()
-        vacating = rt.vacating.nodes(idx.pods, rt.placements.of, rt.refusals.settling(at), at,
-                                     asked={p.pinned for p in refused if p.pinned})
-        seen.waiting_for_room = sorted(
-            (p.name, p.pinned, vacating[p.pinned]) for p in refused
-            if p.pinned in vacating and displacement.refused_there(p, p.pinned))
-        waiting = {name for name, _, _ in seen.waiting_for_room}
-        refused = [p for p in refused if p.name not in waiting]
-    seen.unschedulable = sorted([(p.name, p.unschedulable) for p in refused]
-                                + unscheduled(rt, job.key, pods))
-    seen.pods_refused = await pods_refused(rt, job, seen.statefulsets, pods)
-    seen.would_be_refused = await _pods_verdict(rt, job, seen)
-    if not any(s.replicas for s in seen.statefulsets):  # only a job not admitted can be told
-        found = values(idx.quotas, job.namespace)
-        never, waiting = quotas.reasons(job, found, idx.default_priority_class())
-        seen.cannot_fit = job.blocked or rt.cluster_fit(idx).why_not(job) or never
-        seen.over_quota = waiting
-        seen.waiting_for = rt.waiting.get(job.key)
-    seen.failures = rt.failures.total(job.key)
-    seen.last_failure = rt.failures.last(job.key)
-    seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
-                                 and not p.deleting)
-    replicas = {s.role: s.replicas for s in seen.statefulsets}
-    seen.pods_ready = Counter(p.role for p in pods if p.ready and not p.deleting
-                              and p.ordinal < replicas.get(p.role, 0))
-    seen.epochs_done = rt.epochs_done(job)
-    seen.policy_exists = bool(list(idx.policies.get((job.namespace, job.policy), ())))
-    seen.created_s = job.created_s or None
-    return lifecycle.evaluate(spec, job.generation, status, seen)
-
-
-async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
-                       idx: Indexes) -> None:
-    """Count failures, and pin a new gated pod to the node its ordinal was given (pods are
-    created by the StatefulSet controller after the round that scaled them up has finished)."""
-    pod = pod_record(body)
-    if pod is None:
-        return
-    meta = body.get("metadata", {})
-    namespace, job_name = meta.get("namespace", ""), meta["labels"][JOB_LABEL]
-    key = (namespace, job_name)
-    rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
-                        pod.last_failure)
-    if not rt.leadership.leading:
-        return  # the leader's first round pins what is gated
-    if rt.pod_states.changed(pod, gone=event_type == "DELETED"):
-        rt.lifecycle_due.mark(key)  # its phase and conditions follow the pod now
-    job = idx.job(namespace, job_name)
-    if (event_type != "DELETED" and job is not None
-            and displacement.refused_there(pod, pod.pinned or "")):
-        # kube-scheduler refuses it where it was pinned: the admission step woken here places
-        # it again (displacement.py).
-        rt.wakeups.signal((namespace, job.policy), "admission")
-    if event_type == "DELETED" or pod.deleting or not pod.gated:
-        rt.pinned.pop(pod.uid, None)
-        return
-    node = rt.placements.node_for(key, pod.role, pod.ordinal)
-    if node is None:
-        # After an operator restart, before the policy's first round: the last decision
-        # recorded in the job's status.
-        decided = ((job.placement or {}).get(pod.role) or ()) if job and job.schedulable else ()
-        node = decided[pod.ordinal] if pod.ordinal < len(decided) else None
-    if node is None or rt.pinned.get(pod.uid) == node:
-        return  # not decided yet (it stays gated until a round gives its ordinal a node)
-    if job is not None and refused_by(rt, idx, job, pod.role, node):
-        # Drained, deleted, tainted since: pinned there it would stay Pending. It stays gated;
-        # the admission step woken here places it again (displacement.py).
-        rt.wakeups.signal((namespace, job.policy), "admission")
-        return
-    if pod.pinned not in (None, node):
-        action: PinPod | DeletePod = DeletePod(namespace, pod.name, pod.uid, pod.role,
-                                               pod.ordinal, node, pod.pinned)
-    else:
-        action = PinPod(namespace, pod.name, pod.uid, pod.role, pod.ordinal, node)
-        rt.pinned[pod.uid] = node
-    try:
-        await execute(rt.api, action)
-    except Exception:
-        rt.pinned.pop(pod.uid, None)
-        raise
-    log.info("MLJob %s/%s: %s %s on %s", namespace, job_name,
-             "pinned" if isinstance(action, PinPod) else "recreating", pod.name, node)
-
-
-def refused_by(rt: Runtime, idx: Indexes, job: JobRecord, role: str, node: str) -> str | None:
-    """Why `node` would refuse a new pod of the job's role now (displacement.refusal)."""
-    found = values(idx.nodes, node)
-    return displacement.refusal(found[0] if found else None,
-                                job.node_constraints.get(role, EVERY_NODE),
-                                rt.config.node_selector, rt.config.tolerated_taints)
-
-
-async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
-                           idx: Indexes) -> bool:
-    """A StatefulSet of ours whose replicas differ from the last decision (scaled by hand, or
-    recreated after a deletion) is scaled back at once, not at the next round. True if so."""
-    if event_type not in ("ADDED", "MODIFIED"):
-        return False
-    record = sts_record(body)
-    meta = body.get("metadata", {})
-    job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
-    decided = rt.placements.of(job.key) if job is not None else None
-    if job is None or decided is None or not job.schedulable or meta.get("deletionTimestamp") \
-            or rt.preflight.refusal(job) is not None:
-        return False  # not decided by this operator yet, or suspended/finished/refused: the lifecycle owns it
-    if rt.placements.being_applied(job.key):
-        return False  # the event predates the decision's own patches, still in flight
-    want = len(decided.get(record.role, ()))
-    if record.replicas == want:
-        return False
-    # The event may still predate the decision's patches, answered since: what is there now?
-    found = await rt.api.get("StatefulSet", job.namespace, record.name)
-    if found is None or found.get("metadata", {}).get("deletionTimestamp"):
-        return False
-    current = sts_record(found)
-    if current.replicas == want:
-        return False
-    # Scaled back with the template of the decided counts: one recreated after a deletion has
-    # the template of none (no peers in its environment), and its pods would have run so.
-    counts = {role: len(nodes) for role, nodes in decided.items()}
-    pool = current.pool or next((s.pool for s in idx.statefulsets.get(job.key, ()) if s.pool), None)
-    plan = plan_statefulset(job, record.role, current, counts, rt.pod_settings, pool)
-    await execute(rt.api, plan)
-    await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal", "Restored",
-                           f"StatefulSet {record.name} had {current.replicas} replicas; "
-                           f"scaled back to the {want} its policy decided"
-                           + (", its pod template rendered for them" if plan.template else ""))
-    return True
-
-
-async def on_service_deleted(rt: Runtime, body: Mapping[str, Any], idx: Indexes) -> bool:
-    """A job's headless Service deleted by hand took its pods' DNS names with it (peers stop
-    finding each other): it is created again now, not never. True if so. The Service of a
-    deleted job goes with it (garbage collection), and is not."""
-    meta = body.get("metadata") or {}
-    job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
-    if job is None or controller_uid(meta) != job.uid:
-        return False  # its job is gone, or it was an earlier job's of the name
-    rt.services.forget(job.key)
-    live = await rt.api.get("MLJob", job.namespace, job.name)  # the index may lag a deletion
-    if live is None or live["metadata"].get("uid") != job.uid \
-            or live["metadata"].get("deletionTimestamp"):
-        return False
-    try:
-        return await restore_service(rt, job)
-    except Exception as err:  # noqa: BLE001 - the lifecycle sweep tries again
-        log.warning("MLJob %s/%s: recreating its Service: %s", *job.key, err)
-        return False
-
-
-async def restore_service(rt: Runtime, job: JobRecord) -> bool:
-    """Create the Service of a job whose children this process reconciled when it is known
-    to be gone (`on_service_deleted`); True if created now. A job not reconciled yet gets it
-    from `reconcile_children`; a finished one has no pods to name. A failure is not a refusal
-    (services.py): the job keeps running, and the next sweep tries again."""
-    if job.finished or rt.reconciled.get(job.key) != (job.uid, job.generation) \
-            or await rt.services.exists(rt.api, job):
-        return False
-    created = await ensure_service(rt.api, job)
-    rt.services.note(job)
-    if created:
-        await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
-                               "Restored", f"Service {job.name} was deleted; created again, so "
-                               f"that the job's pods find their peers by its DNS names")
-    return created
-
-
-def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[str, str]]:
-    """(pod, why) for the job's pods that were pinned and ungated at least
-    `scheduler_grace_seconds` ago and that no scheduler has acted on since: not bound, no
-    Unschedulable verdict. A template naming a scheduler that does not run here (a Volcano
-    template brought along) left its pods `SchedulingGated` in `kubectl get` and the job
-    PodsStarting forever, its GPUs held."""
-    now, grace = time.monotonic(), rt.config.scheduler_grace_seconds
-    out = []
-    clocks = rt.unseen_since.get(key, {})
-    kept: dict[str, float] = {}  # only the pods waiting now: the others' clocks go
-    for p in pods:
-        if not (p.pinned and not p.gated and not p.bound and p.unseen and not p.deleting
-                and p.unschedulable is None
-                and not p.claims_unmade):  # kube-scheduler waits for its claims: claims_unmade
-            continue
-        since = kept[p.uid] = clocks.get(p.uid, now)
-        if now - since < grace:
-            continue
-        if p.gates:  # a gate of the template's own (another controller's), still on it
-            out.append((p.name, f"it still carries the scheduling gate "
-                                f"{', '.join(p.gates)} {now - since:.0f} s after it was placed "
-                                f"on {p.pinned}: no scheduler looks at it until whatever put "
-                                f"that gate in the template removes it"))
-            continue
-        who = ("kube-scheduler (default-scheduler)" if p.scheduler == DEFAULT_SCHEDULER
-               else f"its scheduler {p.scheduler!r} (spec.schedulerName)")
-        hint = ("is it running?" if p.scheduler == DEFAULT_SCHEDULER else
-                "is it running in this cluster? Without spec.schedulerName, kube-scheduler "
-                "binds it")
-        out.append((p.name, f"{who} has not acted on it in {now - since:.0f} s since it "
-                            f"was placed on {p.pinned}: {hint}"))
-    if kept:
-        rt.unseen_since[key] = kept
-    else:
-        rt.unseen_since.pop(key, None)
-    return out
-
-
-#: How often a pod still waiting for its containers is asked again why (its Warning Events),
-#: once `creating_grace_seconds` have passed.
-CREATING_RECHECK_S = 30.0
-#: The kubelet's Event reasons for a pod whose containers it cannot create.
-CREATING_FAILURES = frozenset({"FailedMount", "FailedAttachVolume", "FailedMapVolume",
-                               "FailedCreatePodSandBox"})
-
-
-async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
-                         pods: list[PodRecord]) -> list[tuple[str, str]]:
-    """(pod, "FailedMount: MountVolume.SetUp failed for volume ...") for a pod of the job whose
-    containers have been waiting to be created for `creating_grace_seconds` while the kubelet reports
-    why it cannot create them. A ConfigMap or Secret volume that does not exist looks like
-    this: the pod shows `ContainerCreating` for ever (only its FailedMount Events say why),
-    the job said PodsStarting and held its GPUs."""
-    waiting = [p for p in pods if p.creating and not p.deleting]
-    return await _warned(rt, key, namespace, waiting, rt.creating_since, rt.creating_checks,
-                         rt.config.creating_grace_seconds, CREATING_FAILURES)
-
-
-#: How long a pod may wait for the ResourceClaims made from its templates before its Events are
-#: read: kube-controller-manager makes them within a second of the pod.
-CLAIMS_GRACE_S = 5.0
-CLAIM_FAILURES = frozenset({"FailedResourceClaimCreation"})
-
-
-async def claims_unmade(rt: Runtime, key: JobKey, namespace: str,
-                        pods: list[PodRecord]) -> list[tuple[str, str]]:
-    """(pod, "FailedResourceClaimCreation: ... exceeded quota ...") for a pod of the job whose
-    ResourceClaims (from its templates' ResourceClaimTemplates) kube-controller-manager has
-    failed to make for CLAIMS_GRACE_S: kube-scheduler does not look at the pod until they
-    exist and says nothing, so only the pod's Events say why (a quota on claims, a webhook).
-    Such pods sat Pending for good while the job said AllRolesReady on its minimum."""
-    waiting = [p for p in pods if p.claims_unmade and not p.deleting]
-    return await _warned(rt, key, namespace, waiting, rt.claims_since, rt.claims_checks,
-                         CLAIMS_GRACE_S, CLAIM_FAILURES)
-
-
-async def _warned(rt: Runtime, key: JobKey, namespace: str, waiting: list[PodRecord],
-                  since: dict[JobKey, dict[str, float]],
-                  checks: dict[JobKey, tuple[float, str, str | None]], grace: float,
-                  reasons: frozenset[str]) -> list[tuple[str, str]]:
-    """(pod, "<reason>: <message>") from the latest Warning Event with one of `reasons` of a
-    `waiting` pod that has waited `grace` seconds (`since`: per job, when each was first seen
-    waiting); the Events are read once per CREATING_RECHECK_S (`checks`: per job, the latest
-    read: when, which pod, why or None), not every sweep."""
-    now = time.monotonic()
-    clocks = since.get(key, {})
-    kept = {p.uid: clocks.get(p.uid, now) for p in waiting}
-    if kept:  # only the pods still waiting: the others' clocks go
-        since[key] = kept
-    else:
-        since.pop(key, None)
-    overdue = [p for p in waiting if now - kept[p.uid] >= grace]
-    if not overdue:
-        checks.pop(key, None)
-        return []
-    checked = checks.get(key)
-    if checked is None or now - checked[0] >= CREATING_RECHECK_S \
-            or checked[1] not in {p.name for p in overdue}:
-        pod, why = overdue[0], None
-        try:
-            events = await rt.api.pod_warnings(namespace, pod.name)
-        except KubeError as err:
-            log.warning("MLJob %s/%s: cannot read the Events of pod %s: %s", *key, pod.name, err)
-            events = []
-        failures = [e for e in events if e.get("reason") in reasons]
-        if failures:
-            why = f"{failures[-1]['reason']}: {failures[-1].get('message', '')}"
-        checked = (now, pod.name, why)
-        checks[key] = checked
-    _, name, why = checked
-    return [(name, why)] if why else []
-
-
-#: How long a StatefulSet may have fewer pods than replicas before its FailedCreate Events are
-#: read: the controller creates a new allocation's pods within a second or two.
-REFUSAL_GRACE_S = 5.0
-
-
-async def pods_refused(rt: Runtime, job: JobRecord, statefulsets,
-                       pods: Iterable[PodRecord]) -> str | None:
-    """Why the API server refuses to create the job's pods (a missing ServiceAccount, Pod
-    Security, a LimitRange, an admission webhook: only the StatefulSet's `FailedCreate` Events
-    say), once a StatefulSet has stayed short of its replicas, with no pod created, for
-    REFUSAL_GRACE_S; None otherwise. Without it the job waited "PodsStarting" while its
-    capacity stayed reserved. Not while the StatefulSet controller has yet to act on the
-    latest scaling, and each pod it gains starts the grace period again: in a burst of new
-    jobs its queue is long, and its Events were read 146 times for 200 jobs, none refused
-    (bench_e2e). Its pods are counted from the pod watch too (`pods`): the controller's status
-    counts only the pods it had seen when its sync began, so right after creating them it
-    still shows none."""
-    now = time.monotonic()
-    found = None
-    seen_pods: Counter[str] | None = None  # counted only for a StatefulSet short by its status
-    for sts in statefulsets:
-        key = (job.key, sts.name)
-        if sts.created < sts.replicas and sts.observed and seen_pods is None:
-            seen_pods = Counter(p.role for p in pods if not p.deleting)
-        created = max(sts.created, seen_pods.get(sts.role, 0) if seen_pods else 0)
-        if created >= sts.replicas or not sts.observed:
-            rt.short_since.pop(key, None)
-            continue
-        since, before = rt.short_since.get(key, (now, created))
-        if created > before:  # progress since: not refused (not all of it, anyway)
-            since = now
-        rt.short_since[key] = (since, created)
-        if found is None and now - since >= REFUSAL_GRACE_S:
-            try:
-                events = await rt.api.failed_creates(job.namespace, sts.name)
-            except KubeError as err:
-                log.warning("MLJob %s/%s: cannot read the Events of %s: %s", *job.key, sts.name, err)
-                continue
-            if events:
-                found = f"{sts.name}: {events[-1].get('message', 'FailedCreate')}"
-    return found

@@ -23,7 +23,7 @@ Verdicts, per job generation:
   LimitRange and RuntimeClass, which block the job by their own rules until they change), and
   checks that cannot be made: the operator not allowed to create pods (an older RBAC), a
   webhook that does not support dry run, the API server failing (5xx, 429). The real creation
-  still says so if the pods are then refused (jobs.pods_refused), which asks again.
+  still says so if the pods are then refused (pod_problems.pods_refused), which asks again.
 
 A job that was admitted and whose pods are then all refused (the namespace relabelled after the
 check, a webhook installed) is asked again; refused, it gives its capacity back (jobs.py).

@@ -51,7 +51,7 @@ class ServiceBook:
     def relisted(self) -> None:
         """The watches were listed again (relists.py): a Service deleted while they were down
         sent no DELETED event, so what was known is asked again, one list per namespace, and
-        the lifecycle sweep restores what the list lacks (jobs.restore_service). A job's pods
+        the lifecycle sweep restores what the list lacks (pod_events.restore_service). A job's pods
         used to lose their peers' DNS names for good."""
         self._owner.clear()
         self._listed.clear()
@@ -62,7 +62,7 @@ class ServiceBook:
 
     async def exists(self, api: KubeApi, job: JobRecord) -> bool:
         """Whether this job (this uid) has its Service, as far as is known: a Service deleted
-        by hand is forgotten by its deletion event (`jobs.on_service_deleted`), one deleted
+        by hand is forgotten by its deletion event (`pod_events.on_service_deleted`), one deleted
         while the watch was down once the watches are listed again (`relisted`)."""
         if self._owner.get(job.key) == job.uid:
             return True

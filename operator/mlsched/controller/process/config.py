@@ -68,7 +68,7 @@ class OperatorConfig:
     interval_scale: float = 1.0
     job_sync_seconds: float = 10.0  # how often each MLJob's lifecycle is re-evaluated
     # How long a pinned pod may wait for its scheduler to act at all before the job says so
-    # (jobs.unscheduled): a schedulerName with no such scheduler running, kube-scheduler down.
+    # (pod_problems.unscheduled): a schedulerName with no such scheduler running, kube-scheduler down.
     # Generous: kube-scheduler binds a pinned pod in a second, but a burst of thousands of
     # pods can queue it for tens of seconds, which must not read as a scheduler that is down.
     scheduler_grace_seconds: float = 60.0

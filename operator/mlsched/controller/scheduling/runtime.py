@@ -75,13 +75,13 @@ class Runtime:
     # of another generation (an edit) reconciles again. Lost on restart: all are, once.
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
     # (job, StatefulSet) -> (since when it has been seen with fewer pods than replicas and
-    # none created, how many pods it had then) (jobs.pods_refused).
+    # none created, how many pods it had then) (pod_problems.pods_refused).
     short_since: dict[tuple[JobKey, str], tuple[float, int]] = field(default_factory=dict)
     # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
     # to wake that policy's admission. The latest MAX_DEPARTED only.
     departed: dict[JobKey, str] = field(default_factory=dict)
     # job -> pod uid -> when the pod was first seen pinned, ungated and with no word from any
-    # scheduler (jobs.unscheduled). Per job: a sweep touches one job's clocks, not everyone's.
+    # scheduler (pod_problems.unscheduled). Per job: a sweep touches one job's clocks, not everyone's.
     unseen_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
     # job -> pod uid -> when the pod was first seen bound with its containers still being
     # created; per job, the latest read of such a pod's Warning Events: (when, pod, why or
