@@ -11,6 +11,7 @@ read from the source, so a cycle hidden by a lazy import is still a cycle here.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import mlsched
@@ -43,7 +44,8 @@ def module_name(path: Path) -> str:
     return ".".join(parts)
 
 
-def imports_of(path: Path) -> set[str]:
+@functools.cache  # the files do not change during a run: parsed once for all the checks
+def imports_of(path: Path) -> frozenset[str]:
     """Every module name the file imports (any package: mlsched, policy_models, torch, ...),
     relative imports resolved; `from mlsched.x import y` adds mlsched.x.y when y is a module or
     a subpackage of mlsched."""
@@ -67,14 +69,15 @@ def imports_of(path: Path) -> set[str]:
                     sub = ROOT.parent / (module + "." + a.name).replace(".", "/")
                     if sub.with_suffix(".py").exists() or (sub / "__init__.py").exists():
                         out.add(module + "." + a.name)
-    return out
+    return frozenset(out)
 
 
 #: Calls that load a module named by a string (what an import statement is not needed for).
 LOADERS = {"find_spec", "import_module", "__import__"}
 
 
-def loads_by_name(path: Path) -> set[str]:
+@functools.cache
+def loads_by_name(path: Path) -> frozenset[str]:
     """`importlib.util.find_spec("x")`, `importlib.import_module("x")`, `__import__("x")`:
     the module names given as string literals."""
     out = set()
@@ -85,7 +88,7 @@ def loads_by_name(path: Path) -> set[str]:
             name = f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else None
             if name in LOADERS:
                 out.add(node.args[0].value)
-    return out
+    return frozenset(out)
 
 
 def names(modules: set[str], package: str) -> set[str]:
