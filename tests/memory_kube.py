@@ -364,7 +364,7 @@ class MemoryKube:
 
     def indexes(self) -> Indexes:
         """What kopf's indexes would hold for the objects stored now."""
-        from mlsched.controller.app import handlers
+        from mlsched.controller.app import watched
 
         found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
             "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
@@ -383,35 +383,35 @@ class MemoryKube:
             labels = meta.get("labels") or {}
             common = dict(name=name, namespace=ns, body=obj, labels=labels, spec=obj.get("spec") or {})
             if kind == "Node":
-                add("node_index", handlers.node_index(**common))
+                add("node_index", watched.node_index(**common))
             elif kind == "Pod":
-                which = "pod_index" if handlers.JOB_LABEL in labels else "foreign_pod_index"
-                add(which, getattr(handlers, which)(**common))
+                which = "pod_index" if watched.JOB_LABEL in labels else "foreign_pod_index"
+                add(which, getattr(watched, which)(**common))
                 if which == "foreign_pod_index":
-                    add("foreign_port_index", handlers.foreign_port_index(**common))
-                    add("foreign_extended_index", handlers.foreign_extended_index(**common))
-                    add("foreign_label_index", handlers.foreign_label_index(**common))
-                    add("foreign_repel_index", handlers.foreign_repel_index(**common))
-            elif kind == "StatefulSet" and handlers.JOB_LABEL in labels:
-                add("statefulset_index", handlers.statefulset_index(**common))
+                    add("foreign_port_index", watched.foreign_port_index(**common))
+                    add("foreign_extended_index", watched.foreign_extended_index(**common))
+                    add("foreign_label_index", watched.foreign_label_index(**common))
+                    add("foreign_repel_index", watched.foreign_repel_index(**common))
+            elif kind == "StatefulSet" and watched.JOB_LABEL in labels:
+                add("statefulset_index", watched.statefulset_index(**common))
             elif kind == "MLJob":
-                add("mljob_index", handlers.mljob_index(**common))
+                add("mljob_index", watched.mljob_index(**common))
             elif kind == "SchedulingPolicy":
-                add("policy_index", handlers.policy_index(**common))
+                add("policy_index", watched.policy_index(**common))
             elif kind == "ResourceQuota":
-                add("quota_index", handlers.quota_index(**common))
+                add("quota_index", watched.quota_index(**common))
             elif kind == "LimitRange":
-                add("limit_range_index", handlers.limit_range_index(**common))
+                add("limit_range_index", watched.limit_range_index(**common))
             elif kind == "RuntimeClass":
-                add("runtime_class_index", handlers.runtime_class_index(**common))
+                add("runtime_class_index", watched.runtime_class_index(**common))
             elif kind == "PriorityClass":
-                add("priority_class_index", handlers.priority_class_index(**common))
+                add("priority_class_index", watched.priority_class_index(**common))
             elif kind == "DeviceClass":
-                add("device_class_index", handlers.device_class_index(**common))
+                add("device_class_index", watched.device_class_index(**common))
             elif kind == "ResourceSlice":
-                add("resource_slice_index", handlers.resource_slice_index(**common))
+                add("resource_slice_index", watched.resource_slice_index(**common))
             elif kind == "ResourceClaimTemplate":
-                add("claim_template_index", handlers.claim_template_index(**common))
+                add("claim_template_index", watched.claim_template_index(**common))
             elif kind == "ResourceClaim":
-                add("resource_claim_index", handlers.resource_claim_index(**common))
-        return handlers.indexes_from({k: dict(v) for k, v in found.items()})
+                add("resource_claim_index", watched.resource_claim_index(**common))
+        return watched.indexes_from({k: dict(v) for k, v in found.items()})

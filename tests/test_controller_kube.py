@@ -3,6 +3,7 @@ content types and error mapping the operator relies on, plus the kopf wiring."""
 
 from __future__ import annotations
 
+import importlib
 import json
 
 import kopf
@@ -10,7 +11,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import RESTResponse
 
-from mlsched.controller.app import handlers
+from mlsched.controller.app import startup, watched
 from mlsched.controller.kube.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, ClientKubeApi
 from test_controller_fixtures import NS, run
 
@@ -79,6 +80,7 @@ def test_token_review(recorded):
 
 
 def test_handlers_are_registered_for_the_right_resources():
+    importlib.import_module("mlsched.controller.app.handlers")  # registers the event handlers
     registry = kopf.get_default_registry()
     ids = {h.id for h in registry._indexing.get_all_handlers()}
     assert ids >= {"node_index", "pod_index", "foreign_pod_index", "statefulset_index",
@@ -92,12 +94,12 @@ def test_handlers_are_registered_for_the_right_resources():
     assert watching >= {"policy_event", "mljob_event", "statefulset_event", "pod_event",
                         "node_event", "foreign_pod_event", "quota_event"}
     # Index kwargs are named after the index functions: indexes_from must find every one.
-    handlers.indexes_from({i: {} for i in ids})
+    watched.indexes_from({i: {} for i in ids})
 
 
 def test_startup_settings_keep_kopf_state_in_our_annotations():
     settings = kopf.OperatorSettings()
-    handlers.configure(settings)
+    startup.configure(settings)
     assert settings.persistence.finalizer == "mlsched.io/finalizer"
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "mlsched.io"
@@ -110,7 +112,7 @@ def test_no_diff_base_is_built_for_watch_events():
     """Only change handlers read kopf's diff base and we have none: building it (a deep copy of
     every watched body) would be wasted on every pod, StatefulSet and MLJob event."""
     settings = kopf.OperatorSettings()
-    handlers.configure(settings)
+    startup.configure(settings)
     diffbase = settings.persistence.diffbase_storage
     history = [{"interval": k, "epochs": 0.5} for k in range(50)]
     body = kopf.Body({"metadata": {"name": "x", "annotations": {

@@ -8,7 +8,7 @@ import asyncio
 from kopf._core.actions.execution import Outcome
 from kopf._core.engines.indexing import OperatorIndexer, OperatorIndexers
 
-from mlsched.controller.app import handlers
+from mlsched.controller.app import watched
 from mlsched.controller.process.relists import FIRST_LIST_S, Gone, Relists
 
 
@@ -32,7 +32,7 @@ def _indexed(*pods: dict):
     indexers = OperatorIndexers()
     indexers["foreign_pod_index"] = OperatorIndexer()
     for body in pods:
-        result = handlers.foreign_pod_index(spec=body["spec"], body=body)
+        result = watched.foreign_pod_index(spec=body["spec"], body=body)
         indexers.replace(body, {"foreign_pod_index": Outcome(final=True, result=result)})
     return indexers.indices["foreign_pod_index"]
 
@@ -125,10 +125,10 @@ def test_an_object_the_api_server_still_has_is_kept():
 
 
 def test_every_indexed_resource_is_noted_with_the_indexes_it_feeds():
-    """handlers.INDEXED names every kopf index the operator reads (indexes_from), each once."""
+    """watched.INDEXED names every kopf index the operator reads (indexes_from), each once."""
     import inspect
-    fed = [name for _, _, names in handlers.INDEXED.values() for name in names]
-    read = set(inspect.getsource(handlers.indexes_from).split('kwargs["')[1:])
+    fed = [name for _, _, names in watched.INDEXED.values() for name in names]
+    read = set(inspect.getsource(watched.indexes_from).split('kwargs["')[1:])
     read = {r.split('"]')[0] for r in read}
     assert sorted(fed) == sorted(read) and len(fed) == len(set(fed))
 

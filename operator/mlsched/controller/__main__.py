@@ -137,10 +137,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import kopf
 
-    from mlsched.controller.app import handlers  # registers the handlers  # noqa: F401
+    import importlib
+
+    importlib.import_module("mlsched.controller.app.handlers")  # registers the handlers
+    from mlsched.controller.app.watched import CONFIG
 
     configure_logging(args.log_format, args.verbose)
-    namespaces = handlers.CONFIG.namespaces
+    namespaces = CONFIG.namespaces
     if os.environ.get("MLSCHED_GC_TUNING", "1") != "0":  # "0": CPython's defaults (loop_health.py)
         from mlsched.controller.process.loop_health import tune_collector
         tune_collector()  # after the imports, which it freezes out of every later collection

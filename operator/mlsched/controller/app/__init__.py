@@ -1,8 +1,10 @@
 """The kopf wiring: the top layer, the only one that knows kopf's decorators. Imports any
-subpackage below. A new watched kind gets its index and handlers in handlers.py (its record
-in `objects/records.py`).
+subpackage below. A new watched kind gets its index (and INDEXED entry) in watched.py, its
+handlers in handlers.py (its record in `objects/records.py`).
 
-    handlers.py  kopf decorators, indexes and startup only; the work is elsewhere
+    watched.py        the watched kinds' kopf indexes, INDEXED, indexes_from
+    startup.py        kopf settings, startup and cleanup, runtime(), wake_all_admissions
+    handlers.py       kopf event handlers: decorators and wiring only
     jobs.py           what the MLJob handlers do, apart from kopf: children, status, the
                       lifecycle sweep and due jobs
     job_lifecycle.py  a job's phase and conditions evaluated and written

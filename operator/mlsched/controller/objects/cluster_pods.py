@@ -52,7 +52,7 @@ class _OtherNamespaceWatch:
     def __init__(self, patterns: Iterable[str], on_freed: Callable[[], None] | None = None):
         self.patterns = tuple(patterns)
         # Called (from the watch thread) when something counted ends or goes: its node has
-        # room again, which waiting jobs may use now (handlers.wake_all_admissions).
+        # room again, which waiting jobs may use now (startup.wake_all_admissions).
         self.on_freed = on_freed
         self._lock = threading.Lock()
         self._stop = threading.Event()
