@@ -25,12 +25,12 @@ every import and fails on one against the order):
 Formats shared with retraining (the dataset's ConfigMaps, published model versions, model
 parts, a round's serving) live outside, in `mlsched.formats`.
 
-Where a change goes: a new watched kind → its record in objects/records.py, its index and
-handlers in app/handlers.py; a new constraint → constraints/ (per pod or node) or admission/
+Where a change goes: a new watched kind → its record in objects/records.py, its index in
+app/watched.py, its handlers in app/handlers.py; a new constraint → constraints/ (per pod or node) or admission/
 (per namespace), planned in scheduling/snapshot.py; a new policy → mlsched.policies (no
 operator change beyond api/algorithms.py); a new status field → its model in mlsched.api,
 written by scheduling/reporting.py (a round's, through kube/status_writer.py) or app/jobs.py
-(a job's lifecycle, from objects/lifecycle.py).
+(a job's lifecycle: app/job_lifecycle.py, from objects/lifecycle.py).
 
 Entry point: `python -m mlsched.controller` (__main__.py; docs/operator.md).
 """
