@@ -10,7 +10,7 @@ from mlsched.api import get_condition
 from mlsched.controller.scheduling import conservation, loop
 from mlsched.controller.serving.models import Verdict
 from mlsched.policies.work_conservation import IdleCapacity
-from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
+from builders import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
 
 
 def round_(rt, kube, k: int):

@@ -9,7 +9,7 @@ import pytest
 from mlsched.formats import dataset_store as store
 from mlsched.controller.scheduling import loop
 from mlsched.controller.progress.progress_server import record_progress
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run,
 )
 

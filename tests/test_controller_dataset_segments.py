@@ -16,7 +16,7 @@ from mlsched.formats import dataset_store as store
 from mlsched.policies.decision_log import IntervalRecord, JobInterval
 from memory_kube import MemoryKube
 from test_controller_dataset import records, report, setup, step
-from test_controller_fixtures import NOW, NS, make_runtime, run
+from builders import NOW, NS, make_runtime, run
 
 
 def record(interval: int, policy: str = "default", note: str = "") -> IntervalRecord:

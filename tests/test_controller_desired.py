@@ -13,7 +13,7 @@ from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import build_snapshot
 from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.controller.objects.records import node_record
-from test_controller_fixtures import NS, env_of, node, pod, ps_job
+from builders import NS, env_of, node, pod, ps_job
 
 SETTINGS = PodSettings(progress_url="http://op:8080/v1/progress")
 
@@ -194,7 +194,7 @@ def _resolved(template: dict, ordinal: int) -> dict[str, str]:
 
 def test_allreduce_pods_get_what_torchrun_and_pytorchjob_set():
     import json
-    from test_controller_fixtures import allreduce_job
+    from builders import allreduce_job
     body = allreduce_job("ring")
     body["metadata"].update(uid="u", generation=1)
     tpl = pod_template(job_record(body), "worker", {"worker": 3}, SETTINGS)
@@ -227,7 +227,7 @@ def test_parameter_server_pods_get_tf_config_as_tfjob_renders_it():
 
 
 def test_the_pod_index_is_defined_before_anything_that_refers_to_it():
-    from test_controller_fixtures import allreduce_job
+    from builders import allreduce_job
     body = allreduce_job("ring")
     for job, role in ((record(), "worker"), (job_record(body), "worker")):
         names = [e["name"] for e in pod_template(job, role, {"ps": 1, "worker": 2},

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from mlsched.api import get_condition
 from mlsched.controller.scheduling import loop
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, MemoryKube, cluster, create_jobs, make_runtime, node, policy, ps_job, recorded, run,
 )
 

@@ -14,7 +14,7 @@ from mlsched.sim.regret_guard import interval_record
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.policies.round import run_round
 from mlsched.workloads import generators
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, create_jobs, cluster, make_runtime, policy, ps_job, recorded, run,
 )
 

@@ -11,7 +11,7 @@ from mlsched.controller.app import job_lifecycle, jobs, pod_events, pod_problems
 from mlsched.controller.objects import lifecycle
 from mlsched.controller.scheduling import loop
 from mlsched.controller.objects.job_records import parse_job
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, pod, policy, ps_job, run,
 )
 

@@ -10,7 +10,7 @@ import pytest
 from mlsched.controller.app import jobs
 from mlsched.controller.process.leadership import Leadership
 from mlsched.controller.process.supervision import PolicyLoops
-from test_controller_fixtures import NS, cluster, make_runtime, policy, ps_job, run
+from builders import NS, cluster, make_runtime, policy, ps_job, run
 
 
 def test_callbacks_run_once_when_leadership_is_won():

@@ -14,7 +14,7 @@ from mlsched.controller.scheduling import loop, policy_view, step, step_jobs
 from mlsched.controller.objects.desired import DeletePod
 from mlsched.controller.kube.kube import KubeError
 from mlsched.policies import registry
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, node, policy, ps_job,
     recorded, recorded_but_refused, run,
 )
@@ -388,7 +388,7 @@ def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission
 def test_outgrown_names_what_the_edit_broke():
     from mlsched.controller.objects.records import node_record
     from mlsched.controller.objects.job_records import job_record
-    from test_controller_fixtures import node
+    from builders import node
     body = ps_job("j", min_workers=1, max_workers=2)
     body["metadata"].update(uid="u", generation=2)
     nodes = {n: node_record(node(n, labels={"disk": "ssd"} if n == "a" else {})) for n in "ab"}

@@ -21,7 +21,7 @@ from mlsched.controller.serving.models import ModelResolver
 from mlsched.features.card import card_path
 from mlsched.policies import registry
 from mlsched.policies.allocation.drf import DRF
-from test_controller_fixtures import NS, run
+from builders import NS, run
 
 POLICY = (NS, "default")
 

@@ -24,7 +24,7 @@ from mlsched.controller.objects.records import PodPool, node_record, sts_record
 from mlsched.controller.objects.job_records import job_record
 from mlsched.policies import registry
 from mlsched.policies.grouping.existing_pools import project
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, node, policy, ps_job, recorded, run,
 )
 

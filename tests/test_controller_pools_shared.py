@@ -21,7 +21,7 @@ from mlsched.policies.grouping import fit
 from mlsched.policies.grouping.harmony import Harmony, HarmonyConfig
 from mlsched.policies.grouping.on_nodes import OnNodes, restricted
 from mlsched.policies.round import with_pools
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run,
 )
 

@@ -11,7 +11,7 @@ from mlsched.controller.app import job_lifecycle, jobs, pod_problems
 from mlsched.controller.scheduling import loop
 from mlsched.controller.objects import preflight
 from mlsched.controller.kube.kube import KubeError
-from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
+from builders import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
 
 MISSING_SA = ('pods "{pod}" is forbidden: error looking up service account team-a/tyop: '
               'serviceaccount "tyop" not found')

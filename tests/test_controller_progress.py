@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from mlsched import progress as client
 from mlsched.controller.progress import progress_server
 from mlsched.controller.objects.job_records import job_record
-from test_controller_fixtures import NS, cluster, make_runtime, pod, ps_job
+from builders import NS, cluster, make_runtime, pod, ps_job
 
 AUD = "mlsched.io/progress"
 

@@ -10,7 +10,7 @@ from mlsched.api import get_condition
 from mlsched.controller.objects.lifecycle import Observed, evaluate, start_rescale
 from mlsched.controller.objects.records import StsRecord
 from mlsched.controller.objects.job_records import parse_job
-from test_controller_fixtures import NS, allreduce_job, ps_job
+from builders import NS, allreduce_job, ps_job
 
 T0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
 
@@ -136,7 +136,7 @@ def test_one_sweep_that_sees_a_rescale_begin_and_end_says_both():
 def test_the_round_records_a_rescale_of_a_running_job_and_the_sweep_ends_it():
     """What the operator writes: the round that changed a running job's counts starts the
     rescale; admitting a job, and scaling one that never ran, do not."""
-    from test_controller_fixtures import recorded, run
+    from builders import recorded, run
     from test_controller_jobs import scheduled, status, sync
 
     rt, kube = scheduled(("bert",))

@@ -9,7 +9,7 @@ import pytest
 from mlsched.controller.scheduling import loop
 from mlsched.controller.dataset import rewards
 from mlsched.controller.progress.progress_server import record_progress
-from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
+from builders import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
 
 START = datetime(2024, 1, 1, tzinfo=UTC)
 

@@ -12,7 +12,7 @@ from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.objects.quantities import parse_quantity
 from mlsched.controller.scheduling.snapshot import build_snapshot, observations
 from mlsched.controller.scheduling.cluster_state import ClusterState, held_elsewhere
-from test_controller_fixtures import NS, allreduce_job, node, pod, ps_job
+from builders import NS, allreduce_job, node, pod, ps_job
 
 
 @pytest.mark.parametrize("text, value", [("8", 8.0), ("7500m", 7.5), ("48Gi", 48 * 2**30),

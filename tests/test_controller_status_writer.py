@@ -14,7 +14,7 @@ from mlsched.controller.kube.kube import KubeError
 from mlsched.controller.progress.progress_server import record_progress
 from mlsched.controller.kube.status_writer import StatusWriter
 from mlsched.controller.kube.token_bucket import TokenBucket
-from test_controller_fixtures import (
+from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, recorded, recorded_but_refused,
     run,
 )

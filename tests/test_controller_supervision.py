@@ -8,7 +8,7 @@ import asyncio
 from mlsched.controller.app import jobs
 from mlsched.controller.kube.constants import LEGACY_FINALIZER
 from mlsched.controller.process.supervision import PolicyLoops
-from test_controller_fixtures import NS, cluster, make_runtime, policy, ps_job, run
+from builders import NS, cluster, make_runtime, policy, ps_job, run
 
 
 async def until(condition, turns: int = 1000) -> None:

@@ -21,7 +21,7 @@ from mlsched.controller.progress import progress_server
 from mlsched.controller.serving import serving_tls
 from mlsched.controller.process.config import OperatorConfig
 from mlsched.controller.objects.desired import pod_template
-from test_controller_fixtures import NS, make_runtime
+from builders import NS, make_runtime
 from test_controller_progress import report, world
 
 REF = "mlsched-system/mlsched-operator-tls"

@@ -11,7 +11,7 @@ from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.books import FailureBook
 from mlsched.controller.scheduling.cluster_fit import ClusterFit
 from mlsched.controller.objects.records import node_record
-from test_controller_fixtures import NS, cluster, create_jobs, make_runtime, node, pod, policy, ps_job, run
+from builders import NS, cluster, create_jobs, make_runtime, node, pod, policy, ps_job, run
 
 
 def _sync(rt, kube, name):

@@ -10,7 +10,7 @@ from mlsched.api import get_condition
 from mlsched.formats import dataset_store as store
 from mlsched.controller.scheduling import loop
 from mlsched.formats import model_versions
-from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
+from builders import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "policy_models" / "artifacts" / "dl2"
 

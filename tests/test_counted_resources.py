@@ -19,7 +19,7 @@ from mlsched.controller.scheduling.cluster_state import ClusterState, held_count
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round
-from test_controller_fixtures import (
+from builders import (
     NS, allreduce_job, cluster, create_jobs, make_runtime, node, pod, policy, run,
 )
 from test_controller_jobs import sync

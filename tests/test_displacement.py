@@ -14,7 +14,7 @@ from mlsched.controller.objects.records import node_record
 from mlsched.policies import registry
 from mlsched.policies.round import run_admission
 from conftest import job
-from test_controller_fixtures import NOW, NS, node, policy, ps_job, run
+from builders import NOW, NS, node, policy, ps_job, run
 from test_controller_loop import admit, round_, settle, setup
 
 

@@ -7,7 +7,7 @@ import pytest
 
 from mlsched.controller.scheduling import fair_share, loop
 from mlsched.controller.scheduling.fair_share import Claim, water_fill
-from test_controller_fixtures import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, \
+from builders import NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, \
     recorded, run
 
 

@@ -16,7 +16,7 @@ from mlsched.controller.admission.limitranges import (
 )
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.objects.quantities import pod_requests
-from test_controller_fixtures import NS, policy, ps_job
+from builders import NS, policy, ps_job
 from test_controller_loop import round_, setup
 
 GIB = 2.0**30
@@ -115,7 +115,7 @@ def test_a_round_packs_pods_by_the_requests_their_namespace_gives_them():
     rt, kube = setup(nodes=4, policies=(policy(allocation="fixed", placement="bin-pack"),),
                      job_bodies=[])
     kube.put(_range("defaults", NS, {"type": "Container", "defaultRequest": {"cpu": "3"}}))
-    from test_controller_fixtures import create_jobs, run
+    from builders import create_jobs, run
     run(create_jobs(rt, kube, body))
     report = round_(rt, kube)
     per_node = Counter(report.targets["net"].nodes["worker"])
@@ -170,7 +170,7 @@ def test_a_blocked_job_gets_no_tasks_and_says_cannot_fit():
         "limits": {"cpu": "2", "memory": "32Gi", "nvidia.com/gpu": "1"}}
     rt, kube = setup(nodes=4, job_bodies=[])
     kube.put(_range("caps", NS, {"type": "Container", "max": {"memory": "16Gi"}}))
-    from test_controller_fixtures import create_jobs, run
+    from builders import create_jobs, run
     run(create_jobs(rt, kube, body))
     report = round_(rt, kube)
     assert "greedy" not in report.targets or not report.targets["greedy"].count("worker")

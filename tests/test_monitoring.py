@@ -165,7 +165,7 @@ def test_the_dashboard_is_one_grafana_can_import():
 
 def test_the_leader_gauge_says_which_replica_writes():
     from mlsched.controller.process.leadership import Leadership
-    from test_controller_fixtures import make_runtime
+    from builders import make_runtime
 
     def leader_gauge(rt) -> str:
         return re.search(r"^mlsched_leader (\S+)$", rt.metrics.render().decode(), re.M).group(1)

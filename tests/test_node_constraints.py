@@ -16,7 +16,7 @@ from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round
-from test_controller_fixtures import node, ps_job
+from builders import node, ps_job
 
 LABELS = {"disk": "ssd", "gpu": "a100", "cores": "64", "zone": "a", "kubernetes.io/hostname": "n1"}
 

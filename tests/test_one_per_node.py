@@ -22,7 +22,7 @@ from mlsched.controller.scheduling.cluster_state import ClusterState, held_ports
 from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round
-from test_controller_fixtures import NS, allreduce_job, create_jobs, node, pod, policy, run
+from builders import NS, allreduce_job, create_jobs, node, pod, policy, run
 from test_controller_jobs import sync
 from test_controller_loop import admit, round_, settle, setup
 

@@ -12,7 +12,7 @@ from mlsched.controller.scheduling.cluster_state import ClusterState
 from mlsched.policies import registry
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.policies.round import run_round
-from test_controller_fixtures import node, ps_job
+from builders import node, ps_job
 
 
 def _quota(hard, used=None, name="team", **spec):
@@ -212,7 +212,7 @@ def test_a_job_whose_children_a_full_object_count_quota_refuses_waits_saying_why
     before the API server looks for the name."""
     from mlsched.api import get_condition
     from mlsched.controller.app import handlers, jobs
-    from test_controller_fixtures import NS, allreduce_job, cluster, make_runtime, policy, run
+    from builders import NS, allreduce_job, cluster, make_runtime, policy, run
 
     rt, kube = make_runtime(cluster(4))
     kube.put(policy())
@@ -307,7 +307,7 @@ def test_a_quota_on_an_extended_resource_bounds_every_allocation():
     and what is decided for jobs without pods yet counts as used."""
     from mlsched.controller.admission.quotas import Usage, budget, minimum_of
     from test_counted_resources import _node, _record, small_workers
-    from test_controller_fixtures import allreduce_job
+    from builders import allreduce_job
     body = small_workers(allreduce_job("ring"), cpu="1", nics=1, min_workers=1)
     body["spec"]["replicaSpecs"]["worker"]["max"] = 8
     job = _record(body)
@@ -332,7 +332,7 @@ def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only(
     out: a high-priority job was scaled past it and pods were refused."""
     from mlsched.controller.admission.quotas import budget, charges, reasons
     from test_counted_resources import _node, _record
-    from test_controller_fixtures import allreduce_job
+    from builders import allreduce_job
 
     def job(name: str, priority: str | None, minimum: int = 1):
         body = allreduce_job(name, max_workers=6)
@@ -373,7 +373,7 @@ def quota_used(q, gpus: float):
 def test_pods_of_a_template_naming_no_priority_class_count_as_the_global_default():
     """The API server gives a pod whose template names no PriorityClass the globalDefault one,
     so a quota scoped to that class counts it: planned the same way."""
-    from test_controller_fixtures import allreduce_job, cluster, create_jobs, make_runtime, policy, run
+    from builders import allreduce_job, cluster, create_jobs, make_runtime, policy, run
     from test_controller_loop import round_
     kube = cluster(4)
     kube.put({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
@@ -396,7 +396,7 @@ def test_pods_made_before_a_global_default_are_planned_in_their_own_class():
     that moment): pods made before an admin named a default keep none, and a quota scoped to
     the new default does not count them. Planned with the new default's class, a running job's
     two GPUs filled that quota in the plan and a new job of the class got nothing."""
-    from test_controller_fixtures import allreduce_job, cluster, create_jobs, make_runtime, policy, run
+    from builders import allreduce_job, cluster, create_jobs, make_runtime, policy, run
     from test_controller_loop import round_, settle
     rt, kube = make_runtime(cluster(4))
     kube.put(policy(allocation="drf"))
@@ -434,7 +434,7 @@ def test_a_quota_on_the_count_of_resource_claims_bounds_every_allocation():
     pods were never made and they waited for good); the reasons say so in claims."""
     from mlsched.controller.admission.quotas import CLAIMS, Usage, budget, counted_key, minimum_of, why_not, why_waiting
     from test_counted_resources import _node, _record, small_workers
-    from test_controller_fixtures import allreduce_job
+    from builders import allreduce_job
     from test_dra import claiming
     assert counted_key("count/resourceclaims.resource.k8s.io") == CLAIMS
     body = claiming(small_workers(allreduce_job("ring"), cpu="1", min_workers=1))

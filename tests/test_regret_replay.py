@@ -20,7 +20,7 @@ from mlsched.sim import regret_replay
 from mlsched.sim.regret_replay import estimate, rfc3339, window_start
 from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads.traces import TraceJob
-from test_controller_fixtures import NOW, NS, create_jobs, cluster, make_runtime, policy, ps_job, recorded, run
+from builders import NOW, NS, create_jobs, cluster, make_runtime, policy, ps_job, recorded, run
 
 NODES = [f"guard-{i}" for i in range(12)]
 CONFIG = SimConfig(nodes=12, node_cpus=8, node_gpus=2, node_mem_gib=48, interval_s=1200,

@@ -9,7 +9,7 @@ from collections import Counter
 from mlsched.controller.admission.limitranges import as_planned
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.constraints.runtimeclasses import effective, runtime_class_record
-from test_controller_fixtures import NS, create_jobs, node, policy, ps_job, run
+from builders import NS, create_jobs, node, policy, ps_job, run
 from test_controller_jobs import cond, sync
 from test_controller_loop import round_, setup
 

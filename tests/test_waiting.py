@@ -9,7 +9,7 @@ from mlsched.api import get_condition
 from mlsched.cluster.types import Decision, JobDecision, PoolPlan, Snapshot
 from mlsched.controller.scheduling.waiting import why_waiting
 from conftest import job
-from test_controller_fixtures import NS, create_jobs, policy, ps_job, run
+from builders import NS, create_jobs, policy, ps_job, run
 from test_controller_jobs import sync
 from test_controller_loop import admit, round_, settle, setup, two_policies_under_one_quota
 
