@@ -14,37 +14,7 @@ from mlsched.controller.objects.job_records import parse_job
 from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, pod, policy, ps_job, run,
 )
-
-
-def sync(rt, kube, name, now=None):
-    """Run the lifecycle timer once for a job and apply its status patch, like kopf would."""
-    body = kube.obj("MLJob", NS, name)
-    patch: dict = {}
-    outcome = run(job_lifecycle.sync_lifecycle(rt, body, kube.indexes(), patch, now=now))
-    if patch:
-        run(kube.patch("MLJob", NS, name, patch, status=True))
-    return outcome
-
-
-def status(kube, name):
-    return kube.obj("MLJob", NS, name).get("status") or {}
-
-
-def cond(kube, name, type_):
-    return get_condition(status(kube, name).get("conditions"), type_)
-
-
-def scheduled(names=("bert",), **job_kw):
-    """A cluster with a default policy, jobs created and one round applied and settled."""
-    rt, kube = make_runtime(cluster(4))
-    kube.put(policy())
-    run(create_jobs(rt, kube, *(ps_job(n, **job_kw) for n in names)))
-    run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
-    kube.settle()
-    for p in kube.of_kind("Pod"):
-        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
-    kube.settle()
-    return rt, kube
+from controller_steps import cond, scheduled, status, sync
 
 
 def test_create_makes_a_headless_service_and_one_statefulset_per_role():

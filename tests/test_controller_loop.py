@@ -18,27 +18,7 @@ from builders import (
     NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, node, policy, ps_job,
     recorded, recorded_but_refused, run,
 )
-
-
-def round_(rt, kube, name="default", now=NOW, timeout=10.0):
-    return recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, name), kube.indexes(), now=now),
-                    timeout)
-
-
-def settle(rt, kube):
-    """Let the fake controllers act and the pod handler pin what they created."""
-    kube.settle()
-    for p in kube.of_kind("Pod"):
-        run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
-    kube.settle()
-
-
-def setup(nodes=4, policies=(policy(),), job_bodies=None):
-    rt, kube = make_runtime(cluster(nodes))
-    for p in policies:
-        kube.put(p)
-    run(create_jobs(rt, kube, *(job_bodies or [ps_job("bert", max_workers=4), allreduce_job("ring", max_workers=4)])))
-    return rt, kube
+from controller_steps import admit, round_, settle, setup, two_policies_under_one_quota
 
 
 def test_a_round_scales_places_and_records():
@@ -155,18 +135,6 @@ def test_two_policies_never_hand_out_the_same_capacity():
     gpus = ra.targets["a1"].count("worker") + rb.targets["b1"].count("worker")
     assert gpus <= 4  # 2 nodes x 2 GPUs
     assert ra.targets["a1"].count("worker") > 0
-
-
-def two_policies_under_one_quota(nodes: int, a_min_workers: int):
-    """Policies a and b of one namespace with a job each (a1, b1: up to 4 workers; b1 at least
-    2) and a 4-GPU ResourceQuota whose own count shows nothing used."""
-    rt, kube = setup(nodes=nodes, policies=(policy("a"), policy("b")),
-                     job_bodies=[ps_job("a1", policy="a", min_workers=a_min_workers, max_workers=4),
-                                 ps_job("b1", policy="b", min_workers=2, max_workers=4)])
-    kube.put({"apiVersion": "v1", "kind": "ResourceQuota",
-              "metadata": {"name": "gpus", "namespace": NS},
-              "spec": {"hard": {"requests.nvidia.com/gpu": "4"}}, "status": {"used": {}}})
-    return rt, kube
 
 
 def test_two_policies_of_a_namespace_never_book_the_same_quota():
@@ -303,8 +271,6 @@ def test_a_job_of_any_model_is_planned_by_its_pod_requests():
 
 
 # ---- admission between rounds -------------------------------------------------------------------
-def admit(rt, kube, name="default", now=NOW + 30):
-    return recorded(rt, loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, name), kube.indexes(), now=now))
 
 
 def test_a_job_arriving_between_rounds_is_admitted_without_touching_running_jobs():

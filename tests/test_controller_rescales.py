@@ -137,7 +137,7 @@ def test_the_round_records_a_rescale_of_a_running_job_and_the_sweep_ends_it():
     """What the operator writes: the round that changed a running job's counts starts the
     rescale; admitting a job, and scaling one that never ran, do not."""
     from builders import recorded, run
-    from test_controller_jobs import scheduled, status, sync
+    from controller_steps import scheduled, status, sync
 
     rt, kube = scheduled(("bert",))
     sync(rt, kube, "bert")

@@ -22,8 +22,8 @@ from mlsched.policies.round import run_round
 from builders import (
     NS, allreduce_job, cluster, create_jobs, make_runtime, node, pod, policy, run,
 )
-from test_controller_jobs import sync
-from test_controller_loop import admit, round_, settle, setup
+from controller_steps import sync
+from controller_steps import admit, round_, settle, setup
 
 NIC = "example.com/nic"
 

@@ -15,7 +15,7 @@ from mlsched.policies import registry
 from mlsched.policies.round import run_admission
 from conftest import job
 from builders import NOW, NS, node, policy, ps_job, run
-from test_controller_loop import admit, round_, settle, setup
+from controller_steps import admit, round_, settle, setup
 
 
 def _pods(kube, job):

@@ -13,8 +13,8 @@ from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.indexes import flatten
 from mlsched.controller.scheduling.cluster_state import held_elsewhere
 from builders import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run
-from test_controller_jobs import sync
-from test_controller_loop import round_, settle
+from controller_steps import sync
+from controller_steps import round_, settle
 from test_counted_resources import small_workers
 
 DRIVER = "gpu.example.com"

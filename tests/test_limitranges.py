@@ -17,7 +17,7 @@ from mlsched.controller.admission.limitranges import (
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.objects.quantities import pod_requests
 from builders import NS, policy, ps_job
-from test_controller_loop import round_, setup
+from controller_steps import round_, setup
 
 GIB = 2.0**30
 
@@ -163,7 +163,7 @@ def test_a_job_whose_pods_a_limit_range_refuses_is_blocked_with_limit_ranger_s_w
 
 
 def test_a_blocked_job_gets_no_tasks_and_says_cannot_fit():
-    from test_controller_jobs import cond, sync
+    from controller_steps import cond, sync
     body = ps_job("greedy", max_workers=4)
     body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["containers"][0]["resources"] = {
         "requests": {"cpu": "2", "memory": "8Gi", "nvidia.com/gpu": "1"},

@@ -23,8 +23,8 @@ from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round
 from builders import NS, allreduce_job, create_jobs, node, pod, policy, run
-from test_controller_jobs import sync
-from test_controller_loop import admit, round_, settle, setup
+from controller_steps import sync
+from controller_steps import admit, round_, settle, setup
 
 NCCL = ("TCP", 29500)
 

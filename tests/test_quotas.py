@@ -374,7 +374,7 @@ def test_pods_of_a_template_naming_no_priority_class_count_as_the_global_default
     """The API server gives a pod whose template names no PriorityClass the globalDefault one,
     so a quota scoped to that class counts it: planned the same way."""
     from builders import allreduce_job, cluster, create_jobs, make_runtime, policy, run
-    from test_controller_loop import round_
+    from controller_steps import round_
     kube = cluster(4)
     kube.put({"apiVersion": "scheduling.k8s.io/v1", "kind": "PriorityClass",
               "metadata": {"name": "standard"}, "value": 100, "globalDefault": True})
@@ -397,7 +397,7 @@ def test_pods_made_before_a_global_default_are_planned_in_their_own_class():
     the new default does not count them. Planned with the new default's class, a running job's
     two GPUs filled that quota in the plan and a new job of the class got nothing."""
     from builders import allreduce_job, cluster, create_jobs, make_runtime, policy, run
-    from test_controller_loop import round_, settle
+    from controller_steps import round_, settle
     rt, kube = make_runtime(cluster(4))
     kube.put(policy(allocation="drf"))
     run(create_jobs(rt, kube, allreduce_job("early", max_workers=2)))

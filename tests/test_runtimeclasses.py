@@ -10,8 +10,8 @@ from mlsched.controller.admission.limitranges import as_planned
 from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.constraints.runtimeclasses import effective, runtime_class_record
 from builders import NS, create_jobs, node, policy, ps_job, run
-from test_controller_jobs import cond, sync
-from test_controller_loop import round_, setup
+from controller_steps import cond, sync
+from controller_steps import round_, setup
 
 KEY = "sandbox.example.com/runtime"
 SANDBOXED = {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass",

@@ -10,8 +10,8 @@ from mlsched.cluster.types import Decision, JobDecision, PoolPlan, Snapshot
 from mlsched.controller.scheduling.waiting import why_waiting
 from conftest import job
 from builders import NS, create_jobs, policy, ps_job, run
-from test_controller_jobs import sync
-from test_controller_loop import admit, round_, settle, setup, two_policies_under_one_quota
+from controller_steps import sync
+from controller_steps import admit, round_, settle, setup, two_policies_under_one_quota
 
 
 def test_a_job_that_does_not_fit_what_is_free_says_what_it_needs_and_what_is_free():
