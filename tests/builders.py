@@ -14,6 +14,8 @@ from typing import Any
 import yaml
 
 from mlsched.controller.process.config import OperatorConfig
+from mlsched.controller.objects.job_records import job_record
+from mlsched.controller.objects.records import node_record
 from mlsched.controller.scheduling.runtime import Runtime
 from memory_kube import MemoryKube
 
@@ -164,3 +166,41 @@ def env_of(template: dict, name: str):
     """The value (or valueFrom) of a pod template's first container's variable `name`."""
     env = {e["name"]: e for e in template["spec"]["containers"][0]["env"]}
     return env[name].get("value", env[name].get("valueFrom"))
+
+
+# ---- jobs and nodes with counted resources (pod slots, NICs) and device claims -------------------
+#: An extended resource the counted-resources tests ask for.
+NIC = "example.com/nic"
+
+
+def small_workers(body: dict, cpu: str = "500m", nics: int = 0, min_workers: int | None = None) -> dict:
+    """The job's workers ask for `cpu`, 1Gi and no GPU (and `nics` NICs each)."""
+    worker = body["spec"]["replicaSpecs"]["worker"]
+    want = {"cpu": cpu, "memory": "1Gi", **({NIC: str(nics)} if nics else {})}
+    worker["template"]["spec"]["containers"][0]["resources"] = {"requests": want, "limits": dict(want)}
+    if min_workers is not None:
+        worker["min"] = min_workers
+    return body
+
+
+def counted_record(body: dict):
+    """The job's record as the operator parses it (with a uid and a creation time)."""
+    return job_record({**body, "metadata": {**body["metadata"], "uid": "u-" + body["metadata"]["name"],
+                                            "creationTimestamp": "2024-01-01T00:00:00Z"}})
+
+
+def counted_node(name: str, pods: int = 110, nics: int = 0):
+    """A node's record with `pods` pod slots and `nics` NICs."""
+    body = node(name)
+    body["status"]["allocatable"]["pods"] = str(pods)
+    if nics:
+        body["status"]["allocatable"][NIC] = str(nics)
+    return node_record(body)
+
+
+def claiming(body: dict, template: str = "one-gpu") -> dict:
+    """The job's worker pods claim a device each through `template`."""
+    spec = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
+    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
+    spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
+    return body

@@ -20,42 +20,17 @@ from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
 from mlsched.policies.round import run_round
 from builders import (
-    NS, allreduce_job, cluster, create_jobs, make_runtime, node, pod, policy, run,
+    NIC, NS, allreduce_job, cluster, counted_node, counted_record, create_jobs, make_runtime, node,
+    pod, policy, run, small_workers,
 )
-from controller_steps import sync
-from controller_steps import admit, round_, settle, setup
-
-NIC = "example.com/nic"
-
-
-def small_workers(body: dict, cpu: str = "500m", nics: int = 0, min_workers: int | None = None) -> dict:
-    """The job's workers ask for `cpu`, 1Gi and no GPU (and `nics` NICs each)."""
-    worker = body["spec"]["replicaSpecs"]["worker"]
-    want = {"cpu": cpu, "memory": "1Gi", **({NIC: str(nics)} if nics else {})}
-    worker["template"]["spec"]["containers"][0]["resources"] = {"requests": want, "limits": dict(want)}
-    if min_workers is not None:
-        worker["min"] = min_workers
-    return body
-
-
-def _record(body: dict):
-    return job_record({**body, "metadata": {**body["metadata"], "uid": "u-" + body["metadata"]["name"],
-                                            "creationTimestamp": "2024-01-01T00:00:00Z"}})
-
-
-def _node(name: str, pods: int = 110, nics: int = 0):
-    body = node(name)
-    body["status"]["allocatable"]["pods"] = str(pods)
-    if nics:
-        body["status"]["allocatable"][NIC] = str(nics)
-    return node_record(body)
+from controller_steps import admit, round_, settle, setup, sync
 
 
 # ---------------------------------------------------------------- what records carry
 
 
 def test_nodes_carry_their_pod_slots_and_pods_their_extended_resources():
-    assert _node("a", pods=29).pods == 29
+    assert counted_node("a", pods=29).pods == 29
     bare = node("b")
     del bare["status"]["allocatable"]["pods"]
     assert node_record(bare).pods == float("inf")  # not reported: no limit
@@ -109,7 +84,7 @@ def test_every_policy_plans_with_counted_resources():
 
 
 def test_what_other_pods_hold_is_taken_out_and_pod_slots_only_where_they_could_run_out():
-    nodes = [_node("n0", pods=3, nics=2), _node("n1", pods=3, nics=2), _node("n2", pods=110, nics=2)]
+    nodes = [counted_node("n0", pods=3, nics=2), counted_node("n1", pods=3, nics=2), counted_node("n2", pods=110, nics=2)]
     theirs = pod("other", "worker", 0, node_name="n0")
     theirs["spec"]["containers"][0]["resources"]["requests"][NIC] = "1"
     mine = pod("ring", "worker", 0, node_name="n1")
@@ -119,25 +94,25 @@ def test_what_other_pods_hold_is_taken_out_and_pod_slots_only_where_they_could_r
                          foreign_extended={"n1": [((NIC, 2.0),)]})
     held = held_counted(state, own_jobs={(NS, "ring")})
     assert held == {"n0": {POD_SLOTS: 1.0, NIC: 1.0}, "n1": {POD_SLOTS: 2.0, NIC: 2.0}}
-    job = _record(small_workers(allreduce_job("ring"), nics=1))
+    job = counted_record(small_workers(allreduce_job("ring"), nics=1))
     snap = build_snapshot([job], state, now_s=0, interval_s=60, counted_used=held)
     assert snap.counted_free[NIC].tolist() == [1.0, 0.0, 2.0]
     assert snap.counted_free[POD_SLOTS].tolist() == [2.0, 1.0, 110.0]  # 16 half-CPU pods per node
     assert snap.jobs[0].counted == {"worker": ((NIC, 1.0), (POD_SLOTS, 1.0))}
     # 2-CPU workers: 4 per node at most, fewer than any node's free slots: slots not counted.
-    roomy = [_node(f"m{i}", pods=110) for i in range(3)]
-    job = _record(small_workers(allreduce_job("big"), cpu="2"))
+    roomy = [counted_node(f"m{i}", pods=110) for i in range(3)]
+    job = counted_record(small_workers(allreduce_job("big"), cpu="2"))
     snap = build_snapshot([job], ClusterState(nodes=roomy), now_s=0, interval_s=60, counted_used={})
     assert snap.counted_free == {} and snap.jobs[0].counted == {}
 
 
 def test_a_minimum_needing_more_pods_or_nics_than_the_nodes_have_cannot_fit():
-    fit = ClusterFit.of([_node(f"n{i}", pods=3, nics=2) for i in range(6)])
-    assert fit.why_not(_record(small_workers(allreduce_job("ok", max_workers=18), min_workers=18))) is None
-    wide = _record(small_workers(allreduce_job("wide", max_workers=20), min_workers=20))
+    fit = ClusterFit.of([counted_node(f"n{i}", pods=3, nics=2) for i in range(6)])
+    assert fit.why_not(counted_record(small_workers(allreduce_job("ok", max_workers=18), min_workers=18))) is None
+    wide = counted_record(small_workers(allreduce_job("wide", max_workers=20), min_workers=20))
     assert fit.why_not(wide) == ("its minimum of 20 worker needs 20 pods; the 6 schedulable nodes "
                                  "that can take one have room for 18 (allocatable pods)")
-    nics = _record(small_workers(allreduce_job("nics", max_workers=14), nics=1, min_workers=14))
+    nics = counted_record(small_workers(allreduce_job("nics", max_workers=14), nics=1, min_workers=14))
     assert fit.why_not(nics) == ("its minimum of 14 worker needs 14 pods taking 1 example.com/nic "
                                  "each; the 6 schedulable nodes that can take one have room for 12 "
                                  "(allocatable example.com/nic)")

@@ -15,7 +15,7 @@ from mlsched.controller.scheduling.cluster_state import held_elsewhere
 from builders import NS, allreduce_job, cluster, create_jobs, make_runtime, pod, policy, run
 from controller_steps import sync
 from controller_steps import round_, settle
-from test_counted_resources import small_workers
+from builders import claiming, small_workers
 
 DRIVER = "gpu.example.com"
 GPU = dra.key(DRIVER)
@@ -55,14 +55,6 @@ def allocated_claim(pod_name: str, node_name: str, devices: list[str], namespace
             "status": {"allocation": {"devices": {"results": [
                 {"request": "gpu", "driver": DRIVER, "pool": node_name, "device": d} for d in devices]}},
                 "reservedFor": [{"resource": "pods", "name": pod_name, "uid": "u"}]}}
-
-
-def claiming(body: dict, template: str = "one-gpu") -> dict:
-    """The job's worker pods claim a device each through `template`."""
-    spec = body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
-    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
-    spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-    return body
 
 
 # ---------------------------------------------------------------- what the records read

@@ -306,13 +306,13 @@ def test_a_quota_on_an_extended_resource_bounds_every_allocation():
     gives them more than 3 (DRF gave all 8 and the API server refused 5 pods: FailedCreate),
     and what is decided for jobs without pods yet counts as used."""
     from mlsched.controller.admission.quotas import Usage, budget, minimum_of
-    from test_counted_resources import _node, _record, small_workers
+    from builders import counted_node, counted_record, small_workers
     from builders import allreduce_job
     body = small_workers(allreduce_job("ring"), cpu="1", nics=1, min_workers=1)
     body["spec"]["replicaSpecs"]["worker"]["max"] = 8
-    job = _record(body)
+    job = counted_record(body)
     assert minimum_of(job, None)[1] == {"example.com/nic": 1.0}
-    cluster = ClusterState(nodes=[_node(f"n{i}", nics=4) for i in range(4)])
+    cluster = ClusterState(nodes=[counted_node(f"n{i}", nics=4) for i in range(4)])
     quota = _quota({"requests.example.com/nic": "3"})
     for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "chic", "dl2"):
         snap = build_snapshot([job], cluster, now_s=0, interval_s=60, budget=budget([quota], {}))
@@ -331,7 +331,7 @@ def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only(
     whose template names a matching class; its reasons only for such jobs. Before, it was left
     out: a high-priority job was scaled past it and pods were refused."""
     from mlsched.controller.admission.quotas import budget, charges, reasons
-    from test_counted_resources import _node, _record
+    from builders import counted_node, counted_record
     from builders import allreduce_job
 
     def job(name: str, priority: str | None, minimum: int = 1):
@@ -339,7 +339,7 @@ def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only(
         body["spec"]["replicaSpecs"]["worker"]["min"] = minimum
         if priority:
             body["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["priorityClassName"] = priority
-        return _record(body)
+        return counted_record(body)
 
     urgent, routine = job("urgent", "high"), job("routine", None)
     scoped = _quota({"requests.nvidia.com/gpu": "2"}, name="high", scopeSelector={"matchExpressions": [
@@ -351,7 +351,7 @@ def test_a_quota_scoped_to_a_priority_class_bounds_the_tasks_of_that_class_only(
     assert gpu > 0
     assert charges(urgent, b)["worker"][[1, 7]].tolist() == [gpu, gpu]
     assert charges(routine, b)["worker"][[1, 7]].tolist() == [gpu, 0.0]
-    cluster = ClusterState(nodes=[_node(f"n{i}") for i in range(4)])
+    cluster = ClusterState(nodes=[counted_node(f"n{i}") for i in range(4)])
     snap = build_snapshot([urgent, routine], cluster, now_s=0, interval_s=60, budget=b)
     d = run_round(snap, registry.make_allocation("drf"), registry.make_placement("load-balance")).jobs
     assert d["urgent"].workers == 2 and d["routine"].workers == 6, d
@@ -433,18 +433,18 @@ def test_a_quota_on_the_count_of_resource_claims_bounds_every_allocation():
     so under a quota of 3 no policy gives a job more than 3 (DRF gave 8: the claims of five
     pods were never made and they waited for good); the reasons say so in claims."""
     from mlsched.controller.admission.quotas import CLAIMS, Usage, budget, counted_key, minimum_of, why_not, why_waiting
-    from test_counted_resources import _node, _record, small_workers
+    from builders import counted_node, counted_record, small_workers
     from builders import allreduce_job
-    from test_dra import claiming
+    from builders import claiming
     assert counted_key("count/resourceclaims.resource.k8s.io") == CLAIMS
     body = claiming(small_workers(allreduce_job("ring"), cpu="1", min_workers=1))
     body["spec"]["replicaSpecs"]["worker"]["max"] = 8
-    job = _record(body)  # (the template need not exist for the count: one claim per pod)
+    job = counted_record(body)  # (the template need not exist for the count: one claim per pod)
     assert minimum_of(job, None)[1] == {CLAIMS: 1.0}
     quota = _quota({"count/resourceclaims.resource.k8s.io": "3"},
                    {"count/resourceclaims.resource.k8s.io": "1"}, name="claims")
     assert quota is not None and quota.counted == ((CLAIMS, 3.0, 1.0),)
-    cluster = ClusterState(nodes=[_node(f"n{i}") for i in range(4)])
+    cluster = ClusterState(nodes=[counted_node(f"n{i}") for i in range(4)])
     for allocation in ("drf", "fifo", "srtf", "tetris", "optimus", "dl2"):
         # Its one existing claim is its own: booked afresh, so 3 are left to it.
         snap = build_snapshot([job], cluster, now_s=0, interval_s=60,
