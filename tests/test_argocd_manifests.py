@@ -13,8 +13,7 @@ import yaml
 
 from argocd_cm import ARGOCD, ARGOCD_CM, CUSTOMIZATIONS, health_scripts, render
 from mlsched.api.mljob import JobPhase
-from test_crds import strict_validator
-from test_manifests_render import render as kustomize
+from manifest_tools import render as kustomize, strict_validator
 
 ROOT = Path(__file__).resolve().parent.parent
 CONTROLLER = ROOT / "operator" / "mlsched" / "controller"

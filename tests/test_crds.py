@@ -29,24 +29,12 @@ from mlsched.api import MLJob, SchedulingPolicy
 from mlsched.api.crdgen import KINDS, REGENERATE, render, stale_files
 from mlsched.api.openapi import UnsupportedSchema, openapi_schema
 from mlsched.api.structural import structural_errors
+from manifest_tools import committed, schema_of, strict_validator, version_of, walk
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
 SAMPLES = ROOT / "manifests" / "samples"
 MODELS = {"MLJob": MLJob, "SchedulingPolicy": SchedulingPolicy}
-
-
-def committed(kind: str) -> dict[str, Any]:
-    info = next(i for i in KINDS if i.kind == kind)
-    return yaml.safe_load((CRDS / f"mlsched.io_{info.plural}.yaml").read_text())
-
-
-def schema_of(kind: str) -> dict[str, Any]:
-    return version_of(kind)["schema"]["openAPIV3Schema"]
-
-
-def version_of(kind: str) -> dict[str, Any]:
-    return committed(kind)["spec"]["versions"][0]
 
 
 # ------------------------------------------------------------------------ generation
@@ -309,26 +297,6 @@ def apiserver_rejects(obj: dict) -> bool:
 
 
 # ---------------------------------------------------------------------------- helpers
-
-
-def walk(node: dict[str, Any], path: str = ""):
-    """(dotted path, node) for every schema node, depth first, in document order."""
-    yield path, node
-    for name, sub in node.get("properties", {}).items():
-        yield from walk(sub, f"{path}.{name}".lstrip("."))
-    if isinstance(node.get("additionalProperties"), dict):
-        yield from walk(node["additionalProperties"], f"{path}.*")
-    if "items" in node:
-        yield from walk(node["items"], f"{path}[]")
-
-
-def strict_validator(kind: str) -> jsonschema.Draft4Validator:
-    """The schema with unknown fields forbidden: a field the apiserver would prune is an error."""
-    schema = copy.deepcopy(schema_of(kind))
-    for _, node in walk(schema):
-        if "properties" in node and not node.get("x-kubernetes-preserve-unknown-fields"):
-            node["additionalProperties"] = False
-    return jsonschema.Draft4Validator(schema)
 
 
 def apply_defaults(obj: Any, schema: dict[str, Any]) -> None:

