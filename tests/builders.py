@@ -7,6 +7,7 @@ a coroutine and wait for what it recorded. A helper module, not a test module: t
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -204,3 +205,59 @@ def claiming(body: dict, template: str = "one-gpu") -> dict:
     spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
     spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
     return body
+
+
+# ---- the progress endpoint: tokens and reports ------------------------------------------------
+#: The audience of the projected tokens training pods present.
+AUD = "mlsched.io/progress"
+
+
+def review(pod_name, uid, namespace=NS, audiences=(AUD,)):
+    return {"authenticated": True, "audiences": list(audiences),
+            "user": {"username": f"system:serviceaccount:{namespace}:trainer",
+                     "extra": {"authentication.kubernetes.io/pod-name": [pod_name],
+                               "authentication.kubernetes.io/pod-uid": [uid]}}}
+
+
+def progress_world():
+    """A one-node cluster with jobs bert and gpt, a worker pod each, and the TokenReview answers
+    the progress endpoint gets for each test token (good, stale, other namespace, wrong audience,
+    no pod bound)."""
+    rt, kube = make_runtime(cluster(1))
+    for name in ("bert", "gpt"):
+        kube.put(ps_job(name))
+        kube.put(pod(name, "worker", 0, node_name="node-0"))
+    kube.tokens["bert-token"] = review("bert-worker-0", "uid-bert-worker-0")
+    kube.tokens["gpt-token"] = review("gpt-worker-0", "uid-gpt-worker-0")
+    kube.tokens["stale-token"] = review("bert-worker-0", "uid-of-a-deleted-pod")
+    kube.tokens["other-ns-token"] = review("bert-worker-0", "uid-bert-worker-0", namespace="team-b")
+    kube.tokens["apiserver-token"] = review("bert-worker-0", "uid-bert-worker-0", audiences=("https://kubernetes.default.svc",))
+    kube.tokens["unbound-token"] = {"authenticated": True, "audiences": [AUD],
+                                    "user": {"username": f"system:serviceaccount:{NS}:trainer"}}
+    rt.indexes = kube.indexes()
+    return rt, kube
+
+
+def progress_report(job="bert", epochs=3.0, **extra) -> dict:
+    """A progress report's payload as a training pod POSTs it."""
+    return {"namespace": NS, "job": job, "epochsDone": epochs, **extra}
+
+
+# ---- the retrain CLI's view of the API -----------------------------------------------------------
+class FakeCore:
+    """CoreV1Api.list_namespaced_config_map, paged, as the retrain CLI calls it."""
+
+    class Response:
+        def __init__(self, doc):
+            self.data = json.dumps(doc).encode()
+
+    def __init__(self, items):
+        self.items, self.calls = items, []
+
+    def list_namespaced_config_map(self, namespace, label_selector, limit, _continue,
+                                   _preload_content):
+        self.calls.append((namespace, label_selector, _continue))
+        start = int(_continue or 0)
+        page = self.items[start:start + 1]
+        more = start + 1 < len(self.items)
+        return self.Response({"items": page, "metadata": {"continue": str(start + 1) if more else None}})

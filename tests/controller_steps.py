@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from mlsched.api import get_condition
 from mlsched.controller.app import job_lifecycle, pod_events
+from mlsched.controller.progress.progress_server import record_progress
 from mlsched.controller.scheduling import loop
+from mlsched.formats import dataset_store as store
 from builders import NOW, NS, allreduce_job, cluster, create_jobs, make_runtime, policy, ps_job, recorded, run
 
 
@@ -80,4 +82,36 @@ def scheduled(names=("bert",), **job_kw):
     for p in kube.of_kind("Pod"):
         run(pod_events.on_pod_event(rt, "ADDED", p, kube.indexes()))
     kube.settle()
+    return rt, kube
+
+
+# ---- the retraining dataset ----------------------------------------------------------------------
+def dataset_step(rt, kube, now, name="default", admission=False):
+    """A round (or admission step) with everything it queued written."""
+    async def go():
+        body = kube.obj("SchedulingPolicy", NS, name)
+        fn = loop.run_policy_admission if admission else loop.run_policy_round
+        result = await fn(rt, body, kube.indexes(), now=now)
+        assert await rt.records.flush(10) and await rt.objects.flush(10)
+        return result
+
+    return run(go())
+
+
+def report_epochs(rt, kube, job, epochs):
+    """The job's pods report `epochs` done (through the progress endpoint's recorder)."""
+    run(record_progress(rt, kube.indexes().job(NS, job), epochs, None, now=NOW))
+
+
+def dataset_records(kube, include_open=False):
+    """The retraining dataset's records in the cluster's ConfigMaps."""
+    return store.read_records(kube.of_kind("ConfigMap"), include_open)
+
+
+def dataset_setup(**spec):
+    """A 4-node cluster, a default policy with `spec`, jobs a (100 epochs) and b (40)."""
+    rt, kube = make_runtime(cluster(4))
+    kube.put(policy(**spec))
+    run(create_jobs(rt, kube, ps_job("a", epochs=100), ps_job("b", epochs=40)))
+    rt.indexes = kube.indexes()
     return rt, kube

@@ -12,34 +12,8 @@ from mlsched.controller.progress.progress_server import record_progress
 from builders import (
     NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run,
 )
-
-
-def step(rt, kube, now, name="default", admission=False):
-    """A round (or admission step) with everything it queued written."""
-    async def go():
-        body = kube.obj("SchedulingPolicy", NS, name)
-        fn = loop.run_policy_admission if admission else loop.run_policy_round
-        result = await fn(rt, body, kube.indexes(), now=now)
-        assert await rt.records.flush(10) and await rt.objects.flush(10)
-        return result
-
-    return run(go())
-
-
-def report(rt, kube, job, epochs):
-    run(record_progress(rt, kube.indexes().job(NS, job), epochs, None, now=NOW))
-
-
-def records(kube, include_open=False):
-    return store.read_records(kube.of_kind("ConfigMap"), include_open)
-
-
-def setup(**spec):
-    rt, kube = make_runtime(cluster(4))
-    kube.put(policy(**spec))
-    run(create_jobs(rt, kube, ps_job("a", epochs=100), ps_job("b", epochs=40)))
-    rt.indexes = kube.indexes()
-    return rt, kube
+from controller_steps import dataset_records as records, dataset_setup as setup, \
+    dataset_step as step, report_epochs as report
 
 
 def test_every_interval_is_in_the_dataset_though_status_keeps_two():

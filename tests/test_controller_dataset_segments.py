@@ -15,7 +15,8 @@ from mlsched.controller.dataset import dataset_segments as segments
 from mlsched.formats import dataset_store as store
 from mlsched.policies.decision_log import IntervalRecord, JobInterval
 from memory_kube import MemoryKube
-from test_controller_dataset import records, report, setup, step
+from controller_steps import dataset_records as records, dataset_setup as setup, \
+    dataset_step as step, report_epochs as report
 from builders import NOW, NS, make_runtime, run
 
 
@@ -285,7 +286,7 @@ def test_a_leftover_beside_its_segments_copy_is_deleted_at_the_first_listing():
 
 
 def test_list_records_reads_both_formats():
-    from test_dataset_store import FakeCore
+    from builders import FakeCore
 
     old = store.manifests(record(0, note="old"), store.CLOSED)
     seg = store.segment_manifest(NS, "default", 0, {n: record(n).to_bytes() for n in (1, 2)})

@@ -13,43 +13,14 @@ from aiohttp.test_utils import TestClient, TestServer
 from mlsched import progress as client
 from mlsched.controller.progress import progress_server
 from mlsched.controller.objects.job_records import job_record
-from builders import NS, cluster, make_runtime, pod, ps_job
-
-AUD = "mlsched.io/progress"
-
-
-def review(pod_name, uid, namespace=NS, audiences=(AUD,)):
-    return {"authenticated": True, "audiences": list(audiences),
-            "user": {"username": f"system:serviceaccount:{namespace}:trainer",
-                     "extra": {"authentication.kubernetes.io/pod-name": [pod_name],
-                               "authentication.kubernetes.io/pod-uid": [uid]}}}
-
-
-def world():
-    rt, kube = make_runtime(cluster(1))
-    for name in ("bert", "gpt"):
-        kube.put(ps_job(name))
-        kube.put(pod(name, "worker", 0, node_name="node-0"))
-    kube.tokens["bert-token"] = review("bert-worker-0", "uid-bert-worker-0")
-    kube.tokens["gpt-token"] = review("gpt-worker-0", "uid-gpt-worker-0")
-    kube.tokens["stale-token"] = review("bert-worker-0", "uid-of-a-deleted-pod")
-    kube.tokens["other-ns-token"] = review("bert-worker-0", "uid-bert-worker-0", namespace="team-b")
-    kube.tokens["apiserver-token"] = review("bert-worker-0", "uid-bert-worker-0", audiences=("https://kubernetes.default.svc",))
-    kube.tokens["unbound-token"] = {"authenticated": True, "audiences": [AUD],
-                                    "user": {"username": f"system:serviceaccount:{NS}:trainer"}}
-    rt.indexes = kube.indexes()
-    return rt, kube
-
+from builders import AUD, NS, cluster, make_runtime, pod, progress_report as report, \
+    progress_world as world, ps_job, review
 
 async def post(rt, payload, token=None):
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     async with TestClient(TestServer(progress_server.make_app(rt))) as http:
         resp = await http.post("/v1/progress", data=json.dumps(payload), headers=headers)
         return resp.status, await resp.json()
-
-
-def report(job="bert", epochs=3.0, **extra):
-    return {"namespace": NS, "job": job, "epochsDone": epochs, **extra}
 
 
 def test_a_pod_of_the_job_is_accepted_and_progress_lands_in_status():

@@ -22,7 +22,7 @@ from mlsched.controller.serving import serving_tls
 from mlsched.controller.process.config import OperatorConfig
 from mlsched.controller.objects.desired import pod_template
 from builders import NS, make_runtime
-from test_controller_progress import report, world
+from builders import progress_report as report, progress_world as world
 
 REF = "mlsched-system/mlsched-operator-tls"
 

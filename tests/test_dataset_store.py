@@ -9,6 +9,7 @@ import numpy as np
 
 from mlsched.formats import dataset_store as store
 from mlsched.policies.decision_log import DecisionRecorder, IntervalRecord, JobInterval
+from builders import FakeCore
 
 
 def record(interval: int = 7, policy: str = "default", steps: int = 3, state_dim: int = 8) -> IntervalRecord:
@@ -86,25 +87,6 @@ def test_retention_keeps_the_newest():
     assert store.stored_intervals([{"metadata": {"name": "p-interval-3", "labels": {"mlsched.io/interval": "3"}}},
                                    {"metadata": {"name": "p-interval-3-1", "labels": {"mlsched.io/interval": "3"}}}]) \
         == {3: ["p-interval-3", "p-interval-3-1"]}
-
-
-class FakeCore:
-    """CoreV1Api.list_namespaced_config_map, paged, as the retrain CLI calls it."""
-
-    class Response:
-        def __init__(self, doc):
-            self.data = json.dumps(doc).encode()
-
-    def __init__(self, items):
-        self.items, self.calls = items, []
-
-    def list_namespaced_config_map(self, namespace, label_selector, limit, _continue,
-                                   _preload_content):
-        self.calls.append((namespace, label_selector, _continue))
-        start = int(_continue or 0)
-        page = self.items[start:start + 1]
-        more = start + 1 < len(self.items)
-        return self.Response({"items": page, "metadata": {"continue": str(start + 1) if more else None}})
 
 
 def test_list_records_pages_through_and_keeps_only_the_policy():
