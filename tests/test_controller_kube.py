@@ -13,7 +13,7 @@ from kubernetes.client.rest import RESTResponse
 
 from mlsched.controller.app import startup, watched
 from mlsched.controller.kube.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SOON, ClientKubeApi
-from test_controller_fixtures import NS, run
+from builders import NS, run
 
 
 class Raw:
