@@ -11,3 +11,19 @@ def test_builders_parse():
     assert node_record(node("n1")).allocatable == (8.0, 2.0, 48.0)
     assert job_record({**ps_job(), "metadata": {"name": "resnet", "namespace": NS}}).error is None
     assert job_record({**allreduce_job(), "metadata": {"name": "ring", "namespace": NS}}).arch == "allreduce"
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in helper modules (builders, controller_steps, manifest_tools,
+    memory_kube, conftest ...), never in a test module another one imports."""
+    import ast
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    bad = []
+    for path in sorted(here.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            bad += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
+    assert not bad, "\n".join(bad)
