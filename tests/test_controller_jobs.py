@@ -469,7 +469,7 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     kube.calls.clear()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason != "PodsRefused"
-    assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.short_since
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.pod_clocks.short_since
 
 
 def test_a_statefulset_still_gaining_pods_is_not_asked_why_it_is_short(monkeypatch):
@@ -595,7 +595,7 @@ def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
     assert "Unschedulable" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
     kube.run_scheduler()  # it turns out to run after all
     sync(rt, kube, "bert")
-    assert cond(kube, "bert", "Running").reason != "Unschedulable" and not rt.unseen_since
+    assert cond(kube, "bert", "Running").reason != "Unschedulable" and not rt.pod_clocks.unseen_since
 
 
 def test_a_pod_held_by_a_gate_of_its_template_s_own_says_so(monkeypatch):
@@ -683,7 +683,7 @@ def test_pods_whose_volumes_cannot_be_mounted_are_reported(monkeypatch):
     kube.settle()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"
-    assert not rt.creating_since and not rt.creating_checks
+    assert not rt.pod_clocks.creating_since and not rt.pod_clocks.creating_checks
 
 
 def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
@@ -728,7 +728,7 @@ def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
     kube.settle()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"
-    assert not rt.claims_since and not rt.claims_checks
+    assert not rt.pod_clocks.claims_since and not rt.pod_clocks.claims_checks
 
 
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():

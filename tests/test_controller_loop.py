@@ -208,7 +208,7 @@ def test_the_loop_outlives_a_failing_round(monkeypatch):
     asyncio.run(loop.run_policy_forever(rt, body, kube.indexes(), sleep, stopped=lambda: len(calls) >= 3))
     assert len(calls) == 3
     assert waits[0] == pytest.approx(60, abs=1) and waits[1] == pytest.approx(1200, abs=1)
-    assert rt.intervals == {}  # forgotten when the daemon stops
+    assert rt.per_policy.intervals == {}  # forgotten when the daemon stops
     # The failure was visible, not only in the log; the next round that completed cleared it.
     assert seen[0] == ("False", "RoundFailed",
                        "RuntimeError: apiserver hiccup; retrying every 60 s"), seen
@@ -289,7 +289,7 @@ def test_a_job_arriving_between_rounds_is_admitted_without_touching_running_jobs
     late = kube.obj("MLJob", NS, "late")["status"]
     assert late["replicaStatuses"]["worker"]["desired"] == report.targets["late"].count("worker")
     # Its reward counts from now, in the open interval; both jobs' capacity is reserved.
-    assert "late" in rt.intervals[(NS, "default")].grants
+    assert "late" in rt.per_policy.intervals[(NS, "default")].grants
     assert set(rt.reservations.all()) == {(NS, "bert"), (NS, "late")}
     settle(rt, kube)
     gpus = {}

@@ -29,8 +29,8 @@ Where a change goes: a new watched kind → its record in objects/records.py, it
 app/watched.py, its handlers in app/handlers.py; a new constraint → constraints/ (per pod or node) or admission/
 (per namespace), planned in scheduling/snapshot.py; a new policy → mlsched.policies (no
 operator change beyond api/algorithms.py); a new status field → its model in mlsched.api,
-written by scheduling/reporting.py (a round's, through kube/status_writer.py) or app/jobs.py
-(a job's lifecycle: app/job_lifecycle.py, from objects/lifecycle.py).
+written by scheduling/reporting.py (a round's, through kube/status_writer.py) or
+app/job_lifecycle.py (a job's lifecycle, from objects/lifecycle.py).
 
 Entry point: `python -m mlsched.controller` (__main__.py; docs/operator.md).
 """

@@ -20,7 +20,7 @@ from mlsched.controller.scheduling import displacement, guard, pool_steps, pools
 from mlsched.controller.scheduling.runtime import Runtime
 from mlsched.controller.scheduling.indexes import Indexes, flatten
 from mlsched.controller.scheduling.step import (
-    Outcome, RoundReport, Step, algorithms, one_version, report_jobs, run_step, serving_for,
+    Outcome, RoundReport, Step, algorithms, begin, report_jobs, run_step, serving_for,
 )
 from mlsched.controller.scheduling.step_jobs import (
     children_ready, displaced_jobs, job_counts, outgrown, queue_counts,
@@ -33,10 +33,7 @@ log = logging.getLogger("mlsched.controller.scheduling.admitting")
 async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: Indexes,
                                now: float | None = None) -> RoundReport | None:
     """Give waiting jobs tasks from free capacity now; None when there was nothing to admit."""
-    started = time.perf_counter()
-    now = time.time() if now is None else now
-    body, ref = one_version(live_body)
-    key = (ref.namespace, ref.name)
+    started, now, body, ref, key = begin(live_body, now)
     try:
         spec = SchedulingPolicy.from_k8s(body).spec
     except InvalidObject:
@@ -63,18 +60,18 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     if not waiting and not displaced:
         queue_counts(rt, ref, body, jobs)  # e.g. a job finished or was deleted
         return None
-    resolved = await rt.models.resolve(key, spec, rt.adopted.get(key))
-    book = rt.guards.get(key)
+    resolved = await rt.models.resolve(key, spec, rt.per_policy.adopted.get(key))
+    book = rt.per_policy.guards.get(key)
     if spec.guard is not None and book is not None and book.state.tripped \
             and guard.learned_serves(resolved):
         guard.serve_fallback(resolved, book)  # admission steps follow the guard's round
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
                             rt.config.interval_scale)
     interval_s = rt.config.round_seconds(spec.interval)
-    open_interval = rt.intervals.get(key)
+    open_interval = rt.per_policy.intervals.get(key)
     number = open_interval.number if open_interval else 0
     serving = serving_for(rt, ref, spec, resolved, number, "admission", now,
-                          rt.served_versions.get(key, {}))
+                          rt.per_policy.served_versions.get(key, {}))
 
     def rule(snapshot):
         index = {name: i for i, name in enumerate(snapshot.node_names)}

@@ -8,10 +8,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
+from mlsched.controller.dataset.rewards import OpenInterval
 from mlsched.controller.objects.records import PodRecord
 from mlsched.controller.objects.quantities import Resources
 from mlsched.controller.scheduling.indexes import JobKey, PolicyKey
+from mlsched.policies.cycle_guard import CycleGuard
 
 
 class PlacementBook:
@@ -245,3 +249,75 @@ class FailureBook:
     def forget(self, job: JobKey) -> None:
         self._seen.pop(job, None)
         self._last.pop(job, None)
+
+
+@dataclass
+class PodClocks:
+    """Since when each job's pods have shown a problem, for the Events and conditions that say
+    why they do not run (app/pod_problems.py). Lost on restart: each clock starts again, so a
+    problem is told a grace period later than it could have been."""
+
+    # (job, StatefulSet) -> (since when it has been seen with fewer pods than replicas and
+    # none created, how many pods it had then) (pods_refused).
+    short_since: dict[tuple[JobKey, str], tuple[float, int]] = field(default_factory=dict)
+    # job -> pod uid -> when the pod was first seen pinned, ungated and with no word from any
+    # scheduler (unscheduled). Per job: a sweep touches one job's clocks, not everyone's.
+    unseen_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
+    # job -> pod uid -> when the pod was first seen bound with its containers still being
+    # created; per job, the latest read of such a pod's Warning Events: (when, pod, why or
+    # None) (stuck_creating).
+    creating_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
+    creating_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
+    # The same for pods whose ResourceClaims have not been made (claims_unmade).
+    claims_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
+    claims_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
+
+    def forget(self, job: JobKey) -> None:
+        for stuck in [k for k in self.short_since if k[0] == job]:
+            del self.short_since[stuck]
+        for clocks in (self.unseen_since, self.creating_since, self.creating_checks,
+                       self.claims_since, self.claims_checks):
+            clocks.pop(job, None)
+
+
+@dataclass
+class PolicyBooks:
+    """What the runtime keeps of each SchedulingPolicy between its steps, forgotten together
+    when its loop ends (`forget`). Lost on restart: the first round rebuilds each (the open
+    interval from status.openInterval, rewards.restore)."""
+
+    # The interval each policy's latest round opened (rewards.py).
+    intervals: dict[PolicyKey, OpenInterval] = field(default_factory=dict)
+    # The published model versions its latest round adopted (phase -> algorithm -> ModelRef),
+    # so that admission steps serve what the round served.
+    adopted: dict[PolicyKey, Any] = field(default_factory=dict)
+    # The published versions serving ("phase/algorithm" -> version), for the decision log of
+    # admission steps.
+    served_versions: dict[PolicyKey, dict[str, int | None]] = field(default_factory=dict)
+    # The cycle guard its unsettled (learned) rounds go through (policies/cycle_guard.py): the
+    # counts each job held since anything else changed.
+    cycle_guards: dict[PolicyKey, CycleGuard] = field(default_factory=dict)
+    # status.admittedJobs / waitingJobs / bookedGpus / fairShare as last queued (job_counts).
+    policy_counts: dict[PolicyKey, dict[str, Any]] = field(default_factory=dict)
+    # status.workConservation as last queued (conservation.py): the count of rounds in a row
+    # not work conserving goes on from it, not from a status not yet written.
+    work_conservation: dict[PolicyKey, dict[str, Any]] = field(default_factory=dict)
+    # The ModelInDomain status as last queued ("True" | "False" | "Unknown", None: absent), so
+    # its Events follow changes of the condition, not of a status not yet written.
+    model_domain: dict[PolicyKey, str | None] = field(default_factory=dict)
+    # The regret guard between rounds (guard.py: its records of the current window, its
+    # state); absent without spec.guard.
+    guards: dict[PolicyKey, Any] = field(default_factory=dict)
+    # The fair share of contended GPUs at its latest step (fair_share.py); absent while
+    # nothing bounds it.
+    fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)
+    # Grouping (pools.py): status.groups as last queued, and the pool label of each node it
+    # labelled (node -> label).
+    policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
+    policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)
+
+    def forget(self, policy: PolicyKey) -> None:
+        for book in (self.intervals, self.adopted, self.served_versions, self.cycle_guards,
+                     self.policy_counts, self.work_conservation, self.model_domain, self.guards,
+                     self.fair_shares, self.policy_groups, self.policy_nodes):
+            book.pop(policy, None)

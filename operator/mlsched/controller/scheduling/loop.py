@@ -84,21 +84,12 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                     log.exception("SchedulingPolicy %s/%s: admission failed", *key)
                     rt.metrics.step_failures.labels(*key, "admission").inc()
     finally:
+        # One call per owner of what was kept of the policy.
+        rt.per_policy.forget(key)
         rt.reservations.drop_policy(key)
-        rt.intervals.pop(key, None)
-        rt.adopted.pop(key, None)
-        rt.served_versions.pop(key, None)
-        rt.cycle_guards.pop(key, None)
         rt.dataset.forget(key)
         rt.wakeups.forget(key)
-        rt.policy_counts.pop(key, None)
-        rt.work_conservation.pop(key, None)
-        rt.model_domain.pop(key, None)
-        rt.guards.pop(key, None)
-        rt.fair_shares.pop(key, None)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
-        rt.policy_groups.pop(key, None)
-        rt.policy_nodes.pop(key, None)
         rt.metrics.forget_policy(key[0], key[1])
 
 

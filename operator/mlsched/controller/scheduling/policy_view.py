@@ -26,16 +26,16 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     """What one policy may decide on: capacity less what other policies reserved and what
     pods outside its schedulable jobs hold (controller/scheduling/snapshot.py), its GPUs bounded by its
     fair share while policies contend for them (fair_share.py; `policy`: its key, whose
-    entitlement is kept in rt.fair_shares). Call under round_lock. With a grouping (`setup`),
+    entitlement is kept in rt.per_policy.fair_shares). Call under round_lock. With a grouping (`setup`),
     only the nodes it may use (pools.usable)."""
     cluster = idx.cluster()
     share = None
     if policy is not None:
         share = policy_entitlement(rt, idx, policy, cluster)
         if share is None:
-            rt.fair_shares.pop(policy, None)
+            rt.per_policy.fair_shares.pop(policy, None)
         else:
-            rt.fair_shares[policy] = share
+            rt.per_policy.fair_shares[policy] = share
     budget = fair_share.bounded(quota_budget(rt, idx, schedulable), share)
     if setup is not None:
         cluster = dataclasses.replace(cluster, nodes=[n for n in cluster.nodes

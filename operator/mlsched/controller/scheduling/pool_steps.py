@@ -35,10 +35,10 @@ def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
     key = (setup.owner.split("/", 1)[0], setup.owner.split("/", 1)[1])
     nodes = {n.name: n for n in flatten(idx.nodes)}
     members = {j.name: pools.membership(j, rt.groups) for j in jobs}
-    if key in rt.policy_groups:
-        status = {**status, "groups": rt.policy_groups[key]}
+    if key in rt.per_policy.policy_groups:
+        status = {**status, "groups": rt.per_policy.policy_groups[key]}
     snapshot, labels = pools.fill(snapshot, setup, nodes, members, status,
-                                  rt.policy_nodes.get(key))
+                                  rt.per_policy.policy_nodes.get(key))
     allowed = None
     if setup.mode == pools.LABEL_NODES:
         # Only nodes no other tenant uses go into this policy's pools (issue 55).
@@ -70,7 +70,7 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
     # nodes of a policy left without jobs, keeping other grouping policies off them).
     owner = f"{ref.namespace}/{ref.name}"
     desired = pools.desired_labels(snapshot, decision.pools, setup)
-    rt.policy_nodes[(ref.namespace, ref.name)] = desired
+    rt.per_policy.policy_nodes[(ref.namespace, ref.name)] = desired
     failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner, desired)
     if failures:
         rt.metrics.api_errors.labels("label").inc(len(failures))
@@ -122,7 +122,7 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
     key = (ref.namespace, ref.name)
     status = body.get("status") or {}
     groups = pools.groups_status(snapshot, decision.pools, setup)
-    before = rt.policy_groups.get(key, status.get("groups") or [])
+    before = rt.per_policy.policy_groups.get(key, status.get("groups") or [])
     if not round_:
         old = {g.get("name"): g for g in before}
         groups = [{**{k: v for k, v in old.get(g["name"], {}).items() if k.startswith("predicted")},
@@ -148,7 +148,7 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
         threshold = spec.pools.threshold if spec.grouping == "harmony" else None
         await rt.recorder.emit(ref, "Normal", "Regrouped",
                                pools.describe(groups, decision.pools, threshold, not before))
-    rt.policy_groups[key] = groups
+    rt.per_policy.policy_groups[key] = groups
     if not round_:
         return out
     rows: dict[str, dict[str, float]] = {}

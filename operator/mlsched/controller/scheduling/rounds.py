@@ -25,7 +25,7 @@ from mlsched.controller.scheduling import domain, guard, pool_steps, pools, repo
 from mlsched.controller.scheduling.runtime import Runtime
 from mlsched.controller.scheduling.indexes import Indexes
 from mlsched.controller.scheduling.step import (
-    RoundReport, Step, algorithms, one_version, report_jobs, run_step, serving_for,
+    RoundReport, Step, algorithms, begin, report_jobs, run_step, serving_for,
 )
 from mlsched.controller.scheduling.step_jobs import children_ready, job_counts
 from mlsched.controller.serving import version_adoption
@@ -41,10 +41,7 @@ log = logging.getLogger("mlsched.controller.scheduling.rounds")
 
 async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Indexes,
                            now: float | None = None) -> RoundReport | None:
-    started = time.perf_counter()
-    now = time.time() if now is None else now
-    body, ref = one_version(live_body)
-    key = (ref.namespace, ref.name)
+    started, now, body, ref, key = begin(live_body, now)
     status = body.get("status") or {}
     try:
         policy = SchedulingPolicy.from_k8s(body)
@@ -54,8 +51,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     spec = policy.spec
     interval_s = rt.config.round_seconds(spec.interval)
     versions = await published_versions(rt, ref, spec)
-    rt.adopted[key] = version_adoption.adopted(spec, versions)
-    resolved = await rt.models.resolve(key, spec, rt.adopted[key])
+    rt.per_policy.adopted[key] = version_adoption.adopted(spec, versions)
+    resolved = await rt.models.resolve(key, spec, rt.per_policy.adopted[key])
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
                             rt.config.interval_scale)
     if resolved.load_failed:
@@ -68,7 +65,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # One reading of progress closes the old interval and opens the new one: a report landing
     # in between must count in one of them, not in neither.
     epochs_now = {j.name: rt.epochs_done(j) for j in jobs}
-    previous = rt.intervals.get(key)
+    previous = rt.per_policy.intervals.get(key)
     if previous is not None:
         to_close, continuing = [previous], None
     else:
@@ -96,7 +93,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
             number = max(number, await rt.dataset.first_free(key))
     versions_served = version_adoption.report(spec, versions, resolved.served_refs,
                                               resolved.active_models).served
-    rt.served_versions[key] = versions_served
+    rt.per_policy.served_versions[key] = versions_served
     # The regret guard (controller/scheduling/guard.py) judges the intervals just closed before the round
     # decides: while tripped, the fallback serves this round.
     book = await guard_round(rt, ref, body, spec, resolved, jobs, to_close, closings, now)
@@ -117,7 +114,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         rule=lambda snapshot: (lambda allocation, placement, grouping, cycles: run_served_round(
             snapshot, allocation, placement, grouping, cycles)),
         applied=lambda targets: schedulable, waiting=schedulable, replaces_bookings=True,
-        cycle_guard=rt.cycle_guards.setdefault(key, CycleGuard()))
+        cycle_guard=rt.per_policy.cycle_guards.setdefault(key, CycleGuard()))
     outcome = await run_step(rt, idx, step, started)
     snapshot, decision, targets, failure = (outcome.snapshot, outcome.decision, outcome.targets,
                                             outcome.failure)
@@ -132,7 +129,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     else:
         opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants,
                                        started_s=now)
-    rt.intervals[key] = opening
+    rt.per_policy.intervals[key] = opening
 
     # The dataset (dataset.py): the intervals closed, complete; the one opened, with the
     # decisions just made (a fallback's decision has none: the learned phase did not decide).
@@ -206,12 +203,12 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
     without a guard (or with no learned phase to guard). Never raises."""
     key = (ref.namespace, ref.name)
     if spec.guard is None or not guard.learned_serves(resolved):
-        rt.guards.pop(key, None)
+        rt.per_policy.guards.pop(key, None)
         for gauge in (rt.metrics.guard_tripped, rt.metrics.guard_estimate):
             gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})
         return None
     try:
-        book = guard.book_for(rt.guards, key, guard.GuardSpec.of(spec.guard.fallback_when_worse_by,
+        book = guard.book_for(rt.per_policy.guards, key, guard.GuardSpec.of(spec.guard.fallback_when_worse_by,
                                                                  spec.guard.window))
         edited = guard.on_edit(book, body["metadata"].get("generation"), now)
         by_name = {j.name: j for j in jobs}
@@ -223,14 +220,14 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
                                   reward=float(closing.reward.get("reward") or 0.0),
                                   jobs=job_intervals(interval, closing, by_name))
                    for interval, closing in zip(to_close, closings)]
-        cycles = rt.cycle_guards.get(key)
+        cycles = rt.per_policy.cycle_guards.get(key)
         change = await asyncio.to_thread(guard.add_and_judge, book, records,
                                          (resolved.allocation, resolved.placement),
                                          guard.fallback_of(resolved), now,
                                          cycles.remembered() if cycles is not None else None)
     except Exception:  # noqa: BLE001 - the guard must never stop a round
         log.exception("regret guard of %s/%s failed; the model keeps serving", *key)
-        return rt.guards.get(key)
+        return rt.per_policy.guards.get(key)
     event = guard.event(change, edited, book)
     if event is not None:
         rt.recorder.in_background(rt.recorder.emit(ref, *event))

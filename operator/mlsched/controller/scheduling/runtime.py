@@ -26,14 +26,13 @@ from mlsched.controller.objects.preflight import Preflight
 from mlsched.controller.kube.object_writer import ObjectWriter
 from mlsched.controller.objects.records import NodeRecord
 from mlsched.controller.objects.job_records import JobRecord
-from mlsched.controller.dataset.rewards import OpenInterval
 from mlsched.controller.scheduling.cluster_fit import ClusterFit
 from mlsched.controller.kube.status_writer import Seen, StatusWriter
 from mlsched.controller.kube.written_status import WrittenStatus
-from mlsched.policies.cycle_guard import CycleGuard
 from mlsched.controller.scheduling.indexes import Indexes, JobKey, PolicyKey, flatten
 from mlsched.controller.scheduling.books import (
-    DueJobs, FailureBook, PlacementBook, PodStates, ReservationBook, Wakeups,
+    DueJobs, FailureBook, PlacementBook, PodClocks, PodStates, PolicyBooks, ReservationBook,
+    Wakeups,
 )
 
 MAX_DEPARTED = 10_000  # deleted jobs whose policy is remembered (runtime.departed)
@@ -49,7 +48,10 @@ class Runtime:
     services: ServiceBook = field(default_factory=ServiceBook)  # whose headless Service exists
     reservations: ReservationBook = field(default_factory=ReservationBook)
     failures: FailureBook = field(default_factory=FailureBook)
-    intervals: dict[PolicyKey, OpenInterval] = field(default_factory=dict)
+    # What is kept of each policy between its steps, forgotten together (books.PolicyBooks).
+    per_policy: PolicyBooks = field(default_factory=PolicyBooks)
+    # Since when each job's pods have shown a problem (books.PodClocks).
+    pod_clocks: PodClocks = field(default_factory=PodClocks)
     # Latest accepted progress report per job (epochs, epoch seconds, speed): newer than the
     # index until the status patch comes back through the watch.
     progress: dict[JobKey, tuple[float, float, float, float | None]] = field(default_factory=dict)
@@ -74,23 +76,9 @@ class Runtime:
     # (uid, generation) whose children were created and templates refreshed: a watch event
     # of another generation (an edit) reconciles again. Lost on restart: all are, once.
     reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
-    # (job, StatefulSet) -> (since when it has been seen with fewer pods than replicas and
-    # none created, how many pods it had then) (pod_problems.pods_refused).
-    short_since: dict[tuple[JobKey, str], tuple[float, int]] = field(default_factory=dict)
     # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
     # to wake that policy's admission. The latest MAX_DEPARTED only.
     departed: dict[JobKey, str] = field(default_factory=dict)
-    # job -> pod uid -> when the pod was first seen pinned, ungated and with no word from any
-    # scheduler (pod_problems.unscheduled). Per job: a sweep touches one job's clocks, not everyone's.
-    unseen_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
-    # job -> pod uid -> when the pod was first seen bound with its containers still being
-    # created; per job, the latest read of such a pod's Warning Events: (when, pod, why or
-    # None) (jobs.stuck_creating).
-    creating_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
-    creating_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
-    # The same for pods whose ResourceClaims have not been made (jobs.claims_unmade).
-    claims_since: dict[JobKey, dict[str, float]] = field(default_factory=dict)
-    claims_checks: dict[JobKey, tuple[float, str, str | None]] = field(default_factory=dict)
     # Each namespace's labels as last seen: a change asks again about its refused jobs' pods.
     namespace_labels: dict[str, dict[str, str]] = field(default_factory=dict)
     # Each node's record as last seen by the node handler: a change wakes admission.
@@ -111,37 +99,11 @@ class Runtime:
     # monotonic time of the refusal), so they are not retried every sweep (jobs.py).
     over_quota: dict[JobKey, tuple[str, int, float]] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
-    # Per policy, the published model versions its latest round adopted (phase -> algorithm ->
-    # ModelRef), so that admission steps serve what the round served. Lost on restart: the
-    # first round lists them again.
-    adopted: dict[PolicyKey, Any] = field(default_factory=dict)
-    # Per policy, the published versions serving ("phase/algorithm" -> version), for the
-    # decision log of admission steps.
-    served_versions: dict[PolicyKey, dict[str, int | None]] = field(default_factory=dict)
-    # Per policy, the cycle guard its unsettled (learned) rounds go through
-    # (policies/cycle_guard.py): the counts each job held since anything else changed.
-    cycle_guards: dict[PolicyKey, CycleGuard] = field(default_factory=dict)
     # Whether this replica may write (controller/process/leadership.py); it does unless it stands by.
     leadership: Leadership = field(default_factory=Leadership)
-    # Grouping (pools.py): each job's pool as the latest decision left it, and each policy's
-    # status.groups as last queued; newer than the index until the status writes come back.
+    # Grouping (pools.py): each job's pool as the latest decision left it; newer than the
+    # index until the status writes come back.
     groups: dict[JobKey, Any] = field(default_factory=dict)
-    policy_groups: dict[PolicyKey, list] = field(default_factory=dict)
-    # Each policy's status.admittedJobs / waitingJobs as last queued (loop.job_counts).
-    policy_counts: dict[PolicyKey, dict[str, int]] = field(default_factory=dict)
-    # Each policy's status.workConservation as last queued (conservation.py): the count of
-    # rounds in a row not work conserving goes on from it, not from a status not yet written.
-    work_conservation: dict[PolicyKey, dict[str, Any]] = field(default_factory=dict)
-    # Each policy's ModelInDomain status as last queued ("True" | "False" | "Unknown", None:
-    # absent), so its Events follow changes of the condition, not of a status not yet written.
-    model_domain: dict[PolicyKey, str | None] = field(default_factory=dict)
-    # Each policy's regret guard between rounds (controller/scheduling/guard.py: its records of the
-    # current window, its state); absent without spec.guard.
-    guards: dict[PolicyKey, Any] = field(default_factory=dict)
-    # Each policy's fair share of contended GPUs at its latest step (fair_share.py); absent
-    # while nothing bounds it.
-    fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)
-    policy_nodes: dict[PolicyKey, dict[str, str]] = field(default_factory=dict)  # node → label
     # Policies named by jobs or node labels but missing from the index: since when (jobs.py).
     orphans: dict[PolicyKey, float] = field(default_factory=dict)
     _fit: tuple[float, Any, ClusterFit] | None = None
@@ -215,13 +177,7 @@ class Runtime:
         self.written_status.forget(key)
         self.counts_due.pop(key, None)
         self.reconciled.pop(key, None)
-        for stuck in [k for k in self.short_since if k[0] == key]:
-            del self.short_since[stuck]
-        self.unseen_since.pop(key, None)
-        self.creating_since.pop(key, None)
-        self.creating_checks.pop(key, None)
-        self.claims_since.pop(key, None)
-        self.claims_checks.pop(key, None)
+        self.pod_clocks.forget(key)
         self.retrying.pop(key, None)
         self.over_quota.pop(key, None)
         self.waiting.pop(key, None)

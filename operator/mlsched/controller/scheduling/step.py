@@ -118,6 +118,16 @@ def one_version(live_body: Mapping[str, Any]) -> tuple[dict[str, Any], ObjectRef
     return body, ObjectRef.of({**body, "kind": "SchedulingPolicy"})
 
 
+def begin(live_body: Mapping[str, Any], now: float | None
+          ) -> tuple[float, float, dict[str, Any], ObjectRef, tuple[str, str]]:
+    """A step's start: its clock (perf_counter), its time, the policy as it is now
+    (`one_version`) and the policy's key."""
+    started = time.perf_counter()
+    now = time.time() if now is None else now
+    body, ref = one_version(live_body)
+    return started, now, body, ref, (ref.namespace, ref.name)
+
+
 def algorithms(resolved: ResolvedPolicy) -> dict[str, str]:
     return {phase: getattr(getattr(resolved, phase), "name", type(getattr(resolved, phase)).__name__)
             for phase in ("grouping", "allocation", "placement")}
@@ -172,7 +182,7 @@ async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str,
             rt.waiting.pop(j.key, None)
     if all(targets[j.name].count("worker") for j in jobs):
         return
-    share = rt.fair_shares.get((jobs[0].namespace, jobs[0].policy)) if jobs else None
+    share = rt.per_policy.fair_shares.get((jobs[0].namespace, jobs[0].policy)) if jobs else None
     reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation,
                                       fair_share.describe(share) if share else None)
     for j in jobs:

@@ -92,15 +92,15 @@ def job_counts(rt: Runtime, key: tuple[str, str], jobs: list[JobRecord],
     tasks as decided, those (not suspended or finished) holding nothing, the GPUs they hold,
     and its fair share while one bounds it (None clears it)."""
     admitted = sum(1 for j in jobs if j.schedulable and (rt.placements.of(j.key) or {}).get("worker"))
-    share = rt.fair_shares.get(key)
+    share = rt.per_policy.fair_shares.get(key)
     counts = {"admittedJobs": admitted,
               "waitingJobs": sum(1 for j in jobs if j.schedulable) - admitted,
               "bookedGpus": round(rt.reservations.gpus(key), 3),
               "fairShare": None if share is None else {
                   "entitledGpus": round(share.gpus, 3), "capacityGpus": round(share.capacity, 3),
                   "demandGpus": round(share.demand, 3), "contenders": share.contenders}}
-    before = rt.policy_counts.get(key) or {k: status.get(k) for k in counts}
-    rt.policy_counts[key] = counts
+    before = rt.per_policy.policy_counts.get(key) or {k: status.get(k) for k in counts}
+    rt.per_policy.policy_counts[key] = counts
     return {k: v for k, v in counts.items() if before.get(k) != v}
 
 
