@@ -235,3 +235,20 @@ def test_observed_speeds_are_normalised_to_the_reference_type():
 def test_the_hetero_policies_are_registered():
     assert registry.known("allocation", "drf-hetero") and registry.known("allocation", "optimus-hetero")
     assert registry.known("placement", "gpu-type-aware")
+
+
+# ---- mlsched simulate --gpu-types --------------------------------------------------------
+def test_simulate_takes_a_heterogeneous_cluster(tmp_path, capsys):
+    import json
+
+    from mlsched.cli import main
+    from mlsched.workloads import traces
+
+    trace = tmp_path / "t.csv"
+    traces.write(generators.generate(jobs=8, rate=4, seed=2), trace)
+    assert main(["simulate", "--trace", str(trace), "--gpu-types", "v100:1,p100:1,k80:1",
+                 "--policies", "drf-hetero,drf", "--placement", "gpu-type-aware", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["nodes"] == 3 and len(out["results"]) == 2
+    assert main(["simulate", "--trace", str(trace), "--gpu-types", "a100:2"]) == 2
+    assert "unknown GPU type" in capsys.readouterr().err

@@ -97,6 +97,14 @@ def cmd_simulate(args) -> int:
         trace = traces.parse(text, f"<built-in {DEFAULT_TRACE}>")
         source = f"built-in {DEFAULT_TRACE}"
     config = _config(args)
+    if args.gpu_types:  # one type per node (workloads/gpu_types.py)
+        from dataclasses import replace
+
+        from mlsched.workloads import gpu_types
+
+        types = gpu_types.parse_cluster(args.gpu_types)
+        config = replace(config, nodes=len(types), gpu_types=types)
+        args.nodes = len(types)
     total = len(trace) * len(args.policies) * len(args.placement) * len(args.grouping)
     with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         runs = compare.run_pairs(trace, config, args.policies, args.placement,
@@ -229,6 +237,10 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--fallback", default="drf", help="the guard's fallback allocation (default drf)")
     sim.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     sim.add_argument("--plot", help="write a JCT plot (PNG) to this path")
+    sim.add_argument("--gpu-types", metavar="TYPE:NODES,...",
+                     help="a heterogeneous cluster, nodes per GPU type in node order, e.g. "
+                          "v100:4,p100:4,k80:4 (its total replaces --nodes; types: v100, p100, k80; "
+                          "docs/simulator.md, GPU types); default: untyped, every GPU the same")
     _add_cluster_args(sim)
     sim.set_defaults(func=cmd_simulate)
 
