@@ -252,3 +252,22 @@ def test_simulate_takes_a_heterogeneous_cluster(tmp_path, capsys):
     assert out["nodes"] == 3 and len(out["results"]) == 2
     assert main(["simulate", "--trace", str(trace), "--gpu-types", "a100:2"]) == 2
     assert "unknown GPU type" in capsys.readouterr().err
+
+
+def test_simulate_warns_when_a_type_aware_allocation_runs_with_a_type_blind_placement(tmp_path, capsys):
+    """drf-hetero with the default load-balance placement: a job's workers spread over types
+    (1.37 x drf's average JCT on the built-in trace with v100:4,p100:4,k80:4 when this was
+    written), so the user is told which placement it needs; the right pairing is not warned."""
+    from mlsched.cli import main
+    from mlsched.workloads import traces
+
+    trace = tmp_path / "t.csv"
+    traces.write(generators.generate(jobs=4, rate=4, seed=2), trace)
+    assert main(["simulate", "--trace", str(trace), "--gpu-types", "v100:1,k80:1",
+                 "--policies", "drf-hetero,drf", "--json"]) == 0
+    err = capsys.readouterr().err
+    assert "drf-hetero with --placement load-balance" in err and "--placement gpu-type-aware" in err
+    assert "warning: drf " not in err  # the agnostic allocation is not warned about
+    assert main(["simulate", "--trace", str(trace), "--gpu-types", "v100:1,k80:1",
+                 "--policies", "drf-hetero", "--placement", "gpu-type-aware", "--json"]) == 0
+    assert "warning" not in capsys.readouterr().err

@@ -105,6 +105,12 @@ def cmd_simulate(args) -> int:
         types = gpu_types.parse_cluster(args.gpu_types)
         config = replace(config, nodes=len(types), gpu_types=types)
         args.nodes = len(types)
+        from mlsched.policies.registry import TYPE_AWARE_PLACEMENT, type_blind_pairs
+
+        for allocation, placement in type_blind_pairs(args.policies, args.placement):
+            print(f"mlsched: warning: {allocation} with --placement {placement}: its workers may "
+                  f"spread over GPU types and run at the slowest one's pace; it is meant to run "
+                  f"with --placement {TYPE_AWARE_PLACEMENT[allocation]}", file=sys.stderr)
     total = len(trace) * len(args.policies) * len(args.placement) * len(args.grouping)
     with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         runs = compare.run_pairs(trace, config, args.policies, args.placement,

@@ -97,6 +97,18 @@ def _harmony(ctx: PolicyContext) -> PlacementPolicy:
     return GuardedPlacement(_harmony_alone(ctx), _sticky(LeastInterferenceFirst(degree=1), ctx),
                             speed=ctx.speed_model)
 
+#: Allocations that value a worker by its GPU type and the placement that keeps a job's
+#: workers on one type, which they need: with a type-blind placement a job's workers spread
+#: over types and run at the slowest one's pace, which the allocation did not count on
+#: (`mlsched simulate` warns; docs/simulator.md "GPU types").
+TYPE_AWARE_PLACEMENT = {"drf-hetero": "gpu-type-aware", "optimus-hetero": "gpu-type-aware"}
+
+
+def type_blind_pairs(allocations, placements) -> list[tuple[str, str]]:
+    """(allocation, placement) pairs where a type-aware allocation runs with another placement."""
+    return [(a, p) for a in allocations for p in placements
+            if a in TYPE_AWARE_PLACEMENT and p != TYPE_AWARE_PLACEMENT[a]]
+
 
 REGISTRY: dict[str, dict[str, Entry]] = {
     "allocation": {
