@@ -113,7 +113,7 @@ async def create_jobs(rt: Runtime, kube: MemoryKube, *bodies: dict) -> None:
         await kube.patch("MLJob", stored["metadata"]["namespace"], stored["metadata"]["name"],
                          patch, status=True)
         meta = stored["metadata"]  # reconciled, as jobs.reconcile_if_needed records it
-        rt.reconciled[(meta["namespace"], meta["name"])] = (meta["uid"], meta["generation"])
+        rt.job_books.reconciled[(meta["namespace"], meta["name"])] = (meta["uid"], meta["generation"])
 
 
 def run(coro):

@@ -90,7 +90,7 @@ def test_an_operator_whose_rbac_cannot_list_services_resumes_as_before():
     run(jobs.reconcile_if_needed(resumed, kube.obj("MLJob", NS, "bert"), kube.indexes()))
     assert [c for c in kube.writes() if c[0] not in ("dry-run", "patch-status")] == [
         ("list", "Service", NS, "mlsched.io/job-name")]
-    assert resumed.reconciled.get((NS, "bert")) is not None
+    assert resumed.job_books.reconciled.get((NS, "bert")) is not None
     assert "ChildrenNotCreated" not in [e["reason"] for e in kube.events("bert")]
 
 
@@ -166,7 +166,7 @@ def test_a_service_that_could_not_be_made_again_is_retried_by_the_sweep_and_hold
                               now=NOW + 3600))
     assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == workers
     del kube.failing[("create", "bert")]
-    rt.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
+    rt.job_books.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
     run(jobs.sweep(rt, kube.indexes()))
     assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
     assert "Restored" in [e["reason"] for e in kube.events("bert")]
@@ -178,7 +178,7 @@ def test_a_service_deleted_while_the_watches_were_down_is_restored_once_they_are
     pods used to lose their peers' DNS names for good."""
     rt, kube = scheduled()
     run(kube.delete("Service", NS, "bert"))  # the watch was down: no event
-    rt.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
+    rt.job_books.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
     run(jobs.sweep(rt, kube.indexes()))
     assert not kube.of_kind("Service")  # nothing said it went
     rt.services.relisted()
@@ -416,7 +416,7 @@ def test_the_lifecycle_sweep_lets_the_event_loop_turn_while_it_checks_thousands_
     async def scenario():
         for i in range(n):  # as the watch delivers them
             await jobs.on_job_event(rt, "ADDED", kube.put(ps_job(f"job-{i:03d}")), kube.indexes())
-        assert len(rt.job_bodies) == n
+        assert len(rt.job_books.job_bodies) == n
         turns = 0
 
         async def ticker():
@@ -884,7 +884,7 @@ def test_a_pod_events_change_of_counts_waits_to_share_a_patch_and_a_phase_change
     assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 0
     # The wait over (none here), the counts are written.
     monkeypatch.setattr(jobs, "COUNTS_DELAY_S", 0.0)
-    rt.counts_due.clear()
+    rt.job_books.counts_due.clear()
     for _ in range(2):  # the first starts the wait, the second finds it over
         run(jobs.sync_job(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), prompt=True))
     assert patches() == written + 1
@@ -897,7 +897,7 @@ def test_a_pod_events_change_of_counts_waits_to_share_a_patch_and_a_phase_change
     assert status(kube, "bert")["phase"] == "Running"
     assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 2
     assert {e["reason"] for e in kube.events("bert")} >= {"Running"}
-    assert jobs.COUNTS_DELAY_S and not rt.counts_due  # written: nothing waits any more
+    assert jobs.COUNTS_DELAY_S and not rt.job_books.counts_due  # written: nothing waits any more
 
 
 def test_only_counts_tells_counts_from_phase_and_reason_changes():
@@ -924,7 +924,7 @@ def test_a_watch_body_from_before_the_running_patch_does_not_make_the_job_runnin
     run(jobs.on_job_event(rt, "MODIFIED", stale, kube.indexes()))
 
     async def evaluate() -> None:
-        await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes())
+        await jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes())
         await rt.recorder.settled()
 
     run(evaluate())
@@ -957,7 +957,7 @@ def test_the_lifecycles_events_do_not_hold_up_its_status_patch():
     kube.create = slow_create
 
     async def evaluate() -> None:
-        await asyncio.wait_for(jobs.sync_job(rt, rt.job_bodies[key], kube.indexes()), 5)
+        await asyncio.wait_for(jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes()), 5)
         assert status(kube, "bert")["phase"] == "Running"
         assert "Running" not in [e["reason"] for e in kube.events("bert")]
         posted.set()
@@ -982,7 +982,7 @@ def test_a_watch_body_arriving_while_the_running_patch_is_out_does_not_make_it_r
     kube.patch = patch_meanwhile
 
     async def evaluate() -> None:
-        await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes())
+        await jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes())
         await rt.recorder.settled()
 
     run(evaluate())
@@ -1010,14 +1010,14 @@ def test_a_job_marked_due_during_its_evaluation_is_evaluated_once_after_it():
 
     async def meanwhile() -> list:
         rt.lifecycle_due._due.clear()
-        first = asyncio.create_task(jobs.sync_job(rt, rt.job_bodies[key], kube.indexes()))
+        first = asyncio.create_task(jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes()))
         await asyncio.wait_for(out.wait(), 10)  # its status patch is out
-        assert key in rt.syncing
-        again = await jobs.sync_job(rt, rt.job_bodies[key], kube.indexes(), prompt=True)
+        assert key in rt.job_books.syncing
+        again = await jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes(), prompt=True)
         due_before = list(rt.lifecycle_due._due)
         answered.set()
         await first
         return [again, due_before, list(rt.lifecycle_due._due)]
 
     again, due_before, due_after = run(meanwhile())
-    assert again is False and due_before == [] and due_after == [key] and not rt.syncing
+    assert again is False and due_before == [] and due_after == [key] and not rt.job_books.syncing

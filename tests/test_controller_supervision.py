@@ -107,7 +107,7 @@ def test_a_job_is_reconciled_once_per_generation_and_its_lifecycle_swept():
     run(jobs.sweep(rt, kube.indexes()))
     assert [c for c in kube.calls if c[0] == "create"] == creates
     run(jobs.on_job_event(rt, "DELETED", body, kube.indexes()))
-    assert rt.job_bodies == {} and rt.reconciled == {}
+    assert rt.job_books.job_bodies == {} and rt.job_books.reconciled == {}
 
 
 def test_a_transient_error_is_reported_once_and_retried_by_the_sweep():

@@ -111,8 +111,8 @@ async def quota_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     and jobs whose children it had no room for are tried again at the next sweep."""
     rt = runtime(memo)
     namespace = (body.get("metadata") or {}).get("namespace")
-    for key in [k for k in rt.over_quota if k[0] == namespace]:
-        del rt.over_quota[key]
+    for key in [k for k in rt.job_books.over_quota if k[0] == namespace]:
+        del rt.job_books.over_quota[key]
     wake_all_admissions(rt)
 
 
@@ -225,7 +225,7 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     policy_key = (meta.get("namespace", ""),
                   (body.get("spec") or {}).get("schedulingPolicy") or "default")
     key = (policy_key[0], meta["name"])
-    reconciled = rt.reconciled.get(key)
+    reconciled = rt.job_books.reconciled.get(key)
     # A spec edit of a job already decided: an admission step checks at once whether the
     # decision still fits the spec (loop.outgrown) and decides the job again if not.
     edited = (event.get("type") == "MODIFIED" and reconciled is not None
@@ -236,7 +236,7 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
         # part of, and for the children of every job in it (loop._quiet); a deleted job's
         # policy recounts its jobs (the capacity it held frees as its pods go, below).
         rt.wakeups.signal(policy_key, "admission")
-    previous = rt.job_bodies.get(key)
+    previous = rt.job_books.job_bodies.get(key)
     before = ((previous.get("spec") or {}).get("schedulingPolicy") or "default") \
         if previous is not None else policy_key[1]
     if before != policy_key[1]:

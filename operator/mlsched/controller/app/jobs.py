@@ -50,13 +50,13 @@ async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     # A body from before the operator's last status patch of the job shows that patch too
     # (written_status.py): its lifecycle must not decide the same change twice.
     body = rt.written_status.over(key, plain(body))
-    rt.job_bodies[key] = body
+    rt.job_books.job_bodies[key] = body
     if not rt.leadership.leading:
         return  # a standby writes nothing; when it leads, the sweep reconciles every job
     await release_legacy_finalizer(rt, "MLJob", body)
     meta = body["metadata"]
     if not meta.get("deletionTimestamp") \
-            and rt.reconciled.get(key) != (meta.get("uid"), int(meta.get("generation") or 0)):
+            and rt.job_books.reconciled.get(key) != (meta.get("uid"), int(meta.get("generation") or 0)):
         try:  # one at a time with the job's evaluations: a due one used to create the same
             # children again while this one's creates waited in a burst (a 409 and a read each)
             await sync_job(rt, body, idx, prompt=True)
@@ -71,9 +71,9 @@ OVER_QUOTA_RETRY_S = 30.0
 
 async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -> None:
     job = job_record(body)
-    if rt.reconciled.get(job.key) == (job.uid, job.generation):
+    if rt.job_books.reconciled.get(job.key) == (job.uid, job.generation):
         return
-    blocked = rt.over_quota.get(job.key)
+    blocked = rt.job_books.over_quota.get(job.key)
     if blocked and blocked[:2] == (job.uid, job.generation) \
             and time.monotonic() - blocked[2] < OVER_QUOTA_RETRY_S:
         return  # not a create call per job per sweep while the quota stays full
@@ -83,9 +83,9 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
     except ChildOverQuota as err:
         # Waiting, not failing: the status says why (WaitingForQuota), an Event once.
         await write_status(rt, body, patch)
-        rt.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
-        if rt.retrying.get(job.key) != str(err):
-            rt.retrying[job.key] = str(err)
+        rt.job_books.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
+        if rt.job_books.retrying.get(job.key) != str(err):
+            rt.job_books.retrying[job.key] = str(err)
             await rt.recorder.emit(job_ref(body), "Normal", "WaitingForQuota", str(err))
         return
     except Exception as err:
@@ -98,13 +98,13 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
             type_, reason = "Warning", "ChildrenNotCreated"
             message = f"could not create the job's children, retrying every " \
                       f"{rt.config.job_sync_seconds:g} s: {err}"
-        if rt.retrying.get(job.key) != message:
-            rt.retrying[job.key] = message
+        if rt.job_books.retrying.get(job.key) != message:
+            rt.job_books.retrying[job.key] = message
             await rt.recorder.emit(job_ref(body), type_, reason, message)
         raise
-    rt.retrying.pop(job.key, None)
-    rt.over_quota.pop(job.key, None)
-    rt.reconciled[job.key] = (job.uid, job.generation)
+    rt.job_books.retrying.pop(job.key, None)
+    rt.job_books.over_quota.pop(job.key, None)
+    rt.job_books.reconciled[job.key] = (job.uid, job.generation)
     await write_status(rt, body, patch)
 
 
@@ -133,11 +133,11 @@ async def write_status(rt: Runtime, body: dict[str, Any], patch: Mapping[str, An
                           status=True, priority=priority):
         key = (meta["namespace"], meta["name"])
         rt.written_status.wrote(key, status)
-        kept = rt.job_bodies.get(key)
+        kept = rt.job_books.job_bodies.get(key)
         if kept is not None and kept is not body:
             # A watch event replaced the kept body while the patch was out: that body is
             # older than the patch (the next evaluation would decide the same change again).
-            rt.job_bodies[key] = rt.written_status.over(key, kept)
+            rt.job_books.job_bodies[key] = rt.written_status.over(key, kept)
     body.setdefault("status", {}).update(status)
 
 
@@ -159,16 +159,16 @@ async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes,
     if body["metadata"].get("deletionTimestamp"):
         return True
     job = job_record(body)
-    if job.key in rt.syncing:
+    if job.key in rt.job_books.syncing:
         if prompt:  # looked at again once the evaluation under way ends
-            rt.syncing[job.key] = True
+            rt.job_books.syncing[job.key] = True
             # Which may be waiting to write a change of counts, queued after every other
             # status patch: up to 10 s in a burst, while this job's pods had all turned Ready.
             rt.api.hurry_status("MLJob", *job.key)
         return False
-    rt.syncing[job.key] = False
+    rt.job_books.syncing[job.key] = False
     try:
-        if rt.reconciled.get(job.key) != (job.uid, job.generation):
+        if rt.job_books.reconciled.get(job.key) != (job.uid, job.generation):
             await reconcile_if_needed(rt, body, idx)
             return True
         patch: dict[str, Any] = {}
@@ -177,7 +177,7 @@ async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes,
                 and lifecycle.only_counts(body.get("status") or {}, patch["status"])
                 and counts_wait(rt, job.key)):
             return True
-        rt.counts_due.pop(job.key, None)
+        rt.job_books.counts_due.pop(job.key, None)
         await write_status(rt, body, patch)
         return True
     finally:
@@ -185,7 +185,7 @@ async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes,
         # can wait seconds in a burst): its pods may have changed since it read them. It used
         # to be marked again at once, and again, every 0.3 s until this one ended (13,789
         # evaluations that did nothing in bench_e2e's 300-job burst).
-        if rt.syncing.pop(job.key, False):
+        if rt.job_books.syncing.pop(job.key, False):
             rt.lifecycle_due.mark(job.key)
 
 
@@ -193,9 +193,9 @@ def counts_wait(rt: Runtime, key: JobKey) -> bool:
     """Whether the job's change of counts alone may wait: the first such change waits
     COUNTS_DELAY_S (the job is marked due again then), later ones until that time."""
     loop = asyncio.get_running_loop()
-    deadline = rt.counts_due.get(key)
+    deadline = rt.job_books.counts_due.get(key)
     if deadline is None:
-        rt.counts_due[key] = loop.time() + COUNTS_DELAY_S
+        rt.job_books.counts_due[key] = loop.time() + COUNTS_DELAY_S
         loop.call_later(COUNTS_DELAY_S, rt.lifecycle_due.mark, key)
         return True
     return loop.time() < deadline
@@ -241,7 +241,7 @@ async def sync_due_forever(rt: Runtime) -> None:
         async with slots:
             # From here a new mark is a change this evaluation may not see: it gets a task.
             queued.discard(key)
-            body = rt.job_bodies.get(key)
+            body = rt.job_books.job_bodies.get(key)
             if body is None:
                 return
             try:  # if another evaluation of the job is under way, it marks it due after
@@ -265,7 +265,7 @@ async def sync_due_forever(rt: Runtime) -> None:
 
 async def sweep(rt: Runtime, idx: Indexes) -> None:
     """Every job's lifecycle, and the children still to create after a transient error."""
-    await sync_batches(rt, list(rt.job_bodies.values()), idx)
+    await sync_batches(rt, list(rt.job_books.job_bodies.values()), idx)
     try:
         await release_orphaned_pools(rt, idx)
     except Exception as err:  # noqa: BLE001 - retried at the next sweep
@@ -404,7 +404,7 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
     # its StatefulSets are read. Otherwise (created, resumed) the index says whether anything
     # is to do, with no call when nothing is. Not while a step applies a decision for the job
     # (one planned before the edit would put the old template back after this refresh).
-    edited = rt.reconciled.get(job.key, ("",))[0] == job.uid
+    edited = rt.job_books.reconciled.get(job.key, ("",))[0] == job.uid
     read_first = edited and rt.placements.of(job.key) is not None
     if existing and (read_first or refresh_plan(job, existing, rt.pod_settings)):
         await rt.placements.settled(job.key)

@@ -147,7 +147,7 @@ async def restore_service(rt: Runtime, job: JobRecord) -> bool:
     to be gone (`on_service_deleted`); True if created now. A job not reconciled yet gets it
     from `reconcile_children`; a finished one has no pods to name. A failure is not a refusal
     (services.py): the job keeps running, and the next sweep tries again."""
-    if job.finished or rt.reconciled.get(job.key) != (job.uid, job.generation) \
+    if job.finished or rt.job_books.reconciled.get(job.key) != (job.uid, job.generation) \
             or await rt.services.exists(rt.api, job):
         return False
     created = await ensure_service(rt.api, job)

@@ -76,7 +76,7 @@ async def forget_gone(rt: Runtime, gone: list[Gone]) -> None:
             rt.policy_loops.stop((g.namespace or "", g.name))
         elif g.plural == "mljobs":
             key = (g.namespace or "", g.name)
-            body = rt.job_bodies.get(key) or {"metadata": {"namespace": key[0], "name": g.name,
+            body = rt.job_books.job_bodies.get(key) or {"metadata": {"namespace": key[0], "name": g.name,
                                                            "uid": g.uid}}
             await jobs.on_job_event(rt, "DELETED", body, rt.indexes)
     wake_all_admissions(rt)

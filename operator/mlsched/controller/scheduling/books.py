@@ -1,7 +1,10 @@
 """The runtime's small in-memory books: what each step decided per job (`PlacementBook`),
 what each policy reserved (`ReservationBook`), jobs due a lifecycle check (`DueJobs`), pod
 states seen (`PodStates`), wake-ups of the policy loops (`Wakeups`), container restarts
-(`FailureBook`). Each says what is lost on an operator restart and why that is fine."""
+(`FailureBook`); and, grouped by owner so that each is forgotten in one call, what is kept per
+policy between its steps (`PolicyBooks`), the pod-problem clocks (`PodClocks`) and what the
+MLJob handlers keep per job (`JobBooks`). Each says what is lost on an operator restart and
+why that is fine."""
 
 from __future__ import annotations
 
@@ -321,3 +324,32 @@ class PolicyBooks:
                      self.policy_counts, self.work_conservation, self.model_domain, self.guards,
                      self.fair_shares, self.policy_groups, self.policy_nodes):
             book.pop(policy, None)
+
+
+@dataclass
+class JobBooks:
+    """What the MLJob handlers (app/jobs.py) keep of each job between its events, forgotten
+    together when the job is (`forget`). Lost on restart: every job is reconciled once again,
+    and a refusal or a transient error is met (and reported) again."""
+
+    # The latest body of each MLJob (from its watch events), for the lifecycle sweep.
+    job_bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
+    # Jobs being evaluated, each with whether it was marked due meanwhile (jobs.sync_job).
+    # Not forgotten: the evaluation in flight clears its own entry.
+    syncing: dict[JobKey, bool] = field(default_factory=dict)
+    # Jobs whose change of pod counts alone waits to be written, until when (loop time;
+    # jobs.counts_wait).
+    counts_due: dict[JobKey, float] = field(default_factory=dict)
+    # (uid, generation) whose children were created and templates refreshed: a watch event
+    # of another generation (an edit) reconciles again.
+    reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
+    # The last transient error creating a job's children (reported once, retried each sweep).
+    retrying: dict[JobKey, str] = field(default_factory=dict)
+    # Jobs whose children the namespace's ResourceQuota had no room for: (uid, generation,
+    # monotonic time of the refusal), so they are not retried every sweep.
+    over_quota: dict[JobKey, tuple[str, int, float]] = field(default_factory=dict)
+
+    def forget(self, job: JobKey) -> None:
+        for book in (self.job_bodies, self.counts_due, self.reconciled, self.retrying,
+                     self.over_quota):
+            book.pop(job, None)

@@ -31,7 +31,7 @@ from mlsched.controller.kube.status_writer import Seen, StatusWriter
 from mlsched.controller.kube.written_status import WrittenStatus
 from mlsched.controller.scheduling.indexes import Indexes, JobKey, PolicyKey, flatten
 from mlsched.controller.scheduling.books import (
-    DueJobs, FailureBook, PlacementBook, PodClocks, PodStates, PolicyBooks, ReservationBook,
+    DueJobs, FailureBook, JobBooks, PlacementBook, PodClocks, PodStates, PolicyBooks, ReservationBook,
     Wakeups,
 )
 
@@ -52,6 +52,8 @@ class Runtime:
     per_policy: PolicyBooks = field(default_factory=PolicyBooks)
     # Since when each job's pods have shown a problem (books.PodClocks).
     pod_clocks: PodClocks = field(default_factory=PodClocks)
+    # What the MLJob handlers keep of each job between its events (books.JobBooks).
+    job_books: JobBooks = field(default_factory=JobBooks)
     # Latest accepted progress report per job (epochs, epoch seconds, speed): newer than the
     # index until the status patch comes back through the watch.
     progress: dict[JobKey, tuple[float, float, float, float | None]] = field(default_factory=dict)
@@ -64,18 +66,8 @@ class Runtime:
     # Jobs to evaluate now (a pod changed), and those being evaluated: one at a time per job.
     lifecycle_due: DueJobs = field(default_factory=DueJobs)
     pod_states: PodStates = field(default_factory=PodStates)
-    # Jobs being evaluated, each with whether it was marked due meanwhile (jobs.sync_job).
-    syncing: dict[JobKey, bool] = field(default_factory=dict)
-    # Jobs whose change of pod counts alone waits to be written, until when (loop time;
-    # jobs.counts_wait).
-    counts_due: dict[JobKey, float] = field(default_factory=dict)
-    # The latest body of each MLJob (from its watch events), for the lifecycle sweep.
-    job_bodies: dict[JobKey, dict[str, Any]] = field(default_factory=dict)
     # The lifecycle's status patches not yet seen in the job's watch (written_status.py).
     written_status: WrittenStatus = field(default_factory=WrittenStatus)
-    # (uid, generation) whose children were created and templates refreshed: a watch event
-    # of another generation (an edit) reconciles again. Lost on restart: all are, once.
-    reconciled: dict[JobKey, tuple[str, int]] = field(default_factory=dict)
     # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
     # to wake that policy's admission. The latest MAX_DEPARTED only.
     departed: dict[JobKey, str] = field(default_factory=dict)
@@ -93,11 +85,6 @@ class Runtime:
     vacating: Vacating = field(default_factory=Vacating)
     # Each job's dry-run verdict: would the API server create its pods (preflight.py)?
     preflight: Preflight = field(default_factory=Preflight)
-    # The last transient error creating a job's children (reported once, retried each sweep).
-    retrying: dict[JobKey, str] = field(default_factory=dict)
-    # Jobs whose children the namespace's ResourceQuota had no room for: (uid, generation,
-    # monotonic time of the refusal), so they are not retried every sweep (jobs.py).
-    over_quota: dict[JobKey, tuple[str, int, float]] = field(default_factory=dict)
     policy_loops: Any = None  # supervision.PolicyLoops, made at startup
     # Whether this replica may write (controller/process/leadership.py); it does unless it stands by.
     leadership: Leadership = field(default_factory=Leadership)
@@ -173,13 +160,9 @@ class Runtime:
             del self.departed[next(iter(self.departed))]
 
     def forget_job(self, key: JobKey) -> None:
-        self.job_bodies.pop(key, None)
+        self.job_books.forget(key)
         self.written_status.forget(key)
-        self.counts_due.pop(key, None)
-        self.reconciled.pop(key, None)
         self.pod_clocks.forget(key)
-        self.retrying.pop(key, None)
-        self.over_quota.pop(key, None)
         self.waiting.pop(key, None)
         self.preflight.forget(key)
         self.refusals.forget(key)
