@@ -53,7 +53,10 @@ class OperatorProcess:
         self.namespaces = namespaces
         self.interval_scale = interval_scale
         self.job_sync_seconds = job_sync_seconds
-        self.model_cache_dir = model_cache_dir or log_path.parent / "operator-models"
+        # One per operator: a starting operator removes the load folders it finds in its cache
+        # folder (ones an earlier process left), so two operators sharing one (the failover
+        # tests run two) could remove each other's loads mid-way.
+        self.model_cache_dir = model_cache_dir or log_path.with_name(f"{log_path.stem}-models")
         self.model_dirs = model_dirs or []  # none: the operator's default (the shipped models)
         self.max_model_bytes = max_model_bytes
         self.extra_env = extra_env or {}
