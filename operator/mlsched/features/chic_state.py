@@ -116,30 +116,52 @@ class _Lookahead:
 
     def __init__(self, job: JobView, grid: np.ndarray):
         self.grid = grid
-        self.p, self.w = np.indices(grid.shape)  # the PS and worker count of each grid cell
-        self.ps_demand = np.asarray(job.ps_demand, dtype=float) if job.uses_ps else np.zeros(3)
-        self.worker_demand = np.asarray(job.worker_demand, dtype=float)
+        ps_demand = np.asarray(job.ps_demand, dtype=float) if job.uses_ps else np.zeros(3)
+        worker_demand = np.asarray(job.worker_demand, dtype=float)
         self.uses_ps = job.uses_ps
+        # By the PS and workers added (a cell of the grid from the counts now): their demand,
+        # how many, and which actions lead through it (one more worker, PS, pair).
+        more_p, more_w = np.indices(grid.shape)
+        self._need = more_p[..., None] * ps_demand + more_w[..., None] * worker_demand
+        self._added = more_p + more_w
+        self._actions = (more_w >= 1, more_p >= 1, (more_p == more_w) & (more_w >= 1))
+        self._at: dict[tuple[int, int, float], tuple] = {}  # _cells' by counts and speed now
+
+    def _cells(self, ps: int, workers: int, now: float) -> tuple:
+        """What `gains` needs at these counts, whatever is free: the grid's cells from here on
+        (tasks added, none removed), the speed-up per added task of each, and where each
+        action leads through them to a speed. A round asks at the same counts again at every
+        grant to another job (which changes only what is free)."""
+        key = (ps, workers, now)
+        cells = self._at.get(key)
+        if cells is None:
+            there = self.grid[ps:, workers:]
+            p, w = there.shape
+            gain = None
+            if not now <= 0:
+                with np.errstate(divide="ignore", invalid="ignore"):  # cells that no action leads to
+                    gain = (1.0 - now / there) / self._added[:p, :w]
+            runs = there > 0
+            cells = self._at[key] = (p, w, gain, tuple(a[:p, :w] & runs for a in self._actions))
+        return cells
 
     def gains(self, ps: int, workers: int, now: float, free: np.ndarray) -> tuple[float, float, float]:
-        more_p, more_w = self.p - ps, self.w - workers
-        added = np.maximum(more_p, 0) + np.maximum(more_w, 0)
-        need = (np.maximum(more_p, 0)[..., None] * self.ps_demand
-                + np.maximum(more_w, 0)[..., None] * self.worker_demand)
-        reachable = (more_p >= 0) & (more_w >= 0) & (need <= free + 1e-9).all(axis=-1)
+        p, w, gain, actions = self._cells(ps, workers, now)
+        fits = np.logical_and.reduce(self._need[:p, :w] <= free + 1e-9, axis=-1)
 
         def best_through(action: np.ndarray) -> float:
-            where = reachable & action & (self.grid > 0)
-            if not where.any():
+            where = fits & action
+            if gain is None:  # nothing runs now: any reachable speed is a gain
+                return 1.0 if where.any() else -1.0
+            best = float(np.maximum.reduce(gain, axis=None, where=where, initial=-math.inf))
+            if best == -math.inf and not where.any():
                 return -1.0
-            if now <= 0:
-                return 1.0
-            return max(-1.0, float(((1.0 - now / self.grid[where]) / added[where]).max()))
+            return max(-1.0, best)
 
-        via_worker = best_through(more_w >= 1)
+        via_worker = best_through(actions[0])
         if not self.uses_ps:
             return via_worker, -1.0, via_worker
-        return via_worker, best_through(more_p >= 1), best_through((more_p == more_w) & (more_w >= 1))
+        return via_worker, best_through(actions[1]), best_through(actions[2])
 
 
 class ChicState:

@@ -114,25 +114,39 @@ def bounded(snapshot: Snapshot, bounds: dict[str, tuple[int, int, int, int]]) ->
     """`snapshot` with each job of `bounds` at the counts its spec allows."""
     if not bounds:
         return snapshot
-    jobs = []
+    jobs, changed = [], False
     for j in snapshot.jobs:
         b = bounds.get(j.name)
-        if b is not None:
-            j = replace(j, min_workers=b[2], max_workers=b[3],
-                        **({"min_ps": b[0], "max_ps": b[1]} if j.uses_ps else {}))
+        if b is not None and ((j.min_workers, j.max_workers) != b[2:]
+                              or j.uses_ps and (j.min_ps, j.max_ps) != b[:2]):
+            j, changed = replace(j, min_workers=b[2], max_workers=b[3],
+                                 **({"min_ps": b[0], "max_ps": b[1]} if j.uses_ps else {})), True
         jobs.append(j)
-    return replace(snapshot, jobs=jobs)
+    # The simulator's own records bound every job as its snapshots do: nothing to copy.
+    return replace(snapshot, jobs=jobs) if changed else snapshot
+
+
+def simulator(start: WindowStart, config: SimConfig) -> Simulator:
+    """A simulator of the window's jobs on the cluster of `config`, for `replay`."""
+    cfg = replace(config, seed=0, grouping_guard=False, max_slots=10**6)
+    try:
+        return Simulator(start.trace, cfg)
+    except ValueError as err:
+        raise ReplayError(str(err)) from None
 
 
 def replay(start: WindowStart, config: SimConfig, node_names: list[str] | None,
-           allocation, placement, earlier: dict[str, tuple[Counts, ...]] | None = None) -> float:
+           allocation, placement, earlier: dict[str, tuple[Counts, ...]] | None = None,
+           sim: Simulator | None = None) -> float:
     """Normalised progress per hour of `allocation` + `placement` over the window; `earlier`:
-    the served round's cycle guard's memory (CycleGuard.remembered), by the records' job names."""
-    cfg = replace(config, seed=0, grouping_guard=False, max_slots=10**6)
-    try:
-        sim = Simulator(start.trace, cfg)
-    except ValueError as err:
-        raise ReplayError(str(err)) from None
+    the served round's cycle guard's memory (CycleGuard.remembered), by the records' job names.
+    `sim`: `simulator(start, config)` used before, reset here (both replays of a window share
+    one: building it computes every job's ideal time, as long as a round takes)."""
+    if sim is None:
+        sim = simulator(start, config)
+    else:
+        sim.reset()
+    cfg = sim.config
     if node_names is not None and len(node_names) == len(sim.node_names):
         sim.node_names = list(node_names)
     index = {n: k for k, n in enumerate(sim.node_names)}
@@ -172,8 +186,9 @@ def estimate(records: list[IntervalRecord], config: SimConfig, node_names: list[
     if ran not in (LEARNED, FALLBACK):
         raise ValueError(f"ran must be {LEARNED!r} or {FALLBACK!r}")
     start = window_start(records)
-    mine = replay(start, config, node_names, *learned, earlier)
-    theirs = replay(start, config, node_names, *fallback, earlier)
+    sim = simulator(start, config)
+    mine = replay(start, config, node_names, *learned, earlier, sim=sim)
+    theirs = replay(start, config, node_names, *fallback, earlier, sim=sim)
     if not all(math.isfinite(x) for x in (mine, theirs)):
         raise ReplayError("the replay's progress is not finite")
     return Estimate(mine, theirs, start.recorded, ran, start.intervals, len(start.trace),
