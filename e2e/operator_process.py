@@ -45,7 +45,7 @@ class OperatorError(RuntimeError):
 class OperatorProcess:
     def __init__(self, kubeconfig: Path, log_path: Path, *, namespaces: list[str],
                  interval_scale: float, job_sync_seconds: float = 1.0,
-                 model_cache_dir: Path | None = None, model_dirs: list[Path] | None = None,
+                 model_dirs: list[Path] | None = None,
                  max_model_bytes: str | None = None, extra_env: dict[str, str] | None = None,
                  tls_secret: str | None = None, extra_args: list[str] | None = None):
         self.kubeconfig = kubeconfig
@@ -53,10 +53,6 @@ class OperatorProcess:
         self.namespaces = namespaces
         self.interval_scale = interval_scale
         self.job_sync_seconds = job_sync_seconds
-        # One per operator: a starting operator removes the load folders it finds in its cache
-        # folder (ones an earlier process left), so two operators sharing one (the failover
-        # tests run two) could remove each other's loads mid-way.
-        self.model_cache_dir = model_cache_dir or log_path.with_name(f"{log_path.stem}-models")
         self.model_dirs = model_dirs or []  # none: the operator's default (the shipped models)
         self.max_model_bytes = max_model_bytes
         self.extra_env = extra_env or {}
@@ -104,7 +100,6 @@ class OperatorProcess:
     def start(self, timeout: float = 120.0) -> None:
         """Starts the operator and returns once its endpoint answers /healthz."""
         env = {**os.environ, "KUBECONFIG": str(self.kubeconfig),
-               "MLSCHED_MODEL_CACHE_DIR": str(self.model_cache_dir),
                # Unbuffered, so the log is complete up to a SIGKILL.
                "PYTHONUNBUFFERED": "1", **self.extra_env}
         self.starts += 1

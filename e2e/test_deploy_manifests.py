@@ -240,8 +240,7 @@ def operator_as_its_service_account(cluster, api, deployment: dict, tmp_path: Pa
     tls_secret = next(a.split("=", 1)[1] for a in container["args"]
                       if a.startswith("--tls-secret="))
     env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
-    env.update(MLSCHED_MODELS_DIR=str(models), MLSCHED_ALLOWED_MODEL_DIRS=str(models),
-               MLSCHED_MODEL_CACHE_DIR=str(tmp_path / "model-cache"))
+    env.update(MLSCHED_MODELS_DIR=str(models), MLSCHED_ALLOWED_MODEL_DIRS=str(models))
     assert env.pop("MLSCHED_NAMESPACES") == ""  # every namespace, as OperatorProcess([]) does
     return OperatorProcess(kubeconfig, tmp_path / "operator.log", namespaces=[],
                            interval_scale=INTERVAL_SCALE, tls_secret=tls_secret,

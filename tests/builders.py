@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -93,11 +91,6 @@ def pod(job: str, role: str, ordinal: int, *, node_name: str | None = None,
 
 def make_runtime(kube: MemoryKube | None = None, **config: Any) -> tuple[Runtime, MemoryKube]:
     kube = kube or MemoryKube()
-    # A model cache folder per test process: a new ModelResolver removes the load folders it
-    # finds (ones an earlier operator left), so pytest-xdist workers sharing one folder removed
-    # each other's loads mid-way ("NO_SUCHFILE" on the shipped model, now and then).
-    config.setdefault("model_cache_dir", os.path.join(tempfile.gettempdir(),
-                                                      f"mlsched-models-{os.getpid()}"))
     rt = Runtime.create(OperatorConfig(**config), kube)
     return rt, kube
 

@@ -150,7 +150,7 @@ def test_every_request_is_counted_by_verb_and_resource(recorded):
     from mlsched.controller.serving.models import ModelResolver
 
     api, requests, replies = recorded
-    rt = Runtime(config=OperatorConfig(), api=api, models=ModelResolver("/tmp/x", None))
+    rt = Runtime(config=OperatorConfig(), api=api, models=ModelResolver(None))
     run(api.patch("StatefulSet", NS, "s", [], patch_type="json"))
     run(api.patch("MLJob", NS, "j", {"status": {}}, status=True))
     run(api.get("Pod", NS, "p"))

@@ -19,6 +19,7 @@ from mlsched.controller.serving import models
 from mlsched.formats.model_sources import MODEL_PARTS, ModelDirs, ModelLoadError, read_bounded
 from mlsched.controller.serving.models import ModelResolver
 from mlsched.features.card import card_path
+from mlsched.policies.onnx_runner import ModelBytes
 from mlsched.policies import registry
 from mlsched.policies.allocation.drf import DRF
 from builders import NS, run
@@ -32,10 +33,9 @@ class ToyLearned:
     name = "toy"
     loads = 0
 
-    def __init__(self, path: str):
-        with open(path, "rb") as f:
-            if not f.read().startswith(b"TOY"):
-                raise ValueError("not a toy model")
+    def __init__(self, source: ModelBytes):
+        if not source.model.startswith(b"TOY"):
+            raise ValueError("not a toy model")
         ToyLearned.loads += 1
 
     def allocate(self, snapshot, ledger):
@@ -53,19 +53,18 @@ GOOD_CARD, BAD_CARD = b"card: for carded", b"card: for something else"
 
 
 class CardedLearned:
-    """A stand-in learned allocation that, like the ONNX runner, reads the card beside its
-    model (`<stem>.card.json`) and refuses one that is not GOOD_CARD."""
+    """A stand-in learned allocation that, like the ONNX runner, reads the card that came with
+    its model and refuses one that is not GOOD_CARD."""
 
     name = "carded"
     cards: list[bytes] = []
 
-    def __init__(self, path: str):
-        card = card_path(Path(path))
-        if not card.is_file():
-            raise ValueError(f"model card {card}: No such file")
-        CardedLearned.cards.append(card.read_bytes())
-        if card.read_bytes() != GOOD_CARD:
-            raise ValueError(f"model card {card} is not the card of {path}")
+    def __init__(self, source: ModelBytes):
+        if source.card is None:
+            raise ValueError(f"model card {source.card_name}: No such file")
+        CardedLearned.cards.append(source.card)
+        if source.card != GOOD_CARD:
+            raise ValueError(f"model card {source.card_name} is not the card of {source.model_name}")
 
     def allocate(self, snapshot, ledger):
         DRF().allocate(snapshot, ledger)
@@ -101,8 +100,7 @@ def resolver(tmp_path, configmaps=None, model_dirs=None, **kw) -> ModelResolver:
     async def read(namespace, name):
         return (configmaps or {}).get((namespace, name))
 
-    return ModelResolver(str(tmp_path / "cache"), read,
-                         [str(tmp_path)] if model_dirs is None else model_dirs, **kw)
+    return ModelResolver(read, [str(tmp_path)] if model_dirs is None else model_dirs, **kw)
 
 
 def test_heuristics_need_no_model(tmp_path):
@@ -190,8 +188,8 @@ def test_model_from_configmap_binary_data_with_its_card_beside_it(tmp_path, card
         "policy.card.json": GOOD_CARD.decode(), "notes.txt": "not read"}}}
     r = run(resolver(tmp_path, cms).resolve(POLICY, spec(allocation="carded", models=cm_model("carded"))))
     assert r.model_loaded.status and r.active_models == {"allocation/carded": hashlib.sha256(data).hexdigest()}
-    # The card reached the loader beside the model, and the load left no file behind.
-    assert carded.cards == [GOOD_CARD] and list((tmp_path / "cache").iterdir()) == []
+    # The card reached the loader with the model (bytes: nothing was written to disk).
+    assert carded.cards == [GOOD_CARD]
 
 
 @pytest.mark.parametrize("configmaps, reason", [({}, "ModelNotFound"),
@@ -218,8 +216,7 @@ def test_a_learned_placement_loads_its_model_by_phase_and_falls_back_to_load_bal
     built = []
 
     def build(ctx):
-        with open(ctx.model_path, "rb") as f:
-            built.append(f.read())  # a copy of what was hashed, in a folder of its own
+        built.append(ctx.model_path.model)  # the bytes that were hashed
         if not built[-1].startswith(b"TOY"):
             raise ValueError("not a toy placement model")
         return LoadBalance()
@@ -417,7 +414,7 @@ def test_reading_a_split_model_stops_at_the_first_missing_or_oversized_part(tmp_
         async def read(namespace, name):
             reads.append(name)
             return cms.get((namespace, name))
-        return ModelResolver(str(tmp_path / "cache"), read, [str(tmp_path)], max_model_bytes=1024)
+        return ModelResolver(read, [str(tmp_path)], max_model_bytes=1024)
 
     cms = split_configmaps(b"TOY" + b"x" * 2997, 600)  # five parts
     del cms[(NS, "toy-model-2")]
@@ -606,16 +603,6 @@ def test_a_failed_verdict_is_evicted_too_so_a_fix_elsewhere_is_not_needed(tmp_pa
     assert len(res.cached()) == 1
     res.forget(POLICY)
     assert res.cached() == set()
-
-
-def test_folders_left_by_a_killed_operator_or_an_older_release_are_removed(tmp_path):
-    cache = tmp_path / "cache"
-    for folder in ("load-abc123", "ab" * 32):  # a load in progress; the old <sha256>/ layout
-        (cache / folder).mkdir(parents=True)
-        (cache / folder / "model.onnx").write_bytes(b"left behind")
-    (cache / "someone-else").mkdir()
-    resolver(tmp_path)
-    assert [p.name for p in cache.iterdir()] == ["someone-else"]
 
 
 # ---- settings ------------------------------------------------------------------------------

@@ -7,12 +7,17 @@ same version, and declares the same input and output tensors as the card; the gr
 and outputs are the card's, by name and shape. Every mismatch is a ModelLoadError with the
 reason, never a silently wrong answer. Which algorithm runs the graph, and how it turns
 outputs into decisions, is the algorithm's business (e.g. policies/allocation/dl2.py).
+
+A model comes as a file (the card beside it) or as bytes (`ModelBytes`: what the operator read
+from a ConfigMap or an allowed path, already bounded and hashed): ONNX Runtime takes bytes, so
+nothing is written to disk to be read back.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,10 +42,6 @@ class ProviderUnavailable(RuntimeError):
 #: the `gpu` extra (onnxruntime-gpu, which replaces the CPU-only onnxruntime) and a GPU.
 PROVIDERS = {"CPU": "CPUExecutionProvider", "CUDA": "CUDAExecutionProvider"}
 DEFAULT_PROVIDER = "CPU"
-
-
-def sha256_of(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def shipped_models_dir() -> Path:
@@ -88,31 +89,61 @@ class LoadedModel:
         self.session.run_with_iobinding(binding)
 
 
-def load_model(path: str | Path | None, algorithm: str, phase: str,
+@dataclass(frozen=True)
+class ModelBytes:
+    """A model and its card as bytes (`card` None: it has none), with the names messages call
+    them by (a path, a ConfigMap key)."""
+
+    model: bytes
+    card: bytes | None
+    model_name: str
+    card_name: str
+
+    def read_card(self) -> ModelCard:
+        where = f"model card {self.card_name}"
+        if self.card is None:
+            raise CardError(f"{where}: No such file or directory")
+        try:
+            raw = json.loads(self.card)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise CardError(f"{where} is not valid JSON: {exc}") from None
+        return ModelCard.from_json(raw, where)
+
+
+def load_model(source: str | Path | ModelBytes | None, algorithm: str, phase: str,
                expected_sha256: str | None = None, provider: str = DEFAULT_PROVIDER) -> LoadedModel:
-    """The model checked against its card, in a session on `provider` (a PROVIDERS key);
-    ProviderUnavailable if that provider cannot run here."""
-    model_path = Path(path) if path else default_model_path(algorithm)
-    if not model_path.is_file():
-        raise ModelLoadError(f"model file {model_path} does not exist")
+    """The model (a file, its card beside it, or ModelBytes; None: the shipped one) checked
+    against its card, in a session on `provider` (a PROVIDERS key); ProviderUnavailable if
+    that provider cannot run here."""
+    if isinstance(source, ModelBytes):
+        model, name = source.model, source.model_name
+        read_card = source.read_card
+    else:
+        model_path = Path(source) if source else default_model_path(algorithm)
+        if not model_path.is_file():
+            raise ModelLoadError(f"model file {model_path} does not exist")
+        model, name = model_path.read_bytes(), str(model_path)
+
+        def read_card() -> ModelCard:
+            return ModelCard.read(card_path(model_path))
     try:
-        card = ModelCard.read(card_path(model_path))
+        card = read_card()
     except CardError as exc:
         raise ModelLoadError(str(exc)) from None
     if (card.algorithm, card.phase) != (algorithm, phase):
-        raise ModelLoadError(f"{model_path} is the {card.phase} model of {card.algorithm!r}, "
+        raise ModelLoadError(f"{name} is the {card.phase} model of {card.algorithm!r}, "
                              f"not the {phase} model of {algorithm!r}")
-    digest = sha256_of(model_path)
+    digest = hashlib.sha256(model).hexdigest()
     if digest != card.onnx_sha256:
-        raise ModelLoadError(f"{model_path} sha256 {digest[:12]}… does not match its card ({card.onnx_sha256[:12]}…): "
+        raise ModelLoadError(f"{name} sha256 {digest[:12]}… does not match its card ({card.onnx_sha256[:12]}…): "
                              "the file is corrupt or not the one the card describes")
     if expected_sha256 and digest != expected_sha256.lower():
-        raise ModelLoadError(f"{model_path} sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…")
-    check_encoder(card, str(model_path))
-    session = _session(model_path, provider)
-    _check_graph(session.get_inputs(), card.inputs, "inputs", model_path)
-    _check_graph(session.get_outputs(), card.outputs, "outputs", model_path)
-    return LoadedModel(model_path, card, session)
+        raise ModelLoadError(f"{name} sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…")
+    check_encoder(card, name)
+    session = _session(model, name, provider)
+    _check_graph(session.get_inputs(), card.inputs, "inputs", name)
+    _check_graph(session.get_outputs(), card.outputs, "outputs", name)
+    return LoadedModel(Path(name), card, session)
 
 
 def check_encoder(card: ModelCard, where: str) -> None:
@@ -137,7 +168,7 @@ def _names(specs: tuple[TensorSpec, ...]) -> str:
     return ", ".join(f"{t.name}{list(t.shape)}" for t in specs)
 
 
-def _check_graph(nodes, specs: tuple[TensorSpec, ...], what: str, path: Path) -> None:
+def _check_graph(nodes, specs: tuple[TensorSpec, ...], what: str, path: str) -> None:
     """The graph's tensors by name, with a free (or 1) batch dimension and the card's shape."""
     graph = {n.name: list(n.shape) for n in nodes}
     wanted = {t.name: t for t in specs}
@@ -167,7 +198,8 @@ def provider_name(provider: str) -> str:
                          f"{', '.join(PROVIDERS)}") from None
 
 
-def _session(path: Path, provider: str = DEFAULT_PROVIDER):
+def _session(model: bytes, path: str, provider: str = DEFAULT_PROVIDER):
+    """A session on the model's bytes (`path`: its name in messages)."""
     import onnxruntime as ort
 
     wanted = provider_name(provider)
@@ -188,7 +220,7 @@ def _session(path: Path, provider: str = DEFAULT_PROVIDER):
     # CPU stays listed after CUDA for any operator CUDA lacks.
     providers = [wanted] + (["CPUExecutionProvider"] if wanted != "CPUExecutionProvider" else [])
     try:
-        session = ort.InferenceSession(str(path), opts, providers=providers)
+        session = ort.InferenceSession(model, opts, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
         raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from None
     # A build with CUDA but no usable GPU (no device, no driver) quietly runs on the CPU:

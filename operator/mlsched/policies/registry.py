@@ -38,7 +38,9 @@ class UnknownPolicyError(ValueError):
 @dataclass
 class PolicyContext:
     speed_model: SpeedModel | None = None  # the simulator's true speed function
-    model_path: str | None = None  # a learned policy's ONNX file (its card sits beside it)
+    # A learned policy's model: an ONNX file (its card sits beside it), or the bytes of both
+    # (onnx_runner.ModelBytes: what the operator read from a ConfigMap or an allowed path).
+    model_path: Any = None
     sticky: bool = True  # placement: keep unchanged tasks where they ran
     execution_provider: str = "CPU"  # where a learned policy's model runs (onnx_runner.PROVIDERS)
     # harmony placement: LIF-Line served where the simulator's model says the network's layout

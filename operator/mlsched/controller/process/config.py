@@ -7,7 +7,6 @@ import os
 import re
 import socket
 import uuid
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -94,8 +93,6 @@ class OperatorConfig:
     # one a minute; beyond the limit a report is answered 429, never with a TokenReview.
     token_review_rate: float = 10.0
     token_review_burst: int = 50
-    model_cache_dir: str = field(default_factory=lambda: os.path.join(tempfile.gettempdir(),
-                                                                      "mlsched-models"))
     # The only directories a SchedulingPolicy's spec.models.*.path may name a file in (checked
     # after symlinks): any tenant can write that field, and the operator's container holds its
     # service-account token and devices such as /dev/zero.
@@ -176,7 +173,6 @@ class OperatorConfig:
             or defaults.training_service_account,
             token_review_rate=float(get("TOKEN_REVIEW_RATE") or defaults.token_review_rate),
             token_review_burst=int(get("TOKEN_REVIEW_BURST") or defaults.token_review_burst),
-            model_cache_dir=get("MODEL_CACHE_DIR") or defaults.model_cache_dir,
             model_dirs=_paths(get("ALLOWED_MODEL_DIRS")) or defaults.model_dirs,
             max_model_bytes=parse_bytes(max_bytes) if max_bytes else defaults.max_model_bytes,
             execution_provider=get("EXECUTION_PROVIDER") or defaults.execution_provider,

@@ -124,7 +124,7 @@ class Runtime:
             return await api.get("ConfigMap", namespace, name)
 
         return cls(config=config, api=api,
-                   models=ModelResolver(config.model_cache_dir, read_configmap, config.model_dirs,
+                   models=ModelResolver(read_configmap, config.model_dirs,
                                         config.max_model_bytes, config.execution_provider))
 
     def cluster_fit(self, idx: Indexes) -> ClusterFit:

@@ -20,10 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import os
-import re
-import shutil
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,11 +45,8 @@ PHASE_DEFAULTS = {"grouping": "none", "placement": "load-balance"}
 #: run would fall back to none with FallbackActive; today every one can.
 CLUSTER_GROUPINGS = frozenset({"none", "harmony", "isolated", "naive"})
 _VERB = {"grouping": "grouping", "allocation": "allocating", "placement": "placing"}
-#: A load's files: the runner finds the card as <stem>.card.json beside the model.
-MODEL_FILE, CARD_FILE = "model.onnx", "model.card.json"
-LOAD_FOLDER_PREFIX = "load-"
-# Stand-ins for the load folder's files in a cached failure's message: one entry may serve
-# several policies, and each is told the names it knows (its path or its ConfigMap key).
+# Stand-ins for the model's and card's names in a cached failure's message: one entry may
+# serve several policies, and each is told the names it knows (its path or its ConfigMap key).
 _MODEL_MARK, _CARD_MARK = "\x00model\x00", "\x00card\x00"
 
 
@@ -99,9 +92,8 @@ def shipped_model(algorithm: str) -> str | None:
 class ModelResolver:
     """Builds policy objects; caches learned ones by (phase, algorithm, model and card digest)."""
 
-    def __init__(self, cache_dir: str, read_configmap: ReadConfigMap, model_dirs: Sequence[str] = (),
+    def __init__(self, read_configmap: ReadConfigMap, model_dirs: Sequence[str] = (),
                  max_model_bytes: int = DEFAULT_MAX_MODEL_BYTES, execution_provider: str = "CPU"):
-        self.cache_dir = cache_dir
         # One per process (the operator's hardware), so not part of the cache key.
         self.execution_provider = execution_provider
         self.read_configmap = read_configmap
@@ -112,7 +104,6 @@ class ModelResolver:
         # Entries resolutions in progress are using, so that another policy's eviction keeps them.
         self._in_flight: dict[int, set[CacheKey]] = {}
         self._tickets = itertools.count()
-        _remove_our_folders(cache_dir)
 
     async def resolve(self, policy: PolicyKey, spec: SchedulingPolicySpec,
                       adopted: Mapping[str, Mapping[str, Sequence[ModelRef]]] | None = None) -> ResolvedPolicy:
@@ -218,8 +209,6 @@ class ModelResolver:
         cached = self._loaded.get(key)
         if cached is None:
             cached = await asyncio.to_thread(self._load_bundle, phase, name, bundle)
-            if isinstance(cached, ModelLoadError):  # the cache dir failed: retried next round
-                raise cached
             self._loaded[key] = cached
         if isinstance(cached, _Failure):
             # Counted (the metric) the first time this policy meets the verdict, not every round.
@@ -241,30 +230,14 @@ class ModelResolver:
         return await read_configmap_model(self.read_configmap, namespace, cm.name, cm.key, limit)
 
     def _load_bundle(self, phase: str, name: str, bundle: ModelBundle) -> Any:
-        """Load from a folder of its own holding just the hashed model and card (the runner
-        reads files), removed as soon as the model is loaded: concurrent loads never share
-        files, and nothing is left to evict. A _Failure when the model is refused."""
-        try:
-            os.makedirs(self.cache_dir, exist_ok=True)
-            folder = tempfile.mkdtemp(prefix=LOAD_FOLDER_PREFIX, dir=self.cache_dir)
-        except OSError as err:
-            return ModelLoadError("ModelLoadFailed", f"cannot write the model cache directory "
-                                                     f"{self.cache_dir}: {err.strerror}")
-        model, card = os.path.join(folder, MODEL_FILE), os.path.join(folder, CARD_FILE)
-        try:
-            with open(model, "wb") as out:
-                out.write(bundle.model)
-            if bundle.card is not None:
-                with open(card, "wb") as out:
-                    out.write(bundle.card)
-            loaded = _load(phase, name, model, self.execution_provider)
-        except OSError as err:
-            return ModelLoadError("ModelLoadFailed", f"cannot write {model}: {err.strerror}")
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
+        """The policy loaded from the bytes read and hashed (ONNX Runtime takes bytes: nothing
+        is written to disk), or a _Failure when the model is refused."""
+        from mlsched.policies.onnx_runner import ModelBytes
+
+        loaded = _load(phase, name, ModelBytes(bundle.model, bundle.card, _MODEL_MARK, _CARD_MARK),
+                       self.execution_provider)
         if isinstance(loaded, ModelLoadError):
-            return _Failure(loaded.reason, str(loaded).replace(card, _CARD_MARK)
-                            .replace(model, _MODEL_MARK))
+            return _Failure(loaded.reason, str(loaded))
         return loaded
 
 
@@ -294,30 +267,13 @@ class _Failure:
         return ModelLoadError(self.reason, text, attempted)
 
 
-#: What this cache writes: load folders, and the `<sha256>/` folders releases before them kept.
-_OUR_FOLDERS = re.compile(rf"{LOAD_FOLDER_PREFIX}.*|[0-9a-f]{{64}}")
-
-
-def _remove_our_folders(cache_dir: str) -> None:
-    """Folders left by an operator killed mid-load or by an older release (the cache dir may
-    outlive it, e.g. an emptyDir across container restarts, or /tmp outside a cluster). Only
-    names we write: the directory is configurable and may hold other things."""
-    try:
-        names = os.listdir(cache_dir)
-    except OSError:
-        return
-    for entry in names:
-        if _OUR_FOLDERS.fullmatch(entry):
-            shutil.rmtree(os.path.join(cache_dir, entry), ignore_errors=True)
-
-
-def _load(phase: str, name: str, path: str, provider: str = "CPU") -> Any:
+def _load(phase: str, name: str, model: Any, provider: str = "CPU") -> Any:
     """Load through the registry; every way of failing becomes a ModelLoadError (returned,
     so that the cache remembers a bad file instead of retrying it every round)."""
     from mlsched.policies.onnx_runner import ProviderUnavailable
 
     try:
-        return registry.make(phase, name, registry.PolicyContext(model_path=path,
+        return registry.make(phase, name, registry.PolicyContext(model_path=model,
                                                                  execution_provider=provider))
     except ProviderUnavailable as err:
         return ModelLoadError("ExecutionProviderUnavailable", str(err))

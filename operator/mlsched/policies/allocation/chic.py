@@ -29,7 +29,7 @@ from mlsched.cluster.types import Snapshot
 from mlsched.features import chic_state
 from mlsched.features.chic_state import ChicState, first_jobs
 from mlsched.policies.exploration import Serving, renormalised, sampling_behaviour
-from mlsched.policies.onnx_runner import greedy_action, load_model
+from mlsched.policies.onnx_runner import ModelBytes, greedy_action, load_model
 
 MAX_STEPS = 512  # a safety net: a round grants at most a few dozen tasks on the paper's cluster
 
@@ -61,7 +61,7 @@ class ChicPolicy:
         return ChicPolicy(actor, self.jobs, self.pair, recorder=serving.recorder)
 
     @classmethod
-    def load(cls, model_path: str | None = None, pair: bool = False,
+    def load(cls, model_path: str | ModelBytes | None = None, pair: bool = False,
              provider: str = "CPU") -> "ChicPolicy":
         model = load_model(model_path, algorithm="chic-pair" if pair else "chic", phase="allocation",
                            provider=provider)

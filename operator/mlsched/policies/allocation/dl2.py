@@ -19,7 +19,7 @@ from mlsched.cluster.types import Snapshot
 from mlsched.features import dl2_state
 from mlsched.features.dl2_state import WindowState
 from mlsched.policies.exploration import Serving, greedy_behaviour, renormalised
-from mlsched.policies.onnx_runner import greedy_action, load_model  # onnxruntime itself loads lazily
+from mlsched.policies.onnx_runner import ModelBytes, greedy_action, load_model  # onnxruntime itself loads lazily
 
 MAX_STEPS_PER_WINDOW = 4096  # a safety net; a window can never need more grants than this
 
@@ -56,7 +56,7 @@ class DL2Policy:
         return DL2Policy(actor, self.window, recorder=serving.recorder)
 
     @classmethod
-    def load(cls, model_path: str | None = None, provider: str = "CPU") -> "DL2Policy":
+    def load(cls, model_path: str | ModelBytes | None = None, provider: str = "CPU") -> "DL2Policy":
         model = load_model(model_path, algorithm="dl2", phase="allocation", provider=provider)
         return cls(GreedyOnnxActor(model), window=int(model.card.encoder_params["window"]))
 

@@ -36,7 +36,7 @@ from mlsched.cluster.types import JobView, Role
 from mlsched.features import harmony_state
 from mlsched.policies.base import TaskByTaskPlacement
 from mlsched.policies.exploration import Serving, greedy_behaviour, renormalised
-from mlsched.policies.onnx_runner import LoadedModel, greedy_action, load_model
+from mlsched.policies.onnx_runner import LoadedModel, ModelBytes, greedy_action, load_model
 
 
 #: Values (float16 in the record, before gzip) one round's placement decisions may log.
@@ -78,7 +78,7 @@ class HarmonyPlacement(TaskByTaskPlacement):
         return model.card if model is not None else None
 
     @classmethod
-    def load(cls, model_path: str | None = None, provider: str = "CPU") -> "HarmonyPlacement":
+    def load(cls, model_path: str | ModelBytes | None = None, provider: str = "CPU") -> "HarmonyPlacement":
         return cls(OnnxActor(load_model(model_path, algorithm="harmony", phase="placement",
                                         provider=provider)))
 
