@@ -137,31 +137,26 @@ class _Lookahead:
         if cells is None:
             there = self.grid[ps:, workers:]
             p, w = there.shape
+            # Per action (worker, PS, pair), the cells it leads through where the job runs.
+            through = np.stack([a[:p, :w] for a in self._actions]) & (there > 0)
             gain = None
             if not now <= 0:
-                with np.errstate(divide="ignore", invalid="ignore"):  # cells that no action leads to
-                    gain = (1.0 - now / there) / self._added[:p, :w]
-            runs = there > 0
-            cells = self._at[key] = (p, w, gain, tuple(a[:p, :w] & runs for a in self._actions))
+                with np.errstate(divide="ignore", invalid="ignore"):  # cells no action leads to
+                    gain = np.where(through, (1.0 - now / there) / self._added[:p, :w], -math.inf)
+            cells = self._at[key] = (p, w, through, gain)
         return cells
 
     def gains(self, ps: int, workers: int, now: float, free: np.ndarray) -> tuple[float, float, float]:
-        p, w, gain, actions = self._cells(ps, workers, now)
+        p, w, through, gain = self._cells(ps, workers, now)
         fits = np.logical_and.reduce(self._need[:p, :w] <= free + 1e-9, axis=-1)
-
-        def best_through(action: np.ndarray) -> float:
-            where = fits & action
-            if gain is None:  # nothing runs now: any reachable speed is a gain
-                return 1.0 if where.any() else -1.0
-            best = float(np.maximum.reduce(gain, axis=None, where=where, initial=-math.inf))
-            if best == -math.inf and not where.any():
-                return -1.0
-            return max(-1.0, best)
-
-        via_worker = best_through(actions[0])
+        if gain is None:  # nothing runs now: any reachable speed is a gain
+            best = [1.0 if x else -1.0 for x in np.logical_or.reduce(through & fits, axis=(1, 2)).tolist()]
+        else:  # -inf (no cell) and any gain under -1 are -1
+            best = [max(-1.0, x) for x in np.maximum.reduce(np.where(fits, gain, -math.inf), axis=(1, 2),
+                                                            initial=-math.inf).tolist()]
         if not self.uses_ps:
-            return via_worker, -1.0, via_worker
-        return via_worker, best_through(actions[1]), best_through(actions[2])
+            return best[0], -1.0, best[0]
+        return best[0], best[1], best[2]
 
 
 class ChicState:
@@ -223,10 +218,11 @@ class ChicState:
             curve, best = self._curves[i]
             now = curve.epochs_per_s(ps, w)
             holds = ps + w > 0
-            gains = self._lookahead[i].gains(ps, w, now, free)
+            # A job holding nothing: any action starts it (its gains are not asked).
+            gains = self._lookahead[i].gains(ps, w, now, free) if holds else (1.0, 1.0, 1.0)
             r = self._rows[i]
             r[17], r[18] = w / _COUNT_SCALE, ps / _COUNT_SCALE
-            r[GAIN_WORKER:GAIN_PAIR + 1] = gains if holds else (1.0, 1.0, 1.0)
+            r[GAIN_WORKER:GAIN_PAIR + 1] = gains
             r[22] = min(now / best, 1.5) if best > 0 else 0.0
             w_fits = self.ledger.fits_mask(job.worker_demand, job, "worker").any()
             ps_fits = not job.uses_ps or self.ledger.fits_mask(job.ps_demand, job, "ps").any()
