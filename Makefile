@@ -27,10 +27,11 @@ demo: $(BIN)/.installed
 # Two workers (pytest-xdist): CI's machine has two cores, and the unit tests share no state.
 # Two tiers, each with its own summary: the fast tier (no torch; conftest.py does not even
 # collect the training modules), then the modules that train or run torch networks (marked
-# `training`, pyproject.toml). The slowest tests of each are listed, to see where time goes.
+# `training`) and the tests that check a shipped figure with whole simulations (`figures`;
+# pyproject.toml). The slowest tests of each are listed, to see where time goes.
 test: $(BIN)/.installed-dev
-	$(BIN)/python -m pytest -q -n 2 -m "not training" --durations=10 tests
-	$(BIN)/python -m pytest -q -n 2 -m training --durations=10 tests
+	$(BIN)/python -m pytest -q -n 2 -m "not training and not figures" --durations=10 tests
+	$(BIN)/python -m pytest -q -n 2 -m "training or figures" --durations=10 tests
 
 # e2e/build_all.sh builds what the tests run on, into ~/.cache/mlsched-e2e on first use: etcd,
 # kube-apiserver, KCM, kube-scheduler, kubectl, kwok, kubelet, kube-proxy and CoreDNS from the

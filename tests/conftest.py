@@ -25,16 +25,18 @@ def snapshot_factory():
     return make_snapshot
 
 
-# The tiers (`make test`): `-m "not training"` is the fast tier, `-m training` the modules that
-# train or run torch networks (each marks itself with this line, pyproject.toml registers the
-# marker). A deselected module is still imported to be collected, and importing torch costs each
-# xdist worker seconds, so the fast tier does not collect those modules at all.
+# The tiers (`make test`): `-m "not training and not figures"` is the fast tier, `-m "training
+# or figures"` the modules that train or run torch networks (each marks itself with this line,
+# pyproject.toml registers the markers) and the whole-simulation figure checks. A deselected
+# module is still imported to be collected, and importing torch costs each xdist worker
+# seconds, so the fast tier does not collect the training modules at all.
+FAST_TIERS = {"nottraining", "nottrainingandnotfigures"}
 TRAINING_MODULE = "\npytestmark = pytest.mark.training\n"
 
 
 def pytest_ignore_collect(collection_path, config):
     if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
         return None
-    if config.getoption("markexpr", "").replace(" ", "") != "nottraining":
+    if config.getoption("markexpr", "").replace(" ", "") not in FAST_TIERS:
         return None
     return True if TRAINING_MODULE in collection_path.read_text(encoding="utf-8") else None

@@ -168,6 +168,8 @@ def test_a_window_of_unknown_models_cannot_be_replayed():
 # ---- what it must show (issue 51) -------------------------------------------------------------
 # Held-out seeds: the guard's rule was set on seeds 0-4 (30 nodes) and 300000-300004 (Chic's);
 # 21-25 and 300020-300021 were only measured (bench/bench_regret_guard.py, also 31-35).
+# Marked `figures`: whole guarded simulations (about 50 s on one core), in make test's second step.
+@pytest.mark.figures
 def test_guarded_chic_on_a_cluster_unlike_its_training_is_near_the_fallback():
     """Five 80-job traces on 30 nodes of 8 CPUs and 2 GPUs (chic saw one 10-GPU pool): the
     guarded chic's average JCT over drf's (the fallback) is at most 1.10 on each (measured:
@@ -188,6 +190,7 @@ def test_guarded_chic_on_a_cluster_unlike_its_training_is_near_the_fallback():
     assert max(ratios) <= 1.10, ratios
 
 
+@pytest.mark.figures
 @pytest.mark.parametrize("seed", [300020, 300021])
 def test_the_guard_does_not_trip_where_chic_was_trained(seed):
     for rate in chic_scenario.RATES_PER_HOUR:
