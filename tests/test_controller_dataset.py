@@ -8,9 +8,8 @@ import pytest
 
 from mlsched.formats import dataset_store as store
 from mlsched.controller.scheduling import loop
-from mlsched.controller.progress.progress_server import record_progress
 from builders import (
-    NOW, NS, cluster, create_jobs, make_runtime, policy, ps_job, run,
+    NOW, NS, create_jobs, make_runtime, ps_job, run,
 )
 from controller_steps import dataset_records as records, dataset_setup as setup, \
     dataset_step as step, report_epochs as report

@@ -6,8 +6,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime, timedelta
 
-from mlsched.api import get_condition
-from mlsched.controller.app import job_lifecycle, jobs, pod_events, pod_problems
+from mlsched.controller.app import jobs, pod_events, pod_problems
 from mlsched.controller.objects import lifecycle
 from mlsched.controller.scheduling import loop
 from mlsched.controller.objects.job_records import parse_job

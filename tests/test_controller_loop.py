@@ -15,7 +15,7 @@ from mlsched.controller.objects.desired import DeletePod
 from mlsched.controller.kube.kube import KubeError
 from mlsched.policies import registry
 from builders import (
-    NOW, NS, allreduce_job, cluster, create_jobs, env_of, make_runtime, node, policy, ps_job,
+    NOW, NS, cluster, create_jobs, env_of, make_runtime, node, policy, ps_job,
     recorded, recorded_but_refused, run,
 )
 from controller_steps import admit, round_, settle, setup, two_policies_under_one_quota

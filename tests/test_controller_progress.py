@@ -13,7 +13,7 @@ from aiohttp.test_utils import TestClient, TestServer
 from mlsched import progress as client
 from mlsched.controller.progress import progress_server
 from mlsched.controller.objects.job_records import job_record
-from builders import AUD, NS, cluster, make_runtime, pod, progress_report as report, \
+from builders import AUD, NS, pod, progress_report as report, \
     progress_world as world, ps_job, review
 
 async def post(rt, payload, token=None):

@@ -12,7 +12,6 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.controller.admission.counted_resources import POD_SLOTS
 from mlsched.controller.objects.records import node_record, pod_record
-from mlsched.controller.objects.job_records import job_record
 from mlsched.controller.scheduling.snapshot import build_snapshot
 from mlsched.controller.scheduling.cluster_fit import ClusterFit
 from mlsched.controller.scheduling.cluster_state import ClusterState, held_counted

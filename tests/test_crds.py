@@ -26,7 +26,7 @@ except ImportError as exc:  # a missing test dependency is an error, never a ski
                       "pip install 'jsonschema>=4'") from exc
 
 from mlsched.api import MLJob, SchedulingPolicy
-from mlsched.api.crdgen import KINDS, REGENERATE, render, stale_files
+from mlsched.api.crdgen import REGENERATE, render, stale_files
 from mlsched.api.openapi import UnsupportedSchema, openapi_schema
 from mlsched.api.structural import structural_errors
 from manifest_tools import committed, schema_of, strict_validator, version_of, walk

@@ -93,7 +93,7 @@ class JobView:
     # fit checks on the array's identity).
     node_filters: dict[Role, np.ndarray] = field(default_factory=dict)
     # Per role, what one task counts against its namespace's ResourceQuotas, in the cluster
-    # (controller/objects/records.QUOTA_DIMS: requests of CPU, GPU, memory, limits of CPU, memory, one
+    # (controller/objects/quantities.QUOTA_DIMS: requests of CPU, GPU, memory, limits of CPU, memory, one
     # pod; NaN where its pods set no such request or limit). A role absent: its demand, no
     # limits, one pod.
     quota_charges: dict[Role, np.ndarray] = field(default_factory=dict)
