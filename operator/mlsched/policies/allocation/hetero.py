@@ -30,7 +30,6 @@ from mlsched.cluster.types import JobView, Role, Snapshot
 from mlsched.policies import gpu_speed
 from mlsched.policies.allocation.drf import DRF
 from mlsched.policies.allocation.optimus import Optimus
-from mlsched.policies.speed_estimate import ObservedSpeed, SpeedEstimator
 
 
 class HeteroDRF:
@@ -70,53 +69,21 @@ class HeteroDRF:
 class HeteroOptimus(Optimus):
     name = "optimus-hetero"
 
-    def __init__(self, estimator_factory=ObservedSpeed, name: str | None = None):
-        super().__init__(estimator_factory, name)
-
-    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
+    def gain_function(self, snapshot: Snapshot):
+        """Optimus's gain with the job's observations normalised to the reference type and its
+        estimated speed scaled by the pace of its workers' type."""
         if not snapshot.typed:
-            super().allocate(snapshot, ledger)
-            return
+            return super().gain_function(snapshot)
         view = gpu_speed.normalised_snapshot(snapshot)
         est = self.estimator_factory(view)
         normal = {j.name: j for j in view.jobs}
-        total = np.where(snapshot.total_capacity > 0, snapshot.total_capacity, 1.0)
-        heap = []
-        for i, job in enumerate(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name))):
-            if ledger.grow_bundle(job):
-                gain, role = self._gain(job, normal[job.name], ledger, est, total)
-                heap.append((-gain, job.arrival_s, i, role, job))
-        heapq.heapify(heap)
-        while heap:
-            neg_gain, arrival, i, role, job = heapq.heappop(heap)
-            if -neg_gain <= 0:
-                break
-            if ledger.grow(job, role):
-                gain, role = self._gain(job, normal[job.name], ledger, est, total)
-                heapq.heappush(heap, (-gain, arrival, i, role, job))
 
-    def _gain(self, job: JobView, seen: JobView, ledger: Ledger, est: SpeedEstimator,
-              total: np.ndarray) -> tuple[float, Role]:
-        """best_gain with the job's normalised observations (`seen`) and its ledger counts."""
-        ps, w = ledger.count(job, "ps"), ledger.count(job, "worker")
-        pace = gpu_speed.pace(job, ledger.worker_types(job)) if w else 1.0
+        def gain(job: JobView, ledger: Ledger, total: np.ndarray) -> tuple[float, Role]:
+            seen = normal[job.name]
+            pace = gpu_speed.pace(job, ledger.worker_types(job)) if ledger.count(job, "worker") else 1.0
 
-        def time(p: int, n: int) -> float:
-            f = est.epochs_per_s(seen, p, n) * pace
-            return job.remaining_epochs / f if f > 0 else float("inf")
-
-        now = time(ps, w)
-        best: tuple[float, Role] = (-np.inf, "worker")
-        roles: tuple[Role, ...] = ("worker", "ps") if job.uses_ps else ("worker",)
-        for role in roles:
-            if ledger.at_cap(job, role):
-                continue
-            after = time(ps + (role == "ps"), w + (role == "worker"))
-            if not np.isfinite(after):
-                continue
-            gain = (now - after) if np.isfinite(now) else np.inf
-            need = float(np.max(ledger.demand(job, role) / total))
-            gain = gain / max(need, 1e-9)
-            if gain > best[0]:
-                best = (gain, role)
-        return best
+            def time(p: int, n: int) -> float:
+                f = est.epochs_per_s(seen, p, n) * pace
+                return job.remaining_epochs / f if f > 0 else float("inf")
+            return self.best_gain(job, ledger, est, total, time)
+        return gain

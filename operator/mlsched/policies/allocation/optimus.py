@@ -14,6 +14,7 @@ bound on what Optimus could do, and a hard baseline.
 from __future__ import annotations
 
 import heapq
+from collections.abc import Callable
 
 import numpy as np
 
@@ -30,21 +31,23 @@ class Optimus:
         if name:
             self.name = name
 
-    @staticmethod
-    def _time(job: JobView, est: SpeedEstimator, ps: int, workers: int) -> float:
-        f = est.epochs_per_s(job, ps, workers)
-        return job.remaining_epochs / f if f > 0 else float("inf")
-
-    def best_gain(self, job: JobView, ledger: Ledger, est: SpeedEstimator,
-                  total: np.ndarray) -> tuple[float, Role]:
+    def best_gain(self, job: JobView, ledger: Ledger, est: SpeedEstimator, total: np.ndarray,
+                  time: Callable[[int, int], float] | None = None) -> tuple[float, Role]:
+        """The job's best next task and its gain. `time(ps, workers)`: its estimated remaining
+        time at those counts (default: the estimator's speed; optimus-hetero scales it by the
+        pace of its workers' GPU type)."""
+        if time is None:
+            def time(p: int, n: int) -> float:
+                f = est.epochs_per_s(job, p, n)
+                return job.remaining_epochs / f if f > 0 else float("inf")
         ps, w = ledger.count(job, "ps"), ledger.count(job, "worker")
-        now = self._time(job, est, ps, w)
+        now = time(ps, w)
         best: tuple[float, Role] = (-np.inf, "worker")
         roles: tuple[Role, ...] = ("worker", "ps") if job.uses_ps else ("worker",)
         for role in roles:
             if ledger.at_cap(job, role):
                 continue
-            after = self._time(job, est, ps + (role == "ps"), w + (role == "worker"))
+            after = time(ps + (role == "ps"), w + (role == "worker"))
             if not np.isfinite(after):
                 continue
             gain = (now - after) if np.isfinite(now) else np.inf
@@ -54,13 +57,18 @@ class Optimus:
                 best = (gain, role)
         return best
 
-    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
+    def gain_function(self, snapshot: Snapshot) -> Callable[[JobView, Ledger, np.ndarray], tuple[float, Role]]:
+        """(job, ledger, total capacity) -> the job's best next task and its gain, this round."""
         est = self.estimator_factory(snapshot)
+        return lambda job, ledger, total: self.best_gain(job, ledger, est, total)
+
+    def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
+        gain_of = self.gain_function(snapshot)
         total = np.where(snapshot.total_capacity > 0, snapshot.total_capacity, 1.0)
         heap = []
         for i, job in enumerate(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name))):
             if ledger.grow_bundle(job):
-                gain, role = self.best_gain(job, ledger, est, total)
+                gain, role = gain_of(job, ledger, total)
                 heap.append((-gain, job.arrival_s, i, role, job))
         heapq.heapify(heap)
         while heap:
@@ -68,5 +76,5 @@ class Optimus:
             if -neg_gain <= 0:
                 break
             if ledger.grow(job, role):
-                gain, role = self.best_gain(job, ledger, est, total)
+                gain, role = gain_of(job, ledger, total)
                 heapq.heappush(heap, (-gain, arrival, i, role, job))
