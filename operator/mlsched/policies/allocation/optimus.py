@@ -31,6 +31,11 @@ class Optimus:
         if name:
             self.name = name
 
+    @staticmethod
+    def _time(job: JobView, est: SpeedEstimator, ps: int, workers: int) -> float:
+        f = est.epochs_per_s(job, ps, workers)
+        return job.remaining_epochs / f if f > 0 else float("inf")
+
     def best_gain(self, job: JobView, ledger: Ledger, est: SpeedEstimator, total: np.ndarray,
                   time: Callable[[int, int], float] | None = None) -> tuple[float, Role]:
         """The job's best next task and its gain. `time(ps, workers)`: its estimated remaining
@@ -38,8 +43,7 @@ class Optimus:
         pace of its workers' GPU type)."""
         if time is None:
             def time(p: int, n: int) -> float:
-                f = est.epochs_per_s(job, p, n)
-                return job.remaining_epochs / f if f > 0 else float("inf")
+                return self._time(job, est, p, n)
         ps, w = ledger.count(job, "ps"), ledger.count(job, "worker")
         now = time(ps, w)
         best: tuple[float, Role] = (-np.inf, "worker")
