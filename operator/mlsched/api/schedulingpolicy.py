@@ -169,6 +169,12 @@ class PoolOptions(ApiModel):
         1200, ge=0, le=604800,
         description="A running job stays at least this long in its pool before a regrouping "
                     "may move it (harmony); policy time, scaled like interval.")
+    guard: bool = Field(
+        False,
+        description="harmony: at the first round after an arrival, compare its grouping with "
+                    "isolated and none by rollouts in the simulator and keep the best "
+                    "(status.grouping.governing). Off by default: isolated gives each job a "
+                    "pool of its own, which in LabelNodes fences its nodes off other tenants.")
 
     cel_rules = (
         # has(): the apiserver also checks the rule against the bare default `{}`.
@@ -313,6 +319,22 @@ class GroupingStatus(StatusModel):
                          "(relative); a regrouping needs more than spec.pools.threshold.")
     last_regrouping_time: datetime | None = Field(
         None, description="When the groups' members last changed.")
+    governing: str | None = Field(
+        None, max_length=63,
+        description="harmony with pools.guard: which of harmony, isolated and none governs "
+                    "(the lowest summed JCT of the rollouts at the latest arrival).")
+    governing_since: datetime | None = Field(None, description="When it took over.")
+    governing_message: str | None = Field(None, max_length=1024,
+                                          description="Why it governs, or why no rollout ran.")
+    estimates: dict[str, float] | None = Field(
+        None, description="Summed JCT (policy seconds) of each candidate's rollout at the "
+                          "latest decision.")
+    colocation_error: float | None = Field(
+        None, ge=0, description="Mean absolute relative error of the co-location model's "
+                                "predicted speed against the members' reported speed "
+                                "(pools of two or more members, since the operator started).")
+    colocation_samples: int | None = Field(None, ge=0,
+                                           description="Job-rounds the error is over.")
 
 
 class FairShareStatus(StatusModel):

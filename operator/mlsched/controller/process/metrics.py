@@ -123,6 +123,12 @@ class Metrics:
             "mlsched_pool_utilisation", "Predicted and observed utilisation per node pool",
             ["namespace", "policy", "pool", "resource", "kind"], registry=r)
         self._pool_series: dict[tuple[str, str], set[tuple[str, ...]]] = {}
+        # Harmony's co-location model against the members' reported speed, pools of 2+ members
+        # (controller/scheduling/grouping_guard.py): mean absolute relative error since start.
+        self.colocation_error = Gauge(
+            "mlsched_colocation_model_error",
+            "Mean absolute relative error of the co-location model's predicted speed",
+            ["namespace", "policy"], registry=r)
 
     def set_pools(self, namespace: str, policy: str,
                   rows: Mapping[str, Mapping[str, float]]) -> None:
@@ -148,7 +154,8 @@ class Metrics:
         for metric in (self.round_duration, self.decisions, self.reward, self.fallback,
                        self.model_load_failures, self.displaced_tasks, self.step_failures,
                        self.pool_utilisation, self.idle_capacity, self.nonconserving_rounds,
-                       self.model_in_domain, self.guard_tripped, self.guard_estimate):
+                       self.model_in_domain, self.guard_tripped, self.guard_estimate,
+                       self.colocation_error):
             metric.remove_by_labels(labels)
         self._pool_series.pop((namespace, policy), None)
 

@@ -17,6 +17,7 @@ written through `kube/status_writer.py`, with its model in `mlsched.api`.
     waiting.py       why a job the policy did not admit still waits
     domain.py        ModelInDomain: the round against the served models' domains   pure
     guard.py         the regret guard: closed intervals judged over a rolling window
+    grouping_guard.py harmony against isolated and none by rollouts, the co-location error
     conservation.py  work conservation over rounds: status, Ready reason, Events   pure
     reporting.py     what a round tells the world: Events and status writes
     step_jobs.py     the jobs a step decides: reservations, edited specs, displaced tasks,

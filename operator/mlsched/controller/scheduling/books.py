@@ -311,6 +311,9 @@ class PolicyBooks:
     # The regret guard between rounds (guard.py: its records of the current window, its
     # state); absent without spec.guard.
     guards: dict[PolicyKey, Any] = field(default_factory=dict)
+    # Harmony's grouping guard (grouping_guard.py: the candidate in force, its history of
+    # arrivals, the co-location error); absent unless the policy groups with guarded harmony.
+    grouping_guards: dict[PolicyKey, Any] = field(default_factory=dict)
     # The fair share of contended GPUs at its latest step (fair_share.py); absent while
     # nothing bounds it.
     fair_shares: dict[PolicyKey, Any] = field(default_factory=dict)
@@ -322,7 +325,7 @@ class PolicyBooks:
     def forget(self, policy: PolicyKey) -> None:
         for book in (self.intervals, self.adopted, self.served_versions, self.cycle_guards,
                      self.policy_counts, self.work_conservation, self.model_domain, self.guards,
-                     self.fair_shares, self.policy_groups, self.policy_nodes):
+                     self.grouping_guards, self.fair_shares, self.policy_groups, self.policy_nodes):
             book.pop(policy, None)
 
 
