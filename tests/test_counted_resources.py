@@ -15,9 +15,7 @@ from mlsched.controller.objects.records import node_record, pod_record
 from mlsched.controller.scheduling.snapshot import build_snapshot
 from mlsched.controller.scheduling.cluster_fit import ClusterFit
 from mlsched.controller.scheduling.cluster_state import ClusterState, held_counted
-from mlsched.policies import registry
 from mlsched.policies.placement.heuristics import FirstFit
-from mlsched.policies.round import run_round
 from builders import (
     NIC, NS, allreduce_job, cluster, counted_node, counted_record, create_jobs, make_runtime, node,
     pod, policy, run, small_workers,
@@ -64,19 +62,7 @@ def test_the_ledger_books_counted_resources_per_node():
     assert ledger.counted_free[POD_SLOTS].tolist() == [1.0, 5.0, 4.0]
 
 
-def test_every_policy_plans_with_counted_resources():
-    jobs = [_view(f"j{i}", workers=(2, 6)) for i in range(3)]
-    for j, job in enumerate(jobs):
-        job.arrival_s = float(j)
-    snap = Snapshot(time_s=0, interval_s=60, node_names=[f"n{i}" for i in range(6)],
-                    capacity=np.array([[8.0, 2.0, 48.0]] * 6), jobs=jobs,
-                    counted_free={NIC: np.full(6, 2.0)})
-    pairs = [(a, "bin-pack") for a in registry.ALLOCATION if a not in ("optimus-oracle",)]
-    pairs += [("drf", p) for p in registry.PLACEMENT]
-    for allocation, placement in pairs:
-        decision = run_round(snap, registry.make_allocation(allocation), registry.make_placement(placement))
-        nodes = [n for d in decision.jobs.values() for n in d.worker_nodes]
-        assert nodes and max(nodes.count(n) for n in set(nodes)) <= 2, (allocation, placement, decision.jobs)
+# Every allocation x every placement plans with them: test_policy_constraints_contract.py.
 
 
 # ---------------------------------------------------------------- the cluster's view

@@ -125,15 +125,8 @@ def test_ports_held_by_other_pods_keep_tasks_off_their_nodes():
     assert list(ledger.exclusive_free_nodes(a, "worker")) == [False] * 6
 
 
-def test_every_policy_plans_with_the_ports():
-    jobs = [_view(f"j{i}", (2, 6), arrival=float(i)) for i in range(3)]
-    pairs = [(a, "bin-pack") for a in registry.ALLOCATION if a not in ("optimus-oracle",)]
-    pairs += [("drf", p) for p in registry.PLACEMENT]
-    for allocation, placement in pairs:
-        decision = run_round(_snapshot(jobs), registry.make_allocation(allocation),
-                             registry.make_placement(placement))
-        nodes = [n for d in decision.jobs.values() for n in d.worker_nodes]
-        assert nodes and len(nodes) == len(set(nodes)), (allocation, placement, decision.jobs)
+# Every allocation x every placement plans with host ports and anti-affinity:
+# test_policy_constraints_contract.py.
 
 
 # ---------------------------------------------------------------- the cluster's view
