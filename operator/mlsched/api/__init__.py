@@ -44,6 +44,7 @@ from mlsched.api.crdinfo import API_VERSION, GROUP, VERSION
 from mlsched.api.mljob import (
     Architecture,
     CleanPodPolicy,
+    GpuType,
     HistoryEntry,
     JobConditionType,
     JobPhase,
@@ -70,7 +71,7 @@ KOPF_ANNOTATION_PREFIX = GROUP
 
 __all__ = [
     "API_VERSION", "GROUP", "KOPF_ANNOTATION_PREFIX", "MAX_HISTORY", "VERSION",
-    "Architecture", "CleanPodPolicy", "Condition", "ConditionStatus", "HistoryEntry",
+    "Architecture", "CleanPodPolicy", "Condition", "GpuType", "ConditionStatus", "HistoryEntry",
     "InvalidObject", "JobConditionType", "JobPhase", "MLJob", "MLJobSpec", "MLJobStatus",
     "GroupStatus", "ModelRef", "OpenInterval", "PhaseModels", "Placement", "PoolOptions", "PolicyConditionType", "Progress", "ReplicaSpec", "RewardEntry",
     "RoleReplicas", "SchedulingPolicy", "SchedulingPolicySpec", "SchedulingPolicyStatus",

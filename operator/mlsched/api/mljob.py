@@ -39,6 +39,16 @@ class Architecture(StrEnum):
     ALL_REDUCE = "AllReduce"
 
 
+# The GPU types whose measured speeds mlsched knows: workloads/gpu_types.GPU_TYPES, which
+# tests/test_gpu_labels.py checks this against (`api` imports nothing of the scheduler).
+class GpuType(StrEnum):
+    """A GPU type mlsched has measured speeds for."""
+
+    V100 = "v100"
+    P100 = "p100"
+    K80 = "k80"
+
+
 class CleanPodPolicy(StrEnum):
     """Which pods to delete when the job finishes (Kubeflow semantics)."""
 
@@ -98,6 +108,13 @@ class ReplicaSpec(ApiModel):
     template: dict[str, Any] = Field(
         min_length=1, json_schema_extra=POD_TEMPLATE_SCHEMA,
         description="A core/v1 PodTemplateSpec for this role's pods; stored as written.")
+    gpu_types: list[GpuType] | None = Field(
+        None, min_length=1, max_length=len(GpuType),
+        json_schema_extra={"x-kubernetes-list-type": "set"},
+        description="GPU types this role's pods may run on (v100, p100, k80), as read from "
+                    "each node's GPU product label (nvidia.com/gpu.product by default); "
+                    "unset: any node. A node without the label, or of a product outside these "
+                    "types, is none of them.")
 
     cel_rules = (CelRule("self.min <= self.max", "must be >= min",
                          lambda s: s.min <= s.max, field_path=".max"),)
@@ -198,12 +215,24 @@ class ReplicaStatuses(StatusModel):
     worker: RoleReplicas | None = None
 
 
+class RoleGpuTypes(StatusModel):
+    """Per role, the GPU types of the nodes its pods are placed on."""
+
+    ps: str | None = Field(None, max_length=253)
+    worker: str | None = Field(None, max_length=253)
+
+
 class Placement(StatusModel):
     """Where each pod runs: list index = pod ordinal of that role."""
 
     pool: str | None = Field(None, max_length=253, description="Node pool (grouping decision).")
     ps: list[NodeName] = Field(default_factory=list, max_length=MAX_REPLICAS)
     worker: list[NodeName] = Field(default_factory=list, max_length=MAX_REPLICAS)
+    gpu_types: RoleGpuTypes | None = Field(
+        None, description="Per role, the GPU types of its pods' nodes, comma-separated, "
+                          "fastest first (v100, p100, k80; a product outside these by its "
+                          "label value); a role on nodes without the GPU product label is "
+                          "absent.")
 
 
 class Progress(StatusModel):
@@ -367,5 +396,7 @@ CRD = CrdInfo(
                       "Training samples per second", 1),
         PrinterColumn("Rescales", ".status.rescales.count", "integer",
                       "Changes of the running job's counts", 1),
+        PrinterColumn("GPU", ".status.placement.gpuTypes.worker",
+                      description="GPU types of the workers' nodes", priority=1),
     ),
 )

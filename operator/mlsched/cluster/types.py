@@ -119,6 +119,11 @@ class JobView:
     # the same order: the pace it was measured at (None: no type, the homogeneous default).
     # Empty when no observation has a type.
     observation_types: tuple[str | None, ...] = ()
+    # Per role, the GPU types (Snapshot.gpu_types) its tasks may use, where the job restricts
+    # them (in the cluster, spec.replicaSpecs.<role>.gpuTypes): `node_filters` already keeps
+    # the role off other nodes; this names the restriction (why a job waits). A role absent
+    # may use any type.
+    gpu_types: dict[Role, tuple[str, ...]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.worker_demand is None or (self.ps_demand is None and self.uses_ps):
@@ -213,6 +218,10 @@ class Snapshot:
     # untyped, the homogeneous default, where every GPU is the same. In the cluster, from a
     # node label (nvidia.com/gpu.product).
     gpu_types: Sequence[str | None] | None = None
+    # Per node, its GPUs as people read them, for status only (policies read gpu_types): the
+    # type, or where the table knows none the label's value (an A100's product name). None:
+    # no node says.
+    gpu_names: Sequence[str | None] | None = None
 
     def __post_init__(self) -> None:
         self.capacity = np.asarray(self.capacity, dtype=np.float64)

@@ -71,6 +71,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="a Dynamic Resource Allocation DeviceClass whose devices are GPUs: "
                         "claimed through it, they are planned as GPUs (repeatable; default "
                         "gpu.nvidia.com)")
+    p.add_argument("--gpu-type-label", metavar="KEY",
+                   help="the node label a node's GPU type is read from "
+                        "(nvidia.com/gpu.product): products naming V100, P100 or K80 are "
+                        "those types, for the type-aware policies and for a role's gpuTypes")
     p.add_argument("--max-exploration", type=float, metavar="EPSILON",
                    help="largest spec.exploration.epsilon served; above it, clamped (0.2)")
     p.add_argument("--label-nodes", action="store_true", default=None,
@@ -118,6 +122,7 @@ def export(args: argparse.Namespace) -> None:
              "MAX_MODEL_BYTES": args.max_model_bytes, "MAX_EXPLORATION": args.max_exploration,
              "EXECUTION_PROVIDER": args.execution_provider, "GPU_RESOURCE": args.gpu_resource,
              "GPU_DEVICE_CLASSES": ",".join(args.gpu_device_class) or None,
+             "GPU_TYPE_LABEL": args.gpu_type_label,
              "ALLOWED_MODEL_DIRS": os.pathsep.join(args.allowed_model_dir) or None,
              "LABEL_NODES": "true" if args.label_nodes else None}
     for name, value in flags.items():

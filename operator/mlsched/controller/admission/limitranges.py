@@ -113,7 +113,8 @@ def defaulted(job: JobRecord, defaults: ContainerDefaults,
         job, demands=role_demands(job.model, templates, requests),
         charges=role_charges(templates, requests, defaults.limits),
         node_constraints=role_constraints(templates,
-                                          lambda spec: extended_requests(spec, requests)))
+                                          lambda spec: extended_requests(spec, requests),
+                                          job.gpu_types))
 
 
 def as_planned(job: JobRecord, records: Iterable[LimitRangeRecord],

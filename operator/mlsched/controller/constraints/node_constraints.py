@@ -32,6 +32,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from mlsched.controller.constraints.gpu_labels import GPU_TYPE_LABEL, describe, node_type
+
 NAME_FIELD = "metadata.name"
 
 
@@ -104,6 +106,11 @@ class NodeConstraint:
     # (counted_resources.py).
     resources: tuple[tuple[str, float], ...] = ()
     node_name: str = ""  # the template's spec.nodeName: that node only
+    # The GPU types the role may use (the job's spec.replicaSpecs.<role>.gpuTypes, not its
+    # template): a node whose `gpu_label` maps to none of them (gpu_labels.node_type) is not
+    # allowed. Empty: any node, whatever its GPUs.
+    gpu_types: tuple[str, ...] = ()
+    gpu_label: str = GPU_TYPE_LABEL
 
     def allows(self, name: str, labels: Mapping[str, str], taints: tuple[Taint, ...] = (),
                extended: Mapping[str, float] | None = None) -> bool:
@@ -114,6 +121,8 @@ class NodeConstraint:
         if not self.has_resources(extended):
             return False
         if self.node_name and name != self.node_name:
+            return False
+        if self.gpu_types and node_type(labels, self.gpu_label) not in self.gpu_types:
             return False
         if any(labels.get(key) != value for key, value in self.selector):
             return False
@@ -136,6 +145,9 @@ class NodeConstraint:
                                                     for t in self.tolerations))
         if self.resources:
             parts.append("requests " + ", ".join(resource_text(k, v) for k, v in self.resources))
+        if self.gpu_types:
+            parts.append(f"GPU type {describe(self.gpu_types)} (gpuTypes; node label "
+                         f"{self.gpu_label})")
         return "; ".join(parts) or "no node constraint"
 
 
@@ -213,9 +225,12 @@ def node_constraint(pod_spec: Any) -> NodeConstraint | None:
 
 def role_constraints(templates: Mapping[str, Any],
                      extended: Callable[[Mapping[str, Any]], tuple[tuple[str, float], ...]]
-                     | None = None) -> dict[str, NodeConstraint]:
+                     | None = None,
+                     gpu_types: Mapping[str, tuple[str, ...]] | None = None
+                     ) -> dict[str, NodeConstraint]:
     """Per role, the constraint of its template (roles that constrain nothing left out);
-    `extended`: the extended resources a pod spec requests (quantities.extended_requests)."""
+    `extended`: the extended resources a pod spec requests (quantities.extended_requests);
+    `gpu_types`: per role, the GPU types the job allows it (JobRecord.gpu_types)."""
     out = {}
     for role in ("ps", "worker"):
         template = templates.get(role)
@@ -224,6 +239,9 @@ def role_constraints(templates: Mapping[str, Any],
         resources = extended(spec) if extended is not None and isinstance(spec, Mapping) else ()
         if resources:
             constraint = dataclasses.replace(constraint or EVERY_NODE, resources=resources)
+        if (gpu_types or {}).get(role):
+            constraint = dataclasses.replace(constraint or EVERY_NODE,
+                                             gpu_types=tuple(gpu_types[role]))
         if constraint is not None:
             out[role] = constraint
     return out

@@ -18,6 +18,7 @@ from typing import Any
 
 from mlsched.api import API_VERSION
 from mlsched.cluster.types import Decision, Snapshot
+from mlsched.controller.constraints import gpu_labels
 from mlsched.controller.kube.constants import (
     HOSTNAME_LABEL, JOB_LABEL, PLACEMENT_GATE, POD_INDEX_LABEL, ROLES,
     STS_POOL_ANNOTATION, TEMPLATE_HASH_ANNOTATION, TOKEN_AUDIENCE, TOKEN_DIR, TOKEN_EXPIRATION_SECONDS, TOKEN_PATH,
@@ -342,6 +343,8 @@ class JobTarget:
 
     nodes: Mapping[str, tuple[str, ...]]
     pool: str | None = None
+    # status.placement.gpuTypes: per role, its nodes' GPU names (gpu_labels.role_names).
+    gpu_types: Mapping[str, str] = field(default_factory=dict)
 
     def count(self, role: str) -> int:
         return len(self.nodes.get(role, ()))
@@ -355,6 +358,8 @@ class JobTarget:
                                "worker": list(self.nodes.get("worker", ()))}
         if self.pool:
             out["pool"] = self.pool
+        if self.gpu_types:
+            out["gpuTypes"] = dict(self.gpu_types)
         return out
 
 
@@ -378,7 +383,9 @@ def job_targets(decision: Decision, snapshot: Snapshot) -> dict[str, JobTarget]:
         workers = tuple(names[i] for i in d.worker_nodes)[:view.bounds("worker")[1]]
         too_few = len(workers) < max(view.min_workers, 1) or (
             view.uses_ps and len(ps) < max(view.min_ps, 1))
-        out[view.name] = NOTHING if too_few else JobTarget({"ps": ps, "worker": workers}, view.pool)
+        out[view.name] = NOTHING if too_few else JobTarget(
+            {"ps": ps, "worker": workers}, view.pool, gpu_labels.role_names(
+                snapshot.gpu_names, {"ps": d.ps_nodes[:len(ps)], "worker": d.worker_nodes[:len(workers)]}))
     return out
 
 

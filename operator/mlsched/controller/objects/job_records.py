@@ -1,7 +1,7 @@
 """An MLJob's compact record (`JobRecord`) and how it is read from the object: the parsed
-spec (cached by spec), per-role demands, quota charges, node constraints, spreads,
-anti-affinity, host ports, RuntimeClasses and DRA claims of its templates, and its trained
-intervals. Pure: dict in, record out."""
+spec (cached by spec), per-role demands, quota charges, node constraints (with the roles'
+allowed GPU types), spreads, anti-affinity, host ports, RuntimeClasses and DRA claims of its
+templates, and its trained intervals. Pure: dict in, record out."""
 
 from __future__ import annotations
 
@@ -101,6 +101,9 @@ class JobRecord:
     anti_affinity: Mapping[str, tuple[Selector, ...]] = field(default_factory=dict)
     # Per role, the topologySpreadConstraints the planner enforces (topology_spread.py).
     spread_constraints: Mapping[str, tuple[SpreadConstraint, ...]] = field(default_factory=dict)
+    # Per role, the GPU types its pods may run on (spec.replicaSpecs.<role>.gpuTypes, as
+    # gpu_labels reads them off the nodes); also in its node constraint. Roles with none absent.
+    gpu_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     # (namespace, name): how every index finds the job, read 60,000 times by a 10,000-job
     # round's snapshot, so made once.
@@ -298,13 +301,17 @@ def _from_spec(job: MLJob | InvalidObject, name: str, templates: Mapping[str, An
     rs = job.spec.replica_specs
     model = model_label(job.spec.model_type)
     labels = {role: pod_labels(name, role, t) for role, t in templates.items()}
+    gpu_types = {role: tuple(str(t) for t in spec.gpu_types)
+                 for role, spec in (("ps", rs.ps), ("worker", rs.worker))
+                 if spec is not None and spec.gpu_types}
     return dict(
         model=model, demands=role_demands(model, templates),
         charges=role_charges(templates),
         runtime_classes=runtimeclasses.named(templates),
         claim_templates={role: names for role, t in templates.items()
                          if (names := dra.claim_template_names(t))},
-        node_constraints=role_constraints(templates, extended_requests),
+        node_constraints=role_constraints(templates, extended_requests, gpu_types),
+        gpu_types=gpu_types,
         host_ports=role_host_ports(templates),
         anti_affinity=role_anti_affinity(templates, labels),
         spread_constraints=role_spread_constraints(templates, labels),

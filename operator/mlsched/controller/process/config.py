@@ -16,6 +16,8 @@ from mlsched.policies.onnx_runner import PROVIDERS
 
 ENV_PREFIX = "MLSCHED_"
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                        r"[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 _EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -113,6 +115,11 @@ class OperatorConfig:
     # DRA DeviceClasses whose devices are GPUs (dra.GPU_CLASSES reads the same variable):
     # counted per node and folded into the GPU dimension. NVIDIA's DRA driver's by default.
     gpu_device_classes: tuple[str, ...] = ("gpu.nvidia.com",)
+    # The node label a node's GPU type is read from (constraints/gpu_labels.py, which reads
+    # the same variable): NVIDIA GPU feature discovery's product name by default, mapped to
+    # the measured types (v100, p100, k80). It fills the snapshot's GPU types (the type-aware
+    # policies) and decides which nodes a role's spec gpuTypes allows.
+    gpu_type_label: str = "nvidia.com/gpu.product"
     # None: the GPU resource's key and kwok's (set in __post_init__).
     tolerated_taints: frozenset[str] = None  # type: ignore[assignment]
     # API calls in flight (creates aside). 48, not 16: a round that re-decides 1,400-2,400
@@ -179,6 +186,7 @@ class OperatorConfig:
             node_selector=_selector(get("NODE_SELECTOR")),
             gpu_resource=get("GPU_RESOURCE") or defaults.gpu_resource,
             gpu_device_classes=_csv(get("GPU_DEVICE_CLASSES")) or defaults.gpu_device_classes,
+            gpu_type_label=get("GPU_TYPE_LABEL") or defaults.gpu_type_label,
             tolerated_taints=frozenset(_csv(taints)) if taints is not None else None,
             api_concurrency=int(get("API_CONCURRENCY") or defaults.api_concurrency),
             create_concurrency=int(get("CREATE_CONCURRENCY") or defaults.create_concurrency),
@@ -201,6 +209,10 @@ class OperatorConfig:
             if not _DNS_SUBDOMAIN.match(name):
                 out.append(f"--gpu-device-class {name!r} is not a DeviceClass name (a DNS "
                            "subdomain, e.g. gpu.nvidia.com)")
+        if not _LABEL_KEY.match(self.gpu_type_label) or \
+                len(self.gpu_type_label.rpartition("/")[2]) > 63:
+            out.append(f"--gpu-type-label {self.gpu_type_label!r} is not a label key "
+                       "([<domain>/]<name>, e.g. nvidia.com/gpu.product)")
         https = self.progress_url.startswith("https://")
         tls = bool(self.tls_secret or (self.tls_cert and self.tls_key))
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -104,6 +104,9 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
             placement = target.placement()
             if placement != job.placement:
                 fields["placement"] = placement
+                old_types = (job.placement or {}).get("gpuTypes")
+                if old_types:  # a merge patch keeps what it does not name: null removes
+                    placement["gpuTypes"] = merge_patch(old_types, placement.get("gpuTypes"))
             desired = {r: target.count(r) for r in roles_of(job)}
             before = {r: job.desired.get(r, 0) for r in roles_of(job)}
             if desired != before:

@@ -23,6 +23,7 @@ from mlsched.controller.admission.quotas import Budget
 from mlsched.controller.admission.quotas import charges as quota_charges, kept_charges
 from mlsched.controller.constraints.topology_spread import SpreadConstraint
 from mlsched.controller.constraints.node_constraints import EVERY_NODE, NodeConstraint
+from mlsched.controller.constraints.gpu_labels import GPU_TYPE_LABEL, display_name, node_type
 from mlsched.controller.objects.records import NodeRecord, PodRecord, StsRecord
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import Resources
@@ -197,6 +198,7 @@ def job_view(job: JobRecord, pods: Iterable[PodRecord], statefulsets: Iterable[S
         spreads=spreads.checks(job, node_filters) if spreads else {},
         spread_counts=spreads.counted(job) if spreads else {},
         counted=dict(counted) if counted else {},
+        gpu_types=dict(job.gpu_types) if job.gpu_types else {},
         quota_charges=quota_charges(job, budget) if budget is not None else {},
         kept_charges=kept_charges(job, [p for found in by_role.values() for p in found], budget)
         if budget is not None else {},
@@ -263,7 +265,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                    counted_used: Mapping[str, Mapping[str, float]] | None = None,
                    selected: Mapping[str, Iterable] | None = None,
                    repelled: Iterable[tuple[str, tuple[Selector, ...]]] | None = None,
-                   labelled: Iterable[tuple[str, Mapping[str, str], int]] | None = None) -> Snapshot:
+                   labelled: Iterable[tuple[str, Mapping[str, str], int]] | None = None,
+                   gpu_type_label: str = GPU_TYPE_LABEL) -> Snapshot:
     """The snapshot one policy decides on. `jobs` are its schedulable jobs; job names are
     unique within a snapshot because a policy only schedules jobs of its own namespace.
     `ports`: per node, the host ports held there already (held_ports); `counted_used`: the
@@ -273,7 +276,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
     `repelled`: (node, selectors) of pods the round does not re-decide whose required
     anti-affinity keeps matching pods off their node (with_repelled); `labelled`: the pods of
     the namespace the round does not re-decide (held_labelled), which the jobs' topology
-    spread constraints count (Spreads.held)."""
+    spread constraints count (Spreads.held). `gpu_type_label`: the node label each node's GPU
+    type is read from (gpu_labels.py; the same the jobs' node constraints read)."""
     jobs = sorted(jobs, key=lambda j: (j.created_s, j.name))
     # Nodes with a taint the operator does not tolerate are planned on only for the roles
     # whose templates tolerate it (NodeFilters), so only when some job's template might.
@@ -301,6 +305,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                       budget, selectors, spreads, counted.takes.get(j.key))
              for j in jobs]
     pools = [n.pool for n in nodes]
+    names = [display_name(n.labels, gpu_type_label) for n in nodes]
+    types = [node_type(n.labels, gpu_type_label) for n in nodes]
     in_use = [frozenset((*(ports or {}).get(n.name, ()), *(selected or {}).get(n.name, ())))
               for n in nodes] if ports or selected else None
     return Snapshot(time_s=now_s, interval_s=interval_s, node_names=[n.name for n in nodes],
@@ -309,4 +315,8 @@ def build_snapshot(jobs: Iterable[JobRecord], cluster: ClusterState, *, now_s: f
                     budget=budget.amounts if budget is not None else None, exclusive_in_use=in_use,
                     topology=spreads.topology if spreads else {}, counted_free=counted.free,
                     spread_held=spreads.held(labelled, {n.name: n.labels for n in cluster.nodes})
-                    if spreads and labelled else {})
+                    if spreads and labelled else {},
+                    # Untyped (None) unless some node is: an untyped cluster is scheduled
+                    # exactly as before GPU types.
+                    gpu_types=types if any(t is not None for t in types) else None,
+                    gpu_names=names if any(n is not None for n in names) else None)

@@ -11,7 +11,9 @@ job given nothing gets one of:
 - its minimum would fit the nodes but not the namespace's quota once the tasks decided before
   it count (the quota's own count, which WaitingForQuota reports, lags until their pods exist),
   or not its policy's fair share of contended GPUs (fair_share.py);
-- its grouping has not given it a node pool yet.
+- its grouping has not given it a node pool yet;
+- its minimum does not fit the nodes of the GPU types a role is restricted to
+  (spec.replicaSpecs.<role>.gpuTypes): "no node of GPU type v100 has room for a worker ...".
 
 "Free now" is what the decision leaves: the snapshot's capacity (other policies' and other
 workloads' use already taken out, the namespace's quota as budget) less every task decided.
@@ -27,6 +29,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import WAITING_POOL, Decision, JobDecision, JobView, Snapshot
 from mlsched.controller.admission.counted_resources import POD_SLOTS, pods_room
 from mlsched.controller.admission.counted_resources import describe as describe_counted
+from mlsched.controller.constraints import gpu_labels
 from mlsched.controller.constraints.host_ports import describe
 from mlsched.controller.constraints.pod_anti_affinity import TOKEN
 from mlsched.policies.base import book_held
@@ -85,10 +88,57 @@ def why_waiting(snapshot: Snapshot, decision: Decision, allocation: str,
                              "are counted (this step's, and other policies' whose pods do not "
                              "exist yet)")
             continue
-        out[job.name] = (f"its minimum ({_counts(job, gang)}: {_amount(need)}) does not fit "
-                         f"what is free now: {_amount(free)} on {nodes} nodes, at most "
-                         f"{_amount(most)} on any one")
+        short = _gpu_type_short(ledger, job, gang) if job.gpu_types else None
+        out[job.name] = short or (
+            f"its minimum ({_counts(job, gang)}: {_amount(need)}) does not fit "
+            f"what is free now: {_amount(free)} on {nodes} nodes, at most "
+            f"{_amount(most)} on any one")
     return out
+
+
+def _gpu_type_short(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> str | None:
+    """Its minimum needs more room on the nodes of the GPU types a role is restricted to
+    (JobView.gpu_types) than they have free now (the quota budget aside: a shortage of quota
+    is told before this is asked)."""
+    budget, ledger.budget = ledger.budget, None
+    try:
+        ps, workers = gang
+        for role, count in (("worker", workers), ("ps", ps)):
+            types = job.gpu_types.get(role) if count else None
+            if not types:
+                continue
+            kind = f"GPU type {gpu_labels.describe(types)}"
+            allowed = ledger.allowed_nodes(job, role)
+            if allowed is None:
+                allowed = np.ones(len(ledger.snapshot.node_names), dtype=bool)
+            if not allowed.any():
+                return f"no schedulable node of {kind} may take its {role} pods now"
+            demand = np.asarray(ledger.demand(job, role), dtype=float)
+            free = ledger.free_by_resource[:, allowed]
+            room = _room(free, demand, ledger.fits_mask(demand, job, role)[allowed])
+            if room >= count:
+                continue
+            on = (f"the {int(allowed.sum())} nodes of {kind} it may use have "
+                  f"{_amount(free.sum(axis=1))} free, at most {_amount(free.max(axis=1))} on "
+                  f"any one")
+            if room == 0:
+                return f"no node of {kind} has room for a {role} ({_amount(demand)}) now: {on}"
+            return (f"its minimum ({_counts(job, gang)}) needs room for {count} {role} on "
+                    f"nodes of {kind}; there is room for {room} now: {on}")
+        return None
+    finally:
+        ledger.budget = budget
+
+
+def _room(free: np.ndarray, demand: np.ndarray, fits: np.ndarray) -> int:
+    """How many tasks of `demand` the nodes (columns of `free`) hold, on those that `fits`."""
+    if not fits.any():
+        return 0
+    asked = demand > 0
+    if not asked.any():
+        return 1 << 30  # asks for nothing: room everywhere it fits
+    per_node = np.floor(np.min(free[asked][:, fits] / demand[asked, None], axis=0) + 1e-9)
+    return int(per_node.sum())
 
 
 def _fits_without_budget(ledger: Ledger, job: JobView, gang: tuple[int, int]) -> bool:
