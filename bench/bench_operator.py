@@ -160,7 +160,7 @@ def snapshot_of(node_index, job_index, pod_index, sts_index):
     `policy_view.policy_snapshot`, with every job holding a reservation (as after any round)."""
     jobs = [j for store in job_index.values() for j in store if j.schedulable]
     rt = Runtime.create(OperatorConfig(), AcceptingApi())
-    rt.reservations.set((NAMESPACE, "default"), {j.key: {} for j in jobs})
+    rt.scheduling.reservations.set((NAMESPACE, "default"), {j.key: {} for j in jobs})
     idx = Indexes(nodes=node_index, pods=pod_index, statefulsets=sts_index, foreign={},
                   mljobs=job_index, policies={(NAMESPACE, "default"): [True]})
     return jobs, policy_view.policy_snapshot(rt, idx, jobs, jobs, now=time.time(), interval_s=1200.0)
@@ -288,7 +288,7 @@ def counted_round(rt: Runtime, policy: dict, indexes: tuple, now: float):
     node_index, job_index, pod_index, sts_index = indexes
     idx = Indexes(nodes=node_index, pods=pod_index, statefulsets=sts_index, foreign={},
                   mljobs=job_index, policies={(NAMESPACE, "default"): [True]})
-    rt.indexes = idx
+    rt.cluster.indexes = idx
 
     async def round_and_records():
         report = await loop.run_policy_round(rt, policy, idx, now=now)

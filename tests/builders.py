@@ -113,7 +113,7 @@ async def create_jobs(rt: Runtime, kube: MemoryKube, *bodies: dict) -> None:
         await kube.patch("MLJob", stored["metadata"]["namespace"], stored["metadata"]["name"],
                          patch, status=True)
         meta = stored["metadata"]  # reconciled, as jobs.reconcile_if_needed records it
-        rt.job_books.reconciled[(meta["namespace"], meta["name"])] = (meta["uid"], meta["generation"])
+        rt.jobs.books.reconciled[(meta["namespace"], meta["name"])] = (meta["uid"], meta["generation"])
 
 
 def run(coro):
@@ -234,7 +234,7 @@ def progress_world():
     kube.tokens["apiserver-token"] = review("bert-worker-0", "uid-bert-worker-0", audiences=("https://kubernetes.default.svc",))
     kube.tokens["unbound-token"] = {"authenticated": True, "audiences": [AUD],
                                     "user": {"username": f"system:serviceaccount:{NS}:trainer"}}
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     return rt, kube
 
 

@@ -113,5 +113,5 @@ def dataset_setup(**spec):
     rt, kube = make_runtime(cluster(4))
     kube.put(policy(**spec))
     run(create_jobs(rt, kube, ps_job("a", epochs=100), ps_job("b", epochs=40)))
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     return rt, kube

@@ -76,7 +76,7 @@ def test_a_restart_mid_interval_completes_the_open_record():
     # A new operator process: nothing in memory. Its first round carries interval 1 on (with
     # its own decisions added); the next closes it.
     rt2, _ = make_runtime(kube)
-    rt2.indexes = kube.indexes()
+    rt2.cluster.indexes = kube.indexes()
     step(rt2, kube, NOW + 1300)
     report(rt2, kube, "a", 7.0)
     step(rt2, kube, NOW + 2500)

@@ -230,7 +230,7 @@ def test_a_new_process_expires_what_an_earlier_one_stored():
         step(rt, kube, NOW + 1200 * i)
     assert [r.interval for r in records(kube)] == [1, 2]
     rt2, _ = make_runtime(kube)
-    rt2.indexes = kube.indexes()
+    rt2.cluster.indexes = kube.indexes()
     for i in range(4, 7):  # the first carries interval 3 on, the next two close 3 and 4
         step(rt2, kube, NOW + 1200 * i)
     assert [r.interval for r in records(kube)] == [3, 4]
@@ -262,7 +262,7 @@ def test_an_open_record_left_by_an_operator_before_segments_is_completed_into_a_
     (opened,) = [r for r in records(kube, include_open=True) if r.interval == 1]
     assert "default-interval-1" in [c["metadata"]["name"] for c in kube.of_kind("ConfigMap")]
     rt2, _ = make_runtime(kube)
-    rt2.indexes = kube.indexes()
+    rt2.cluster.indexes = kube.indexes()
     step(rt2, kube, NOW + 1300)
     step(rt2, kube, NOW + 2500)
     closed = {r.interval: r for r in records(kube)}
@@ -279,7 +279,7 @@ def test_a_leftover_beside_its_segments_copy_is_deleted_at_the_first_listing():
         kube.put(body)
     assert {r.interval: r.policy_uid for r in records(kube, include_open=True)}[1] != "pustale"
     rt2, _ = make_runtime(kube)
-    rt2.indexes = kube.indexes()
+    rt2.cluster.indexes = kube.indexes()
     step(rt2, kube, NOW + 3600)  # carries interval 2 on
     step(rt2, kube, NOW + 4800)  # closes it: the policy's dataset is listed
     assert segment_names(kube) == [c["metadata"]["name"] for c in kube.of_kind("ConfigMap")]

@@ -45,7 +45,7 @@ def metric(rt, name: str = "mlsched_guard_tripped", **labels) -> float | None:
 def progress(rt, kube, k: int) -> None:
     """Every job reports 1 epoch more per round (what the emulator would)."""
     for job in kube.indexes().jobs_of_policy(NS, "default"):
-        rt.progress[job.key] = (float(k), NOW + 1200 * k, 1.0 / 1200, None)
+        rt.jobs.progress[job.key] = (float(k), NOW + 1200 * k, 1.0 / 1200, None)
 
 
 def chic_cluster(jobs: int = 6):
@@ -78,7 +78,7 @@ def test_a_window_is_collected_then_judged_with_both_estimates_and_the_error():
 def test_while_tripped_the_fallback_serves_and_a_spec_edit_brings_the_model_back():
     rt, kube = chic_cluster()
     round_(rt, kube, 0)
-    book = rt.per_policy.guards[(NS, "default")]
+    book = rt.scheduling.per_policy.guards[(NS, "default")]
     bad = Estimate(1.0, 2.0, 1.0, LEARNED, 2, 6)
     book.state = GuardState(True, NOW, book.state.generation, bad)
     report = round_(rt, kube, 1)
@@ -99,7 +99,7 @@ def test_while_tripped_the_fallback_serves_and_a_spec_edit_brings_the_model_back
     assert cleared["type"] == "Normal" and "edited" in cleared["message"]
 
     # Tripped again, then the guard itself edited (a longer window): cleared the same way.
-    book = rt.per_policy.guards[(NS, "default")]
+    book = rt.scheduling.per_policy.guards[(NS, "default")]
     book.state = GuardState(True, NOW, book.state.generation, bad)
     assert round_(rt, kube, 3).allocation == "drf"
     pol = kube.obj("SchedulingPolicy", NS, "default")

@@ -89,7 +89,7 @@ def test_an_operator_whose_rbac_cannot_list_services_resumes_as_before():
     run(jobs.reconcile_if_needed(resumed, kube.obj("MLJob", NS, "bert"), kube.indexes()))
     assert [c for c in kube.writes() if c[0] not in ("dry-run", "patch-status")] == [
         ("list", "Service", NS, "mlsched.io/job-name")]
-    assert resumed.job_books.reconciled.get((NS, "bert")) is not None
+    assert resumed.jobs.books.reconciled.get((NS, "bert")) is not None
     assert "ChildrenNotCreated" not in [e["reason"] for e in kube.events("bert")]
 
 
@@ -119,14 +119,14 @@ def test_a_job_whose_service_cannot_be_created_gets_no_capacity_until_it_is():
     except Exception as err:  # noqa: BLE001 - what the handler reports (WaitingForQuota)
         assert "ResourceQuota has room" in str(err)
     assert sorted(s["metadata"]["name"] for s in kube.of_kind("StatefulSet")) == ["bert-ps", "bert-worker"]
-    assert rt.services.refused(jobs.job_record(stored))
+    assert rt.scheduling.services.refused(jobs.job_record(stored))
     assert run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                          kube.indexes(), now=NOW)) is None
     assert all(s["spec"]["replicas"] == 0 for s in kube.of_kind("StatefulSet"))
     del kube.object_quota["Service"]
     run(jobs.reconcile_children(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), {}))
     assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
-    assert "admission" in rt.wakeups.peek((NS, "default"))
+    assert "admission" in rt.scheduling.wakeups.peek((NS, "default"))
     report = run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                            kube.indexes(), now=NOW + 1))
     assert report is not None and report.targets["bert"].count("worker") >= 1
@@ -159,13 +159,13 @@ def test_a_service_that_could_not_be_made_again_is_retried_by_the_sweep_and_hold
     run(kube.delete("Service", NS, "bert"))
     kube.failing[("create", "bert")] = 503
     assert not run(pod_events.on_service_deleted(rt, deleted, kube.indexes()))
-    assert not kube.of_kind("Service") and not rt.services.refused(jobs.job_record(
+    assert not kube.of_kind("Service") and not rt.scheduling.services.refused(jobs.job_record(
         kube.obj("MLJob", NS, "bert")))
     run(loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(),
                               now=NOW + 3600))
     assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == workers
     del kube.failing[("create", "bert")]
-    rt.job_books.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
+    rt.jobs.books.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
     run(jobs.sweep(rt, kube.indexes()))
     assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
     assert "Restored" in [e["reason"] for e in kube.events("bert")]
@@ -177,10 +177,10 @@ def test_a_service_deleted_while_the_watches_were_down_is_restored_once_they_are
     pods used to lose their peers' DNS names for good."""
     rt, kube = scheduled()
     run(kube.delete("Service", NS, "bert"))  # the watch was down: no event
-    rt.job_books.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
+    rt.jobs.books.job_bodies[(NS, "bert")] = kube.obj("MLJob", NS, "bert")  # as its watch events keep it
     run(jobs.sweep(rt, kube.indexes()))
     assert not kube.of_kind("Service")  # nothing said it went
-    rt.services.relisted()
+    rt.scheduling.services.relisted()
     run(jobs.sweep(rt, kube.indexes()))
     assert [s["metadata"]["name"] for s in kube.of_kind("Service")] == ["bert"]
     assert "Restored" in [e["reason"] for e in kube.events("bert")]
@@ -241,7 +241,7 @@ def test_backoff_limit_fails_the_job_and_cleans_up_pods():
     assert all(s["spec"]["replicas"] == 0 for s in kube.of_kind("StatefulSet"))  # cleanPodPolicy Running
     assert any(e["type"] == "Warning" and e["reason"] == "BackoffLimitExceeded" for e in kube.events("bert"))
     # Failures of a pod that was replaced keep counting.
-    assert rt.failures.total((NS, "bert")) == 3
+    assert rt.scheduling.failures.total((NS, "bert")) == 3
 
 
 def test_a_job_failed_by_its_backoff_limit_names_the_container_and_its_exit_code():
@@ -338,7 +338,7 @@ def test_lifecycle_is_stable_for_an_unchanged_job():
 
 def test_a_gated_pod_created_between_rounds_is_pinned_once():
     rt, kube = make_runtime(cluster(2))
-    rt.placements.set((NS, "bert"), {"ps": ("node-1",), "worker": ("node-0",)})
+    rt.scheduling.placements.set((NS, "bert"), {"ps": ("node-1",), "worker": ("node-0",)})
     late = pod("bert", "worker", 0, gated=True, phase="Pending")
     kube.put(late)
     run(pod_events.on_pod_event(rt, "ADDED", late, kube.indexes()))
@@ -415,7 +415,7 @@ def test_the_lifecycle_sweep_lets_the_event_loop_turn_while_it_checks_thousands_
     async def scenario():
         for i in range(n):  # as the watch delivers them
             await jobs.on_job_event(rt, "ADDED", kube.put(ps_job(f"job-{i:03d}")), kube.indexes())
-        assert len(rt.job_books.job_bodies) == n
+        assert len(rt.jobs.books.job_bodies) == n
         turns = 0
 
         async def ticker():
@@ -468,7 +468,7 @@ def test_pods_the_api_server_refuses_to_create_are_reported(monkeypatch):
     kube.calls.clear()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason != "PodsRefused"
-    assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.pod_clocks.short_since
+    assert not [c for c in kube.calls if c[:2] == ("list", "Event")] and not rt.pods.clocks.short_since
 
 
 def test_a_statefulset_still_gaining_pods_is_not_asked_why_it_is_short(monkeypatch):
@@ -594,7 +594,7 @@ def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
     assert "Unschedulable" in [e["reason"] for e in kube.events("bert") if e["type"] == "Warning"]
     kube.run_scheduler()  # it turns out to run after all
     sync(rt, kube, "bert")
-    assert cond(kube, "bert", "Running").reason != "Unschedulable" and not rt.pod_clocks.unseen_since
+    assert cond(kube, "bert", "Running").reason != "Unschedulable" and not rt.pods.clocks.unseen_since
 
 
 def test_a_pod_held_by_a_gate_of_its_template_s_own_says_so(monkeypatch):
@@ -682,7 +682,7 @@ def test_pods_whose_volumes_cannot_be_mounted_are_reported(monkeypatch):
     kube.settle()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"
-    assert not rt.pod_clocks.creating_since and not rt.pod_clocks.creating_checks
+    assert not rt.pods.clocks.creating_since and not rt.pods.clocks.creating_checks
 
 
 def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
@@ -727,7 +727,7 @@ def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
     kube.settle()
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "AllRolesReady"
-    assert not rt.pod_clocks.claims_since and not rt.pod_clocks.claims_checks
+    assert not rt.pods.clocks.claims_since and not rt.pods.clocks.claims_checks
 
 
 def test_a_running_job_whose_policy_is_deleted_says_nothing_re_decides_it():
@@ -883,7 +883,7 @@ def test_a_pod_events_change_of_counts_waits_to_share_a_patch_and_a_phase_change
     assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 0
     # The wait over (none here), the counts are written.
     monkeypatch.setattr(jobs, "COUNTS_DELAY_S", 0.0)
-    rt.job_books.counts_due.clear()
+    rt.jobs.books.counts_due.clear()
     for _ in range(2):  # the first starts the wait, the second finds it over
         run(jobs.sync_job(rt, kube.obj("MLJob", NS, "bert"), kube.indexes(), prompt=True))
     assert patches() == written + 1
@@ -896,7 +896,7 @@ def test_a_pod_events_change_of_counts_waits_to_share_a_patch_and_a_phase_change
     assert status(kube, "bert")["phase"] == "Running"
     assert status(kube, "bert")["replicaStatuses"]["worker"]["ready"] == 2
     assert {e["reason"] for e in kube.events("bert")} >= {"Running"}
-    assert jobs.COUNTS_DELAY_S and not rt.job_books.counts_due  # written: nothing waits any more
+    assert jobs.COUNTS_DELAY_S and not rt.jobs.books.counts_due  # written: nothing waits any more
 
 
 def test_only_counts_tells_counts_from_phase_and_reason_changes():
@@ -923,7 +923,7 @@ def test_a_watch_body_from_before_the_running_patch_does_not_make_the_job_runnin
     run(jobs.on_job_event(rt, "MODIFIED", stale, kube.indexes()))
 
     async def evaluate() -> None:
-        await jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes())
+        await jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes())
         await rt.recorder.settled()
 
     run(evaluate())
@@ -936,7 +936,7 @@ def test_a_watch_body_from_before_the_running_patch_does_not_make_the_job_runnin
     assert len([c for c in kube.calls if c[:2] == ("patch-status", "MLJob")]) == patches > 0
     # Its own echo shows the patch: from then on the watch's bodies are taken as they are.
     run(jobs.on_job_event(rt, "MODIFIED", kube.obj("MLJob", NS, "bert"), kube.indexes()))
-    assert not rt.written_status
+    assert not rt.jobs.written_status
 
 
 def test_the_lifecycles_events_do_not_hold_up_its_status_patch():
@@ -956,7 +956,7 @@ def test_the_lifecycles_events_do_not_hold_up_its_status_patch():
     kube.create = slow_create
 
     async def evaluate() -> None:
-        await asyncio.wait_for(jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes()), 5)
+        await asyncio.wait_for(jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes()), 5)
         assert status(kube, "bert")["phase"] == "Running"
         assert "Running" not in [e["reason"] for e in kube.events("bert")]
         posted.set()
@@ -981,7 +981,7 @@ def test_a_watch_body_arriving_while_the_running_patch_is_out_does_not_make_it_r
     kube.patch = patch_meanwhile
 
     async def evaluate() -> None:
-        await jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes())
+        await jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes())
         await rt.recorder.settled()
 
     run(evaluate())
@@ -1008,15 +1008,15 @@ def test_a_job_marked_due_during_its_evaluation_is_evaluated_once_after_it():
     kube.patch = slow_patch
 
     async def meanwhile() -> list:
-        rt.lifecycle_due._due.clear()
-        first = asyncio.create_task(jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes()))
+        rt.jobs.due._due.clear()
+        first = asyncio.create_task(jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes()))
         await asyncio.wait_for(out.wait(), 10)  # its status patch is out
-        assert key in rt.job_books.syncing
-        again = await jobs.sync_job(rt, rt.job_books.job_bodies[key], kube.indexes(), prompt=True)
-        due_before = list(rt.lifecycle_due._due)
+        assert key in rt.jobs.books.syncing
+        again = await jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes(), prompt=True)
+        due_before = list(rt.jobs.due._due)
         answered.set()
         await first
-        return [again, due_before, list(rt.lifecycle_due._due)]
+        return [again, due_before, list(rt.jobs.due._due)]
 
     again, due_before, due_after = run(meanwhile())
-    assert again is False and due_before == [] and due_after == [key] and not rt.job_books.syncing
+    assert again is False and due_before == [] and due_after == [key] and not rt.jobs.books.syncing

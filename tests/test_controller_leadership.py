@@ -57,7 +57,7 @@ def test_a_standby_creates_no_children_and_pins_nothing():
     kube.put(policy())
     body = kube.put(ps_job("bert"))
     run(jobs.on_job_event(rt, "ADDED", body, kube.indexes()))
-    assert kube.writes() == [] and (NS, "bert") in rt.job_books.job_bodies
+    assert kube.writes() == [] and (NS, "bert") in rt.jobs.books.job_bodies
     # Once it leads, the sweep reconciles what arrived while it stood by.
     rt.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
     rt.leadership.become_leader()

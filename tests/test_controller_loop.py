@@ -208,7 +208,7 @@ def test_the_loop_outlives_a_failing_round(monkeypatch):
     asyncio.run(loop.run_policy_forever(rt, body, kube.indexes(), sleep, stopped=lambda: len(calls) >= 3))
     assert len(calls) == 3
     assert waits[0] == pytest.approx(60, abs=1) and waits[1] == pytest.approx(1200, abs=1)
-    assert rt.per_policy.intervals == {}  # forgotten when the daemon stops
+    assert rt.scheduling.per_policy.intervals == {}  # forgotten when the daemon stops
     # The failure was visible, not only in the log; the next round that completed cleared it.
     assert seen[0] == ("False", "RoundFailed",
                        "RuntimeError: apiserver hiccup; retrying every 60 s"), seen
@@ -283,14 +283,14 @@ def test_a_job_arriving_between_rounds_is_admitted_without_touching_running_jobs
     assert set(report.targets) == {"late"} and report.targets["late"].count("worker") >= 1
     # Only the newcomer's children change; the running job keeps its counts and nodes.
     assert all("late" in a.name for a in report.actions), report.actions
-    assert rt.placements.of((NS, "bert")) == bert_before
+    assert rt.scheduling.placements.of((NS, "bert")) == bert_before
     sts = {s["metadata"]["name"]: s["spec"]["replicas"] for s in kube.of_kind("StatefulSet")}
     assert sts["late-worker"] == report.targets["late"].count("worker") and sts["late-ps"] >= 1
     late = kube.obj("MLJob", NS, "late")["status"]
     assert late["replicaStatuses"]["worker"]["desired"] == report.targets["late"].count("worker")
     # Its reward counts from now, in the open interval; both jobs' capacity is reserved.
-    assert "late" in rt.per_policy.intervals[(NS, "default")].grants
-    assert set(rt.reservations.all()) == {(NS, "bert"), (NS, "late")}
+    assert "late" in rt.scheduling.per_policy.intervals[(NS, "default")].grants
+    assert set(rt.scheduling.reservations.all()) == {(NS, "bert"), (NS, "late")}
     settle(rt, kube)
     gpus = {}
     for p in kube.of_kind("Pod"):
@@ -320,7 +320,7 @@ def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission
     report = admit(rt, kube)
     assert set(report.targets) == {"bert"} and report.targets["bert"].count("worker") == 2
     assert kube.obj("StatefulSet", NS, "bert-worker")["spec"]["replicas"] == 2
-    assert rt.placements.of((NS, "steady")) == steady  # the others are held, untouched
+    assert rt.scheduling.placements.of((NS, "steady")) == steady  # the others are held, untouched
     events = [e for e in kube.events("bert") if e["reason"] == "Redecided"]
     assert events and "4 worker are outside the edited [1, 2]" in events[0]["message"]
     assert any(e["reason"] == "Scaled" and "worker 4→2" in e["message"] for e in kube.events("bert"))
@@ -335,7 +335,7 @@ def test_an_edit_the_decision_no_longer_meets_is_redecided_by_the_next_admission
     _edit_spec(rt, kube, "bert", more_cpu)
     report = admit(rt, kube)
     assert set(report.targets) == {"bert"}
-    assert rt.reservations.usage_of((NS, "bert")) == step_jobs.usage_of(
+    assert rt.scheduling.reservations.usage_of((NS, "bert")) == step_jobs.usage_of(
         kube.indexes().job(NS, "bert"), report.targets["bert"].nodes)
     settle(rt, kube)
     cpu = {}
@@ -384,7 +384,7 @@ def test_a_job_whose_statefulsets_do_not_exist_yet_waits_for_them():
     round_(rt, kube)
     kube.put(ps_job("early"))  # stored, but the create handler has not made its children yet
     assert admit(rt, kube) is None
-    assert (NS, "early") not in rt.reservations.all()
+    assert (NS, "early") not in rt.scheduling.reservations.all()
 
 
 def test_an_edited_policy_or_an_arrival_wakes_the_loop_before_its_interval():
@@ -423,11 +423,11 @@ def test_an_edited_policy_or_an_arrival_wakes_the_loop_before_its_interval():
 
             await until(lambda: rounds == [1])  # the first round, then asleep for a day
             assert admissions == []
-            rt.wakeups.signal((NS, "default"), "admission")
-            rt.wakeups.signal((NS, "default"), "admission")  # a burst: one step
+            rt.scheduling.wakeups.signal((NS, "default"), "admission")
+            rt.scheduling.wakeups.signal((NS, "default"), "admission")  # a burst: one step
             await until(lambda: admissions == [1])
             assert rounds == [1]
-            rt.wakeups.signal((NS, "default"), "policy")
+            rt.scheduling.wakeups.signal((NS, "default"), "policy")
             await until(lambda: rounds == [1, 1])
             assert admissions == [1]  # the burst was one step, and the edit woke a round
             stop.set()
@@ -444,7 +444,7 @@ def test_a_round_leaves_a_job_without_its_statefulsets_to_admission():
     rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
     kube.put(ps_job("early"))  # stored; the create handler has not made its children yet
     report = round_(rt, kube)
-    assert "early" not in report.targets and (NS, "early") not in rt.reservations.all()
+    assert "early" not in report.targets and (NS, "early") not in rt.scheduling.reservations.all()
     run(create_jobs(rt, kube, ps_job("early")))  # now its StatefulSets exist
     assert admit(rt, kube).targets["early"].count("worker") >= 1
 
@@ -499,13 +499,13 @@ def test_a_step_that_fails_while_applying_leaves_the_job_restorable(monkeypatch)
     rt, kube = setup(nodes=6, job_bodies=[ps_job("bert", max_workers=2)])
 
     async def unreachable(api, actions):
-        assert rt.placements.being_applied((NS, "bert"))
+        assert rt.scheduling.placements.being_applied((NS, "bert"))
         raise ConnectionError("the API server went away")
     monkeypatch.setattr(step, "execute_all", unreachable)
     with pytest.raises(ConnectionError):
         run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                       kube.indexes(), now=NOW + 30))
-    assert rt.placements.of((NS, "bert")) and not rt.placements.being_applied((NS, "bert"))
+    assert rt.scheduling.placements.of((NS, "bert")) and not rt.scheduling.placements.being_applied((NS, "bert"))
 
 
 def test_a_statefulset_deleted_by_hand_comes_back_with_the_template_of_the_decided_counts():
@@ -682,7 +682,7 @@ def test_a_template_refresh_that_loses_the_race_reads_again_and_a_refused_one_is
 def test_a_suspended_job_is_not_scaled_back():
     rt, kube = setup(nodes=4, job_bodies=[ps_job("bert", max_workers=4, run_policy={"suspend": True})])
     round_(rt, kube)
-    rt.placements.set((NS, "bert"), {"ps": ("node-0",), "worker": ("node-0",)})  # a stale decision
+    rt.scheduling.placements.set((NS, "bert"), {"ps": ("node-0",), "worker": ("node-0",)})  # a stale decision
     sts = kube.obj("StatefulSet", NS, "bert-worker")
     assert not run(pod_events.restore_replicas(rt, "MODIFIED", sts, kube.indexes()))
 
@@ -708,8 +708,8 @@ def test_a_snapshot_reads_each_jobs_key_a_bounded_number_of_times(monkeypatch):
     rt, kube = setup(nodes=8, job_bodies=[ps_job(f"j{k}") for k in range(jobs_n)])
     idx = kube.indexes()
     jobs_ = idx.jobs_of_policy(NS, "default")
-    rt.reservations.set((NS, "default"), {j.key: {} for j in jobs_})
-    rt.reservations.set((NS, "other"), {(NS, f"elsewhere{k}"): {} for k in range(jobs_n)})
+    rt.scheduling.reservations.set((NS, "default"), {j.key: {} for j in jobs_})
+    rt.scheduling.reservations.set((NS, "other"), {(NS, f"elsewhere{k}"): {} for k in range(jobs_n)})
     reads = []
     real = JobRecord.key  # the slot's descriptor (the records exist already)
     monkeypatch.setattr(JobRecord, "key", property(lambda self: reads.append(1) or real.__get__(self)))

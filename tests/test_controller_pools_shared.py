@@ -276,5 +276,5 @@ def test_a_policy_that_does_not_group_admits_its_new_job_beside_another_policys_
     report = _admit(rt, kube, namespace=OTHER, now=NOW + 10)
     assert report is not None and report.targets["late"].count("worker") == 1
     assert report.targets["late"].pool is None
-    waiting = rt.waiting.get((OTHER, "late"))
+    waiting = rt.jobs.waiting.get((OTHER, "late"))
     assert waiting is None, waiting

@@ -142,7 +142,7 @@ def test_a_job_whose_pods_would_be_refused_is_given_nothing_and_told_why():
 def test_a_refused_job_is_asked_again_and_admitted_once_its_pods_would_be_created(monkeypatch):
     clock = Clock()
     rt, kube = make_runtime(cluster(2))
-    rt.preflight.clock = clock
+    rt.jobs.preflight.clock = clock
     kube.pod_admission = refuse_service_account
     kube.put(policy())
     run(create_jobs(rt, kube, typo_job("typo")))
@@ -150,11 +150,11 @@ def test_a_refused_job_is_asked_again_and_admitted_once_its_pods_would_be_create
     assert len(dry_runs(kube)) == 2  # not asked again within RECHECK_S
     kube.pod_admission = None  # the admin created the ServiceAccount
     clock.now += preflight.RECHECK_S
-    wakeups = rt.wakeups.signals((NS, "default"))
+    wakeups = rt.scheduling.wakeups.signals((NS, "default"))
     sync(rt, kube, "typo")
     assert len(dry_runs(kube)) == 4
-    assert rt.wakeups.signals((NS, "default")) == wakeups + 1  # its policy's admission runs now
-    assert not rt.preflight.holds(kube.indexes().job(NS, "typo"))
+    assert rt.scheduling.wakeups.signals((NS, "default")) == wakeups + 1  # its policy's admission runs now
+    assert not rt.jobs.preflight.holds(kube.indexes().job(NS, "typo"))
     assert running(kube, "typo").reason == "WaitingForAllocation"
     run(loop.run_policy_admission(rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(),
                                   now=NOW))
@@ -167,7 +167,7 @@ def test_a_job_whose_pods_become_refused_after_admission_gives_its_capacity_back
     clock = Clock()
     monkeypatch.setattr(jobs.time, "monotonic", clock)
     rt, kube = make_runtime(cluster(2))
-    rt.preflight.clock = clock
+    rt.jobs.preflight.clock = clock
     kube.put(policy())
     run(create_jobs(rt, kube, typo_job("later", max_workers=4)))
     round_(rt, kube)
@@ -180,7 +180,7 @@ def test_a_job_whose_pods_become_refused_after_admission_gives_its_capacity_back
     clock.now += max(pod_problems.REFUSAL_GRACE_S, preflight.RECHECK_S)
     sync(rt, kube, "later")
     assert set(replicas(kube, "later").values()) == {0}
-    assert rt.placements.of((NS, "later")) is None and rt.reservations.usage_of((NS, "later")) is None
+    assert rt.scheduling.placements.of((NS, "later")) is None and rt.scheduling.reservations.usage_of((NS, "later")) is None
     released = [e["message"] for e in kube.events("later") if e["reason"] == "Released"]
     assert released == [f"gave back {held['later-ps']} ps, 4 worker: the API server refuses to "
                         f"create its pods"]
@@ -197,7 +197,7 @@ def test_a_running_job_is_never_released_by_a_dry_run(monkeypatch):
     clock = Clock()
     monkeypatch.setattr(jobs.time, "monotonic", clock)
     rt, kube = make_runtime(cluster(2))
-    rt.preflight.clock = clock
+    rt.jobs.preflight.clock = clock
     kube.put(policy())
     run(create_jobs(rt, kube, ps_job("bert", max_workers=4)))
     round_(rt, kube)
@@ -244,11 +244,11 @@ def test_jobs_made_from_one_manifest_are_checked_once_per_role():
     template that differs is asked about, and a pass is forgotten after PASS_TTL_S."""
     clock = Clock()
     rt, kube = make_runtime(cluster(2))
-    rt.preflight.clock = clock
+    rt.jobs.preflight.clock = clock
     kube.put(policy())
     run(create_jobs(rt, kube, *(ps_job(f"sweep-{i}") for i in range(20))))
     assert sorted(c[3] for c in dry_runs(kube)) == ["sweep-0-ps-0", "sweep-0-worker-0"]
-    assert all(rt.preflight.checked(j) and not rt.preflight.holds(j)
+    assert all(rt.jobs.preflight.checked(j) and not rt.jobs.preflight.holds(j)
                for j in kube.indexes().jobs_of_policy(NS, "default"))
     run(create_jobs(rt, kube, ps_job("bigger", max_workers=6)))  # worker bounds are not the template
     assert len(dry_runs(kube)) == 2
@@ -279,7 +279,7 @@ def test_a_burst_from_one_manifest_shares_the_dry_run_in_flight():
 
     run(arrive())
     assert sorted(c[3] for c in dry_runs(kube)) == ["burst-0-ps-0", "burst-0-worker-0"]
-    assert all(rt.preflight.checked(j) and not rt.preflight.holds(j)
+    assert all(rt.jobs.preflight.checked(j) and not rt.jobs.preflight.holds(j)
                for j in kube.indexes().jobs_of_policy(NS, "default"))
 
 
@@ -292,18 +292,18 @@ def test_a_relabelled_namespace_has_its_refused_jobs_asked_again_at_once():
     kube.pod_admission = refuse_service_account
     kube.put(policy())
     run(create_jobs(rt, kube, typo_job("typo")))
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     namespace = {"metadata": {"name": NS, "labels": {"pod-security.kubernetes.io/enforce": "restricted"}}}
     memo = {"runtime": rt}
     run(handlers.namespace_event({"type": "ADDED"}, namespace, memo))
     assert len(dry_runs(kube)) == 2  # first sight of the namespace: nothing to compare
     kube.pod_admission = None
-    wakeups = rt.wakeups.signals((NS, "default"))
+    wakeups = rt.scheduling.wakeups.signals((NS, "default"))
     namespace["metadata"]["labels"] = {"pod-security.kubernetes.io/enforce": "baseline"}
     run(handlers.namespace_event({"type": "MODIFIED"}, namespace, memo))
     assert len(dry_runs(kube)) == 4
-    assert not rt.preflight.holds(rt.indexes.job(NS, "typo"))
-    assert rt.wakeups.signals((NS, "default")) == wakeups + 1
+    assert not rt.jobs.preflight.holds(rt.cluster.indexes.job(NS, "typo"))
+    assert rt.scheduling.wakeups.signals((NS, "default")) == wakeups + 1
     run(handlers.namespace_event({"type": "MODIFIED"}, namespace, memo))  # unchanged: nothing
     assert len(dry_runs(kube)) == 4
     # Relabelled again: what passed before it is asked about again.

@@ -40,7 +40,7 @@ def test_a_pod_the_index_has_not_seen_yet_is_checked_against_the_api():
     rt, kube = world()
     kube.put(pod("bert", "worker", 1, node_name="node-0"))  # in the API, not in the index
     kube.tokens["new-pod-token"] = review("bert-worker-1", "uid-bert-worker-1")
-    assert not any(p.name == "bert-worker-1" for p in rt.indexes.pods.get((NS, "bert"), ()))
+    assert not any(p.name == "bert-worker-1" for p in rt.cluster.indexes.pods.get((NS, "bert"), ()))
     status, body = asyncio.run(post(rt, report(epochs=4.0), "new-pod-token"))
     assert status == 200 and body["accepted"]
     assert kube.obj("MLJob", NS, "bert")["status"]["progress"]["epochsDone"] == 4.0
@@ -88,13 +88,13 @@ def test_samples_per_second_lands_in_status_and_in_the_intervals_record():
                                      "gpt": rewards.Grant(1, 1, {}, 0.0, 100.0)})
     stale = (began - 60, 0.02, 400.0)  # reported before the interval: not its speed
     closed = rewards.close(interval, {"bert": 2.0, "gpt": 1.0},
-                           {"bert": rt.measured(job), "gpt": stale})
+                           {"bert": rt.jobs.measured(job), "gpt": stale})
     assert closed.history["bert"]["samplesPerSecond"] == 812.5
     assert closed.history["bert"]["speed"] == 0.01
     assert "samplesPerSecond" not in closed.history["gpt"] and "speed" not in closed.history["gpt"]
     # After an operator restart the status is what is known.
-    rt.progress.clear()
-    assert rt.measured(job_record(kube.obj("MLJob", NS, "bert")))[2] == 812.5
+    rt.jobs.progress.clear()
+    assert rt.jobs.measured(job_record(kube.obj("MLJob", NS, "bert")))[2] == 812.5
 
 
 def test_a_speed_measured_before_the_counts_changed_is_not_recorded_as_theirs():
@@ -115,7 +115,7 @@ def test_a_speed_measured_before_the_counts_changed_is_not_recorded_as_theirs():
     leaving = pod("bert", "worker", 0, node_name="node-0")
     leaving["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
     kube.put(leaving)
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     status, _ = asyncio.run(post(rt, report(epochs=5.0, samplesPerSecond=250.0), "bert-token"))
     written = kube.obj("MLJob", NS, "bert")["status"]["progress"]
     assert status == 200 and written["epochsDone"] == 5.0 and "samplesPerSecond" not in written

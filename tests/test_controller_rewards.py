@@ -45,7 +45,7 @@ def test_rewards_from_reports_between_rounds_land_in_history_and_policy_status()
     rt, kube = make_runtime(cluster(4))
     kube.put(policy(historyLimit=2))
     run(create_jobs(rt, kube, ps_job("a", epochs=100), ps_job("b", epochs=40)))
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     pol = lambda: kube.obj("SchedulingPolicy", NS, "default")  # noqa: E731
     recorded(rt, loop.run_policy_round(rt, pol(), kube.indexes(), now=NOW))
     for interval in range(3):

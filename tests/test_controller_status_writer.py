@@ -115,7 +115,7 @@ def test_a_written_record_the_watch_has_not_shown_yet_is_not_lost_nor_repeated()
     write the list without it (merge patches replace lists), nor append it again."""
     rt, kube = setup()
     stale = kube.indexes()
-    rt.indexes = stale  # what the writer sees at write time: never updated in this test
+    rt.cluster.indexes = stale  # what the writer sees at write time: never updated in this test
     for k in range(3):
         train(rt, kube, 2.0 * k)
         recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
@@ -241,7 +241,7 @@ def test_a_record_for_a_job_deleted_or_replaced_meanwhile_is_not_written_to_anot
     del kube.objects[("MLJob", NS, "a")]
     kube.put(ps_job("a", max_workers=2))
     assert kube.obj("MLJob", NS, "a")["metadata"]["uid"] != old_uid
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     kube.failing.clear()
     assert run(rt.records.flush(5))
     assert "placement" not in (kube.obj("MLJob", NS, "a").get("status") or {})

@@ -107,7 +107,7 @@ def test_a_job_is_reconciled_once_per_generation_and_its_lifecycle_swept():
     run(jobs.sweep(rt, kube.indexes()))
     assert [c for c in kube.calls if c[0] == "create"] == creates
     run(jobs.on_job_event(rt, "DELETED", body, kube.indexes()))
-    assert rt.job_books.job_bodies == {} and rt.job_books.reconciled == {}
+    assert rt.jobs.books.job_bodies == {} and rt.jobs.books.reconciled == {}
 
 
 def test_a_transient_error_is_reported_once_and_retried_by_the_sweep():
@@ -160,8 +160,7 @@ def test_an_admission_step_waits_for_a_burst_to_end_but_not_forever():
                 wakeups.signal(key, "admission")
             clock.t = end
 
-        rt = type("Rt", (), {"wakeups": wakeups})()
-        await loop._quiet(rt, key, sleep, clock=lambda: clock.t)
+        await loop._quiet(wakeups, key, sleep, clock=lambda: clock.t)
         return clock.t
 
     # Arrivals every 0.1 s for 1 s: the step waits for the burst to end, then a quiet 0.25 s.

@@ -90,7 +90,7 @@ def test_https_endpoint_pods_get_the_ca_and_plain_http_is_refused(tmp_path, monk
     async def serve():
         runner = await progress_server.start(rt)
         try:
-            job = rt.indexes.job(NS, "bert")
+            job = rt.cluster.indexes.job(NS, "bert")
             tpl = pod_template(job, "worker", {"ps": 1, "worker": 1}, rt.pod_settings)
             env = {e["name"]: e["value"] for e in tpl["spec"]["containers"][0]["env"] if "value" in e}
             env.update(MLSCHED_NAMESPACE=NS, MLSCHED_TOKEN_FILE=str(token))

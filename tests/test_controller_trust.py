@@ -254,13 +254,13 @@ def test_new_capacity_wakes_every_policys_admission_and_a_heartbeat_does_not():
         def running(self):
             return [(NS, "default"), ("team-b", "fast")]
 
-    rt.policy_loops = Loops()
+    rt.scheduling.policy_loops = Loops()
     memo = {"runtime": rt}
 
     def woken() -> set:
-        out = {key for key in Loops().running() if "admission" in rt.wakeups.peek(key)}
+        out = {key for key in Loops().running() if "admission" in rt.scheduling.wakeups.peek(key)}
         for key in out:
-            rt.wakeups.drop(key, "admission")
+            rt.scheduling.wakeups.drop(key, "admission")
         return out
 
     def node_event(body, type_="MODIFIED"):
@@ -282,7 +282,7 @@ def test_new_capacity_wakes_every_policys_admission_and_a_heartbeat_does_not():
     node_event(node("n9", gpu="4"))  # grown
     assert len(woken()) == 2
     node_event(node("n9", gpu="4"), "DELETED")  # its tasks are displaced: placed again
-    assert woken() == {(NS, "default"), ("team-b", "fast")} and "n9" not in rt.node_states
+    assert woken() == {(NS, "default"), ("team-b", "fast")} and "n9" not in rt.cluster.node_states
 
     def foreign(type_, **kwargs):
         body = pod("other", "worker", 0, namespace="team-c", **kwargs)
@@ -319,30 +319,30 @@ def test_a_deleted_job_s_pods_going_wake_its_policy_and_a_moved_job_wakes_the_on
 
     rt, kube = make_runtime(cluster(2))
     memo = {"runtime": rt}
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
 
     def woken() -> set:
         out = {key for key in [(NS, "default"), (NS, "other")]
-               if "admission" in rt.wakeups.peek(key)}
+               if "admission" in rt.scheduling.wakeups.peek(key)}
         for key in out:
-            rt.wakeups.drop(key, "admission")
+            rt.scheduling.wakeups.drop(key, "admission")
         return out
 
     body = ps_job("bert")
     kube.put(body)
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     run(handlers.mljob_event(event={"type": "ADDED"}, body=kube.obj("MLJob", NS, "bert"), memo=memo))
     assert woken() == {(NS, "default")}
     moved = kube.obj("MLJob", NS, "bert")
     moved["spec"]["schedulingPolicy"] = "other"
     moved["metadata"]["generation"] = 2
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     run(handlers.mljob_event(event={"type": "MODIFIED"}, body=moved, memo=memo))
     assert (NS, "default") in woken()  # the policy it left recounts
     run(handlers.mljob_event(event={"type": "DELETED"}, body=moved, memo=memo))
     assert woken() == {(NS, "other")}
     run(kube.delete("MLJob", NS, "bert"))
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     gone = pod("bert", "worker", 0, node_name="node-1")
     run(handlers.pod_event(event={"type": "DELETED"}, body=gone, memo=memo))
     assert woken() == {(NS, "other")}

@@ -37,7 +37,7 @@ def setup(**spec):
     rt, kube = make_runtime(cluster(4))
     kube.put(policy(allocation="dl2", **spec))
     run(create_jobs(rt, kube, ps_job("a", epochs=100)))
-    rt.indexes = kube.indexes()
+    rt.cluster.indexes = kube.indexes()
     return rt, kube
 
 

@@ -196,7 +196,7 @@ def test_a_pod_kube_scheduler_refuses_where_it_was_pinned_is_placed_elsewhere():
     which could decide the same node again."""
     rt, kube, before = _placed_job()
     refused_on = _refuse(rt, kube, "bert-worker-1")
-    assert "admission" in rt.wakeups.peek((NS, "default"))  # woken, not left for the round
+    assert "admission" in rt.scheduling.wakeups.peek((NS, "default"))  # woken, not left for the round
     report = admit(rt, kube)
     after = report.targets["bert"]
     assert after.nodes["worker"][1] != refused_on
@@ -228,9 +228,9 @@ def test_refused_pods_are_moved_a_bounded_number_of_times():
             break
         moves += 1
     assert moves == MAX_MOVES, moves
-    assert rt.refusals.moves((NS, "bert"), "worker", NOW + 30) == MAX_MOVES
-    assert rt.refusals.moves((NS, "bert"), "worker", NOW + 30 + 601) == 0  # faded
-    assert rt.refusals.of((NS, "bert"), "worker", NOW + 30 + 601) == frozenset()
+    assert rt.pods.refusals.moves((NS, "bert"), "worker", NOW + 30) == MAX_MOVES
+    assert rt.pods.refusals.moves((NS, "bert"), "worker", NOW + 30 + 601) == 0  # faded
+    assert rt.pods.refusals.of((NS, "bert"), "worker", NOW + 30 + 601) == frozenset()
 
 
 def test_a_refusal_where_our_own_pod_is_still_terminating_waits_for_it():
@@ -243,7 +243,7 @@ def test_a_refusal_where_our_own_pod_is_still_terminating_waits_for_it():
     leaving = next(p for p in kube.of_kind("Pod") if p["spec"].get("nodeName") == node)
     leaving["metadata"]["deletionTimestamp"] = "2023-11-14T22:15:00Z"
     assert admit(rt, kube) is None
-    assert rt.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
+    assert rt.pods.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
     del kube.objects[("Pod", NS, leaving["metadata"]["name"])]  # gone: now it is a refusal
     assert admit(rt, kube).targets["bert"].nodes["worker"][k] != node
 
@@ -265,9 +265,9 @@ def test_a_refusal_where_our_pod_is_beyond_its_count_or_just_left_waits_then_is_
     beyond["status"] = {"phase": "Running"}
     kube.put(beyond)
     assert admit(rt, kube) is None  # beyond the decided count: it is leaving
-    assert rt.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
+    assert rt.pods.refusals.of((NS, "bert"), "worker", NOW + 30) == frozenset()
     del kube.objects[("Pod", NS, "bert-worker-9")]
-    rt.refusals.departed(node, NOW + 30)
+    rt.pods.refusals.departed(node, NOW + 30)
     assert admit(rt, kube, now=NOW + 30 + DEPARTURE_SETTLE_S - 1) is None  # the refusal may be stale
     after = admit(rt, kube, now=NOW + 30 + DEPARTURE_SETTLE_S + 1)
     assert after is not None and after.targets["bert"].nodes["worker"][k] != node
@@ -279,15 +279,15 @@ def test_the_nodes_our_pods_are_leaving_name_the_pod_and_are_worked_out_once_a_s
     rt, kube, before = _placed_job()
     node = before.nodes["worker"][0]
     idx = kube.indexes()
-    assert rt.vacating.nodes(idx.pods, rt.placements.of, (), 100.0) == {}
+    assert rt.pods.vacating.nodes(idx.pods, rt.scheduling.placements.of, (), 100.0) == {}
     leaving = next(p for p in kube.of_kind("Pod") if p["spec"].get("nodeName") == node)
     leaving["metadata"]["deletionTimestamp"] = "2023-11-14T22:15:00Z"
     kube.put(leaving)
     idx = kube.indexes()
-    assert rt.vacating.nodes(idx.pods, rt.placements.of, (), 100.05, asked={node}) == {}
-    assert rt.vacating.nodes(idx.pods, rt.placements.of, (), 100.5) == {}  # within the second
+    assert rt.pods.vacating.nodes(idx.pods, rt.scheduling.placements.of, (), 100.05, asked={node}) == {}
+    assert rt.pods.vacating.nodes(idx.pods, rt.scheduling.placements.of, (), 100.5) == {}  # within the second
     # ... unless asked about a node the last answer does not name (a round may vacate it now)
-    assert rt.vacating.nodes(idx.pods, rt.placements.of, (), 100.6, asked={node}) == {
+    assert rt.pods.vacating.nodes(idx.pods, rt.scheduling.placements.of, (), 100.6, asked={node}) == {
         node: leaving["metadata"]["name"]}
-    assert rt.vacating.nodes(idx.pods, rt.placements.of, ("node-9",), 101.7) == {
+    assert rt.pods.vacating.nodes(idx.pods, rt.scheduling.placements.of, ("node-9",), 101.7) == {
         node: leaving["metadata"]["name"], "node-9": ""}  # "": one of ours left it lately

@@ -88,7 +88,7 @@ def test_the_first_policy_gives_back_its_borrowed_share_at_its_next_round():
     assert gpus(round_(rt, kube, "b", NOW + 1)) == 0
     a = round_(rt, kube, "a", NOW + 2)
     assert gpus(a) == 8 and all(t.count("worker") >= 1 for t in a.targets.values())
-    assert rt.per_policy.fair_shares[(NS, "a")].gpus == pytest.approx(8)
+    assert rt.scheduling.per_policy.fair_shares[(NS, "a")].gpus == pytest.approx(8)
     assert gpus(round_(rt, kube, "b", NOW + 3)) == 8
     # Rounds go on: the split stays.
     assert gpus(round_(rt, kube, "a", NOW + 4)) == 8
@@ -102,9 +102,9 @@ def test_the_idle_share_is_borrowed_once_the_other_has_no_demand():
     assert gpus(round_(rt, kube, "b", NOW + 1)) == 8
     for i in range(4):  # b's jobs are gone
         run(kube.delete("MLJob", NS, f"b{i}"))
-    rt.reservations.drop_policy((NS, "b"))
+    rt.scheduling.reservations.drop_policy((NS, "b"))
     assert gpus(round_(rt, kube, "a", NOW + 2)) == 16
-    assert (NS, "a") not in rt.per_policy.fair_shares  # nothing bounds it now
+    assert (NS, "a") not in rt.scheduling.per_policy.fair_shares  # nothing bounds it now
 
 
 def test_weights_are_honoured_in_rounds():
@@ -118,4 +118,4 @@ def test_a_lone_policy_is_not_bounded():
     rt, kube, bodies = two_teams(nodes=2)
     run(create_jobs(rt, kube, *bodies[:4]))
     assert gpus(round_(rt, kube, "a")) == 4
-    assert rt.per_policy.fair_shares == {}
+    assert rt.scheduling.per_policy.fair_shares == {}

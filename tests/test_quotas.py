@@ -233,11 +233,11 @@ def test_a_job_whose_children_a_full_object_count_quota_refuses_waits_saying_why
         run(jobs.sweep(rt, kube.indexes()))
     assert len([c for c in kube.calls if c[0] == "create"]) == creates
     # The first job's children exist: reconciled again (an edit), it is not told otherwise.
-    rt.job_books.reconciled.clear()
+    rt.jobs.books.reconciled.clear()
     first = kube.obj("MLJob", NS, "first")
     run(jobs.reconcile_if_needed(rt, first, kube.indexes()))
     assert "ChildrenNotCreated" not in [e["reason"] for e in kube.events("first")]
-    assert rt.job_books.reconciled.get((NS, "first")) is not None
+    assert rt.jobs.books.reconciled.get((NS, "first")) is not None
     # The quota raised: its event lets the next sweep create the children at once.
     kube.object_quota = {"Service": 2}
     monkeypatch.setattr(handlers, "wake_all_admissions", lambda rt: None)  # no policy loops here

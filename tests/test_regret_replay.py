@@ -139,5 +139,5 @@ def test_the_operators_guard_records_the_exact_interval_length():
     for k in range(2):
         recorded(rt, loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                            kube.indexes(), now=NOW + 0.7 + 1200 * k))
-    [record] = rt.per_policy.guards[(NS, "default")].records
+    [record] = rt.scheduling.per_policy.guards[(NS, "default")].records
     assert record.length_s == pytest.approx(1200.0, abs=1e-6)

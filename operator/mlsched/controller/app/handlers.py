@@ -69,12 +69,12 @@ async def policy_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
     rt = runtime(memo)
     key = (body["metadata"].get("namespace", ""), body["metadata"]["name"])
     if event.get("type") == "DELETED":
-        rt.policy_loops.stop(key)
+        rt.scheduling.policy_loops.stop(key)
         return
     if rt.leadership.leading:
         await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
-    if rt.policy_loops.observe(body):
-        rt.wakeups.signal(key, "policy")
+    if rt.scheduling.policy_loops.observe(body):
+        rt.scheduling.wakeups.signal(key, "policy")
 
 
 
@@ -87,13 +87,13 @@ async def node_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_
     name = body["metadata"]["name"]
     if event.get("type") == "DELETED":
         # Its jobs' tasks are placed again (displacement.py) once their pods are gone.
-        rt.node_states.pop(name, None)
-        wake_all_admissions(rt)
+        rt.cluster.node_states.pop(name, None)
+        wake_all_admissions(rt.scheduling)
         return
     record = node_record(body)
-    if rt.node_states.get(name) != record:
-        rt.node_states[name] = record
-        wake_all_admissions(rt)
+    if rt.cluster.node_states.get(name) != record:
+        rt.cluster.node_states[name] = record
+        wake_all_admissions(rt.scheduling)
 
 
 @kopf.on.event("pods", labels={JOB_LABEL: kopf.ABSENT})
@@ -102,7 +102,7 @@ async def foreign_pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
     """Another workload's pod on a node ended or went: its requests are free again."""
     if (body.get("spec") or {}).get("nodeName") and (
             event.get("type") == "DELETED" or not is_active_pod(body)):
-        wake_all_admissions(runtime(memo))
+        wake_all_admissions(runtime(memo).scheduling)
 
 
 @kopf.on.event("resourcequotas")
@@ -111,9 +111,9 @@ async def quota_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     and jobs whose children it had no room for are tried again at the next sweep."""
     rt = runtime(memo)
     namespace = (body.get("metadata") or {}).get("namespace")
-    for key in [k for k in rt.job_books.over_quota if k[0] == namespace]:
-        del rt.job_books.over_quota[key]
-    wake_all_admissions(rt)
+    for key in [k for k in rt.jobs.books.over_quota if k[0] == namespace]:
+        del rt.jobs.books.over_quota[key]
+    wake_all_admissions(rt.scheduling)
 
 
 @kopf.on.event("limitranges")
@@ -121,7 +121,7 @@ async def limit_range_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Me
                             **_: Any) -> None:
     """Defaults lowered or removed: waiting jobs may fit now (raised: they are decided again
     with the larger requests at the next step, which needs no wake-up of its own)."""
-    wake_all_admissions(runtime(memo))
+    wake_all_admissions(runtime(memo).scheduling)
 
 
 @kopf.on.event("namespaces")
@@ -133,11 +133,11 @@ async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     rt = runtime(memo)
     name = body["metadata"]["name"]
     if event.get("type") == "DELETED":
-        rt.namespace_labels.pop(name, None)
+        rt.cluster.namespace_labels.pop(name, None)
         return
     labels = dict(body["metadata"].get("labels") or {})
-    before = rt.namespace_labels.get(name)
-    rt.namespace_labels[name] = labels
+    before = rt.cluster.namespace_labels.get(name)
+    rt.cluster.namespace_labels[name] = labels
     if before is not None and before != labels and rt.leadership.leading:
         await preflight.namespace_relabelled(rt, name)
 
@@ -149,14 +149,14 @@ async def priority_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf
     class count against other scoped quotas now, so waiting jobs may fit (or, counted anew,
     are told why they wait). Any class event wakes: whether it was the default before an
     edit or deletion is not in the event, and classes change rarely."""
-    wake_all_admissions(runtime(memo))
+    wake_all_admissions(runtime(memo).scheduling)
 
 
 @kopf.on.event("node.k8s.io", "v1", "runtimeclasses")
 async def runtime_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
                               **_: Any) -> None:
     """A RuntimeClass created or changed: jobs naming it may be plannable now."""
-    wake_all_admissions(runtime(memo))
+    wake_all_admissions(runtime(memo).scheduling)
 
 
 @kopf.on.event(*DRA, "deviceclasses")
@@ -165,7 +165,7 @@ async def runtime_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.
 async def device_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """Devices published, a class or claim template created or changed: jobs claiming them may
     be plannable or fit now."""
-    wake_all_admissions(runtime(memo))
+    wake_all_admissions(runtime(memo).scheduling)
 
 
 @kopf.on.event(*DRA, "resourceclaims")
@@ -176,17 +176,17 @@ async def resource_claim_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf
     is unallocated too until kube-scheduler allocates it: a wake that finds nothing more.)"""
     kind = event.get("type")
     if kind == "DELETED" or (kind == "MODIFIED" and dra.resource_claim_record(body) is None):
-        wake_all_admissions(runtime(memo))
+        wake_all_admissions(runtime(memo).scheduling)
 
 
 def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
     """Wake the admission of the job's policy; of the policy it had, for a job deleted since
     (its pods go after it, and their going is what frees its capacity: the waiting jobs of its
     policy used to wait for the next round)."""
-    job = rt.indexes.job(namespace, job_name) if rt.indexes else None
-    policy = job.policy if job is not None else rt.departed.get((namespace, job_name))
+    job = rt.cluster.indexes.job(namespace, job_name) if rt.cluster.indexes else None
+    policy = job.policy if job is not None else rt.jobs.departed.get((namespace, job_name))
     if policy is not None:
-        rt.wakeups.signal((namespace, policy), "admission")
+        rt.scheduling.wakeups.signal((namespace, policy), "admission")
 
 
 @kopf.on.event("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
@@ -197,9 +197,9 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
         return
     # Its pods rolled to a new revision (a rescale ends when they all have): the job's
     # conditions follow now, not at the next sweep.
-    rt.lifecycle_due.mark((namespace, labels[JOB_LABEL]))
+    rt.jobs.due.mark((namespace, labels[JOB_LABEL]))
     # Scaled or recreated by hand: back to the decided replicas now, not at the next round.
-    await pod_events.restore_replicas(rt, event.get("type"), body, rt.indexes)
+    await pod_events.restore_replicas(rt, event.get("type"), body, rt.cluster.indexes)
     # A new job can be admitted once its StatefulSets exist (they are created on arrival).
     if event.get("type") == "ADDED":
         wake_admission(rt, namespace, labels[JOB_LABEL])
@@ -210,7 +210,7 @@ async def service_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, 
     """A job's Service deleted by hand comes back at once (pod_events.on_service_deleted)."""
     rt = runtime(memo)
     if event.get("type") == "DELETED" and rt.leadership.leading:
-        await pod_events.on_service_deleted(rt, body, rt.indexes)
+        await pod_events.on_service_deleted(rt, body, rt.cluster.indexes)
 
 
 # ------------------------------------------------------------------------------ mljobs
@@ -225,25 +225,25 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     policy_key = (meta.get("namespace", ""),
                   (body.get("spec") or {}).get("schedulingPolicy") or "default")
     key = (policy_key[0], meta["name"])
-    reconciled = rt.job_books.reconciled.get(key)
+    reconciled = rt.jobs.books.reconciled.get(key)
     # A spec edit of a job already decided: an admission step checks at once whether the
     # decision still fits the spec (loop.outgrown) and decides the job again if not.
     edited = (event.get("type") == "MODIFIED" and reconciled is not None
               and reconciled != (meta.get("uid"), int(meta.get("generation") or 0))
-              and rt.placements.of(key) is not None)
+              and rt.scheduling.placements.of(key) is not None)
     if event.get("type") in ("ADDED", "DELETED") or edited:
         # Wake the policy now: its admission step then waits for the burst this job may be
         # part of, and for the children of every job in it (loop._quiet); a deleted job's
         # policy recounts its jobs (the capacity it held frees as its pods go, below).
-        rt.wakeups.signal(policy_key, "admission")
-    previous = rt.job_books.job_bodies.get(key)
+        rt.scheduling.wakeups.signal(policy_key, "admission")
+    previous = rt.jobs.books.job_bodies.get(key)
     before = ((previous.get("spec") or {}).get("schedulingPolicy") or "default") \
         if previous is not None else policy_key[1]
     if before != policy_key[1]:
         # Moved to another policy: the one it left recounts its jobs (and may admit others
         # into what the job held); it used to go on showing the job as its own.
-        rt.wakeups.signal((policy_key[0], before), "admission")
-    await jobs.on_job_event(rt, event.get("type"), body, rt.indexes)
+        rt.scheduling.wakeups.signal((policy_key[0], before), "admission")
+    await jobs.on_job_event(rt, event.get("type"), body, rt.cluster.indexes)
 
 
 # -------------------------------------------------------------------------------- pods
@@ -252,13 +252,13 @@ async def mljob_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
 @kopf.on.event("pods", labels={JOB_LABEL: kopf.PRESENT})
 async def pod_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime(memo)
-    await pod_events.on_pod_event(rt, event.get("type"), body, rt.indexes)
+    await pod_events.on_pod_event(rt, event.get("type"), body, rt.cluster.indexes)
     if event.get("type") == "DELETED":  # capacity freed (a job finished, was deleted, shrank)
         namespace = body["metadata"].get("namespace", "")
         job_name = body["metadata"].get("labels", {}).get(JOB_LABEL, "")
         wake_admission(rt, namespace, job_name)
         node = (body.get("spec") or {}).get("nodeName")
         if node:  # refusals there wait a while (displacement.py); then they are looked at again
-            rt.refusals.departed(node, time.time())
+            rt.pods.refusals.departed(node, time.time())
             asyncio.get_running_loop().call_later(
                 displacement.DEPARTURE_SETTLE_S + 0.5, wake_admission, rt, namespace, job_name)

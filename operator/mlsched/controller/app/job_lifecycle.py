@@ -42,7 +42,7 @@ async def _pods_verdict(rt: Runtime, job: JobRecord, seen: lifecycle.Observed) -
     later under a daily interval)."""
     if job.error is not None or job.suspend or job.final:
         return None
-    book = rt.preflight
+    book = rt.jobs.preflight
     none_created = not any(s.created for s in seen.statefulsets)
     ask = book.due(job) or (seen.pods_refused is not None and none_created
                             and not book.recent(job))
@@ -53,10 +53,10 @@ async def _pods_verdict(rt: Runtime, job: JobRecord, seen: lifecycle.Observed) -
     if refusal is not None and held and none_created:
         # The decision goes first: the StatefulSets' watch events during the scaling must not
         # find it and restore the replicas (restore_replicas).
-        rt.reservations.release(job.key)
-        rt.placements.forget(job.key)
+        rt.scheduling.reservations.release(job.key)
+        rt.scheduling.placements.forget(job.key)
         await execute_all(rt.api, scale_to_zero_plan(seen.statefulsets, job.namespace))
-        rt.wakeups.signal((job.namespace, job.policy), "admission")
+        rt.scheduling.wakeups.signal((job.namespace, job.policy), "admission")
         await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
                                "Released", "gave back " + ", ".join(f"{n} {r}" for r, n in held.items())
                                + ": the API server refuses to create its pods")
@@ -94,8 +94,8 @@ async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         rt.recorder.in_background(_emit_in_order(rt, job_ref(body), outcome.events))
     if outcome.scale_to_zero:
         await execute_all(rt.api, scale_to_zero_plan(statefulsets, job.namespace))
-        rt.reservations.release(job.key)
-        rt.placements.forget(job.key)
+        rt.scheduling.reservations.release(job.key)
+        rt.scheduling.placements.forget(job.key)
     if outcome.delete_job:
         await rt.recorder.emit(job_ref(body), "Normal", "TTLExpired",
                                "ttlSecondsAfterFinished has passed; deleting the MLJob")
@@ -137,7 +137,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
                                  f"{rejected}", job.generation, seen.now)
     pods = list(idx.pods.get(job.key, ()))
     for pod in pods:
-        rt.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
+        rt.scheduling.failures.observe(job.key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
                             pod.last_failure)
     seen.cannot_start = sorted([(p.name, p.stuck) for p in pods if p.stuck and not p.deleting]
                                + await stuck_creating(rt, job.key, job.namespace, pods)
@@ -145,7 +145,7 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
     refused = [p for p in pods if p.unschedulable and not p.deleting]
     if refused:  # refused where a pod of ours is leaving: the plan at work (displacement.py)
         at = time.time()
-        vacating = rt.vacating.nodes(idx.pods, rt.placements.of, rt.refusals.settling(at), at,
+        vacating = rt.pods.vacating.nodes(idx.pods, rt.scheduling.placements.of, rt.pods.refusals.settling(at), at,
                                      asked={p.pinned for p in refused if p.pinned})
         seen.waiting_for_room = sorted(
             (p.name, p.pinned, vacating[p.pinned]) for p in refused
@@ -161,15 +161,15 @@ async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: I
         never, waiting = quotas.reasons(job, found, idx.default_priority_class())
         seen.cannot_fit = job.blocked or rt.cluster_fit(idx).why_not(job) or never
         seen.over_quota = waiting
-        seen.waiting_for = rt.waiting.get(job.key)
-    seen.failures = rt.failures.total(job.key)
-    seen.last_failure = rt.failures.last(job.key)
+        seen.waiting_for = rt.jobs.waiting.get(job.key)
+    seen.failures = rt.scheduling.failures.total(job.key)
+    seen.last_failure = rt.scheduling.failures.last(job.key)
     seen.workers_completed = sum(1 for p in pods if p.role == "worker" and p.completed
                                  and not p.deleting)
     replicas = {s.role: s.replicas for s in seen.statefulsets}
     seen.pods_ready = Counter(p.role for p in pods if p.ready and not p.deleting
                               and p.ordinal < replicas.get(p.role, 0))
-    seen.epochs_done = rt.epochs_done(job)
+    seen.epochs_done = rt.jobs.epochs_done(job)
     seen.policy_exists = bool(list(idx.policies.get((job.namespace, job.policy), ())))
     seen.created_s = job.created_s or None
     return lifecycle.evaluate(spec, job.generation, status, seen)

@@ -26,6 +26,7 @@ from mlsched.controller.kube.kube import STATUS_FIRST, STATUS_ROUTINE, STATUS_SO
 from mlsched.controller.objects.records import StsRecord
 from mlsched.controller.objects.job_records import JobRecord, job_record
 from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.state import JobState
 from mlsched.controller.scheduling.indexes import Indexes, JobKey, flatten
 from mlsched.controller.process.supervision import key_of, plain
 
@@ -43,20 +44,20 @@ async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     if event_type == "DELETED":
         # Children go with the owner references; only the in-memory books need forgetting. The
         # capacity it held frees as its pods go (each pod's deletion wakes the admission of
-        # the policy it had: rt.departed).
+        # the policy it had: rt.jobs.departed).
         rt.forget_job(key)
-        rt.note_departed(key, (body.get("spec") or {}).get("schedulingPolicy") or "default")
+        rt.jobs.note_departed(key, (body.get("spec") or {}).get("schedulingPolicy") or "default")
         return
     # A body from before the operator's last status patch of the job shows that patch too
     # (written_status.py): its lifecycle must not decide the same change twice.
-    body = rt.written_status.over(key, plain(body))
-    rt.job_books.job_bodies[key] = body
+    body = rt.jobs.written_status.over(key, plain(body))
+    rt.jobs.books.job_bodies[key] = body
     if not rt.leadership.leading:
         return  # a standby writes nothing; when it leads, the sweep reconciles every job
     await release_legacy_finalizer(rt, "MLJob", body)
     meta = body["metadata"]
     if not meta.get("deletionTimestamp") \
-            and rt.job_books.reconciled.get(key) != (meta.get("uid"), int(meta.get("generation") or 0)):
+            and rt.jobs.books.reconciled.get(key) != (meta.get("uid"), int(meta.get("generation") or 0)):
         try:  # one at a time with the job's evaluations: a due one used to create the same
             # children again while this one's creates waited in a burst (a 409 and a read each)
             await sync_job(rt, body, idx, prompt=True)
@@ -71,9 +72,9 @@ OVER_QUOTA_RETRY_S = 30.0
 
 async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -> None:
     job = job_record(body)
-    if rt.job_books.reconciled.get(job.key) == (job.uid, job.generation):
+    if rt.jobs.books.reconciled.get(job.key) == (job.uid, job.generation):
         return
-    blocked = rt.job_books.over_quota.get(job.key)
+    blocked = rt.jobs.books.over_quota.get(job.key)
     if blocked and blocked[:2] == (job.uid, job.generation) \
             and time.monotonic() - blocked[2] < OVER_QUOTA_RETRY_S:
         return  # not a create call per job per sweep while the quota stays full
@@ -83,9 +84,9 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
     except ChildOverQuota as err:
         # Waiting, not failing: the status says why (WaitingForQuota), an Event once.
         await write_status(rt, body, patch)
-        rt.job_books.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
-        if rt.job_books.retrying.get(job.key) != str(err):
-            rt.job_books.retrying[job.key] = str(err)
+        rt.jobs.books.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
+        if rt.jobs.books.retrying.get(job.key) != str(err):
+            rt.jobs.books.retrying[job.key] = str(err)
             await rt.recorder.emit(job_ref(body), "Normal", "WaitingForQuota", str(err))
         return
     except Exception as err:
@@ -98,13 +99,13 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
             type_, reason = "Warning", "ChildrenNotCreated"
             message = f"could not create the job's children, retrying every " \
                       f"{rt.config.job_sync_seconds:g} s: {err}"
-        if rt.job_books.retrying.get(job.key) != message:
-            rt.job_books.retrying[job.key] = message
+        if rt.jobs.books.retrying.get(job.key) != message:
+            rt.jobs.books.retrying[job.key] = message
             await rt.recorder.emit(job_ref(body), type_, reason, message)
         raise
-    rt.job_books.retrying.pop(job.key, None)
-    rt.job_books.over_quota.pop(job.key, None)
-    rt.job_books.reconciled[job.key] = (job.uid, job.generation)
+    rt.jobs.books.retrying.pop(job.key, None)
+    rt.jobs.books.over_quota.pop(job.key, None)
+    rt.jobs.books.reconciled[job.key] = (job.uid, job.generation)
     await write_status(rt, body, patch)
 
 
@@ -132,12 +133,12 @@ async def write_status(rt: Runtime, body: dict[str, Any], patch: Mapping[str, An
     if await rt.api.patch("MLJob", meta["namespace"], meta["name"], {"status": status},
                           status=True, priority=priority):
         key = (meta["namespace"], meta["name"])
-        rt.written_status.wrote(key, status)
-        kept = rt.job_books.job_bodies.get(key)
+        rt.jobs.written_status.wrote(key, status)
+        kept = rt.jobs.books.job_bodies.get(key)
         if kept is not None and kept is not body:
             # A watch event replaced the kept body while the patch was out: that body is
             # older than the patch (the next evaluation would decide the same change again).
-            rt.job_books.job_bodies[key] = rt.written_status.over(key, kept)
+            rt.jobs.books.job_bodies[key] = rt.jobs.written_status.over(key, kept)
     body.setdefault("status", {}).update(status)
 
 
@@ -159,25 +160,25 @@ async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes,
     if body["metadata"].get("deletionTimestamp"):
         return True
     job = job_record(body)
-    if job.key in rt.job_books.syncing:
+    if job.key in rt.jobs.books.syncing:
         if prompt:  # looked at again once the evaluation under way ends
-            rt.job_books.syncing[job.key] = True
+            rt.jobs.books.syncing[job.key] = True
             # Which may be waiting to write a change of counts, queued after every other
             # status patch: up to 10 s in a burst, while this job's pods had all turned Ready.
             rt.api.hurry_status("MLJob", *job.key)
         return False
-    rt.job_books.syncing[job.key] = False
+    rt.jobs.books.syncing[job.key] = False
     try:
-        if rt.job_books.reconciled.get(job.key) != (job.uid, job.generation):
+        if rt.jobs.books.reconciled.get(job.key) != (job.uid, job.generation):
             await reconcile_if_needed(rt, body, idx)
             return True
         patch: dict[str, Any] = {}
         outcome = await sync_lifecycle(rt, body, idx, patch)
         if (prompt and patch.get("status") and not outcome.events
                 and lifecycle.only_counts(body.get("status") or {}, patch["status"])
-                and counts_wait(rt, job.key)):
+                and counts_wait(rt.jobs, job.key)):
             return True
-        rt.job_books.counts_due.pop(job.key, None)
+        rt.jobs.books.counts_due.pop(job.key, None)
         await write_status(rt, body, patch)
         return True
     finally:
@@ -185,18 +186,18 @@ async def sync_job(rt: Runtime, body: dict[str, Any], idx: Indexes,
         # can wait seconds in a burst): its pods may have changed since it read them. It used
         # to be marked again at once, and again, every 0.3 s until this one ended (13,789
         # evaluations that did nothing in bench_e2e's 300-job burst).
-        if rt.job_books.syncing.pop(job.key, False):
-            rt.lifecycle_due.mark(job.key)
+        if rt.jobs.books.syncing.pop(job.key, False):
+            rt.jobs.due.mark(job.key)
 
 
-def counts_wait(rt: Runtime, key: JobKey) -> bool:
+def counts_wait(jobs: JobState, key: JobKey) -> bool:
     """Whether the job's change of counts alone may wait: the first such change waits
     COUNTS_DELAY_S (the job is marked due again then), later ones until that time."""
     loop = asyncio.get_running_loop()
-    deadline = rt.job_books.counts_due.get(key)
+    deadline = jobs.books.counts_due.get(key)
     if deadline is None:
-        rt.job_books.counts_due[key] = loop.time() + COUNTS_DELAY_S
-        loop.call_later(COUNTS_DELAY_S, rt.lifecycle_due.mark, key)
+        jobs.books.counts_due[key] = loop.time() + COUNTS_DELAY_S
+        loop.call_later(COUNTS_DELAY_S, jobs.due.mark, key)
         return True
     return loop.time() < deadline
 
@@ -241,17 +242,17 @@ async def sync_due_forever(rt: Runtime) -> None:
         async with slots:
             # From here a new mark is a change this evaluation may not see: it gets a task.
             queued.discard(key)
-            body = rt.job_books.job_bodies.get(key)
+            body = rt.jobs.books.job_bodies.get(key)
             if body is None:
                 return
             try:  # if another evaluation of the job is under way, it marks it due after
-                await sync_job(rt, body, rt.indexes, prompt=True)
+                await sync_job(rt, body, rt.cluster.indexes, prompt=True)
             except Exception as err:  # noqa: BLE001 - the sweep tries again
                 log.warning("MLJob %s/%s: %s", *key, err)
 
     running: set[asyncio.Task] = set()
     while True:
-        for key in await rt.lifecycle_due.take():
+        for key in await rt.jobs.due.take():
             if key in queued:
                 # Its evaluation has not begun: it will read the latest body and pods. A
                 # burst's pod events used to queue five or more evaluations of one job,
@@ -265,7 +266,7 @@ async def sync_due_forever(rt: Runtime) -> None:
 
 async def sweep(rt: Runtime, idx: Indexes) -> None:
     """Every job's lifecycle, and the children still to create after a transient error."""
-    await sync_batches(rt, list(rt.job_books.job_bodies.values()), idx)
+    await sync_batches(rt, list(rt.jobs.books.job_bodies.values()), idx)
     try:
         await release_orphaned_pools(rt, idx)
     except Exception as err:  # noqa: BLE001 - retried at the next sweep
@@ -288,12 +289,12 @@ async def release_orphaned_pools(rt: Runtime, idx: Indexes, grace_s: float = ORP
     named = {(j.namespace, j.policy) for j in flatten(idx.mljobs)}
     named |= {tuple(n.pool_owner.split("/", 1)) for n in flatten(idx.nodes)
               if n.pool_owner and "/" in n.pool_owner}
-    for key in list(rt.orphans):
+    for key in list(rt.scheduling.orphans):
         if key in policies or key not in named:
-            del rt.orphans[key]
+            del rt.scheduling.orphans[key]
     gone = set()
     for key in named - policies:
-        first = rt.orphans.setdefault(key, now)
+        first = rt.scheduling.orphans.setdefault(key, now)
         if now - first >= grace_s:
             gone.add(key)
     if rt.config.label_nodes:
@@ -313,7 +314,7 @@ async def release_orphaned_pools(rt: Runtime, idx: Indexes, grace_s: float = ORP
         if job.group is not None:
             rt.records.enqueue("MLJob", job.namespace, job.name, uid=job.uid,
                                fields={"group": None, "groupSince": None})
-        rt.groups.pop(job.key, None)
+        rt.scheduling.groups.pop(job.key, None)
 
 
 async def release_legacy_finalizer(rt: Runtime, kind: str, body: Mapping[str, Any]) -> None:
@@ -350,7 +351,7 @@ async def reconcile_children(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         # A job about to be given capacity: is it sure its pods will be created? Asked beside
         # the creation of its children (no latency added), held from admission meanwhile.
         check = preflight.begin(rt, job) if (
-            _waiting_for_capacity(job, existing) and not rt.preflight.checked(job)) else None
+            _waiting_for_capacity(job, existing) and not rt.jobs.preflight.checked(job)) else None
         try:
             await _create_children(rt, body, job, existing)
             created = True
@@ -384,17 +385,17 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
     complete = {s.role for s in existing} >= set(roles_of(job))
     created = [f"StatefulSet {name}"
                for name in await ensure_statefulsets(rt.api, job, existing, rt.pod_settings)]
-    if not complete or not await rt.services.exists(rt.api, job):
-        refused = rt.services.refused(job)
+    if not complete or not await rt.scheduling.services.exists(rt.api, job):
+        refused = rt.scheduling.services.refused(job)
         try:
             if await ensure_service(rt.api, job):
                 created.insert(0, f"Service {job.name}")
         except Exception:
-            rt.services.failed(job)
+            rt.scheduling.services.failed(job)
             raise
-        rt.services.note(job)
+        rt.scheduling.services.note(job)
         if refused:  # held from admission until now; its StatefulSets were there already
-            rt.wakeups.signal((job.namespace, job.policy), "admission")
+            rt.scheduling.wakeups.signal((job.namespace, job.policy), "admission")
     if created:
         await rt.recorder.emit(job_ref(body), "Normal", "Created",
                                f"{', '.join(created)}; waiting for SchedulingPolicy "
@@ -404,8 +405,8 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
     # its StatefulSets are read. Otherwise (created, resumed) the index says whether anything
     # is to do, with no call when nothing is. Not while a step applies a decision for the job
     # (one planned before the edit would put the old template back after this refresh).
-    edited = rt.job_books.reconciled.get(job.key, ("",))[0] == job.uid
-    read_first = edited and rt.placements.of(job.key) is not None
+    edited = rt.jobs.books.reconciled.get(job.key, ("",))[0] == job.uid
+    read_first = edited and rt.scheduling.placements.of(job.key) is not None
     if existing and (read_first or refresh_plan(job, existing, rt.pod_settings)):
-        await rt.placements.settled(job.key)
+        await rt.scheduling.placements.settled(job.key)
         await refresh_templates(rt.api, job, existing, rt.pod_settings, read_first=read_first)

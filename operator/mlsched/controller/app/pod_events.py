@@ -33,44 +33,44 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     meta = body.get("metadata", {})
     namespace, job_name = meta.get("namespace", ""), meta["labels"][JOB_LABEL]
     key = (namespace, job_name)
-    rt.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
+    rt.scheduling.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
                         pod.last_failure)
     if not rt.leadership.leading:
         return  # the leader's first round pins what is gated
-    if rt.pod_states.changed(pod, gone=event_type == "DELETED"):
-        rt.lifecycle_due.mark(key)  # its phase and conditions follow the pod now
+    if rt.pods.states.changed(pod, gone=event_type == "DELETED"):
+        rt.jobs.due.mark(key)  # its phase and conditions follow the pod now
     job = idx.job(namespace, job_name)
     if (event_type != "DELETED" and job is not None
             and displacement.refused_there(pod, pod.pinned or "")):
         # kube-scheduler refuses it where it was pinned: the admission step woken here places
         # it again (displacement.py).
-        rt.wakeups.signal((namespace, job.policy), "admission")
+        rt.scheduling.wakeups.signal((namespace, job.policy), "admission")
     if event_type == "DELETED" or pod.deleting or not pod.gated:
-        rt.pinned.pop(pod.uid, None)
+        rt.pods.pinned.pop(pod.uid, None)
         return
-    node = rt.placements.node_for(key, pod.role, pod.ordinal)
+    node = rt.scheduling.placements.node_for(key, pod.role, pod.ordinal)
     if node is None:
         # After an operator restart, before the policy's first round: the last decision
         # recorded in the job's status.
         decided = ((job.placement or {}).get(pod.role) or ()) if job and job.schedulable else ()
         node = decided[pod.ordinal] if pod.ordinal < len(decided) else None
-    if node is None or rt.pinned.get(pod.uid) == node:
+    if node is None or rt.pods.pinned.get(pod.uid) == node:
         return  # not decided yet (it stays gated until a round gives its ordinal a node)
     if job is not None and refused_by(rt, idx, job, pod.role, node):
         # Drained, deleted, tainted since: pinned there it would stay Pending. It stays gated;
         # the admission step woken here places it again (displacement.py).
-        rt.wakeups.signal((namespace, job.policy), "admission")
+        rt.scheduling.wakeups.signal((namespace, job.policy), "admission")
         return
     if pod.pinned not in (None, node):
         action: PinPod | DeletePod = DeletePod(namespace, pod.name, pod.uid, pod.role,
                                                pod.ordinal, node, pod.pinned)
     else:
         action = PinPod(namespace, pod.name, pod.uid, pod.role, pod.ordinal, node)
-        rt.pinned[pod.uid] = node
+        rt.pods.pinned[pod.uid] = node
     try:
         await execute(rt.api, action)
     except Exception:
-        rt.pinned.pop(pod.uid, None)
+        rt.pods.pinned.pop(pod.uid, None)
         raise
     log.info("MLJob %s/%s: %s %s on %s", namespace, job_name,
              "pinned" if isinstance(action, PinPod) else "recreating", pod.name, node)
@@ -93,11 +93,11 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
     record = sts_record(body)
     meta = body.get("metadata", {})
     job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
-    decided = rt.placements.of(job.key) if job is not None else None
+    decided = rt.scheduling.placements.of(job.key) if job is not None else None
     if job is None or decided is None or not job.schedulable or meta.get("deletionTimestamp") \
-            or rt.preflight.refusal(job) is not None:
+            or rt.jobs.preflight.refusal(job) is not None:
         return False  # not decided by this operator yet, or suspended/finished/refused: the lifecycle owns it
-    if rt.placements.being_applied(job.key):
+    if rt.scheduling.placements.being_applied(job.key):
         return False  # the event predates the decision's own patches, still in flight
     want = len(decided.get(record.role, ()))
     if record.replicas == want:
@@ -130,7 +130,7 @@ async def on_service_deleted(rt: Runtime, body: Mapping[str, Any], idx: Indexes)
     job = idx.job(meta.get("namespace", ""), (meta.get("labels") or {}).get(JOB_LABEL, ""))
     if job is None or controller_uid(meta) != job.uid:
         return False  # its job is gone, or it was an earlier job's of the name
-    rt.services.forget(job.key)
+    rt.scheduling.services.forget(job.key)
     live = await rt.api.get("MLJob", job.namespace, job.name)  # the index may lag a deletion
     if live is None or live["metadata"].get("uid") != job.uid \
             or live["metadata"].get("deletionTimestamp"):
@@ -147,11 +147,11 @@ async def restore_service(rt: Runtime, job: JobRecord) -> bool:
     to be gone (`on_service_deleted`); True if created now. A job not reconciled yet gets it
     from `reconcile_children`; a finished one has no pods to name. A failure is not a refusal
     (services.py): the job keeps running, and the next sweep tries again."""
-    if job.finished or rt.job_books.reconciled.get(job.key) != (job.uid, job.generation) \
-            or await rt.services.exists(rt.api, job):
+    if job.finished or rt.jobs.books.reconciled.get(job.key) != (job.uid, job.generation) \
+            or await rt.scheduling.services.exists(rt.api, job):
         return False
     created = await ensure_service(rt.api, job)
-    rt.services.note(job)
+    rt.scheduling.services.note(job)
     if created:
         await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
                                "Restored", f"Service {job.name} was deleted; created again, so "

@@ -27,7 +27,7 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
     PodsStarting forever, its GPUs held."""
     now, grace = time.monotonic(), rt.config.scheduler_grace_seconds
     out = []
-    clocks = rt.pod_clocks.unseen_since.get(key, {})
+    clocks = rt.pods.clocks.unseen_since.get(key, {})
     kept: dict[str, float] = {}  # only the pods waiting now: the others' clocks go
     for p in pods:
         if not (p.pinned and not p.gated and not p.bound and p.unseen and not p.deleting
@@ -51,9 +51,9 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
         out.append((p.name, f"{who} has not acted on it in {now - since:.0f} s since it "
                             f"was placed on {p.pinned}: {hint}"))
     if kept:
-        rt.pod_clocks.unseen_since[key] = kept
+        rt.pods.clocks.unseen_since[key] = kept
     else:
-        rt.pod_clocks.unseen_since.pop(key, None)
+        rt.pods.clocks.unseen_since.pop(key, None)
     return out
 
 
@@ -73,7 +73,7 @@ async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
     this: the pod shows `ContainerCreating` for ever (only its FailedMount Events say why),
     the job said PodsStarting and held its GPUs."""
     waiting = [p for p in pods if p.creating and not p.deleting]
-    return await _warned(rt, key, namespace, waiting, rt.pod_clocks.creating_since, rt.pod_clocks.creating_checks,
+    return await _warned(rt, key, namespace, waiting, rt.pods.clocks.creating_since, rt.pods.clocks.creating_checks,
                          rt.config.creating_grace_seconds, CREATING_FAILURES)
 
 
@@ -91,7 +91,7 @@ async def claims_unmade(rt: Runtime, key: JobKey, namespace: str,
     exist and says nothing, so only the pod's Events say why (a quota on claims, a webhook).
     Such pods sat Pending for good while the job said AllRolesReady on its minimum."""
     waiting = [p for p in pods if p.claims_unmade and not p.deleting]
-    return await _warned(rt, key, namespace, waiting, rt.pod_clocks.claims_since, rt.pod_clocks.claims_checks,
+    return await _warned(rt, key, namespace, waiting, rt.pods.clocks.claims_since, rt.pods.clocks.claims_checks,
                          CLAIMS_GRACE_S, CLAIM_FAILURES)
 
 
@@ -158,12 +158,12 @@ async def pods_refused(rt: Runtime, job: JobRecord, statefulsets,
             seen_pods = Counter(p.role for p in pods if not p.deleting)
         created = max(sts.created, seen_pods.get(sts.role, 0) if seen_pods else 0)
         if created >= sts.replicas or not sts.observed:
-            rt.pod_clocks.short_since.pop(key, None)
+            rt.pods.clocks.short_since.pop(key, None)
             continue
-        since, before = rt.pod_clocks.short_since.get(key, (now, created))
+        since, before = rt.pods.clocks.short_since.get(key, (now, created))
         if created > before:  # progress since: not refused (not all of it, anyway)
             since = now
-        rt.pod_clocks.short_since[key] = (since, created)
+        rt.pods.clocks.short_since[key] = (since, created)
         if found is None and now - since >= REFUSAL_GRACE_S:
             try:
                 events = await rt.api.failed_creates(job.namespace, sts.name)

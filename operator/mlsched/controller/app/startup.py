@@ -26,6 +26,7 @@ from mlsched.controller.scheduling.loop import run_policy_forever
 from mlsched.controller.process.loop_health import LoopHealth
 from mlsched.controller.process.relists import Gone, Relists
 from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.state import Scheduling
 from mlsched.controller.scheduling.indexes import flatten
 from mlsched.controller.process.supervision import LiveBody, PolicyLoops, sweep_forever
 from mlsched.controller.app.watched import CONFIG, INDEXED, indexes_from
@@ -73,13 +74,13 @@ async def forget_gone(rt: Runtime, gone: list[Gone]) -> None:
     loops stopped), capacity that pods, claims or quotas held offered to waiting jobs."""
     for g in gone:
         if g.plural == "schedulingpolicies":
-            rt.policy_loops.stop((g.namespace or "", g.name))
+            rt.scheduling.policy_loops.stop((g.namespace or "", g.name))
         elif g.plural == "mljobs":
             key = (g.namespace or "", g.name)
-            body = rt.job_books.job_bodies.get(key) or {"metadata": {"namespace": key[0], "name": g.name,
+            body = rt.jobs.books.job_bodies.get(key) or {"metadata": {"namespace": key[0], "name": g.name,
                                                            "uid": g.uid}}
-            await jobs.on_job_event(rt, "DELETED", body, rt.indexes)
-    wake_all_admissions(rt)
+            await jobs.on_job_event(rt, "DELETED", body, rt.cluster.indexes)
+    wake_all_admissions(rt.scheduling)
 
 
 # ---------------------------------------------------------------------------- operator
@@ -93,16 +94,16 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         concurrency=CONFIG.api_concurrency, create_concurrency=CONFIG.create_concurrency,
         # Which replica sent a request, in the API server's audit log.
         user_agent=f"mlsched-operator ({CONFIG.leader_identity})"))
-    rt.indexes = indexes_from(kwargs)
+    rt.cluster.indexes = indexes_from(kwargs)
     if CONFIG.namespaces and isinstance(rt.api, ClientKubeApi):
         # Nodes are shared: count what other namespaces run on them (cluster_pods.py).
         loop = asyncio.get_running_loop()
-        rt.indexes.other_namespaces = other = OtherNamespacePods(
+        rt.cluster.indexes.other_namespaces = other = OtherNamespacePods(
             CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
         other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
         memo["other_namespaces"] = other
         # And the DRA devices their pods' claims hold (dra.py).
-        rt.indexes.other_claims = claims = OtherNamespaceClaims(
+        rt.cluster.indexes.other_claims = claims = OtherNamespaceClaims(
             CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
         # The return type named: the client (37.0) cannot derive the claim's model name from
         # the list function (its models are ResourceV1ResourceClaim), and the events are read
@@ -113,11 +114,11 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         memo["other_claims"] = claims
     rt.metrics.watch_job_phases(
         lambda: Counter((j.namespace, j.phase or "Unknown", j.reason or "")
-                        for j in flatten(rt.indexes.mljobs)))
-    rt.policy_loops = policy_loops(rt)
+                        for j in flatten(rt.cluster.indexes.mljobs)))
+    rt.scheduling.policy_loops = policy_loops(rt)
     if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
         rt.leadership = Leadership(leading=False)
-        rt.policy_loops.active = False
+        rt.scheduling.policy_loops.active = False
         # Nothing is written unless this replica holds the Lease at the moment it is sent:
         # the operator's writes (kube.py) and kopf's own Events of handler failures.
         if isinstance(rt.api, ClientKubeApi):
@@ -128,7 +129,7 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
     memo["runtime"] = rt
     memo["relists"] = Relists(lambda plural, ns: present(rt, plural, ns),
                               lambda gone: forget_gone(rt, gone),
-                              on_relisted=rt.services.relisted)
+                              on_relisted=rt.scheduling.services.relisted)
     memo["loop_health_stopped"] = health_stopped = asyncio.Event()
     memo["loop_health"] = asyncio.create_task(LoopHealth(rt.metrics.registry).watch(health_stopped),
                                               name="mlsched-loop-health")
@@ -149,12 +150,12 @@ async def move_leader_label(rt: Runtime) -> None:
 def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
     """What only the leader runs: the scheduling loops and the lifecycle sweep."""
     memo["leader_label"] = asyncio.create_task(move_leader_label(rt), name="mlsched-leader-label")
-    rt.policy_loops.activate()
+    rt.scheduling.policy_loops.activate()
     memo["sweep_stopped"] = stopped = asyncio.Event()
     # A replica that just won the Lease sweeps at once: jobs created while it stood by have no
     # children yet (at startup, each job's first watch event does that instead).
     memo["sweep"] = asyncio.create_task(
-        sweep_forever(lambda: jobs.sweep(rt, rt.indexes), CONFIG.job_sync_seconds, stopped,
+        sweep_forever(lambda: jobs.sweep(rt, rt.cluster.indexes), CONFIG.job_sync_seconds, stopped,
                       first_after_s=0.0 if CONFIG.leader_election else None),
         name="mlsched-lifecycle-sweep")
     # Between sweeps, the jobs whose pods changed, as they change.
@@ -171,7 +172,7 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
         memo["sweep_stopped"].set()
         memo["due"].cancel()
         await asyncio.gather(memo["sweep"], memo["due"], return_exceptions=True)
-    await runtime(memo).policy_loops.stop_all()
+    await runtime(memo).scheduling.policy_loops.stop_all()
     # Status records still queued get a few seconds; what is left is not lost: each job's
     # status.openInterval lets the next operator close the interval open now.
     await asyncio.gather(runtime(memo).records.flush(timeout=5.0),
@@ -198,16 +199,16 @@ def policy_loops(rt: Runtime) -> PolicyLoops:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stopped.wait(), seconds)
 
-        await run_policy_forever(rt, body, rt.indexes, sleep=sleep, stopped=stopped.is_set)
+        await run_policy_forever(rt, body, rt.cluster.indexes, sleep=sleep, stopped=stopped.is_set)
 
     return PolicyLoops(loop)
 
 
 
-def wake_all_admissions(rt: Runtime) -> None:
+def wake_all_admissions(scheduling: Scheduling) -> None:
     """Capacity may have appeared (a node added, Ready again, uncordoned, untainted, grown or
     relabelled; another workload's pod gone): every policy's waiting jobs get an admission
     step now, not at their policy's next round. A policy with nothing waiting does nothing."""
-    for key in rt.policy_loops.running():
-        rt.wakeups.signal(key, "admission")
+    for key in scheduling.policy_loops.running():
+        scheduling.wakeups.signal(key, "admission")
 

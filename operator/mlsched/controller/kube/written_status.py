@@ -2,7 +2,7 @@
 delivers before the write shows in them.
 
 In a burst the MLJob watch runs seconds behind the operator's own status patches. The body of
-a watch event from before a patch used to replace the kept body (`rt.job_books.job_bodies`), so the
+a watch event from before a patch used to replace the kept body (`rt.jobs.books.job_bodies`), so the
 job's lifecycle compared its pods against a status that was no longer true and decided the
 same change again: a second `Running` Event and status patch for most of the 300 jobs of
 bench_e2e's burst (1,609 status patches and 1,023 Events), and more load on the loop that

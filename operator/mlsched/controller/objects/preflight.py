@@ -155,7 +155,7 @@ def begin(rt: Any, job: JobRecord) -> asyncio.Future | None:
     """The check of a job that is about to wait for capacity: None when its templates passed
     lately (recorded as passed at once) or a check is already running; else the check, started
     (in flight from now on, so that no admission step gives the job anything before it ends)."""
-    book: Preflight = rt.preflight
+    book: Preflight = rt.jobs.preflight
     if book.passed_lately([template_key(job, role, rt.pod_settings) for role in roles_of(job)]):
         book.verdicts[job.key] = Verdict(job.uid, job.generation, None, book.clock())
         rt.metrics.preflights.labels("passed").inc()
@@ -202,10 +202,10 @@ def classify(err: KubeError) -> tuple[str, str]:
 
 async def check(rt: Any, job: JobRecord) -> str | None:
     """Ask the API server about one pod of each role; store and return the verdict's refusal.
-    (`rt`: the Runtime, which holds the book as `rt.preflight`; the caller has called
-    `rt.preflight.start(job)`.) A job that passes after its policy left it out (refused
+    (`rt`: the Runtime, which holds the book as `rt.jobs.preflight`; the caller has called
+    `rt.jobs.preflight.start(job)`.) A job that passes after its policy left it out (refused
     before, or checked while a step ran) wakes the policy's admission."""
-    book = rt.preflight
+    book = rt.jobs.preflight
     was_refused = book.refusal(job) is not None
     try:
         answers = await asyncio.gather(*(_ask_role(rt, job, role) for role in roles_of(job)))
@@ -217,7 +217,7 @@ async def check(rt: Any, job: JobRecord) -> str | None:
     passed_over = job.key in book.passed_over
     book.passed_over.discard(job.key)
     if refusal is None and (was_refused or passed_over):
-        rt.wakeups.signal((job.namespace, job.policy), "admission")
+        rt.scheduling.wakeups.signal((job.namespace, job.policy), "admission")
     return refusal
 
 
@@ -225,10 +225,10 @@ async def namespace_relabelled(rt: Any, namespace: str) -> None:
     """The namespace's labels changed (Pod Security's enforce level, a label an admission policy
     selects namespaces by): its templates' recent passes no longer hold, and its refused jobs
     are asked again now, not at their next recheck."""
-    book: Preflight = rt.preflight
+    book: Preflight = rt.jobs.preflight
     book.passes = {k: t for k, t in book.passes.items() if k[0] != namespace}
-    jobs = [rt.indexes.job(*key) for key, v in list(book.verdicts.items())
-            if v.refusal is not None and key[0] == namespace] if rt.indexes else []
+    jobs = [rt.cluster.indexes.job(*key) for key, v in list(book.verdicts.items())
+            if v.refusal is not None and key[0] == namespace] if rt.cluster.indexes else []
     await asyncio.gather(*(check(rt, job) for job in jobs
                            if job is not None and book.refusal(job) is not None and book.start(job)))
 
@@ -237,7 +237,7 @@ async def _ask_role(rt: Any, job: JobRecord, role: str) -> tuple[str, str]:
     """The answer for one role: a recent pass of the same template, or the dry run another job
     of that template has in flight if it passes (a burst from one manifest asks once), else
     the job's own dry run (so that a refusal names its own pod)."""
-    book: Preflight = rt.preflight
+    book: Preflight = rt.jobs.preflight
     key = template_key(job, role, rt.pod_settings)
     if book.passed_lately([key]):
         return "passed", ""
@@ -266,7 +266,7 @@ async def _ask(rt: Any, pod: dict[str, Any]) -> tuple[str, str]:
     except Exception as err:  # noqa: BLE001 - a check that cannot be made never blocks a job
         kind, why = "unknown", str(err)
     if kind == "unavailable":
-        rt.preflight.unavailable_until = rt.preflight.clock() + UNAVAILABLE_S
+        rt.jobs.preflight.unavailable_until = rt.jobs.preflight.clock() + UNAVAILABLE_S
         log.warning("cannot check pods with a dry-run create (%s): the operator's RBAC lacks "
                     "pods create (manifests/base/rbac.yaml); jobs are admitted unchecked for "
                     "%.0f s", why, UNAVAILABLE_S)

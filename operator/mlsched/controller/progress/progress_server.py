@@ -32,6 +32,7 @@ from mlsched.controller.kube.kube import KubeError
 from mlsched.controller.objects.job_records import JobRecord, job_record
 from mlsched.controller.dataset.rewards import utc
 from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.state import ClusterView
 from mlsched.controller.serving.serving_tls import ensure_serving_tls
 from mlsched.controller.kube.token_reviews import Throttled, TokenReviews, retry_after_header
 
@@ -82,7 +83,7 @@ async def authorize(rt: Runtime, reviews: TokenReviews, token: str | None, names
     parts = (user.get("username") or "").split(":")
     if parts[:2] != ["system", "serviceaccount"] or len(parts) != 4 or parts[2] != namespace:
         raise Refused(403, "forbidden", f"the token's ServiceAccount is not in namespace {namespace}")
-    indexes = rt.indexes
+    indexes = rt.cluster.indexes
     pods = indexes.pods.get((namespace, job), ()) if indexes else ()
     if not any(p.name == pod_name and p.uid == pod_uid for p in pods) and \
             not await _pod_of_job(rt, namespace, pod_name, pod_uid, job):
@@ -90,8 +91,8 @@ async def authorize(rt: Runtime, reviews: TokenReviews, token: str | None, names
     return pod_name
 
 
-def _terminating(rt: Runtime, namespace: str, job: str, pod_name: str) -> bool:
-    pods = rt.indexes.pods.get((namespace, job), ()) if rt.indexes else ()
+def _terminating(cluster: ClusterView, namespace: str, job: str, pod_name: str) -> bool:
+    pods = cluster.indexes.pods.get((namespace, job), ()) if cluster.indexes else ()
     return any(p.name == pod_name and p.deleting for p in pods)
 
 
@@ -113,7 +114,7 @@ async def _pod_of_job(rt: Runtime, namespace: str, pod_name: str, pod_uid: str, 
 
 async def _job(rt: Runtime, namespace: str, name: str) -> JobRecord | None:
     """The MLJob from the index, or (on a miss, see _pod_of_job) from the API server."""
-    job = rt.indexes.job(namespace, name) if rt.indexes else None
+    job = rt.cluster.indexes.job(namespace, name) if rt.cluster.indexes else None
     if job is None:
         body = await rt.api.get("MLJob", namespace, name)
         job = job_record(body) if body else None
@@ -139,8 +140,8 @@ async def record_progress(rt: Runtime, job: JobRecord, reported: float, speed: f
                           now: float | None = None,
                           samples_per_second: float | None = None) -> dict[str, Any]:
     now = time.time() if now is None else now
-    done, speed = next_progress(job, rt.progress.get(job.key), reported, now, speed)
-    rt.progress[job.key] = (done, now, speed, samples_per_second)
+    done, speed = next_progress(job, rt.jobs.progress.get(job.key), reported, now, speed)
+    rt.jobs.progress[job.key] = (done, now, speed, samples_per_second)
     progress = Progress.of(done, job.epochs, speed, at=utc(now),
                            samples_per_second=samples_per_second).to_k8s()
     await rt.api.patch("MLJob", job.namespace, job.name, {"status": {"progress": progress}},
@@ -175,7 +176,7 @@ async def handle_progress(request: web.Request) -> web.Response:
         job = await _job(rt, namespace, job_name)
         if job is None:
             raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
-        if samples is not None and _terminating(rt, namespace, job_name, pod):
+        if samples is not None and _terminating(rt.cluster, namespace, job_name, pod):
             # Its last words after SIGTERM (a rescale): measured at the counts being replaced,
             # which the interval records must not take for the new ones'.
             samples = None

@@ -11,7 +11,9 @@ written through `kube/status_writer.py`, with its model in `mlsched.api`.
     fair_share.py    GPUs shared between policies that draw on the same nodes
     indexes.py       the kopf indexes as the operator reads them (Indexes), values/flatten
     books.py         small in-memory books: placements, reservations, wake-ups, restarts
-    runtime.py       operator-wide state: the seams, writers, books and per-policy state
+    state.py         the in-memory state by owner (PodBooks, JobState, ClusterView,
+                     Scheduling), each with its forget_job
+    runtime.py       operator-wide state: the seams, writers and the owners of state.py
     pools.py         grouping in the cluster: pool names, labels, affinity, status  pure
     pool_steps.py    a round's grouping work: labels, job pools, status.groups, Events
     waiting.py       why a job the policy did not admit still waits

@@ -42,15 +42,15 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     # A job is held where the last decision put it; a job the last decision gave nothing is
     # waiting once all its StatefulSets exist (admitting it earlier would reserve capacity for
     # replicas that nothing can scale yet).
-    decided = {j.key: rt.placements.of(j.key) for j in jobs}
-    schedulable = [j for j in jobs if j.schedulable and not rt.preflight.holds(j)
-                   and ((decided[j.key] or {}).get("worker") or children_ready(rt, j, idx))]
+    decided = {j.key: rt.scheduling.placements.of(j.key) for j in jobs}
+    schedulable = [j for j in jobs if j.schedulable and not rt.jobs.preflight.holds(j)
+                   and ((decided[j.key] or {}).get("worker") or children_ready(rt.scheduling, j, idx))]
     # Jobs whose spec was edited so that their decision no longer fits it are re-decided now
     # with the waiting ones, their tasks not held.
     node_records = {n.name: n for n in flatten(idx.nodes)}
     redecided = {j.key: why for j in schedulable if (decided[j.key] or {}).get("worker")
                  and (why := outgrown(j, decided[j.key], node_records,
-                                      rt.reservations.usage_of(j.key)))}
+                                      rt.scheduling.reservations.usage_of(j.key)))}
     for job_key in redecided:
         decided[job_key] = None
     # Running jobs some of whose tasks lost their node (drained, deleted, tainted): those
@@ -60,24 +60,24 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     if not waiting and not displaced:
         queue_counts(rt, ref, body, jobs)  # e.g. a job finished or was deleted
         return None
-    resolved = await rt.models.resolve(key, spec, rt.per_policy.adopted.get(key))
-    book = rt.per_policy.guards.get(key)
+    resolved = await rt.models.resolve(key, spec, rt.scheduling.per_policy.adopted.get(key))
+    book = rt.scheduling.per_policy.guards.get(key)
     if spec.guard is not None and book is not None and book.state.tripped \
             and guard.learned_serves(resolved):
         guard.serve_fallback(resolved, book)  # admission steps follow the guard's round
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
                             rt.config.interval_scale)
     interval_s = rt.config.round_seconds(spec.interval)
-    open_interval = rt.per_policy.intervals.get(key)
+    open_interval = rt.scheduling.per_policy.intervals.get(key)
     number = open_interval.number if open_interval else 0
     serving = serving_for(rt, ref, spec, resolved, number, "admission", now,
-                          rt.per_policy.served_versions.get(key, {}))
+                          rt.scheduling.per_policy.served_versions.get(key, {}))
 
     def rule(snapshot):
         index = {name: i for i, name in enumerate(snapshot.node_names)}
         slots = {j.name: displacement.slots(decided[j.key], displaced[j.key], index)
                  for j in schedulable if j.key in displaced}
-        avoid = {j.name: displacement.avoided(j, decided[j.key], rt.refusals, now, index)
+        avoid = {j.name: displacement.avoided(j, decided[j.key], rt.pods.refusals, now, index)
                  for j in schedulable if j.key in displaced}
         return lambda allocation, placement, grouping, _cycles: run_admission(
             snapshot, allocation, placement, grouping, slots, avoid)
@@ -127,13 +127,13 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                 continue  # a repair, not a decision: the interval keeps the round's grant
             grant = open_interval.grants[j.name] = rewards.Grant(
                 targets[j.name].count("ps"), targets[j.name].count("worker"),
-                targets[j.name].placement(), rt.epochs_done(j), j.epochs, since=now)
+                targets[j.name].placement(), rt.jobs.epochs_done(j), j.epochs, since=now)
             opened[j.name] = rewards.open_status(open_interval.number, open_interval.start, grant)
     job_patches = await report_jobs(rt, step, outcome, admitted, [], opened, spec)
     groups_patch = await pool_steps.policy_groups(rt, body, ref, outcome.snapshot,
                                                   outcome.decision, setup, spec, targets, now,
                                                   round_=False)
-    groups_patch.update(job_counts(rt, key, jobs, body.get("status") or {}))
+    groups_patch.update(job_counts(rt.scheduling, key, jobs, body.get("status") or {}))
     if groups_patch:
         rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
                            uid=body["metadata"].get("uid"), fields=groups_patch)

@@ -18,7 +18,9 @@ from typing import Any
 from mlsched.controller.scheduling import reporting
 from mlsched.controller.scheduling.admitting import run_policy_admission
 from mlsched.controller.scheduling.rounds import run_policy_round
+from mlsched.controller.scheduling.books import Wakeups
 from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.state import JobState
 from mlsched.controller.scheduling.indexes import Indexes
 from mlsched.controller.scheduling.step import one_version
 from mlsched.controller.scheduling.step_jobs import children_exist
@@ -70,14 +72,14 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                 left = wait - (time.monotonic() - began)
                 if left <= 0:
                     break
-                reasons = await _wake_or_sleep(rt, key, left, sleep)
+                reasons = await _wake_or_sleep(rt.scheduling.wakeups, key, left, sleep)
                 if not reasons or "policy" in reasons:
                     break
-                await _quiet(rt, key, sleep,
-                             pending=lambda: children_pending(rt, idx, key[0], key[1]))
-                if "policy" in rt.wakeups.peek(key):
+                await _quiet(rt.scheduling.wakeups, key, sleep,
+                             pending=lambda: children_pending(rt.jobs, idx, key[0], key[1]))
+                if "policy" in rt.scheduling.wakeups.peek(key):
                     break
-                rt.wakeups.drop(key, "admission")
+                rt.scheduling.wakeups.drop(key, "admission")
                 try:
                     await run_policy_admission(rt, body, idx)
                 except Exception:  # noqa: BLE001
@@ -85,39 +87,39 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                     rt.metrics.step_failures.labels(*key, "admission").inc()
     finally:
         # One call per owner of what was kept of the policy.
-        rt.per_policy.forget(key)
-        rt.reservations.drop_policy(key)
+        rt.scheduling.per_policy.forget(key)
+        rt.scheduling.reservations.drop_policy(key)
         rt.dataset.forget(key)
-        rt.wakeups.forget(key)
+        rt.scheduling.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
         rt.metrics.forget_policy(key[0], key[1])
 
 
-async def _quiet(rt: Runtime, key, sleep, clock: Callable[[], float] = time.monotonic,
+async def _quiet(wakeups: Wakeups, key, sleep, clock: Callable[[], float] = time.monotonic,
                  pending: Callable[[], bool] = lambda: False) -> None:
     """Wait until the wake-ups stop and nothing is `pending` (a burst has ended and its jobs'
     children exist), at most ADMISSION_MAX_WAIT_S."""
     first = clock()
-    seen = rt.wakeups.signals(key)
+    seen = wakeups.signals(key)
     while True:
         await sleep(ADMISSION_QUIET_S)
-        now = rt.wakeups.signals(key)
+        now = wakeups.signals(key)
         if (now == seen and not pending()) or clock() - first >= ADMISSION_MAX_WAIT_S:
             return
         seen = now
 
 
-def children_pending(rt: Runtime, idx: Indexes, namespace: str, policy: str) -> bool:
+def children_pending(jobs: JobState, idx: Indexes, namespace: str, policy: str) -> bool:
     """A job of the policy has arrived whose StatefulSets are still being created, or whose
     pods are being checked with a dry run (preflight.py)."""
-    return any(j.schedulable and (not children_exist(j, idx) or j.key in rt.preflight.in_flight)
+    return any(j.schedulable and (not children_exist(j, idx) or j.key in jobs.preflight.in_flight)
                for j in idx.jobs_of_policy(namespace, policy))
 
 
-async def _wake_or_sleep(rt: Runtime, key, seconds: float, sleep) -> set[str]:
+async def _wake_or_sleep(wakeups: Wakeups, key, seconds: float, sleep) -> set[str]:
     """Wait for a wake-up or `seconds`, whichever comes first; `sleep` also returns early when
     the daemon is stopped. The reasons of the wake-up, or an empty set."""
-    wake = asyncio.ensure_future(rt.wakeups.wait(key, seconds))
+    wake = asyncio.ensure_future(wakeups.wait(key, seconds))
     nap = asyncio.ensure_future(sleep(seconds))
     done, pending = await asyncio.wait({wake, nap}, return_when=asyncio.FIRST_COMPLETED)
     for task in pending:

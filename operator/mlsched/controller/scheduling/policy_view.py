@@ -13,6 +13,7 @@ from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import TERMINAL_POD_PHASES
 from mlsched.controller.scheduling import fair_share, pools
 from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.state import Scheduling
 from mlsched.controller.scheduling.indexes import Indexes, flatten, values
 from mlsched.controller.scheduling.snapshot import build_snapshot
 from mlsched.controller.scheduling.cluster_state import (
@@ -26,23 +27,23 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     """What one policy may decide on: capacity less what other policies reserved and what
     pods outside its schedulable jobs hold (controller/scheduling/snapshot.py), its GPUs bounded by its
     fair share while policies contend for them (fair_share.py; `policy`: its key, whose
-    entitlement is kept in rt.per_policy.fair_shares). Call under round_lock. With a grouping (`setup`),
+    entitlement is kept in rt.scheduling.per_policy.fair_shares). Call under round_lock. With a grouping (`setup`),
     only the nodes it may use (pools.usable)."""
     cluster = idx.cluster()
     share = None
     if policy is not None:
         share = policy_entitlement(rt, idx, policy, cluster)
         if share is None:
-            rt.per_policy.fair_shares.pop(policy, None)
+            rt.scheduling.per_policy.fair_shares.pop(policy, None)
         else:
-            rt.per_policy.fair_shares[policy] = share
-    budget = fair_share.bounded(quota_budget(rt, idx, schedulable), share)
+            rt.scheduling.per_policy.fair_shares[policy] = share
+    budget = fair_share.bounded(quota_budget(rt.scheduling, idx, schedulable), share)
     if setup is not None:
         cluster = dataclasses.replace(cluster, nodes=[n for n in cluster.nodes
                                                       if pools.usable(n, setup)])
     mine = {j.key for j in jobs}  # built once: inside the comprehension it was O(jobs²), 50 %
     # of the operator's time and 8-15 s event-loop stalls per step at 2,000 jobs
-    others = {k: v for k, v in rt.reservations.all().items() if k not in mine}
+    others = {k: v for k, v in rt.scheduling.reservations.all().items() if k not in mine}
     deciding = {j.key for j in schedulable}
     selectors = {s for j in schedulable for found in j.anti_affinity.values() for s in found}
     spread = any(j.spread_constraints for j in schedulable)
@@ -50,7 +51,7 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     # Ports and counted resources (pod slots, devices) of the tasks other policies decided,
     # whose pods may not exist yet: their reservations are CPU, GPU and memory only.
     decided = {k: (job, nodes) for k in others
-               if (nodes := rt.placements.of(k)) is not None and (job := idx.job(*k)) is not None}
+               if (nodes := rt.scheduling.placements.of(k)) is not None and (job := idx.job(*k)) is not None}
     # Pods others hold matter only to jobs spread by anti-affinity or topology constraints.
     labelled = held_labelled(cluster, deciding, schedulable[0].namespace, decided) \
         if schedulable and (selectors or spread) else ()
@@ -77,12 +78,12 @@ def policy_entitlement(rt: Runtime, idx: Indexes, policy: tuple[str, str],
     if len(weights) < 2:
         return None  # one policy: nothing to share (and no job to scan)
     every = flatten(idx.mljobs)
-    running = {j.key for j in every if (rt.placements.of(j.key) or {}).get("worker")}
+    running = {j.key for j in every if (rt.scheduling.placements.of(j.key) or {}).get("worker")}
     return fair_share.entitlement(policy, every, weights, running, cluster,
                                   rt.config.node_selector)
 
 
-def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
+def quota_budget(scheduling: Scheduling, idx: Indexes, schedulable: list[JobRecord]):
     """What the namespace's ResourceQuotas leave the jobs a step decides (quotas.py): their
     own pods' usage counts as free, since the step books their tasks afresh; the tasks other
     jobs of the namespace were decided and have no pod for yet count as used, since the quota
@@ -112,7 +113,7 @@ def quota_budget(rt: Runtime, idx: Indexes, schedulable: list[JobRecord]):
     mine = {j.key for j in schedulable}
     pending = {scope: quotas.Usage() for scope in scopes}
     for job in flatten(idx.mljobs):
-        decided = rt.placements.of(job.key) if job.namespace == namespace else None
+        decided = scheduling.placements.of(job.key) if job.namespace == namespace else None
         if not decided or job.key in mine:
             continue
         exist = Counter(p.role for p in idx.pods.get(job.key, ())

@@ -34,17 +34,17 @@ def grouped(rt: Runtime, idx: Indexes, snapshot, setup: pools.PoolSetup | None,
         return dataclasses.replace(snapshot, node_pools=None, pool_shares=None), grouping
     key = (setup.owner.split("/", 1)[0], setup.owner.split("/", 1)[1])
     nodes = {n.name: n for n in flatten(idx.nodes)}
-    members = {j.name: pools.membership(j, rt.groups) for j in jobs}
-    if key in rt.per_policy.policy_groups:
-        status = {**status, "groups": rt.per_policy.policy_groups[key]}
+    members = {j.name: pools.membership(j, rt.scheduling.groups) for j in jobs}
+    if key in rt.scheduling.per_policy.policy_groups:
+        status = {**status, "groups": rt.scheduling.per_policy.policy_groups[key]}
     snapshot, labels = pools.fill(snapshot, setup, nodes, members, status,
-                                  rt.per_policy.policy_nodes.get(key))
+                                  rt.scheduling.per_policy.policy_nodes.get(key))
     allowed = None
     if setup.mode == pools.LABEL_NODES:
         # Only nodes no other tenant uses go into this policy's pools (issue 55).
         cluster = idx.cluster()
         own = {j.key for j in idx.jobs_of_policy(*key)} | {j.key for j in jobs}
-        taken = pools.others_nodes(cluster.pods, own, rt.reservations.all(), cluster.strays,
+        taken = pools.others_nodes(cluster.pods, own, rt.scheduling.reservations.all(), cluster.strays,
                                    cluster.foreign, cluster.foreign_extended)
         allowed = pools.poolable(snapshot, taken)
     return snapshot, pools.grouping_for(grouping, setup, labels, allowed)
@@ -70,7 +70,7 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
     # nodes of a policy left without jobs, keeping other grouping policies off them).
     owner = f"{ref.namespace}/{ref.name}"
     desired = pools.desired_labels(snapshot, decision.pools, setup)
-    rt.per_policy.policy_nodes[(ref.namespace, ref.name)] = desired
+    rt.scheduling.per_policy.policy_nodes[(ref.namespace, ref.name)] = desired
     failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner, desired)
     if failures:
         rt.metrics.api_errors.labels("label").inc(len(failures))
@@ -80,18 +80,18 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
 
 def settle_groups(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str, JobTarget],
                   now: float) -> tuple[dict[str, dict[str, Any]], list[tuple[JobRecord, str | None, str | None]]]:
-    """Each decided job's pool (rt.groups): the status fields `group` and `groupSince` to
+    """Each decided job's pool (rt.scheduling.groups): the status fields `group` and `groupSince` to
     write where status does not show them yet, and the jobs whose pool changed (old, new)."""
     fields: dict[str, dict[str, Any]] = {}
     changes = []
     stamp = float(int(now))
     for job in jobs:
-        old = pools.membership(job, rt.groups)
+        old = pools.membership(job, rt.scheduling.groups)
         target = targets.get(job.name)
         value = target.pool if target is not None else None
         since = (old.since_s if value == old.group and old.since_s is not None else stamp) \
             if value else None
-        rt.groups[job.key] = pools.Membership(value, since)
+        rt.scheduling.groups[job.key] = pools.Membership(value, since)
         if value != old.group:
             changes.append((job, old.group, value))
         if (value, since) != (job.group, job.group_since_s):
@@ -122,7 +122,7 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
     key = (ref.namespace, ref.name)
     status = body.get("status") or {}
     groups = pools.groups_status(snapshot, decision.pools, setup)
-    before = rt.per_policy.policy_groups.get(key, status.get("groups") or [])
+    before = rt.scheduling.per_policy.policy_groups.get(key, status.get("groups") or [])
     if not round_:
         old = {g.get("name"): g for g in before}
         groups = [{**{k: v for k, v in old.get(g["name"], {}).items() if k.startswith("predicted")},
@@ -148,14 +148,14 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
         threshold = spec.pools.threshold if spec.grouping == "harmony" else None
         await rt.recorder.emit(ref, "Normal", "Regrouped",
                                pools.describe(groups, decision.pools, threshold, not before))
-    rt.per_policy.policy_groups[key] = groups
+    rt.scheduling.per_policy.policy_groups[key] = groups
     if not round_:
         return out
     rows: dict[str, dict[str, float]] = {}
     if setup is not None:
         counts = {n: (t.count("ps"), t.count("worker")) for n, t in targets.items()}
-        speeds = {j.name: rt.progress.get(j.key, (0, 0, j.speed))[2] or j.speed
-                  for j in rt.indexes.jobs_of_policy(*key)} if rt.indexes else {}
+        speeds = {j.name: rt.jobs.progress.get(j.key, (0, 0, j.speed))[2] or j.speed
+                  for j in rt.cluster.indexes.jobs_of_policy(*key)} if rt.cluster.indexes else {}
         rows = {setup.value(p): r for p, r in
                 pools.utilisation(snapshot, decision.pools, counts, speeds).items()}
     rt.metrics.set_pools(ref.namespace, ref.name, rows)

@@ -175,11 +175,11 @@ async def work_conservation(rt: Runtime, ref: ObjectRef, status: Mapping[str, An
     the Ready reason turns NotWorkConserving or back, and (status fields where they changed,
     the Ready verdict to write)."""
     key = (ref.namespace, ref.name)
-    last = rt.per_policy.work_conservation.get(key) or status.get("workConservation")
+    last = rt.scheduling.per_policy.work_conservation.get(key) or status.get("workConservation")
     before = conservation.rounds_before(last)
     now = conservation.status_of(idle, before)
     rounds = now["consecutiveRounds"]
-    rt.per_policy.work_conservation[key] = now
+    rt.scheduling.per_policy.work_conservation[key] = now
     for resource, amount in (("gpus", idle.gpus), ("cpus", idle.cpus), ("tasks", idle.tasks)):
         rt.metrics.idle_capacity.labels(ref.namespace, ref.name, resource).set(amount)
     if not idle.conserving:
@@ -198,8 +198,8 @@ async def model_domain(rt: Runtime, ref: ObjectRef, status: Mapping[str, Any],
     key = (ref.namespace, ref.name)
     old = get_condition(status.get("conditions"), P.MODEL_IN_DOMAIN)
     # The status last queued, not the one read: it may not be written yet.
-    before = rt.per_policy.model_domain.get(key, old.status if old else None)
-    rt.per_policy.model_domain[key] = verdict.status if verdict else None
+    before = rt.scheduling.per_policy.model_domain.get(key, old.status if old else None)
+    rt.scheduling.per_policy.model_domain[key] = verdict.status if verdict else None
     gauge = rt.metrics.model_in_domain
     if verdict is None or verdict.gauge is None:
         gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})

@@ -51,8 +51,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     spec = policy.spec
     interval_s = rt.config.round_seconds(spec.interval)
     versions = await published_versions(rt, ref, spec)
-    rt.per_policy.adopted[key] = version_adoption.adopted(spec, versions)
-    resolved = await rt.models.resolve(key, spec, rt.per_policy.adopted[key])
+    rt.scheduling.per_policy.adopted[key] = version_adoption.adopted(spec, versions)
+    resolved = await rt.models.resolve(key, spec, rt.scheduling.per_policy.adopted[key])
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
                             rt.config.interval_scale)
     if resolved.load_failed:
@@ -64,8 +64,8 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     jobs = idx.jobs_of_policy(ref.namespace, ref.name)
     # One reading of progress closes the old interval and opens the new one: a report landing
     # in between must count in one of them, not in neither.
-    epochs_now = {j.name: rt.epochs_done(j) for j in jobs}
-    previous = rt.per_policy.intervals.get(key)
+    epochs_now = {j.name: rt.jobs.epochs_done(j) for j in jobs}
+    previous = rt.scheduling.per_policy.intervals.get(key)
     if previous is not None:
         to_close, continuing = [previous], None
     else:
@@ -76,7 +76,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         # previous run did not get written) are closed now.
         restored = rewards.restore(jobs)
         to_close, continuing = restored[:-1], (restored[-1] if restored else None)
-    measured = {j.name: rt.measured(j) for j in jobs} if to_close else {}
+    measured = {j.name: rt.jobs.measured(j) for j in jobs} if to_close else {}
     closings = [rewards.close(interval, epochs_now, measured) for interval in to_close]
     closed = closings[-1] if closings else None
     # The number of the interval this round opens (exploration is seeded by it). On the first
@@ -93,7 +93,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
             number = max(number, await rt.dataset.first_free(key))
     versions_served = version_adoption.report(spec, versions, resolved.served_refs,
                                               resolved.active_models).served
-    rt.per_policy.served_versions[key] = versions_served
+    rt.scheduling.per_policy.served_versions[key] = versions_served
     # The regret guard (controller/scheduling/guard.py) judges the intervals just closed before the round
     # decides: while tripped, the fallback serves this round.
     book = await guard_round(rt, ref, body, spec, resolved, jobs, to_close, closings, now)
@@ -102,19 +102,19 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # creation triggers: deciding it now would reserve capacity and record a placement for
     # replicas nothing can scale, until the next round. One whose pods the API server would
     # refuse (preflight.py), or whose Service could not be created (services.py), gets nothing.
-    schedulable = [j for j in jobs if j.schedulable and children_ready(rt, j, idx)
-                   and not rt.preflight.holds(j)]
+    schedulable = [j for j in jobs if j.schedulable and children_ready(rt.scheduling, j, idx)
+                   and not rt.jobs.preflight.holds(j)]
 
     step = Step(
         "round", ref, body, resolved, serving, setup, now, interval_s, jobs, schedulable,
-        held={j.name: rt.placements.of(j.key) for j in schedulable},
+        held={j.name: rt.scheduling.placements.of(j.key) for j in schedulable},
         # A heuristic round is decided to its fixed point (policies/round.py), so that the
         # rounds after it, finding nothing new, restart nobody; a learned one goes through
         # the policy's cycle guard.
         rule=lambda snapshot: (lambda allocation, placement, grouping, cycles: run_served_round(
             snapshot, allocation, placement, grouping, cycles)),
         applied=lambda targets: schedulable, waiting=schedulable, replaces_bookings=True,
-        cycle_guard=rt.per_policy.cycle_guards.setdefault(key, CycleGuard()))
+        cycle_guard=rt.scheduling.per_policy.cycle_guards.setdefault(key, CycleGuard()))
     outcome = await run_step(rt, idx, step, started)
     snapshot, decision, targets, failure = (outcome.snapshot, outcome.decision, outcome.targets,
                                             outcome.failure)
@@ -129,7 +129,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     else:
         opening = rewards.OpenInterval(number=number, start=rewards.utc(now), grants=grants,
                                        started_s=now)
-    rt.per_policy.intervals[key] = opening
+    rt.scheduling.per_policy.intervals[key] = opening
 
     # The dataset (dataset.py): the intervals closed, complete; the one opened, with the
     # decisions just made (a fallback's decision has none: the learned phase did not decide).
@@ -160,7 +160,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                                   rt.config.max_exploration))
     extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
                                                 targets, now))
-    extra.update(job_counts(rt, key, jobs, status))
+    extra.update(job_counts(rt.scheduling, key, jobs, status))
     # Every allocation, learned or not, checked for leaving idle what a waiting job's minimum
     # would fit (policies/work_conservation.py; reported by conservation.py's rules).
     idle = await asyncio.to_thread(idle_capacity, snapshot, decision)
@@ -203,12 +203,12 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
     without a guard (or with no learned phase to guard). Never raises."""
     key = (ref.namespace, ref.name)
     if spec.guard is None or not guard.learned_serves(resolved):
-        rt.per_policy.guards.pop(key, None)
+        rt.scheduling.per_policy.guards.pop(key, None)
         for gauge in (rt.metrics.guard_tripped, rt.metrics.guard_estimate):
             gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})
         return None
     try:
-        book = guard.book_for(rt.per_policy.guards, key, guard.GuardSpec.of(spec.guard.fallback_when_worse_by,
+        book = guard.book_for(rt.scheduling.per_policy.guards, key, guard.GuardSpec.of(spec.guard.fallback_when_worse_by,
                                                                  spec.guard.window))
         edited = guard.on_edit(book, body["metadata"].get("generation"), now)
         by_name = {j.name: j for j in jobs}
@@ -220,14 +220,14 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
                                   reward=float(closing.reward.get("reward") or 0.0),
                                   jobs=job_intervals(interval, closing, by_name))
                    for interval, closing in zip(to_close, closings)]
-        cycles = rt.per_policy.cycle_guards.get(key)
+        cycles = rt.scheduling.per_policy.cycle_guards.get(key)
         change = await asyncio.to_thread(guard.add_and_judge, book, records,
                                          (resolved.allocation, resolved.placement),
                                          guard.fallback_of(resolved), now,
                                          cycles.remembered() if cycles is not None else None)
     except Exception:  # noqa: BLE001 - the guard must never stop a round
         log.exception("regret guard of %s/%s failed; the model keeps serving", *key)
-        return rt.per_policy.guards.get(key)
+        return rt.scheduling.per_policy.guards.get(key)
     event = guard.event(change, edited, book)
     if event is not None:
         rt.recorder.in_background(rt.recorder.emit(ref, *event))

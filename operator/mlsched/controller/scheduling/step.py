@@ -179,15 +179,15 @@ async def note_waiting(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str,
     Admitted condition; forgotten for the jobs it admitted."""
     for j in jobs:
         if targets[j.name].count("worker"):
-            rt.waiting.pop(j.key, None)
+            rt.jobs.waiting.pop(j.key, None)
     if all(targets[j.name].count("worker") for j in jobs):
         return
-    share = rt.per_policy.fair_shares.get((jobs[0].namespace, jobs[0].policy)) if jobs else None
+    share = rt.scheduling.per_policy.fair_shares.get((jobs[0].namespace, jobs[0].policy)) if jobs else None
     reasons = await asyncio.to_thread(waiting.why_waiting, snapshot, decision, allocation,
                                       fair_share.describe(share) if share else None)
     for j in jobs:
         if not targets[j.name].count("worker") and j.name in reasons:
-            rt.waiting[j.key] = reasons[j.name]
+            rt.jobs.waiting[j.key] = reasons[j.name]
 
 
 def plan_job(rt: Runtime, job: JobRecord, target: JobTarget, idx: Indexes,
@@ -214,15 +214,15 @@ def _book(rt: Runtime, step: Step, applied: list[JobRecord],
     snapshots and quota budgets read them."""
     key = step.key
     if step.replaces_bookings:
-        held_before = rt.reservations.gpus(key)
-        rt.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in applied
+        held_before = rt.scheduling.reservations.gpus(key)
+        rt.scheduling.reservations.set(key, {j.key: reservation(j, targets[j.name]) for j in applied
                                   if targets[j.name].count("worker")})
-        if rt.reservations.gpus(key) < held_before - 1e-9:
-            wake_others(rt, key)  # what it gave back (e.g. a borrowed fair share) is free now
+        if rt.scheduling.reservations.gpus(key) < held_before - 1e-9:
+            wake_others(rt.scheduling, key)  # what it gave back (e.g. a borrowed fair share) is free now
     else:
-        rt.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in applied})
+        rt.scheduling.reservations.add(key, {j.key: reservation(j, targets[j.name]) for j in applied})
     for job in applied:
-        rt.placements.set(job.key, targets[job.name].nodes)
+        rt.scheduling.placements.set(job.key, targets[job.name].nodes)
 
 
 async def run_step(rt: Runtime, idx: Indexes, step: Step, started: float,
@@ -235,7 +235,7 @@ async def run_step(rt: Runtime, idx: Indexes, step: Step, started: float,
     False to apply nothing (no job was admitted)."""
     resolved = step.resolved
     applying = contextlib.ExitStack()
-    async with rt.round_lock:
+    async with rt.scheduling.round_lock:
         with collection_paused():  # its garbage is freed as it ends (loop_health.py)
             # Sticky to the last decision, not only to pods that exist: a job admitted seconds
             # ago has gated pods with no node yet, and must not be placed anew (and moved).
@@ -252,7 +252,7 @@ async def run_step(rt: Runtime, idx: Indexes, step: Step, started: float,
         applied = step.applied(targets)
         _book(rt, step, applied, targets)
         # Until its patches are answered, events of these StatefulSets predate them.
-        applying.enter_context(rt.placements.applying(j.key for j in applied))
+        applying.enter_context(rt.scheduling.placements.applying(j.key for j in applied))
     outcome = Outcome(snapshot, decision, targets, applied, failure,
                       decided_in=time.perf_counter() - started)
     with applying:

@@ -15,6 +15,7 @@ from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.objects.quantities import Resources, add
 from mlsched.controller.scheduling import displacement
 from mlsched.controller.scheduling.runtime import Runtime
+from mlsched.controller.scheduling.state import Scheduling
 from mlsched.controller.scheduling.indexes import Indexes, JobKey
 
 
@@ -64,7 +65,7 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
                    ) -> dict[JobKey, displacement.Displaced]:
     """The running jobs among `jobs` with tasks their decided node no longer takes."""
     # Nodes whose refusals may be the room a pod of ours holds or just left (displacement.py).
-    vacating = frozenset(rt.refusals.settling(now).union(
+    vacating = frozenset(rt.pods.refusals.settling(now).union(
         *(displacement.leaving(idx.pods.get(j.key, ()), decided.get(j.key)) for j in jobs)))
     cache: dict = {}
     out = {}
@@ -72,41 +73,41 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
         nodes_of = decided.get(job.key)
         if not (nodes_of or {}).get("worker"):
             continue
-        moves = {role: rt.refusals.moves(job.key, role, now) for role in nodes_of}
+        moves = {role: rt.pods.refusals.moves(job.key, role, now) for role in nodes_of}
         tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
                                              rt.config.node_selector, rt.config.tolerated_taints,
                                              moves, vacating, cache)
         for role in nodes_of:  # remembered: not sent back there, and moves are counted
             refusing = {d.node for (r, _), d in tasks.items() if r == role and d.by_scheduler}
             if refusing:
-                rt.refusals.note(job.key, role, refusing, now)
+                rt.pods.refusals.note(job.key, role, refusing, now)
         if tasks:
             out[job.key] = tasks
     return out
 
 
-def job_counts(rt: Runtime, key: tuple[str, str], jobs: list[JobRecord],
+def job_counts(scheduling: Scheduling, key: tuple[str, str], jobs: list[JobRecord],
                status: Mapping[str, Any]) -> dict[str, Any]:
     """status.admittedJobs / waitingJobs / bookedGpus / fairShare after a step (the `kubectl
     get` columns), where they changed since last written or queued: the policy's jobs holding
     tasks as decided, those (not suspended or finished) holding nothing, the GPUs they hold,
     and its fair share while one bounds it (None clears it)."""
-    admitted = sum(1 for j in jobs if j.schedulable and (rt.placements.of(j.key) or {}).get("worker"))
-    share = rt.per_policy.fair_shares.get(key)
+    admitted = sum(1 for j in jobs if j.schedulable and (scheduling.placements.of(j.key) or {}).get("worker"))
+    share = scheduling.per_policy.fair_shares.get(key)
     counts = {"admittedJobs": admitted,
               "waitingJobs": sum(1 for j in jobs if j.schedulable) - admitted,
-              "bookedGpus": round(rt.reservations.gpus(key), 3),
+              "bookedGpus": round(scheduling.reservations.gpus(key), 3),
               "fairShare": None if share is None else {
                   "entitledGpus": round(share.gpus, 3), "capacityGpus": round(share.capacity, 3),
                   "demandGpus": round(share.demand, 3), "contenders": share.contenders}}
-    before = rt.per_policy.policy_counts.get(key) or {k: status.get(k) for k in counts}
-    rt.per_policy.policy_counts[key] = counts
+    before = scheduling.per_policy.policy_counts.get(key) or {k: status.get(k) for k in counts}
+    scheduling.per_policy.policy_counts[key] = counts
     return {k: v for k, v in counts.items() if before.get(k) != v}
 
 
 def queue_counts(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any],
                  jobs: list[JobRecord]) -> None:
-    counts = job_counts(rt, (ref.namespace, ref.name), jobs, body.get("status") or {})
+    counts = job_counts(rt.scheduling, (ref.namespace, ref.name), jobs, body.get("status") or {})
     if counts:
         rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
                            uid=body["metadata"].get("uid"), fields=counts)
@@ -116,15 +117,16 @@ def children_exist(job: JobRecord, idx: Indexes) -> bool:
     return {s.role for s in idx.statefulsets.get(job.key, ())} >= set(roles_of(job))
 
 
-def children_ready(rt: Runtime, job: JobRecord, idx: Indexes) -> bool:
+def children_ready(scheduling: Scheduling, job: JobRecord, idx: Indexes) -> bool:
     """Its StatefulSets exist to be scaled, and its Service was not refused (services.py)."""
-    return children_exist(job, idx) and not rt.services.refused(job)
+    return children_exist(job, idx) and not scheduling.services.refused(job)
 
 
-def wake_others(rt: Runtime, key: tuple[str, str]) -> None:
+def wake_others(scheduling: Scheduling, key: tuple[str, str]) -> None:
     """Every other policy's waiting jobs get an admission step now, not at their next round
     (one with nothing waiting does nothing)."""
-    for other in rt.policy_loops.running() if rt.policy_loops is not None else ():
+    loops = scheduling.policy_loops
+    for other in loops.running() if loops is not None else ():
         if other != key:
-            rt.wakeups.signal(other, "admission")
+            scheduling.wakeups.signal(other, "admission")
 
