@@ -115,6 +115,7 @@ def test_missing_model_falls_back_warns_once_and_keeps_scheduling():
 def test_a_policy_that_raises_is_replaced_by_the_fallback(monkeypatch):
     class Broken:
         name = "broken"
+        learned = False
 
         def allocate(self, snapshot, ledger):
             raise RuntimeError("boom")

@@ -31,6 +31,7 @@ class ToyLearned:
     """A stand-in learned allocation: its 'model' must start with TOY."""
 
     name = "toy"
+    learned = False  # no per-round copy: served as a heuristic is (nothing to explore or record)
     loads = 0
 
     def __init__(self, source: ModelBytes):
@@ -57,6 +58,7 @@ class CardedLearned:
     its model and refuses one that is not GOOD_CARD."""
 
     name = "carded"
+    learned = False  # as ToyLearned
     cards: list[bytes] = []
 
     def __init__(self, source: ModelBytes):

@@ -24,9 +24,10 @@ import numpy as np
 class Flipper:
     """A 'learned' allocation whose decision is a function of each job's current counts, as
     DL²'s state holds them: per job, counts -> the counts it decides (default: the starting
-    gang). Its `for_round` makes the operator treat it as learned (not settled)."""
+    gang). `learned` makes the operator treat it as such (not settled)."""
 
     name = "flipper"
+    learned = True
 
     def __init__(self, table: dict[str, dict[tuple[int, int], tuple[int, int]]]):
         self.table = table

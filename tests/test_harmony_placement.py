@@ -247,7 +247,7 @@ def test_served_rounds_explore_and_record_decisions_that_replay(tmp_path):
     assert plain.phases["placement"] is placement
     # A heuristic placement has nothing to explore or record.
     lb = registry.make_placement("load-balance")
-    assert not hasattr(lb, "for_round")
+    assert not lb.learned
     assert serve({"placement": lb}, namespace="ns", policy="p", interval=3, kind="round", time="t",
                  epsilon=0.5, record=True).recorders == []
 

@@ -331,6 +331,7 @@ class Recording:
 
     def __init__(self, inner):
         self.inner, self.name, self.shown = inner, inner.name, []
+        self.learned = inner.learned
 
     def allocate(self, snapshot, ledger):
         self.shown.append([j.name for j in snapshot.jobs])
@@ -474,6 +475,7 @@ def test_a_steady_round_is_decided_once():
 
     class Counting:
         name = "drf"
+        learned = False
 
         def __init__(self):
             self.inner = registry.make_allocation("drf")

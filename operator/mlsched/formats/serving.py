@@ -6,7 +6,7 @@ this round and the recorders to finish once the decision is made.
   the cluster schedule at random); the applied value is in `status.exploration`.
 - The generator is seeded by policy, interval, kind and the decision's time as recorded, so a
   recorded decision can be replayed: crc32("<namespace>/<policy>|<interval>|<kind>|<time>").
-- A decision log is kept for each learned phase that can give one (`for_round`) when the
+- A decision log is kept for each learned phase (`learned`, base.LearnedPolicy) when the
   policy keeps a dataset (`spec.retraining.datasetLimit` > 0).
 """
 
@@ -57,7 +57,8 @@ def serve(phases: dict[str, Any], *, namespace: str, policy: str, interval: int,
         return out
     for phase, chosen in phases.items():
         card = getattr(chosen, "card", None)
-        if not hasattr(chosen, "for_round") or card is None:
+        # (a grouping policy is never learned: it has no `learned`)
+        if not getattr(chosen, "learned", False) or card is None:
             continue  # a heuristic: nothing to explore or record
         recorder = None
         if record:

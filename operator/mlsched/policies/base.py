@@ -28,12 +28,15 @@ policy's per-task rule, before the waiting jobs are decided, its other tasks hel
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobDecision, JobView, PoolPlan, Role, Snapshot
+
+if TYPE_CHECKING:
+    from mlsched.policies.exploration import Serving
 
 
 class GroupingPolicy(Protocol):
@@ -46,9 +49,14 @@ class GroupingPolicy(Protocol):
 
 class AllocationPolicy(Protocol):
     """Decides how many PS and workers each job gets this interval by growing jobs in the
-    ledger (`grow`, `grow_bundle`, `grant`; `fits_mask` to ask what would fit)."""
+    ledger (`grow`, `grow_bundle`, `grant`; `fits_mask` to ask what would fit).
+
+    `learned`: whether a model decides (then the policy is also a `LearnedPolicy`). The
+    operator explores and records only with learned phases, and runs only heuristic rounds
+    settled (round.settles)."""
 
     name: str
+    learned: bool
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None: ...
 
@@ -89,10 +97,22 @@ class PlacementPolicy(Protocol):
     of every granted task."""
 
     name: str
+    learned: bool  # as for AllocationPolicy
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None: ...
 
     def place(self, request: PlacementRequest) -> dict[str, JobDecision]: ...
+
+
+class LearnedPolicy(Protocol):
+    """What a learned allocation or placement policy (`learned = True`) has besides its phase's
+    methods: the served model's card and a per-round copy that explores and records its
+    decisions as `serving` says (formats/serving.py)."""
+
+    learned: bool
+    card: object  # onnx_runner.ModelCard, or None for a training actor
+
+    def for_round(self, serving: "Serving") -> "LearnedPolicy": ...
 
 
 class TaskByTaskPlacement:
@@ -101,6 +121,7 @@ class TaskByTaskPlacement:
     allocation phase's fit checks found."""
 
     name = "task-by-task"
+    learned = False
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         raise NotImplementedError

@@ -58,13 +58,7 @@ def settles(allocation: AllocationPolicy, placement: PlacementPolicy,
     a grouping keeps its own state across rounds (a pool's minimum stay, the regrouping
     threshold)."""
     return ((grouping is None or grouping.name == "none")
-            and not _learned(allocation) and not _learned(placement))
-
-
-def _learned(policy) -> bool:
-    """A learned policy serves per-round copies (`for_round`: exploration, decision log); a
-    heuristic has none (Sticky's raises AttributeError around one, so hasattr is False)."""
-    return hasattr(policy, "for_round")
+            and not allocation.learned and not placement.learned)
 
 
 def run_settled_round(snapshot: Snapshot, allocation: AllocationPolicy,

@@ -39,6 +39,8 @@ class Actor(Protocol):
 
 
 class ChicPolicy:
+    learned = True
+
     def __init__(self, actor: Actor, jobs: int = 3, pair: bool = False,
                  on_step: Callable[[np.ndarray, np.ndarray, int], None] | None = None,
                  recorder=None):

@@ -30,6 +30,7 @@ class Actor(Protocol):
 
 class DL2Policy:
     name = "dl2"
+    learned = True
 
     def __init__(self, actor: Actor, window: int = 40,
                  on_step: Callable[[np.ndarray, np.ndarray, int, bool], None] | None = None,

@@ -16,6 +16,7 @@ from mlsched.cluster.types import Snapshot
 
 class DRF:
     name = "drf"
+    learned = False
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         heap = [(0.0, job.arrival_s, i) for i, job in enumerate(snapshot.jobs)]

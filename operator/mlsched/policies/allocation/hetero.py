@@ -34,6 +34,7 @@ from mlsched.policies.allocation.optimus import Optimus
 
 class HeteroDRF:
     name = "drf-hetero"
+    learned = False
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         if not snapshot.typed:

@@ -25,6 +25,7 @@ from mlsched.policies.speed_estimate import ObservedSpeed, SpeedEstimator
 
 class Optimus:
     name = "optimus"
+    learned = False
 
     def __init__(self, estimator_factory=ObservedSpeed, name: str | None = None):
         self.estimator_factory = estimator_factory

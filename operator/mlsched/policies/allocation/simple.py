@@ -24,6 +24,7 @@ class Fixed:
     """The counts the user asked for (the trace's workers/ps), all or nothing, in arrival order."""
 
     name = "fixed"
+    learned = False
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         for job in snapshot.jobs:
@@ -34,6 +35,7 @@ class Fixed:
 
 class FIFO:
     name = "fifo"
+    learned = False
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         fill_in_order(sorted(snapshot.jobs, key=lambda j: (j.arrival_s, j.name)), ledger)
@@ -41,6 +43,7 @@ class FIFO:
 
 class SRTF:
     name = "srtf"
+    learned = False
 
     def __init__(self, estimator_factory=ObservedSpeed):
         self.estimator_factory = estimator_factory

@@ -19,6 +19,7 @@ from mlsched.policies.speed_estimate import ObservedSpeed
 
 class Tetris:
     name = "tetris"
+    learned = False
 
     def __init__(self, estimator_factory=ObservedSpeed):
         self.estimator_factory = estimator_factory

@@ -53,7 +53,7 @@ class GuardedPlacement:
     def __init__(self, learned: PlacementPolicy, fallback: PlacementPolicy,
                  speed: SpeedModel | None = None, sensitivity: dict[str, float] | None = None,
                  min_gain: float = 0.0):
-        self.learned = learned
+        self.network = learned  # the learned placement guarded
         self.fallback = fallback
         self.name = learned.name  # what runs, to rounds and reports
         self.speed = speed if speed is not None else get_speed_model("measured")
@@ -66,35 +66,34 @@ class GuardedPlacement:
         self.last: str | None = None  # who served the latest decision
 
     @property
-    def card(self):
-        return getattr(self.learned, "card", None)
+    def learned(self) -> bool:
+        """As the guarded policy: the network decides wherever it wins."""
+        return self.network.learned
 
     @property
-    def for_round(self):
-        """The learned policy's per-round copy: guarded when it neither explores nor records,
-        else the learned copy alone (module doc). AttributeError when the learned policy has
-        none, so hasattr stays False as for a heuristic."""
-        inner = self.learned.for_round
+    def card(self):
+        return getattr(self.network, "card", None)
 
-        def build(serving):
-            copy = inner(serving)
-            if serving.epsilon > 0 or serving.recorder is not None:
-                return copy
-            guarded = GuardedPlacement(copy, self.fallback, self.speed, None, self.min_gain)
-            guarded.sensitivity = self.sensitivity
-            guarded.choices, guarded.gains = self.choices, self.gains  # one tally across rounds
-            return guarded
-        return build
+    def for_round(self, serving):
+        """The learned policy's per-round copy: guarded when it neither explores nor records,
+        else the learned copy alone (module doc)."""
+        copy = self.network.for_round(serving)
+        if serving.epsilon > 0 or serving.recorder is not None:
+            return copy
+        guarded = GuardedPlacement(copy, self.fallback, self.speed, None, self.min_gain)
+        guarded.sensitivity = self.sensitivity
+        guarded.choices, guarded.gains = self.choices, self.gains  # one tally across rounds
+        return guarded
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
-        return self.learned.choose_node(ledger, job, role, demand)
+        return self.network.choose_node(ledger, job, role, demand)
 
     def place(self, request: PlacementRequest) -> dict[str, JobDecision]:
         learned_request = request
         if request.tentative_placer is self:  # the fit checks asked the learned policy
-            learned_request = _with_placer(request, self.learned)
+            learned_request = _with_placer(request, self.network)
         fallback_request = _with_placer(request, None)
-        ours = self.learned.place(learned_request)
+        ours = self.network.place(learned_request)
         theirs = self.fallback.place(fallback_request)
         if _same(ours, theirs):
             self.choices["learned"] += 1

@@ -57,6 +57,7 @@ class OnnxActor:
 
 class HarmonyPlacement(TaskByTaskPlacement):
     name = "harmony"
+    learned = True
 
     def __init__(self, actor: Actor, serving: Serving | None = None):
         self.actor = actor

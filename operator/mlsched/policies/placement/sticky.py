@@ -41,11 +41,13 @@ class Sticky(TaskByTaskPlacement):
         return getattr(self.inner, "card", None)
 
     @property
-    def for_round(self):
+    def learned(self) -> bool:
+        return self.inner.learned
+
+    def for_round(self, serving):
         """The wrapped learned placement's per-round copy (exploration, decision log), sticky
-        too. A heuristic has none: reading it raises AttributeError, so hasattr is False."""
-        inner_for_round = self.inner.for_round
-        return lambda serving: Sticky(inner_for_round(serving))
+        too. Only a learned placement has one (base.LearnedPolicy)."""
+        return Sticky(self.inner.for_round(serving))
 
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
         previous = job.ps_nodes if role == "ps" else job.worker_nodes
