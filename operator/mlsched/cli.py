@@ -111,6 +111,12 @@ def cmd_simulate(args) -> int:
             print(f"mlsched: warning: {allocation} with --placement {placement}: its workers may "
                   f"spread over GPU types and run at the slowest one's pace; it is meant to run "
                   f"with --placement {TYPE_AWARE_PLACEMENT[allocation]}", file=sys.stderr)
+    if args.quota:  # all the jobs' requests together, as a namespace's ResourceQuota
+        from dataclasses import replace
+
+        from mlsched.sim import quota
+
+        config = replace(config, quota=quota.parse(args.quota))
     total = len(trace) * len(args.policies) * len(args.placement) * len(args.grouping)
     with tqdm(total=total, desc="simulating", unit="job", file=sys.stderr, disable=None, leave=False) as bar:
         runs = compare.run_pairs(trace, config, args.policies, args.placement,
@@ -247,6 +253,10 @@ def build_parser() -> argparse.ArgumentParser:
                      help="a heterogeneous cluster, nodes per GPU type in node order, e.g. "
                           "v100:4,p100:4,k80:4 (its total replaces --nodes; types: v100, p100, k80; "
                           "docs/simulator.md, GPU types); default: untyped, every GPU the same")
+    sim.add_argument("--quota", metavar="cpu=N,gpu=N,mem=GIB",
+                     help="a namespace quota on all the jobs' requests together, as a ResourceQuota "
+                          "bounds them in the cluster, e.g. cpu=32,gpu=8 (a resource left out is "
+                          "unbounded); default: none")
     _add_cluster_args(sim)
     sim.set_defaults(func=cmd_simulate)
 

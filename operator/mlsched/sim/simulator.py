@@ -41,6 +41,7 @@ from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.sim.colocation_error import ColocationError
 from mlsched.sim.grouping_guard import GuardedGrouping, simulator_rollout
+from mlsched.sim import quota
 from mlsched.workloads import catalog, gpu_types, interference
 from mlsched.workloads.phases import phase_times
 from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
@@ -109,6 +110,10 @@ class SimConfig:
     # `v100:4,p100:4,k80:4`): a job trains at its catalog speed times the relative speed of the
     # slowest type among its workers' nodes. None: untyped, every GPU the same (as before).
     gpu_types: tuple[str, ...] | None = None
+    # A namespace quota on all the jobs' requests together, (cpu, gpu, mem_gib), inf where
+    # unbounded (sim/quota.py; `mlsched simulate --quota cpu=32,gpu=8`): Snapshot.budget, as
+    # the operator mirrors a ResourceQuota. None: no quota.
+    quota: tuple[float, float, float] | None = None
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -323,7 +328,8 @@ class Simulator:
         plan = self.plan
         node_pools = list(plan.node_pools) if plan.node_pools is not None else None
         return Snapshot(self.time_s, cfg.interval_s, self.node_names, self.capacity, jobs,
-                        node_pools, dict(plan.shares) or None, gpu_types=self.gpu_types)
+                        node_pools, dict(plan.shares) or None, gpu_types=self.gpu_types,
+                        budget=quota.budget(cfg.quota))
 
     def advance(self, decision: Decision, admit: Admit | None = None) -> float:
         """Run one slot under `decision`; returns the slot reward Σ epochs trained / total.
@@ -794,6 +800,12 @@ class Simulator:
             n, r = over[0]
             raise CapacityExceeded(f"node {self.node_names[n]} over capacity in resource {r}: "
                                    f"{used[n, r]} > {self.capacity[n, r]}")
+        if self.config.quota is not None:  # charged at full requests (sim/quota.py)
+            requested = sum((self.config.demand(names[name].model, role) * len(placed)
+                             for name, d in decision.jobs.items()
+                             for role, placed in (("ps", d.ps_nodes), ("worker", d.worker_nodes))),
+                            np.zeros(3))
+            quota.check(self.config.quota, requested)
 
 
 def _mean(values) -> float:
