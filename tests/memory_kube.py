@@ -366,52 +366,16 @@ class MemoryKube:
         """What kopf's indexes would hold for the objects stored now."""
         from mlsched.controller.app import watched
 
-        found: dict[str, defaultdict] = {n: defaultdict(list) for n in (
-            "node_index", "pod_index", "foreign_pod_index", "statefulset_index", "mljob_index",
-            "policy_index", "quota_index", "limit_range_index", "runtime_class_index",
-            "priority_class_index", "foreign_port_index", "foreign_extended_index", "foreign_label_index",
-            "foreign_repel_index",
-            "device_class_index", "resource_slice_index", "claim_template_index",
-            "resource_claim_index")}
-
-        def add(index: str, entries: dict | None) -> None:
-            for k, v in (entries or {}).items():
-                found[index][k].append(v)
-
+        found: dict[str, defaultdict] = {i.id: defaultdict(list)
+                                         for w in watched.WATCHED for i in w.indexes}
+        by_kind = {w.kind: w for w in watched.WATCHED}
         for (kind, ns, name), obj in self.objects.items():
-            meta = obj["metadata"]
-            labels = meta.get("labels") or {}
+            if kind not in by_kind:
+                continue
+            labels = obj["metadata"].get("labels") or {}
             common = dict(name=name, namespace=ns, body=obj, labels=labels, spec=obj.get("spec") or {})
-            if kind == "Node":
-                add("node_index", watched.node_index(**common))
-            elif kind == "Pod":
-                which = "pod_index" if watched.JOB_LABEL in labels else "foreign_pod_index"
-                add(which, getattr(watched, which)(**common))
-                if which == "foreign_pod_index":
-                    add("foreign_port_index", watched.foreign_port_index(**common))
-                    add("foreign_extended_index", watched.foreign_extended_index(**common))
-                    add("foreign_label_index", watched.foreign_label_index(**common))
-                    add("foreign_repel_index", watched.foreign_repel_index(**common))
-            elif kind == "StatefulSet" and watched.JOB_LABEL in labels:
-                add("statefulset_index", watched.statefulset_index(**common))
-            elif kind == "MLJob":
-                add("mljob_index", watched.mljob_index(**common))
-            elif kind == "SchedulingPolicy":
-                add("policy_index", watched.policy_index(**common))
-            elif kind == "ResourceQuota":
-                add("quota_index", watched.quota_index(**common))
-            elif kind == "LimitRange":
-                add("limit_range_index", watched.limit_range_index(**common))
-            elif kind == "RuntimeClass":
-                add("runtime_class_index", watched.runtime_class_index(**common))
-            elif kind == "PriorityClass":
-                add("priority_class_index", watched.priority_class_index(**common))
-            elif kind == "DeviceClass":
-                add("device_class_index", watched.device_class_index(**common))
-            elif kind == "ResourceSlice":
-                add("resource_slice_index", watched.resource_slice_index(**common))
-            elif kind == "ResourceClaimTemplate":
-                add("claim_template_index", watched.claim_template_index(**common))
-            elif kind == "ResourceClaim":
-                add("resource_claim_index", watched.resource_claim_index(**common))
+            for index in by_kind[kind].indexes:
+                if index.selects(labels):
+                    for k, v in (index.build(**common) or {}).items():
+                        found[index.id][k].append(v)
         return watched.indexes_from({k: dict(v) for k, v in found.items()})

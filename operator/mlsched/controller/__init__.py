@@ -17,7 +17,7 @@ every import and fails on one against the order):
     admission/    mirrors of namespace admission: ResourceQuotas, LimitRanges, counted
                   resources                                                        pure
     dataset/      rewards and the retraining dataset's interval records
-    scheduling/   the Runtime, snapshots, a round and admission steps, fair share, pools,
+    scheduling/   the Runtime and its state's owners, snapshots, a round and admission steps, fair share, pools,
                   displacement, guard, reporting: the scheduling loop
     progress/     the HTTP endpoint: /v1/progress, /metrics, /healthz
     app/          kopf handlers (decorators only) and what the MLJob handlers do
@@ -25,8 +25,8 @@ every import and fails on one against the order):
 Formats shared with retraining (the dataset's ConfigMaps, published model versions, model
 parts, a round's serving) live outside, in `mlsched.formats`.
 
-Where a change goes: a new watched kind → its record in objects/records.py, its index in
-app/watched.py, its handlers in app/handlers.py; a new constraint → constraints/ (per pod or node) or admission/
+Where a change goes: a new watched kind → one entry of app/watched.py's WATCHED (its
+record in objects/records.py or beside its constraint); a new constraint → constraints/ (per pod or node) or admission/
 (per namespace), planned in scheduling/snapshot.py; a new policy → mlsched.policies (no
 operator change beyond api/algorithms.py); a new status field → its model in mlsched.api,
 written by scheduling/reporting.py (a round's, through kube/status_writer.py) or

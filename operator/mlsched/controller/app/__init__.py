@@ -1,8 +1,10 @@
 """The kopf wiring: the top layer, the only one that knows kopf's decorators. Imports any
-subpackage below. A new watched kind gets its index (and INDEXED entry) in watched.py, its
-handlers in handlers.py (its record in `objects/records.py`).
+subpackage below. A new watched kind is one entry of watched.py's WATCHED (its index
+function beside it, its record where its constraint lives); a handler of its own in
+handlers.py only if a change of it wakes something other than every admission.
 
-    watched.py        the watched kinds' kopf indexes, INDEXED, indexes_from
+    watched.py        the watched kinds (WATCHED) and their kopf indexes; INDEXED and
+                      indexes_from derived from the table
     startup.py        kopf settings, startup and cleanup, runtime(), wake_all_admissions
     handlers.py       kopf event handlers: decorators and wiring only
     jobs.py           what the MLJob handlers do, apart from kopf: children, status, the

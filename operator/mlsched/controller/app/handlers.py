@@ -1,5 +1,7 @@
 """kopf event handlers: decorators and wiring only; the work is in jobs.py, pod_events.py,
-scheduling/loop.py and friends. The indexes are in watched.py, startup and cleanup in
+scheduling/loop.py and friends. The watched kinds and their indexes are in watched.py
+(`WATCHED`: every watched kind's events are noted, and those of kinds that wake every policy's
+admission step handled, by the handlers registered from it below), startup and cleanup in
 startup.py (both registered with kopf when this module is imported).
 
 Run with `python -m mlsched.controller` (see __main__.py) or
@@ -36,22 +38,10 @@ from mlsched.controller.objects.records import node_record
 from mlsched.controller.objects.quantities import is_active_pod
 from mlsched.controller.scheduling.runtime import Runtime
 
-from mlsched.controller.app.watched import DRA, INDEXED, MLJOBS, POLICIES
+from mlsched.controller.app.watched import DRA, EVERY_ADMISSION, INDEXED, MLJOBS, POLICIES, WATCHED
 from mlsched.controller.app.startup import runtime, wake_all_admissions
 
-@kopf.on.event("nodes")
-@kopf.on.event("pods")
-@kopf.on.event("resourcequotas")
-@kopf.on.event("limitranges")
-@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
-@kopf.on.event("node.k8s.io", "v1", "runtimeclasses")
-@kopf.on.event(*DRA, "deviceclasses")
-@kopf.on.event(*DRA, "resourceslices")
-@kopf.on.event(*DRA, "resourceclaimtemplates")
-@kopf.on.event(*DRA, "resourceclaims")
-@kopf.on.event("apps", "v1", "statefulsets")
-@kopf.on.event(*MLJOBS)
-@kopf.on.event(*POLICIES)
+
 async def watch_noted(event: kopf.RawEvent, body: kopf.Body, resource: kopf.Resource,
                       memo: kopf.Memo, **kwargs: Any) -> None:
     """Every event of an indexed resource, noted to find what a listing again leaves out."""
@@ -60,6 +50,23 @@ async def watch_noted(event: kopf.RawEvent, body: kopf.Body, resource: kopf.Reso
         relists.note(resource.plural, event.get("type"), body,
                      [kwargs[name] for name in INDEXED[resource.plural][2]])
 
+
+async def wake_every_admission(memo: kopf.Memo, **_: Any) -> None:
+    """A kind whose change may let waiting jobs fit or be planned (watched.EVERY_ADMISSION):
+    a LimitRange's defaults lowered or removed (raised: the larger requests are decided at
+    the next step, which needs no wake-up of its own); the globalDefault PriorityClass set,
+    moved or removed (the pods of templates naming no class count against other scoped
+    quotas; whether a class was the default before an edit or deletion is not in the event,
+    and classes change rarely); a RuntimeClass created or changed; devices published, a
+    DeviceClass or claim template created or changed. Every policy's waiting jobs get an
+    admission step now, not at their next round."""
+    wake_all_admissions(runtime(memo).scheduling)
+
+
+for _kind in WATCHED:  # in the table's order: each kind's events noted first
+    kopf.on.event(*_kind.resource)(watch_noted)
+    if _kind.wakes == EVERY_ADMISSION:
+        kopf.on.event(*_kind.resource)(wake_every_admission)
 
 
 @kopf.on.event(*POLICIES)
@@ -75,7 +82,6 @@ async def policy_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
         await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
     if rt.scheduling.policy_loops.observe(body):
         rt.scheduling.wakeups.signal(key, "policy")
-
 
 
 @kopf.on.event("nodes")
@@ -116,14 +122,6 @@ async def quota_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **
     wake_all_admissions(rt.scheduling)
 
 
-@kopf.on.event("limitranges")
-async def limit_range_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
-                            **_: Any) -> None:
-    """Defaults lowered or removed: waiting jobs may fit now (raised: they are decided again
-    with the larger requests at the next step, which needs no wake-up of its own)."""
-    wake_all_admissions(runtime(memo).scheduling)
-
-
 @kopf.on.event("namespaces")
 async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
                           **_: Any) -> None:
@@ -140,32 +138,6 @@ async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     rt.cluster.namespace_labels[name] = labels
     if before is not None and before != labels and rt.leadership.leading:
         await preflight.namespace_relabelled(rt, name)
-
-
-@kopf.on.event("scheduling.k8s.io", "v1", "priorityclasses")
-async def priority_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
-                               **_: Any) -> None:
-    """The globalDefault PriorityClass set, moved or removed: the pods of templates naming no
-    class count against other scoped quotas now, so waiting jobs may fit (or, counted anew,
-    are told why they wait). Any class event wakes: whether it was the default before an
-    edit or deletion is not in the event, and classes change rarely."""
-    wake_all_admissions(runtime(memo).scheduling)
-
-
-@kopf.on.event("node.k8s.io", "v1", "runtimeclasses")
-async def runtime_class_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo,
-                              **_: Any) -> None:
-    """A RuntimeClass created or changed: jobs naming it may be plannable now."""
-    wake_all_admissions(runtime(memo).scheduling)
-
-
-@kopf.on.event(*DRA, "deviceclasses")
-@kopf.on.event(*DRA, "resourceslices")
-@kopf.on.event(*DRA, "resourceclaimtemplates")
-async def device_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
-    """Devices published, a class or claim template created or changed: jobs claiming them may
-    be plannable or fit now."""
-    wake_all_admissions(runtime(memo).scheduling)
 
 
 @kopf.on.event(*DRA, "resourceclaims")

@@ -1,12 +1,21 @@
-"""The kinds the operator watches and the kopf indexes it keeps of them: each index turns a
-watch event's body into its compact record (objects/records.py, job_records.py), `INDEXED`
-names every index per resource (relists.py re-reads them after a watch was down), and
-`indexes_from` hands them to the rest of the operator as one `Indexes`. A new watched kind:
-its index here, its entry in INDEXED and in indexes_from, its handlers in handlers.py."""
+"""The kinds the operator watches, in one table (`WATCHED`): each kind's resource, its kopf
+indexes (each turning a watch event's body into compact records: objects/records.py,
+job_records.py, ...) with the `Indexes` attribute the rest of the operator reads each as, and
+what a change of it wakes. Everything else is derived from the table: the kopf index
+registrations (below), `INDEXED` (relists.py re-reads every index after a watch was down),
+`indexes_from` (kopf's index keywords → `Indexes`), the event handlers that note every event
+and wake admission (handlers.py), and the in-memory API server's indexes (tests/memory_kube.py).
+
+A new watched kind is one `Watched` entry: its index function here, its record builder where
+its constraint lives; a typed field in `Indexes` is optional (an undeclared one is read as an
+attribute all the same); a handler of its own in handlers.py only if a change of it wakes
+something other than every policy's admission step (RBAC: manifests/base/rbac.yaml).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
@@ -34,60 +43,18 @@ POLICIES = (GROUP, VERSION, "schedulingpolicies")
 CONFIG = OperatorConfig.from_env()  # read at import: the timer interval is a decorator argument
 
 
-def indexes_from(kwargs: dict[str, Any]) -> Indexes:
-    return Indexes(nodes=kwargs["node_index"], pods=kwargs["pod_index"],
-                   statefulsets=kwargs["statefulset_index"], foreign=kwargs["foreign_pod_index"],
-                   mljobs=kwargs["mljob_index"], policies=kwargs["policy_index"],
-                   quotas=kwargs["quota_index"], limit_ranges=kwargs["limit_range_index"],
-                   runtime_classes=kwargs["runtime_class_index"],
-                   priority_classes=kwargs["priority_class_index"],
-                   foreign_ports=kwargs["foreign_port_index"],
-                   foreign_extended=kwargs["foreign_extended_index"],
-                   foreign_labels=kwargs["foreign_label_index"],
-                   foreign_repels=kwargs["foreign_repel_index"],
-                   device_classes=kwargs["device_class_index"],
-                   resource_slices=kwargs["resource_slice_index"],
-                   claim_templates=kwargs["claim_template_index"],
-                   resource_claims=kwargs["resource_claim_index"])
-
-
-
-# ------------------------------------------------------ objects deleted while a watch was down
-#: Each indexed resource: its API group and version, and the indexes it feeds (relists.py).
-INDEXED: dict[str, tuple[str, str, tuple[str, ...]]] = {
-    "nodes": ("", "v1", ("node_index",)),
-    "pods": ("", "v1", ("pod_index", "foreign_pod_index", "foreign_port_index",
-                        "foreign_extended_index", "foreign_label_index", "foreign_repel_index")),
-    "resourcequotas": ("", "v1", ("quota_index",)),
-    "limitranges": ("", "v1", ("limit_range_index",)),
-    "priorityclasses": ("scheduling.k8s.io", "v1", ("priority_class_index",)),
-    "runtimeclasses": ("node.k8s.io", "v1", ("runtime_class_index",)),
-    "deviceclasses": (*DRA, ("device_class_index",)),
-    "resourceslices": (*DRA, ("resource_slice_index",)),
-    "resourceclaimtemplates": (*DRA, ("claim_template_index",)),
-    "resourceclaims": (*DRA, ("resource_claim_index",)),
-    "statefulsets": ("apps", "v1", ("statefulset_index",)),
-    "mljobs": (*MLJOBS[:2], ("mljob_index",)),
-    "schedulingpolicies": (*POLICIES[:2], ("policy_index",)),
-}
-
-
-
 NOT_INDEXED: Mapping[str, Any] = MappingProxyType({})
 
 
-@kopf.index("nodes")
 def node_index(name: str, body: kopf.Body, **_: Any):
     return {name: node_record(body)}
 
 
-@kopf.index("pods", labels={JOB_LABEL: kopf.PRESENT})
 def pod_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     record = pod_record(body)
     return {(namespace, labels[JOB_LABEL]): record} if record else NOT_INDEXED
 
 
-@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_pod_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Requests of other schedulers' pods per node: capacity our jobs cannot have."""
     node = _bound_to(spec, body)
@@ -100,7 +67,6 @@ def _bound_to(spec: kopf.Spec, body: kopf.Body) -> str | None:
     return node if node and is_active_pod(body) else None
 
 
-@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_port_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Host ports of other schedulers' pods per node, for those holding any (host_ports.py):
     a node where one holds 29500 takes no task that needs it."""
@@ -109,7 +75,6 @@ def foreign_port_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     return {node: ports} if ports else NOT_INDEXED
 
 
-@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_extended_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Extended resources of other schedulers' pods per node, for those requesting any
     (counted_resources.py): a node whose two RDMA NICs another pod holds takes no task
@@ -119,7 +84,6 @@ def foreign_extended_index(spec: kopf.Spec, body: kopf.Body, **_: Any):
     return {node: extended} if extended else NOT_INDEXED
 
 
-@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, body: kopf.Body,
                         **_: Any):
     """Node and labels of other schedulers' pods per namespace, for those with labels: a
@@ -129,7 +93,6 @@ def foreign_label_index(namespace: str, spec: kopf.Spec, labels: kopf.Labels, bo
     return {namespace: (node, dict(labels))} if node else NOT_INDEXED
 
 
-@kopf.index("pods", labels={JOB_LABEL: kopf.ABSENT})
 def foreign_repel_index(namespace: str, spec: kopf.Spec, body: kopf.Body, **_: Any):
     """Node and required anti-affinity selectors (per node) of other schedulers' pods per
     namespace, for those carrying any: a job pod matching one is kept off that node
@@ -139,28 +102,24 @@ def foreign_repel_index(namespace: str, spec: kopf.Spec, body: kopf.Body, **_: A
     return {namespace: (node, selectors)} if selectors else NOT_INDEXED
 
 
-@kopf.index("resourcequotas")
 def quota_index(namespace: str, body: kopf.Body, **_: Any):
     """Each namespace's ResourceQuotas: what its rounds may book (quotas.py)."""
     record = quota_record(body)
     return {namespace: record} if record else NOT_INDEXED
 
 
-@kopf.index("limitranges")
 def limit_range_index(namespace: str, body: kopf.Body, **_: Any):
     """Each namespace's LimitRanges: the requests its pods will be given (limitranges.py)."""
     record = limit_range_record(body)
     return {namespace: record} if record else NOT_INDEXED
 
 
-@kopf.index("scheduling.k8s.io", "v1", "priorityclasses")
 def priority_class_index(name: str, body: kopf.Body, **_: Any):
     """The globalDefault PriorityClass: the class of pods whose template names none, which
     PriorityClass-scoped ResourceQuotas count (quotas.py)."""
     return global_default_entry(name, body) or NOT_INDEXED
 
 
-@kopf.index("node.k8s.io", "v1", "runtimeclasses")
 def runtime_class_index(name: str, body: kopf.Body, **_: Any):
     """RuntimeClasses by name: what the pods of a template naming one will be."""
     return {name: runtime_class_record(body)}
@@ -168,47 +127,142 @@ def runtime_class_index(name: str, body: kopf.Body, **_: Any):
 
 # Dynamic Resource Allocation (dra.py). On a cluster without resource.k8s.io/v1 (before
 # Kubernetes 1.34) kopf logs that these are not served and the rest runs as before.
-@kopf.index(*DRA, "deviceclasses")
 def device_class_index(name: str, body: kopf.Body, **_: Any):
     """DeviceClasses by name: which devices a claim of the class can be given."""
     return {name: dra.device_class_record(body)}
 
 
-@kopf.index(*DRA, "resourceslices")
 def resource_slice_index(name: str, body: kopf.Body, **_: Any):
     """Node-local ResourceSlices by name: the devices each node has."""
     record = dra.resource_slice_record(body)
     return {name: record} if record.node else NOT_INDEXED
 
 
-@kopf.index(*DRA, "resourceclaimtemplates")
 def claim_template_index(namespace: str, body: kopf.Body, **_: Any):
     """Each namespace's ResourceClaimTemplates: the devices each pod naming one claims."""
     return {namespace: dra.claim_template_record(body)}
 
 
-@kopf.index(*DRA, "resourceclaims")
 def resource_claim_index(namespace: str, body: kopf.Body, **_: Any):
     """Allocated ResourceClaims by namespace: the devices in use."""
     record = dra.resource_claim_record(body)
     return {namespace: record} if record else NOT_INDEXED
 
 
-@kopf.index("apps", "v1", "statefulsets", labels={JOB_LABEL: kopf.PRESENT})
 def statefulset_index(namespace: str, labels: kopf.Labels, body: kopf.Body, **_: Any):
     return {(namespace, labels[JOB_LABEL]): sts_record(body)}
 
 
-@kopf.index(*MLJOBS)
 def mljob_index(namespace: str, name: str, body: kopf.Body, **_: Any):
     return {(namespace, name): job_record(body)}
 
 
-@kopf.index(*POLICIES)
 def policy_index(namespace: str, name: str, spec: kopf.Spec, **_: Any):
     """The policies there are, with each one's fair-sharing weight (fair_share.py), which
     every other policy's steps read."""
     return {(namespace, name): fair_share.weight_of(spec)}
 
 
-# ---------------------------------------------------------------------- scheduling loop
+# ------------------------------------------------------------------------- the table
+#: `Watched.wakes` for a kind any event of which may let waiting jobs fit or be planned:
+#: handlers.py registers one handler for all of them that wakes every policy's admission step.
+EVERY_ADMISSION = "every policy's admission step"
+
+
+@dataclass(frozen=True)
+class Index:
+    """One kopf index of a watched kind: `build` (body → {key: record}, or NOT_INDEXED) is
+    registered with kopf under its function's name, the keyword kopf passes the index by;
+    readers see it as `Indexes.<field>`; `labels`: kopf's label filter, if any."""
+
+    field: str
+    build: Callable[..., Mapping[Any, Any]]
+    labels: Mapping[str, Any] | None = None
+
+    @property
+    def id(self) -> str:
+        return self.build.__name__
+
+    def selects(self, labels: Mapping[str, str]) -> bool:
+        """Whether an object with these labels is indexed (kopf's filter, for the fakes)."""
+        for key, want in (self.labels or {}).items():
+            if want is kopf.PRESENT:
+                found = key in labels
+            elif want is kopf.ABSENT:
+                found = key not in labels
+            else:
+                found = labels.get(key) == want
+            if not found:
+                return False
+        return True
+
+
+@dataclass(frozen=True)
+class Watched:
+    """A watched kind: `group` "" is the core API (kopf is then given the plural alone)."""
+
+    kind: str
+    group: str
+    version: str
+    plural: str
+    indexes: tuple[Index, ...]
+    # What a change wakes: EVERY_ADMISSION, or the names of the handlers in handlers.py that
+    # decide (tests/test_watched_kinds.py checks each is registered for the kind).
+    wakes: str | tuple[str, ...]
+
+    @property
+    def resource(self) -> tuple[str, ...]:
+        """kopf's positional resource arguments."""
+        return (self.group, self.version, self.plural) if self.group else (self.plural,)
+
+
+OURS, FOREIGN = {JOB_LABEL: kopf.PRESENT}, {JOB_LABEL: kopf.ABSENT}
+
+WATCHED: tuple[Watched, ...] = (
+    Watched("Node", "", "v1", "nodes", (Index("nodes", node_index),),
+            wakes=("node_event",)),  # a changed record (not a heartbeat): every admission
+    Watched("Pod", "", "v1", "pods", (
+        Index("pods", pod_index, OURS),
+        Index("foreign", foreign_pod_index, FOREIGN),
+        Index("foreign_ports", foreign_port_index, FOREIGN),
+        Index("foreign_extended", foreign_extended_index, FOREIGN),
+        Index("foreign_labels", foreign_label_index, FOREIGN),
+        Index("foreign_repels", foreign_repel_index, FOREIGN),
+    ), wakes=("pod_event", "foreign_pod_event")),  # ours: its job's policy; others': every one
+    Watched("ResourceQuota", "", "v1", "resourcequotas", (Index("quotas", quota_index),),
+            wakes=("quota_event",)),  # and jobs over quota are retried
+    Watched("LimitRange", "", "v1", "limitranges",
+            (Index("limit_ranges", limit_range_index),), wakes=EVERY_ADMISSION),
+    Watched("PriorityClass", "scheduling.k8s.io", "v1", "priorityclasses",
+            (Index("priority_classes", priority_class_index),), wakes=EVERY_ADMISSION),
+    Watched("RuntimeClass", "node.k8s.io", "v1", "runtimeclasses",
+            (Index("runtime_classes", runtime_class_index),), wakes=EVERY_ADMISSION),
+    Watched("DeviceClass", *DRA, "deviceclasses",
+            (Index("device_classes", device_class_index),), wakes=EVERY_ADMISSION),
+    Watched("ResourceSlice", *DRA, "resourceslices",
+            (Index("resource_slices", resource_slice_index),), wakes=EVERY_ADMISSION),
+    Watched("ResourceClaimTemplate", *DRA, "resourceclaimtemplates",
+            (Index("claim_templates", claim_template_index),), wakes=EVERY_ADMISSION),
+    Watched("ResourceClaim", *DRA, "resourceclaims",
+            (Index("resource_claims", resource_claim_index),),
+            wakes=("resource_claim_event",)),  # a claim gone or deallocated: every admission
+    Watched("StatefulSet", "apps", "v1", "statefulsets",
+            (Index("statefulsets", statefulset_index, OURS),),
+            wakes=("statefulset_event",)),  # its job due, its policy's admission when added
+    Watched("MLJob", *MLJOBS, (Index("mljobs", mljob_index),), wakes=("mljob_event",)),
+    Watched("SchedulingPolicy", *POLICIES, (Index("policies", policy_index),),
+            wakes=("policy_event",)),
+)
+
+for _kind in WATCHED:
+    for _index in _kind.indexes:
+        kopf.index(*_kind.resource, labels=_index.labels)(_index.build)
+
+#: Each indexed resource: its API group and version, and the indexes it feeds (relists.py).
+INDEXED: dict[str, tuple[str, str, tuple[str, ...]]] = {
+    w.plural: (w.group, w.version, tuple(i.id for i in w.indexes)) for w in WATCHED}
+
+
+def indexes_from(kwargs: Mapping[str, Any]) -> Indexes:
+    """kopf's indexes (keyword arguments named after the index functions) as one Indexes."""
+    return Indexes.of({i.field: kwargs[i.id] for w in WATCHED for i in w.indexes})

@@ -165,6 +165,22 @@ class Indexes:
     resource_slices: Mapping[str, Iterable[dra.SliceRecord]] = field(default_factory=dict)
     claim_templates: Mapping[str, Iterable[dra.ClaimTemplateRecord]] = field(default_factory=dict)
     resource_claims: Mapping[str, Iterable[dra.ClaimRecord]] = field(default_factory=dict)
+    # The indexes of watched kinds (app/watched.py, WATCHED) with no field above, by the
+    # attribute they are read as: a new watched kind needs its table entry only.
+    extra: Mapping[str, Mapping[Any, Iterable[Any]]] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, found: Mapping[str, Mapping[Any, Iterable[Any]]]) -> Indexes:
+        """The indexes by attribute name: those declared above as fields, the rest in `extra`."""
+        declared = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in found.items() if k in declared},
+                   extra={k: v for k, v in found.items() if k not in declared})
+
+    def __getattr__(self, name: str) -> Any:
+        extra = self.__dict__.get("extra") or {}
+        if name in extra:
+            return extra[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     def __post_init__(self) -> None:
         if not isinstance(self.mljobs, Defaulted):
