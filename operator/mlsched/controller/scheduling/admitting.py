@@ -16,7 +16,7 @@ from mlsched.api import InvalidObject, SchedulingPolicy
 from mlsched.controller.dataset import rewards
 from mlsched.controller.dataset.dataset import Opening
 from mlsched.controller.kube.events import ObjectRef
-from mlsched.controller.scheduling import displacement, guard, pool_steps, pools
+from mlsched.controller.scheduling import displacement, grouping_guard, guard, pool_steps, pools
 from mlsched.controller.scheduling.runtime import Runtime
 from mlsched.controller.scheduling.indexes import Indexes, flatten
 from mlsched.controller.scheduling.step import (
@@ -67,6 +67,7 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
         guard.serve_fallback(resolved, book)  # admission steps follow the guard's round
     setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
                             rt.config.interval_scale)
+    grouping_guard.for_admission(rt.scheduling.per_policy.grouping_guards, key, resolved, setup, spec)
     interval_s = rt.config.round_seconds(spec.interval)
     open_interval = rt.scheduling.per_policy.intervals.get(key)
     number = open_interval.number if open_interval else 0

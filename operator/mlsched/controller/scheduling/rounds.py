@@ -22,6 +22,7 @@ from mlsched.controller.kube.events import ObjectRef
 from mlsched.controller.objects.apply import summarize
 from mlsched.controller.objects.job_records import JobRecord
 from mlsched.controller.scheduling import domain, guard, pool_steps, pools, reporting
+from mlsched.controller.scheduling import grouping_guard as grouping_guards
 from mlsched.controller.scheduling.runtime import Runtime
 from mlsched.controller.scheduling.indexes import Indexes
 from mlsched.controller.scheduling.step import (
@@ -97,6 +98,10 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # The regret guard (controller/scheduling/guard.py) judges the intervals just closed before the round
     # decides: while tripped, the fallback serves this round.
     book = await guard_round(rt, ref, body, spec, resolved, jobs, to_close, closings, now)
+    # Harmony's grouping guard (grouping_guard.py): harmony, isolated or none, by rollouts.
+    grouping_guard = grouping_guards.for_round(rt.scheduling.per_policy.grouping_guards, key, resolved,
+                                               setup, spec, float(spec.interval),
+                                               rt.config.interval_scale)
     serving = serving_for(rt, ref, spec, resolved, number, "round", now, versions_served)
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
@@ -160,6 +165,9 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
                                                   rt.config.max_exploration))
     extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
                                                 targets, now))
+    await grouping_guards.report(grouping_guard, extra, status, ref, snapshot, decision, targets,
+                                 {j.name: rt.jobs.progress.get(j.key, (0, 0, j.speed))[2] or j.speed
+                                  for j in jobs}, rt.metrics, rt.recorder, rfc3339)
     extra.update(job_counts(rt.scheduling, key, jobs, status))
     # Every allocation, learned or not, checked for leaving idle what a waiting job's minimum
     # would fit (policies/work_conservation.py; reported by conservation.py's rules).
