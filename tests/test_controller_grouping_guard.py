@@ -113,7 +113,7 @@ def test_a_failed_rollout_keeps_the_candidate_in_force_and_says_why(monkeypatch)
     rt, kube = _world()
     _round(rt, kube)
     grouping = _status(kube)["grouping"]
-    assert grouping["governing"] == "harmony" and grouping["estimates"] == {}
+    assert grouping["governing"] == "harmony" and not grouping.get("estimates")
     assert "the rollouts failed, harmony stays in force: no catalog" in grouping["governingMessage"]
     assert not [e for e in kube.events("default") if e["reason"] == "GroupingGoverned"]
     assert {m for g in _status(kube)["groups"] for m in g["members"]} == {"a", "b"}
@@ -167,3 +167,20 @@ def test_colocation_samples_by_hand():
     guard = grouping_guard.ClusterGuard(None, 60.0)
     grouping_guard.add_error(guard, out)
     assert guard.colocation.mare == pytest.approx((0.5 + 1.0) / 2)
+
+
+def test_a_rollout_failing_after_a_decision_removes_the_old_estimates(monkeypatch):
+    rt, kube = _world(nodes=4)
+    _round(rt, kube)
+    assert _status(kube)["grouping"]["governing"] == "isolated"
+    kube.settle()
+
+    def broken(*_args, **_kw):
+        raise ValueError("no catalog")
+
+    monkeypatch.setattr(grouping_guard, "simulator_of", broken)
+    run(create_jobs(rt, kube, *_jobs(("c", "seq2seq"))))
+    _round(rt, kube, now=NOW + 60)
+    grouping = _status(kube)["grouping"]
+    assert grouping["governing"] == "isolated" and not grouping.get("estimates")
+    assert grouping["governingMessage"].startswith("the rollouts failed, isolated stays in force")

@@ -202,9 +202,11 @@ def add_error(guard: ClusterGuard, samples: list[tuple[float, float]]) -> None:
 
 def status_of(guard: ClusterGuard, rfc3339) -> dict:
     """The guard's fields of status.grouping."""
+    # Status is merge-patched: a candidate without a finite estimate is null (removed), and no
+    # estimates at all removes the field, so that no older figure is left beside new ones.
+    estimates = {n: round(v, 3) if np.isfinite(v) else None for n, v in guard.estimates.items()}
     out = {"governing": guard.choice, "governingMessage": guard.message,
-           "estimates": {n: round(v, 3) for n, v in guard.estimates.items() if np.isfinite(v)},
-           "colocationSamples": guard.colocation.samples}
+           "estimates": estimates or None, "colocationSamples": guard.colocation.samples}
     if guard.since is not None:
         out["governingSince"] = rfc3339(guard.since)
     if guard.colocation.samples:
