@@ -105,6 +105,7 @@ class ClusterGuard(GuardedGrouping):
                       for name in order}
         except Exception as err:  # noqa: BLE001 - the guard must never stop a round
             log.warning("grouping guard: no rollout: %s", err)
+            self.estimates = {}
             self.message = f"the rollouts failed, {self.choice} stays in force: {err}"[:1024]
             return self.choice
         finally:
