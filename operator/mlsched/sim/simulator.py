@@ -35,7 +35,7 @@ from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation, shared_demand
 from mlsched.policies.placement.heuristics import LoadBalance
 from mlsched.policies.cycle_guard import CycleGuard
-from mlsched.policies.round import run_admission, run_round, settles
+from mlsched.policies.round import run_admission, run_round, run_served_round, settles
 from mlsched.policies.model_domain import DomainTally, served_cards, shape_of
 from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
@@ -114,6 +114,9 @@ class SimConfig:
     # unbounded (sim/quota.py; `mlsched simulate --quota cpu=32,gpu=8`): Snapshot.budget, as
     # the operator mirrors a ResourceQuota. None: no quota.
     quota: tuple[float, float, float] | None = None
+    # Rounds decided as the operator serves them (round.run_served_round): heuristic rounds
+    # settled. False: heuristic rounds decided once (as the shipped figures were measured).
+    served_round: bool = False
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
@@ -425,9 +428,12 @@ class Simulator:
             snapshot = self.snapshot()
             domain.add(shape_of(snapshot))
             phases = (allocation_now(), placement_now())
-            decision = run_round(snapshot, *phases, grouping)
-            if self.cycle_guard is not None and not settles(*phases, grouping):
-                decision = self.cycle_guard.apply(snapshot, decision)
+            if self.config.served_round:
+                decision = run_served_round(snapshot, *phases, grouping, guard=self.cycle_guard)
+            else:
+                decision = run_round(snapshot, *phases, grouping)
+                if self.cycle_guard is not None and not settles(*phases, grouping):
+                    decision = self.cycle_guard.apply(snapshot, decision)
             idle.append(idle_capacity(snapshot, decision))
             before = {s.spec.name: s.epochs_done for s in self.active}
             start = self.time_s
