@@ -64,7 +64,8 @@ class GuardedGrouping:
         for j in snapshot.jobs:
             if j.name not in self._seen:
                 self._seen[j.name] = TraceJob(j.name, j.arrival_s, j.model, j.total_epochs, j.arch,
-                                              j.requested_workers, j.requested_ps)
+                                              j.requested_workers, j.requested_ps,
+                                              j.gpu_types.get("worker", ()))
         if names and (self._known is None or not names <= self._known):
             self.choice = self._best(snapshot.time_s)
             self.choices[self.choice] += 1

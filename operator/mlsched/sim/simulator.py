@@ -42,6 +42,7 @@ from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute
 from mlsched.sim.colocation_error import ColocationError
 from mlsched.sim.grouping_guard import GuardedGrouping, simulator_rollout
 from mlsched.sim import quota
+from mlsched.sim.gpu_restrictions import GpuRestrictions
 from mlsched.workloads import catalog, gpu_types, interference
 from mlsched.workloads.phases import phase_times
 from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
@@ -255,6 +256,7 @@ class Simulator:
                                  f"{self.config.nodes} nodes")
             types = tuple(gpu_types.canonical_type(t) for t in types)
         self.gpu_types = types
+        self.restrictions = GpuRestrictions(trace, types)  # jobs' own GPU types (TraceJob.gpu_types)
         self._task_demands: dict[tuple[str, str, int], np.ndarray] = {}  # _task_demand's
         self._held_demands: dict[tuple[str, int, int, int], np.ndarray] = {}  # _held_demand's
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
@@ -327,6 +329,7 @@ class Simulator:
                 ps_demand=cfg.demand(j.model, "ps"), worker_demand=cfg.demand(j.model, "worker"),
                 pool=s.pool, pool_since_s=s.pool_since_s, phase_s=s.phase_s,
                 observation_types=tuple(s.observation_types),
+                **self.restrictions.view_fields(j),
             ))
         plan = self.plan
         node_pools = list(plan.node_pools) if plan.node_pools is not None else None
@@ -791,6 +794,7 @@ class Simulator:
             if name not in names:
                 raise ValueError(f"decision names job {name!r}, which is not active")
             model = names[name].model
+            self.restrictions.check(names[name], d.worker_nodes)
             share = decision.pools.share_of(decision.pools.job_pools.get(name))
             for role, placed in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
                 if placed:

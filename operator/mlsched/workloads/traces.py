@@ -1,7 +1,9 @@
-"""Trace files: plain CSV, `name,arrival_s,model,epochs,arch,workers,ps`.
+"""Trace files: plain CSV, `name,arrival_s,model,epochs,arch,workers,ps[,gpu_types]`.
 
 `arch` (ps | allreduce, default ps), `workers` and `ps` (the counts the user asked for, used by
-the `fixed` allocation policy) may be empty or absent. Rows may come in any order; jobs are
+the `fixed` allocation policy) may be empty or absent. `gpu_types` (optional) restricts the
+GPU types a job's workers may run on, `|`-separated (`v100|p100`), as an MLJob's
+`spec.replicaSpecs.worker.gpuTypes` does; empty: any (sim/gpu_restrictions.py). Rows may come in any order; jobs are
 returned sorted by arrival. Every error names the file, the line and the reason.
 """
 
@@ -13,10 +15,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from mlsched.workloads import catalog
+from mlsched.workloads import catalog, gpu_types as gpu_type_names
 
 REQUIRED = ("name", "arrival_s", "model", "epochs")
-OPTIONAL = ("arch", "workers", "ps")
+OPTIONAL = ("arch", "workers", "ps", "gpu_types")
 HEADER = REQUIRED + OPTIONAL
 
 
@@ -33,6 +35,7 @@ class TraceJob:
     arch: str = "ps"
     workers: int | None = None
     ps: int | None = None
+    gpu_types: tuple[str, ...] = ()  # the types its workers may use; () any
 
 
 def _number(text: str, what: str, where: str, integer: bool = False) -> float:
@@ -98,7 +101,12 @@ def parse(text: str, source: str = "<trace>") -> list[TraceJob]:
                 counts[c] = v
         if arch == "allreduce" and counts["ps"]:
             raise TraceError(f"{where}: an allreduce job has no parameter servers (ps={counts['ps']})")
-        jobs.append(TraceJob(name, arrival, model, epochs, arch, counts["workers"], counts["ps"]))
+        try:
+            types = tuple(dict.fromkeys(gpu_type_names.canonical_type(t)
+                                        for t in get("gpu_types").split("|") if t.strip()))
+        except gpu_type_names.UnknownGpuTypeError as exc:
+            raise TraceError(f"{where}: gpu_types: {exc}") from None
+        jobs.append(TraceJob(name, arrival, model, epochs, arch, counts["workers"], counts["ps"], types))
     if not jobs:
         raise TraceError(f"{source}: no jobs")
     jobs.sort(key=lambda j: (j.arrival_s, j.name))
@@ -115,12 +123,15 @@ def read(path: str | Path) -> list[TraceJob]:
 
 
 def dumps(jobs: list[TraceJob]) -> str:
+    """The CSV of `jobs`; the `gpu_types` column only when some job has a restriction."""
+    typed = any(j.gpu_types for j in jobs)
     out = io.StringIO()
     w = csv.writer(out, lineterminator="\n")
-    w.writerow(HEADER)
+    w.writerow(HEADER if typed else HEADER[:-1])
     for j in jobs:
-        w.writerow([j.name, f"{j.arrival_s:.1f}", j.model, f"{j.epochs:g}", j.arch,
-                    "" if j.workers is None else j.workers, "" if j.ps is None else j.ps])
+        row = [j.name, f"{j.arrival_s:.1f}", j.model, f"{j.epochs:g}", j.arch,
+               "" if j.workers is None else j.workers, "" if j.ps is None else j.ps]
+        w.writerow(row + ["|".join(j.gpu_types)] if typed else row)
     return out.getvalue()
 
 
