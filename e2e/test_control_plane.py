@@ -251,8 +251,12 @@ def test_node_not_ready_and_back(control_plane, api, namespace):
                              for c in core.read_namespaced_pod("pinned", namespace)
                              .status.conditions or []), 30, "the pod to be Unschedulable")
 
-        # kwok does not undo it: the node is still NotReady a while later.
-        time.sleep(5)
+        # kwok does not undo it: the node is still NotReady after kwok has acted on it again
+        # (renewed its Lease, about every 10 s), not merely after a fixed sleep.
+        leases = client.CoordinationV1Api(api)
+        renewed = leases.read_namespaced_lease(name, "kube-node-lease").spec.renew_time
+        wait_for(lambda: leases.read_namespaced_lease(name, "kube-node-lease").spec.renew_time
+                 > renewed, 30, "kwok to renew the node's Lease")
         assert fake_nodes.ready_status(core.read_node(name)) == "False"
 
         control_plane.set_node_ready(name, True)

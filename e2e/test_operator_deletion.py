@@ -14,6 +14,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlsched_objects import GROUP, VERSION, condition, mljob, phase, scheduling_policy
+from signals import utc_now, wait_for_rounds
 from waiting import wait_for
 
 HOLD = "e2e.mlsched.io/hold"  # a finalizer the test puts on a child to keep it terminating
@@ -106,7 +107,9 @@ def _recreate_while_the_old_statefulset_stays(apps, mlsched, old: dict, old_sts:
                          for e in mlsched.events("again", "MLJob")), 30,
              "an Event saying the job waits for its predecessor's StatefulSet",
              describe=lambda: [(e.reason, e.message) for e in mlsched.events("again", "MLJob")])
-    time.sleep(3)
+    # Two rounds of its policy (every 3 s) and the sweeps between them (every second) have
+    # looked at it since (a positive signal before asserting what did not happen).
+    wait_for_rounds(mlsched, "default", 2, since=utc_now(), timeout=30)
     job = mlsched.job("again")
     assert phase(job) != "Running", job.get("status")
     sts = mlsched.statefulsets("again")["worker"]

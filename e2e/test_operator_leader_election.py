@@ -116,8 +116,18 @@ def _one_leader(replicas: dict, coordination) -> str:
     first = wait_for(settled, 90, "exactly one replica to lead and hold the Lease",
                      describe=lambda: ({n: _leader_metric(r) for n, r in replicas.items()},
                                        _lease(coordination)))
-    time.sleep(3)  # ... and go on leading, renewing, while the other stays a standby
-    again = wait_for(settled, 10, "the leader to go on leading")
+    # ... and go on leading while the other stays a standby: two renewals of the Lease by the
+    # same leader seen (its acts, not a fixed sleep).
+    renewals = set()
+
+    def renewing():
+        now = settled()
+        if now and now[0] == first[0] and now[1] > first[1]:
+            renewals.add(now[1])
+        return len(renewals) >= 2 and now
+
+    again = wait_for(renewing, 20, f"{first[0]} to go on leading and renew the Lease twice",
+                     describe=lambda: (first, sorted(renewals), settled()))
     assert again[0] == first[0] and again[1] > first[1], (first, again)
     return first[0]
 
@@ -208,7 +218,9 @@ def test_leader_election_survives_api_server_outages_with_never_two_writers(
     try:
         wait_for(lambda: (_lease(coordination) or client.V1LeaseSpec()).holder_identity == other,
                  TAKEOVER_S + 5, "the other replica to take the frozen leader's Lease")
-        time.sleep(2)
+        # ... and leads by its own word before the frozen one thaws (not a fixed sleep).
+        wait_for(lambda: _leader_metric(replicas[other]) == 1.0, 10,
+                 "the other replica to lead", describe=lambda: _leader_metric(replicas[other]))
     finally:
         os.kill(replicas[frozen].pid, signal.SIGCONT)
     wait_for(lambda: "restarting as a standby" in replicas[frozen].log_path.read_text(), 20,

@@ -24,6 +24,7 @@ from kubernetes import client
 
 from mlsched_objects import condition, mljob, phase, scheduling_policy
 from operator_fixtures import own_nodes
+from signals import utc_now, wait_for_rounds
 from test_operator_grouping import OWNER, POOL_LABEL, label_rights  # noqa: F401 (a fixture)
 from waiting import wait_for
 
@@ -113,13 +114,17 @@ def test_a_harmony_policy_leaves_other_tenants_their_nodes(api, mlsched, second_
 
     wait_for(a_settled, 180, "team A's pools and most of its jobs running",
              describe=lambda: (labels(core, pool_nodes), running(team_a, a_jobs)))
-    # A few rounds (one every 6 s) and admission steps of team A.
+    # Sampled over two rounds (one every 6 s) and the admission steps of team A: the rounds
+    # counted by its status.lastRoundTime, not a fixed time that a loaded machine may fill
+    # with fewer of them.
     bad_labels: dict[str, str] = {}
     singles: dict[str, list[str]] = {}
-    for _ in range(15):
+
+    def sample() -> None:
         bad_labels.update(trespass(core, pool_nodes, owner_a, team_b))
         singles.update(single_pools(core, pool_nodes, owner_a, team_a))
-        time.sleep(1.0)
+
+    wait_for_rounds(team_a, "default", 2, timeout=60, interval=1.0, sample=sample)
 
     # Team B's new job runs within 10 s, on the nodes left free.
     free_before = {n for n, (v, o) in labels(core, pool_nodes).items() if o is None}
@@ -130,6 +135,7 @@ def test_a_harmony_policy_leaves_other_tenants_their_nodes(api, mlsched, second_
         said.add((condition(team_b.job("late"), "Admitted") or {}).get("message") or "")
         time.sleep(0.25)
     took = time.monotonic() - created
+    ran = utc_now()
     admitted = condition(team_b.job("late"), "Admitted") or {}
     # Every check is collected, so that a failure shows all that is wrong at once.
     problems = []
@@ -141,12 +147,10 @@ def test_a_harmony_policy_leaves_other_tenants_their_nodes(api, mlsched, second_
                         f"{sorted(free_before)}")
 
     # Labels attract, they never repel: had the new job landed on a node of team A's pools,
-    # team A's next round (every 6 s) takes that node out of them. Sampled after it.
-    time.sleep(8.0)
-    for _ in range(5):
-        bad_labels.update(trespass(core, pool_nodes, owner_a, team_b))
-        singles.update(single_pools(core, pool_nodes, owner_a, team_a))
-        time.sleep(1.0)
+    # team A's next round (every 6 s) takes that node out of them. Sampled after it: two
+    # rounds of team A since the job ran (the second has seen its pods), then over the next.
+    settled = wait_for_rounds(team_a, "default", 2, since=ran, timeout=60)
+    wait_for_rounds(team_a, "default", 1, since=settled, timeout=60, interval=1.0, sample=sample)
     # No node running team B's pods carries a label of team A's pools ...
     if bad_labels:
         problems.append(f"nodes running team B's pods labelled into team A's pools: {bad_labels}")

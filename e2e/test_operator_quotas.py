@@ -13,7 +13,9 @@ from kubernetes import client
 
 from dl2_model import configmap_ref, model_configmap
 from job_state import placed_as_decided, placement_problems
+from mlsched.controller.app.jobs import OVER_QUOTA_RETRY_S
 from mlsched_objects import GROUP, VERSION, condition, mljob, scheduling_policy
+from signals import wait_for_metric_growth
 from waiting import wait_for
 
 DAY = 86400
@@ -190,7 +192,10 @@ def test_a_job_whose_children_an_object_count_quota_refuses_waits_and_starts_whe
     assert mlsched.job("second")["status"]["phase"] == "Pending"
     # Not a create call every second: one Event, and the holder is not told its children
     # were not created (a full quota refuses even the create of an object that exists).
-    time.sleep(3)
+    # Asserted once the operator has tried the Service again (its retry, every 30 s while the
+    # quota stays full, or at a change of the quota): a positive signal that it has acted.
+    wait_for_metric_growth(operator, "mlsched_api_requests_total",
+                           'verb="create",resource="services"', 1, timeout=20 + OVER_QUOTA_RETRY_S)
     # Its StatefulSet comes before its Service (controller/objects/services.py), and is not scaled:
     # without the Service its pods would have no DNS names.
     assert {r: s.spec.replicas for r, s in mlsched.statefulsets("second").items()} == {"worker": 0}

@@ -32,6 +32,7 @@ from mlsched_objects import (
 )
 from operator_fixtures import INTERVAL_SCALE
 from pod_tokens import PROGRESS_AUDIENCE, request_token
+from signals import metric, utc_now, wait_for_rounds
 from waiting import wait_for
 
 TRAINING_SA = "mlsched-training"
@@ -190,12 +191,6 @@ def test_report_right_after_an_operator_restart_is_accepted(api, mlsched, operat
              .get("epochsDone") == 2, 30, "the report in the job's status")
 
 
-def metric(text: str, name: str, labels: str, default: float | None = 0.0) -> float | None:
-    """The sample of `name{labels}` in a /metrics text; `default` when there is none."""
-    found = re.search(rf"^{re.escape(name)}\{{{re.escape(labels)}\}} (\S+)$", text, re.M)
-    return float(found.group(1)) if found else default
-
-
 def post_with_token(url: str, token: str, namespace: str, job: str) -> int:
     request = urllib.request.Request(
         url, method="POST", data=json.dumps({"namespace": namespace, "job": job,
@@ -223,19 +218,28 @@ def test_junk_tokens_cost_a_bounded_number_of_token_reviews(api, mlsched, operat
     assert 0 < reviews <= bound, (reviews, bound, elapsed)
     assert answers.count(401) == reviews and answers.count(429) == 1000 - reviews
 
-    # One junk token sent again and again is reviewed once (its refusal is cached).
-    time.sleep(1.0 / limits.token_review_rate + 0.1)
+    # One junk token sent again and again is reviewed once (its refusal is cached). Sent
+    # until the limit lets its review through (answered 401, where 429 reviews nothing), not
+    # after a fixed sleep.
+    wait_for(lambda: post_with_token(operator.progress_url, "same-junk", namespace,
+                                     "other") == 401,
+             10 + 1.0 / limits.token_review_rate, "the junk token's review to be let through",
+             interval=0.1)
     repeated = [post_with_token(operator.progress_url, "same-junk", namespace, "other")
-                for _ in range(100)]
+                for _ in range(99)]
     assert set(repeated) == {401}
     after = metric(operator.metrics(), "mlsched_token_reviews_total", 'result="unauthenticated"')
     assert after - reviews == 1  # reviewed once, then answered from the cache
 
-    # A valid report still gets through once the limit lets a review through.
+    # A valid report still gets through once the limit lets a review through: sent again
+    # while answered 429 (as a reporter retries), which reviews nothing.
     token_file = tmp_path / "token"
     token_file.write_text(request_token(client.CoreV1Api(api), training_jobs["other"],
                                         audience=PROGRESS_AUDIENCE))
-    status, answer = post_progress(operator.progress_url, namespace, "other", token_file, 3)
+    status, answer = wait_for(
+        lambda: (r := post_progress(operator.progress_url, namespace, "other", token_file, 3))[0]
+        != 429 and r, 10 + 1.0 / limits.token_review_rate,
+        "the limit to let the valid report's review through", interval=0.1)
     assert status == 200, answer
     wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
              .get("epochsDone") == 3, 30, "the valid report in the job's status")
@@ -287,17 +291,10 @@ def test_the_endpoint_serves_https_as_shipped(api, mlsched, start_operator, tmp_
     # A restarted operator keeps the CA: the job's pods are not re-rendered (not restarted).
     template_hash = mlsched.statefulsets("other")["worker"].metadata.annotations
     operator.stop()
-    restarted = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    restarted = utc_now()
     operator.start()
     # Two rounds of the new process (a positive signal that it has acted), not a fixed sleep.
-    first = wait_for(lambda: (t := _last_round(mlsched)) and t > restarted and t, 60,
-                     "a round after the restart")
-    wait_for(lambda: (_last_round(mlsched) or "") > first, 10 + 3 * 1200 * INTERVAL_SCALE,
-             "a second round after the restart")
+    wait_for_rounds(mlsched, "default", 2, since=restarted, timeout=60 + 3 * 1200 * INTERVAL_SCALE)
     assert mlsched.statefulsets("other")["worker"].metadata.annotations == template_hash
     assert pod.metadata.uid in {p.metadata.uid for p in mlsched.pods("other")}
 
-
-def _last_round(mlsched) -> str | None:
-    """The policy's lastRoundTime (RFC 3339 in UTC to the second, so strings compare in time order)."""
-    return (mlsched.policy("default").get("status") or {}).get("lastRoundTime")

@@ -10,6 +10,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlsched_objects import condition, mljob, scheduling_policy
+from signals import wait_for_rounds
 from waiting import wait_for
 
 
@@ -297,9 +298,9 @@ def test_a_pod_given_the_room_a_shrunk_jobs_pod_is_leaving_waits_without_an_alar
         reason, message = wait_for(waiting_named, 30, "the refused pod's job to say what it waits for",
                                    describe=lambda: [_reason(mlsched, n) for n in ("first", "second")])[0]
         assert any(name in message for name in held), message
-        for _ in range(10):  # it stays so while the pod is held (the sweep runs every second)
-            waiting_named()
-            time.sleep(0.5)
+        # It stays so while the pod is held: sampled over two rounds of the policy (every 3 s)
+        # and the sweeps between them (every second), counted, not a fixed sleep.
+        wait_for_rounds(mlsched, "default", 2, timeout=30, interval=0.5, sample=waiting_named)
         assert not [s for s in seen if s[0] == "Unschedulable"], seen
         for name in ("first", "second"):
             assert not [w for w in _warnings(mlsched, name) if w[0] == "Unschedulable"], \
