@@ -317,3 +317,41 @@ def test_existing_pools_are_used_as_the_admin_labelled_them(api, mlsched, groupi
         for name in NODES:
             core.patch_node(name, {"metadata": {"labels": {NODEPOOL: None}}},
                             _content_type="application/merge-patch+json")
+
+
+def test_the_grouping_guard_says_which_candidate_governs_and_serves_it(
+        api, mlsched, grouping_operator):
+    """spec.pools.guard (docs/grouping.md, "In the cluster"): harmony's grouping against
+    isolated and none by rollouts in the simulator from the first round's snapshot; the one
+    with the lowest summed JCT is in status.grouping.governing, and it is what runs."""
+    core = client.CoreV1Api(api)
+    jobs = {"resnet": "resnet-50", "dssm": "dssm", "wlm": "wlm"}
+    for name, model in jobs.items():
+        mlsched.create(mljob(name, model=model))
+    wait_for(lambda: children_exist(mlsched, jobs), 60, "the jobs' StatefulSets")
+    mlsched.create(scheduling_policy("default", grouping="harmony", pools={
+        "mode": "LabelNodes", "minStaySeconds": 0, "guard": True}))
+
+    def grouping():
+        return ((mlsched.policy("default") or {}).get("status") or {}).get("grouping") or {}
+
+    wait_for(lambda: grouping().get("governing"), 120, "status.grouping.governing",
+             describe=grouping)
+    found = grouping()
+    estimates = found["estimates"]
+    assert set(estimates) == {"harmony", "isolated", "none"}, found
+    assert found["governing"] == min(estimates, key=estimates.get), found
+    assert found["governingSince"] and found["governingMessage"].startswith(found["governing"])
+    # What governs is what runs: isolated gives each job a pool of its own, harmony pools
+    # dssm with wlm (resnet alone, ungrouped), none pools nothing.
+    members, alone = {"isolated": (list(jobs), []), "harmony": (["dssm", "wlm"], ["resnet"]),
+                      "none": ([], list(jobs))}[found["governing"]]
+    wait_for(lambda: consistent(mlsched, core, members, alone) is None, 120,
+             "the governing grouping, settled",
+             describe=lambda: consistent(mlsched, core, members, alone))
+    if found["governing"] == "isolated":
+        assert all(len(g["members"]) == 1 and g["share"] == 1 for g in groups(mlsched))
+    governed = [e for e in mlsched.events("default", "SchedulingPolicy")
+                if e.reason == "GroupingGoverned"]
+    assert bool(governed) == (found["governing"] != "harmony"), governed
+    assert "colocationSamples" in grouping()
