@@ -104,6 +104,7 @@ class ControlPlane:
         self._node_serial = 0
         self._layout: flags.Layout | None = None
         self._admin: client.ApiClient | None = None  # for the harness's own calls
+        self.startup_s: float | None = None  # set by start()
 
     # ----------------------------------------------------------------- lifecycle
 
@@ -112,6 +113,7 @@ class ControlPlane:
         self.versions = read_versions(self.bin_dir)
         self.workdir = Path(tempfile.mkdtemp(prefix="mlsched-e2e-"))
         atexit.register(self.stop)
+        started = time.monotonic()
         try:
             self._start_all()
         except BaseException as err:
@@ -121,8 +123,15 @@ class ControlPlane:
             if isinstance(err, (ComponentError, RuntimeError)):
                 raise ControlPlaneError(f"{err}\n(all logs kept in {self.workdir})") from err
             raise
+        # From the processes' launch to a plane that answers (the binaries already built).
+        self.startup_s = time.monotonic() - started
 
     def _start_all(self) -> None:
+        self._start_apiserver()
+        self._start_controllers()
+
+    def _start_apiserver(self) -> None:
+        """etcd, then kube-apiserver, ready: all an ApiServerPlane runs."""
         assert self.workdir is not None
         (self.workdir / "logs").mkdir()
         pki = make_pki(self.workdir / "pki", self.address)
@@ -146,6 +155,9 @@ class ControlPlane:
         self._add("kube-apiserver", apiserver_flags)
         self._wait_apiserver()
 
+    def _start_controllers(self) -> None:
+        """KCM, the scheduler and kwok, healthy, and the default ServiceAccount KCM makes."""
+        layout, ports = self._layout, self._layout.ports
         self._add("kube-controller-manager", flags.controller_manager(layout)
                   + self.extra_flags.get("kube-controller-manager", []))
         self._add("kube-scheduler", flags.scheduler(layout) + self.extra_flags.get("kube-scheduler", []))
@@ -321,3 +333,24 @@ class ControlPlane:
                 break
             time.sleep(0.5)
         raise ControlPlaneError(str(kcm.fail("no default ServiceAccount in namespace default")))
+
+
+class ApiServerPlane(ControlPlane):
+    """etcd and kube-apiserver only, as envtest runs them (the apiserver-only tier, e2e/api/):
+    the same PKI, flags, credentials, kubectl and clients, but no kube-controller-manager, no
+    scheduler, no kwok. The API server still does everything of its own: schemas, CEL, strict
+    field validation, defaulting, admission, authentication, authorization (RBAC,
+    SubjectAccessReviews), TokenRequests, status subresources, server-side dry runs. What KCM
+    would do does not happen: no pods from StatefulSets, no `default` ServiceAccount, no
+    ClusterRole aggregation, and a deleted namespace stays Terminating (harmless: the plane
+    goes with the session)."""
+
+    def _start_all(self) -> None:
+        self._start_apiserver()
+
+    def create_nodes(self, *args, **kwargs) -> list[str]:
+        raise ControlPlaneError("an ApiServerPlane runs no kwok: a test that needs nodes belongs "
+                                "in the full control plane's tier (e2e/, not e2e/api/)")
+
+    def set_node_ready(self, *args, **kwargs) -> None:
+        self.create_nodes()
