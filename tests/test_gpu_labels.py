@@ -9,7 +9,7 @@ import copy
 import pytest
 import yaml
 
-from mlsched.api import GpuType, InvalidObject, MLJob, get_condition
+from mlsched.api import GpuType, HistoryEntry, InvalidObject, MLJob, Placement, get_condition
 from mlsched.cluster.types import Decision, JobDecision
 from mlsched.controller.__main__ import export, parse_args
 from mlsched.controller.admission.limitranges import ContainerDefaults, defaulted
@@ -280,3 +280,40 @@ def test_a_job_moved_off_typed_nodes_loses_its_types_in_status():
     round_(rt, kube)
     status = kube.obj("MLJob", NS, "a")["status"]
     assert status["placement"]["worker"] and "gpuTypes" not in status["placement"], status
+
+
+def test_the_speeds_a_job_showed_carry_the_type_they_were_measured_at():
+    """The hetero policies divide each observed speed by its type's relative speed
+    (policies/gpu_speed.normalised): the history's placement says which types the workers
+    ran on, and the slowest of them is the pace."""
+    body = _typed_job("seen", None)
+    body["status"] = {"history": [
+        {"interval": 1, "ps": 1, "workers": 2, "epochs": 1.0,
+         "placement": {"worker": ["v0", "k0"], "gpuTypes": {"worker": "v100,k80"}}},
+        {"interval": 2, "ps": 1, "workers": 2, "epochs": 0.0,  # no progress: no speed
+         "placement": {"worker": ["v0", "v1"], "gpuTypes": {"worker": "v100"}}},
+        {"interval": 3, "ps": 1, "workers": 1, "epochs": 2.0,
+         "placement": {"worker": ["x-a100"], "gpuTypes": {"worker": PRODUCTS["a"]}}},
+        {"interval": 4, "ps": 1, "workers": 2, "epochs": 3.0,
+         "placement": {"worker": ["v0", "v1"], "gpuTypes": {"worker": "v100"}}}]}
+    record = job_record(body)
+    assert [w for _, w, _ in record.trained] == [2, 1, 2]
+    assert record.trained_types == ("k80", None, "v100")
+    view = build_snapshot([record], ClusterState(nodes=_nodes()), now_s=0, interval_s=60).jobs[0]
+    assert view.observation_types == ("k80", None, "v100") and len(view.observations) == 3
+    # Untyped history: no types at all (the homogeneous default).
+    body["status"]["history"] = [{"interval": 1, "ps": 1, "workers": 1, "epochs": 1.0,
+                                  "placement": {"worker": ["n0"]}}]
+    record = job_record(body)
+    assert record.trained_types == ()
+    view = build_snapshot([record], ClusterState(nodes=_nodes()), now_s=0, interval_s=60).jobs[0]
+    assert view.observation_types == ()
+
+
+def test_a_history_entry_keeps_the_types_its_placement_had():
+    snap = build_snapshot([job_record(_typed_job("a", None))], ClusterState(nodes=_nodes()),
+                          now_s=0, interval_s=60)
+    target = job_targets(Decision({"a": JobDecision(ps_nodes=[5], worker_nodes=[2, 0])}), snap)["a"]
+    entry = HistoryEntry(interval=1, start="2024-01-01T00:00:00Z", ps=1, workers=2, epochs=1.0,
+                         reward=0.0, placement=Placement(**target.placement()))
+    assert entry.to_k8s()["placement"]["gpuTypes"] == {"worker": "v100,k80"}

@@ -24,6 +24,7 @@ from mlsched.controller.objects.quantities import (
 )
 from mlsched.controller.objects.records import pod_labels
 from mlsched.workloads import catalog
+from mlsched.workloads.gpu_types import GPU_TYPES
 
 
 
@@ -104,6 +105,8 @@ class JobRecord:
     # Per role, the GPU types its pods may run on (spec.replicaSpecs.<role>.gpuTypes, as
     # gpu_labels reads them off the nodes); also in its node constraint. Roles with none absent.
     gpu_types: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    # The GPU type each of `trained` was measured at (trained_types); empty when none has one.
+    trained_types: tuple[str | None, ...] = ()
 
     # (namespace, name): how every index finds the job, read 60,000 times by a 10,000-job
     # round's snapshot, so made once.
@@ -172,6 +175,21 @@ def trained_intervals(history: Any) -> tuple[tuple[tuple[int, int, float], ...],
     return tuple(trained[-MAX_OBSERVATIONS:]), slots
 
 
+def trained_types(history: Any) -> tuple[str | None, ...]:
+    """The GPU type each of trained_intervals' speeds was measured at, in the same order: the
+    slowest table type among the workers' (status.placement.gpuTypes.worker of the interval:
+    a job runs at its slowest worker's pace), None where no worker's type is in the table.
+    Empty when none has a type (JobView.observation_types)."""
+    types: list[str | None] = []
+    for h in history:
+        if (h.get("workers") or 0) and (h.get("epochs") or 0.0) > 0:
+            named = ((h.get("placement") or {}).get("gpuTypes") or {}).get("worker") or ""
+            known = [t for t in GPU_TYPES if t in named.split(",")]
+            types.append(known[-1] if known else None)  # GPU_TYPES: fastest first
+    types = types[-MAX_OBSERVATIONS:]
+    return tuple(types) if any(t is not None for t in types) else ()
+
+
 def parse_job(body: Mapping[str, Any]) -> MLJob:
     """Validate spec and name only: status is written by the operator itself, and parsing a
     long history on every watch event would cost more than the whole scheduling round."""
@@ -222,6 +240,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
     status = body.get("status") or {}
     progress = status.get("progress") or {}
     trained, slots_run = trained_intervals(status.get("history") or ())
+    types = trained_types(status.get("history") or ()) if trained else ()
     common = dict(
         namespace=meta.get("namespace", ""), name=meta["name"], uid=meta.get("uid", ""),
         generation=int(meta.get("generation") or 0),
@@ -238,7 +257,7 @@ def job_record(body: Mapping[str, Any]) -> JobRecord:
         started=bool(status.get("startTime")),
         rescales=status.get("rescales") if isinstance(status.get("rescales"), Mapping) else None,
         history=tuple(status.get("history") or ()),
-        trained=trained, slots_run=slots_run,
+        trained=trained, slots_run=slots_run, trained_types=types,
         placement=status.get("placement"),
         open_interval=status.get("openInterval"),
         group=status.get("group"), group_since_s=parse_time(status.get("groupSince")),
