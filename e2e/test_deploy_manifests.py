@@ -8,10 +8,8 @@ audit policy that logs every request of the operator's ServiceAccount.
 1. `kubectl apply --server-side` of the rendered `dev` overlay (CRDs, RBAC, the model
    ConfigMaps, the Deployment, the namespace mlsched-dev with its `default` policy), a second
    time if the first came too early for the SchedulingPolicy's CRD, as the README says.
-2. Every overlay, the samples and the per-namespace kustomizations, rendered and sent as a
-   server-side dry run with strict field validation: the built-in kinds against the API
-   server's own schemas of the Kubernetes version we test on (1.34), the custom resources
-   against the installed CRDs. Unknown fields are errors, not silently pruned.
+2. (What the install made, and every kustomization sent as a strict server-side dry run, need
+   only an API server: e2e/apiserver/test_api_deploy_manifests.py, the apiserver-only tier.)
 3. The operator runs with the Deployment's flags and a token of the ServiceAccount the
    overlay made (not the admin), and its model directory holds exactly what the model
    ConfigMaps hold, laid out as the Deployment mounts them: jobs run under the overlay's
@@ -39,7 +37,7 @@ from mlsched.controller.kube.constants import LEGACY_FINALIZER
 from mlsched.formats import dataset_store
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched_objects import (
-    GROUP, VERSION, MLSched, condition, default_policy, for_kwok, phase, sample, scheduling_policy,
+    GROUP, VERSION, MLSched, condition, for_kwok, phase, sample, scheduling_policy,
 )
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
 from operator_process import OperatorProcess
@@ -57,19 +55,6 @@ AUDIT_POLICY = {
     "apiVersion": "audit.k8s.io/v1", "kind": "Policy",
     "omitStages": ["RequestReceived"],
     "rules": [{"level": "Metadata", "users": [USER]}, {"level": "None"}],
-}
-
-#: Every kustomization a user applies, and the namespace `-n` names for those without one.
-RENDERED = {
-    "manifests": (MANIFESTS, None),
-    "overlays/dev": (MANIFESTS / "overlays" / "dev", None),
-    "overlays/prod": (MANIFESTS / "overlays" / "prod", None),
-    "overlays/namespaced": (MANIFESTS / "overlays" / "namespaced", None),
-    "overlays/label-nodes": (MANIFESTS / "overlays" / "label-nodes", None),
-    "overlays/namespaced/served-namespace":
-        (MANIFESTS / "overlays" / "namespaced" / "served-namespace", DEV_NAMESPACE),
-    "base/training-namespace": (MANIFESTS / "base" / "training-namespace", DEV_NAMESPACE),
-    "samples": (MANIFESTS / "samples", DEV_NAMESPACE),
 }
 
 #: Rules of the dev overlay's RBAC that this run does not exercise, and why. Everything else
@@ -143,56 +128,6 @@ def find(objects: list[dict], kind: str, name: str) -> dict:
 
 
 # ------------------------------------------------------------------------------ tests
-
-
-def test_dev_overlay_installs_on_a_fresh_cluster(cluster, api, dev):
-    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
-    deployment = apps.read_namespaced_deployment("mlsched-operator", NAMESPACE)
-    container = deployment.spec.template.spec.containers[0]
-    assert deployment.spec.replicas == 1 and container.image == "mlsched-operator:dev"
-    assert "--verbose" in container.args
-    # The policy MLJobs without one use, in the namespace made for jobs.
-    policy = MLSched(api, DEV_NAMESPACE).policy("default")
-    assert policy["spec"]["allocation"] == "drf"
-    # The model ConfigMaps hold the shipped files byte for byte.
-    for volume in deployment.spec.template.spec.volumes:
-        for source in (volume.projected.sources if volume.projected else ()):
-            config_map = core.read_namespaced_config_map(source.config_map.name, NAMESPACE)
-            folder = volume.name.removeprefix("models-")
-            for key, value in (config_map.binary_data or {}).items():
-                shipped = REPO / "policy_models" / "artifacts" / folder / key
-                assert base64.b64decode(value) == shipped.read_bytes(), key
-            for key, value in (config_map.data or {}).items():
-                assert value == (REPO / "policy_models" / "artifacts" / folder / key).read_text()
-
-
-@pytest.mark.parametrize("name", RENDERED)
-def test_every_kustomization_validates_strictly_on_the_apiserver(cluster, dev, name, tmp_path):
-    directory, namespace = RENDERED[name]
-    path = tmp_path / "rendered.yaml"
-    path.write_text(yaml.safe_dump_all(render(cluster, directory)))
-    args = ["apply", "--server-side", "--force-conflicts", "--dry-run=server",
-            "--validate=strict", "-f", str(path)]
-    result = cluster.kubectl(*args, *(["-n", namespace] if namespace else []), check=False)
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert "(server dry run)" in result.stdout
-
-
-def test_strict_validation_refuses_an_unknown_field(cluster, dev, tmp_path):
-    """The check above can fail: a misspelt field in a built-in kind and in a custom resource."""
-    objects = render(cluster, MANIFESTS / "overlays" / "prod")
-    deployment = find(objects, "Deployment", "mlsched-operator")
-    deployment["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
-    policy = default_policy()
-    policy["spec"]["alocation"] = "drf"
-    for obj, namespace, field in ((deployment, NAMESPACE, "imagePullPolicyy"),
-                                  (policy, DEV_NAMESPACE, "spec.alocation")):
-        path = tmp_path / f"{obj['kind']}.yaml"
-        path.write_text(yaml.safe_dump(obj))
-        result = cluster.kubectl("apply", "--server-side", "--dry-run=server", "--validate=strict",
-                                 "-n", namespace, "-f", str(path), check=False)
-        assert result.returncode != 0, result.stdout
-        assert f"{field}: field not declared in schema" in result.stderr, result.stderr
 
 
 def mounted_models(api: client.ApiClient, deployment: dict, root: Path) -> Path:
