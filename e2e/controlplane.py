@@ -336,21 +336,22 @@ class ControlPlane:
 
 
 class ApiServerPlane(ControlPlane):
-    """etcd and kube-apiserver only, as envtest runs them (the apiserver-only tier, e2e/api/):
-    the same PKI, flags, credentials, kubectl and clients, but no kube-controller-manager, no
-    scheduler, no kwok. The API server still does everything of its own: schemas, CEL, strict
-    field validation, defaulting, admission, authentication, authorization (RBAC,
-    SubjectAccessReviews), TokenRequests, status subresources, server-side dry runs. What KCM
-    would do does not happen: no pods from StatefulSets, no `default` ServiceAccount, no
-    ClusterRole aggregation, and a deleted namespace stays Terminating (harmless: the plane
-    goes with the session)."""
+    """etcd and kube-apiserver only, as envtest runs them (the apiserver-only tier,
+    e2e/apiserver/): the same PKI, flags, credentials, kubectl and clients, but no
+    kube-controller-manager, no scheduler, no kwok. The API server still does everything of
+    its own: schemas, CEL, strict field validation, defaulting, admission, authentication,
+    authorization (RBAC, SubjectAccessReviews), TokenRequests, status subresources,
+    server-side dry runs. What KCM would do does not happen: no pods from StatefulSets, no
+    `default` ServiceAccount, no ClusterRole aggregation, and a deleted namespace stays
+    Terminating (harmless: the plane goes with the session)."""
 
     def _start_all(self) -> None:
         self._start_apiserver()
 
     def create_nodes(self, *args, **kwargs) -> list[str]:
-        raise ControlPlaneError("an ApiServerPlane runs no kwok: a test that needs nodes belongs "
-                                "in the full control plane's tier (e2e/, not e2e/api/)")
+        raise ControlPlaneError("an ApiServerPlane runs no kwok: a test that needs nodes "
+                                "belongs in the full control plane's tier (e2e/test_*.py, "
+                                "not e2e/apiserver/)")
 
     def set_node_ready(self, *args, **kwargs) -> None:
         self.create_nodes()

@@ -3,9 +3,8 @@
 1. `promtool check rules` and `promtool test rules` on the PrometheusRule's groups: every
    alert fires on the series it is for, with the labels and texts a receiver gets, and stays
    silent on healthy ones (manifests/monitoring/tests/rules-test.yaml).
-2. The kustomization applied to the API server with the Prometheus Operator's CRDs installed,
-   strict field validation on: a field the CRDs do not know (a typo in the TLS settings) is an
-   error, not silently pruned, and what was applied reads back as written.
+2. (The kustomization applied to the API server with the Prometheus Operator's CRDs, strict
+   field validation on, needs only an API server: e2e/apiserver/test_api_monitoring.py.)
 3. A running operator scraped as the PodMonitor says: HTTPS to its port, the certificate
    verified against the CA in the Secret the PodMonitor names, under the PodMonitor's
    serverName; the exposition passes `promtool check metrics`, and holds every metric the
@@ -74,52 +73,6 @@ def test_the_alerts_fire_on_what_they_are_for_and_only_then(tools, tmp_path):
     cases = yaml.safe_load((tmp_path / "rules-test.yaml").read_text())["tests"]
     fired = {t["alertname"] for case in cases for t in case["alert_rule_test"] if t["exp_alerts"]}
     assert fired == {r["alert"] for g in rule["spec"]["groups"] for r in g["rules"]}
-
-
-@pytest.fixture(scope="module")
-def monitoring_crds(control_plane: ControlPlane, tools: Path):
-    for crd in CRDS:
-        control_plane.kubectl("apply", "--server-side", "-f", str(tools / crd))
-    control_plane.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                          "crd/podmonitors.monitoring.coreos.com",
-                          "crd/prometheusrules.monitoring.coreos.com")
-    yield
-    for crd in CRDS:
-        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(tools / crd))
-
-
-def test_the_monitoring_objects_are_accepted_as_written(control_plane, api, monitoring_crds,
-                                                       operator_identity, tmp_path):
-    # (operator_identity: the mlsched-system namespace the operator's objects live in.)
-    objects = rendered(control_plane)
-    assert sorted(o["kind"] for o in objects) == ["ConfigMap", "PodMonitor", "PrometheusRule"]
-    path = tmp_path / "monitoring.yaml"
-    path.write_text(yaml.safe_dump_all(objects))
-    try:
-        control_plane.kubectl("apply", "--server-side", "--validate=strict", "-f", str(path))
-        custom = client.CustomObjectsApi(api)
-        for obj in objects:
-            if obj["kind"] == "ConfigMap":
-                stored = client.CoreV1Api(api).read_namespaced_config_map(
-                    obj["metadata"]["name"], "mlsched-system")
-                assert stored.metadata.labels["grafana_dashboard"] == "1"
-                json.loads(stored.data["mlsched.json"])  # the dashboard, intact
-                continue
-            plural = obj["kind"].lower() + "s"
-            stored = custom.get_namespaced_custom_object("monitoring.coreos.com", "v1", "mlsched-system",
-                                                         plural, obj["metadata"]["name"])
-            assert stored["spec"] == obj["spec"], f"{obj['kind']} was not stored as written"
-
-        # A typo in the TLS settings is refused, naming the field.
-        (monitor,) = [o for o in objects if o["kind"] == "PodMonitor"]
-        monitor["spec"]["podMetricsEndpoints"][0]["tlsConfig"]["servername"] = "typo"
-        typo = tmp_path / "typo.yaml"
-        typo.write_text(yaml.safe_dump(monitor))
-        refused = control_plane.kubectl("apply", "--server-side", "--validate=strict", "--dry-run=server",
-                                        "-f", str(typo), check=False)
-        assert refused.returncode != 0 and "servername" in refused.stderr, refused.stdout + refused.stderr
-    finally:
-        control_plane.kubectl("delete", "--ignore-not-found", "-f", str(path))
 
 
 def scrape(port: int, server_name: str, ca_pem: str) -> str:
