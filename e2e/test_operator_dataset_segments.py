@@ -3,7 +3,8 @@ of them after 30 minutes across six namespaces, counted against the users' Confi
 and retraining still reads every interval. From the user's side, on the real control plane:
 `kubectl get configmaps -l mlsched.io/dataset-of=<policy>` after many intervals with jobs
 running, `mlsched retrain dl2 --dry-run` saying how many intervals it read, and the policy's
-`spec.retraining.datasetLimit` keeping exactly the newest intervals.
+`spec.retraining.datasetLimit` keeping exactly the newest intervals. (The 409 the segments'
+conditional writes rest on needs only an API server: e2e/apiserver/test_api_dataset_segments.py.)
 
 The operator runs with the shipped RBAC (e2e/README.md), so the conditional writes of the
 segments (a merge patch carrying the resourceVersion) are also shown to need no new right.
@@ -104,43 +105,3 @@ def test_many_intervals_take_few_configmaps_and_retraining_reads_them_all(
     assert dataset_configmaps(control_plane, mlsched.namespace, "default") == \
         ["configmap/default-dataset-0"]
     assert operator.running(), operator.log_tail()
-
-
-def test_a_segment_write_from_a_stale_read_is_refused_and_the_retry_keeps_both(api, namespace):
-    """What the segments' writes rest on, on the real API server and through the operator's own
-    client: a merge patch carrying an old resourceVersion is refused with 409 (not applied over
-    the newer write), and `dataset_segments.append` then reads again and keeps both records."""
-    import asyncio
-
-    from mlsched.controller.dataset import dataset_segments
-    from mlsched.controller.kube.kube import ClientKubeApi, KubeError
-    from mlsched.policies.decision_log import IntervalRecord
-
-    def record(n: int) -> bytes:
-        return IntervalRecord(namespace=namespace, policy="p", policy_uid="u", interval=n,
-                              start="2026-01-01T00:00:00Z", end="2026-01-01T00:20:00Z",
-                              length_s=1200, algorithms={}, nodes=1, reward=0.0).to_bytes()
-
-    async def scenario() -> None:
-        kube = ClientKubeApi(api_client=api)
-        segs = dataset_segments.PolicySegments(namespace, "p")
-        assert await dataset_segments.append(kube, segs, 0, record(0)) == 0
-        stale = await kube.get("ConfigMap", namespace, "p-dataset-0")
-        assert await dataset_segments.append(kube, segs, 1, record(1)) == 0  # the newer write
-        try:
-            await kube.patch("ConfigMap", namespace, "p-dataset-0", {
-                "metadata": {"resourceVersion": stale["metadata"]["resourceVersion"]},
-                "binaryData": {"interval-2.json.gz": ""}})
-        except KubeError as err:
-            assert err.status == 409, err
-        else:
-            raise AssertionError("a patch with a stale resourceVersion was applied")
-        # Another process whose knowledge is that stale read: it reads again and appends.
-        other = dataset_segments.PolicySegments(namespace, "p")
-        assert await dataset_segments.append(kube, other, 2, record(2)) == 0
-
-    asyncio.run(scenario())
-    cm = client.ApiClient().sanitize_for_serialization(
-        client.CoreV1Api(api).read_namespaced_config_map("p-dataset-0", namespace))
-    assert dataset_store.segment_intervals(cm) == {0, 1, 2}
-    assert [r.interval for r in dataset_store.read_records([cm])] == [0, 1, 2]

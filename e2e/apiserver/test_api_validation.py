@@ -126,3 +126,20 @@ def test_every_known_algorithm_name_is_accepted(mlsched):
     for phase_, names in algorithms.BY_PHASE.items():
         for number, name in enumerate(names):
             mlsched.create(scheduling_policy(f"{phase_}-{number}", **{phase_: name}))
+
+
+def _gpu_restricted(name: str, types: list[str]) -> dict:
+    """A job whose workers may use only GPUs of `types` (issue 54)."""
+    job = mljob(name, ps=None, workers=(1, 1))
+    job["spec"]["replicaSpecs"]["worker"]["gpuTypes"] = types
+    return job
+
+
+def test_an_unknown_gpu_type_is_refused_with_the_known_ones(mlsched):
+    with pytest.raises(ApiException) as refused:
+        mlsched.create(_gpu_restricted("typo", ["a100"]))
+    assert refused.value.status == 422
+    message = json.loads(refused.value.body)["message"]
+    assert 'spec.replicaSpecs.worker.gpuTypes[0]: Unsupported value: "a100"' in message, message
+    assert all(f'"{t}"' in message for t in ("v100", "p100", "k80")), message
+    assert mlsched.job("typo") is None
