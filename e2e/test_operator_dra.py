@@ -17,7 +17,7 @@ import uuid
 
 from kubernetes import client
 
-from mlsched_objects import GROUP, IMAGE, KWOK_TOLERATION, VERSION, condition, mljob, scheduling_policy
+from mlsched_objects import GROUP, IMAGE, KWOK_TOLERATION, VERSION, mljob, scheduling_policy
 from test_operator_counted_resources import DAY, NODES, POOL, _placed_at_once, _waits_saying, small_workers
 from test_operator_node_constraints import labelled
 from test_operator_one_per_node import wait_all_running
@@ -97,23 +97,6 @@ def test_devices_claimed_through_dra_are_counted_per_node(api, mlsched, operator
                                                        "dra-a")
         wait_all_running(mlsched, "dra-b", 2)
         _placed_at_once(mlsched, "dra-b")
-
-
-def test_a_job_naming_a_claim_template_that_does_not_exist_is_told_so(api, mlsched, operator):
-    mlsched.create(scheduling_policy("default", interval=DAY))
-    job = claiming(mljob("dra-typo", ps=None, workers=(1, 2)), template="one-gpuu")
-    del job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["nodeSelector"]  # any node
-    mlsched.create(job)
-
-    def running():
-        c = condition(mlsched.job("dra-typo"), "Running")
-        return (c["reason"], c.get("message", "")) if c else None
-
-    reason, message = wait_for(lambda: (r := running()) and r[0] == "CannotFit" and r, 60,
-                               "the job to be told its claim template does not exist",
-                               describe=running)
-    assert "its worker pods name ResourceClaimTemplate 'one-gpuu', which does not exist" in message
-    assert mlsched.pods("dra-typo") == []
 
 
 def test_gpus_claimed_through_dra_are_shared_by_drf_as_gpus(api, mlsched, start_operator):

@@ -1,7 +1,7 @@
 """A pod template naming a RuntimeClass is planned as the API server will make its pods: the
 class's nodeSelector and tolerations keep them on the nodes that have the runtime, its
-overhead counts, and a class that does not exist is told up front (its pods would all be
-refused)."""
+overhead counts. (A class that does not exist is told up front, its pods would all be refused:
+an API server's question, in e2e/apiserver/test_api_operator_refusals.py.)"""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import contextlib
 
 from kubernetes import client
 
-from mlsched_objects import condition, mljob, scheduling_policy
+from mlsched_objects import mljob, scheduling_policy
 from test_operator_node_constraints import labelled
 from waiting import wait_for
 
@@ -58,20 +58,3 @@ def test_a_job_runs_where_its_runtime_class_runs(api, mlsched, operator):
         displaced = [e.message for e in mlsched.events("sandboxed", "MLJob")
                      if e.reason == "Displaced"]
         assert not displaced, displaced
-
-
-def test_a_job_naming_a_runtime_class_that_does_not_exist_is_told_so(mlsched, operator):
-    mlsched.create(scheduling_policy("default", interval=600))
-    job = mljob("lost", ps=None, workers=(1, 1))
-    job["spec"]["replicaSpecs"]["worker"]["template"]["spec"]["runtimeClassName"] = "kata-e2e"
-    mlsched.create(job)
-
-    def reason():
-        c = condition(mlsched.job("lost"), "Running")
-        return (c["reason"], c.get("message", "")) if c else None
-
-    got = wait_for(lambda: (r := reason()) and r[0] == "CannotFit" and r, 30,
-                   "the job to be told its RuntimeClass does not exist", describe=reason)
-    assert got[1] == ("its worker pods name RuntimeClass 'kata-e2e', which does not exist: "
-                      "the API server refuses them"), got
-    assert mlsched.pods("lost") == []

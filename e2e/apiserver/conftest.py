@@ -4,7 +4,9 @@ What is tested here needs only the API server's own work: the CRDs' schemas and 
 strict field validation, server-side dry runs of the shipped manifests, defaulting, RBAC and
 SubjectAccessReviews, the status subresource. No kube-controller-manager, no scheduler, no kwok
 nodes (controlplane.ApiServerPlane says what that leaves out): a test that needs a pod, a node
-or a running operator's rounds belongs in the full tier, e2e/test_*.py.
+or the operator acting on them belongs in the full tier, e2e/test_*.py. An operator may run
+here (the `operator` fixture works) when what it is tested for is status it writes without
+any node, such as a job told that a RuntimeClass it names does not exist.
 
 This conftest overrides the session fixtures of e2e/conftest.py and operator_fixtures.py that
 stand on the plane (`control_plane`, `api`, `crds`, `operator_identity`), so `namespace`,
