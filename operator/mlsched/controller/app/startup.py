@@ -99,12 +99,12 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
         # Nodes are shared: count what other namespaces run on them (cluster_pods.py).
         loop = asyncio.get_running_loop()
         rt.cluster.indexes.other_namespaces = other = OtherNamespacePods(
-            CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
+            CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt.scheduling))
         other.start(rt.api.core.list_pod_for_all_namespaces, lambda: kubernetes.watch.Watch())
         memo["other_namespaces"] = other
         # And the DRA devices their pods' claims hold (dra.py).
         rt.cluster.indexes.other_claims = claims = OtherNamespaceClaims(
-            CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt))
+            CONFIG.namespaces, on_freed=lambda: loop.call_soon_threadsafe(wake_all_admissions, rt.scheduling))
         # The return type named: the client (37.0) cannot derive the claim's model name from
         # the list function (its models are ResourceV1ResourceClaim), and the events are read
         # as plain dicts anyway (deserialize=False).
