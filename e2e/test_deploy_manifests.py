@@ -64,9 +64,6 @@ NOT_EXERCISED = {
     # blockOwnerDeletion owner references; it is not a request, and this apiserver does not
     # enable that plugin.
     ("mlsched.io", "mljobs/finalizers", "update"),
-    # The progress endpoint reads the reporting pod and its MLJob only when its indexes have
-    # not seen them yet (a report right after a start); here the indexes are warm.
-    ("", "pods", "get"), ("mlsched.io", "mljobs", "get"),
     # Renewing the progress endpoint's certificate (within 30 days of expiry).
     ("", "secrets", "patch"),
     # Deleting a pod whose decided node changed (a node lost, a new placement): this run's
@@ -81,6 +78,10 @@ AFTER_A_CONFLICT = {("", "services", "get"), ("apps", "statefulsets", "get")}
 #: Read only when a StatefulSet stays short of its pods for 5 s (the API server refusing them,
 #: or a slow control plane): it may or may not show up.
 WHEN_PODS_LAG = {("", "events", "list")}
+#: The progress endpoint reads the reporting pod and its MLJob only when its indexes have not
+#: seen them (a report right after a pod starts, or the emulator's last report for a job just
+#: deleted: a CI run on a loaded machine made the MLJob read, 404): it may or may not show up.
+WHEN_THE_INDEX_LAGS = {("", "pods", "get"), ("mlsched.io", "mljobs", "get")}
 
 
 # ---------------------------------------------------------------------------- fixtures
@@ -318,7 +319,8 @@ def test_operator_runs_with_the_overlays_rbac_and_uses_all_of_it(cluster, api, d
                            "verbs": [verb]}, where, r) for r in requests)}
     granted = {(group, resource, verb) for rule, _ in rules for group in rule["apiGroups"]
                for resource in rule["resources"] for verb in rule["verbs"]}
-    assert granted - used - AFTER_A_CONFLICT - WHEN_PODS_LAG == NOT_EXERCISED, (
+    maybe = AFTER_A_CONFLICT | WHEN_PODS_LAG | WHEN_THE_INDEX_LAGS
+    assert granted - used - maybe == NOT_EXERCISED, (
         f"granted but never requested: {sorted(granted - used - NOT_EXERCISED)}; "
         f"listed as not exercised but requested: {sorted(NOT_EXERCISED & used)}")
     print(f"\n{len(requests)} requests by the operator; rules used: {len(used)} of {len(granted)}"

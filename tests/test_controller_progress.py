@@ -6,6 +6,7 @@ import asyncio
 import json
 import math
 import time
+from datetime import UTC, datetime
 
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
@@ -309,3 +310,29 @@ def test_a_standby_replica_takes_no_report_but_is_ready():
     rt.leadership.become_leader()
     assert asyncio.run(probe("/readyz")) == 200
     assert asyncio.run(post(rt, report(epochs=5.0), "bert-token"))[0] == 200
+
+
+def test_a_pod_the_rescale_has_not_reached_yet_reports_no_speed_for_the_new_counts():
+    """Between a round changing a job's counts and the StatefulSet replacing its pods, an old
+    pod still trains and reports at the old counts; before, its samples/s went into the
+    interval's record of the new counts (e2e/test_operator_training.py saw 3 workers recorded
+    at 1 worker's 247 samples/s). A pod made since the change reports them as before."""
+    rt, kube = world()
+    old = pod("bert", "worker", 0, node_name="node-0")
+    old["metadata"]["creationTimestamp"] = "2026-01-01T00:00:00Z"
+    kube.put(old)
+    rt.cluster.indexes = kube.indexes()
+    rt.jobs.counts_since[(NS, "bert")] = datetime(2026, 1, 1, 0, 5, tzinfo=UTC).timestamp()
+    status, _ = asyncio.run(post(rt, report(epochs=5.0, samplesPerSecond=250.0), "bert-token"))
+    written = kube.obj("MLJob", NS, "bert")["status"]["progress"]
+    assert status == 200 and written["epochsDone"] == 5.0 and "samplesPerSecond" not in written
+
+    new = pod("bert", "worker", 0, node_name="node-0")
+    new["metadata"]["creationTimestamp"] = "2026-01-01T00:05:00Z"  # the same second: new
+    kube.put(new)
+    rt.cluster.indexes = kube.indexes()
+    status, _ = asyncio.run(post(rt, report(epochs=6.0, samplesPerSecond=700.0), "bert-token"))
+    assert status == 200
+    assert kube.obj("MLJob", NS, "bert")["status"]["progress"]["samplesPerSecond"] == 700.0
+    rt.forget_job((NS, "bert"))
+    assert (NS, "bert") not in rt.jobs.counts_since

@@ -153,6 +153,8 @@ def test_the_round_records_a_rescale_of_a_running_job_and_the_sweep_ends_it():
     assert rescales["last"]["from"] == {"ps": before["ps"]["desired"],
                                         "workers": before["worker"]["desired"]}
     assert rescales["last"]["to"]["workers"] == 3
+    # From now on a pod made before this round reports no samples/s (progress_server.py).
+    assert (NS, "bert") in rt.jobs.counts_since
     sync(rt, kube, "bert")  # the StatefulSet controller has not acted yet
     rescaling = get_condition(status(kube, "bert")["conditions"], "Rescaling")
     last = rescales["last"]

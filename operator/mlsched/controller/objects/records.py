@@ -21,7 +21,7 @@ from mlsched.controller.kube.constants import (
 from mlsched.controller.constraints.host_ports import host_ports
 from mlsched.controller.objects.quantities import (
     Resources, limits_planned, extended_requests, is_extended,
-    parse_quantity, pod_node, pod_requests, resources_of,
+    parse_quantity, parse_time, pod_node, pod_requests, resources_of,
 )
 
 
@@ -136,6 +136,9 @@ class PodRecord:
     extended: tuple[tuple[str, float], ...] = ()
     # Its labels: what other jobs' anti-affinity selectors match (cluster_state.held_selected).
     labels: Mapping[str, str] = field(default_factory=dict)
+    # metadata.creationTimestamp (whole seconds): a pod made before its job's counts last
+    # changed measured its speed at the old counts (progress_server.py).
+    created_s: float | None = None
 
     @property
     def gated(self) -> bool:
@@ -179,6 +182,7 @@ def pod_record(body: Mapping[str, Any]) -> PodRecord | None:
         host_ports=host_ports(spec),
         extended=extended_requests(spec),
         labels=dict(labels),
+        created_s=parse_time(meta.get("creationTimestamp")),
         ready=phase == "Running" and any(
             c.get("type") == "Ready" and c.get("status") == "True"
             for c in status.get("conditions") or ()),

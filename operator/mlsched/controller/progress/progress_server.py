@@ -96,6 +96,19 @@ def _terminating(cluster: ClusterView, namespace: str, job: str, pod_name: str) 
     return any(p.name == pod_name and p.deleting for p in pods)
 
 
+def _older_than_counts(rt: Runtime, job: JobRecord, pod_name: str) -> bool:
+    """Whether the reporting pod was made before the job's counts last changed (a round's
+    rescale, not yet carried out: the StatefulSet has not replaced it). A pod the index has
+    not seen yet is a new one. creationTimestamp has whole seconds: a pod made in the second
+    of the change counts as new."""
+    since = rt.jobs.counts_since.get(job.key)
+    indexes = rt.cluster.indexes
+    if since is None or indexes is None:
+        return False
+    found = [p for p in indexes.pods.get(job.key, ()) if p.name == pod_name]
+    return bool(found) and found[0].created_s is not None and found[0].created_s < math.floor(since)
+
+
 async def _pod_of_job(rt: Runtime, namespace: str, pod_name: str, pod_uid: str, job: str) -> bool:
     """The index is a cache that lags the API: right after an operator (re)start, before the
     pod watch has listed everything, and for a pod created a moment ago. A miss is therefore
@@ -176,9 +189,11 @@ async def handle_progress(request: web.Request) -> web.Response:
         job = await _job(rt, namespace, job_name)
         if job is None:
             raise Refused(404, "invalid", f"MLJob {namespace}/{job_name} not found")
-        if samples is not None and _terminating(rt.cluster, namespace, job_name, pod):
-            # Its last words after SIGTERM (a rescale): measured at the counts being replaced,
-            # which the interval records must not take for the new ones'.
+        if samples is not None and (_terminating(rt.cluster, namespace, job_name, pod)
+                                    or _older_than_counts(rt, job, pod)):
+            # Its last words after SIGTERM (a rescale), or a report of a pod the rescale has
+            # not reached yet: measured at the counts being replaced, which the interval
+            # records must not take for the new ones'.
             samples = None
         progress = await record_progress(rt, job, epochs, speed, samples_per_second=samples)
     except Refused as err:

@@ -8,6 +8,8 @@ a quiet cluster stays quiet.
 
 from __future__ import annotations
 
+import time
+
 from collections.abc import Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -116,6 +118,7 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
                     # lifecycle sweep says when they all run again).
                     fields["rescales"] = lifecycle.start_rescale(job.rescales, before, desired,
                                                                  datetime.now(UTC))
+                    rt.jobs.counts_since[job.key] = time.time()
         fields.update((groups or {}).get(job.name) or {})  # status.group, groupSince
         if job.name in opened and opened[job.name] != job.open_interval:
             fields["openInterval"] = opened[job.name]

@@ -80,6 +80,9 @@ class JobState:
     due: DueJobs = field(default_factory=DueJobs)
     # Each job's dry-run verdict: would the API server create its pods (preflight.py)?
     preflight: Preflight = field(default_factory=Preflight)
+    # When a round last changed each running job's counts (a rescale; wall time): its pods
+    # made before then measured their samples/s at the old counts (progress_server.py).
+    counts_since: dict[JobKey, float] = field(default_factory=dict)
     # The policy of each job deleted lately, for the deletion of its pods (which outlive it)
     # to wake that policy's admission. The latest MAX_DEPARTED only; kept past forget_job.
     departed: dict[JobKey, str] = field(default_factory=dict)
@@ -109,6 +112,7 @@ class JobState:
         self.waiting.pop(key, None)
         self.preflight.forget(key)
         self.progress.pop(key, None)
+        self.counts_since.pop(key, None)
 
 
 @dataclass
