@@ -23,8 +23,8 @@ from kubernetes import client
 import real_node
 from mlsched_objects import REPO, MLSched, condition, load_yaml
 from real_cluster import (
-    JOBS_NAMESPACE, LEADER_LABEL, LEASE, OPERATOR_NAMESPACE, TRAINING_IMAGE, RealCluster,
-    install_operator, running_real_cluster,
+    JOBS_NAMESPACE, OPERATOR_NAMESPACE, TRAINING_IMAGE, RealCluster, checkpoint_volume,
+    claim_with_volume, install_operator, lease_holder, running_real_cluster, wait_operator_ready,
 )
 from training_logs import (
     EPOCH_DONE, START, check_every_step_trained_once, check_resumed_where_stopped,
@@ -50,51 +50,6 @@ def installed(real_cluster: RealCluster) -> RealCluster:
     install_operator(real_cluster)
     wait_operator_ready(real_cluster, 240)
     return real_cluster
-
-
-def operator_pods(core: client.CoreV1Api) -> list[client.V1Pod]:
-    return [p for p in core.list_namespaced_pod(
-        OPERATOR_NAMESPACE, label_selector="app.kubernetes.io/name=mlsched-operator").items
-        if p.metadata.deletion_timestamp is None]
-
-
-def ready(pod: client.V1Pod) -> bool:
-    return any(c.type == "Ready" and c.status == "True" for c in pod.status.conditions or [])
-
-
-def lease_holder(api: client.ApiClient) -> str | None:
-    lease = client.CoordinationV1Api(api).read_namespaced_lease(LEASE, OPERATOR_NAMESPACE)
-    return lease.spec.holder_identity
-
-
-def wait_operator_ready(cluster: RealCluster, timeout: float) -> tuple[str, list[str]]:
-    """Both replicas Ready, one of them holding the Lease and labelled leader; (leader, pods)."""
-    api = cluster.api_client()
-    core = client.CoreV1Api(api)
-
-    def settled():
-        pods = operator_pods(core)
-        if len(pods) != 2 or not all(ready(p) for p in pods):
-            return None
-        try:
-            holder = lease_holder(api)
-        except client.ApiException:
-            return None
-        leaders = [p.metadata.name for p in pods
-                   if (p.metadata.labels or {}).get(LEADER_LABEL) == "true"]
-        names = [p.metadata.name for p in pods]
-        return (holder, names) if holder in names and leaders == [holder] else None
-
-    def describe():
-        return [(p.metadata.name, p.status.phase, ready(p), p.metadata.labels.get(LEADER_LABEL),
-                 [(s.name, s.state.waiting and s.state.waiting.reason, s.restart_count)
-                  for s in p.status.container_statuses or []]) for p in operator_pods(core)]
-
-    try:
-        return wait_for(settled, timeout, "two Ready operator pods, one leader",
-                        describe=describe)
-    finally:
-        api.close()
 
 
 def test_the_operator_from_its_image_runs_one_leader_and_hands_over(installed: RealCluster):
@@ -123,30 +78,6 @@ def test_the_operator_from_its_image_runs_one_leader_and_hands_over(installed: R
 
 
 # ------------------------------------------------------------------------- training
-
-
-def checkpoint_volume(cluster: RealCluster, claim_file: Path) -> str:
-    """What an admin provides for a sample's ReadWriteMany claim on a one-node cluster: a
-    hostPath PersistentVolume bound to it by claimRef, its directory writable by the image's
-    user (a hostPath volume ignores fsGroup)."""
-    (claim,) = load_yaml(claim_file)
-    name = f"{JOBS_NAMESPACE}-{claim['metadata']['name']}"
-    directory = cluster.workdir / "volumes" / name
-    directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(directory, 0o1777)
-    api = cluster.api_client()
-    try:
-        client.CoreV1Api(api).create_persistent_volume({
-            "apiVersion": "v1", "kind": "PersistentVolume", "metadata": {"name": name},
-            "spec": {"capacity": claim["spec"]["resources"]["requests"],
-                     "accessModes": claim["spec"]["accessModes"],
-                     "persistentVolumeReclaimPolicy": "Retain",
-                     "hostPath": {"path": str(directory), "type": "Directory"},
-                     "claimRef": {"namespace": JOBS_NAMESPACE,
-                                  "name": claim["metadata"]["name"]}}})
-    finally:
-        api.close()
-    return name
 
 
 def samples_overlay(cluster: RealCluster, counts: dict[str, dict[str, int]]) -> Path:
@@ -365,18 +296,6 @@ def training_job(name: str, counts: dict[str, int], claim: str, *, policy: str,
                      "globalBatchSize": GLOBAL_BATCH, "schedulingPolicy": policy,
                      "replicaSpecs": {role: {"min": n, "max": n, "template": template(role)}
                                       for role, n in counts.items()}, **extra_spec}}
-
-
-def claim_with_volume(cluster: RealCluster, name: str) -> tuple[str, str]:
-    """A ReadWriteMany claim `name` and the hostPath volume bound to it: (claim, volume)."""
-    path = cluster.workdir / f"claim-{name}.yaml"
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": name},
-        "spec": {"accessModes": ["ReadWriteMany"], "storageClassName": "",
-                 "resources": {"requests": {"storage": "1Gi"}}}}))
-    volume = checkpoint_volume(cluster, path)
-    cluster.kubectl("apply", "-n", JOBS_NAMESPACE, "-f", str(path))
-    return name, volume
 
 
 def status(jobs: MLSched, name: str) -> dict:

@@ -124,6 +124,30 @@ class ScaledSpeed:
         return self.inner.steps_per_s(model, arch, ps, workers, nodes_spanned) * self.factors.get(model, 1.0)
 
 
+class RecordedSpeed:
+    """Another speed model, except at the (model, arch, ps, workers) a cluster's jobs were
+    measured at: there, the measured epochs/s (`epochs`, as interval records carry them).
+
+    The catalog's table is one GPU testbed's: how a model's speed changes with its PS and
+    workers there need not be how a cluster's program scales (sim-to-real, issue 53: the
+    reference programs on a CPU node scale with workers and not with PS). A per-model factor
+    (ScaledSpeed) keeps the table's shape; this keeps what was measured where it was measured
+    and the inner model elsewhere."""
+
+    def __init__(self, inner: SpeedModel, epochs: dict[tuple[str, str, int, int], float]):
+        bad = {k: v for k, v in epochs.items() if not (v > 0 and np.isfinite(v))}
+        if bad:
+            raise ValueError(f"measured speeds must be finite and > 0: {bad}")
+        self.inner, self.name = inner, f"{inner.name}-recorded"
+        self.steps = {(catalog.canonical_name(m), arch, ps, w): v * catalog.MODELS[catalog.canonical_name(m)].steps_per_epoch
+                      for (m, arch, ps, w), v in epochs.items()}
+
+    def steps_per_s(self, model: str, arch: str, ps: int, workers: int,
+                    nodes_spanned: int = 2) -> float:
+        found = self.steps.get((model, arch, ps if arch != "allreduce" else 0, workers))
+        return found if found is not None else self.inner.steps_per_s(model, arch, ps, workers, nodes_spanned)
+
+
 SPEED_MODELS = {"measured": MeasuredSpeed, "optimus-fit": OptimusFitSpeed}
 
 

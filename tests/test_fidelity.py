@@ -1,0 +1,134 @@
+"""The sim-to-real comparison (policy_models/retrain/fidelity.py): the restart cost read from
+interval records, and a real run replayed in the calibrated simulator."""
+
+from __future__ import annotations
+
+
+import pytest
+
+from mlsched.policies.decision_log import IntervalRecord, JobInterval
+from mlsched.workloads.speed_models import epochs_per_s, get_speed_model
+from policy_models.retrain import fidelity
+
+LENGTH = 10.0
+
+
+def job(interval: int, ps: int, workers: int, epochs: float, speed: float | None = None,
+        finished: bool = False, uid: str = "u1", model: str = "resnet-50") -> JobInterval:
+    return JobInterval(name=uid, uid=uid, model_type=model, architecture="ParameterServer",
+                       total_epochs=100, created="2026-11-30T00:00:00Z", ps=ps, workers=workers,
+                       placement={"ps": ["n"] * ps, "worker": ["n"] * workers},
+                       epochs_at_start=interval, epochs=epochs, reward=epochs / 100,
+                       finished=finished, speed=speed)
+
+
+def record(interval: int, *jobs: JobInterval) -> IntervalRecord:
+    return IntervalRecord(namespace="ns", policy="p", policy_uid="pu", interval=interval,
+                          start="2026-11-30T00:00:00Z", end="2026-11-30T00:00:10Z",
+                          length_s=LENGTH, algorithms={"allocation": "drf"}, nodes=1,
+                          reward=0.0, jobs=list(jobs))
+
+
+def test_restart_cost_is_the_time_a_change_of_counts_lost():
+    records = [
+        record(0, job(0, 1, 1, 1.0, speed=0.1)),  # a start: not counted
+        record(1, job(1, 1, 1, 1.0, speed=0.1)),
+        record(2, job(2, 1, 2, 1.2, speed=0.2)),  # 1.2 epochs at 0.2/s: 6 s trained, 4 s lost
+        record(3, job(3, 1, 2, 2.0, speed=0.2)),
+        record(4, job(4, 1, 1, 0.3)),  # no speed measured here: the next interval's counts
+        record(5, job(5, 1, 1, 1.0, speed=0.1)),  # 0.3 epochs at 0.1/s: 7 s lost
+    ]
+    cost, changes = fidelity.restart_cost(records)
+    assert changes == 2
+    assert cost == pytest.approx(5.5)
+
+
+def test_no_change_of_counts_gives_no_cost():
+    records = [record(i, job(i, 1, 1, 1.0, speed=0.1)) for i in range(4)]
+    assert fidelity.restart_cost(records) == (None, 0)
+
+
+def test_a_run_is_replayed_with_the_speed_its_records_show(tmp_path):
+    """One job alone, allowed one PS and one worker: DRF gives them at once, the records show
+    it training at 3 x the catalog's speed there; the simulator predicts the JCT that speed and the start cost
+    give, and the error against the 'real' JCT is signed (simulated / real - 1)."""
+    speed = get_speed_model("measured")
+    factor, epochs = 3.0, 20
+    rate = epochs_per_s(speed, "resnet-50", "ps", 1, 1, 1) * factor
+    per_interval = rate * LENGTH
+    records = [record(i, job(i, 1, 1, per_interval, speed=rate)) for i in range(6)]
+    directory = tmp_path / "records" / "drf"
+    directory.mkdir(parents=True)
+    for r in records:
+        (directory / f"{r.interval:05d}.json.gz").write_bytes(r.to_bytes())
+    start_cost = 0.0  # no change of counts in the records: the pods' Ready time, none here
+    expected = start_cost + epochs / rate
+    doc = {"trace": [{"name": "u1", "architecture": "ParameterServer", "model": "resnet-50",
+                      "epochs": epochs, "arrival_s": 0}],
+           "interval_s": LENGTH, "max_ps": 1, "max_workers": 1,
+           "node_free": {"cpu": 1.5, "nvidia.com/gpu": 4, "memory": 8 * 2 ** 30},
+           "runs": [{"allocation": "drf", "jobs": {"u1": {
+               "created_s": 1000.0, "completed_s": 1000.0 + expected * 1.25,
+               "rescales": 0, "rescale_seconds": 0.0}}}]}
+    (run,) = fidelity.compare(doc, tmp_path / "records")["runs"]
+    assert run["avg_real_s"] == pytest.approx(expected * 1.25, abs=0.1)
+    by = {p["calibration"]: p for p in run["predictions"]}
+    assert set(by) == {"speed factors", "recorded"}  # from its own records; no other run
+    assert by["speed factors"]["speed_factors"]["resnet-50"] == pytest.approx(factor, rel=1e-3)
+    assert by["recorded"]["start_cost_s"] == pytest.approx(0.0, abs=1e-6)  # trained from the start
+    for p in by.values():
+        assert p["sim_s"]["u1"] == pytest.approx(expected, rel=0.02)
+        assert p["errors"]["u1"] == pytest.approx(1 / 1.25 - 1, abs=0.02)
+        assert p["avg_error"] == pytest.approx(p["errors"]["u1"], abs=1e-3)
+
+
+def one_job_jct(**config) -> float:
+    from mlsched.policies import registry
+    from mlsched.sim.simulator import SimConfig, Simulator
+    from mlsched.workloads.traces import TraceJob
+    sim = Simulator([TraceJob("a", 0.0, "resnet-50", 1.0, "ps")],
+                    SimConfig(nodes=1, max_ps=1, max_workers=1, interval_s=10.0, **config))
+    ctx = registry.PolicyContext(speed_model=sim.speed)
+    result = sim.run(registry.make_allocation("drf", ctx), registry.make_placement("load-balance", ctx))
+    return result.jct_s["a"]
+
+
+def test_a_start_cost_longer_than_a_slot_is_paid_in_full_only_when_costs_span_slots():
+    speed = get_speed_model("measured")
+    train = 1.0 / epochs_per_s(speed, "resnet-50", "ps", 1, 1, 1)
+    assert one_job_jct(scaling_cost_s=0.0) == pytest.approx(train, rel=1e-6)
+    # As before (the shipped figures): a cost is forgiven where its slot ends.
+    assert one_job_jct(scaling_cost_s=0.0, start_cost_s=35.0) == pytest.approx(train + 10.0, rel=1e-6)
+    assert one_job_jct(scaling_cost_s=0.0, start_cost_s=35.0, costs_span_slots=True) == \
+        pytest.approx(train + 35.0, rel=1e-6)
+    # The start cost is the start's: scaling_cost_s stays the restarts'.
+    assert one_job_jct(scaling_cost_s=4.0, start_cost_s=7.0, costs_span_slots=True) == \
+        pytest.approx(train + 7.0, rel=1e-6)
+
+
+def test_recorded_speeds_replace_the_table_where_measured_only():
+    from mlsched.workloads import speed_models
+    inner = get_speed_model("measured")
+    recorded = speed_models.RecordedSpeed(inner, {("resnet-50", "ps", 1, 2): 0.5,
+                                                  ("inception-bn", "allreduce", 0, 2): 0.25})
+    assert epochs_per_s(recorded, "resnet-50", "ps", 1, 2, 1) == pytest.approx(0.5)
+    assert epochs_per_s(recorded, "inception-bn", "allreduce", 0, 2, 1) == pytest.approx(0.25)
+    assert epochs_per_s(recorded, "resnet-50", "ps", 2, 2, 1) == epochs_per_s(inner, "resnet-50", "ps", 2, 2, 1)
+    with pytest.raises(ValueError, match="finite and > 0"):
+        speed_models.RecordedSpeed(inner, {("resnet-50", "ps", 1, 1): 0.0})
+
+
+def test_start_cost_counts_jobs_admitted_on_arrival_only():
+    def rec(interval, *jobs):
+        r = record(interval, *jobs)
+        r.start = f"2026-11-30T00:00:{interval * 10:02d}Z"
+        r.end = f"2026-11-30T00:00:{interval * 10 + 10:02d}Z"
+        return r
+    started = job(0, 1, 1, 0.0, uid="a")  # created at :00, granted in its first interval
+    waited = JobInterval(**{**vars(job(0, 0, 0, 0.0, uid="b"))})  # no tasks at first
+    records = [rec(0, started, waited),
+               rec(1, job(1, 1, 1, 0.5, speed=0.1, uid="a"), job(1, 1, 1, 0.0, uid="b")),
+               rec(2, job(2, 1, 1, 1.0, speed=0.1, uid="a"), job(2, 1, 1, 1.0, speed=0.1, uid="b"))]
+    cost, jobs = fidelity.start_cost(records)
+    assert jobs == 1  # b waited for its tasks: when it started is unknown
+    assert cost == pytest.approx(20.0 - 0.5 / 0.1)
