@@ -6,9 +6,8 @@ its window four workers each and those outside it nothing (an admission step may
 more, whom the cycle guard then keeps); the workload emulator trains them at the simulator's
 speeds. After the first window of three intervals the operator replays it under chic and under
 drf (the fallback) at every closed interval; drf, spreading the 24 GPUs over all ten jobs,
-comes out 1.60-1.87 x ahead (three runs; the replay of chic +10 to +14 % off its records on
-the first window, which holds the pods' start on kwok, -1.5 to +0.9 % on the second), and the
-guard trips on its second judgement, the earliest its rule allows: GuardTripped=True with both estimates, a Warning Event,
+comes out 1.60-1.87 x ahead, and the guard trips on its second judgement, the earliest its
+rule allows: GuardTripped=True with both estimates, a Warning Event,
 Ready=FallbackActive, status.guard; from the next round on drf decides, and every job gets
 workers.
 
@@ -96,8 +95,15 @@ def test_chic_outside_its_domain_trips_the_guard_and_drf_takes_over(api, mlsched
     status = tripped["status"]["guard"]
     assert status["tripped"] is True and status["served"] == "learned"
     # Ahead by more than the threshold plus the replay's own error, and that error small: the
-    # replay of chic tracks what the emulator recorded (the first window, holding the jobs'
-    # start on kwok, is the one off, by 10-14 %; pooled with the next, +5 to +9 %).
+    # replay of chic tracks what the emulator recorded. The first window holds the jobs' start:
+    # kwok runs their pods 1-2 real seconds after the grant (200-600 policy seconds here), which
+    # the replay charges as the records show it (sim/regret_replay.py, start_losses); it was
+    # +7 to +18 % off before. In one run of ten chic's every round sent the three jobs an
+    # admission step had started back to nothing and the next admission step started them
+    # again, which the replay did not (it was -37 % off on that window, -10 to -20 % pooled;
+    # the fresh-clone CI's failure); it now admits after a round that frees tasks, as the
+    # operator does, and is +7 to +14 % off there. Pooled, over twelve runs: -1.9 to +2.9 %,
+    # +10 % in that one.
     assert status["fallbackEstimate"] > status["learnedEstimate"] * (1.1 + abs(status["estimateError"]))
     assert abs(status["estimateError"]) < 0.2, status
     [event] = [e for e in mlsched.events("guarded", "SchedulingPolicy") if e.reason == "GuardTripped"]

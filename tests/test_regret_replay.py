@@ -141,3 +141,101 @@ def test_the_operators_guard_records_the_exact_interval_length():
                                            kube.indexes(), now=NOW + 0.7 + 1200 * k))
     [record] = rt.scheduling.per_policy.guards[(NS, "default")].records
     assert record.length_s == pytest.approx(1200.0, abs=1e-6)
+
+
+def started(losses: dict[int, float], intervals: int = 3) -> list[IntervalRecord]:
+    """`window()` with the jobs of `losses` starting in its first interval, their pods running
+    that many policy seconds after the interval began (kwok: 1-2 real seconds, 200-400 policy
+    seconds at the e2e interval scale)."""
+    out = window(intervals)
+    done = {}
+    for k, record in enumerate(out):
+        for j in record.jobs:
+            i = int(j.name.split("-")[1])
+            if k == 0 and i in losses:
+                j.epochs = EMULATED_EPOCHS_PER_S * (1200.0 - losses[i])
+                j.reward = j.epochs / EPOCHS
+            j.epochs_at_start = done.get(i, 0.0)
+            done[i] = j.epochs_at_start + j.epochs
+        record.reward = sum(j.reward for j in record.jobs)
+    return out
+
+
+# What an e2e run under load measured (the fresh-clone CI's machine): chic's three jobs
+# running 308 policy seconds after their grant, the three an admission step started 577 s.
+E2E_STARTS = {0: 308.0, 1: 308.0, 2: 308.0, 3: 577.0, 4: 577.0, 5: 577.0}
+
+
+def test_an_operators_window_replays_its_jobs_starts_as_the_records_show_them():
+    """Measured before: a window holding the jobs' start replayed them running from its first
+    second (the simulator's 30 s scaling cost not even charged to a job held at the start),
+    8-18 % over the records in e2e runs; the operator stated that as the replay's error."""
+    records = started(E2E_STARTS)
+    start = window_start(records)
+    assert start.starting == pytest.approx({start.names[f"job-{i}"]: lost
+                                            for i, lost in E2E_STARTS.items()})
+    assert start.start_s == pytest.approx(sum(E2E_STARTS.values()) / 6)
+    chic, drf = policies()
+    before = estimate(records, CONFIG, NODES, chic, drf, LEARNED, NOTHING_BEFORE)
+    assert before.error > 0.08, before.describe()  # the simulator's own records: as before
+    e = estimate(records, CONFIG, NODES, chic, drf, LEARNED, NOTHING_BEFORE, operator=True)
+    assert abs(e.error) < 0.01, e.describe()
+    # The fallback's replay pays the cluster's start for the jobs it starts as well.
+    assert e.fallback < before.fallback, (e.describe(), before.describe())
+
+
+def test_a_start_is_measured_at_the_counts_it_ran_at_later_and_only_when_it_did():
+    records = started({0: 300.0})
+    assert regret_replay.start_losses(records) == pytest.approx(
+        {(0, f"job-{i}"): 300.0 if i == 0 else 0.0 for i in range(6)})  # 6-9 wait: no start
+    # No later interval at the same counts: nothing to measure it against.
+    assert regret_replay.start_losses(records[:1]) == {}
+    assert regret_replay.mean_start_s(records[1:]) is None  # running since before the window
+
+
+def test_a_round_that_takes_a_jobs_tasks_is_followed_by_an_admission_step_as_in_the_operator():
+    """The e2e run the fresh-clone CI failed on (estimate error -20 %): the operator's cycle
+    guard, its memory lost to a change of context, let chic send the three jobs an admission
+    step had started back to nothing at every round, and the admission step their pods'
+    deletion woke started them again (controller/app/handlers.py, pod_event): the records
+    show them at 4 workers every interval. The replay admitted only at arrivals and
+    completions, so left them idle for the window: 37 % under the records."""
+    chic, drf = policies()
+    plain = estimate(window(), CONFIG, NODES, chic, drf, LEARNED)  # no memory to keep them
+    assert plain.error < -0.3, plain.describe()
+    e = estimate(window(), CONFIG, NODES, chic, drf, LEARNED, operator=True)
+    assert abs(e.error) < 0.02, e.describe()
+    assert e.fallback < e.learned, e.describe()
+
+
+def test_a_window_without_a_start_pays_the_start_an_earlier_window_measured():
+    chic, drf = policies()
+    later = window(4)[1:]  # running since before the window: no start to measure
+    assert regret_replay.mean_start_s(later) is None
+    at_30s = estimate(later, CONFIG, NODES, chic, drf, LEARNED, operator=True)
+    measured = estimate(later, CONFIG, NODES, chic, drf, LEARNED, start_s=400.0, operator=True)
+    # The jobs chic sends back and the admission step starts again pay 400 s, not 30 s.
+    assert measured.learned < at_30s.learned * 0.97, (measured.describe(), at_30s.describe())
+
+
+def test_the_operators_guard_replays_a_window_without_a_start_with_the_start_measured_before(
+        monkeypatch):
+    from mlsched.controller.scheduling import guard
+
+    given = []
+
+    def spy(*args, **kwargs):
+        given.append((args[7] if len(args) > 7 else kwargs.get("start_s"), kwargs.get("operator")))
+        return estimate(*args, **kwargs)
+
+    monkeypatch.setattr(guard, "estimate", spy)
+    book = guard.GuardBook(guard.GuardSpec(0.1, 3))
+    book.cluster = (CONFIG, NODES)
+    chic, drf = policies()
+    records = started(E2E_STARTS, intervals=4)
+    guard.add_and_judge(book, records[:3], chic, drf, 0.0, NOTHING_BEFORE)
+    guard.add_and_judge(book, records[3:], chic, drf, 1.0, NOTHING_BEFORE)
+    mean = sum(E2E_STARTS.values()) / 6
+    assert given == [(pytest.approx(mean), True), (pytest.approx(mean), True)]
+    assert regret_replay.mean_start_s(records[1:]) is None  # the second window shows none
+    assert book.failure is None and book.state.last is not None

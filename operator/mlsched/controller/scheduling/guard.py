@@ -31,7 +31,7 @@ from mlsched.policies.decision_log import IntervalRecord
 from mlsched.policies.regret_guard import (
     FALLBACK, LEARNED, Estimate, GuardSpec, GuardState, judge, on_generation,
 )
-from mlsched.sim.regret_replay import estimate
+from mlsched.sim.regret_replay import estimate, mean_start_s
 from mlsched.sim.simulator import SimConfig
 
 log = logging.getLogger("mlsched.controller.scheduling.guard")
@@ -53,6 +53,9 @@ class GuardBook:
     # Per record (interval number), the served round's cycle guard's memory when it closed:
     # the replay of a window primes its own guard with that of its first interval.
     memories: dict[int, dict] = field(default_factory=dict)
+    # What a job's start from nothing cost on this cluster, policy seconds (the latest window
+    # that showed one: regret_replay.mean_start_s): a window without a start replays with it.
+    start_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -112,8 +115,11 @@ def add_and_judge(book: GuardBook, closed: list[IntervalRecord], learned: tuple,
         if book.cluster is None:
             raise ValueError("no snapshot of the cluster the window ran on yet")
         config, names = book.cluster
+        measured = mean_start_s(window)
+        if measured is not None:
+            book.start_s = measured
         found = estimate(window, config, names, learned, fallback, ran,
-                         book.memories.get(window[0].interval))
+                         book.memories.get(window[0].interval), book.start_s, operator=True)
     except Exception as err:  # noqa: BLE001 - a failed estimate must not stop scheduling
         log.warning("regret guard: the window could not be replayed: %s", err)
         book.failure = f"{type(err).__name__}: {err}" if not isinstance(err, ValueError) else str(err)
