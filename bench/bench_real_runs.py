@@ -107,6 +107,7 @@ def scheduling_policy(name: str, allocation: str, interval: int) -> dict:
             "historyLimit": 200}
     if allocation not in ("drf", "fifo", "srtf", "tetris", "optimus"):
         spec["fallback"] = "drf"
+        spec["updatePolicy"] = "Auto"  # serves what `mlsched retrain` publishes (--retrain-min)
     return {"apiVersion": "mlsched.io/v1alpha1", "kind": "SchedulingPolicy",
             "metadata": {"name": name}, "spec": spec}
 
@@ -154,8 +155,11 @@ def node_free(cluster) -> dict:
         api.close()
 
 
-def run_policy(cluster, allocation: str, interval: int, out: Path) -> dict:
-    """The trace under one policy on the real node: what each job measured, and the records."""
+def run_policy(cluster, allocation: str, interval: int, out: Path, label: str | None = None,
+               after_interval: int = -1) -> dict:
+    """The trace under one policy on the real node: what each job measured, and the policy's
+    records after `after_interval`. `label` (default: the allocation) names the jobs and the
+    records' directory; a label other than the allocation reruns the policy that exists."""
     from kubernetes import client
 
     from mlsched.formats import dataset_store
@@ -163,11 +167,13 @@ def run_policy(cluster, allocation: str, interval: int, out: Path) -> dict:
     from real_cluster import JOBS_NAMESPACE, TRAINING_IMAGE, claim_with_volume
     from waiting import wait_for
 
-    policy = f"real-{allocation}"
+    policy, label = f"real-{allocation}", label or allocation
+    prefix = f"real-{label}"
     api = cluster.api_client()
     objects = MLSched(api, JOBS_NAMESPACE)
-    objects.create(scheduling_policy(policy, allocation, interval))
-    claims = {job.name: claim_with_volume(cluster, f"{policy}-{job.name}")[0] for job in TRACE}
+    if objects.policy(policy) is None:
+        objects.create(scheduling_policy(policy, allocation, interval))
+    claims = {job.name: claim_with_volume(cluster, f"{prefix}-{job.name}")[0] for job in TRACE}
     started = time.time()
     pending = sorted(TRACE, key=lambda j: j.arrival_s)
     seen: dict[str, dict] = {}
@@ -176,17 +182,19 @@ def run_policy(cluster, allocation: str, interval: int, out: Path) -> dict:
         now = time.time() - started
         while pending and pending[0].arrival_s <= now:
             job = pending.pop(0)
-            objects.create(mljob(job, policy, claims[job.name], TRAINING_IMAGE))
+            body = mljob(job, policy, claims[job.name], TRAINING_IMAGE)
+            body["metadata"]["name"] = f"{prefix}-{job.name}"
+            objects.create(body)
             print(f"[{now:6.1f} s] {policy}: created {job.name}", file=sys.stderr)
         done = 0
         for job in TRACE:
-            found = objects.job(f"{policy}-{job.name}")
+            found = objects.job(f"{prefix}-{job.name}")
             status = (found or {}).get("status") or {}
             phase = status.get("phase")
             if phase == "Failed":
-                raise RuntimeError(f"{policy}-{job.name} failed: {status.get('conditions')}")
+                raise RuntimeError(f"{prefix}-{job.name} failed: {status.get('conditions')}")
             if found and seen.get(job.name, {}).get("phase") != phase:
-                print(f"[{now:6.1f} s] {policy}-{job.name}: {phase}", file=sys.stderr)
+                print(f"[{now:6.1f} s] {prefix}-{job.name}: {phase}", file=sys.stderr)
             if found:
                 seen[job.name] = {"phase": phase}
             done += phase == "Succeeded"
@@ -197,7 +205,7 @@ def run_policy(cluster, allocation: str, interval: int, out: Path) -> dict:
     wall = time.time() - started
     jobs = {}
     for job in TRACE:
-        found = objects.job(f"{policy}-{job.name}")
+        found = objects.job(f"{prefix}-{job.name}")
         status = found["status"]
         rescales = status.get("rescales") or {}
         jobs[job.name] = {
@@ -207,14 +215,54 @@ def run_policy(cluster, allocation: str, interval: int, out: Path) -> dict:
             "rescales": rescales.get("count", 0), "rescale_seconds": rescales.get("seconds", 0.0),
             "history": status.get("history") or [],
         }
-    records = dataset_store.list_records(client.CoreV1Api(api), JOBS_NAMESPACE, policy)
-    directory = out / "records" / allocation
+    records = [r for r in dataset_store.list_records(client.CoreV1Api(api), JOBS_NAMESPACE, policy)
+               if r.interval > after_interval]
+    directory = out / "records" / label
     directory.mkdir(parents=True, exist_ok=True)
     for record in records:
         (directory / f"{record.interval:05d}.json.gz").write_bytes(record.to_bytes())
     api.close()
-    return {"policy": policy, "allocation": allocation, "wall_s": wall, "jobs": jobs,
-            "records": len(records)}
+    return {"policy": policy, "allocation": allocation, "label": label, "wall_s": wall,
+            "jobs": jobs, "records": len(records),
+            "active_model": ((objects.policy(policy) or {}).get("status") or {}).get("activeModels")}
+
+
+def retrain(cluster, minutes: float, policy: str = "real-dl2") -> dict:
+    """`mlsched retrain dl2` on the policy's records in the cluster, as the retraining Job runs
+    it (the cluster's admin credentials here); when it publishes, the policy (updatePolicy
+    Auto) serves the new version from its next round: waited for. Its report, and whether
+    the policy serves it."""
+    import subprocess
+
+    from mlsched_objects import MLSched
+    from real_cluster import JOBS_NAMESPACE
+    from waiting import wait_for
+
+    started = time.time()
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "mlsched"), "retrain", "dl2", "--namespace", JOBS_NAMESPACE,
+         "--policy", policy, "--time-budget-min", str(minutes), "--min-samples", "3"],
+        env={**__import__("os").environ, "KUBECONFIG": str(cluster.plane.kubeconfig_path)},
+        capture_output=True, text=True, timeout=1800)
+    print(done.stderr[-3000:], file=sys.stderr)
+    if done.returncode != 0:
+        raise RuntimeError(f"mlsched retrain exited {done.returncode}:\n{done.stderr[-3000:]}")
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    found = {"report": report, "log": done.stderr.strip().splitlines()[-12:], "wall_s": time.time() - started}
+    if report.get("status") == "published":
+        api = cluster.api_client()
+        objects = MLSched(api, JOBS_NAMESPACE)
+
+        def serving():
+            status = (objects.policy(policy) or {}).get("status") or {}
+            return status.get("modelVersion") == f"dl2 v{report['version']}" and status
+
+        try:
+            status = wait_for(serving, 120, f"{policy} serving the published version", interval=2)
+            found["adopted"] = status.get("modelVersion")
+        finally:
+            api.close()
+    return found
 
 
 # ------------------------------------------------------------------ co-located pairs
@@ -304,6 +352,9 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=INTERVAL_S)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "real_runs")
     parser.add_argument("--no-pairs", action="store_true", help="skip the co-located pairs")
+    parser.add_argument("--retrain-min", type=float, default=2.0,
+                        help="`mlsched retrain dl2` on the dl2 run's records for this many "
+                             "minutes, and the trace again under what it published (0: no)")
     parser.add_argument("--compare-only", type=Path, metavar="DIR",
                         help="no real run: the simulator side of an earlier run's DIR")
     args = parser.parse_args()
@@ -323,16 +374,39 @@ def main() -> None:
             print(f"[bench] node up in {time.time() - begun:.0f} s; free for jobs: {free}",
                   file=sys.stderr)
             runs = [run_policy(cluster, allocation, args.interval, out) for allocation in args.policies]
+            retrained = None
+            if args.retrain_min > 0 and "dl2" in args.policies:
+                retrained = retrain(cluster, args.retrain_min)
+                if retrained.get("adopted"):
+                    last = retrained["report"]["evaluation"]["trained_through_interval"]
+                    retrained["rerun"] = run_policy(cluster, "dl2", args.interval, out,
+                                                    label="dl2-retrained", after_interval=last)
             pairs = [] if args.no_pairs else [measure_pairs(cluster, padded) for padded in (True, False)]
         doc = {"format": "mlsched.io/real-runs", "version": 1,
                "trace": [asdict(j) for j in TRACE], "interval_s": args.interval,
                "sample_cost_s": SAMPLE_COST_S, "max_workers": MAX_WORKERS, "max_ps": MAX_PS,
-               "node_free": free, "wall_s": time.time() - begun, "runs": runs, "pairs": pairs}
+               "node_free": free, "wall_s": time.time() - begun, "runs": runs, "pairs": pairs,
+               "retrained": retrained}
         (out / "run.json").write_text(json.dumps(doc, indent=1) + "\n")
     result = compare(json.loads((out / "run.json").read_text()), out / "records")
     (out / "fidelity.json").write_text(json.dumps(result, indent=1) + "\n")
     print_table(result)
-    for found in json.loads((out / "run.json").read_text()).get("pairs") or []:
+    doc = json.loads((out / "run.json").read_text())
+    retrained = doc.get("retrained")
+    if retrained:
+        report = retrained["report"]
+        print(f"\nmlsched retrain dl2 on the dl2 run's records ({retrained['wall_s']:.0f} s): "
+              f"{report['status']}, candidate / active {report['evaluation']['ratio']:.4f} on "
+              f"{report['evaluation']['traces']} held-out traces of the recorded workload in the "
+              f"calibrated simulator; served: {retrained.get('adopted')}")
+        rerun = retrained.get("rerun")
+        if rerun:
+            shipped = next(r for r in doc["runs"] if r["allocation"] == "dl2")
+            def avg(run):
+                return sum(j["completed_s"] - j["created_s"] for j in run["jobs"].values()) / len(run["jobs"])
+            print(f"  the trace again on the real node under it: avg JCT {avg(rerun):.0f} s "
+                  f"(shipped model: {avg(shipped):.0f} s, ratio {avg(rerun) / avg(shipped):.3f})")
+    for found in doc.get("pairs") or []:
         print(f"\nco-located pairs ({'padded' if found['padded'] else 'unpadded'}), "
               f"alone: {found['alone']} epochs/s")
         for row in found["pairs"]:

@@ -180,7 +180,8 @@ def compare(doc: dict, records_dir: Path) -> dict:
     each calibration (CALIBRATIONS), from the run's own records and from the other runs'."""
     from policy_models.retrain.cli import read_record_dir
     trace = [RealJob(**j) for j in doc["trace"]]
-    records = {run["allocation"]: read_record_dir(records_dir / run["allocation"]) for run in doc["runs"]}
+    records = {run["allocation"]: read_record_dir(records_dir / run.get("label", run["allocation"]))
+               for run in doc["runs"]}
     out = {"runs": []}
     for run in doc["runs"]:
         jobs = run["jobs"]
