@@ -340,7 +340,7 @@ def measure_pairs(cluster, padded: bool, warmup_s: float = 20, window_s: float =
                       for i, n in enumerate(names)}
         predicted = interference.job_speed_factors(
             placements, capacity=interference.node_capacity(cpus))
-        rows.append({"pair": list(names), "speeds": speeds,
+        rows.append({"pair": list(names), "models": [PAIR_JOBS[n][0].model for n in names], "speeds": speeds,
                      "measured_slowdown": [round(1 - v / alone[n], 4) for v, n in zip(speeds, names)],
                      "predicted_slowdown": [round(1 - predicted[f"{i}"], 4) for i in range(len(names))]})
     return {"padded": padded, "alone": alone, "pairs": rows, "node_cpus": cpus}

@@ -43,6 +43,21 @@ def test_restart_cost_is_the_time_a_change_of_counts_lost():
     assert cost == pytest.approx(5.5)
 
 
+def test_a_restart_cut_short_by_another_counts_as_at_least_its_time():
+    """A restart that had not trained when the next round changed the counts again took at
+    least the interval: kept, not dropped (long restarts are the ones that get cut)."""
+    records = [
+        record(0, job(0, 1, 1, 1.0, speed=0.1)),
+        record(1, job(1, 1, 1, 1.0, speed=0.1)),
+        record(2, job(2, 1, 2, 0.0)),  # changed; nothing trained
+        record(3, job(3, 1, 1, 0.05, speed=0.1)),  # changed again; a stale-looking report
+        record(4, job(4, 1, 1, 1.0, speed=0.1)),  # 0.05 + 1.0 epochs at 0.1/s: 10.5 of 20 s
+    ]
+    cost, changes = fidelity.restart_cost(records)
+    assert changes == 2
+    assert cost == pytest.approx((10.0 + 9.5) / 2)
+
+
 def test_no_change_of_counts_gives_no_cost():
     records = [record(i, job(i, 1, 1, 1.0, speed=0.1)) for i in range(4)]
     assert fidelity.restart_cost(records) == (None, 0)
@@ -68,7 +83,7 @@ def test_a_run_is_replayed_with_the_speed_its_records_show(tmp_path):
            "interval_s": LENGTH, "max_ps": 1, "max_workers": 1,
            "node_free": {"cpu": 1.5, "nvidia.com/gpu": 4, "memory": 8 * 2 ** 30},
            "runs": [{"allocation": "drf", "jobs": {"u1": {
-               "created_s": 1000.0, "completed_s": 1000.0 + expected * 1.25,
+               "created_s": 1000.0, "started_s": 1002.0, "completed_s": 1000.0 + expected * 1.25,
                "rescales": 0, "rescale_seconds": 0.0}}}]}
     (run,) = fidelity.compare(doc, tmp_path / "records")["runs"]
     assert run["avg_real_s"] == pytest.approx(expected * 1.25, abs=0.1)
@@ -132,3 +147,22 @@ def test_start_cost_counts_jobs_admitted_on_arrival_only():
     cost, jobs = fidelity.start_cost(records)
     assert jobs == 1  # b waited for its tasks: when it started is unknown
     assert cost == pytest.approx(20.0 - 0.5 / 0.1)
+
+
+def test_tasks_a_running_job_gives_up_are_free_only_after_the_handover():
+    """Two one-GPU jobs on a one-GPU node; DRF shares it by taking the first job's worker at
+    the second's first round: the second job waits the handover as well as its start."""
+    from mlsched.policies import registry
+    from mlsched.sim.simulator import SimConfig, Simulator
+    from mlsched.workloads.traces import TraceJob
+
+    def jct(**config):
+        sim = Simulator([TraceJob("a", 0.0, "resnet-50", 50.0, "ps"), TraceJob("b", 5.0, "resnet-50", 1.0, "ps")],
+                        SimConfig(nodes=1, node_gpus=1, max_ps=1, max_workers=1, interval_s=10.0,
+                                  scaling_cost_s=0.0, start_cost_s=2.0, costs_span_slots=True, **config))
+        ctx = registry.PolicyContext(speed_model=sim.speed)
+        result = sim.run(registry.make_allocation("srtf", ctx), registry.make_placement("load-balance", ctx))
+        return result.jct_s
+
+    at_once, handed = jct(), jct(handover_s=7.0)
+    assert handed["b"] == pytest.approx(at_once["b"] + 7.0, rel=1e-6)

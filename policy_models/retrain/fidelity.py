@@ -43,31 +43,52 @@ class RealJob:
     arrival_s: float
 
 
+def _timelines(records: list[IntervalRecord]) -> dict[str, list[tuple]]:
+    """Per job uid, its intervals in order: (record, job interval)."""
+    out: dict[str, list[tuple]] = {}
+    for rec in sorted(records, key=lambda r: r.interval):
+        for j in rec.jobs:
+            out.setdefault(j.uid, []).append((rec, j))
+    return out
+
+
+def _time_lost(timeline: list[tuple], k: int, available: float) -> float | None:
+    """Seconds a job whose grant began at entry k (`available` s of entry k after that) went
+    without training: walking while the grant holds, at the first interval where it trained
+    at least half the interval at the speed it measured there (a speed reported in an interval
+    it hardly trained in may be the old pods' last report), the time available so far less
+    the time its epochs take at that speed. When the
+    grant changes first, the whole time (the restart was cut short by another: a lower bound,
+    kept so that long restarts are not left out); when it finishes or the records end first,
+    None."""
+    grant = (timeline[k][1].ps, timeline[k][1].workers)
+    epochs = 0.0
+    for i in range(k, len(timeline)):
+        rec, j = timeline[i]
+        if (j.ps, j.workers) != grant:
+            return available
+        if i > k:
+            available += rec.length_s
+        epochs += j.epochs
+        if j.finished:
+            return None
+        if j.speed and j.epochs >= 0.5 * j.speed * rec.length_s:
+            return max(0.0, available - epochs / j.speed)
+    return None
+
+
 def restart_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
-    """The median seconds a change of a running job's counts cost, and how many changes it is
-    read from: in the interval where the grant changed, length - epochs / speed, the speed the
-    job measured at its new counts in that interval or the next. Starts are left out: a job
-    admitted mid-interval trained for part of it for a reason other than the restart."""
-    lost: list[float] = []
-    before: dict[str, tuple] = {}
-    ordered = sorted(records, key=lambda r: r.interval)
-    later: dict[tuple[int, str], float] = {}
-    for rec in ordered:
-        for j in rec.jobs:
-            if j.speed:
-                later[(rec.interval, j.uid)] = j.speed
-    for rec in ordered:
-        now = {}
-        for j in rec.jobs:
-            grant = (j.ps, j.workers)
-            now[j.uid] = grant
-            held = before.get(j.uid)
-            if not held or held == grant or j.finished or j.workers <= 0 or held[1] <= 0:
-                continue
-            speed = later.get((rec.interval, j.uid)) or later.get((rec.interval + 1, j.uid))
-            if speed:
-                lost.append(min(rec.length_s, max(0.0, rec.length_s - j.epochs / speed)))
-        before = now
+    """The median seconds a change of a running job's counts cost (`_time_lost` from the
+    interval it began in: rounds change running jobs at interval starts), and how many changes
+    it is read from."""
+    lost = []
+    for timeline in _timelines(records).values():
+        for k in range(1, len(timeline)):
+            held, now = timeline[k - 1][1], timeline[k][1]
+            if held.workers > 0 and now.workers > 0 and (held.ps, held.workers) != (now.ps, now.workers):
+                found = _time_lost(timeline, k, timeline[k][0].length_s)
+                if found is not None:
+                    lost.append(found)
     return (float(np.median(lost)) if lost else None), len(lost)
 
 
@@ -76,33 +97,17 @@ def _stamp(rfc3339: str) -> float:
 
 
 def start_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
-    """The median seconds from a job's creation to its training at full speed, less what it
-    trained meanwhile, and how many jobs it is read from: only jobs granted tasks in the
-    interval they arrived in (admitted on arrival: they started at creation), up to the first
-    interval where they measured a speed at the counts they started with."""
-    lost: list[float] = []
-    first: dict[str, tuple] = {}  # uid -> (grant, available s, epochs) until a speed is measured
-    settled: set[str] = set()
-    for rec in sorted(records, key=lambda r: r.interval):
-        for j in rec.jobs:
-            if j.uid in settled:
-                continue
-            grant = (j.ps, j.workers)
-            if j.uid not in first:
-                if j.workers <= 0 or _stamp(j.created) < _stamp(rec.start):
-                    settled.add(j.uid)  # waited, or arrived before these records
-                    continue
-                first[j.uid] = (grant, _stamp(rec.end) - _stamp(j.created), j.epochs)
-            else:
-                held, available, epochs = first[j.uid]
-                if grant != held or j.finished:
-                    settled.add(j.uid)  # rescaled or done before it measured a speed
-                    continue
-                first[j.uid] = (held, available + rec.length_s, epochs + j.epochs)
-            if j.speed and not j.finished:
-                _, available, epochs = first[j.uid]
-                lost.append(max(0.0, available - epochs / j.speed))
-                settled.add(j.uid)
+    """The median seconds from a job's creation to its training (`_time_lost`), and how many
+    jobs it is read from: only jobs granted tasks in the interval they arrived in (admitted on
+    arrival: they started when they were created)."""
+    lost = []
+    for timeline in _timelines(records).values():
+        rec, j = timeline[0]
+        if j.workers <= 0 or _stamp(j.created) < _stamp(rec.start):
+            continue  # waited for its tasks, or arrived before these records
+        found = _time_lost(timeline, 0, _stamp(rec.end) - _stamp(j.created))
+        if found is not None:
+            lost.append(found)
     return (float(np.median(lost)) if lost else None), len(lost)
 
 
@@ -119,6 +124,22 @@ def measured_speeds(records: list[IntervalRecord]) -> dict[tuple[str, str, int, 
     return {k: float(np.median(v)) for k, v in found.items()}
 
 
+def sensitivity_from_pairs(pairs: list[dict]) -> dict[str, float]:
+    """Per model, the sensitivity factor (interference.job_speed_factors) under which the
+    interference model predicts the slowdowns measured with the jobs side by side: each row
+    of `pairs` has the two sides' `models`, `measured_slowdown` and `predicted_slowdown` (at
+    factor 1). A slowdown d is a pressure d / (1 - d), and the factor scales the pressure: the
+    median over the model's rows of measured / predicted pressure (0 where nothing was lost)."""
+    ratios: dict[str, list[float]] = {}
+    for row in pairs:
+        for model, measured, predicted in zip(row["models"], row["measured_slowdown"], row["predicted_slowdown"]):
+            if predicted > 0:
+                measured = min(max(measured, 0.0), 0.99)
+                ratios.setdefault(model, []).append(
+                    (measured / (1 - measured)) / (predicted / (1 - predicted)))
+    return {m: round(float(np.median(v)), 4) for m, v in ratios.items()}
+
+
 @dataclass(frozen=True)
 class SimCalibration:
     """What the simulator takes from a real run's records (`from_records`)."""
@@ -128,25 +149,42 @@ class SimCalibration:
     start_cost_s: float | None = None  # None: restart_cost_s, as the shipped simulator
     start_jobs: int = 0
     speeds: dict | None = None  # (model, arch, ps, workers) -> epochs/s, RecordedSpeed
+    handover_s: float | None = None  # SimConfig.handover_s: the stop part of a restart
 
     @classmethod
-    def from_records(cls, records: list[IntervalRecord], fallback_cost_s: float,
-                     recorded: bool) -> "SimCalibration":
+    def from_records(cls, records: list[IntervalRecord], recorded: bool, pods_ready_s: float,
+                     pods_start_s: float, pairs: list[dict] = ()) -> "SimCalibration":
         """`recorded=False`: what `mlsched retrain` calibrates (a speed factor per model and
-        the restart cost); True: also the measured speeds at each count, the start cost, and
-        restarts that outlast a slot."""
+        the restart cost read from the records, `restart_cost`); True: also the measured
+        speeds at each count, the start cost, restarts that outlast a slot, the sensitivities
+        the measured `pairs` imply (sensitivity_from_pairs) where they have the model, and a
+        restart charged as what it is, a stop and a start: `pods_ready_s` (status.rescales:
+        from the change of counts to every new pod Ready) and then the program's own start
+        (the start cost less `pods_start_s`, a new job's pods' time to Running). The records
+        alone understate it: a restart the next round cut short, or one the job finished in,
+        says only that it took at least so long, and long ones are those. The stop part
+        (`pods_ready_s` less `pods_start_s`) is also how long the tasks a job gives up stay
+        taken (SimConfig.handover_s)."""
         cost, changes = restart_cost(records)
-        cost = fallback_cost_s if cost is None else cost
+        cost = pods_ready_s if cost is None else cost
         cal = calibration.calibrate(records, min_samples=3, scaling_cost_s=cost)
         if not recorded:
             return cls(cal, cost, changes)
+        cal.sensitivity_factors.update(sensitivity_from_pairs(list(pairs)))
         start, jobs = start_cost(records)
-        return cls(cal, cost, changes, start, jobs, measured_speeds(records))
+        handover = None
+        if pods_ready_s > 0 and start is not None:
+            cost = pods_ready_s + max(0.0, start - pods_start_s)
+            handover = max(0.0, pods_ready_s - pods_start_s)
+        return cls(cal, cost, changes, start, jobs, measured_speeds(records), handover)
 
     def summary(self) -> dict:
         return {"restart_cost_s": round(self.restart_cost_s, 2), "restart_changes": self.restart_changes,
                 "start_cost_s": None if self.start_cost_s is None else round(self.start_cost_s, 2),
-                "start_jobs": self.start_jobs, "speed_factors": self.calibration.speed_factors,
+                "start_jobs": self.start_jobs,
+                "handover_s": None if self.handover_s is None else round(self.handover_s, 2),
+                "speed_factors": self.calibration.speed_factors,
+                "sensitivity_factors": self.calibration.sensitivity_factors,
                 "samples": {m: n for m, n in self.calibration.samples.items() if n},
                 "measured_counts": len(self.speeds or {})}
 
@@ -163,7 +201,9 @@ def simulate(trace: list[RealJob], allocation: str, free: dict, interval_s: floa
                        node_mem_gib=free["memory"] / GIB, interval_s=interval_s, max_ps=max_ps,
                        max_workers=max_workers, scaling_cost_s=sim_cal.restart_cost_s,
                        start_cost_s=sim_cal.start_cost_s, costs_span_slots=sim_cal.speeds is not None,
-                       demands=demands, sensitivity_factors=cal.sensitivity_factors or None, seed=seed)
+                       handover_s=sim_cal.handover_s,
+                       demands=demands, sensitivity_factors=cal.sensitivity_factors or None, seed=seed,
+                       served_round=True)
     speed = speed_models.ScaledSpeed(speed_models.get_speed_model(config.speed_model), cal.speed_factors)
     if sim_cal.speeds is not None:
         speed = speed_models.RecordedSpeed(speed, sim_cal.speeds)
@@ -175,6 +215,40 @@ def simulate(trace: list[RealJob], allocation: str, free: dict, interval_s: floa
     return dict(result.jct_s)
 
 
+def pod_times(run: dict) -> tuple[float, float]:
+    """What a run's jobs' status measured of their pods: the mean seconds from a change of
+    counts to every new pod Ready (status.rescales; 0 without a rescale), and the median
+    seconds a new job's pods took to Running (status.startTime), over the jobs that got their
+    tasks at once (under 5 s: the others waited for room)."""
+    jobs = run["jobs"].values()
+    rescales = sum(j["rescales"] for j in jobs)
+    ready = sum(j["rescale_seconds"] for j in jobs) / rescales if rescales else 0.0
+    started = [v for j in jobs if (v := j["started_s"] - j["created_s"]) < 5]
+    return ready, float(np.median(started)) if started else 0.0
+
+
+def stalled(records: list[IntervalRecord]) -> tuple[float, int, int]:
+    """Job-seconds the records show a job holding tasks without training (an interval's length
+    less its epochs at the speed measured at its counts, summed over unfinished job-intervals),
+    and the starts and changes of counts in them: what the costs the simulator charges must
+    account for."""
+    speeds = measured_speeds(records)
+    idle, starts, changes = 0.0, 0, 0
+    for timeline in _timelines(records).values():
+        for k, (rec, j) in enumerate(timeline):
+            before = timeline[k - 1][1] if k else None
+            if j.workers > 0 and (before is None or before.workers <= 0):
+                starts += 1
+            elif j.workers > 0 and (before.ps, before.workers) != (j.ps, j.workers):
+                changes += 1
+            arch = ARCH[j.architecture]
+            speed = speeds.get((catalog.canonical_name(j.model_type), arch, j.ps if arch == "ps" else 0, j.workers)) \
+                if catalog.is_known(j.model_type) else None
+            if j.workers > 0 and not j.finished and speed:
+                idle += max(0.0, rec.length_s - j.epochs / speed)
+    return idle, starts, changes
+
+
 def compare(doc: dict, records_dir: Path) -> dict:
     """The simulator's prediction of every run in a bench_real_runs `run.json` document, under
     each calibration (CALIBRATIONS), from the run's own records and from the other runs'."""
@@ -182,24 +256,31 @@ def compare(doc: dict, records_dir: Path) -> dict:
     trace = [RealJob(**j) for j in doc["trace"]]
     records = {run["allocation"]: read_record_dir(records_dir / run.get("label", run["allocation"]))
                for run in doc["runs"]}
+    times = {run["allocation"]: pod_times(run) for run in doc["runs"]}
+    # The trace's jobs are padded (their compute a sleep): the pairs measured the same way.
+    pairs = [row for found in doc.get("pairs") or [] if found["padded"] for row in found["pairs"]]
     out = {"runs": []}
     for run in doc["runs"]:
         jobs = run["jobs"]
         first = min(j["created_s"] for j in jobs.values())
         arrived = [RealJob(j.name, j.architecture, j.model, j.epochs, jobs[j.name]["created_s"] - first)
                    for j in trace]
-        rescales = sum(j["rescales"] for j in jobs.values())
-        ready_s = sum(j["rescale_seconds"] for j in jobs.values()) / rescales if rescales else 0.0
         real = {j.name: jobs[j.name]["completed_s"] - jobs[j.name]["created_s"] for j in arrived}
-        found = {"allocation": run["allocation"], "pods_ready_s": round(ready_s, 2),
+        idle, starts, changes = stalled(records[run["allocation"]])
+        found = {"allocation": run["allocation"], "pods_ready_s": round(times[run["allocation"]][0], 2),
+                 "pods_start_s": round(times[run["allocation"]][1], 2),
+                 "stalled_s": round(idle, 1), "starts": starts, "changes": changes,
                  "real_s": {k: round(v, 1) for k, v in real.items()},
                  "avg_real_s": round(float(np.mean(list(real.values()))), 1), "predictions": []}
-        others = [r for a, r in records.items() if a != run["allocation"]]
-        for source, used in (("own", records[run["allocation"]]), ("others", [r for rs in others for r in rs])):
-            if not used:
-                continue
+        others = [a for a in records if a != run["allocation"]]
+        sources = [("own", records[run["allocation"]], [times[run["allocation"]]])]
+        if others:
+            sources.append(("others", [r for a in others for r in records[a]], [times[a] for a in others]))
+        for source, used, measured in sources:
+            ready = float(np.mean([t[0] for t in measured]))
+            pods_start = float(np.mean([t[1] for t in measured]))
             for name, recorded in CALIBRATIONS:
-                sim_cal = SimCalibration.from_records(used, ready_s, recorded)
+                sim_cal = SimCalibration.from_records(used, recorded, ready, pods_start, pairs)
                 predicted = simulate(arrived, run["allocation"], doc["node_free"], doc["interval_s"],
                                      doc["max_ps"], doc["max_workers"], sim_cal)
                 errors = {k: round(predicted[k] / real[k] - 1, 4) for k in real}
@@ -208,7 +289,10 @@ def compare(doc: dict, records_dir: Path) -> dict:
                     "calibration": name, "records": source, "sim_s": {k: round(v, 1) for k, v in predicted.items()},
                     "errors": errors, "avg_sim_s": round(avg_sim, 1),
                     "avg_error": round(avg_sim / found["avg_real_s"] - 1, 4),
-                    "worst_job_error": max(errors.values(), key=abs), **sim_cal.summary()})
+                    "worst_job_error": max(errors.values(), key=abs), **sim_cal.summary(),
+                    "charged_s": round(starts * (sim_cal.start_cost_s if sim_cal.start_cost_s is not None
+                                                 else sim_cal.restart_cost_s)
+                                       + changes * sim_cal.restart_cost_s, 1)})
         out["runs"].append(found)
     return out
 
@@ -221,13 +305,16 @@ CALIBRATIONS = (("speed factors", False), ("recorded", True))
 def print_table(result: dict) -> None:
     for run in result["runs"]:
         names = list(run["real_s"])
-        print(f"\n{run['allocation']}: real avg JCT {run['avg_real_s']:.0f} s (pods Ready "
-              f"{run['pods_ready_s']} s after a change of counts)")
+        print(f"\n{run['allocation']}: real avg JCT {run['avg_real_s']:.0f} s; pods Ready "
+              f"{run['pods_ready_s']} s after a change of counts, Running {run['pods_start_s']} s "
+              f"after a job's creation; {run['stalled_s']:.0f} job-s holding tasks without "
+              f"training over {run['starts']} starts and {run['changes']} changes")
         print(f"  {'calibration':16} {'records':8} {'avg':>7} " + " ".join(f"{n:>7}" for n in names)
-              + "  restart / start cost")
+              + "  restart / start cost  charged for those")
         print(f"  {'real JCT s':16} {'':8} {run['avg_real_s']:7.0f} "
               + " ".join(f"{run['real_s'][n]:7.0f}" for n in names))
         for p in run["predictions"]:
             print(f"  {p['calibration']:16} {p['records']:8} {p['avg_error']:+7.1%} "
                   + " ".join(f"{p['errors'][n]:+7.1%}" for n in names)
-                  + f"  {p['restart_cost_s']} s ({p['restart_changes']}) / {p['start_cost_s']} s ({p['start_jobs']})")
+                  + f"  {p['restart_cost_s']} s ({p['restart_changes']}) / {p['start_cost_s']} s ({p['start_jobs']})"
+                  + f"  {p['charged_s']:.0f} s")

@@ -84,6 +84,11 @@ class SimConfig:
     # measured; with 20-minute slots it rarely matters). True: it goes on into the next slot
     # while the job keeps its tasks, as a restart does in a cluster whose interval is short.
     costs_span_slots: bool = False
+    # Tasks a running job gives up are free only once its pods have stopped (checkpointed and
+    # terminated): a job that starts in the same decision on a node where a running job lost
+    # tasks waits this much longer. None: they are free at once, as the shipped figures were
+    # measured. On the real node a stop took 13-17 s (docs/simulator.md, "Against a real node").
+    handover_s: float | None = None
     speed_model: str = "measured"
     interference: bool = True
     profiling_noise: float = 0.05  # Optimus-style profiling runs, ±5 % measurement noise
@@ -463,6 +468,12 @@ class Simulator:
     def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
         """Put the decided tasks in place; a job whose tasks changed pays the scaling cost.
         `only_idle`: an admission step, which may only start jobs holding nothing."""
+        freed = set()  # nodes where a running job lost tasks (SimConfig.handover_s)
+        if self.config.handover_s and not only_idle:
+            for s in self.active:
+                d = decision.jobs.get(s.spec.name)
+                now = Counter(tuple(d.ps_nodes) + tuple(d.worker_nodes)) if d else Counter()
+                freed |= {n for n, k in Counter(s.ps_nodes + s.worker_nodes).items() if now[n] < k}
         for s in self.active:
             if only_idle and s.worker_nodes:
                 continue
@@ -481,6 +492,8 @@ class Simulator:
             cost = self.config.scaling_cost_s
             if starting and self.config.start_cost_s is not None:
                 cost = self.config.start_cost_s
+            if starting and freed.intersection(new_ps + new_w):
+                cost += self.config.handover_s
             if changed:
                 s.cost_left = min(cost, cost_cap)
             elif not (self.config.costs_span_slots and new_w):
