@@ -66,6 +66,22 @@ TRACE = (
 MAX_WORKERS, MAX_PS = 3, 2
 
 
+def seeded_trace(seed: int, jobs: int = 6) -> tuple[RealJob, ...]:
+    """Another trace of the same kind (--trace-seed): the architectures alternating, 6-20
+    epochs, Poisson arrivals 30 s apart on average, the first at 0."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    arrivals = np.concatenate([[0.0], np.cumsum(rng.exponential(30.0, jobs - 1))])
+    out = []
+    for i in range(jobs):
+        ps = i % 2 == 0
+        out.append(RealJob(f"{'ps' if ps else 'ar'}-{chr(ord('a') + i // 2)}",
+                           "ParameterServer" if ps else "AllReduce",
+                           "resnet-50" if ps else "inception-bn",
+                           int(rng.integers(6, 21)), round(float(arrivals[i]), 1)))
+    return tuple(out)
+
+
 def mljob(job: RealJob, policy: str, claim: str, image: str,
           counts: dict[str, int] | None = None, sample_cost_s: float | None = None) -> dict:
     """The MLJob of a trace job: 1-3 workers (and 1-2 PS), or exactly `counts`."""
@@ -155,8 +171,8 @@ def node_free(cluster) -> dict:
         api.close()
 
 
-def run_policy(cluster, allocation: str, interval: int, out: Path, label: str | None = None,
-               after_interval: int = -1) -> dict:
+def run_policy(cluster, trace: tuple[RealJob, ...], allocation: str, interval: int, out: Path,
+               label: str | None = None, after_interval: int = -1) -> dict:
     """The trace under one policy on the real node: what each job measured, and the policy's
     records after `after_interval`. `label` (default: the allocation) names the jobs and the
     records' directory; a label other than the allocation reruns the policy that exists."""
@@ -173,9 +189,9 @@ def run_policy(cluster, allocation: str, interval: int, out: Path, label: str | 
     objects = MLSched(api, JOBS_NAMESPACE)
     if objects.policy(policy) is None:
         objects.create(scheduling_policy(policy, allocation, interval))
-    claims = {job.name: claim_with_volume(cluster, f"{prefix}-{job.name}")[0] for job in TRACE}
+    claims = {job.name: claim_with_volume(cluster, f"{prefix}-{job.name}")[0] for job in trace}
     started = time.time()
-    pending = sorted(TRACE, key=lambda j: j.arrival_s)
+    pending = sorted(trace, key=lambda j: j.arrival_s)
     seen: dict[str, dict] = {}
 
     def step():
@@ -187,7 +203,7 @@ def run_policy(cluster, allocation: str, interval: int, out: Path, label: str | 
             objects.create(body)
             print(f"[{now:6.1f} s] {policy}: created {job.name}", file=sys.stderr)
         done = 0
-        for job in TRACE:
+        for job in trace:
             found = objects.job(f"{prefix}-{job.name}")
             status = (found or {}).get("status") or {}
             phase = status.get("phase")
@@ -198,13 +214,13 @@ def run_policy(cluster, allocation: str, interval: int, out: Path, label: str | 
             if found:
                 seen[job.name] = {"phase": phase}
             done += phase == "Succeeded"
-        return not pending and done == len(TRACE)
+        return not pending and done == len(trace)
 
     wait_for(step, 1800, f"every job of the trace Succeeded under {policy}", interval=2,
              describe=lambda: seen)
     wall = time.time() - started
     jobs = {}
-    for job in TRACE:
+    for job in trace:
         found = objects.job(f"{prefix}-{job.name}")
         status = found["status"]
         rescales = status.get("rescales") or {}
@@ -352,6 +368,11 @@ def main() -> None:
     parser.add_argument("--interval", type=int, default=INTERVAL_S)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "real_runs")
     parser.add_argument("--no-pairs", action="store_true", help="skip the co-located pairs")
+    parser.add_argument("--trace-seed", type=int,
+                        help="another trace of the same kind, drawn from this seed (default: TRACE)")
+    parser.add_argument("--pairs-from", type=Path, metavar="RUN_JSON",
+                        help="with --no-pairs: the pairs measured by an earlier run (the same "
+                             "programs on the same node), for the simulator's interference")
     parser.add_argument("--retrain-min", type=float, default=2.0,
                         help="`mlsched retrain dl2` on the dl2 run's records for this many "
                              "minutes, and the trace again under what it published (0: no)")
@@ -365,6 +386,8 @@ def main() -> None:
 
         out = args.out
         out.mkdir(parents=True, exist_ok=True)
+        trace = TRACE if args.trace_seed is None else seeded_trace(args.trace_seed)
+        print(f"[bench] trace: {[asdict(j) for j in trace]}", file=sys.stderr)
         begun = time.time()
         with real_cluster() as cluster:
             install_operator(cluster)
@@ -373,19 +396,23 @@ def main() -> None:
             free = node_free(cluster)
             print(f"[bench] node up in {time.time() - begun:.0f} s; free for jobs: {free}",
                   file=sys.stderr)
-            runs = [run_policy(cluster, allocation, args.interval, out) for allocation in args.policies]
+            runs = [run_policy(cluster, trace, allocation, args.interval, out) for allocation in args.policies]
             retrained = None
             if args.retrain_min > 0 and "dl2" in args.policies:
                 retrained = retrain(cluster, args.retrain_min)
                 if retrained.get("adopted"):
                     last = retrained["report"]["evaluation"]["trained_through_interval"]
-                    retrained["rerun"] = run_policy(cluster, "dl2", args.interval, out,
+                    retrained["rerun"] = run_policy(cluster, trace, "dl2", args.interval, out,
                                                     label="dl2-retrained", after_interval=last)
             pairs = [] if args.no_pairs else [measure_pairs(cluster, padded) for padded in (True, False)]
+        if args.pairs_from:
+            pairs = json.loads(args.pairs_from.read_text())["pairs"]
         doc = {"format": "mlsched.io/real-runs", "version": 1,
-               "trace": [asdict(j) for j in TRACE], "interval_s": args.interval,
+               "trace": [asdict(j) for j in trace], "trace_seed": args.trace_seed,
+               "interval_s": args.interval,
                "sample_cost_s": SAMPLE_COST_S, "max_workers": MAX_WORKERS, "max_ps": MAX_PS,
                "node_free": free, "wall_s": time.time() - begun, "runs": runs, "pairs": pairs,
+               "pairs_from": str(args.pairs_from) if args.pairs_from else None,
                "retrained": retrained}
         (out / "run.json").write_text(json.dumps(doc, indent=1) + "\n")
     result = compare(json.loads((out / "run.json").read_text()), out / "records")
