@@ -166,3 +166,31 @@ def test_tasks_a_running_job_gives_up_are_free_only_after_the_handover():
 
     at_once, handed = jct(), jct(handover_s=7.0)
     assert handed["b"] == pytest.approx(at_once["b"] + 7.0, rel=1e-6)
+
+
+def test_the_real_run_benchmark_submits_valid_objects():
+    """bench/bench_real_runs.py runs by hand only (the real node): its MLJobs and policies,
+    for the fixed trace and a seeded one, pass the API's own validation, so the bench does not
+    find a schema change the hard way."""
+    import sys
+    from pathlib import Path
+
+    from mlsched.api.mljob import MLJobSpec
+    from mlsched.api.schedulingpolicy import SchedulingPolicySpec
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+    try:
+        import bench_real_runs as bench
+    finally:
+        sys.path.pop(0)
+    for job in bench.TRACE + bench.seeded_trace(5301):
+        body = bench.mljob(job, "real-drf", "claim", "localhost/training:e2e")
+        spec = MLJobSpec.model_validate(body["spec"])
+        assert spec.replica_specs is not None
+    for job, counts in bench.PAIR_JOBS.values():
+        fixed = bench.mljob(job, "real-pairs", "claim", "img", counts=counts, sample_cost_s=0.0)
+        spec = MLJobSpec.model_validate(fixed["spec"])
+        assert spec.replica_specs.worker.min == spec.replica_specs.worker.max == 2
+    for allocation in ("drf", "dl2"):
+        SchedulingPolicySpec.model_validate(bench.scheduling_policy("p", allocation, 10)["spec"])
+    assert [j.epochs for j in bench.seeded_trace(5301)] == [19, 17, 7, 15, 20, 20]  # the docs' trace
