@@ -386,7 +386,10 @@ def test_a_live_rescale_restarts_the_pods_and_resumes_from_the_checkpoint(instal
                          len(logs.runs()[number]) == counts["worker"] and
                          logged(logs.runs()[number], START), 180,
                          f"the pods of {counts} to start training",
-                         describe=lambda: ([[p.log(tail=3) for p in run] for run in logs.runs()],
+                         # Each run named pod-uid-r<restarts>: which pod, and which restart of
+                         # it, a run beyond the stage's count was (a flake seen twice on 30 Nov).
+                         describe=lambda: ([[(p.path.stem, p.log(tail=3)) for p in run]
+                                            for run in logs.runs()],
                                            status(jobs, "rescaled").get("conditions")))
                 if number < len(stages) - 1:
                     wait_for(lambda: history_at(jobs, "rescaled", counts["worker"]), 120,
