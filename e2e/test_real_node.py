@@ -261,14 +261,16 @@ class Generations(PodLogs):
         self.stages[run] = self.stage
 
     def runs(self) -> list[list[FollowedPod]]:
-        """The processes of each stage, without those the kubelet restarted after the job was
-        trained (a container that exited 0 is restarted until the job's pods go: it finds the
-        final checkpoint, trains nothing and exits again)."""
+        """The processes of each stage that started training, without those the kubelet
+        restarted after the job was trained (a container that exited 0 is restarted until the
+        job's pods go: it finds the final checkpoint, trains nothing and exits again, or dies
+        in DDP's start-up when its peer has already exited: seen on 30 Nov, where those runs
+        made the 2-worker stage count four). A run still starting shows once it has started."""
         out: dict[int, list[FollowedPod]] = {}
         for path in sorted(self.directory.glob("*.log")):
             pod = FollowedPod(path)
             text = pod.log()
-            if "epochs trained" in text and "trained epoch=" not in text:
+            if "trained epoch=" not in text and ("epochs trained" in text or not START.search(text)):
                 continue
             out.setdefault(self.stages[path.stem], []).append(pod)
         return [out[k] for k in sorted(out)]
