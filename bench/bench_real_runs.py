@@ -36,16 +36,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict
-from datetime import datetime
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "e2e"))  # the real node's harness
 
 from policy_models.retrain.fidelity import RealJob, compare, print_table  # noqa: E402
+from policy_models.retrain.workload import seconds_of  # noqa: E402
 
 GPUS = 4  # the extended resource the bench advertises on the node
 INTERVAL_S = 10
@@ -126,10 +127,6 @@ def scheduling_policy(name: str, allocation: str, interval: int) -> dict:
         spec["updatePolicy"] = "Auto"  # serves what `mlsched retrain` publishes (--retrain-min)
     return {"apiVersion": "mlsched.io/v1alpha1", "kind": "SchedulingPolicy",
             "metadata": {"name": name}, "spec": spec}
-
-
-def _seconds(stamp: str | None) -> float | None:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp() if stamp else None
 
 
 def advertise_gpus(cluster, count: int) -> None:
@@ -225,9 +222,9 @@ def run_policy(cluster, trace: tuple[RealJob, ...], allocation: str, interval: i
         status = found["status"]
         rescales = status.get("rescales") or {}
         jobs[job.name] = {
-            "created_s": _seconds(found["metadata"]["creationTimestamp"]),
-            "started_s": _seconds(status.get("startTime")),
-            "completed_s": _seconds(status.get("completionTime")),
+            "created_s": seconds_of(found["metadata"]["creationTimestamp"]),
+            "started_s": seconds_of(status["startTime"]),
+            "completed_s": seconds_of(status["completionTime"]),
             "rescales": rescales.get("count", 0), "rescale_seconds": rescales.get("seconds", 0.0),
             "history": status.get("history") or [],
         }
@@ -258,7 +255,7 @@ def retrain(cluster, minutes: float, policy: str = "real-dl2") -> dict:
     done = subprocess.run(
         [str(Path(sys.executable).parent / "mlsched"), "retrain", "dl2", "--namespace", JOBS_NAMESPACE,
          "--policy", policy, "--time-budget-min", str(minutes), "--min-samples", "3"],
-        env={**__import__("os").environ, "KUBECONFIG": str(cluster.plane.kubeconfig_path)},
+        env={**os.environ, "KUBECONFIG": str(cluster.plane.kubeconfig_path)},
         capture_output=True, text=True, timeout=1800)
     print(done.stderr[-3000:], file=sys.stderr)
     if done.returncode != 0:

@@ -17,7 +17,6 @@ The result is each job's real and simulated JCT and the relative error, per poli
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +27,7 @@ from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog, speed_models
 from mlsched.workloads.traces import TraceJob
 from policy_models.retrain import calibration
+from policy_models.retrain.workload import seconds_of
 
 ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
 GIB = 2.0 ** 30
@@ -92,10 +92,6 @@ def restart_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
     return (float(np.median(lost)) if lost else None), len(lost)
 
 
-def _stamp(rfc3339: str) -> float:
-    return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
-
-
 def start_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
     """The median seconds from a job's creation to its training (`_time_lost`), and how many
     jobs it is read from: only jobs granted tasks in the interval they arrived in (admitted on
@@ -103,9 +99,9 @@ def start_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
     lost = []
     for timeline in _timelines(records).values():
         rec, j = timeline[0]
-        if j.workers <= 0 or _stamp(j.created) < _stamp(rec.start):
+        if j.workers <= 0 or seconds_of(j.created) < seconds_of(rec.start):
             continue  # waited for its tasks, or arrived before these records
-        found = _time_lost(timeline, 0, _stamp(rec.end) - _stamp(j.created))
+        found = _time_lost(timeline, 0, seconds_of(rec.end) - seconds_of(j.created))
         if found is not None:
             lost.append(found)
     return (float(np.median(lost)) if lost else None), len(lost)

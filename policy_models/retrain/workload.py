@@ -123,8 +123,8 @@ def arrivals_per_interval(records: list[IntervalRecord], uids: set[str]) -> dict
     of arrivals over the hours its jobs then run, and made a placement history (52 jobs in 8
     intervals at 13 nodes) look like 1.2 jobs an interval."""
     try:
-        spans = np.array(sorted((_seconds(r.start), _seconds(r.end)) for r in records))
-        created = {j.uid: _seconds(j.created) for r in records for j in r.jobs if j.uid in uids}
+        spans = np.array(sorted((seconds_of(r.start), seconds_of(r.end)) for r in records))
+        created = {j.uid: seconds_of(j.created) for r in records for j in r.jobs if j.uid in uids}
     except ValueError:
         return {}
     out: dict[int, int] = {}
@@ -149,5 +149,6 @@ def arrival_bursts(arrivals: dict[int, int], gap: int = 2) -> list[int]:
     return bursts
 
 
-def _seconds(rfc3339: str) -> float:
+def seconds_of(rfc3339: str) -> float:
+    """An RFC 3339 time of the records (`2026-11-30T00:00:00Z`) as epoch seconds."""
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
