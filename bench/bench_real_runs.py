@@ -378,6 +378,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.compare_only:
         out = args.compare_only
+        if not (out / "run.json").is_file() or not (out / "records").is_dir():
+            parser.error(f"--compare-only {out}: no run.json and records/ there; give the --out "
+                         "directory of an earlier run (bench/real_runs holds one)")
     else:
         from real_cluster import install_operator, real_cluster, wait_operator_ready
 
