@@ -1,7 +1,7 @@
 """Sim-to-real (issue 53): a small trace of the reference training jobs run on the real node
 under each policy, then the same trace in the simulator calibrated from the run's records.
 
-    python bench/bench_real_runs.py [--policies drf dl2] [--out bench/real_runs] [--keep]
+    python bench/bench_real_runs.py [--policies drf dl2] [--out bench/real_runs] [--repeat N]
     python bench/bench_real_runs.py --compare-only bench/real_runs   # the simulator side again
 
 What runs (root, e2e/real_node.py's requirements; the images are built from this checkout and
@@ -228,8 +228,10 @@ def run_policy(cluster, trace: tuple[RealJob, ...], allocation: str, interval: i
             "rescales": rescales.get("count", 0), "rescale_seconds": rescales.get("seconds", 0.0),
             "history": status.get("history") or [],
         }
+    # After `after_interval`, and holding this run's jobs: the interval that closed after the
+    # previous run of the policy ended may hold only that run's last job.
     records = [r for r in dataset_store.list_records(client.CoreV1Api(api), JOBS_NAMESPACE, policy)
-               if r.interval > after_interval]
+               if r.interval > after_interval and any(j.name.startswith(f"{prefix}-") for j in r.jobs)]
     directory = out / "records" / label
     directory.mkdir(parents=True, exist_ok=True)
     for record in records:
@@ -237,6 +239,7 @@ def run_policy(cluster, trace: tuple[RealJob, ...], allocation: str, interval: i
     api.close()
     return {"policy": policy, "allocation": allocation, "label": label, "wall_s": wall,
             "jobs": jobs, "records": len(records),
+            "last_interval": max((r.interval for r in records), default=after_interval),
             "active_model": ((objects.policy(policy) or {}).get("status") or {}).get("activeModels")}
 
 
@@ -373,6 +376,9 @@ def main() -> None:
     parser.add_argument("--retrain-min", type=float, default=2.0,
                         help="`mlsched retrain dl2` on the dl2 run's records for this many "
                              "minutes, and the trace again under what it published (0: no)")
+    parser.add_argument("--repeat", type=int, default=1, metavar="N",
+                        help="run the trace N times under each policy: the runs after the first "
+                             "say how far the node reproduces itself (fidelity's repeatability)")
     parser.add_argument("--compare-only", type=Path, metavar="DIR",
                         help="no real run: the simulator side of an earlier run's DIR")
     args = parser.parse_args()
@@ -396,7 +402,14 @@ def main() -> None:
             free = node_free(cluster)
             print(f"[bench] node up in {time.time() - begun:.0f} s; free for jobs: {free}",
                   file=sys.stderr)
-            runs = [run_policy(cluster, trace, allocation, args.interval, out) for allocation in args.policies]
+            runs, repeats = [], []
+            for allocation in args.policies:
+                runs.append(run_policy(cluster, trace, allocation, args.interval, out))
+                last = runs[-1]["last_interval"]
+                for again in range(2, args.repeat + 1):
+                    repeats.append(run_policy(cluster, trace, allocation, args.interval, out,
+                                              label=f"{allocation}-r{again}", after_interval=last))
+                    last = repeats[-1]["last_interval"]
             retrained = None
             if args.retrain_min > 0 and "dl2" in args.policies:
                 retrained = retrain(cluster, args.retrain_min)
@@ -411,7 +424,8 @@ def main() -> None:
                "trace": [asdict(j) for j in trace], "trace_seed": args.trace_seed,
                "interval_s": args.interval,
                "sample_cost_s": SAMPLE_COST_S, "max_workers": MAX_WORKERS, "max_ps": MAX_PS,
-               "node_free": free, "wall_s": time.time() - begun, "runs": runs, "pairs": pairs,
+               "node_free": free, "wall_s": time.time() - begun, "runs": runs, "repeats": repeats,
+               "pairs": pairs,
                "pairs_from": str(args.pairs_from) if args.pairs_from else None,
                "retrained": retrained}
         (out / "run.json").write_text(json.dumps(doc, indent=1) + "\n")

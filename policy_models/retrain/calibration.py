@@ -46,12 +46,15 @@ import numpy as np
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched.workloads import catalog, interference
 from mlsched.workloads.speed_models import epochs_per_s, get_speed_model
+from policy_models.retrain.workload import seconds_of
 
 FORMAT = "mlsched.io/speed-calibration"
 ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
 SENSITIVITY_MAX = 5.0  # the largest sensitivity factor the fit considers
 BOOTSTRAP = 40  # resamples that judge whether a sensitivity fit is determined
 SPEED_TOLERANCE = 0.03  # ... by how far the speed factors they imply spread (middle 80 %, half-width)
+MIN_COST_SAMPLES = 3  # changes of counts (new jobs) a restart (start) cost is read from, at least
+DEFAULT_SCALING_COST_S = 30.0  # SimConfig.scaling_cost_s: the cost charged when none is measured
 
 
 @dataclass
@@ -64,9 +67,26 @@ class Calibration:
     intervals: tuple[int, int] | None = None
     sensitivity_factors: dict[str, float] = field(default_factory=dict)  # interference.job_speed_factors
     sensitivity_kept_prior: list[str] = field(default_factory=list)  # pressures too alike (or too few samples)
+    # What a change of counts and a new job's start cost on this cluster (restart_cost,
+    # start_cost) and how many they were read from; None: too few (MIN_COST_SAMPLES), so the
+    # simulator's defaults stand (SimConfig.scaling_cost_s; a start costs a restart).
+    restart_cost_s: float | None = None
+    restart_changes: int = 0
+    start_cost_s: float | None = None
+    start_jobs: int = 0
+
+    def sim_costs(self) -> dict:
+        """The SimConfig fields these costs set: measured seconds are real seconds, so a restart
+        longer than a slot is paid in full (costs_span_slots), as it is on the cluster."""
+        if self.restart_cost_s is None:
+            return {}
+        return {"scaling_cost_s": self.restart_cost_s, "start_cost_s": self.start_cost_s,
+                "costs_span_slots": True}
 
     def to_json(self) -> dict:
-        return {"format": FORMAT, "version": 2, "speed_factors": self.speed_factors, "samples": self.samples,
+        return {"format": FORMAT, "version": 3, "speed_factors": self.speed_factors, "samples": self.samples,
+                "restart_cost_s": self.restart_cost_s, "restart_changes": self.restart_changes,
+                "start_cost_s": self.start_cost_s, "start_jobs": self.start_jobs,
                 "spread": self.spread, "kept_prior": self.kept_prior, "unknown_models": self.unknown_models,
                 "intervals": list(self.intervals) if self.intervals else None,
                 "sensitivity_factors": self.sensitivity_factors,
@@ -84,7 +104,10 @@ class Calibration:
                    kept_prior=doc.get("kept_prior", []), unknown_models=doc.get("unknown_models", []),
                    intervals=tuple(doc["intervals"]) if doc.get("intervals") else None,
                    sensitivity_factors=doc.get("sensitivity_factors", {}),  # version 1 had none
-                   sensitivity_kept_prior=doc.get("sensitivity_kept_prior", []))
+                   sensitivity_kept_prior=doc.get("sensitivity_kept_prior", []),
+                   # version 2 had no costs: the simulator's defaults
+                   restart_cost_s=doc.get("restart_cost_s"), restart_changes=doc.get("restart_changes", 0),
+                   start_cost_s=doc.get("start_cost_s"), start_jobs=doc.get("start_jobs", 0))
 
 
 def _grant(job) -> tuple:
@@ -206,14 +229,92 @@ def sensitivity_fit(found: list[Sample], min_samples: int, max_factor: float = S
     return s
 
 
+def job_timelines(records: list[IntervalRecord]) -> dict[str, list[tuple]]:
+    """Per job uid, its intervals in order: (record, job interval)."""
+    out: dict[str, list[tuple]] = {}
+    for rec in sorted(records, key=lambda r: r.interval):
+        for j in rec.jobs:
+            out.setdefault(j.uid, []).append((rec, j))
+    return out
+
+
+def _time_lost(timeline: list[tuple], k: int, available: float) -> float | None:
+    """Seconds a job whose grant began at entry k (`available` s of entry k after that) went
+    without training: walking while the grant holds, at the first interval where it trained
+    at least half the interval at the speed it measured there (a speed reported in an interval
+    it hardly trained in may be the old pods' last report), the time available so far less
+    the time its epochs take at that speed. When the
+    grant changes first, the whole time (the restart was cut short by another: a lower bound,
+    kept so that long restarts are not left out); when it finishes or the records end first,
+    None."""
+    grant = (timeline[k][1].ps, timeline[k][1].workers)
+    epochs = 0.0
+    for i in range(k, len(timeline)):
+        rec, j = timeline[i]
+        if (j.ps, j.workers) != grant:
+            return available
+        if i > k:
+            available += rec.length_s
+        epochs += j.epochs
+        if j.finished:
+            return None
+        if j.speed and j.epochs >= 0.5 * j.speed * rec.length_s:
+            return max(0.0, available - epochs / j.speed)
+    return None
+
+
+def restart_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
+    """The mean seconds a change of a running job's counts cost (`_time_lost` from the
+    interval it began in: rounds change running jobs at interval starts), and how many changes
+    it is read from. The mean, not the median: what the simulator must charge is the total a
+    job lost, and on a real node that total sits in a few restarts cut short again and again
+    (bench/real_runs, DRF: readings of 1.7-7.7 s beside 30 and 50 s; over its 6 starts and 10
+    changes the median, 8.9 s, charges 142 of the 276 job-s the records show lost, the mean,
+    17.5 s, 280)."""
+    lost = []
+    for timeline in job_timelines(records).values():
+        for k in range(1, len(timeline)):
+            held, now = timeline[k - 1][1], timeline[k][1]
+            if held.workers > 0 and now.workers > 0 and (held.ps, held.workers) != (now.ps, now.workers):
+                found = _time_lost(timeline, k, timeline[k][0].length_s)
+                if found is not None:
+                    lost.append(found)
+    return (float(np.mean(lost)) if lost else None), len(lost)
+
+
+def start_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
+    """The mean seconds from a job's creation to its training (`_time_lost`), and how many
+    jobs it is read from: only jobs granted tasks in the interval they arrived in (admitted on
+    arrival: they started when they were created)."""
+    lost = []
+    for timeline in job_timelines(records).values():
+        rec, j = timeline[0]
+        if j.workers <= 0 or seconds_of(j.created) < seconds_of(rec.start):
+            continue  # waited for its tasks, or arrived before these records
+        found = _time_lost(timeline, 0, seconds_of(rec.end) - seconds_of(j.created))
+        if found is not None:
+            lost.append(found)
+    return (float(np.mean(lost)) if lost else None), len(lost)
+
+
 def calibrate(records: list[IntervalRecord], prior: dict[str, float] | None = None, min_samples: int = 5,
-              scaling_cost_s: float = 30.0, with_interference: bool = True,
+              scaling_cost_s: float | None = None, with_interference: bool = True,
               sensitivity_prior: dict[str, float] | None = None, fit_sensitivity: bool = True) -> Calibration:
     """Speed factors and sensitivity factors per catalog model; a model with too few samples
     (or, for its sensitivity, samples that cannot tell it from speed) keeps its prior.
     `fit_sensitivity=False` charges the prior's (the table's) sensitivities and fits speeds
-    only; `with_interference=False` charges no interference at all."""
-    found = samples(records, scaling_cost_s)
+    only; `with_interference=False` charges no interference at all. The restart and start
+    costs are read from the records too (restart_cost, start_cost, each from at least
+    MIN_COST_SAMPLES); `scaling_cost_s` given overrides the restart cost read."""
+    restart, changes = restart_cost(records)
+    start, started = start_cost(records)
+    if changes < MIN_COST_SAMPLES:
+        restart = None
+    if started < MIN_COST_SAMPLES:
+        start = None
+    if scaling_cost_s is not None:
+        restart = scaling_cost_s
+    found = samples(records, DEFAULT_SCALING_COST_S if restart is None else restart)
     factors, sensitivity = dict(prior or {}), dict(sensitivity_prior or {})
     counts, spread, kept, kept_sens = {}, {}, [], []
     for model in catalog.MODEL_NAMES:
@@ -239,7 +340,11 @@ def calibrate(records: list[IntervalRecord], prior: dict[str, float] | None = No
     return Calibration(factors, counts, spread, kept, unknown, span,
                        sensitivity_factors=sensitivity if with_interference else {},
                        sensitivity_kept_prior=(kept_sens if with_interference and fit_sensitivity
-                                               else list(catalog.MODEL_NAMES)))
+                                               else list(catalog.MODEL_NAMES)),
+                       restart_cost_s=None if restart is None else round(restart, 2), restart_changes=changes,
+                       # a start is charged apart only beside a measured restart (Calibration.sim_costs)
+                       start_cost_s=None if start is None or restart is None else round(start, 2),
+                       start_jobs=started)
 
 
 def prediction_error(found: dict[str, list[Sample]], cal: Calibration | None) -> float:

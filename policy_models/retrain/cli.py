@@ -185,7 +185,22 @@ def calibrate(fresh: list[IntervalRecord], versions, phase: str, algorithm: str,
     log("calibrated interference sensitivity factors: " + json.dumps(cal.sensitivity_factors)
         + (f" (too little evidence, prior kept: {', '.join(cal.sensitivity_kept_prior)})"
            if cal.sensitivity_kept_prior else ""))
+    log(cost_line(cal))
     return cal
+
+
+def cost_line(cal: calibration.Calibration) -> str:
+    """What the calibrated simulator charges a change of counts and a start, and from what."""
+    least = calibration.MIN_COST_SAMPLES
+    if cal.restart_cost_s is None:
+        return (f"restart and start costs: the simulator's default, "
+                f"{calibration.DEFAULT_SCALING_COST_S:g} s (the records hold {cal.restart_changes} "
+                f"changes of a running job's counts, under {least})")
+    start = (f"{cal.start_cost_s} s, the mean over {cal.start_jobs} jobs started on arrival"
+             if cal.start_cost_s is not None else
+             f"as a restart (the records hold {cal.start_jobs} jobs started on arrival, under {least})")
+    return (f"restart cost: {cal.restart_cost_s} s, the mean over {cal.restart_changes} changes of "
+            f"counts; start cost: {start}")
 
 
 def run(a, log=print) -> dict:
@@ -231,7 +246,8 @@ def run(a, log=print) -> dict:
     evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
                   "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
                   "base_sha256": card.onnx_sha256, "speed_factors": cal.speed_factors,
-                  "sensitivity_factors": cal.sensitivity_factors, "seed": a.seed}
+                  "sensitivity_factors": cal.sensitivity_factors, "restart_cost_s": cal.restart_cost_s,
+                  "start_cost_s": cal.start_cost_s, "seed": a.seed}
     # The card carries the evaluation too (re-exported: the graph's bytes do not change).
     card_json = json.dumps(export.export(net, spec, candidate, phase=f"retrain-{a.mode}", training=training,
                                          validation={"retrain_evaluation": evaluation}, domain=domain),

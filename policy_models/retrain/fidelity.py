@@ -7,9 +7,14 @@ the real one's free capacity, with what the records say about it:
 
 - **speed**: each model's speed factor (and interference sensitivity), fitted to the records'
   steady intervals the way `mlsched retrain` calibrates (calibration.calibrate);
-- **restart cost**: the seconds a change of counts costs (`SimConfig.scaling_cost_s`), read
-  from the records as well (`restart_cost`): in an interval where a job's grant changed, the
-  interval's length less the time its epochs take at the speed it then measured.
+- **restart and start costs**: the seconds a change of counts and a new job's start cost
+  (`SimConfig.scaling_cost_s`, `start_cost_s`), read from the records as well
+  (calibration.restart_cost, start_cost): in an interval where a job's grant changed (or it
+  arrived), the time available less the time its epochs take at the speed it then measured.
+
+Two calibrations (CALIBRATIONS): `retrain's`, exactly what `mlsched retrain` simulates with
+(calibration.calibrate, Workload.config), and `recorded`, which also takes the speed measured
+at each count, the pods' measured times and the pairs' interference (SimCalibration).
 
 The result is each job's real and simulated JCT and the relative error, per policy.
 """
@@ -27,7 +32,7 @@ from mlsched.sim.simulator import SimConfig, Simulator
 from mlsched.workloads import catalog, speed_models
 from mlsched.workloads.traces import TraceJob
 from policy_models.retrain import calibration
-from policy_models.retrain.workload import seconds_of
+from policy_models.retrain.calibration import job_timelines, restart_cost, start_cost
 
 ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
 GIB = 2.0 ** 30
@@ -41,70 +46,6 @@ class RealJob:
     model: str  # a catalog model type: the policies' prior
     epochs: int
     arrival_s: float
-
-
-def _timelines(records: list[IntervalRecord]) -> dict[str, list[tuple]]:
-    """Per job uid, its intervals in order: (record, job interval)."""
-    out: dict[str, list[tuple]] = {}
-    for rec in sorted(records, key=lambda r: r.interval):
-        for j in rec.jobs:
-            out.setdefault(j.uid, []).append((rec, j))
-    return out
-
-
-def _time_lost(timeline: list[tuple], k: int, available: float) -> float | None:
-    """Seconds a job whose grant began at entry k (`available` s of entry k after that) went
-    without training: walking while the grant holds, at the first interval where it trained
-    at least half the interval at the speed it measured there (a speed reported in an interval
-    it hardly trained in may be the old pods' last report), the time available so far less
-    the time its epochs take at that speed. When the
-    grant changes first, the whole time (the restart was cut short by another: a lower bound,
-    kept so that long restarts are not left out); when it finishes or the records end first,
-    None."""
-    grant = (timeline[k][1].ps, timeline[k][1].workers)
-    epochs = 0.0
-    for i in range(k, len(timeline)):
-        rec, j = timeline[i]
-        if (j.ps, j.workers) != grant:
-            return available
-        if i > k:
-            available += rec.length_s
-        epochs += j.epochs
-        if j.finished:
-            return None
-        if j.speed and j.epochs >= 0.5 * j.speed * rec.length_s:
-            return max(0.0, available - epochs / j.speed)
-    return None
-
-
-def restart_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
-    """The median seconds a change of a running job's counts cost (`_time_lost` from the
-    interval it began in: rounds change running jobs at interval starts), and how many changes
-    it is read from."""
-    lost = []
-    for timeline in _timelines(records).values():
-        for k in range(1, len(timeline)):
-            held, now = timeline[k - 1][1], timeline[k][1]
-            if held.workers > 0 and now.workers > 0 and (held.ps, held.workers) != (now.ps, now.workers):
-                found = _time_lost(timeline, k, timeline[k][0].length_s)
-                if found is not None:
-                    lost.append(found)
-    return (float(np.median(lost)) if lost else None), len(lost)
-
-
-def start_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
-    """The median seconds from a job's creation to its training (`_time_lost`), and how many
-    jobs it is read from: only jobs granted tasks in the interval they arrived in (admitted on
-    arrival: they started when they were created)."""
-    lost = []
-    for timeline in _timelines(records).values():
-        rec, j = timeline[0]
-        if j.workers <= 0 or seconds_of(j.created) < seconds_of(rec.start):
-            continue  # waited for its tasks, or arrived before these records
-        found = _time_lost(timeline, 0, seconds_of(rec.end) - seconds_of(j.created))
-        if found is not None:
-            lost.append(found)
-    return (float(np.median(lost)) if lost else None), len(lost)
 
 
 def measured_speeds(records: list[IntervalRecord]) -> dict[tuple[str, str, int, int], float]:
@@ -146,12 +87,13 @@ class SimCalibration:
     start_jobs: int = 0
     speeds: dict | None = None  # (model, arch, ps, workers) -> epochs/s, RecordedSpeed
     handover_s: float | None = None  # SimConfig.handover_s: the stop part of a restart
+    spans_slots: bool = True  # SimConfig.costs_span_slots
 
     @classmethod
     def from_records(cls, records: list[IntervalRecord], recorded: bool, pods_ready_s: float,
                      pods_start_s: float, pairs: list[dict] = ()) -> "SimCalibration":
-        """`recorded=False`: what `mlsched retrain` calibrates (a speed factor per model and
-        the restart cost read from the records, `restart_cost`); True: also the measured
+        """`recorded=False`: what `mlsched retrain` calibrates (a speed factor per model, the
+        restart and start costs read from the records: Calibration.sim_costs); True: also the measured
         speeds at each count, the start cost, restarts that outlast a slot, the sensitivities
         the measured `pairs` imply (sensitivity_from_pairs) where they have the model, and a
         restart charged as what it is, a stop and a start: `pods_ready_s` (status.rescales:
@@ -161,11 +103,14 @@ class SimCalibration:
         says only that it took at least so long, and long ones are those. The stop part
         (`pods_ready_s` less `pods_start_s`) is also how long the tasks a job gives up stay
         taken (SimConfig.handover_s)."""
+        if not recorded:  # what `mlsched retrain` simulates with (Workload.config)
+            cal = calibration.calibrate(records, min_samples=3)
+            costs = cal.sim_costs()
+            return cls(cal, costs.get("scaling_cost_s", calibration.DEFAULT_SCALING_COST_S), cal.restart_changes,
+                       costs.get("start_cost_s"), cal.start_jobs, spans_slots=bool(costs))
         cost, changes = restart_cost(records)
         cost = pods_ready_s if cost is None else cost
         cal = calibration.calibrate(records, min_samples=3, scaling_cost_s=cost)
-        if not recorded:
-            return cls(cal, cost, changes)
         cal.sensitivity_factors.update(sensitivity_from_pairs(list(pairs)))
         start, jobs = start_cost(records)
         handover = None
@@ -196,7 +141,7 @@ def simulate(trace: list[RealJob], allocation: str, free: dict, interval_s: floa
     config = SimConfig(nodes=1, node_cpus=free["cpu"], node_gpus=free["nvidia.com/gpu"],
                        node_mem_gib=free["memory"] / GIB, interval_s=interval_s, max_ps=max_ps,
                        max_workers=max_workers, scaling_cost_s=sim_cal.restart_cost_s,
-                       start_cost_s=sim_cal.start_cost_s, costs_span_slots=sim_cal.speeds is not None,
+                       start_cost_s=sim_cal.start_cost_s, costs_span_slots=sim_cal.spans_slots,
                        handover_s=sim_cal.handover_s,
                        demands=demands, sensitivity_factors=cal.sensitivity_factors or None, seed=seed,
                        served_round=True)
@@ -230,7 +175,7 @@ def stalled(records: list[IntervalRecord]) -> tuple[float, int, int]:
     account for."""
     speeds = measured_speeds(records)
     idle, starts, changes = 0.0, 0, 0
-    for timeline in _timelines(records).values():
+    for timeline in job_timelines(records).values():
         for k, (rec, j) in enumerate(timeline):
             before = timeline[k - 1][1] if k else None
             if j.workers > 0 and (before is None or before.workers <= 0):
@@ -250,26 +195,28 @@ def compare(doc: dict, records_dir: Path) -> dict:
     each calibration (CALIBRATIONS), from the run's own records and from the other runs'."""
     from policy_models.retrain.cli import read_record_dir
     trace = [RealJob(**j) for j in doc["trace"]]
-    records = {run["allocation"]: read_record_dir(records_dir / run.get("label", run["allocation"]))
-               for run in doc["runs"]}
-    times = {run["allocation"]: pod_times(run) for run in doc["runs"]}
+    runs = doc["runs"] + doc.get("repeats", [])
+    records = {_label(run): read_record_dir(records_dir / _label(run)) for run in runs}
+    times = {_label(run): pod_times(run) for run in runs}
     # The trace's jobs are padded (their compute a sleep): the pairs measured the same way.
     pairs = [row for found in doc.get("pairs") or [] if found["padded"] for row in found["pairs"]]
-    out = {"runs": []}
-    for run in doc["runs"]:
+    out = {"runs": [], "repeatability": repeatability(doc)}
+    for run in runs:
         jobs = run["jobs"]
         first = min(j["created_s"] for j in jobs.values())
         arrived = [RealJob(j.name, j.architecture, j.model, j.epochs, jobs[j.name]["created_s"] - first)
                    for j in trace]
         real = {j.name: jobs[j.name]["completed_s"] - jobs[j.name]["created_s"] for j in arrived}
-        idle, starts, changes = stalled(records[run["allocation"]])
-        found = {"allocation": run["allocation"], "pods_ready_s": round(times[run["allocation"]][0], 2),
-                 "pods_start_s": round(times[run["allocation"]][1], 2),
+        label = _label(run)
+        idle, starts, changes = stalled(records[label])
+        found = {"allocation": run["allocation"], "label": label,
+                 "pods_ready_s": round(times[label][0], 2), "pods_start_s": round(times[label][1], 2),
                  "stalled_s": round(idle, 1), "starts": starts, "changes": changes,
                  "real_s": {k: round(v, 1) for k, v in real.items()},
                  "avg_real_s": round(float(np.mean(list(real.values()))), 1), "predictions": []}
-        others = [a for a in records if a != run["allocation"]]
-        sources = [("own", records[run["allocation"]], [times[run["allocation"]]])]
+        allocations = {_label(r): r["allocation"] for r in runs}
+        others = [a for a in records if allocations[a] != run["allocation"]]
+        sources = [("own", records[label], [times[label]])]
         if others:
             sources.append(("others", [r for a in others for r in records[a]], [times[a] for a in others]))
         for source, used, measured in sources:
@@ -293,15 +240,39 @@ def compare(doc: dict, records_dir: Path) -> dict:
     return out
 
 
+def _label(run: dict) -> str:
+    return run.get("label", run["allocation"])
+
+
+def _jcts(run: dict) -> dict[str, float]:
+    return {name: j["completed_s"] - j["created_s"] for name, j in run["jobs"].items()}
+
+
+def repeatability(doc: dict) -> list[dict]:
+    """How far the real node reproduces itself: each repeated run (`--repeat`) of the same
+    trace under the same policy against that policy's first run, per job and on average, the
+    same error the simulator's predictions are held to. A simulator cannot be expected to
+    predict a job closer than the node repeats it."""
+    first = {run["allocation"]: run for run in doc["runs"]}
+    out = []
+    for run in doc.get("repeats", []):
+        base, again = _jcts(first[run["allocation"]]), _jcts(run)
+        errors = {k: round(again[k] / base[k] - 1, 4) for k in base}
+        out.append({"allocation": run["allocation"], "label": _label(run), "errors": errors,
+                    "avg_error": round(float(np.mean(list(again.values()))) / float(np.mean(list(base.values()))) - 1, 4),
+                    "worst_job_error": max(errors.values(), key=abs)})
+    return out
+
+
 #: (name, recorded): the retraining loop's calibration alone, and with what the records
 #: measured (speeds at each count, the start cost, restarts that outlast a slot).
-CALIBRATIONS = (("speed factors", False), ("recorded", True))
+CALIBRATIONS = (("retrain's", False), ("recorded", True))
 
 
 def print_table(result: dict) -> None:
     for run in result["runs"]:
         names = list(run["real_s"])
-        print(f"\n{run['allocation']}: real avg JCT {run['avg_real_s']:.0f} s; pods Ready "
+        print(f"\n{run.get('label', run['allocation'])}: real avg JCT {run['avg_real_s']:.0f} s; pods Ready "
               f"{run['pods_ready_s']} s after a change of counts, Running {run['pods_start_s']} s "
               f"after a job's creation; {run['stalled_s']:.0f} job-s holding tasks without "
               f"training over {run['starts']} starts and {run['changes']} changes")
@@ -314,3 +285,7 @@ def print_table(result: dict) -> None:
                   + " ".join(f"{p['errors'][n]:+7.1%}" for n in names)
                   + f"  {p['restart_cost_s']} s ({p['restart_changes']}) / {p['start_cost_s']} s ({p['start_jobs']})"
                   + f"  {p['charged_s']:.0f} s")
+    for row in result.get("repeatability", []):
+        names = list(row["errors"])
+        print(f"\n{row['label']} against the first {row['allocation']} run (the node repeating itself):"
+              f" avg {row['avg_error']:+.1%}, jobs " + " ".join(f"{n} {row['errors'][n]:+.1%}" for n in names))

@@ -171,7 +171,8 @@ def run(a, log=print) -> dict:
     evaluation = {**judged, "mode": a.mode, "margin": a.margin, "trained_through_interval": span[1],
                   "first_interval": span[0], "intervals": len(fresh), "base_version": base_version,
                   "base_sha256": base_sha, "speed_factors": cal.speed_factors,
-                  "sensitivity_factors": cal.sensitivity_factors, "seed": a.seed,
+                  "sensitivity_factors": cal.sensitivity_factors, "restart_cost_s": cal.restart_cost_s,
+                  "start_cost_s": cal.start_cost_s, "seed": a.seed,
                   "allocation": allocation}
     card_json = json.dumps(export.export(net, candidate, training, {"retrain_evaluation": evaluation},
                                          domain=domain),

@@ -73,10 +73,12 @@ class Workload:
 
     def config(self, seed: int, calibration=None, admission: str = "arrival") -> SimConfig:
         """The simulated cluster for a trace: this workload's size and interval, with the
-        speeds and interference of `calibration` (a calibration.Calibration; None: the catalog's)."""
+        speeds, interference and restart and start costs of `calibration` (a
+        calibration.Calibration; None: the catalog's speeds and the simulator's costs)."""
         return SimConfig(nodes=self.nodes, seed=seed, interval_s=self.interval_s, admission=admission,
                          speed_factors=(calibration.speed_factors or None) if calibration else None,
-                         sensitivity_factors=(calibration.sensitivity_factors or None) if calibration else None)
+                         sensitivity_factors=(calibration.sensitivity_factors or None) if calibration else None,
+                         **(calibration.sim_costs() if calibration else {}))
 
     def to_json(self) -> dict:
         return {"nodes": self.nodes, "rate_per_interval": round(self.rate, 3), "distinct_jobs": len(self.jobs),
