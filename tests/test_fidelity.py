@@ -254,3 +254,14 @@ def _written(path, doc: dict):
 
     path.write_text(json.dumps(doc))
     return path
+
+
+def test_records_without_speeds_give_no_restart_cost():
+    """Records that report no speed (the simulator's own, bench_retrain's histories) cannot say
+    how long a job that trained was held up: no reading, so retraining on them charges the
+    simulator's default instead of the whole interval as lost."""
+    records = [record(i, job(i, 1, 1 + i % 2, 5.0)) for i in range(8)]  # a change every interval
+    assert calibration.restart_cost(records) == (None, 0)
+    # One that trained nothing before the next change still shows a lower bound.
+    records[3] = record(3, job(3, 1, 2, 0.0))
+    assert calibration.restart_cost(records) == (LENGTH, 1)

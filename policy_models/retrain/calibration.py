@@ -243,19 +243,23 @@ def _time_lost(timeline: list[tuple], k: int, available: float) -> float | None:
     without training: walking while the grant holds, at the first interval where it trained
     at least half the interval at the speed it measured there (a speed reported in an interval
     it hardly trained in may be the old pods' last report), the time available so far less
-    the time its epochs take at that speed. When the
-    grant changes first, the whole time (the restart was cut short by another: a lower bound,
-    kept so that long restarts are not left out); when it finishes or the records end first,
-    None."""
+    the time its epochs take at that speed. When the grant changes first (the restart was cut
+    short by another), the whole time if it trained nothing (a lower bound, kept so that long
+    restarts are not left out), else the time less its epochs at the last speed it reported
+    at this grant. None when that is unknown (records without speeds: the simulator's own),
+    or when it finishes or the records end first."""
     grant = (timeline[k][1].ps, timeline[k][1].workers)
-    epochs = 0.0
+    epochs, speed = 0.0, None
     for i in range(k, len(timeline)):
         rec, j = timeline[i]
         if (j.ps, j.workers) != grant:
-            return available
+            if epochs <= 0:
+                return available
+            return max(0.0, available - epochs / speed) if speed else None
         if i > k:
             available += rec.length_s
         epochs += j.epochs
+        speed = j.speed or speed
         if j.finished:
             return None
         if j.speed and j.epochs >= 0.5 * j.speed * rec.length_s:
@@ -268,9 +272,9 @@ def restart_cost(records: list[IntervalRecord]) -> tuple[float | None, int]:
     interval it began in: rounds change running jobs at interval starts), and how many changes
     it is read from. The mean, not the median: what the simulator must charge is the total a
     job lost, and on a real node that total sits in a few restarts cut short again and again
-    (bench/real_runs, DRF: readings of 1.7-7.7 s beside 30 and 50 s; over its 6 starts and 10
-    changes the median, 8.9 s, charges 142 of the 276 job-s the records show lost, the mean,
-    17.5 s, 280)."""
+    (bench/real_runs, DRF: readings of 1.7-8.5 s beside 30, 30 and 47 s; over its 6 starts and
+    10 changes the median, 8.1 s, charges 130 of the 276 job-s the records show lost, the mean,
+    17.0 s, 272)."""
     lost = []
     for timeline in job_timelines(records).values():
         for k in range(1, len(timeline)):
