@@ -24,9 +24,13 @@ from mlsched_objects import fresh_namespace
 # The operator's fixtures live in their own module; importing them here registers
 # them (pytest_plugins is only allowed in a rootdir conftest).
 from operator_fixtures import (  # noqa: E402,F401
-    crds, dl2_files, emulator, mlsched, operator, operator_identity, pytest_runtest_makereport,
-    second_tenant, start_operator,
+    crds, dl2_files, emulator, label_rights, mlsched, operator, operator_identity,
+    pytest_runtest_makereport, second_tenant, start_operator,
 )
+# Fixtures of two modules each, one of them in the apiserver tier: the promtool build and the
+# dev overlay installed on the asking module's own plane.
+from monitoring_manifests import tools  # noqa: E402,F401
+from dev_overlay import dev  # noqa: E402,F401
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,8 @@ TRAINING_RBAC = REPO / "manifests" / "base" / "training-rbac" / "training-rbac.y
 GROUP, VERSION = "mlsched.io", "v1alpha1"
 JOB_LABEL = "mlsched.io/job-name"
 ROLE_LABEL = "mlsched.io/role"
+POOL_LABEL = "mlsched.io/pool"
+OWNER = "mlsched.io/pool-owner"
 KWOK_TOLERATION = {"key": "kwok.x-k8s.io/node", "operator": "Exists", "effect": "NoSchedule"}
 IMAGE = "registry.invalid/mlsched/trainer:e2e"  # never pulled: kwok runs no containers
 # An image the kwok "kubelet" cannot pull (kwok_stages.yaml, pod-image-missing).
@@ -166,6 +168,11 @@ def mljob(name: str, *, model: str = "resnet-50", epochs: float = 1000.0,
                      "architecture": "ParameterServer" if ps is not None else "AllReduce",
                      "epochs": epochs, "schedulingPolicy": policy, "replicaSpecs": specs,
                      "runPolicy": run_policy or {}}}
+
+
+# A day (432 s at the e2e operator's interval scale): no round re-decides the jobs while a
+# test looks (a round may rightly give the waiting job a share of the first one's nodes).
+DAY = 86400
 
 
 def scheduling_policy(name: str = "default", *, allocation: str = "drf", interval: int = 1200,

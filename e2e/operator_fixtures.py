@@ -1,4 +1,5 @@
-"""Fixtures of the operator tests: CRDs, the operator subprocess, the workload emulator.
+"""Fixtures of the operator tests: CRDs, the operator subprocess, the workload emulator, and
+the label-nodes overlay's rights for the operators of the grouping tests (label_rights).
 
 Each test gets its own namespace (conftest.py) and its own operator serving only that
 namespace, so a test that kills or starves its operator cannot disturb another, and
@@ -16,7 +17,7 @@ from kubernetes import client
 
 from controlplane import ControlPlane
 from dl2_model import dl2_model_files
-from mlsched_objects import MLSched, fresh_namespace, install_crds
+from mlsched_objects import REPO, MLSched, fresh_namespace, install_crds, load_yaml
 from operator_identity import operator_kubeconfig, serve_namespace
 from operator_process import OperatorProcess
 from waiting import wait_for
@@ -27,6 +28,8 @@ from workload_emulator import WorkloadEmulator
 INTERVAL_SCALE = 0.005
 TIME_SCALE = 1.0 / INTERVAL_SCALE
 OPERATORS = pytest.StashKey[list[OperatorProcess]]()
+# The label-nodes overlay's rights, which the grouping tests' operators run with (label_rights).
+RBAC = REPO / "manifests" / "overlays" / "label-nodes" / "rbac-label-nodes.yaml"
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -145,3 +148,26 @@ def own_nodes(api, control_plane: ControlPlane, count: int, prefix: str, label: 
     yield names
     for name in names:
         core.delete_node(name)
+
+
+@pytest.fixture
+def label_rights(api):
+    """The label-nodes overlay's ClusterRole and binding, for this test only."""
+    rbac = client.RbacAuthorizationV1Api(api)
+    docs = load_yaml(RBAC)
+    remove_rights(rbac, docs)  # left by an interrupted run
+    for doc in docs:
+        (rbac.create_cluster_role if doc["kind"] == "ClusterRole"
+         else rbac.create_cluster_role_binding)(doc)
+    yield
+    remove_rights(rbac, docs)
+
+
+def remove_rights(rbac, docs) -> None:
+    for doc in docs:
+        try:
+            (rbac.delete_cluster_role if doc["kind"] == "ClusterRole"
+             else rbac.delete_cluster_role_binding)(doc["metadata"]["name"])
+        except client.exceptions.ApiException as err:
+            if err.status != 404:
+                raise

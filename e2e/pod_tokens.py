@@ -65,3 +65,11 @@ class TokenFiles:
     def forget_except(self, live_uids: set[str]) -> None:
         for uid in set(self._paths) - live_uids:
             self._paths.pop(uid).unlink(missing_ok=True)
+
+
+def client_with_token(control_plane, token: str) -> client.ApiClient:
+    configuration = client.Configuration()
+    configuration.host = control_plane.apiserver_url
+    configuration.ssl_ca_cert = str(control_plane.ca_cert_path)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(configuration)

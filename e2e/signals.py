@@ -8,7 +8,9 @@ signal that the operator has processed the state in question (issue 50):
 - `wait_for_rounds`: rounds of a SchedulingPolicy that started after a given moment, read
   from its `status.lastRoundTime` (written by rounds only, not by admission steps);
 - `wait_for_metric_growth`: a counter of the operator's /metrics grown by at least so much
-  (for instance the create calls it retried).
+  (for instance the create calls it retried);
+- `model_loaded`, `round_of_generation`: a policy once a round has loaded its model, or has
+  run with a given spec generation.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import re
 import time
 from collections.abc import Callable
 
+from mlsched_objects import condition
 from waiting import wait_for
 
 
@@ -84,3 +87,21 @@ def wait_for_metric_growth(operator, name: str, labels: str, by: float, *,
     return wait_for(lambda: (v := metric(operator.metrics(), name, labels)) >= start + by and v,
                     timeout, f"{name}{{{labels}}} to grow by {by:g} from {start:g}",
                     describe=lambda: metric(operator.metrics(), name, labels))
+
+
+ROUND_TIMEOUT = 60  # a round every 6 s; generous for a loaded 2-core machine
+
+
+def model_loaded(mlsched, policy: str) -> dict:
+    """The policy once its first round has set ModelLoaded."""
+    return wait_for(lambda: condition(p := mlsched.policy(policy), "ModelLoaded") and p,
+                    ROUND_TIMEOUT, f"ModelLoaded on {policy}",
+                    describe=lambda: mlsched.policy(policy).get("status"))
+
+
+def round_of_generation(mlsched, policy: str, generation: int) -> dict:
+    """The policy once a round has run with spec `generation` (rounds record it)."""
+    return wait_for(lambda: ((p := mlsched.policy(policy))["status"].get("observedGeneration")
+                             == generation) and p, ROUND_TIMEOUT,
+                    f"a round of {policy} with generation {generation}",
+                    describe=lambda: mlsched.policy(policy)["status"])

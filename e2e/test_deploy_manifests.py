@@ -32,21 +32,19 @@ import yaml
 from kubernetes import client
 
 from controlplane import ControlPlane
+from dev_overlay import DEV_NAMESPACE, find
 from plane_fixture import running_plane
 from mlsched.controller.kube.constants import LEGACY_FINALIZER
 from mlsched.formats import dataset_store
 from mlsched.policies.decision_log import IntervalRecord
 from mlsched_objects import (
-    GROUP, VERSION, MLSched, condition, for_kwok, phase, sample, scheduling_policy,
+    GROUP, REPO, VERSION, MLSched, condition, for_kwok, phase, sample, scheduling_policy,
 )
 from operator_identity import NAMESPACE, SERVICE_ACCOUNT, USER
 from operator_process import OperatorProcess
 from waiting import wait_for
 from workload_emulator import WorkloadEmulator
 
-REPO = Path(__file__).resolve().parent.parent
-MANIFESTS = REPO / "manifests"
-DEV_NAMESPACE = "mlsched-dev"
 INTERVAL_SCALE = 0.005  # 1200 s rounds every 6 s, as in operator_fixtures.py
 
 #: Log every request of the operator's ServiceAccount (metadata only: who, what, the answer),
@@ -97,35 +95,6 @@ def api(cluster):
     api_client = cluster.api_client()
     yield api_client
     api_client.close()
-
-
-def render(cluster: ControlPlane, directory: Path) -> list[dict]:
-    """`kubectl kustomize` with the kubectl of the Kubernetes version under test."""
-    text = cluster.kubectl("kustomize", str(directory)).stdout
-    return [d for d in yaml.safe_load_all(text) if d]
-
-
-@pytest.fixture(scope="module")
-def dev(cluster, api, tmp_path_factory) -> list[dict]:
-    """The dev overlay, installed as the README says: server-side apply, again if the first
-    came before the CRDs were served."""
-    objects = render(cluster, MANIFESTS / "overlays" / "dev")
-    path = tmp_path_factory.mktemp("dev") / "dev.yaml"
-    path.write_text(yaml.safe_dump_all(objects))
-    first = cluster.kubectl("apply", "--server-side", "-f", str(path), check=False)
-    if first.returncode != 0:
-        # The only acceptable failure: custom resources sent before their CRD was served.
-        assert 'no matches for kind "SchedulingPolicy"' in first.stderr, first.stderr
-        print("\nfirst apply came before the CRDs were served; applying again:\n" + first.stderr)
-        cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s",
-                        "crd/mljobs.mlsched.io", "crd/schedulingpolicies.mlsched.io")
-        cluster.kubectl("apply", "--server-side", "-f", str(path))
-    return objects
-
-
-def find(objects: list[dict], kind: str, name: str) -> dict:
-    (found,) = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
-    return found
 
 
 # ------------------------------------------------------------------------------ tests

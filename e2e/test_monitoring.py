@@ -27,36 +27,20 @@ import ssl
 import subprocess
 from pathlib import Path
 
-import pytest
 import yaml
 from kubernetes import client
 
-from build_scripts import build_for_fixture
-from controlplane import ControlPlane
 from dl2_model import configmap_ref
 from mlsched_objects import for_kwok, mljob, scheduling_policy
-from test_operator_security import metric, shipped_operator_args
+from monitoring_manifests import MONITORING
+from shipped_operator import shipped_operator_args
+from signals import metric
 from waiting import wait_for
-
-REPO = Path(__file__).resolve().parent.parent
-MONITORING = REPO / "manifests" / "monitoring"
-BUILD_SCRIPT = Path(__file__).resolve().parent / "build_prometheus_tools.sh"
-CRDS = ("monitoring.coreos.com_podmonitors.yaml", "monitoring.coreos.com_prometheusrules.yaml")
-
-
-@pytest.fixture(scope="module")
-def tools(request: pytest.FixtureRequest) -> Path:
-    """The directory with promtool and the CRDs."""
-    return build_for_fixture(request, BUILD_SCRIPT, "promtool and the Prometheus Operator CRDs")
 
 
 def promtool(tools: Path, *args: str, cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([str(tools / "promtool"), *args], cwd=cwd, input=stdin,
                           capture_output=True, text=True, timeout=120)
-
-
-def rendered(cluster: ControlPlane) -> list[dict]:
-    return [d for d in yaml.safe_load_all(cluster.kubectl("kustomize", str(MONITORING)).stdout) if d]
 
 
 def test_the_alerts_fire_on_what_they_are_for_and_only_then(tools, tmp_path):

@@ -13,6 +13,7 @@ import time
 
 from job_state import placed_as_decided, placement_problems
 from mlsched_objects import condition, mljob, phase, scheduling_policy
+from node_fixtures import DISK, labelled
 from waiting import wait_for
 
 DAY = 86400
@@ -159,8 +160,6 @@ def test_an_edit_the_running_allocation_no_longer_meets_is_redecided_within_seco
     """Lowering `max` below what a job holds, or a template nodeSelector its nodes do not meet,
     must not wait for the next round (a day here): the job is re-decided by an admission step."""
     from kubernetes import client
-
-    from test_operator_node_constraints import DISK, labelled
 
     mlsched.create(scheduling_policy("daily", allocation="fixed", interval=DAY))
     mlsched.create(mljob("edited", ps=(1, 1), workers=(1, 4), epochs=1e9, policy="daily"))

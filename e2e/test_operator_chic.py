@@ -11,8 +11,9 @@ import hashlib
 from kubernetes import client
 
 from dl2_model import configmap_ref, model_configmap
+from job_state import counts
 from mlsched_objects import REPO, condition, mljob, scheduling_policy
-from test_operator_models import counts, round_of_generation
+from signals import round_of_generation
 from waiting import wait_for
 
 CHIC = REPO / "policy_models" / "artifacts" / "chic" / "chic.onnx"

@@ -16,19 +16,18 @@ import contextlib
 
 from kubernetes import client
 
-from job_state import placed_as_decided, placement_problems
-from mlsched_objects import mljob, scheduling_policy
-from test_operator_counted_resources import DAY, NODES, POOL, node_allocatable, small_workers
-from test_operator_dra import DRA, claim_template, claiming, published_devices
-from test_operator_node_constraints import labelled
-from test_operator_one_per_node import wait_all_running
-from test_operator_quotas import _running, refused_for_good
+from dra_objects import DRA, claim_template, claiming, published_devices
+from job_state import (
+    placed_as_decided, placement_problems, refused_for_good, running_reason, wait_all_running,
+)
+from mlsched_objects import DAY, mljob, scheduling_policy
+from node_fixtures import NODES, POOL, labelled, node_allocatable, small_workers
 from waiting import wait_for
 
 
 def _told(mlsched, name: str, reason: str) -> str:
-    found, message = wait_for(lambda: (r := _running(mlsched, name)) and r[0] == reason and r, 60,
-                              f"{name} to say {reason}", describe=lambda: _running(mlsched, name))
+    found, message = wait_for(lambda: (r := running_reason(mlsched, name)) and r[0] == reason and r, 60,
+                              f"{name} to say {reason}", describe=lambda: running_reason(mlsched, name))
     assert mlsched.pods(name) == []
     return message
 
@@ -166,11 +165,11 @@ def test_pods_whose_claims_cannot_be_made_say_why(api, mlsched, operator):
         mlsched.create(claiming(mljob("dra-claims", ps=None, workers=(1, 2), epochs=1e9)))
 
         def running():
-            found = _running(mlsched, "dra-claims")
+            found = running_reason(mlsched, "dra-claims")
             return found if found and found[0] == "PodsCannotStart" else None
 
         _, message = wait_for(running, 60, "the job to say which pods cannot start",
-                              describe=lambda: _running(mlsched, "dra-claims"))
+                              describe=lambda: running_reason(mlsched, "dra-claims"))
         assert message.startswith("pod dra-claims-worker-"), message
         assert "cannot start: FailedResourceClaimCreation: " in message, message
         assert "claims are closed in this namespace" in message, message

@@ -12,68 +12,15 @@ Events, an `Unschedulable` Warning)."""
 
 from __future__ import annotations
 
-import contextlib
 import uuid
 
 from kubernetes import client
 
-from mlsched_objects import GROUP, IMAGE, KWOK_TOLERATION, VERSION, mljob, scheduling_policy
-from test_operator_counted_resources import DAY, NODES, POOL, _placed_at_once, _waits_saying, small_workers
-from test_operator_node_constraints import labelled
-from test_operator_one_per_node import wait_all_running
+from dra_objects import DRA, claim_template, claiming, published_devices
+from job_state import placed_at_once, wait_all_running, waits_saying
+from mlsched_objects import DAY, GROUP, IMAGE, KWOK_TOLERATION, VERSION, mljob, scheduling_policy
+from node_fixtures import NODES, POOL, labelled, small_workers
 from waiting import wait_for
-
-DRA = ("resource.k8s.io", "v1")
-
-
-@contextlib.contextmanager
-def published_devices(api: client.ApiClient, nodes: list[str], per_node: int,
-                      models: tuple[str, ...] = ()):
-    """A DeviceClass of its own driver's GPUs and a ResourceSlice per node publishing
-    `per_node` of them, as a DRA driver's kubelet plugin would (device i with the `model`
-    attribute models[i % len(models)], if given); removed afterwards (they are cluster-scoped,
-    on the session's shared plane). Yields the class's name."""
-    custom = client.CustomObjectsApi(api)
-    driver = f"gpu-{uuid.uuid4().hex[:6]}.e2e.mlsched.io"
-    custom.create_cluster_custom_object(*DRA, "deviceclasses", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass", "metadata": {"name": driver},
-        "spec": {"selectors": [{"cel": {"expression":
-                 f"device.driver == '{driver}' && device.attributes['{driver}'].type == 'gpu'"}}]}})
-    slices = []
-    try:
-        for node in nodes:
-            name = f"{node}-{driver}"
-            custom.create_cluster_custom_object(*DRA, "resourceslices", {
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice", "metadata": {"name": name},
-                "spec": {"driver": driver, "nodeName": node,
-                         "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
-                         "devices": [{"name": f"gpu-{i}", "attributes": {
-                             "type": {"string": "gpu"},
-                             **({"model": {"string": models[i % len(models)]}} if models else {})}}
-                                     for i in range(per_node)]}})
-            slices.append(name)
-        yield driver
-    finally:
-        for name in slices:
-            custom.delete_cluster_custom_object(*DRA, "resourceslices", name)
-        custom.delete_cluster_custom_object(*DRA, "deviceclasses", driver)
-
-
-def claim_template(api: client.ApiClient, namespace: str, device_class: str, name: str = "one-gpu",
-                   count: int = 1, selector: str | None = None) -> None:
-    exactly = {"deviceClassName": device_class, "count": count,
-               **({"selectors": [{"cel": {"expression": selector}}]} if selector else {})}
-    client.CustomObjectsApi(api).create_namespaced_custom_object(*DRA, namespace, "resourceclaimtemplates", {
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
-        "metadata": {"name": name, "namespace": namespace},
-        "spec": {"spec": {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}}})
-
-
-def claiming(job: dict, template: str = "one-gpu") -> dict:
-    spec = small_workers(job, cpu="1")["spec"]["replicaSpecs"]["worker"]["template"]["spec"]
-    spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": template}]
-    spec["containers"][0]["resources"]["claims"] = [{"name": "gpu"}]
-    return job
 
 
 def test_devices_claimed_through_dra_are_counted_per_node(api, mlsched, operator):
@@ -85,10 +32,10 @@ def test_devices_claimed_through_dra_are_counted_per_node(api, mlsched, operator
         pods = wait_all_running(mlsched, "dra-a", 6)
         per_node = sorted([p.spec.node_name for p in pods].count(n) for n in NODES)
         assert per_node == [2, 2, 2], [p.spec.node_name for p in pods]  # six on one node before
-        _placed_at_once(mlsched, "dra-a")
+        placed_at_once(mlsched, "dra-a")
         # Every device of the three nodes is claimed: a second job waits and creates no pod.
         mlsched.create(claiming(mljob("dra-b", ps=None, workers=(2, 2))))
-        message = _waits_saying(mlsched, "dra-b", "device")
+        message = waits_saying(mlsched, "dra-b", "device")
         assert (f"needs 2 worker pods taking 1 {gpus} device each; the 3 nodes it may use have "
                 "room for 0 such pods now") in message, message
         # The first job deleted, its pods and then their claims go: the second one runs, long
@@ -96,7 +43,7 @@ def test_devices_claimed_through_dra_are_counted_per_node(api, mlsched, operator
         mlsched.custom.delete_namespaced_custom_object(GROUP, VERSION, mlsched.namespace, "mljobs",
                                                        "dra-a")
         wait_all_running(mlsched, "dra-b", 2)
-        _placed_at_once(mlsched, "dra-b")
+        placed_at_once(mlsched, "dra-b")
 
 
 def test_gpus_claimed_through_dra_are_shared_by_drf_as_gpus(api, mlsched, start_operator):
@@ -147,7 +94,7 @@ def test_devices_another_namespaces_pods_claim_are_held(api, mlsched, operator):
             claim_template(api, mlsched.namespace, gpus)
             mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
             mlsched.create(claiming(mljob("dra-six", ps=None, workers=(6, 6))))
-            message = _waits_saying(mlsched, "dra-six", "device")
+            message = waits_saying(mlsched, "dra-six", "device")
             assert (f"needs 6 worker pods taking 1 {gpus} device each; the 3 nodes it may use "
                     "have room for 4 such pods now") in message, message
             # The notebook gone, its claim goes with it: the gang runs, two per node.
@@ -155,7 +102,7 @@ def test_devices_another_namespaces_pods_claim_are_held(api, mlsched, operator):
             pods = wait_all_running(mlsched, "dra-six", 6)
             per_node = sorted([p.spec.node_name for p in pods].count(n) for n in NODES)
             assert per_node == [2, 2, 2], [p.spec.node_name for p in pods]
-            _placed_at_once(mlsched, "dra-six")
+            placed_at_once(mlsched, "dra-six")
         finally:
             core.delete_namespace(other)
 
@@ -173,10 +120,10 @@ def test_a_request_selecting_a_device_model_is_counted_by_its_selector(api, mlsc
         mlsched.create(claiming(mljob("dra-h100", ps=None, workers=(3, 3)), template="one-h100"))
         pods = wait_all_running(mlsched, "dra-h100", 3)
         assert sorted(p.spec.node_name for p in pods) == NODES, [p.spec.node_name for p in pods]
-        _placed_at_once(mlsched, "dra-h100")
+        placed_at_once(mlsched, "dra-h100")
         # Every h100 is claimed, three a100s are free: a job asking an h100 waits, no pod.
         mlsched.create(claiming(mljob("dra-h100-b", ps=None, workers=(1, 1)), template="one-h100"))
-        message = _waits_saying(mlsched, "dra-h100-b", "device")
+        message = waits_saying(mlsched, "dra-h100-b", "device")
         assert (f"needs 1 worker pods taking 1 {gpus}[{gpus}/model='h100'] device each; the 3 nodes "
                 "it may use have room for 0 such pods now") in message, message
 
@@ -208,7 +155,7 @@ def test_devices_of_a_claim_its_pod_no_longer_uses_are_handed_out(api, mlsched, 
         claim_template(api, ns, gpus)
         mlsched.create(scheduling_policy("default", interval=DAY, placement="bin-pack"))
         mlsched.create(claiming(mljob("dra-six", ps=None, workers=(6, 6))))
-        message = _waits_saying(mlsched, "dra-six", "device")
+        message = waits_saying(mlsched, "dra-six", "device")
         assert "have room for 4 such pods now" in message, message
         core.patch_namespaced_pod_status("notebook", ns, {"status": {"phase": "Succeeded"}})
 

@@ -13,6 +13,7 @@ from kubernetes import client, watch
 
 from job_state import placed_as_decided, placement_problems
 from mlsched_objects import GROUP, JOB_LABEL, VERSION, mljob, phase, scheduling_policy
+from other_workloads import every_gpu_held_and_a_job_waiting
 from waiting import wait_for
 
 SETTLE = 120  # seconds for a restarted operator to bring everything in line
@@ -185,7 +186,6 @@ def test_pods_deleted_while_the_watches_were_down_stop_holding_their_nodes(
     again, and no DELETED event ever comes. Before, their requests stayed in the operator's
     indexes until it restarted, and a job waiting for their GPUs waited for good; now what
     a listing again leaves out is asked for, dropped when gone, and the job runs."""
-    from test_operator_shared_nodes import every_gpu_held_and_a_job_waiting
     hogs = every_gpu_held_and_a_job_waiting(client.CoreV1Api(api), node_shape, mlsched, "hog")
     core = client.CoreV1Api(api)
 

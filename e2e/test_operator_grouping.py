@@ -15,39 +15,13 @@ from __future__ import annotations
 import pytest
 from kubernetes import client
 
-from mlsched_objects import REPO, load_yaml, mljob, scheduling_policy
+from mlsched_objects import OWNER, POOL_LABEL, mljob, scheduling_policy
 from operator_fixtures import INTERVAL_SCALE
 from waiting import wait_for
 
-POOL_LABEL = "mlsched.io/pool"
-OWNER = "mlsched.io/pool-owner"
 SELECT = "e2e.mlsched.io/grouping"
-RBAC = REPO / "manifests" / "overlays" / "label-nodes" / "rbac-label-nodes.yaml"
 NODES = [f"kwok-node-{i}" for i in (9, 10, 11)]
 ADMINS = "kwok-node-12"
-
-
-@pytest.fixture
-def label_rights(api):
-    """The label-nodes overlay's ClusterRole and binding, for this test only."""
-    rbac = client.RbacAuthorizationV1Api(api)
-    docs = load_yaml(RBAC)
-    remove_rights(rbac, docs)  # left by an interrupted run
-    for doc in docs:
-        (rbac.create_cluster_role if doc["kind"] == "ClusterRole"
-         else rbac.create_cluster_role_binding)(doc)
-    yield
-    remove_rights(rbac, docs)
-
-
-def remove_rights(rbac, docs) -> None:
-    for doc in docs:
-        try:
-            (rbac.delete_cluster_role if doc["kind"] == "ClusterRole"
-             else rbac.delete_cluster_role_binding)(doc["metadata"]["name"])
-        except client.exceptions.ApiException as err:
-            if err.status != 404:
-                raise
 
 
 @pytest.fixture

@@ -28,9 +28,9 @@ import pytest
 from kubernetes import client
 
 from dl2_model import configmap_ref, model_configmap
+from job_state import counts
 from mlsched_objects import REPO, condition, mljob, scheduling_policy
 from operator_fixtures import own_nodes
-from test_operator_models import counts
 from waiting import wait_for
 
 CHIC = REPO / "policy_models" / "artifacts" / "chic" / "chic.onnx"

@@ -9,7 +9,7 @@ import hashlib
 
 from job_state import placed_as_decided, placement_problems
 from mlsched_objects import REPO, condition, mljob, scheduling_policy
-from test_operator_models import model_loaded
+from signals import model_loaded
 from waiting import wait_for
 
 HARMONY = REPO / "policy_models" / "artifacts" / "harmony" / "harmony.onnx"

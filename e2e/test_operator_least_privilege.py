@@ -18,9 +18,10 @@ import pytest
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from job_state import running_pod
 from mlsched_objects import GROUP, VERSION, default_policy, for_kwok, mljob, sample
 from operator_identity import USER as OPERATOR, operator_token
-from test_operator_security import client_with_token, running_pod
+from pod_tokens import client_with_token
 from waiting import wait_for
 
 TRAINING_SA = "mlsched-training"

@@ -22,31 +22,12 @@ from dl2_model import (
     configmap_ref, corrupt_configmap, model_configmap, model_directory, path_ref,
     stale_card_configmap,
 )
+from job_state import counts
 from mlsched_objects import condition, mljob, scheduling_policy
+from signals import ROUND_TIMEOUT, model_loaded, round_of_generation
 from waiting import wait_for
 
-ROUND_TIMEOUT = 60  # a round every 6 s; generous for a loaded 2-core machine
 HEX64 = re.compile(r"[0-9a-f]{64}")  # a sha256 digest
-
-
-def counts(mlsched, name: str) -> dict[str, int]:
-    desired = ((mlsched.job(name) or {}).get("status") or {}).get("replicaStatuses") or {}
-    return {role: (desired.get(role) or {}).get("desired", 0) for role in ("ps", "worker")}
-
-
-def model_loaded(mlsched, policy: str) -> dict:
-    """The policy once its first round has set ModelLoaded."""
-    return wait_for(lambda: condition(p := mlsched.policy(policy), "ModelLoaded") and p,
-                    ROUND_TIMEOUT, f"ModelLoaded on {policy}",
-                    describe=lambda: mlsched.policy(policy).get("status"))
-
-
-def round_of_generation(mlsched, policy: str, generation: int) -> dict:
-    """The policy once a round has run with spec `generation` (rounds record it)."""
-    return wait_for(lambda: ((p := mlsched.policy(policy))["status"].get("observedGeneration")
-                             == generation) and p, ROUND_TIMEOUT,
-                    f"a round of {policy} with generation {generation}",
-                    describe=lambda: mlsched.policy(policy)["status"])
 
 
 def test_swapping_drf_to_dl2_and_back_changes_the_next_round(api, mlsched, operator, dl2_files):

@@ -9,21 +9,8 @@ import contextlib
 from kubernetes import client
 
 from mlsched_objects import condition, mljob, scheduling_policy
+from node_fixtures import DISK, labelled
 from waiting import wait_for
-
-DISK = "e2e.mlsched.io/disk"
-
-
-@contextlib.contextmanager
-def labelled(core: client.CoreV1Api, names: list[str], key: str, value: str):
-    """Nodes of the session's shared plane labelled for one test, and unlabelled after it."""
-    try:
-        for name in names:
-            core.patch_node(name, {"metadata": {"labels": {key: value}}})
-        yield
-    finally:
-        for name in names:
-            core.patch_node(name, {"metadata": {"labels": {key: None}}})
 
 
 def _running(mlsched, name: str) -> tuple[str, str] | None:

@@ -15,7 +15,8 @@ import json
 from kubernetes import client
 
 from mlsched_objects import IMAGE, KWOK_TOLERATION, condition, mljob, scheduling_policy
-from test_operator_node_constraints import labelled
+from job_state import wait_all_running
+from node_fixtures import labelled
 from waiting import wait_for
 
 PORT = 29500
@@ -29,23 +30,6 @@ def on_host_network(job: dict) -> dict:
     spec["hostNetwork"] = True
     spec["containers"][0]["ports"] = [{"containerPort": PORT, "name": "nccl"}]
     return job
-
-
-def all_running(mlsched, name: str, at_least: int):
-    """Every pod the job was decided (status.replicaStatuses), at least `at_least`, Running;
-    None until then (the StatefulSet creates them a few at a time)."""
-    status = (mlsched.job(name) or {}).get("status") or {}
-    desired = ((status.get("replicaStatuses") or {}).get("worker") or {}).get("desired") or 0
-    pods = mlsched.pods(name)
-    if desired < at_least or len(pods) != desired or any(p.status.phase != "Running" for p in pods):
-        return None
-    return pods
-
-
-def wait_all_running(mlsched, name: str, at_least: int):
-    return wait_for(lambda: all_running(mlsched, name, at_least), 90, f"every pod of {name} to run",
-                    describe=lambda: [(p.metadata.name, p.status.phase, p.spec.node_name)
-                                      for p in mlsched.pods(name)])
 
 
 def schedulable_nodes(control_plane) -> int:

@@ -22,10 +22,9 @@ import time
 import pytest
 from kubernetes import client
 
-from mlsched_objects import condition, mljob, phase, scheduling_policy
+from mlsched_objects import OWNER, POOL_LABEL, condition, mljob, phase, scheduling_policy
 from operator_fixtures import own_nodes
 from signals import utc_now, wait_for_rounds
-from test_operator_grouping import OWNER, POOL_LABEL, label_rights  # noqa: F401 (a fixture)
 from waiting import wait_for
 
 SELECT = "e2e.mlsched.io/pools-shared"
@@ -42,7 +41,7 @@ def pool_nodes(api, control_plane, mlsched):
 
 
 @pytest.fixture
-def shared_operator(label_rights, pool_nodes, start_operator, mlsched, second_tenant):  # noqa: F811
+def shared_operator(label_rights, pool_nodes, start_operator, mlsched, second_tenant):
     # start_operator after the nodes and rights: its teardown (jobs deleted, pods gone) first.
     return start_operator(namespaces=[mlsched.namespace, second_tenant.namespace],
                           extra_args=["--label-nodes"],

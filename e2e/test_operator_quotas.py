@@ -12,33 +12,13 @@ import time
 from kubernetes import client
 
 from dl2_model import configmap_ref, model_configmap
-from job_state import placed_as_decided, placement_problems
+from job_state import placed_as_decided, placement_problems, refused_for_good, running_reason
 from mlsched.controller.app.jobs import OVER_QUOTA_RETRY_S
 from mlsched_objects import GROUP, VERSION, condition, mljob, scheduling_policy
 from signals import wait_for_metric_growth
 from waiting import wait_for
 
 DAY = 86400
-
-
-def refused_for_good(mlsched) -> list[str]:
-    """The FailedCreate Events of pods that do not exist now. A create refused by the quota
-    and then made is Kubernetes' own accounting: a full quota refuses even the create of a pod
-    that exists (its admission runs before the name is looked up), which the StatefulSet
-    controller sends when its cache has not seen the pod yet; seen once in CI for a job whose
-    four pods all ran."""
-    have = {p.metadata.name for p in mlsched.pods()}
-    out = []
-    for e in mlsched.core.list_namespaced_event(mlsched.namespace).items:
-        found = re.search(r"create Pod (\S+) in StatefulSet", e.message or "")
-        if e.reason == "FailedCreate" and not (found and found.group(1) in have):
-            out.append(e.message)
-    return out
-
-
-def _running(mlsched, name: str) -> tuple[str, str] | None:
-    c = condition(mlsched.job(name), "Running")
-    return (c["reason"], c.get("message", "")) if c else None
 
 
 def test_jobs_are_planned_within_the_namespaces_quota(api, mlsched, operator):
@@ -53,9 +33,9 @@ def test_jobs_are_planned_within_the_namespaces_quota(api, mlsched, operator):
     assert status["replicaStatuses"]["worker"]["desired"] <= 4
 
     mlsched.create(mljob("too-big", ps=None, workers=(6, 6), epochs=1e9, policy="daily"))
-    reason, message = wait_for(lambda: (r := _running(mlsched, "too-big")) and r[0] == "CannotFit"
+    reason, message = wait_for(lambda: (r := running_reason(mlsched, "too-big")) and r[0] == "CannotFit"
                                and r, 30, "the job the quota can never hold to be told so",
-                               describe=lambda: _running(mlsched, "too-big"))
+                               describe=lambda: running_reason(mlsched, "too-big"))
     assert message == "its minimum requests 6 GPU; the namespace's ResourceQuota 'gpus' " \
                       "allows 4 in all", message
 
@@ -67,10 +47,10 @@ def test_jobs_are_planned_within_the_namespaces_quota(api, mlsched, operator):
         wait_for(lambda: placed_as_decided(mlsched, "filler"), 60, "the filler to run",
                  describe=lambda: placement_problems(mlsched, "filler"))
     mlsched.create(mljob("waiter", ps=None, workers=(2, 2), epochs=1e9, policy="daily"))
-    reason, message = wait_for(lambda: (r := _running(mlsched, "waiter"))
+    reason, message = wait_for(lambda: (r := running_reason(mlsched, "waiter"))
                                and r[0] == "WaitingForQuota" and r, 30,
                                "the waiting job to say it waits for quota",
-                               describe=lambda: _running(mlsched, "waiter"))
+                               describe=lambda: running_reason(mlsched, "waiter"))
     assert "ResourceQuota 'gpus' has 0 of 4 left" in message, message
     assert mlsched.pods("waiter") == []
     # No pod was refused by the quota: the operator did not ask for one past it.
@@ -116,10 +96,10 @@ def test_a_quota_on_limits_and_pods_is_planned_within(api, mlsched, operator):
     assert workers == {"desired": 4, "ready": 4}, workers
     # Within the pod count too: 4 of 6 used, so a 3-worker minimum waits for it.
     mlsched.create(mljob("second", ps=None, workers=(3, 3), epochs=1e9, policy="daily"))
-    reason, message = wait_for(lambda: (r := _running(mlsched, "second"))
+    reason, message = wait_for(lambda: (r := running_reason(mlsched, "second"))
                                and r[0] in ("WaitingForQuota", "CannotFit") and r, 30,
                                "the second job to say it waits for quota",
-                               describe=lambda: _running(mlsched, "second"))
+                               describe=lambda: running_reason(mlsched, "second"))
     assert reason == "WaitingForQuota" and "ResourceQuota 'limits' has 0 of 8 left" in message, \
         (reason, message)
     refused = refused_for_good(mlsched)
@@ -151,10 +131,10 @@ def test_two_policies_of_one_namespace_share_its_quota(api, mlsched, operator):
                               describe=lambda: [placement_problems(mlsched, n) for n in ("x1", "y1")])
     assert status["replicaStatuses"]["worker"] == {"desired": 4, "ready": 4}
     other = "y1" if winner == "x1" else "x1"
-    reason, message = wait_for(lambda: (r := _running(mlsched, other))
+    reason, message = wait_for(lambda: (r := running_reason(mlsched, other))
                                and r[0] == "WaitingForQuota" and r, 30,
                                "the other job to wait for the quota",
-                               describe=lambda: _running(mlsched, other))
+                               describe=lambda: running_reason(mlsched, other))
     assert mlsched.pods(other) == []
     # The other job was never scaled: none of its pods was asked for, let alone refused. (The
     # winner's StatefulSet may meet a transient quota refusal of Kubernetes' own accounting
@@ -259,10 +239,10 @@ def test_a_quota_scoped_to_a_priority_class_bounds_that_class_only(api, mlsched,
                           describe=lambda: placement_problems(mlsched, "routine"))
         assert status["replicaStatuses"]["worker"]["desired"] == 4, status["replicaStatuses"]
         mlsched.create(at(mljob("urgent-too", ps=None, workers=(1, 1), epochs=1e9, policy="daily")))
-        reason, message = wait_for(lambda: (r := _running(mlsched, "urgent-too"))
+        reason, message = wait_for(lambda: (r := running_reason(mlsched, "urgent-too"))
                                    and r[0] == "WaitingForQuota" and r, 30,
                                    "the second urgent job to wait for its class's quota",
-                                   describe=lambda: _running(mlsched, "urgent-too"))
+                                   describe=lambda: running_reason(mlsched, "urgent-too"))
         assert message == ("its minimum requests 1 GPU; the namespace's ResourceQuota 'high' has "
                            "0 of 2 left"), message
         refused = refused_for_good(mlsched)
@@ -291,18 +271,18 @@ def test_a_learned_policy_starts_a_job_whose_class_the_spent_quota_does_not_boun
         wait_for(lambda: placed_as_decided(mlsched, "high-1"), 60, "the urgent job to run",
                  describe=lambda: placement_problems(mlsched, "high-1"))
         mlsched.create(at(mljob("high-2", ps=None, workers=(1, 1), epochs=1e9, policy="learned")))
-        wait_for(lambda: (r := _running(mlsched, "high-2")) and r[0] == "WaitingForQuota", 30,
+        wait_for(lambda: (r := running_reason(mlsched, "high-2")) and r[0] == "WaitingForQuota", 30,
                  "the second urgent job to wait for its class's quota",
-                 describe=lambda: _running(mlsched, "high-2"))
+                 describe=lambda: running_reason(mlsched, "high-2"))
         # Created within a second of high-2 (creationTimestamp's resolution), it comes after
         # it in the policy's order by its name.
         mlsched.create(mljob("low", ps=None, workers=(1, 4), epochs=1e9, policy="learned"))
         status = wait_for(lambda: placed_as_decided(mlsched, "low"), 60,
                           "the job of no class to run beside the one waiting for its class's quota",
-                          describe=lambda: (_running(mlsched, "low"),
+                          describe=lambda: (running_reason(mlsched, "low"),
                                             placement_problems(mlsched, "low")))
         assert status["replicaStatuses"]["worker"]["desired"] >= 1, status["replicaStatuses"]
-        assert _running(mlsched, "high-2")[0] == "WaitingForQuota"
+        assert running_reason(mlsched, "high-2")[0] == "WaitingForQuota"
         refused = refused_for_good(mlsched)
         assert not refused, refused
 
@@ -320,16 +300,16 @@ def test_a_new_global_default_priority_class_is_planned_with_at_once(api, mlsche
                           describe=lambda: placement_problems(mlsched, "first"))
         assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
         mlsched.create(mljob("second", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
-        reason, message = wait_for(lambda: (r := _running(mlsched, "second"))
+        reason, message = wait_for(lambda: (r := running_reason(mlsched, "second"))
                                    and r[0] == "WaitingForQuota" and r, 30,
                                    "the second job to wait for the default class's quota",
-                                   describe=lambda: _running(mlsched, "second"))
+                                   describe=lambda: running_reason(mlsched, "second"))
         assert "ResourceQuota 'high' has 0 of 2 left" in message, message
         scheduling.patch_priority_class(high, {"globalDefault": False})
         moved = time.monotonic()
         wait_for(lambda: placed_as_decided(mlsched, "second"), 30,
                  "the second job to run once its pods are of no class",
-                 describe=lambda: (_running(mlsched, "second"), placement_problems(mlsched, "second")))
+                 describe=lambda: (running_reason(mlsched, "second"), placement_problems(mlsched, "second")))
         print(f"second placed {time.monotonic() - moved:.1f} s after the default moved")
         refused = refused_for_good(mlsched)
         assert not refused, refused
@@ -353,7 +333,7 @@ def test_pods_made_before_a_global_default_keep_their_own_priority_class(api, ml
         mlsched.create(mljob("later", ps=None, workers=(2, 2), epochs=1e9, policy="daily"))
         status = wait_for(lambda: placed_as_decided(mlsched, "later"), 30,
                           "the later job to run within its class's quota, which counts nothing yet",
-                          describe=lambda: (_running(mlsched, "later"), placement_problems(mlsched, "later")))
+                          describe=lambda: (running_reason(mlsched, "later"), placement_problems(mlsched, "later")))
         assert status["replicaStatuses"]["worker"]["desired"] == 2, status["replicaStatuses"]
         kept = {p.metadata.name: p.metadata.uid for p in mlsched.pods() if p.metadata.name in early}
         assert kept == early, "the early job's pods were replaced"

@@ -10,7 +10,7 @@ import contextlib
 from kubernetes import client
 
 from mlsched_objects import mljob, scheduling_policy
-from test_operator_node_constraints import labelled
+from node_fixtures import labelled
 from waiting import wait_for
 
 KEY = "e2e.mlsched.io/runtime"

@@ -24,31 +24,18 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from mlsched import progress
-from mlsched.controller.__main__ import parse_args
 from mlsched.controller.process.config import OperatorConfig
 from mlsched_objects import (
-    GROUP, REPO, VERSION, apply_training_rbac, for_kwok, load_yaml, mljob, sample,
-    scheduling_policy,
+    GROUP, VERSION, apply_training_rbac, for_kwok, mljob, sample, scheduling_policy,
 )
+from job_state import running_pod
 from operator_fixtures import INTERVAL_SCALE
-from pod_tokens import PROGRESS_AUDIENCE, request_token
+from pod_tokens import PROGRESS_AUDIENCE, client_with_token, request_token
+from shipped_operator import shipped_operator_args
 from signals import metric, utc_now, wait_for_rounds
 from waiting import wait_for
 
 TRAINING_SA = "mlsched-training"
-
-
-def running_pod(mlsched, job: str) -> client.V1Pod:
-    return wait_for(lambda: next((p for p in mlsched.pods(job) if p.status.phase == "Running"),
-                                 None), 90, f"a running pod of {job}")
-
-
-def client_with_token(control_plane, token: str) -> client.ApiClient:
-    configuration = client.Configuration()
-    configuration.host = control_plane.apiserver_url
-    configuration.ssl_ca_cert = str(control_plane.ca_cert_path)
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    return client.ApiClient(configuration)
 
 
 def post_progress(url: str, namespace: str, job: str, token_file: Path,
@@ -243,12 +230,6 @@ def test_junk_tokens_cost_a_bounded_number_of_token_reviews(api, mlsched, operat
     assert status == 200, answer
     wait_for(lambda: (mlsched.job("other")["status"].get("progress") or {})
              .get("epochsDone") == 3, 30, "the valid report in the job's status")
-
-
-def shipped_operator_args():
-    """The flags manifests/base/deployment.yaml starts the operator with."""
-    (deployment,) = load_yaml(REPO / "manifests" / "base" / "deployment.yaml")
-    return parse_args(deployment["spec"]["template"]["spec"]["containers"][0]["args"])
 
 
 def test_the_endpoint_serves_https_as_shipped(api, mlsched, start_operator, tmp_path):

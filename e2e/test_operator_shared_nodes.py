@@ -9,16 +9,9 @@ import uuid
 from kubernetes import client
 
 from job_state import placed_as_decided, placement_problems
-from mlsched_objects import IMAGE, KWOK_TOLERATION, mljob, scheduling_policy
+from mlsched_objects import mljob, scheduling_policy
+from other_workloads import every_gpu_held_and_a_job_waiting, gpu_hog
 from waiting import wait_for
-
-
-def _gpu_hog(name: str, node: str) -> dict:
-    gpus = {"nvidia.com/gpu": "2"}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name},
-            "spec": {"nodeName": node, "tolerations": [KWOK_TOLERATION],
-                     "containers": [{"name": "c", "image": IMAGE,
-                                     "resources": {"requests": gpus, "limits": gpus}}]}}
 
 
 def test_gpus_held_by_another_namespace_are_not_handed_out(api, node_shape, mlsched, operator):
@@ -29,7 +22,7 @@ def test_gpus_held_by_another_namespace_are_not_handed_out(api, node_shape, mlsc
     try:
         # Another team's pods hold every GPU but those of one node.
         for i in range(node_shape.count - 1):
-            core.create_namespaced_pod(other, _gpu_hog(f"hog-{i}", f"kwok-node-{i}"))
+            core.create_namespaced_pod(other, gpu_hog(f"hog-{i}", f"kwok-node-{i}"))
         wait_for(lambda: sum(p.status.phase == "Running"
                              for p in core.list_namespaced_pod(other).items)
                  == node_shape.count - 1, 60, "the other namespace's pods to run")
@@ -43,25 +36,6 @@ def test_gpus_held_by_another_namespace_are_not_handed_out(api, node_shape, mlsc
         assert nodes == {free}, nodes
     finally:
         core.delete_namespace(other)
-
-
-def every_gpu_held_and_a_job_waiting(core: client.CoreV1Api, node_shape, mlsched, prefix: str,
-                                     restart_policy: str = "Always") -> list[str]:
-    """Pods of another workload (no job label) in the job's namespace holding every GPU, and
-    a job `after` of one GPU worker waiting for them (a day-long interval): the hogs' names."""
-    hogs = [f"{prefix}-{i}" for i in range(node_shape.count)]
-    for i, name in enumerate(hogs):
-        body = _gpu_hog(name, f"kwok-node-{i}")
-        body["spec"]["restartPolicy"] = restart_policy
-        core.create_namespaced_pod(mlsched.namespace, body)
-    wait_for(lambda: all(core.read_namespaced_pod(n, mlsched.namespace).status.phase == "Running"
-                         for n in hogs), 60, "the other workload's pods to run")
-    mlsched.create(scheduling_policy("daily", allocation="drf", interval=86400))
-    mlsched.create(mljob("after", ps=None, workers=(1, 1), epochs=1e9, policy="daily"))
-    wait_for(lambda: any(c["type"] == "Admitted" and c["status"] == "False"
-                         for c in (mlsched.job("after").get("status") or {}).get("conditions", [])),
-             30, "the job to wait for GPUs")
-    return hogs
 
 
 def test_capacity_a_completed_pod_held_is_handed_out(api, node_shape, mlsched, operator):

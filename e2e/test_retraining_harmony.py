@@ -25,7 +25,7 @@ from kubernetes import client
 from mlsched.formats import model_versions
 from mlsched.formats.model_sources import MODEL_PARTS
 from mlsched_objects import condition, mljob, scheduling_policy
-from test_retraining_loop import (
+from retraining_runs import (
     POLICY, ROUND_TIMEOUT, SHORT_INTERVAL, RetrainingJob, job_args, policy_status, records, require_torch,
     retraining_kubeconfig, versions,
 )

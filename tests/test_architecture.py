@@ -228,3 +228,44 @@ def test_no_runtime_module_is_over_the_line_limit():
     assert not over, f"modules over {MAX_MODULE_LINES} lines: {over}"
     stale = {name for name in LONGER_FOR_NOW if lengths.get(name, 0) <= MAX_MODULE_LINES}
     assert not stale, f"no longer over the limit, drop the exception: {stale}"
+
+
+
+#: The trees whose modules may not import a test module as a library (issue 50): what two test
+#: modules share lives in a module of its own (e2e/node_fixtures.py, e2e/dra_objects.py, ...).
+TEST_TREES = [ROOT.parent.parent / "e2e", ROOT.parent.parent / "tests"]
+
+
+def imported_test_modules(path: Path) -> list[str]:
+    """The test modules the file imports: `import test_x`, `from test_x import y`,
+    `from e2e import test_x`, `from . import test_x`, at module level or inside functions.
+    A package's own test_* module (aiohttp.test_utils) is not one of ours."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            module = "." * node.level + (node.module or "")
+            out.add(module)
+            if node.level or module.split(".")[0] in {"e2e", "tests"}:
+                out |= {f"{module}.{a.name}".replace("..", ".") for a in node.names}
+    ours = {"", "e2e", "tests", "apiserver"}
+    return sorted(m for m in out if m.lstrip(".").split(".")[0].startswith("test_") or (
+        (m.startswith(".") or m.split(".")[0] in ours)
+        and any(part.startswith("test_") for part in m.split("."))))
+
+
+def test_no_test_module_imports_another_test_module():
+    files = sorted(p for tree in TEST_TREES for p in tree.rglob("*.py") if ".venv" not in p.parts)
+    assert len(files) > 50
+    bad = [f"{p.relative_to(ROOT.parent.parent)} imports {imported_test_modules(p)}"
+           for p in files if imported_test_modules(p)]
+    assert not bad, "\n".join(bad)
+
+
+def test_the_test_module_check_sees_an_import_inside_a_function(tmp_path):
+    f = tmp_path / "m.py"
+    f.write_text("import os\n\ndef helper():\n    from test_other import thing\n")
+    assert imported_test_modules(f) == ["test_other"]
+    f.write_text("from e2e import test_x\nfrom . import test_y\nfrom aiohttp.test_utils import A\n")
+    assert imported_test_modules(f) == [".test_y", "e2e.test_x"]

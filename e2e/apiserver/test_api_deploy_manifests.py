@@ -4,7 +4,7 @@ tier): what needs no controller, no node and no operator.
 1. `kubectl apply --server-side` of the rendered `dev` overlay (CRDs, RBAC, the model
    ConfigMaps, the Deployment, the namespace mlsched-dev with its `default` policy), a second
    time if the first came too early for the SchedulingPolicy's CRD, as the README says
-   (the `dev` fixture of e2e/test_deploy_manifests.py).
+   (the `dev` fixture of e2e/dev_overlay.py).
 2. Every overlay, the samples and the per-namespace kustomizations, rendered and sent as a
    server-side dry run with strict field validation: the built-in kinds against the API
    server's own schemas of the Kubernetes version we test on (1.34), the custom resources
@@ -25,12 +25,10 @@ import yaml
 from kubernetes import client
 
 from controlplane import ApiServerPlane
-from mlsched_objects import MLSched, default_policy
+from dev_overlay import DEV_NAMESPACE, MANIFESTS, find, render
+from mlsched_objects import REPO, MLSched, default_policy
 from operator_identity import NAMESPACE
 from plane_fixture import running_plane
-from test_deploy_manifests import (  # noqa: F401 (dev: a fixture, on this module's plane)
-    DEV_NAMESPACE, MANIFESTS, REPO, dev, find, render,
-)
 
 
 #: Every kustomization a user applies, and the namespace `-n` names for those without one.

@@ -16,7 +16,7 @@ import yaml
 from kubernetes import client
 
 from controlplane import ControlPlane
-from test_monitoring import CRDS, rendered, tools  # noqa: F401 (tools: a fixture)
+from monitoring_manifests import CRDS, rendered
 
 
 @pytest.fixture(scope="module")

@@ -11,9 +11,8 @@ above 0: what makes the same claim here.
 
 from __future__ import annotations
 
-from mlsched_objects import MLSched, condition, mljob, scheduling_policy
-from test_operator_counted_resources import DAY
-from test_operator_dra import claiming
+from dra_objects import claiming
+from mlsched_objects import DAY, MLSched, condition, mljob, scheduling_policy
 from waiting import wait_for
 
 
