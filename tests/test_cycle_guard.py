@@ -152,6 +152,24 @@ def test_a_first_grow_and_a_job_holding_nothing_are_never_held_back():
     assert decision.counts("b") == (1, 1) and not decision.kept
 
 
+def test_a_job_a_round_stops_and_an_admission_step_restarts_is_kept_running():
+    """The round/admission loop (the e2e guard test's chic, 1 run in 10): a learned round sends
+    a running job to nothing, nobody takes its tasks, the admission step before the next round
+    starts it again, and the next round stops it again. Rounds then never see the job holding
+    nothing, so before the guard remembered what it let a round decide, it kept nothing and
+    the job restarted every round for good."""
+    stop_start = Flipper({"b": {(1, 1): (0, 0), (0, 0): (1, 1)}})
+    running = as_decided(make_snapshot([job("b")]), run_served_round(
+        make_snapshot([job("b")]), stop_start, LB, None, None))
+    guard = CycleGuard()  # what it remembered is gone (a change of context), b running
+    first = run_served_round(running, stop_start, LB, None, guard)
+    assert first.counts("b") == (0, 0) and not first.kept  # nothing to go by yet
+    # An admission step restarts b where it was; the next round would stop it again: kept.
+    again = run_served_round(running, stop_start, LB, None, guard)
+    assert again.counts("b") == (1, 1) and again.kept == {"b": ((1, 1), (0, 0))}
+    assert list(again.jobs["b"].worker_nodes) == list([j for j in running.jobs if j.name == "b"][0].worker_nodes)
+
+
 def test_kept_tasks_never_take_capacity_the_round_gave_another_job():
     """On one 8-CPU node a holds 2 PS + 1 worker; the round shrinks it to 1 PS and starts w on
     the room it left. Keeping a's 2 PS would not fit beside w, so the decision stands."""

@@ -15,6 +15,10 @@ current counts and nodes instead, and the Decision says so (`Decision.kept`), wh
 operator writes into the allocation's decision log (decision_log.RoundDecisions.kept) for the
 user and the retraining loop to see.
 
+A job a round stops (sends to nothing) counts as holding nothing from then on, even if an
+admission step starts it again before the next round sees it (`_note_stopped`): otherwise a
+round that stops it and an admission step that restarts it would loop unseen.
+
 It only suppresses oscillation, so it cannot starve a job:
 - any change of context forgets everything: an arrival, a departure, a node, a new spec;
 - a job holding nothing is never kept so (it starts whenever the policy starts it);
@@ -59,9 +63,10 @@ class CycleGuard:
         Decision when nobody is kept; else a new one (`decision` is not changed)."""
         self._observe(snapshot)
         cycling = [j for j in snapshot.jobs if self._returns(j, decision)]
-        if not cycling:
-            return decision
-        return self._keep(snapshot, decision, cycling)
+        if cycling:
+            decision = self._keep(snapshot, decision, cycling)
+        self._note_stopped(snapshot, decision)
+        return decision
 
     def remembered(self) -> dict[str, tuple[Counts, ...]]:
         """Per job, the counts it held in this context as far as remembered, oldest first,
@@ -85,12 +90,27 @@ class CycleGuard:
         if context != self._context:  # something else changed: the policy may change anything
             self._context, self._held, self._earlier = context, {}, {}
         for j in snapshot.jobs:
-            now = (j.ps, j.workers)
-            last = self._held.get(j.name)
-            if last is not None and last != now:
-                earlier = [c for c in self._earlier.get(j.name, ()) if c not in (last, now)]
-                self._earlier[j.name] = (*earlier, last)[-MEMORY:]
-            self._held[j.name] = now
+            self._see(j.name, (j.ps, j.workers))
+
+    def _see(self, name: str, now: Counts) -> None:
+        last = self._held.get(name)
+        if last is not None and last != now:
+            earlier = [c for c in self._earlier.get(name, ()) if c not in (last, now)]
+            self._earlier[name] = (*earlier, last)[-MEMORY:]
+        self._held[name] = now
+
+    def _note_stopped(self, snapshot: Snapshot, decision: Decision) -> None:
+        """A running job the round stops is remembered as holding nothing, as if the next
+        round had seen it so: an admission step between rounds may start it again on the
+        tasks nobody took, and the next round, seeing it running as before, would stop it
+        again without knowing it was a return (the round/admission loop: three chic jobs
+        restarted every round for good, e2e/test_operator_guard.py). Only a stop: a grow
+        or shrink the cluster failed to carry out must not read as counts held, or a
+        policy's second try at a first grow would be kept back."""
+        for j in snapshot.jobs:
+            decided = decision.counts(j.name)
+            if decided[1] == 0 and j.workers > 0:
+                self._see(j.name, decided)
 
     def _returns(self, job: JobView, decision: Decision) -> bool:
         """Whether the decision sends this running job back to counts it held before."""
