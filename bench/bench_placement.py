@@ -19,10 +19,16 @@ inference on a GPU), timed in the same process.
                                     [--allocations fixed dl2] [--harmony-model PATH]
                                     [--harmony-dl2-model PATH] [--skip-timing] [--bound]
                                     [--seed0 N] [--mix JOBS_PER_NODE ALLREDUCE MAX_WORKERS]
+                                    [--placements NAME ...]
 
 `harmony` is Harmony as served, under its guard (issue 51, part 4: LIF-Line's layout served
 where the simulator's model scores the network's lower, policies/placement/guarded.py);
-`harmony-alone` is the network unguarded. `--seed0` and `--mix` give held-out traces.
+`harmony-rollout` is that under the simulator's rollout judgement (at every arrival round,
+rollouts to the end under it and under LIF-Line, the better governing until the next arrival:
+sim/placement_guard.py, SimConfig.placement_rollout; opt-in, 10-40 x the simulator time);
+`harmony-alone` is the network unguarded. `--seed0` and `--mix` give held-out traces;
+`--placements` runs only those named (ratios then to the best heuristic among them: with
+`lif-line` the only heuristic, x LIF-Line).
 """
 
 from __future__ import annotations
@@ -42,8 +48,9 @@ from mlsched.sim import scenarios  # noqa: E402
 
 HEURISTICS = ("load-balance", "bin-pack", "tetris", "lif-line", "lif-quad", "tiresias")
 # harmony: as served, under its guard (LIF-Line where the simulator's model says the network's
-# layout loses, policies/placement/guarded.py); harmony-alone: the network unguarded.
-PLACEMENTS = HEURISTICS + ("harmony", "harmony-alone")
+# layout loses, policies/placement/guarded.py); harmony-rollout: that, judged by rollouts
+# against LIF-Line at each arrival (sim/placement_guard.py); harmony-alone: the network unguarded.
+PLACEMENTS = HEURISTICS + ("harmony", "harmony-rollout", "harmony-alone")
 SEED0 = 700000  # disjoint from every training seed (docs/dl2.md, docs/chic.md)
 
 
@@ -72,7 +79,13 @@ def main() -> None:
                         help="also the same traces with interference switched off (bin-pack and "
                              "LIF-Line, the lower): a floor no placement reaches, as a ratio to the "
                              "best heuristic with interference")
+    parser.add_argument("--placements", nargs="+", choices=PLACEMENTS,
+                        help="run only these (at least one heuristic; default: all)")
     args = parser.parse_args()
+    placements = tuple(p for p in PLACEMENTS if not args.placements or p in args.placements)
+    heuristics = [p for p in HEURISTICS if p in placements]
+    if not heuristics:
+        parser.error("--placements needs at least one heuristic to compare with")
     if args.mix:
         MIX.update(jobs_per_node=int(args.mix[0]), arch_mix=args.mix[1], max_workers=int(args.mix[2]))
     placement_ctx = registry.PolicyContext(model_path=args.harmony_model)
@@ -84,22 +97,26 @@ def main() -> None:
     seeds = range(args.seed0, args.seed0 + args.seeds)
     print(f"avg JCT (h) over {args.seeds} traces (seeds {seeds[0]}-{seeds[-1]}); "
           f"ratio to the best heuristic placement of the row")
-    print(f"{'alloc':<6} {'nodes':>5} " + " ".join(f"{p:>12}" for p in PLACEMENTS))
+    print(f"{'alloc':<6} {'nodes':>5} " + " ".join(f"{p:>15}" for p in placements))
     for allocation in allocations:
         for nodes in args.nodes:
-            jct = {p: [] for p in PLACEMENTS}
-            spent = {p: 0.0 for p in PLACEMENTS}
+            jct = {p: [] for p in placements}
+            spent = {p: 0.0 for p in placements}
             for seed in seeds:
-                sim = Simulator(trace(nodes, seed), SimConfig(nodes=nodes, seed=seed))
+                config = SimConfig(nodes=nodes, seed=seed)
+                sim = Simulator(trace(nodes, seed), config)
                 ctx = registry.PolicyContext(speed_model=sim.speed)
-                for p in PLACEMENTS:
+                for p in placements:
                     sim.reset()
+                    # the rollouts for `harmony-rollout` only (SimConfig.placement_rollout)
+                    sim.config = replace(config, placement_rollout=p == "harmony-rollout")
                     t0 = time.perf_counter()
                     pctx = placement_ctxs[allocation]
                     if p == "harmony-alone":
                         pctx = replace(pctx, placement_guard=False)
+                    name = p.removesuffix("-alone").removesuffix("-rollout")
                     result = sim.run(registry.make_allocation(allocation, ctx),
-                                     registry.make_placement(p.removesuffix("-alone"), pctx))
+                                     registry.make_placement(name, pctx))
                     spent[p] += time.perf_counter() - t0
                     summary = result.summary()
                     if summary["completed"] != summary["jobs"]:
@@ -107,9 +124,9 @@ def main() -> None:
                                          f"{summary['completed']} of {summary['jobs']} jobs finished")
                     jct[p].append(summary["avg_jct_s"] / 3600)
             mean = {p: float(np.mean(v)) for p, v in jct.items()}
-            best = min(mean[p] for p in HEURISTICS)
-            print(f"{allocation:<6} {nodes:>5} " + " ".join(f"{mean[p]:>6.2f} {mean[p] / best:>5.3f}" for p in PLACEMENTS))
-            print(f"{'':<6} {'':>5} " + " ".join(f"{spent[p]:>11.1f}s" for p in PLACEMENTS), flush=True)
+            best = min(mean[p] for p in heuristics)
+            print(f"{allocation:<6} {nodes:>5} " + " ".join(f"{mean[p]:>9.2f} {mean[p] / best:>5.3f}" for p in placements))
+            print(f"{'':<6} {'':>5} " + " ".join(f"{spent[p]:>14.1f}s" for p in placements), flush=True)
             if args.bound:
                 floor = no_interference(allocation, nodes, seeds)
                 print(f"{'':<6} {'':>5} with interference off: {floor:.2f} h, {floor / best:.3f} x the "

@@ -50,6 +50,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-grouping-guard", action="store_true",
                    help="run harmony grouping's search alone, not compared at each arrival with isolated "
                         "and none by rollouts (docs/grouping.md, \"Never worse than its baselines\")")
+    p.add_argument("--placement-rollout", action="store_true",
+                   help="judge harmony placement at each arrival against LIF-Line by rollouts to the end, "
+                        "the better served until the next arrival (10-40 x the simulator time; "
+                        "docs/placement.md, \"The guard\"); default: its per-round guard only")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -79,7 +83,8 @@ def _config(args):
                      speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
                      admission=args.admission, speed_factors=speed_factors,
                      sensitivity_factors=sensitivity_factors,
-                     grouping_guard=not args.no_grouping_guard)
+                     grouping_guard=not args.no_grouping_guard,
+                     placement_rollout=args.placement_rollout)
 
 
 def cmd_simulate(args) -> int:

@@ -130,8 +130,8 @@ def placement_guard_lines(runs: list[Run]) -> list[str]:
         lines.append(f"  {run.policy} / {run.placement}{grouping}: the network's layout served in "
                      f"{c.get('learned', 0)} of {total} decisions, LIF-Line's in {c.get('fallback', 0)}")
     if lines:
-        lines.insert(0, "placement guard (each decision's layouts scored by the simulator's model, "
-                        "the better served):")
+        lines.insert(0, "placement guard (LIF-Line's layout served where the guard judged the "
+                        "network's would lose):")
     return lines
 
 

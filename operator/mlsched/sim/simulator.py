@@ -41,6 +41,7 @@ from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
 from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
 from mlsched.sim.colocation_error import ColocationError
 from mlsched.sim.grouping_guard import GuardedGrouping, simulator_rollout
+from mlsched.sim.placement_guard import RolloutPlacement
 from mlsched.sim import quota
 from mlsched.sim.gpu_restrictions import GpuRestrictions
 from mlsched.workloads import catalog, gpu_types, interference
@@ -117,6 +118,12 @@ class SimConfig:
     # `harmony` grouping compared at every arrival with `isolated` and `none` by rollouts in
     # this simulator, the best one kept (sim/grouping_guard.py). False: harmony alone.
     grouping_guard: bool = True
+    # `harmony` placement judged by rollouts to the end at every arrival against LIF-Line, the
+    # better one served until the next arrival (sim/placement_guard.py). Off by default: it
+    # costs 10-40 x the simulator time and measured no better on average than the per-round
+    # guard alone (docs/placement.md); bench_placement's `harmony-rollout` column and
+    # `mlsched simulate --placement-rollout` turn it on. Only without a grouping or regret guard.
+    placement_rollout: bool = False
     # Learned rounds go through the operator's cycle guard (policies/cycle_guard.py): a job is
     # not sent back to counts it held since anything else changed. False: the policy alone.
     cycle_guard: bool = True
@@ -305,10 +312,11 @@ class Simulator:
     def fork(self, arrivals: list[TraceJob] = ()) -> "Simulator":
         """A copy of this simulator as it stands, holding only the jobs active now (as they
         are: progress, tasks, pools) and `arrivals` (new names, arriving after now) instead of
-        the rest of the trace, with no grouping guard: what a rollout runs (sim/grouping_guard.py).
+        the rest of the trace, with no grouping or placement rollouts of its own: what a rollout
+        runs (sim/grouping_guard.py, sim/placement_guard.py).
         Nothing of this simulator changes."""
         fork = copy.copy(self)
-        fork.config = replace(self.config, grouping_guard=False)
+        fork.config = replace(self.config, grouping_guard=False, placement_rollout=False)
         fork.states = {s.spec.name: copy.deepcopy(s) for s in self.active}
         fork.active = [fork.states[s.spec.name] for s in self.active]
         later = sorted(arrivals, key=lambda j: (j.arrival_s, j.name))
@@ -413,6 +421,10 @@ class Simulator:
 
     def run(self, allocation, placement, grouping=None, progress=None, guard=None) -> SimResult:
         """`guard`: a sim.regret_guard.SimGuard serving its fallback while it is tripped."""
+        rollout_placement = None  # harmony placement judged by rollouts (sim/placement_guard.py)
+        if (self.config.placement_rollout and guard is None and getattr(placement, "name", None) == "harmony"
+                and getattr(grouping, "name", "none") == "none"):
+            placement = rollout_placement = RolloutPlacement(placement, self, allocation)
         learned = (allocation, placement)
         if guard is not None:  # the policies in force are the guard's choice, round by round
             def allocation_now():
@@ -442,6 +454,8 @@ class Simulator:
         placed_before = Counter(getattr(placement, "choices", {}))  # a guarded placement's tally
         while not self.done:
             snapshot = self.snapshot()
+            if rollout_placement is not None:
+                rollout_placement.round_starts(snapshot)
             domain.add(shape_of(snapshot))
             phases = (allocation_now(), placement_now())
             if self.config.served_round:
