@@ -110,13 +110,15 @@ class ClusterGuard(GuardedGrouping):
             return self.choice
         finally:
             self.cost_s = time.perf_counter() - started
-        best = order[0]
-        for name in order[1:]:
-            if scores[name] < scores[best] * (1 - 1e-9):
-                best = name
+        best = self.pick(scores, now_s)  # the simulator's rule (sim/grouping_guard.py)
         self.estimates = scores
         hours = ", ".join(f"{n} {scores[n] / 3600:.3g}" for n in self.candidates)
-        self.message = (f"{best} governs: summed JCT of rollouts (job-hours) {hours}; "
+        why = ""
+        if self.arrived() and now_s - self._first_look < self.history_s:
+            why = " (arrivals watched for less than the history replayed: isolated governs)"
+        elif best == "isolated" and self.arrived() and min(scores, key=scores.get) != best:
+            why = f" (none beats isolated by the {self.margin:.0%} margin)"
+        self.message = (f"{best} governs{why}: summed JCT of rollouts (job-hours) {hours}; "
                         f"{len(arrivals)} replayed arrival(s)"
                         + (f", {left_out} job(s) of models outside the catalog left out"
                            if left_out else ""))
@@ -249,8 +251,8 @@ def for_admission(books: dict, key, resolved, setup, spec) -> None:
 
     guard = books.get(key)
     if (guard is not None and setup is not None and spec.pools.guard
-            and isinstance(resolved.grouping, Harmony) and guard.choice != guard.name):
-        resolved.grouping = guard.in_force
+            and isinstance(resolved.grouping, Harmony) and guard.in_force is not guard.inner):
+        resolved.grouping = guard.in_force  # isolated before the first decision too
 
 
 async def report(guard: ClusterGuard | None, extra: dict, status: dict, ref, snapshot, decision,
