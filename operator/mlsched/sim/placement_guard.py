@@ -27,7 +27,8 @@ bench_placement's `harmony-rollout`): the operator serves the per-round guard, w
 simulator. Measured (docs/placement.md, "The guard"): never worse than 1.015 x LIF-Line on
 held-out traces where the per-round guard reached 1.029, but no better on average, and about
 10-40 x the simulator time (two to six rollouts to the end per arrival round); not `<= 1.00`
-everywhere either.
+everywhere either. Given the true future arrivals instead (a diagnosis, not a guard) the same
+rule was <= 1.00 on every row it had lost: the forecast is what is left to improve.
 """
 
 from __future__ import annotations
