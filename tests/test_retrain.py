@@ -472,6 +472,30 @@ def test_mlsched_simulate_applies_a_calibration(tmp_path, capsys):
     assert mlsched_cli.main(["simulate", "--speed-calibration", str(cal)]) == 2
 
 
+def test_mlsched_simulate_charges_the_costs_a_calibration_measured(tmp_path, capsys):
+    """A calibration `mlsched retrain` wrote with measured restart and start costs: simulate
+    charges them (as the retraining simulator does); --scaling-cost given by hand wins; a
+    file without costs (version 2) charges the default as before."""
+    from mlsched import cli as mlsched_cli
+    from policy_models.retrain import calibration
+
+    def avg_jct(*extra):
+        assert mlsched_cli.main(["simulate", "--policies", "drf", "--json", *extra]) == 0
+        row = json.loads(capsys.readouterr().out)["results"][0]
+        return row[next(k for k in row if "jct" in k)]
+
+    cal = tmp_path / "calibration.json"
+    calibration.Calibration({}).write(cal)  # no costs measured
+    assert avg_jct("--speed-calibration", str(cal)) == avg_jct()
+    calibration.Calibration({}, restart_cost_s=3000.0, restart_changes=5, start_cost_s=3000.0, start_jobs=5).write(cal)
+    slow = avg_jct("--speed-calibration", str(cal))
+    assert slow > avg_jct()  # 3,000 s a restart and a start, paid in full
+    assert avg_jct("--speed-calibration", str(cal), "--scaling-cost", "30") == avg_jct()
+    cal.write_text(json.dumps({"speed_factors": {}, "restart_cost_s": "slow"}))
+    assert mlsched_cli.main(["simulate", "--speed-calibration", str(cal)]) == 2
+    assert "restart_cost_s and start_cost_s must be seconds" in capsys.readouterr().err
+
+
 # ---- imitation in the calibrated simulator ---------------------------------------------------
 def test_the_imitation_teacher_sees_the_calibrated_speeds():
     from mlsched.cluster.types import JobView

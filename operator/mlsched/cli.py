@@ -35,8 +35,10 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--interval", type=_positive(float), default=1200.0, help="scheduling interval in seconds")
     p.add_argument("--max-ps", type=_positive(int), default=16)
     p.add_argument("--max-workers", type=_positive(int), default=16)
-    p.add_argument("--scaling-cost", type=float, default=30.0,
-                   help="seconds a job loses when its tasks change (checkpoint-restart ~30; hot scaling ~0.05)")
+    p.add_argument("--scaling-cost", type=float, default=None,
+                   help="seconds a job loses when its tasks change (checkpoint-restart ~30; hot scaling "
+                        "~0.05); default: the --speed-calibration file's measured restart and start "
+                        "costs where it has them (`mlsched retrain` writes them), else 30")
     p.add_argument("--speed-model", default="measured", choices=["measured", "optimus-fit"])
     p.add_argument("--no-interference", action="store_true", help="ignore co-location interference")
     p.add_argument("--admission", default="arrival", choices=["interval", "arrival"],
@@ -57,10 +59,13 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0)
 
 
-def _calibration(path: str | None) -> tuple[dict[str, float] | None, dict[str, float] | None]:
-    """(speed factors, sensitivity factors) of a calibration file; (None, None) without one."""
+def _calibration(path: str | None) -> tuple[dict[str, float] | None, dict[str, float] | None, dict]:
+    """(speed factors, sensitivity factors, the SimConfig cost fields) of a calibration file;
+    (None, None, {}) without one. The costs are those `mlsched retrain` measured (format
+    version 3, policy_models/retrain/calibration.py Calibration.sim_costs): real seconds, so
+    paid in full past a slot's end; none in a file without a measured restart cost."""
     if not path:
-        return None, None
+        return None, None, {}
     with open(path) as f:
         doc = json.load(f)
     factors = doc.get("speed_factors") if isinstance(doc, dict) else None
@@ -69,17 +74,27 @@ def _calibration(path: str | None) -> tuple[dict[str, float] | None, dict[str, f
     sensitivity = doc.get("sensitivity_factors") or {}  # a version-1 calibration has none
     if not isinstance(sensitivity, dict):
         raise ValueError(f"{path}: sensitivity_factors must be an object of model: factor")
+    costs = {}
+    restart, start = doc.get("restart_cost_s"), doc.get("start_cost_s")
+    if restart is not None:
+        if not isinstance(restart, (int, float)) or restart < 0 or not (
+                start is None or isinstance(start, (int, float)) and start >= 0):
+            raise ValueError(f"{path}: restart_cost_s and start_cost_s must be seconds >= 0 (or null)")
+        costs = {"scaling_cost_s": float(restart), "start_cost_s": None if start is None else float(start),
+                 "costs_span_slots": True}
     return ({str(m): float(v) for m, v in factors.items()},
-            {str(m): float(v) for m, v in sensitivity.items()} or None)
+            {str(m): float(v) for m, v in sensitivity.items()} or None, costs)
 
 
 def _config(args):
     from mlsched.sim.simulator import SimConfig
 
-    speed_factors, sensitivity_factors = _calibration(args.speed_calibration)
+    speed_factors, sensitivity_factors, costs = _calibration(args.speed_calibration)
+    if args.scaling_cost is not None or not costs:  # given by hand: it alone, as before
+        costs = {"scaling_cost_s": 30.0 if args.scaling_cost is None else args.scaling_cost}
     return SimConfig(nodes=args.nodes, node_cpus=args.node_cpus, node_gpus=args.node_gpus,
                      node_mem_gib=args.node_mem_gib, interval_s=args.interval, max_ps=args.max_ps,
-                     max_workers=args.max_workers, scaling_cost_s=args.scaling_cost,
+                     max_workers=args.max_workers, **costs,
                      speed_model=args.speed_model, interference=not args.no_interference, seed=args.seed,
                      admission=args.admission, speed_factors=speed_factors,
                      sensitivity_factors=sensitivity_factors,
