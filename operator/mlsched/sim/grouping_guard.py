@@ -47,12 +47,12 @@ docs/grouping.md, "Never worse than its baselines".
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from typing import Callable
 
 from mlsched.cluster.types import PoolPlan, Snapshot
 from mlsched.policies.grouping.none import NoGrouping
 from mlsched.policies.grouping.partitions import isolated
+from mlsched.sim.forecast import note_arrivals, replayed, rollout_jct
 from mlsched.workloads.traces import TraceJob
 
 Rollout = Callable[[list[TraceJob], object], float]  # (future arrivals, grouping or None) -> Σ JCT
@@ -78,11 +78,7 @@ class GuardedGrouping:
         if self._first_look is None:
             self._first_look = snapshot.time_s
         names = frozenset(j.name for j in snapshot.jobs)
-        for j in snapshot.jobs:
-            if j.name not in self._seen:
-                self._seen[j.name] = TraceJob(j.name, j.arrival_s, j.model, j.total_epochs, j.arch,
-                                              j.requested_workers, j.requested_ps,
-                                              j.gpu_types.get("worker", ()))
+        note_arrivals(self._seen, snapshot)
         if names and (self._known is None or not names <= self._known):
             self.choice = self._best(snapshot.time_s)
             self.choices[self.choice] += 1
@@ -133,10 +129,7 @@ class GuardedGrouping:
         the next ones: the rollout's stand-in for the future. None at the first look."""
         start = now_s if self._first_look is None else self._first_look
         window = min(self.history_s, now_s - start)
-        if window <= 0:
-            return []
-        return [replace(j, name=f"~{j.name}", arrival_s=j.arrival_s + window)
-                for j in self._seen.values() if now_s - window < j.arrival_s <= now_s]
+        return replayed(self._seen, now_s, window)
 
 
 def simulator_rollout(sim, allocation, placement) -> Rollout:
@@ -144,10 +137,6 @@ def simulator_rollout(sim, allocation, placement) -> Rollout:
     JCT of every job in it (inf if some do not finish)."""
 
     def rollout(arrivals: list[TraceJob], grouping) -> float:
-        fork = sim.fork(arrivals)
-        result = fork.run(allocation, placement, grouping)
-        if result.completed < len(fork.trace):
-            return float("inf")
-        return float(sum(result.jct_s.values()))
+        return rollout_jct(sim, allocation, placement, arrivals, grouping)
 
     return rollout

@@ -43,6 +43,7 @@ from mlsched.cluster.types import JobDecision, JobView, Role, Snapshot
 from mlsched.policies.base import PlacementPolicy, PlacementRequest
 from mlsched.policies.placement.interference_aware import LeastInterferenceFirst
 from mlsched.policies.placement.sticky import Sticky
+from mlsched.sim.forecast import note_arrivals, replayed, rollout_jct
 from mlsched.workloads.traces import TraceJob
 
 LEARNED, FALLBACK = "learned", "fallback"
@@ -84,11 +85,7 @@ class RolloutPlacement:
     def round_starts(self, snapshot: Snapshot) -> None:
         """Called by Simulator.run before each full round: decide if a job arrived since."""
         names = frozenset(j.name for j in snapshot.jobs)
-        for j in snapshot.jobs:
-            if j.name not in self._seen:
-                self._seen[j.name] = TraceJob(j.name, j.arrival_s, j.model, j.total_epochs, j.arch,
-                                              j.requested_workers, j.requested_ps,
-                                              j.gpu_types.get("worker", ()))
+        note_arrivals(self._seen, snapshot)
         if names and (self._known is None or not names <= self._known):
             wins = True
             # (windows cut to the same length by the history so far are one forecast)
@@ -107,11 +104,7 @@ class RolloutPlacement:
     def _rollout(self, placement: PlacementPolicy, arrivals: list[TraceJob]) -> float:
         """Σ JCT of every job in a fork of the simulator run to the end under `placement`
         (inf if some do not finish). The fork has no rollout guard of its own."""
-        fork = self.sim.fork(arrivals)
-        result = fork.run(self.allocation, placement)
-        if result.completed < len(fork.trace):
-            return float("inf")
-        return float(sum(result.jct_s.values()))
+        return rollout_jct(self.sim, self.allocation, placement, arrivals)
 
     def window(self, now_s: float, history_s: float) -> float:
         """`history_s`, at most the time since the first arrival."""
@@ -121,10 +114,7 @@ class RolloutPlacement:
     def expected_arrivals(self, now_s: float, window: float) -> list[TraceJob]:
         """The arrivals of the last `window` seconds replayed as the next `window`'s (as
         GuardedGrouping.expected_arrivals). None at the first arrival."""
-        if window <= 0:
-            return []
-        return [replace(j, name=f"~{j.name}", arrival_s=j.arrival_s + window)
-                for j in self._seen.values() if now_s - window < j.arrival_s <= now_s]
+        return replayed(self._seen, now_s, window)
 
     # ---- the placement protocol: the side in force decides --------------------------------
     def choose_node(self, ledger: Ledger, job: JobView, role: Role, demand: np.ndarray) -> int | None:
