@@ -658,3 +658,20 @@ def test_execution_provider_from_flags_and_a_wrong_one_refused_at_start(monkeypa
     assert not OperatorConfig.from_env().problems()
     wrong = OperatorConfig.from_env({"MLSCHED_EXECUTION_PROVIDER": "TPU"}).problems()
     assert wrong == ["--execution-provider 'TPU': choose one of CPU, CUDA"]
+
+
+def test_one_model_load_error_for_reading_and_for_checking_against_the_card():
+    """What reading refuses (model_sources) and what the runner refuses (onnx_runner) are the
+    same error, with the condition reason, a ValueError (the registry's contract), and it
+    survives a process pool (pickled with its reason)."""
+    import pickle
+
+    from mlsched.formats import model_sources
+    from mlsched.policies import onnx_runner
+
+    assert model_sources.ModelLoadError is onnx_runner.ModelLoadError is models.ModelLoadError
+    with pytest.raises(ModelLoadError) as refused:
+        onnx_runner.load_model(ModelBytes(b"x", None, "m.onnx", "m.card.json"), "dl2", "allocation")
+    assert refused.value.reason == "ModelInvalid" and isinstance(refused.value, ValueError)
+    back = pickle.loads(pickle.dumps(ModelLoadError("ModelNotFound", "no file m.onnx", attempted=False)))
+    assert (back.reason, str(back), back.attempted) == ("ModelNotFound", "no file m.onnx", False)

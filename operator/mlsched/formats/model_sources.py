@@ -14,6 +14,9 @@ Any tenant who can write a SchedulingPolicy names what the cluster-wide operator
   and no more than `--max-model-bytes` in all.
 
 What comes back is the bytes of both (`ModelBundle`): the loader serves exactly what was hashed.
+What cannot be read is a `ModelLoadError` (policies/onnx_runner.py, the same error the loader
+raises for a model its card refuses) with the condition reason: ModelNotFound,
+ModelPathNotAllowed, ModelTooLarge, ModelInvalid, ModelDigestMismatch.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from typing import Any
 from mlsched.api import GROUP
 from mlsched.formats.dataset_store import PART_BYTES, split
 from mlsched.features.card import card_path
+from mlsched.policies.onnx_runner import ModelLoadError
 
 ReadConfigMap = Callable[[str, str], Awaitable[Mapping[str, Any] | None]]
 #: Far above any learned policy we ship (about 100 KiB), far below the operator's memory limit.
@@ -46,15 +50,6 @@ MODEL_PARTS = f"{GROUP}/model-parts"
 MAX_PARTS = 80
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-class ModelLoadError(Exception):
-    """A model that cannot serve; `reason` is the CamelCase condition reason."""
-
-    def __init__(self, reason: str, message: str, attempted: bool = True):
-        super().__init__(message)
-        self.reason = reason
-        self.attempted = attempted  # False when this policy already had this verdict
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,20 @@ from mlsched.features.card import CardError, ModelCard, card_path
 
 
 class ModelLoadError(ValueError):
-    pass
+    """A model that cannot serve, wherever that was found: read from its source
+    (formats/model_sources.py: not found, not allowed, too large, parts that do not join) or
+    checked against its card here. `reason` is the CamelCase reason of the SchedulingPolicy's
+    ModelLoaded condition; `attempted` is False when the policy already had this verdict (the
+    failure metric counts it once). A ValueError: the policy registry's contract for a model
+    that is missing, corrupt or mismatched."""
+
+    def __init__(self, reason: str, message: str, attempted: bool = True):
+        super().__init__(message)
+        self.reason = reason
+        self.attempted = attempted
+
+    def __reduce__(self):  # pickled with all three (a process pool's worker raising it)
+        return type(self), (self.reason, str(self), self.attempted)
 
 
 class ProviderUnavailable(RuntimeError):
@@ -52,7 +65,8 @@ def shipped_models_dir() -> Path:
         return Path(env)
     spec = importlib.util.find_spec("policy_models")
     if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("no model given and the policy_models artifacts are not installed; "
+        raise ModelLoadError("ModelNotFound",
+                             "no model given and the policy_models artifacts are not installed; "
                              "pass --model PATH or set MLSCHED_MODELS_DIR")
     return Path(list(spec.submodule_search_locations)[0]) / "artifacts"
 
@@ -121,7 +135,7 @@ def load_model(source: str | Path | ModelBytes | None, algorithm: str, phase: st
     else:
         model_path = Path(source) if source else default_model_path(algorithm)
         if not model_path.is_file():
-            raise ModelLoadError(f"model file {model_path} does not exist")
+            raise ModelLoadError("ModelNotFound", f"model file {model_path} does not exist")
         model, name = model_path.read_bytes(), str(model_path)
 
         def read_card() -> ModelCard:
@@ -129,16 +143,19 @@ def load_model(source: str | Path | ModelBytes | None, algorithm: str, phase: st
     try:
         card = read_card()
     except CardError as exc:
-        raise ModelLoadError(str(exc)) from None
+        raise ModelLoadError("ModelInvalid", str(exc)) from None
     if (card.algorithm, card.phase) != (algorithm, phase):
-        raise ModelLoadError(f"{name} is the {card.phase} model of {card.algorithm!r}, "
+        raise ModelLoadError("ModelInvalid",
+                             f"{name} is the {card.phase} model of {card.algorithm!r}, "
                              f"not the {phase} model of {algorithm!r}")
     digest = hashlib.sha256(model).hexdigest()
     if digest != card.onnx_sha256:
-        raise ModelLoadError(f"{name} sha256 {digest[:12]}… does not match its card ({card.onnx_sha256[:12]}…): "
+        raise ModelLoadError("ModelInvalid",
+                             f"{name} sha256 {digest[:12]}… does not match its card ({card.onnx_sha256[:12]}…): "
                              "the file is corrupt or not the one the card describes")
     if expected_sha256 and digest != expected_sha256.lower():
-        raise ModelLoadError(f"{name} sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…")
+        raise ModelLoadError("ModelInvalid",
+                             f"{name} sha256 {digest[:12]}… is not the expected {expected_sha256[:12]}…")
     check_encoder(card, name)
     session = _session(model, name, provider)
     _check_graph(session.get_inputs(), card.inputs, "inputs", name)
@@ -150,16 +167,19 @@ def check_encoder(card: ModelCard, where: str) -> None:
     try:
         encoder = encoders.get(card.encoder_name)
     except ValueError as exc:
-        raise ModelLoadError(f"{where}: {exc}") from None
+        raise ModelLoadError("ModelInvalid", f"{where}: {exc}") from None
     if card.encoder_version != encoder.version:
-        raise ModelLoadError(f"{where} was trained with state encoder {card.encoder_version!r}; "
+        raise ModelLoadError("ModelInvalid",
+                             f"{where} was trained with state encoder {card.encoder_version!r}; "
                              f"this mlsched has {encoder.version!r}: retrain or use a matching release")
     try:
         expected = (tuple(encoder.inputs(card.encoder_params)), tuple(encoder.outputs(card.encoder_params)))
     except (KeyError, TypeError, ValueError) as exc:
-        raise ModelLoadError(f"{where}: encoder parameters {card.encoder_params} are unusable: {exc}") from None
+        raise ModelLoadError("ModelInvalid",
+                             f"{where}: encoder parameters {card.encoder_params} are unusable: {exc}") from None
     if expected != (card.inputs, card.outputs):
-        raise ModelLoadError(f"{where}: the card's tensors {_names(card.inputs)} -> {_names(card.outputs)} "
+        raise ModelLoadError("ModelInvalid",
+                             f"{where}: the card's tensors {_names(card.inputs)} -> {_names(card.outputs)} "
                              f"are not what encoder {encoder.version} produces with {card.encoder_params}: "
                              f"{_names(expected[0])} -> {_names(expected[1])}")
 
@@ -173,11 +193,13 @@ def _check_graph(nodes, specs: tuple[TensorSpec, ...], what: str, path: str) -> 
     graph = {n.name: list(n.shape) for n in nodes}
     wanted = {t.name: t for t in specs}
     if set(graph) != set(wanted):
-        raise ModelLoadError(f"{path}: graph {what} {sorted(graph)} are not the card's {sorted(wanted)}")
+        raise ModelLoadError("ModelInvalid",
+                             f"{path}: graph {what} {sorted(graph)} are not the card's {sorted(wanted)}")
     for name, shape in graph.items():
         if len(shape) != len(wanted[name].shape) + 1 or not all(
                 _dim_matches(d, w) for d, w in zip(shape[1:], wanted[name].shape)):
-            raise ModelLoadError(f"{path}: graph {what[:-1]} {name!r} has shape {shape}, "
+            raise ModelLoadError("ModelInvalid",
+                                 f"{path}: graph {what[:-1]} {name!r} has shape {shape}, "
                                  f"the card says [batch, {', '.join(map(str, wanted[name].shape))}]")
 
 
@@ -222,7 +244,7 @@ def _session(model: bytes, path: str, provider: str = DEFAULT_PROVIDER):
     try:
         session = ort.InferenceSession(model, opts, providers=providers)
     except Exception as exc:  # onnxruntime raises its own exception types for bad graphs
-        raise ModelLoadError(f"{path} is not a loadable ONNX model: {exc}") from None
+        raise ModelLoadError("ModelInvalid", f"{path} is not a loadable ONNX model: {exc}") from None
     # A build with CUDA but no usable GPU (no device, no driver) quietly runs on the CPU:
     # asked for CUDA, that is a failure to report, not a silent slowdown.
     if session.get_providers()[0] != wanted:

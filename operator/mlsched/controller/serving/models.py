@@ -279,6 +279,8 @@ def _load(phase: str, name: str, model: Any, provider: str = "CPU") -> Any:
         return ModelLoadError("ExecutionProviderUnavailable", str(err))
     except ImportError as err:
         return ModelLoadError("RunnerUnavailable", f"the {name} runner cannot be imported: {err}")
+    except ModelLoadError as err:  # the runner refused the model, and says why (ModelInvalid)
+        return err
     except ValueError as err:  # the registry's contract for missing/corrupt/mismatched models
         return ModelLoadError("ModelInvalid", str(err) or type(err).__name__)
     except Exception as err:  # onnxruntime raises its own types for unreadable graphs
