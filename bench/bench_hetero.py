@@ -14,7 +14,16 @@ default (`--pattern google` for the DL² simulator's Google-trace pattern).
 `--ablation` adds the agnostic allocations with the type-aware placement: how much of the gain
 is the placement's (keeping a job on one type, the fastest for it) and how much the allocation's.
 
-    python bench/bench_hetero.py [--per-type 6 10] [--seeds 5] [--first-seed 540100] [--pattern poisson] [--ablation]
+`--dl2` adds DL²: the typed model (its state has the GPU-type columns, trained on typed
+clusters: policy_models/artifacts/dl2-hetero, or `--dl2-model`) with gpu-type-aware placement,
+against its agnostic version (the shipped untyped model with load-balance, as it is served on
+a cluster whose types it does not know) and against the best heuristic of the same trace
+(the lowest of drf, optimus, drf-hetero and optimus-hetero, each with gpu-type-aware
+placement); and the shipped untyped model with gpu-type-aware placement, to show what the
+type columns add. The issue's floors: <= 0.75 x its agnostic version, <= 0.90 x the best
+heuristic.
+
+    python bench/bench_hetero.py [--per-type 6 10] [--seeds 5] [--first-seed 540100] [--pattern poisson] [--ablation] [--dl2]
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import time
+from pathlib import Path
 
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
@@ -32,14 +42,19 @@ from mlsched.sim.scenarios import HETERO_SEEDS, hetero_cluster, hetero_trace  # 
 from mlsched.sim.simulator import SimConfig, Simulator  # noqa: E402
 from mlsched.workloads import generators, gpu_types  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[1]
+
 PAIRS = (("drf", "load-balance", "drf-hetero", "gpu-type-aware"),
          ("optimus", "load-balance", "optimus-hetero", "gpu-type-aware"))
 FLOOR = 0.75
+DL2_FLOOR = 0.90  # DL² against the best heuristic
+HEURISTICS = ("drf", "optimus", "drf-hetero", "optimus-hetero")  # each with gpu-type-aware
+TYPED_DL2 = REPO / "policy_models" / "artifacts" / "dl2-hetero" / "dl2-hetero.onnx"
 
 
-def avg_jct_h(trace, types, seed: int, allocation: str, placement: str) -> float:
+def avg_jct_h(trace, types, seed: int, allocation: str, placement: str, model: str | None = None) -> float:
     sim = Simulator(trace, SimConfig(nodes=len(types), seed=seed, gpu_types=types))
-    ctx = registry.PolicyContext(speed_model=sim.speed)
+    ctx = registry.PolicyContext(speed_model=sim.speed, model_path=model)
     result = sim.run(registry.make_allocation(allocation, ctx), registry.make_placement(placement, ctx))
     assert result.completed == result.jobs, (allocation, placement, seed)
     return result.summary()["avg_jct_s"] / 3600
@@ -54,15 +69,25 @@ def main() -> None:
     parser.add_argument("--pattern", default="poisson", choices=generators.PATTERNS)
     parser.add_argument("--ablation", action="store_true",
                         help="also the agnostic allocations with gpu-type-aware placement")
+    parser.add_argument("--dl2", action="store_true",
+                        help="also DL²: the typed model against its agnostic version and the best heuristic")
+    parser.add_argument("--dl2-model", default=str(TYPED_DL2), help="the typed DL² model (default: %(default)s)")
+    parser.add_argument("--no-pairs", action="store_true", help="skip the heuristic pairs (with --dl2)")
     args = parser.parse_args()
+    if args.dl2 and not Path(args.dl2_model).is_file():
+        parser.error(f"--dl2-model {args.dl2_model} does not exist (mlsched train dl2 --gpu-types "
+                     "v100,p100,k80 --out DIR writes one)")
     seeds = list(range(args.first_seed, args.first_seed + args.seeds))
     started = time.perf_counter()
-    print(f"avg JCT (h), pattern {args.pattern}, seeds {seeds[0]}-{seeds[-1]}; "
-          f"ratio = hetero-aware / agnostic (floor {FLOOR})")
-    print(f"{'cluster':<22} {'seed':>7} {'drf':>7} {'drf-het':>8} {'ratio':>6} "
-          f"{'optimus':>8} {'opt-het':>8} {'ratio':>6}")
     verdicts = []
-    for per_type in args.per_type:
+    if args.dl2:
+        verdicts += dl2_rows(args, seeds)
+    if not args.no_pairs:
+        print(f"avg JCT (h), pattern {args.pattern}, seeds {seeds[0]}-{seeds[-1]}; "
+              f"ratio = hetero-aware / agnostic (floor {FLOOR})")
+        print(f"{'cluster':<22} {'seed':>7} {'drf':>7} {'drf-het':>8} {'ratio':>6} "
+              f"{'optimus':>8} {'opt-het':>8} {'ratio':>6}")
+    for per_type in ([] if args.no_pairs else args.per_type):
         types = hetero_cluster(per_type)
         label = gpu_types.format_cluster(types)
         ratios: dict[str, list[float]] = {p[0]: [] for p in PAIRS}
@@ -97,6 +122,38 @@ def main() -> None:
                       f"{np.mean(ablation[agnostic]):.3f} (the placement alone)")
     print(f"wall time {time.perf_counter() - started:.0f} s; "
           f"{'all within the floor' if all(verdicts) else 'some MISS the floor'}")
+
+
+def dl2_rows(args, seeds: list[int]) -> list[bool]:
+    """The typed DL² against its agnostic version and the best heuristic, per trace."""
+    print(f"DL²: typed model {args.dl2_model}; agnostic = the shipped untyped model with "
+          f"load-balance; best heuristic = min of {', '.join(HEURISTICS)} with gpu-type-aware")
+    print(f"{'cluster':<22} {'seed':>7} {'agnostic':>9} {'untyped+gta':>12} {'typed':>7} "
+          f"{'best heur.':>16} {'/agnostic':>10} {'/best':>6}")
+    verdicts = []
+    for per_type in args.per_type:
+        types = hetero_cluster(per_type)
+        label = gpu_types.format_cluster(types)
+        vs_agnostic, vs_best = [], []
+        for seed in seeds:
+            trace = hetero_trace(len(types), seed, args.pattern)
+            agnostic = avg_jct_h(trace, types, seed, "dl2", "load-balance")
+            untyped = avg_jct_h(trace, types, seed, "dl2", "gpu-type-aware")
+            typed = avg_jct_h(trace, types, seed, "dl2", "gpu-type-aware", args.dl2_model)
+            heuristics = {h: avg_jct_h(trace, types, seed, h, "gpu-type-aware") for h in HEURISTICS}
+            best = min(heuristics, key=heuristics.get)
+            vs_agnostic.append(typed / agnostic)
+            vs_best.append(typed / heuristics[best])
+            print(f"{label:<22} {seed:>7} {agnostic:>9.2f} {untyped:>12.2f} {typed:>7.2f} "
+                  f"{heuristics[best]:>6.2f} {best:>9} {vs_agnostic[-1]:>10.3f} {vs_best[-1]:>6.3f}",
+                  flush=True)
+        for what, r, floor in (("its agnostic version", vs_agnostic, FLOOR),
+                               ("the best heuristic", vs_best, DL2_FLOOR)):
+            ok = max(r) <= floor
+            verdicts.append(ok)
+            print(f"  {label}: typed DL² / {what}: mean {np.mean(r):.3f}, worst {max(r):.3f} "
+                  f"({'every seed within' if ok else 'MISSES'} the {floor} floor)")
+    return verdicts
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from typing import Any
 from mlsched.sim import chic_scenario
 from mlsched.sim.scenarios import SCENARIOS
 from mlsched.sim.simulator import SIMULATOR_VERSION, SimConfig
-from mlsched.workloads import catalog
+from mlsched.workloads import catalog, gpu_types
 
 #: dl2/train.py train_episode_setup: jobs per training trace, drawn uniformly in this range.
 DL2_JOBS_PER_EPISODE = (30, 60)
@@ -90,6 +90,9 @@ def dl2(args: Mapping[str, Any]) -> dict[str, Any]:
         "architectures": ["ps"],
         "window": int(args["window"]),
         "simulator_version": SIMULATOR_VERSION,
+        # Typed training (issue 54) only: absent, the domain is untyped clusters.
+        **({"gpu_types": sorted({gpu_types.canonical_type(t.strip()) for t in args["gpu_types"].split(",")
+                                 if t.strip()})} if args.get("gpu_types") else {}),
         "sources": {
             "nodes": "training.args.train_nodes (one drawn per episode); node shape: SimConfig's "
                      "default node",

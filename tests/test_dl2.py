@@ -4,6 +4,7 @@ These need the `train` extra (torch, onnx); `make test` installs it. A missing t
 import error here, never a skip.
 """
 
+import dataclasses
 import json
 import shutil
 
@@ -13,6 +14,7 @@ import torch
 
 from conftest import job, make_snapshot
 from mlsched.cluster.ledger import Ledger
+from mlsched.cluster.types import SpeedObservation
 from mlsched.features import dl2_state
 from mlsched.features.dl2_state import WindowState
 from mlsched.policies import registry
@@ -169,6 +171,8 @@ def test_runner_refuses_garbage_even_with_a_matching_digest(tiny_model, tmp_path
     (lambda c: c.update(phase="placement"), "is the placement model of 'dl2'"),
     (lambda c: c["encoder"]["params"].update(window=9), "are not what encoder"),
     (lambda c: c["inputs"][0].update(shape=[5]), "are not what encoder"),
+    # An untyped graph whose card claims the GPU-type columns (issue 54).
+    (lambda c: c["encoder"]["params"].update(gpu_types=True), "are not what encoder"),
     (lambda c: c.pop("outputs"), "lacks field 'outputs'"),
     (lambda c: c.update(phase="scoring"), "phase 'scoring' is not one of"),
 ])
@@ -494,3 +498,122 @@ def test_jobs_of_one_demand_but_different_quota_charges_are_masked_each_by_its_o
     assert not mask[0:3].any()  # "bounded": the quota has no pod left for it
     assert mask[5]  # "free" may start (its gang, the bundle action)
     assert st.apply(5)
+
+
+# ---- GPU types (issue 54): the typed state ----------------------------------------------------
+def _typed_window(jobs, types, typed=True):
+    snap = dataclasses.replace(make_snapshot(jobs, nodes=len(types)), gpu_types=tuple(types))
+    ledger = Ledger(snap, registry.make_placement("gpu-type-aware"))
+    return WindowState(snap, ledger, snap.jobs, J, typed=typed), ledger
+
+
+def test_an_untyped_state_is_what_it_was_before_gpu_types():
+    """The shipped (untyped) model's inputs do not change: 29 columns a job, valid last."""
+    assert dl2_state.job_features() == dl2_state.JOB_FEATURES == 29 == dl2_state._VALID + 1
+    assert dl2_state.state_dim(J) == J * 29 + dl2_state.GLOBAL_FEATURES
+    assert dl2_state.typed({"window": 40}) is False
+    with pytest.raises(ValueError, match="true or false"):
+        dl2_state.typed({"window": 40, "gpu_types": "yes"})
+
+
+def test_the_typed_state_gives_each_job_its_pace_on_its_type_and_on_the_fastest():
+    a, cpu = job("a", model="resnet-50"), job("cpu", model="dssm")  # dssm's workers use no GPU
+    st, ledger = _typed_window([a, cpu], ["v100", "k80", "k80"])
+    assert st.vector.shape == (dl2_state.state_dim(J, typed=True),)
+    rows = st.vector[: J * dl2_state.TYPED_JOB_FEATURES].reshape(J, -1)
+    # Nothing held yet: the fastest type present, for both columns.
+    assert rows[0, dl2_state._PACE] == rows[0, dl2_state._PACE_BEST] == 0.0
+    ledger.book(st.jobs[0], "worker", 1)  # a K80
+    st._refresh_job(0)
+    assert rows[0, dl2_state._PACE] == pytest.approx(np.log10(0.159), abs=1e-6)
+    assert rows[0, dl2_state._PACE_BEST] == 0.0
+    assert rows[1, dl2_state._PACE] == rows[1, dl2_state._PACE_BEST] == 0.0  # the type does not matter
+    assert rows[0, dl2_state._VALID] == rows[1, dl2_state._VALID] == 1.0
+    assert not rows[2:].any()  # empty slots stay zero, typed columns included
+
+
+def test_the_typed_state_starts_a_job_from_last_intervals_type():
+    a = job("a", model="resnet-50", workers=1, ps=1, worker_nodes=(2,), ps_nodes=(0,))
+    st, _ = _typed_window([a], ["v100", "p100", "k80"])
+    row = st.vector[: dl2_state.TYPED_JOB_FEATURES]
+    assert row[dl2_state._PACE] == pytest.approx(np.log10(0.159), abs=1e-6)
+
+
+def test_the_typed_state_reads_speeds_seen_on_a_slow_type_as_the_same_model():
+    """A resnet-50 that showed 0.159x its prior on a K80 is the prior's speed on a V100: the
+    typed state's speed correction is 1 (log 0), where the untyped one reads a slow model."""
+    prior = job("p", model="resnet-50")
+    speed = prior.prior.speed_function()(1, 1)
+    seen = job("a", model="resnet-50", observations=(SpeedObservation(1, 1, 0.159 * speed),),
+               observation_types=("k80",))
+    typed, _ = _typed_window([seen], ["v100", "k80"])
+    untyped, _ = _typed_window([seen], ["v100", "k80"], typed=False)
+    assert typed.vector[dl2_state._CORRECTION] == pytest.approx(0.0, abs=1e-6)
+    assert untyped.vector[dl2_state._CORRECTION] < -0.5
+
+
+def test_typed_state_and_mask_stay_equal_to_a_fresh_encoding_after_every_grant():
+    rng = np.random.default_rng(5)
+    models = list(catalog.MODEL_NAMES)
+    jobs = [job(f"j{i}", model=models[i % len(models)], arrival=i, max_workers=4, max_ps=2) for i in range(J)]
+    st, ledger = _typed_window(jobs, ["v100", "v100", "p100", "k80", "k80"])
+    for step in range(40):
+        allowed = np.flatnonzero(st.mask()[: st.void])
+        if not allowed.size:
+            break
+        st.apply(int(rng.choice(allowed)))
+        fresh = WindowState(ledger.snapshot, ledger, st.jobs, J, typed=True)
+        assert np.array_equal(st.vector, fresh.vector), step
+    assert step > 5
+
+
+def test_a_typed_model_exports_loads_and_serves_on_a_typed_cluster(tmp_path):
+    torch.manual_seed(3)
+    net = networks.build("shared", J, (32, 32), typed=True)
+    path = tmp_path / "dl2.onnx"
+    export.export(net, train.Args(window=J, hidden=(32, 32)), path, "test", {}, {})
+    model = load_model(path, "dl2", "allocation")
+    assert model.card.encoder_params == {"window": J, "gpu_types": True}
+    rng = np.random.default_rng(0)
+    state = rng.random((3, dl2_state.state_dim(J, typed=True)), dtype=np.float32)
+    mask = np.ones((3, dl2_state.n_actions(J)), np.float32)
+    with torch.no_grad():
+        expected = networks.ProbabilityModule(net)(torch.from_numpy(state), torch.from_numpy(mask)).numpy()
+    np.testing.assert_allclose(model.run({"state": state, "mask": mask})["probs"], expected, atol=1e-5)
+    policy = DL2Policy.load(str(path))
+    assert policy.typed
+    jobs = [job(f"j{i}", arrival=i) for i in range(5)]
+    snap = dataclasses.replace(make_snapshot(jobs, nodes=3), gpu_types=("v100", "p100", "k80"))
+    ledger = Ledger(snap, registry.make_placement("gpu-type-aware"))
+    policy.allocate(snap, ledger)
+    assert any(ledger.has_tasks(j) for j in jobs)
+    assert (ledger.free_by_resource >= -1e-9).all()  # nothing over capacity
+
+
+def test_typed_training_trains_on_typed_clusters_and_ships_a_typed_model(tmp_path):
+    from mlsched.cli import main
+
+    out = tmp_path / "run"
+    argv = ["train", "dl2", "--out", str(out), "--window", "8", "--hidden", "16", "16",
+            "--gpu-types", "v100,p100,k80", "--sl-traces", "2", "--sl-epochs", "1",
+            "--dagger-rounds", "0", "--rl-episodes", "2", "--validate-every", "2",
+            "--critic-warmup-episodes", "1", "--max-slots-per-episode", "4", "--val-scenarios", "small",
+            "--train-nodes", "13"]
+    assert main(argv) == 0
+    args = train.parse_args(argv[2:])
+    trace, config = train.train_episode_setup(args, 0)
+    assert config.gpu_types is not None and set(config.gpu_types) == {"v100", "p100", "k80"}
+    assert [config.gpu_types.count(t) for t in ("v100", "p100", "k80")] == [5, 4, 4]
+    assert load_model(out / "dl2.onnx", "dl2", "allocation").card.encoder_params["gpu_types"] is True
+    with pytest.raises(ValueError, match="unknown GPU type 'a100'"):
+        train.cluster_types(train.parse_args(["--gpu-types", "a100"]))
+
+
+def test_retraining_refuses_a_typed_model_with_what_to_do_instead(tmp_path):
+    from policy_models.retrain import warm_start
+
+    path = tmp_path / "dl2.onnx"
+    export.export(networks.build("shared", J, (16, 16), typed=True), train.Args(window=J, hidden=(16, 16)),
+                  path, "test", {}, {})
+    with pytest.raises(ValueError, match="mlsched train dl2 --gpu-types"):
+        warm_start.load(path)

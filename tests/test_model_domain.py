@@ -4,6 +4,7 @@ used (policy_models/domain.py), policies/model_domain.py checks a round against 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -63,6 +64,22 @@ def test_a_card_without_a_domain_has_none_and_partial_domains_check_what_they_sa
     assert Domain.from_json({}) is None and Domain.from_json(None) is None
     only_nodes = Domain.from_json({"nodes": {"min": 4, "max": 4}, "window": 3})
     assert check(only_nodes, shape(nodes=4, gpus=1, jobs=500, models=("anything",))) == []
+
+
+def test_gpu_types_outside_training_are_named_and_untyped_training_means_untyped_only():
+    """Issue 54: a model trained on untyped clusters (every card without `gpu_types`) served
+    on a typed one is outside its domain; a typed model is inside on its types and on an
+    untyped cluster (every GPU alike, as a cluster of the reference type)."""
+    typed_shape = RoundShape(3, (2.0,) * 3, (8.0,) * 3, 1, frozenset(), frozenset(),
+                             frozenset({"v100", "k80"}))
+    untyped = Domain.from_json({"nodes": {"min": 1, "max": 10}})
+    assert check(untyped, typed_shape) == [Outside("GPU types", "k80, v100", "none (untyped clusters)")]
+    typed = Domain.from_json({"nodes": {"min": 1, "max": 10}, "gpu_types": ["v100", "p100"]})
+    assert check(typed, typed_shape) == [Outside("GPU types", "k80", "p100, v100")]
+    assert check(typed, dataclasses.replace(typed_shape, gpu_types=frozenset())) == []
+    snap = Snapshot(0.0, 1200.0, ["n0", "n1"], np.array([[8.0, 2.0, 48.0]] * 2), [],
+                    gpu_types=("v100", None))
+    assert shape_of(snap).gpu_types == frozenset({"v100"})
 
 
 def test_shape_of_a_snapshot_counts_nodes_shapes_and_jobs_waiting_or_running():

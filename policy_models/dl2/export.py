@@ -22,7 +22,7 @@ OPSET = 18
 
 def export_onnx(net: torch.nn.Module, window: int, path: Path) -> None:
     module = networks.ProbabilityModule(net).eval()
-    state = torch.zeros(1, dl2_state.state_dim(window))
+    state = torch.zeros(1, dl2_state.state_dim(window, getattr(net, "typed", False)))
     mask = torch.ones(1, dl2_state.n_actions(window))
     path.parent.mkdir(parents=True, exist_ok=True)
     with warnings.catch_warnings():
@@ -41,6 +41,8 @@ def export(net: torch.nn.Module, args, path: Path, phase: str, training: dict, v
     """`domain`: the setting it was trained in (policy_models/domain.py dl2)."""
     export_onnx(net, args.window, path)
     params = {"window": args.window}
+    if getattr(net, "typed", False):  # the GPU-type columns (absent: untyped, as before types)
+        params["gpu_types"] = True
     card = ModelCard(
         algorithm="dl2", phase="allocation",
         encoder_name=dl2_state.ENCODER.name, encoder_version=dl2_state.ENCODER.version,

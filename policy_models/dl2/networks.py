@@ -26,15 +26,16 @@ def masked_logits(logits: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 class FlatPolicy(nn.Module):
-    def __init__(self, window: int, hidden: tuple[int, ...] = (256, 256)):
+    def __init__(self, window: int, hidden: tuple[int, ...] = (256, 256), typed: bool = False):
         super().__init__()
-        layers, width = [], dl2_state.state_dim(window)
+        self.window, self.typed = window, typed
+        layers, width = [], dl2_state.state_dim(window, typed)
         for h in hidden:
             layers += [nn.Linear(width, h), nn.ReLU()]
             width = h
         self.trunk = nn.Sequential(*layers)
         self.head = nn.Linear(width, dl2_state.n_actions(window))
-        self.value_trunk = nn.Sequential(*[m for m in _mlp(dl2_state.state_dim(window), hidden)])
+        self.value_trunk = nn.Sequential(*[m for m in _mlp(dl2_state.state_dim(window, typed), hidden)])
         self.value_head = nn.Linear(hidden[-1], 1)
 
     def logits(self, state: torch.Tensor) -> torch.Tensor:
@@ -53,10 +54,10 @@ def _mlp(width: int, hidden: tuple[int, ...]) -> list[nn.Module]:
 
 
 class SharedPolicy(nn.Module):
-    def __init__(self, window: int, hidden: tuple[int, ...] = (128, 128)):
+    def __init__(self, window: int, hidden: tuple[int, ...] = (128, 128), typed: bool = False):
         super().__init__()
-        self.window = window
-        f, g = dl2_state.JOB_FEATURES, dl2_state.GLOBAL_FEATURES
+        self.window, self.typed = window, typed
+        f, g = dl2_state.job_features(typed), dl2_state.GLOBAL_FEATURES
         h1, h2 = hidden[0], hidden[-1]
         self.embed = nn.Sequential(nn.Linear(f + g, h1), nn.ReLU())
         self.score = nn.Sequential(nn.Linear(3 * h1, h2), nn.ReLU(), nn.Linear(h2, 3))
@@ -67,10 +68,10 @@ class SharedPolicy(nn.Module):
                                        nn.Linear(h2, 1))
 
     def _context(self, state: torch.Tensor, embed: nn.Module | None = None):
-        j, f = self.window, dl2_state.JOB_FEATURES
+        j, f = self.window, dl2_state.job_features(self.typed)
         jobs = state[:, : j * f].reshape(-1, j, f)
         glob = state[:, j * f:]
-        valid = jobs[:, :, f - 1:f]  # the `valid` column
+        valid = jobs[:, :, dl2_state._VALID:dl2_state._VALID + 1]  # the `valid` column
         # The embedding of [job row, global features], with the global half multiplied once
         # rather than once per row (the same function as Linear on the concatenation; the
         # exported graph skips an Expand and a Concat and is about 20 % faster to serve).
@@ -99,11 +100,12 @@ class SharedPolicy(nn.Module):
         return self.value_net(torch.cat([pooled, glob], dim=-1)).squeeze(-1)
 
 
-def build(arch: str, window: int, hidden: tuple[int, ...]) -> nn.Module:
+def build(arch: str, window: int, hidden: tuple[int, ...], typed: bool = False) -> nn.Module:
+    """`typed`: the state has the GPU-type columns (dl2_state.TYPED_JOB_FEATURES per job)."""
     if arch == "flat":
-        return FlatPolicy(window, hidden)
+        return FlatPolicy(window, hidden, typed)
     if arch == "shared":
-        return SharedPolicy(window, hidden)
+        return SharedPolicy(window, hidden, typed)
     raise ValueError(f"unknown DL² network architecture {arch!r}; choose flat or shared")
 
 
@@ -127,6 +129,7 @@ class NumpyPolicy:
     def __init__(self, net: nn.Module):
         self.arch = "shared" if isinstance(net, SharedPolicy) else "flat"
         self.window = getattr(net, "window", None)
+        self.f = dl2_state.job_features(getattr(net, "typed", False))
         p = {k: v.detach().cpu().numpy().astype(np.float32) for k, v in net.state_dict().items()}
         if self.arch == "flat":
             self.layers = []
@@ -136,7 +139,7 @@ class NumpyPolicy:
                 i += 2
             self.head = (p["head.weight"].T.copy(), p["head.bias"])
             return
-        f = dl2_state.JOB_FEATURES
+        f = self.f
         w = p["embed.0.weight"].T
         self.embed_jobs, self.embed_glob, self.embed_b = w[:f].copy(), w[f:].copy(), p["embed.0.bias"]
         h1 = self.embed_b.size
@@ -153,10 +156,10 @@ class NumpyPolicy:
             for w, b in self.layers:
                 x = np.maximum(x @ w + b, 0)
             return x @ self.head[0] + self.head[1]
-        j, f = self.window, dl2_state.JOB_FEATURES
+        j, f = self.window, self.f
         glob = state[j * f:]
         jobs = state[: j * f].reshape(j, f)
-        n = int(jobs[:, f - 1].sum())  # occupied rows come first
+        n = int(jobs[:, dl2_state._VALID].sum())  # occupied rows come first
         e = np.maximum(jobs[:n] @ self.embed_jobs + (glob @ self.embed_glob + self.embed_b), 0)
         pooled = np.concatenate([e.sum(axis=0) / max(n, 1), e.max(axis=0) if n else np.zeros(e.shape[1], np.float32)])
         z = np.maximum(e @ self.score_e + (pooled @ self.score_p + self.score_b), 0)

@@ -28,7 +28,7 @@ from mlsched.policies import registry
 from mlsched.policies.round import run_admission, run_round
 from mlsched.policies.allocation.dl2 import DL2Policy
 from mlsched.sim.simulator import SimConfig, Simulator
-from mlsched.workloads import catalog, generators
+from mlsched.workloads import catalog, generators, gpu_types
 from mlsched.sim.scenarios import BENCHMARK_SEEDS, SCENARIOS
 from policy_models import domain
 from policy_models.dl2 import export, networks
@@ -86,6 +86,10 @@ class Args:
     # As the operator admits: 'arrival' adds admission steps (waiting jobs only, running ones
     # held) at arrivals and completions between rounds, and the network decides those too.
     admission: str = "arrival"
+    # GPU types (issue 54): "v100,p100,k80" trains on clusters whose nodes are split evenly
+    # among these types (training and validation), placed by gpu-type-aware, with the state's
+    # GPU-type columns; "" (the default) is the untyped cluster of every model before types.
+    gpu_types: str = ""
 
 
 VALIDATION_MAX_SLOTS = 3000
@@ -97,7 +101,7 @@ class DRFTeacher:
     share granted so far (ties: arrival order), stop when no bundle fits."""
 
     def act(self, state, mask):
-        rows = state.vector[: state.window * dl2_state.JOB_FEATURES].reshape(state.window, -1)
+        rows = state.vector[: state.window * dl2_state.job_features(state.typed)].reshape(state.window, -1)
         best, best_share = state.void, np.inf
         for i in range(len(state.jobs)):
             a = 3 * i + dl2_state.BUNDLE
@@ -228,7 +232,24 @@ def train_episode_setup(args: Args, k: int):
     seed = args.train_seed_base + k
     assert seed not in BENCHMARK_SEEDS
     trace = generators.generate(jobs=jobs, rate=rate, seed=seed, models=training_models(args))
-    return trace, SimConfig(nodes=nodes, seed=seed, admission=args.admission)
+    return trace, SimConfig(nodes=nodes, seed=seed, admission=args.admission,
+                            gpu_types=typed_cluster(args, nodes))
+
+
+def cluster_types(args: Args) -> tuple[str, ...]:
+    """The GPU types training splits its clusters among (none: untyped)."""
+    if not args.gpu_types:
+        return ()
+    return tuple(gpu_types.canonical_type(t.strip()) for t in args.gpu_types.split(",") if t.strip())
+
+
+def typed_cluster(args: Args, nodes: int) -> tuple[str, ...] | None:
+    """One GPU type per node, the nodes split evenly among --gpu-types in order (the first
+    types take the remainder); None for an untyped cluster."""
+    types = cluster_types(args)
+    if not types:
+        return None
+    return tuple(types[min(n * len(types) // nodes, len(types) - 1)] for n in range(nodes))
 
 
 def training_models(args: Args) -> tuple[str, ...] | None:
@@ -247,13 +268,16 @@ def validation_sets(args: Args):
         sc = SCENARIOS[name]
         for k in range(args.val_traces):
             seed = args.val_seed_base + k
-            out.append((name, sc.trace(seed, training_models(args)), sc.config(seed, admission=args.admission)))
+            config = sc.config(seed, admission=args.admission)
+            config = dataclasses.replace(config, gpu_types=typed_cluster(args, config.nodes))
+            out.append((name, sc.trace(seed, training_models(args)), config))
     return out
 
 
 def simulate(trace, config, allocation, on_slot=None, max_slots=None):
     sim = Simulator(trace, config)
-    lb = registry.make_placement("load-balance")
+    # A typed cluster is placed as a heterogeneity-aware allocation is served: by GPU type.
+    lb = registry.make_placement("gpu-type-aware" if config.gpu_types else "load-balance")
     # The same admission steps Simulator.run takes (and the operator), or none.
     admit = ((lambda snapshot: run_admission(snapshot, allocation, lb))
              if config.admission == "arrival" else None)
@@ -301,7 +325,7 @@ def collect_teacher_samples(args: Args, traces: range, student=None):
         masks.append(mask)
         actions.append(action if student is None else actor.label)
 
-    policy = DL2Policy(actor, window=args.window, on_step=record)
+    policy = DL2Policy(actor, window=args.window, on_step=record, typed=bool(cluster_types(args)))
     for k in traces:
         trace, config = train_episode_setup(args, k)
         simulate(trace, config, policy, max_slots=args.max_slots_per_episode)
@@ -387,7 +411,7 @@ def rl_episode(args, k, net, rng, explore, random=0.0, setup=None):
         pending_len[0] = len(steps)
 
     pending_len = [0]
-    policy = DL2Policy(actor, window=args.window, on_step=record)
+    policy = DL2Policy(actor, window=args.window, on_step=record, typed=bool(cluster_types(args)))
     trace, config = (setup or train_episode_setup)(args, k)
     simulate(trace, config, policy, on_slot=on_slot, max_slots=args.max_slots_per_episode)
     if not steps:
@@ -471,7 +495,7 @@ def rl_update(net, opt, batch, beta, clip=0.2, policy_weight=1.0, weight=None):
 
 def validate(args, net, val_sets) -> dict[str, float]:
     actor = GreedyActor(networks.NumpyPolicy(net))
-    policy = DL2Policy(actor, window=args.window)
+    policy = DL2Policy(actor, window=args.window, typed=bool(cluster_types(args)))
     per: dict[str, list[float]] = {}
     for name, trace, config in val_sets:
         result = simulate(trace, config, policy, max_slots=VALIDATION_MAX_SLOTS)
@@ -504,7 +528,8 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    net = networks.build(args.arch, args.window, tuple(args.hidden))
+    typed = bool(cluster_types(args))
+    net = networks.build(args.arch, args.window, tuple(args.hidden), typed)
     val_sets = validation_sets(args)
     base = baselines(args, val_sets)
     log("validation baselines (avg JCT, s): " + json.dumps(base))
@@ -526,7 +551,7 @@ def train(args: Args, log=print, argv: list[str] | None = None) -> dict:
     best = {"score": sl["validation_ratio_to_drf"], "state": {k: v.clone() for k, v in net.state_dict().items()},
             "episode": 0, "val": sl_val}
     curve = [(0, sl_val)]
-    replay = Replay(args.replay, dl2_state.state_dim(args.window), dl2_state.n_actions(args.window))
+    replay = Replay(args.replay, dl2_state.state_dim(args.window, typed), dl2_state.n_actions(args.window))
     opt = torch.optim.Adam(net.parameters(), lr=args.rl_lr)
     budget = args.time_budget_min * 60
     episodes = 0

@@ -26,6 +26,10 @@ PREFIX = "net."
 def network_args(card: ModelCard) -> SimpleNamespace:
     """What export.export needs to know about the network: window, arch, hidden sizes."""
     arch = (card.extras or {}).get("architecture") or {}
+    if card.encoder_params.get("gpu_types"):
+        # Its records come from typed clusters, which the retraining simulator does not build.
+        raise ValueError("the model sees GPU types (encoder parameter gpu_types); retraining it is "
+                         "not supported yet: train a new one with mlsched train dl2 --gpu-types")
     if "arch" not in arch or "hidden" not in arch:
         raise ValueError("the model card does not name the network's architecture (extras.architecture)")
     return SimpleNamespace(window=int(card.encoder_params["window"]), arch=arch["arch"],

@@ -13,6 +13,11 @@ asks for and how it runs, model-agnostic:
            or bundle would bring (1 - speed now / speed after, the curve's estimate) | speed
            now over the best speed within the job's caps
   then:    arrival rank in the window | valid
+  typed:   (only for a model trained on GPU types, encoder parameter gpu_types) the job's pace
+           on the GPU types its workers run on (its slowest worker's, over a V100's; before any
+           worker of this round: last interval's, else the fastest type present) and its pace
+           on the fastest type present, both log10: what the job would gain from another type
+           (workloads/gpu_types.py; model-agnostic like the rest: a ratio per job, not a name)
 The paper leaves cluster capacity out of the state; we add the free share of each resource,
 the cluster size and the backlog beyond the window, so one model can serve 13 to 500 nodes.
 Actions: 3J+1. Action 3i+k grows job i: k=0 one worker, k=1 one PS, k=2 one worker and one
@@ -34,7 +39,8 @@ import numpy as np
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.features.base import TensorSpec
-from mlsched.features.speed_fit import correction
+from mlsched.features.speed_fit import correction, type_normalised
+from mlsched.workloads import gpu_types
 
 ENCODER_VERSION = "dl2-state-v2"
 JOB_FEATURES = 29
@@ -63,11 +69,28 @@ _GAIN_PS = 24
 _GAIN_BUNDLE = 25
 _SATURATION = 26
 _RANK = 27
-_VALID = 28  # always the last column: networks find occupied rows by it
+_VALID = 28  # networks find occupied rows by it (the last column of an untyped row)
+# Typed rows only (encoder parameter gpu_types): two more columns after _VALID.
+_PACE = 29
+_PACE_BEST = 30
+TYPED_JOB_FEATURES = 31
 
 
-def state_dim(window: int) -> int:
-    return window * JOB_FEATURES + GLOBAL_FEATURES
+def job_features(typed: bool = False) -> int:
+    return TYPED_JOB_FEATURES if typed else JOB_FEATURES
+
+
+def state_dim(window: int, typed: bool = False) -> int:
+    return window * job_features(typed) + GLOBAL_FEATURES
+
+
+def typed(params: dict[str, Any]) -> bool:
+    """Whether a card's encoder parameters ask for the GPU-type columns (absent: untyped, as
+    every model before GPU types was)."""
+    value = params.get("gpu_types", False)
+    if not isinstance(value, bool):
+        raise ValueError(f"gpu_types must be true or false, not {value!r}")
+    return value
 
 
 def n_actions(window: int) -> int:
@@ -80,7 +103,8 @@ class DL2Encoder:
 
     def inputs(self, params: dict[str, Any]) -> tuple[TensorSpec, ...]:
         window = int(params["window"])
-        return (TensorSpec("state", (state_dim(window),)), TensorSpec("mask", (n_actions(window),)))
+        return (TensorSpec("state", (state_dim(window, typed(params)),)),
+                TensorSpec("mask", (n_actions(window),)))
 
     def outputs(self, params: dict[str, Any]) -> tuple[TensorSpec, ...]:
         return (TensorSpec("probs", (n_actions(int(params["window"])),)),)
@@ -111,6 +135,18 @@ def _best_speed(curve, job: JobView) -> float:
     return curve.best_epochs_per_s(job.bounds("ps")[1], job.bounds("worker")[1])
 
 
+_LOG_PACE = math.log(10.0)
+
+
+def _log_pace(pace: float) -> float:
+    """A pace (relative to a V100) as log10, clipped to [-1.5, 0.5]."""
+    return min(max(math.log(max(pace, 1e-3)) / _LOG_PACE, -1.5), 0.5)
+
+
+def _uses_gpu(job: JobView) -> bool:
+    return bool(job.worker_demand is not None and job.worker_demand[1] > 0)
+
+
 class WindowState:
     """The state vector and mask for one window, updated in place as tasks are granted.
 
@@ -124,24 +160,29 @@ class WindowState:
     """
 
     def __init__(self, snapshot: Snapshot, ledger: Ledger, jobs: list[JobView], window: int,
-                 backlog: int = 0, vector: np.ndarray | None = None):
-        """`vector`: a float32 buffer of state_dim(window) to build the state in (overwritten),
-        so that a round's windows share one (an ONNX Runtime binding to it is made once)."""
+                 backlog: int = 0, vector: np.ndarray | None = None, typed: bool = False):
+        """`vector`: a float32 buffer of state_dim(window, typed) to build the state in
+        (overwritten), so that a round's windows share one (an ONNX Runtime binding to it is
+        made once). `typed`: the GPU-type columns (a model trained with them)."""
         if len(jobs) > window:
             raise ValueError(f"{len(jobs)} jobs do not fit a window of {window}")
         self.snapshot, self.ledger, self.jobs, self.window = snapshot, ledger, jobs, window
+        self.typed = typed
+        f = job_features(typed)
+        if typed:  # speeds seen on a slower type must not read as a slower model
+            jobs = self.jobs = [type_normalised(job) for job in jobs]
         self.void = 3 * window
         self._nodes = max(len(snapshot.node_names), 1)
         self._failed = np.zeros(n_actions(window), dtype=bool)  # tried this round and did not fit
         self._any_failed = False
         if vector is None:
-            vector = np.zeros(state_dim(window), dtype=np.float32)
+            vector = np.zeros(state_dim(window, typed), dtype=np.float32)
         else:
             vector.fill(0.0)
         self.vector = vector
-        rows = self.vector[: window * JOB_FEATURES].reshape(window, JOB_FEATURES)
+        rows = self.vector[: window * f].reshape(window, f)
         self._rows = rows
-        self._free_share = self.vector[window * JOB_FEATURES: window * JOB_FEATURES + 3]
+        self._free_share = self.vector[window * f: window * f + 3]
         self._free = ledger.free_by_resource  # (3, N), a live view
         cap = ledger.total
         self._cap_or_inf = np.where(cap > 0, cap, np.inf)  # x / inf = 0 where a resource is absent
@@ -174,6 +215,8 @@ class WindowState:
         filled[:, _PREV_PS] = [job.ps / _COUNT_SCALE for job in jobs]
         filled[:, _RANK] = np.arange(n) / window
         filled[:, _VALID] = 1.0
+        if typed:
+            self._index_types()
         held = ledger.jobs
         for i, job in enumerate(jobs):
             if job.name in held:
@@ -182,7 +225,7 @@ class WindowState:
                 rows[i, _GAIN_BUNDLE] = 1.0  # the rest of the row's dynamic part is 0
                 self._w_room[i] = 0 < self._max_w[i]
                 self._ps_room[i] = 0 < self._max_ps[i] and self._uses_ps[i]
-        g = self.vector[window * JOB_FEATURES:]
+        g = self.vector[window * f:]
         g[3] = math.log2(max(len(snapshot.node_names), 1)) / 10.0
         g[4] = len(jobs) / window
         g[5] = min(backlog / window, 4.0)
@@ -220,11 +263,38 @@ class WindowState:
             r[_GAIN_BUNDLE] = _gain(now, speed(ps + self._uses_ps[i], w + 1))
         best = self._best[i]
         r[_SATURATION] = min(now / best, 1.5) if best > 0 else 0.0
+        if self.typed:
+            r[_PACE] = self._pace(i)
         if w + ps > 0 and not self._has[i]:
             self._n_has += 1
         self._has[i] = w + ps > 0
         self._w_room[i] = w < self._max_w[i]
         self._ps_room[i] = ps < self._max_ps[i] and self._uses_ps[i]
+
+    # ---- GPU types (typed rows only) -----------------------------------------------------------
+    def _index_types(self) -> None:
+        """Each job's pace on the fastest type present and, until this round gives it workers,
+        on the types it ran on last interval (else the fastest)."""
+        types = self.snapshot.gpu_types
+        present = sorted({t for t in types} if types is not None else {None}, key=str)
+        self._pace_best, self._pace_before = [], []
+        for i, job in enumerate(self.jobs):
+            uses = _uses_gpu(job)
+            best = max(gpu_types.relative_speed(job.model, t, uses) for t in present)
+            before = (gpu_types.slowest(job.model, {types[n] for n in job.worker_nodes
+                                                    if 0 <= n < len(types)}, uses)
+                      if types is not None and job.worker_nodes else best)
+            self._pace_best.append(best)
+            self._pace_before.append(before)
+            self._rows[i, _PACE_BEST] = _log_pace(best)
+            self._rows[i, _PACE] = _log_pace(before)
+
+    def _pace(self, i: int) -> float:
+        job = self.jobs[i]
+        have = self.ledger.worker_types(job)
+        if not have:
+            return _log_pace(self._pace_before[i])
+        return _log_pace(gpu_types.slowest(job.model, have, _uses_gpu(job)))
 
     def _refresh_free(self) -> None:
         self._free_share[:] = self.ledger.free_total / self._cap_or_inf

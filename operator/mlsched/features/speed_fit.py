@@ -10,10 +10,12 @@ configurations and is what the `optimus` heuristic does (policies/speed_estimate
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
 from mlsched.cluster.types import JobView, SpeedObservation
+from mlsched.workloads import gpu_types
 from mlsched.workloads.speed_curve import SpeedCurve
 
 RECENT = 8  # observations that count
@@ -42,6 +44,21 @@ def _prior_speed(prior: SpeedCurve) -> Callable[[int, int], float]:
             _PRIOR_SPEEDS.clear()
         found = _PRIOR_SPEEDS[id(prior)] = (prior, prior.speed_function())
     return found[1]
+
+
+def type_normalised(job: JobView) -> JobView:
+    """The job with each observed speed divided by the relative speed of the GPU type it was
+    measured at (`JobView.observation_types`): what it would have shown on the reference type
+    (a V100), so that one correction or fit serves every type. Untyped observations: the job
+    itself."""
+    types = job.observation_types
+    if not types or len(types) != len(job.observations) or all(t is None for t in types):
+        return job
+    uses_gpu = bool(job.worker_demand is not None and job.worker_demand[1] > 0)
+    obs = tuple(SpeedObservation(o.ps, o.workers,
+                                 o.epochs_per_s / gpu_types.relative_speed(job.model, t, uses_gpu))
+                for o, t in zip(job.observations, types))
+    return dataclasses.replace(job, observations=obs, observation_types=())
 
 
 def correction(job: JobView) -> float:

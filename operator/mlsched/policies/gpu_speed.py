@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from mlsched.cluster.types import JobView, Snapshot, SpeedObservation
+from mlsched.cluster.types import JobView, Snapshot
+from mlsched.features import speed_fit
 from mlsched.workloads import gpu_types
 
 
@@ -31,12 +32,7 @@ def pace(job: JobView, types) -> float:
 def normalised(job: JobView) -> JobView:
     """The job with each observed speed divided by the relative speed of the GPU type it was
     measured at: what it would have shown on the reference type (a V100)."""
-    types = job.observation_types
-    if not types or len(types) != len(job.observations) or all(t is None for t in types):
-        return job
-    obs = tuple(SpeedObservation(o.ps, o.workers, o.epochs_per_s / relative_speed(job, t))
-                for o, t in zip(job.observations, job.observation_types))
-    return dataclasses.replace(job, observations=obs, observation_types=())
+    return speed_fit.type_normalised(job)
 
 
 def normalised_snapshot(snapshot: Snapshot) -> Snapshot:

@@ -12,6 +12,7 @@ operator and `mlsched simulate` check each round against it. The card's format:
       "node_cpus": {"min": 120, "max": 120},
       "jobs_present": {"min": 0, "max": 30},    jobs waiting or running at once
       "models": [...], "architectures": ["ps"], the job mix
+      "gpu_types": ["v100", "p100", "k80"],     GPU types trained on (absent: untyped only)
       "window": 3,                              jobs the model sees (record only)
       "pools": 1, "jobs_per_trace": {...}, "arrivals_per_hour": {...},
       "simulator_version": "sim-2",             (record only)
@@ -26,7 +27,8 @@ the largest], i.e. half to twice what training saw. A learned policy reads sizes
 normalised features, so a cluster somewhat smaller or larger than any it saw still looks like
 training to it; one an order of magnitude away does not, and issue 51's failure (30 nodes
 against one pool) is well outside. Models and architectures are names: inside only when
-training saw them. Arrival rate, pools, window and simulator version are recorded for people
+training saw them. GPU types too, and a domain without `gpu_types` (every model trained before
+the simulator had types) saw only untyped clusters: a typed one is outside it. Arrival rate, pools, window and simulator version are recorded for people
 and not checked: a round does not show a rate, and the others are not properties of a round.
 """
 
@@ -70,6 +72,7 @@ class Domain:
     jobs_present: Range | None = None
     models: frozenset[str] | None = None
     architectures: frozenset[str] | None = None
+    gpu_types: frozenset[str] = frozenset()  # trained on; empty: untyped clusters only
 
     @classmethod
     def from_json(cls, raw: Any) -> "Domain | None":
@@ -85,7 +88,8 @@ class Domain:
                    node_gpus=Range.from_json(raw.get("node_gpus")),
                    node_cpus=Range.from_json(raw.get("node_cpus")),
                    jobs_present=Range.from_json(raw.get("jobs_present")),
-                   models=names("models"), architectures=names("architectures"))
+                   models=names("models"), architectures=names("architectures"),
+                   gpu_types=names("gpu_types") or frozenset())
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,7 @@ class RoundShape:
     jobs: int
     models: frozenset[str]
     architectures: frozenset[str]
+    gpu_types: frozenset[str] = frozenset()  # the nodes' GPU types (empty: untyped)
 
 
 def shape_of(snapshot: Snapshot) -> RoundShape:
@@ -109,7 +114,8 @@ def shape_of(snapshot: Snapshot) -> RoundShape:
                       node_cpus=tuple(float(c) for c in cap[:, 0]) if len(cap) else (),
                       jobs=len(snapshot.jobs),
                       models=frozenset(j.model for j in snapshot.jobs),
-                      architectures=frozenset(str(j.arch) for j in snapshot.jobs))
+                      architectures=frozenset(str(j.arch) for j in snapshot.jobs),
+                      gpu_types=frozenset(t for t in snapshot.gpu_types or () if t is not None))
 
 
 @dataclass(frozen=True)
@@ -141,6 +147,10 @@ def check(domain: Domain, shape: RoundShape) -> list[Outside]:
         unseen = sorted(seen - trained) if trained else []
         if unseen:
             out.append(Outside(what, ", ".join(unseen), ", ".join(sorted(trained))))
+    unseen = sorted(shape.gpu_types - domain.gpu_types)
+    if unseen:
+        out.append(Outside("GPU types", ", ".join(unseen),
+                           ", ".join(sorted(domain.gpu_types)) or "none (untyped clusters)"))
     return out
 
 

@@ -34,9 +34,10 @@ class DL2Policy:
 
     def __init__(self, actor: Actor, window: int = 40,
                  on_step: Callable[[np.ndarray, np.ndarray, int, bool], None] | None = None,
-                 recorder=None):
+                 recorder=None, typed: bool = False):
         self.actor = actor
         self.window = window
+        self.typed = typed  # the state's GPU-type columns (a model trained on typed clusters)
         self.on_step = on_step  # training hook: (state vector before, mask, action, granted)
         # Serving's decision log (a DecisionRecorder) of one round; the actor is then an
         # ExploringActor, which says with what probabilities it chose.
@@ -54,22 +55,23 @@ class DL2Policy:
         if serving.epsilon <= 0 and serving.recorder is None:
             return self
         actor = ExploringActor(GreedyOnnxActor(self.actor.model), serving)
-        return DL2Policy(actor, self.window, recorder=serving.recorder)
+        return DL2Policy(actor, self.window, recorder=serving.recorder, typed=self.typed)
 
     @classmethod
     def load(cls, model_path: str | ModelBytes | None = None, provider: str = "CPU") -> "DL2Policy":
         model = load_model(model_path, algorithm="dl2", phase="allocation", provider=provider)
-        return cls(GreedyOnnxActor(model), window=int(model.card.encoder_params["window"]))
+        params = model.card.encoder_params
+        return cls(GreedyOnnxActor(model), window=int(params["window"]), typed=dl2_state.typed(params))
 
     def allocate(self, snapshot: Snapshot, ledger: Ledger) -> None:
         groups = dl2_state.windows(snapshot.jobs, self.window)
         # One state buffer for the round's windows: the actor binds it to ONNX Runtime once.
-        vector = np.zeros(dl2_state.state_dim(self.window), dtype=np.float32)
+        vector = np.zeros(dl2_state.state_dim(self.window, self.typed), dtype=np.float32)
         for k, jobs in enumerate(groups):
             if not jobs:
                 continue
             backlog = sum(len(g) for g in groups[k + 1:])
-            state = WindowState(snapshot, ledger, jobs, self.window, backlog, vector)
+            state = WindowState(snapshot, ledger, jobs, self.window, backlog, vector, self.typed)
             keep = self.on_step is not None or self.recorder is not None
             for _ in range(MAX_STEPS_PER_WINDOW):
                 if not state.can_grow():
