@@ -278,7 +278,7 @@ class AcceptingApi:
 
 def request_counts(rt: Runtime) -> dict[tuple[str, str], float]:
     return {(s.labels["verb"], s.labels["resource"]): s.value
-            for metric in rt.metrics.registry.collect() if metric.name == "mlsched_api_requests"
+            for metric in rt.process.metrics.registry.collect() if metric.name == "mlsched_api_requests"
             for s in metric.samples if s.name.endswith("_total")}
 
 
@@ -292,8 +292,8 @@ def counted_round(rt: Runtime, policy: dict, indexes: tuple, now: float):
 
     async def round_and_records():
         report = await loop.run_policy_round(rt, policy, idx, now=now)
-        await rt.records.flush()
-        await rt.objects.flush()  # the interval's record in the retraining dataset
+        await rt.writers.status.flush()
+        await rt.writers.objects.flush()  # the interval's record in the retraining dataset
         return report
 
     report = asyncio.run(round_and_records())

@@ -126,8 +126,8 @@ def recorded(rt: Runtime, coro, timeout: float = 10.0):
     cluster."""
     async def then_flush():
         result = await coro
-        await rt.records.flush(timeout)
-        await rt.recorder.settled(timeout)
+        await rt.writers.status.flush(timeout)
+        await rt.writers.events.settled(timeout)
         return result
 
     return run(then_flush())
@@ -141,10 +141,10 @@ def recorded_but_refused(rt: Runtime, kube: MemoryKube, coro, limit: float = 10.
     What it waits for is that state, not a wall-clock budget: a loaded machine only makes it
     come later (`limit` is a safety net that fails the test, never a timing the test needs)."""
     refused = {name for verb, name in kube.failing if verb == "patch"}
-    failures = rt.metrics.api_errors.labels("record")
+    failures = rt.process.metrics.api_errors.labels("record")
 
     def settled(failed_before: float) -> bool:
-        left = rt.records.pending_keys()
+        left = rt.writers.status.pending_keys()
         return (all(name in refused for _, _, name in left)
                 and failures._value.get() - failed_before >= len(left))
 
@@ -154,10 +154,10 @@ def recorded_but_refused(rt: Runtime, kube: MemoryKube, coro, limit: float = 10.
         deadline = time.monotonic() + limit
         while not settled(failed_before):
             assert time.monotonic() < deadline, (
-                f"records still pending after {limit} s: {sorted(rt.records.pending_keys())}, "
+                f"records still pending after {limit} s: {sorted(rt.writers.status.pending_keys())}, "
                 f"refused: {sorted(refused)}")
             await asyncio.sleep(0.001)
-        await rt.recorder.settled(limit)
+        await rt.writers.events.settled(limit)
         return result
 
     return run(then_settle())

@@ -92,7 +92,7 @@ def dataset_step(rt, kube, now, name="default", admission=False):
         body = kube.obj("SchedulingPolicy", NS, name)
         fn = loop.run_policy_admission if admission else loop.run_policy_round
         result = await fn(rt, body, kube.indexes(), now=now)
-        assert await rt.records.flush(10) and await rt.objects.flush(10)
+        assert await rt.writers.status.flush(10) and await rt.writers.objects.flush(10)
         return result
 
     return run(go())

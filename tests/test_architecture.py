@@ -269,3 +269,53 @@ def test_the_test_module_check_sees_an_import_inside_a_function(tmp_path):
     assert imported_test_modules(f) == ["test_other"]
     f.write_text("from e2e import test_x\nfrom . import test_y\nfrom aiohttp.test_utils import A\n")
     assert imported_test_modules(f) == [".test_y", "e2e.test_x"]
+
+
+#: The operator-wide state object (issue 50: "`Runtime` gone or under 10 fields"): what it
+#: holds is counted however it came to hold it, so that grouping stays a decision, not drift.
+MAX_RUNTIME_ATTRIBUTES = 9
+
+
+def runtime_attributes(runtime_source: str, users: list[str]) -> set[str]:
+    """Runtime's dataclass fields, every `self.x = ...` in its methods (`__post_init__`), and
+    every `rt.x = ...` in `users` (the modules that hold a Runtime as `rt`)."""
+    out: set[str] = set()
+    tree = ast.parse(runtime_source)
+    [cls] = [n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Runtime"]
+    for node in cls.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) \
+                and "ClassVar" not in ast.unparse(node.annotation):
+            out.add(node.target.id)
+
+    def assigned(trees, owner: str) -> set[str]:
+        found = set()
+        for t in trees:
+            for node in ast.walk(t):
+                targets = node.targets if isinstance(node, ast.Assign) else \
+                    [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else []
+                for target in targets:
+                    for e in ast.walk(target):
+                        if isinstance(e, ast.Attribute) and isinstance(e.value, ast.Name) \
+                                and e.value.id == owner and isinstance(e.ctx, ast.Store):
+                            found.add(e.attr)
+        return found
+    return out | assigned(cls.body, "self") | assigned([ast.parse(u) for u in users], "rt")
+
+
+def test_the_runtime_holds_under_ten_attributes():
+    from mlsched.controller.process.config import OperatorConfig
+    from mlsched.controller.scheduling.runtime import Runtime
+
+    source = (CONTROLLER / "scheduling" / "runtime.py").read_text()
+    users = [p.read_text() for p in sorted(CONTROLLER.rglob("*.py"))]
+    held = runtime_attributes(source, users) | set(vars(Runtime.create(OperatorConfig(), None)))
+    assert len(held) <= MAX_RUNTIME_ATTRIBUTES, (
+        f"Runtime holds {len(held)}: {sorted(held)}; group what belongs together into an owner "
+        "(as Process, ApiWriters and the owners of scheduling/state.py do) or pass it only to "
+        "what needs it")
+
+
+def test_the_runtime_count_sees_post_init_and_outside_assignments():
+    source = ("@dataclass\nclass Runtime:\n    a: int\n    b: int = 0\n    K: ClassVar[int] = 1\n"
+              "    def __post_init__(self):\n        self.c = 1\n        self.d, self.e = 2, 3\n")
+    assert runtime_attributes(source, ["rt.f = 1\nrt.a.x = 2\nother.g = 3\n"]) == set("abcdef")

@@ -50,9 +50,9 @@ def test_chic_leaving_waiting_jobs_unstarted_is_reported_and_cleared_by_drf():
         in ready.message and "for 3 rounds in a row" in ready.message
     [warning] = events(kube, "NotWorkConserving")
     assert warning["type"] == "Warning" and "GPUs" in warning["message"]
-    gauge = rt.metrics.idle_capacity.labels(NS, "default", "gpus")._value.get()
+    gauge = rt.process.metrics.idle_capacity.labels(NS, "default", "gpus")._value.get()
     assert gauge == wc["idleGpus"] > 0
-    assert rt.metrics.nonconserving_rounds.labels(NS, "default")._value.get() == 3
+    assert rt.process.metrics.nonconserving_rounds.labels(NS, "default")._value.get() == 3
 
     round_(rt, kube, conservation.PERSIST_ROUNDS)  # persisting: no second Event
     assert len(events(kube, "NotWorkConserving")) == 1
@@ -67,7 +67,7 @@ def test_chic_leaving_waiting_jobs_unstarted_is_reported_and_cleared_by_drf():
     assert get_condition(status(kube)["conditions"], "Ready").reason == "Scheduling"
     [cleared] = events(kube, "WorkConserving")
     assert cleared["type"] == "Normal"
-    assert rt.metrics.idle_capacity.labels(NS, "default", "gpus")._value.get() == 0
+    assert rt.process.metrics.idle_capacity.labels(NS, "default", "gpus")._value.get() == 0
 
 
 def test_a_restarted_operator_goes_on_counting_from_status():

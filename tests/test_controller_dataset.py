@@ -116,16 +116,16 @@ def _old_record():
 
 def test_a_failing_write_is_retried_until_written():
     rt, kube = setup()
-    rt.objects.backoff_s = 0.01
+    rt.writers.objects.backoff_s = 0.01
     step(rt, kube, NOW)
     kube.failing[("create", "default-dataset-0")] = 500
 
     async def close_then_heal():
         body = kube.obj("SchedulingPolicy", NS, "default")
         await loop.run_policy_round(rt, body, kube.indexes(), now=NOW + 1200)
-        assert not await rt.objects.flush(0.2)  # still failing, kept
+        assert not await rt.writers.objects.flush(0.2)  # still failing, kept
         del kube.failing[("create", "default-dataset-0")]
-        assert await rt.objects.flush(10)
+        assert await rt.writers.objects.flush(10)
 
     run(close_then_heal())
     assert [r.interval for r in records(kube)] == [0]

@@ -137,20 +137,20 @@ def test_a_conflicting_writer_that_filled_the_segment_sends_ours_to_the_next():
 
 def test_endless_conflicts_give_up_for_now_and_the_writer_retries_later():
     rt, kube = setup()
-    rt.objects.backoff_s = 0.01
+    rt.writers.objects.backoff_s = 0.01
     step(rt, kube, NOW)
     step(rt, kube, NOW + 1200)  # interval 0 closed: segment 0 made
     interloper = Interloper(times=segments.TRIES)
     interloper.objects, interloper._versions = kube.objects, kube._versions
-    rt.dataset.api = interloper
+    rt.writers.dataset.api = interloper
 
     async def close_then_calm():
         from mlsched.controller.scheduling import loop
         body = kube.obj("SchedulingPolicy", NS, "default")
         await loop.run_policy_round(rt, body, kube.indexes(), now=NOW + 2400)
-        assert await rt.objects.flush(10)
+        assert await rt.writers.objects.flush(10)
 
-    failures = rt.metrics.api_errors.labels("dataset")
+    failures = rt.process.metrics.api_errors.labels("dataset")
     before = failures._value.get()
     run(close_then_calm())
     assert interloper.conflicts == segments.TRIES  # gave up once, then wrote at the retry

@@ -33,7 +33,7 @@ def events(kube, reason: str) -> list[dict]:
 
 
 def gauge(rt) -> float | None:
-    return rt.metrics.registry.get_sample_value(
+    return rt.process.metrics.registry.get_sample_value(
         "mlsched_model_in_domain", {"namespace": NS, "policy": "default"})
 
 

@@ -142,7 +142,7 @@ def test_the_co_location_error_compares_the_models_speed_with_the_reported_one(m
     assert sorted(o for _, o in seen) == [0.01, 0.02] and grouping["colocationSamples"] == 2
     error = sum(abs(p / o - 1) for p, o in seen) / 2
     assert grouping["colocationError"] == pytest.approx(error, rel=1e-5)
-    metrics = rt.metrics.render().decode()
+    metrics = rt.process.metrics.render().decode()
     assert f'mlsched_colocation_model_error{{namespace="{NS}",policy="default"}}' in metrics
 
 

@@ -39,7 +39,7 @@ def events(kube, reason: str) -> list[dict]:
 
 
 def metric(rt, name: str = "mlsched_guard_tripped", **labels) -> float | None:
-    return rt.metrics.registry.get_sample_value(name, {"namespace": NS, "policy": "default", **labels})
+    return rt.process.metrics.registry.get_sample_value(name, {"namespace": NS, "policy": "default", **labels})
 
 
 def progress(rt, kube, k: int) -> None:

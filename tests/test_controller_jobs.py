@@ -585,7 +585,7 @@ def test_pods_no_scheduler_acts_on_are_reported(monkeypatch):
     monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "PodsStarting"
-    clock[0] += rt.config.scheduler_grace_seconds
+    clock[0] += rt.process.config.scheduler_grace_seconds
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert running.reason == "Unschedulable", running
@@ -615,7 +615,7 @@ def test_a_pod_held_by_a_gate_of_its_template_s_own_says_so(monkeypatch):
     clock = [1000.0]
     monkeypatch.setattr(jobs.time, "monotonic", lambda: clock[0])
     sync(rt, kube, "bert")
-    clock[0] += rt.config.scheduler_grace_seconds
+    clock[0] += rt.process.config.scheduler_grace_seconds
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert running.reason == "Unschedulable"
@@ -669,7 +669,7 @@ def test_pods_whose_volumes_cannot_be_mounted_are_reported(monkeypatch):
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "PodsStarting"  # pulling an image takes time
     assert not [c for c in kube.calls if c[:2] == ("list", "Event")]
-    clock[0] += rt.config.creating_grace_seconds
+    clock[0] += rt.process.config.creating_grace_seconds
     sync(rt, kube, "bert")
     running = cond(kube, "bert", "Running")
     assert running.reason == "PodsCannotStart", running
@@ -718,7 +718,7 @@ def test_pods_whose_resource_claims_cannot_be_made_are_reported(monkeypatch):
     running = cond(kube, "bert", "Running")
     assert running.reason == "PodsCannotStart", running
     assert running.message == f"pod {names[0]} cannot start: FailedResourceClaimCreation: {refused}"
-    clock[0] += rt.config.scheduler_grace_seconds  # not "kube-scheduler has not acted on it"
+    clock[0] += rt.process.config.scheduler_grace_seconds  # not "kube-scheduler has not acted on it"
     sync(rt, kube, "bert")
     assert cond(kube, "bert", "Running").reason == "PodsCannotStart"
     for p in kube.of_kind("Pod"):  # the quota raised: the claims are made, the pods run
@@ -924,7 +924,7 @@ def test_a_watch_body_from_before_the_running_patch_does_not_make_the_job_runnin
 
     async def evaluate() -> None:
         await jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes())
-        await rt.recorder.settled()
+        await rt.writers.events.settled()
 
     run(evaluate())
     assert status(kube, "bert")["phase"] == "Running"
@@ -960,7 +960,7 @@ def test_the_lifecycles_events_do_not_hold_up_its_status_patch():
         assert status(kube, "bert")["phase"] == "Running"
         assert "Running" not in [e["reason"] for e in kube.events("bert")]
         posted.set()
-        await rt.recorder.settled()
+        await rt.writers.events.settled()
 
     run(evaluate())
     assert [e["reason"] for e in kube.events("bert")].count("Running") == 1
@@ -982,7 +982,7 @@ def test_a_watch_body_arriving_while_the_running_patch_is_out_does_not_make_it_r
 
     async def evaluate() -> None:
         await jobs.sync_job(rt, rt.jobs.books.job_bodies[key], kube.indexes())
-        await rt.recorder.settled()
+        await rt.writers.events.settled()
 
     run(evaluate())
     run(evaluate())

@@ -145,16 +145,16 @@ def test_create_sends_the_body_as_written_with_strict_field_validation(recorded)
 
 
 def test_every_request_is_counted_by_verb_and_resource(recorded):
-    from mlsched.controller.scheduling.runtime import Runtime
+    from mlsched.controller.scheduling.runtime import Process, Runtime
     from mlsched.controller.process.config import OperatorConfig
     from mlsched.controller.serving.models import ModelResolver
 
     api, requests, replies = recorded
-    rt = Runtime(config=OperatorConfig(), api=api, models=ModelResolver(None))
+    rt = Runtime(process=Process(OperatorConfig()), api=api, models=ModelResolver(None))
     run(api.patch("StatefulSet", NS, "s", [], patch_type="json"))
     run(api.patch("MLJob", NS, "j", {"status": {}}, status=True))
     run(api.get("Pod", NS, "p"))
-    text = rt.metrics.render().decode()
+    text = rt.process.metrics.render().decode()
     assert 'mlsched_api_requests_total{resource="statefulsets",verb="patch"} 1.0' in text
     assert 'mlsched_api_requests_total{resource="mljobs/status",verb="patch"} 1.0' in text
     assert 'mlsched_api_requests_total{resource="pods",verb="get"} 1.0' in text

@@ -53,14 +53,14 @@ def test_a_standby_keeps_policies_and_starts_their_loops_when_it_leads():
 
 def test_a_standby_creates_no_children_and_pins_nothing():
     rt, kube = make_runtime(cluster(2))
-    rt.leadership = Leadership(leading=False)
+    rt.process.leadership = Leadership(leading=False)
     kube.put(policy())
     body = kube.put(ps_job("bert"))
     run(jobs.on_job_event(rt, "ADDED", body, kube.indexes()))
     assert kube.writes() == [] and (NS, "bert") in rt.jobs.books.job_bodies
     # Once it leads, the sweep reconciles what arrived while it stood by.
-    rt.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
-    rt.leadership.become_leader()
+    rt.process.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
+    rt.process.leadership.become_leader()
     run(jobs.sweep(rt, kube.indexes()))
     assert sorted(s["metadata"]["name"] for s in kube.of_kind("StatefulSet")) == \
         ["bert-ps", "bert-worker"]

@@ -91,7 +91,7 @@ def test_an_edit_landing_mid_round_is_not_reported_as_observed(monkeypatch):
 
 def test_interval_scale_speeds_the_loop_up():
     rt, kube = setup()
-    rt.config = type(rt.config)(interval_scale=0.01)
+    rt.process.config = type(rt.process.config)(interval_scale=0.01)
     assert round_(rt, kube).interval_s == pytest.approx(12.0)
 
 
@@ -108,7 +108,7 @@ def test_missing_model_falls_back_warns_once_and_keeps_scheduling():
     assert {e["reason"] for e in warnings} == {"ModelNotFound", "FallbackActive"}
     round_(rt, kube, now=NOW + 1200)
     assert len([e for e in kube.events("default") if e["type"] == "Warning"]) == len(warnings)
-    failures = rt.metrics.model_load_failures.labels(NS, "default", "ModelNotFound")._value.get()
+    failures = rt.process.metrics.model_load_failures.labels(NS, "default", "ModelNotFound")._value.get()
     assert failures == 2
 
 
@@ -193,9 +193,9 @@ def test_the_loop_outlives_a_failing_round(monkeypatch):
         calls.append(1)
         if len(calls) == 1:
             raise RuntimeError("apiserver hiccup")
-        await rt_.records.flush(5)
+        await rt_.writers.status.flush(5)
         seen.append(ready())  # what `kubectl get schedulingpolicy` showed before this round
-        counted.append(rt_.metrics.step_failures.labels(NS, "default", "round")._value.get())
+        counted.append(rt_.process.metrics.step_failures.labels(NS, "default", "round")._value.get())
         return await real(rt_, body, idx, now=now)
 
     real = loop.run_policy_round
@@ -222,7 +222,7 @@ def test_the_loop_outlives_a_failing_round(monkeypatch):
 def test_status_write_failures_do_not_stop_the_round():
     rt, kube = setup()
     kube.failing[("patch", "bert")] = 500
-    rt.records.backoff_s = 0.01
+    rt.writers.status.backoff_s = 0.01
     # ring's records written, bert's refused (at least once) and kept: not a time budget.
     report = recorded_but_refused(rt, kube, loop.run_policy_round(
         rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW))
@@ -231,7 +231,7 @@ def test_status_write_failures_do_not_stop_the_round():
     # bert's record is kept and written once the API server takes it.
     assert "placement" not in kube.obj("MLJob", NS, "bert")["status"]
     del kube.failing[("patch", "bert")]
-    assert run(rt.records.flush(5))
+    assert run(rt.writers.status.flush(5))
     assert kube.obj("MLJob", NS, "bert")["status"]["placement"] == report.targets["bert"].placement()
 
 
@@ -752,7 +752,7 @@ def test_a_round_does_not_wait_for_its_events():
             rt, kube.obj("SchedulingPolicy", NS, "default"), kube.indexes(), now=NOW), 5.0)
         posted_before = [e["reason"] for e in kube.events("bert")]
         held.set()
-        await rt.recorder.settled(5.0)
+        await rt.writers.events.settled(5.0)
         return report, posted_before
 
     report, posted_before = run(scenario())

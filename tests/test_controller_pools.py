@@ -316,7 +316,7 @@ def test_a_grouping_round_labels_its_nodes_pins_pods_to_them_and_says_so():
     assert pol["grouping"]["labelKey"] == POOL_LABEL and pol["grouping"]["lastRegroupingTime"]
     assert [e["reason"] for e in kube.events("default")].count("Regrouped") == 1
     assert {e["reason"] for e in kube.events("bert")} >= {"Grouped"}
-    metrics = rt.metrics.render().decode()
+    metrics = rt.process.metrics.render().decode()
     assert f'mlsched_pool_utilisation{{kind="predicted",namespace="{NS}",policy="default",pool="{groups[0]["name"]}"' in metrics
     # A second round with nothing new changes nothing and says nothing.
     kube.calls.clear()
@@ -347,7 +347,7 @@ def test_grouping_off_removes_the_affinity_the_labels_and_the_status():
         assert kube.obj("MLJob", NS, job)["status"].get("group") is None
     pol = kube.obj("SchedulingPolicy", NS, "default")["status"]
     assert pol["groups"] == [] and pol.get("grouping") is None
-    assert "mlsched_pool_utilisation{" not in rt.metrics.render().decode()
+    assert "mlsched_pool_utilisation{" not in rt.process.metrics.render().decode()
     assert any(e["message"].startswith("no pools: grouping is off") for e in kube.events("default")
                if e["reason"] == "Regrouped")
     assert any(e["message"].startswith("left pool ") for e in kube.events("bert")

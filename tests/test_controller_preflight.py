@@ -136,7 +136,7 @@ def test_a_job_whose_pods_would_be_refused_is_given_nothing_and_told_why():
     assert set(replicas(kube, "typo").values()) == {0}
     assert replicas(kube, "fine")["fine-worker"] == 4  # all 4 GPUs: nothing held for the typo
     assert not [e for e in kube.of_kind("Event") if e.get("reason") == "FailedCreate"]
-    assert rt.metrics.preflights.labels("refused")._value.get() == 1
+    assert rt.process.metrics.preflights.labels("refused")._value.get() == 1
 
 
 def test_a_refused_job_is_asked_again_and_admitted_once_its_pods_would_be_created(monkeypatch):

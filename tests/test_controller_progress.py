@@ -32,7 +32,7 @@ def test_a_pod_of_the_job_is_accepted_and_progress_lands_in_status():
     assert written["epochsDone"] == 12.5 and written["summary"] == "12.5/100"
     assert written["lastReportTime"]
     assert ("patch-status", "MLJob", NS, "bert") in kube.calls
-    assert rt.metrics.progress_reports.labels("accepted")._value.get() == 1
+    assert rt.process.metrics.progress_reports.labels("accepted")._value.get() == 1
 
 
 def test_a_pod_the_index_has_not_seen_yet_is_checked_against_the_api():
@@ -134,9 +134,9 @@ def test_progress_is_monotonic_and_speed_is_measured():
 
 def test_metrics_and_health_endpoints():
     rt, _ = world()
-    rt.metrics.watch_job_phases(lambda: {("team-a", "Running", "AllRolesReady"): 2,
-                                         ("team-a", "Pending", "WaitingForQuota"): 1,
-                                         ("team-b", "Pending", "CannotFit"): 1})
+    rt.process.metrics.watch_job_phases(lambda: {("team-a", "Running", "AllRolesReady"): 2,
+                                                 ("team-a", "Pending", "WaitingForQuota"): 1,
+                                                 ("team-b", "Pending", "CannotFit"): 1})
 
     async def scrape():
         async with TestClient(TestServer(progress_server.make_app(rt))) as http:
@@ -159,9 +159,9 @@ def test_metrics_and_health_endpoints():
 
 def test_pending_records_gauge_counts_what_is_queued():
     rt, _ = world()
-    rt.records.enqueue("MLJob", NS, "bert", fields={"phase": "Running"})
-    rt.records.enqueue("MLJob", NS, "gpt", fields={"phase": "Running"})
-    assert b"mlsched_status_records_pending 2.0" in rt.metrics.render()
+    rt.writers.status.enqueue("MLJob", NS, "bert", fields={"phase": "Running"})
+    rt.writers.status.enqueue("MLJob", NS, "gpt", fields={"phase": "Running"})
+    assert b"mlsched_status_records_pending 2.0" in rt.process.metrics.render()
 
 
 # ---- the client -------------------------------------------------------------------------------
@@ -224,14 +224,14 @@ def test_junk_tokens_cost_a_bounded_number_of_token_reviews():
     reviews = sum(1 for c in kube.calls if c[1] == "TokenReview")
     # The burst, plus what the rate refills while the flood lasts (about a second; more on a
     # loaded machine, so the bound is computed from the time it really took).
-    refill = rt.config.token_review_rate * elapsed
-    assert rt.config.token_review_burst <= reviews <= rt.config.token_review_burst + refill + 1
+    refill = rt.process.config.token_review_rate * elapsed
+    assert rt.process.config.token_review_burst <= reviews <= rt.process.config.token_review_burst + refill + 1
     assert reviews < 1000 / 2  # most of the flood never reached the API server
     assert sum(status == 401 for status, _ in answers) == reviews
     throttled = [retry for status, retry in answers if status == 429]
     assert len(throttled) == 1000 - reviews and all(int(r) >= 1 for r in throttled)
-    assert rt.metrics.token_reviews.labels("unauthenticated")._value.get() == reviews
-    assert rt.metrics.progress_reports.labels("throttled")._value.get() == len(throttled)
+    assert rt.process.metrics.token_reviews.labels("unauthenticated")._value.get() == reviews
+    assert rt.process.metrics.progress_reports.labels("throttled")._value.get() == len(throttled)
 
 
 def test_a_token_is_reviewed_once_while_cached_and_never_stored_raw():
@@ -294,7 +294,7 @@ def test_a_standby_replica_takes_no_report_but_is_ready():
     from mlsched.controller.process.leadership import Leadership
 
     rt, kube = world()
-    rt.leadership = Leadership(leading=False)
+    rt.process.leadership = Leadership(leading=False)
     status, body = asyncio.run(post(rt, report(epochs=5.0), "bert-token"))
     assert status == 503 and not body["accepted"]
     assert "progress" not in (kube.obj("MLJob", NS, "bert").get("status") or {})
@@ -306,8 +306,8 @@ def test_a_standby_replica_takes_no_report_but_is_ready():
     # Ready all the same: a PodDisruptionBudget counts Ready pods, and the Service finds the
     # leader by its pod label (leadership.label_own_pod), not by readiness.
     assert asyncio.run(probe("/healthz")) == 200 and asyncio.run(probe("/readyz")) == 200
-    rt.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
-    rt.leadership.become_leader()
+    rt.process.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
+    rt.process.leadership.become_leader()
     assert asyncio.run(probe("/readyz")) == 200
     assert asyncio.run(post(rt, report(epochs=5.0), "bert-token"))[0] == 200
 

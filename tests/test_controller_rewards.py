@@ -61,4 +61,4 @@ def test_rewards_from_reports_between_rounds_land_in_history_and_policy_status()
     status = pol()["status"]
     assert [r["interval"] for r in status["rewards"]] == [1, 2]
     assert status["rewards"][-1]["jobs"] == 2
-    assert rt.metrics.reward.labels(NS, "default")._value.get() == pytest.approx(0.15)
+    assert rt.process.metrics.reward.labels(NS, "default")._value.get() == pytest.approx(0.15)

@@ -25,7 +25,7 @@ JOBS = ("a", "b", "c")
 
 def setup(kube=None):
     rt, kube = make_runtime(kube or cluster(6))
-    rt.records.backoff_s = 0.01  # retries within the test's time
+    rt.writers.status.backoff_s = 0.01  # retries within the test's time
     if not kube.of_kind("SchedulingPolicy"):
         kube.put(policy())
         run(create_jobs(rt, kube, *(ps_job(n, max_workers=2) for n in JOBS)))
@@ -77,11 +77,11 @@ def test_records_of_an_outage_are_written_after_it_once_each():
     train(rt, kube, 12.0)
     round_at(rt, kube, 3)
     assert [numbers(kube, n) for n in JOBS] == [[0]] * 3
-    assert rt.records.pending() == len(JOBS) + 1  # the jobs and the policy
-    assert rt.metrics.api_errors.labels("record")._value.get() >= 2 * len(JOBS)
+    assert rt.writers.status.pending() == len(JOBS) + 1  # the jobs and the policy
+    assert rt.process.metrics.api_errors.labels("record")._value.get() >= 2 * len(JOBS)
 
     kube.failing.clear()
-    assert run(rt.records.flush(5))
+    assert run(rt.writers.status.flush(5))
     for name in JOBS:
         entries = history(kube, name)
         assert [h["interval"] for h in entries] == [0, 1, 2]  # no gap, none twice
@@ -105,7 +105,7 @@ def test_two_pending_records_of_a_job_merge_into_one_patch():
     round_at(rt, kube, 2)
     kube.failing.clear()
     kube.calls.clear()
-    assert run(rt.records.flush(5))
+    assert run(rt.writers.status.flush(5))
     assert len(status_patches(kube, "a")) == 1  # both intervals in one write
     assert [(h["interval"], h["epochs"]) for h in history(kube, "a")] == [(0, 2.0), (1, 1.0)]
 
@@ -128,12 +128,12 @@ def test_history_keeps_the_newest_history_limit_entries():
     rt, kube = make_runtime(cluster(4))
     kube.put(policy(historyLimit=2))
     run(create_jobs(rt, kube, ps_job("a")))
-    rt.records.backoff_s = 0.01  # each round waits for a retry of "a"
+    rt.writers.status.backoff_s = 0.01  # each round waits for a retry of "a"
     kube.failing[("patch", "a")] = 500
     for k in range(4):
         round_at(rt, kube, k)
     kube.failing.clear()
-    assert run(rt.records.flush(5))
+    assert run(rt.writers.status.flush(5))
     assert numbers(kube, "a") == [1, 2]
 
 
@@ -156,7 +156,7 @@ def test_the_round_does_not_wait_for_a_write_that_hangs():
         scaled = {s["metadata"]["name"]: s["spec"]["replicas"] for s in kube.of_kind("StatefulSet")}
         unwritten = [n for n in JOBS if "placement" not in kube.obj("MLJob", NS, n)["status"]]
         released.set()
-        await rt.records.flush(5)
+        await rt.writers.status.flush(5)
         return report, scaled, unwritten
 
     report, scaled, unwritten = run(scenario())
@@ -170,8 +170,8 @@ def test_a_round_shows_on_its_policy_before_the_job_records_queued_ahead_of_it()
     # What `kubectl get schedulingpolicy` shows (lastRoundTime) was queued behind one record
     # per job: at 2,000 jobs and 50 writes a second it came 39 s after the round.
     rt, kube = setup()
-    rt.records.concurrency = 1
-    rt.records.bucket = TokenBucket(rate=50, burst=1)
+    rt.writers.status.concurrency = 1
+    rt.writers.status.bucket = TokenBucket(rate=50, burst=1)
     # The first job record holds the one slot until the round has queued everything: which
     # records were queued behind which is then the round's doing, not the machine's speed
     # (under load, a second job record was written before the round had queued the policy's).
@@ -189,10 +189,10 @@ def test_a_round_shows_on_its_policy_before_the_job_records_queued_ahead_of_it()
     async def scenario():
         await loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                     kube.indexes(), now=NOW)
-        queued = rt.records.pending()
+        queued = rt.writers.status.pending()
         released.set()
-        assert await rt.records.flush(5)
-        await rt.recorder.settled(5)
+        assert await rt.writers.status.flush(5)
+        await rt.writers.events.settled(5)
         return queued
 
     assert run(scenario()) == len(JOBS) + 1
@@ -243,7 +243,7 @@ def test_a_record_for_a_job_deleted_or_replaced_meanwhile_is_not_written_to_anot
     assert kube.obj("MLJob", NS, "a")["metadata"]["uid"] != old_uid
     rt.cluster.indexes = kube.indexes()
     kube.failing.clear()
-    assert run(rt.records.flush(5))
+    assert run(rt.writers.status.flush(5))
     assert "placement" not in (kube.obj("MLJob", NS, "a").get("status") or {})
 
 

@@ -81,7 +81,7 @@ def test_https_endpoint_pods_get_the_ca_and_plain_http_is_refused(tmp_path, monk
     rt, kube = world()
     port = free_port()
     url = f"https://127.0.0.1:{port}/v1/progress"
-    monkeypatch.setattr(rt, "config", OperatorConfig(port=port, progress_url=url, tls_secret=REF))
+    monkeypatch.setattr(rt.process, "config", OperatorConfig(port=port, progress_url=url, tls_secret=REF))
     rt.pod_settings = replace(rt.pod_settings, progress_url=url)  # as Runtime builds it from config
     token = tmp_path / "token"
     token.write_text("bert-token")

@@ -27,7 +27,7 @@ def step(rt, kube, now):
     async def go():
         result = await loop.run_policy_round(rt, kube.obj("SchedulingPolicy", NS, "default"),
                                              kube.indexes(), now=now)
-        assert await rt.records.flush(10) and await rt.objects.flush(10)
+        assert await rt.writers.status.flush(10) and await rt.writers.objects.flush(10)
         return result
 
     return run(go())

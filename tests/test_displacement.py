@@ -73,7 +73,7 @@ def test_tasks_of_a_drained_node_are_placed_again_and_the_others_stay():
             assert p["metadata"]["uid"] == uids[name]  # not restarted
     assert kube.obj("MLJob", NS, "bert")["status"]["placement"]["worker"] == list(after.nodes["worker"])
     assert admit(rt, kube) is None  # repaired: nothing to do again
-    counted = rt.metrics.displaced_tasks.labels(NS, "default", "node")._value.get()
+    counted = rt.process.metrics.displaced_tasks.labels(NS, "default", "node")._value.get()
     assert counted == len(lost)
 
 
@@ -207,7 +207,7 @@ def test_a_pod_kube_scheduler_refuses_where_it_was_pinned_is_placed_elsewhere():
     settle(rt, kube)
     assert kube.obj("Pod", NS, "bert-worker-1")["spec"]["nodeName"] == after.nodes["worker"][1]
     assert admit(rt, kube) is None
-    assert rt.metrics.displaced_tasks.labels(NS, "default", "scheduler")._value.get() == 1
+    assert rt.process.metrics.displaced_tasks.labels(NS, "default", "scheduler")._value.get() == 1
 
 
 def test_refused_pods_are_moved_a_bounded_number_of_times():

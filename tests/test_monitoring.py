@@ -168,14 +168,14 @@ def test_the_leader_gauge_says_which_replica_writes():
     from builders import make_runtime
 
     def leader_gauge(rt) -> str:
-        return re.search(r"^mlsched_leader (\S+)$", rt.metrics.render().decode(), re.M).group(1)
+        return re.search(r"^mlsched_leader (\S+)$", rt.process.metrics.render().decode(), re.M).group(1)
 
     rt, _ = make_runtime()
     assert leader_gauge(rt) == "1.0"  # no election: it leads from the start
-    rt.leadership = Leadership(leading=False)  # as handlers.py sets up a standby
+    rt.process.leadership = Leadership(leading=False)  # as handlers.py sets up a standby
     assert leader_gauge(rt) == "0.0"
-    rt.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
-    rt.leadership.become_leader()
+    rt.process.leadership.hold_until(math.inf)  # as the election does when it wins the Lease
+    rt.process.leadership.become_leader()
     assert leader_gauge(rt) == "1.0"
 
 

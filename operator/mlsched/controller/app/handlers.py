@@ -78,7 +78,7 @@ async def policy_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, *
     if event.get("type") == "DELETED":
         rt.scheduling.policy_loops.stop(key)
         return
-    if rt.leadership.leading:
+    if rt.process.leadership.leading:
         await jobs.release_legacy_finalizer(rt, "SchedulingPolicy", body)
     if rt.scheduling.policy_loops.observe(body):
         rt.scheduling.wakeups.signal(key, "policy")
@@ -136,7 +136,7 @@ async def namespace_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo
     labels = dict(body["metadata"].get("labels") or {})
     before = rt.cluster.namespace_labels.get(name)
     rt.cluster.namespace_labels[name] = labels
-    if before is not None and before != labels and rt.leadership.leading:
+    if before is not None and before != labels and rt.process.leadership.leading:
         await preflight.namespace_relabelled(rt, name)
 
 
@@ -165,7 +165,7 @@ def wake_admission(rt: Runtime, namespace: str, job_name: str) -> None:
 async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: str,
                             labels: kopf.Labels, memo: kopf.Memo, **_: Any) -> None:
     rt = runtime(memo)
-    if not rt.leadership.leading:
+    if not rt.process.leadership.leading:
         return
     # Its pods rolled to a new revision (a rescale ends when they all have): the job's
     # conditions follow now, not at the next sweep.
@@ -181,7 +181,7 @@ async def statefulset_event(event: kopf.RawEvent, body: kopf.Body, namespace: st
 async def service_event(event: kopf.RawEvent, body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
     """A job's Service deleted by hand comes back at once (pod_events.on_service_deleted)."""
     rt = runtime(memo)
-    if event.get("type") == "DELETED" and rt.leadership.leading:
+    if event.get("type") == "DELETED" and rt.process.leadership.leading:
         await pod_events.on_service_deleted(rt, body, rt.cluster.indexes)
 
 

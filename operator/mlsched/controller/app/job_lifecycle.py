@@ -57,9 +57,9 @@ async def _pods_verdict(rt: Runtime, job: JobRecord, seen: lifecycle.Observed) -
         rt.scheduling.placements.forget(job.key)
         await execute_all(rt.api, scale_to_zero_plan(seen.statefulsets, job.namespace))
         rt.scheduling.wakeups.signal((job.namespace, job.policy), "admission")
-        await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
-                               "Released", "gave back " + ", ".join(f"{n} {r}" for r, n in held.items())
-                               + ": the API server refuses to create its pods")
+        await rt.writers.events.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
+                                     "Released", "gave back " + ", ".join(f"{n} {r}" for r, n in held.items())
+                                     + ": the API server refuses to create its pods")
         seen.statefulsets = [dataclasses.replace(s, replicas=0) for s in seen.statefulsets]
     return refusal
 
@@ -91,14 +91,14 @@ async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
         # Posted without the status patch waiting for them: Events go out through the create
         # slots, after a burst's StatefulSets and Services (kube.py), and in bench_e2e's burst
         # a job's `Running` phase was written up to 10 s after its `Running` Event was logged.
-        rt.recorder.in_background(_emit_in_order(rt, job_ref(body), outcome.events))
+        rt.writers.events.in_background(_emit_in_order(rt, job_ref(body), outcome.events))
     if outcome.scale_to_zero:
         await execute_all(rt.api, scale_to_zero_plan(statefulsets, job.namespace))
         rt.scheduling.reservations.release(job.key)
         rt.scheduling.placements.forget(job.key)
     if outcome.delete_job:
-        await rt.recorder.emit(job_ref(body), "Normal", "TTLExpired",
-                               "ttlSecondsAfterFinished has passed; deleting the MLJob")
+        await rt.writers.events.emit(job_ref(body), "Normal", "TTLExpired",
+                                     "ttlSecondsAfterFinished has passed; deleting the MLJob")
         await rt.api.delete("MLJob", job.namespace, job.name, uid=job.uid)
     return outcome
 
@@ -106,7 +106,7 @@ async def sync_lifecycle(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
 async def _emit_in_order(rt: Runtime, ref: ObjectRef,
                          events: list[tuple[str, str, str]]) -> None:
     for type_, reason, message in events:
-        await rt.recorder.emit(ref, type_, reason, message)
+        await rt.writers.events.emit(ref, type_, reason, message)
 
 
 async def _evaluate(rt: Runtime, body: Mapping[str, Any], job: JobRecord, idx: Indexes,

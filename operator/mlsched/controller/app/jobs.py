@@ -52,7 +52,7 @@ async def on_job_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     # (written_status.py): its lifecycle must not decide the same change twice.
     body = rt.jobs.written_status.over(key, plain(body))
     rt.jobs.books.job_bodies[key] = body
-    if not rt.leadership.leading:
+    if not rt.process.leadership.leading:
         return  # a standby writes nothing; when it leads, the sweep reconciles every job
     await release_legacy_finalizer(rt, "MLJob", body)
     meta = body["metadata"]
@@ -87,7 +87,7 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
         rt.jobs.books.over_quota[job.key] = (job.uid, job.generation, time.monotonic())
         if rt.jobs.books.retrying.get(job.key) != str(err):
             rt.jobs.books.retrying[job.key] = str(err)
-            await rt.recorder.emit(job_ref(body), "Normal", "WaitingForQuota", str(err))
+            await rt.writers.events.emit(job_ref(body), "Normal", "WaitingForQuota", str(err))
         return
     except Exception as err:
         # Transient (the API server unavailable, an earlier job's children still there): say
@@ -98,10 +98,10 @@ async def reconcile_if_needed(rt: Runtime, body: dict[str, Any], idx: Indexes) -
         else:
             type_, reason = "Warning", "ChildrenNotCreated"
             message = f"could not create the job's children, retrying every " \
-                      f"{rt.config.job_sync_seconds:g} s: {err}"
+                      f"{rt.process.config.job_sync_seconds:g} s: {err}"
         if rt.jobs.books.retrying.get(job.key) != message:
             rt.jobs.books.retrying[job.key] = message
-            await rt.recorder.emit(job_ref(body), type_, reason, message)
+            await rt.writers.events.emit(job_ref(body), type_, reason, message)
         raise
     rt.jobs.books.retrying.pop(job.key, None)
     rt.jobs.books.over_quota.pop(job.key, None)
@@ -297,8 +297,8 @@ async def release_orphaned_pools(rt: Runtime, idx: Indexes, grace_s: float = ORP
         first = rt.scheduling.orphans.setdefault(key, now)
         if now - first >= grace_s:
             gone.add(key)
-    if rt.config.label_nodes:
-        for change in pools.orphaned_labels(flatten(idx.nodes), policies, rt.config.namespaces):
+    if rt.process.config.label_nodes:
+        for change in pools.orphaned_labels(flatten(idx.nodes), policies, rt.process.config.namespaces):
             if tuple(change.owner.split("/", 1)) in gone:
                 await rt.api.patch("Node", "", change.node, change.patch())
     for job in flatten(idx.mljobs):
@@ -312,8 +312,8 @@ async def release_orphaned_pools(rt: Runtime, idx: Indexes, grace_s: float = ORP
                 if plan is not None:
                     await execute(rt.api, plan)
         if job.group is not None:
-            rt.records.enqueue("MLJob", job.namespace, job.name, uid=job.uid,
-                               fields={"group": None, "groupSince": None})
+            rt.writers.status.enqueue("MLJob", job.namespace, job.name, uid=job.uid,
+                                      fields={"group": None, "groupSince": None})
         rt.scheduling.groups.pop(job.key, None)
 
 
@@ -397,9 +397,9 @@ async def _create_children(rt: Runtime, body: Mapping[str, Any], job: JobRecord,
         if refused:  # held from admission until now; its StatefulSets were there already
             rt.scheduling.wakeups.signal((job.namespace, job.policy), "admission")
     if created:
-        await rt.recorder.emit(job_ref(body), "Normal", "Created",
-                               f"{', '.join(created)}; waiting for SchedulingPolicy "
-                               f"{job.policy!r} to allocate")
+        await rt.writers.events.emit(job_ref(body), "Normal", "Created",
+                                     f"{', '.join(created)}; waiting for SchedulingPolicy "
+                                     f"{job.policy!r} to allocate")
     # The template was edited (a generation of this job reconciled before in this process):
     # one this operator has decided for may have been scaled past what the index shows, so
     # its StatefulSets are read. Otherwise (created, resumed) the index says whether anything

@@ -35,7 +35,7 @@ async def on_pod_event(rt: Runtime, event_type: str | None, body: Mapping[str, A
     key = (namespace, job_name)
     rt.scheduling.failures.observe(key, pod.uid, pod.restarts, pod.last_exit_zero, pod.name,
                         pod.last_failure)
-    if not rt.leadership.leading:
+    if not rt.process.leadership.leading:
         return  # the leader's first round pins what is gated
     if rt.pods.states.changed(pod, gone=event_type == "DELETED"):
         rt.jobs.due.mark(key)  # its phase and conditions follow the pod now
@@ -81,7 +81,7 @@ def refused_by(rt: Runtime, idx: Indexes, job: JobRecord, role: str, node: str) 
     found = values(idx.nodes, node)
     return displacement.refusal(found[0] if found else None,
                                 job.node_constraints.get(role, EVERY_NODE),
-                                rt.config.node_selector, rt.config.tolerated_taints)
+                                rt.process.config.node_selector, rt.process.config.tolerated_taints)
 
 
 async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[str, Any],
@@ -115,10 +115,10 @@ async def restore_replicas(rt: Runtime, event_type: str | None, body: Mapping[st
     pool = current.pool or next((s.pool for s in idx.statefulsets.get(job.key, ()) if s.pool), None)
     plan = plan_statefulset(job, record.role, current, counts, rt.pod_settings, pool)
     await execute(rt.api, plan)
-    await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal", "Restored",
-                           f"StatefulSet {record.name} had {current.replicas} replicas; "
-                           f"scaled back to the {want} its policy decided"
-                           + (", its pod template rendered for them" if plan.template else ""))
+    await rt.writers.events.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal", "Restored",
+                                 f"StatefulSet {record.name} had {current.replicas} replicas; "
+                                 f"scaled back to the {want} its policy decided"
+                                 + (", its pod template rendered for them" if plan.template else ""))
     return True
 
 
@@ -153,7 +153,7 @@ async def restore_service(rt: Runtime, job: JobRecord) -> bool:
     created = await ensure_service(rt.api, job)
     rt.scheduling.services.note(job)
     if created:
-        await rt.recorder.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
-                               "Restored", f"Service {job.name} was deleted; created again, so "
-                               f"that the job's pods find their peers by its DNS names")
+        await rt.writers.events.emit(ObjectRef("MLJob", job.namespace, job.name, job.uid), "Normal",
+                                     "Restored", f"Service {job.name} was deleted; created again, so "
+                                     f"that the job's pods find their peers by its DNS names")
     return created

@@ -25,7 +25,7 @@ def unscheduled(rt: Runtime, key: JobKey, pods: list[PodRecord]) -> list[tuple[s
     Unschedulable verdict. A template naming a scheduler that does not run here (a Volcano
     template brought along) left its pods `SchedulingGated` in `kubectl get` and the job
     PodsStarting forever, its GPUs held."""
-    now, grace = time.monotonic(), rt.config.scheduler_grace_seconds
+    now, grace = time.monotonic(), rt.process.config.scheduler_grace_seconds
     out = []
     clocks = rt.pods.clocks.unseen_since.get(key, {})
     kept: dict[str, float] = {}  # only the pods waiting now: the others' clocks go
@@ -74,7 +74,7 @@ async def stuck_creating(rt: Runtime, key: JobKey, namespace: str,
     the job said PodsStarting and held its GPUs."""
     waiting = [p for p in pods if p.creating and not p.deleting]
     return await _warned(rt, key, namespace, waiting, rt.pods.clocks.creating_since, rt.pods.clocks.creating_checks,
-                         rt.config.creating_grace_seconds, CREATING_FAILURES)
+                         rt.process.config.creating_grace_seconds, CREATING_FAILURES)
 
 
 #: How long a pod may wait for the ResourceClaims made from its templates before its Events are

@@ -112,39 +112,39 @@ async def startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **kwargs: An
                      .list_resource_claim_for_all_namespaces,
                      lambda: kubernetes.watch.Watch(return_type="ResourceV1ResourceClaim"))
         memo["other_claims"] = claims
-    rt.metrics.watch_job_phases(
+    rt.process.metrics.watch_job_phases(
         lambda: Counter((j.namespace, j.phase or "Unknown", j.reason or "")
                         for j in flatten(rt.cluster.indexes.mljobs)))
     rt.scheduling.policy_loops = policy_loops(rt)
     if CONFIG.leader_election:  # a standby until it wins the Lease (leadership.py)
-        rt.leadership = Leadership(leading=False)
+        rt.process.leadership = Leadership(leading=False)
         rt.scheduling.policy_loops.active = False
         # Nothing is written unless this replica holds the Lease at the moment it is sent:
         # the operator's writes (kube.py) and kopf's own Events of handler failures.
         if isinstance(rt.api, ClientKubeApi):
-            rt.api.fence = lambda: rt.leadership.leading
+            rt.api.fence = lambda: rt.process.leadership.leading
         settings.posting.enabled = False
-        rt.leadership.watchers.append(lambda leading: setattr(settings.posting, "enabled",
-                                                              leading))
+        rt.process.leadership.watchers.append(lambda leading: setattr(settings.posting, "enabled",
+                                                                      leading))
     memo["runtime"] = rt
     memo["relists"] = Relists(lambda plural, ns: present(rt, plural, ns),
                               lambda gone: forget_gone(rt, gone),
                               on_relisted=rt.scheduling.services.relisted)
     memo["loop_health_stopped"] = health_stopped = asyncio.Event()
-    memo["loop_health"] = asyncio.create_task(LoopHealth(rt.metrics.registry).watch(health_stopped),
+    memo["loop_health"] = asyncio.create_task(LoopHealth(rt.process.metrics.registry).watch(health_stopped),
                                               name="mlsched-loop-health")
     # Before anything renders a pod template: the endpoint's CA becomes part of them.
     memo["server"] = await progress_server.start(rt)
-    rt.leadership.on_leading(lambda: start_leading(rt, memo))
+    rt.process.leadership.on_leading(lambda: start_leading(rt, memo))
     if CONFIG.leader_election:
-        elect(rt.leadership, CONFIG.leader_election, CONFIG.leader_identity,
+        elect(rt.process.leadership, CONFIG.leader_election, CONFIG.leader_identity,
               rt.api.api_client, asyncio.get_running_loop())
 
 
 async def move_leader_label(rt: Runtime) -> None:
     """The Service's label onto this replica's pod, off the previous leader's."""
     await label_own_pod(rt.api, True)
-    await unlabel_previous_leader(rt.api, rt.leadership.previous_holder)
+    await unlabel_previous_leader(rt.api, rt.process.leadership.previous_holder)
 
 
 def start_leading(rt: Runtime, memo: kopf.Memo) -> None:
@@ -175,9 +175,9 @@ async def cleanup(memo: kopf.Memo, **_: Any) -> None:
     await runtime(memo).scheduling.policy_loops.stop_all()
     # Status records still queued get a few seconds; what is left is not lost: each job's
     # status.openInterval lets the next operator close the interval open now.
-    await asyncio.gather(runtime(memo).records.flush(timeout=5.0),
-                         runtime(memo).objects.flush(timeout=5.0),
-                         runtime(memo).recorder.settled(timeout=5.0))
+    await asyncio.gather(runtime(memo).writers.status.flush(timeout=5.0),
+                         runtime(memo).writers.objects.flush(timeout=5.0),
+                         runtime(memo).writers.events.settled(timeout=5.0))
     server = memo.get("server")
     if server is not None:
         await server.cleanup()

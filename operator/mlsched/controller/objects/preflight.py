@@ -158,7 +158,7 @@ def begin(rt: Any, job: JobRecord) -> asyncio.Future | None:
     book: Preflight = rt.jobs.preflight
     if book.passed_lately([template_key(job, role, rt.pod_settings) for role in roles_of(job)]):
         book.verdicts[job.key] = Verdict(job.uid, job.generation, None, book.clock())
-        rt.metrics.preflights.labels("passed").inc()
+        rt.process.metrics.preflights.labels("passed").inc()
         return None
     if not book.start(job):
         return None
@@ -213,7 +213,7 @@ async def check(rt: Any, job: JobRecord) -> str | None:
         book.in_flight.discard(job.key)
     refusal = next((why for kind, why in answers if kind == "refused"), None)
     book.verdicts[job.key] = Verdict(job.uid, job.generation, refusal, book.clock())
-    rt.metrics.preflights.labels("refused" if refusal else "passed").inc()
+    rt.process.metrics.preflights.labels("refused" if refusal else "passed").inc()
     passed_over = job.key in book.passed_over
     book.passed_over.discard(job.key)
     if refusal is None and (was_refused or passed_over):

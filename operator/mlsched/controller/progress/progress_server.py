@@ -57,9 +57,9 @@ def _first(extra: dict[str, Any], key: str) -> str | None:
 
 
 def token_reviews(rt: Runtime) -> TokenReviews:
-    return TokenReviews(rt.api.review_token, rate=rt.config.token_review_rate,
-                        burst=rt.config.token_review_burst,
-                        on_review=lambda result: rt.metrics.token_reviews.labels(result).inc())
+    return TokenReviews(rt.api.review_token, rate=rt.process.config.token_review_rate,
+                        burst=rt.process.config.token_review_burst,
+                        on_review=lambda result: rt.process.metrics.token_reviews.labels(result).inc())
 
 
 async def authorize(rt: Runtime, reviews: TokenReviews, token: str | None, namespace: str,
@@ -68,7 +68,7 @@ async def authorize(rt: Runtime, reviews: TokenReviews, token: str | None, names
     if not token:
         raise Refused(401, "unauthenticated", "missing bearer token")
     try:
-        review = await reviews(token, [rt.config.token_audience])
+        review = await reviews(token, [rt.process.config.token_audience])
     except Throttled as err:
         raise Refused(429, "throttled", str(err),
                       {"Retry-After": retry_after_header(err.retry_after)}) from None
@@ -165,7 +165,7 @@ async def record_progress(rt: Runtime, job: JobRecord, reported: float, speed: f
 async def handle_progress(request: web.Request) -> web.Response:
     rt = request.app[RUNTIME]
     try:
-        if not rt.leadership.leading:
+        if not rt.process.leadership.leading:
             # A standby writes nothing; the Service selects the leader's pod, so only a stale
             # endpoint sends this here. The client retries with its next (cumulative) report.
             raise Refused(503, "standby", "this replica is standing by; report to the leader",
@@ -197,20 +197,20 @@ async def handle_progress(request: web.Request) -> web.Response:
             samples = None
         progress = await record_progress(rt, job, epochs, speed, samples_per_second=samples)
     except Refused as err:
-        rt.metrics.progress_reports.labels(err.result).inc()
+        rt.process.metrics.progress_reports.labels(err.result).inc()
         # A flood is counted in the metrics; one warning per throttled request would be a
         # second flood, in the log.
         log.log(logging.DEBUG if err.status == 429 else logging.WARNING,
                 "progress report refused (%d): %s", err.status, err)
         return web.json_response({"accepted": False, "error": str(err)}, status=err.status,
                                  headers=err.headers)
-    rt.metrics.progress_reports.labels("accepted").inc()
+    rt.process.metrics.progress_reports.labels("accepted").inc()
     log.debug("MLJob %s/%s: pod %s reported %s epochs", namespace, job_name, pod, epochs)
     return web.json_response({"accepted": True, "progress": progress})
 
 
 async def handle_metrics(request: web.Request) -> web.Response:
-    body = request.app[RUNTIME].metrics.render()
+    body = request.app[RUNTIME].process.metrics.render()
     return web.Response(body=body, headers={"Content-Type": "text/plain; version=0.0.4"})
 
 
@@ -223,7 +223,7 @@ async def handle_ready(request: web.Request) -> web.Response:
     """Readiness: serving, leader or standby (a warm standby is what a PodDisruptionBudget
     should count). Reports reach the leader because the Service selects its label
     (leadership.label_own_pod), not by readiness."""
-    leading = request.app[RUNTIME].leadership.leading
+    leading = request.app[RUNTIME].process.leadership.leading
     return web.json_response({"leading": leading}, status=200)
 
 
@@ -242,7 +242,7 @@ async def serving_context(rt: Runtime) -> ssl.SSLContext | None:
     """The TLS context to serve with (None: plain HTTP). The CA that signed the certificate,
     when known, becomes part of every pod template (PodSettings.progress_ca), so this runs
     before any handler renders one."""
-    config = rt.config
+    config = rt.process.config
     cert, key, ca_pem = config.tls_cert, config.tls_key, None
     if config.tls_secret:
         host = urlsplit(config.progress_url).hostname or ""
@@ -268,7 +268,7 @@ async def start(rt: Runtime) -> web.AppRunner:
     ssl_context = await serving_context(rt)
     runner = web.AppRunner(make_app(rt), access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, "0.0.0.0", rt.config.port, ssl_context=ssl_context).start()
-    log.info("progress endpoint, /metrics and /healthz on port %d%s", rt.config.port,
+    await web.TCPSite(runner, "0.0.0.0", rt.process.config.port, ssl_context=ssl_context).start()
+    log.info("progress endpoint, /metrics and /healthz on port %d%s", rt.process.config.port,
              " (TLS)" if ssl_context else "")
     return runner

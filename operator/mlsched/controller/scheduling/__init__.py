@@ -13,7 +13,9 @@ written through `kube/status_writer.py`, with its model in `mlsched.api`.
     books.py         small in-memory books: placements, reservations, wake-ups, restarts
     state.py         the in-memory state by owner (PodBooks, JobState, ClusterView,
                      Scheduling), each with its forget_job
-    runtime.py       operator-wide state: the seams, writers and the owners of state.py
+    runtime.py       operator-wide state (Runtime): the process (config, metrics,
+                     leadership), the API, models, pod settings, the background writers
+                     (ApiWriters) and the owners of state.py
     pools.py         grouping in the cluster: pool names, labels, affinity, status  pure
     pool_steps.py    a round's grouping work: labels, job pools, status.groups, Events
     waiting.py       why a job the policy did not admit still waits

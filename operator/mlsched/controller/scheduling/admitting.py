@@ -65,10 +65,10 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     if spec.guard is not None and book is not None and book.state.tripped \
             and guard.learned_serves(resolved):
         guard.serve_fallback(resolved, book)  # admission steps follow the guard's round
-    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
-                            rt.config.interval_scale)
+    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.process.config.label_nodes,
+                            rt.process.config.interval_scale)
     grouping_guard.for_admission(rt.scheduling.per_policy.grouping_guards, key, resolved, setup, spec)
-    interval_s = rt.config.round_seconds(spec.interval)
+    interval_s = rt.process.config.round_seconds(spec.interval)
     open_interval = rt.scheduling.per_policy.intervals.get(key)
     number = open_interval.number if open_interval else 0
     serving = serving_for(rt, ref, spec, resolved, number, "admission", now,
@@ -92,22 +92,22 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
     async def announce(outcome: Outcome) -> bool:
         admitted = outcome.applied
         if open_interval is not None and not outcome.failure:
-            rt.dataset.admitted(key, number, open_interval.start,
-                                Opening(body["metadata"].get("uid", ""), algorithms(resolved),
-                                        len(outcome.snapshot.node_names)),
-                                serving.decisions(), spec.retraining.dataset_limit)
+            rt.writers.dataset.admitted(key, number, open_interval.start,
+                                        Opening(body["metadata"].get("uid", ""), algorithms(resolved),
+                                                len(outcome.snapshot.node_names)),
+                                        serving.decisions(), spec.retraining.dataset_limit)
         if not admitted:
             queue_counts(rt, ref, body, jobs)  # e.g. a job arrived and waits
             return False
-        await asyncio.gather(*(rt.recorder.emit(
+        await asyncio.gather(*(rt.writers.events.emit(
             ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Redecided",
             f"spec edited: {redecided[j.key]}; decided again now, not at the next round")
             for j in admitted if j.key in redecided))
         for tasks in displaced.values():
             for d in tasks.values():
-                rt.metrics.displaced_tasks.labels(ref.namespace, ref.name,
-                                                  "scheduler" if d.by_scheduler else "node").inc()
-        await asyncio.gather(*(rt.recorder.emit(
+                rt.process.metrics.displaced_tasks.labels(ref.namespace, ref.name,
+                                                          "scheduler" if d.by_scheduler else "node").inc()
+        await asyncio.gather(*(rt.writers.events.emit(
             ObjectRef("MLJob", j.namespace, j.name, j.uid), "Normal", "Displaced",
             f"{displacement.describe(j.name, displaced[j.key])}: placed again now, not at the "
             f"next round") for j in admitted if j.key in displaced))
@@ -136,8 +136,8 @@ async def run_policy_admission(rt: Runtime, live_body: Mapping[str, Any], idx: I
                                                   round_=False)
     groups_patch.update(job_counts(rt.scheduling, key, jobs, body.get("status") or {}))
     if groups_patch:
-        rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
-                           uid=body["metadata"].get("uid"), fields=groups_patch)
+        rt.writers.status.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                                  uid=body["metadata"].get("uid"), fields=groups_patch)
     duration = time.perf_counter() - started
     log.info("policy %s/%s admission: %d of %d waiting jobs admitted, %d changes, %.0f ms",
              ref.namespace, ref.name, len(admitted), len(waiting), len(outcome.actions),

@@ -31,11 +31,11 @@ INVALID_RETRY_SECONDS = 60.0
 
 async def _report_failure(rt: Runtime, body: Mapping[str, Any], key: tuple[str, str],
                           err: BaseException) -> None:
-    rt.metrics.step_failures.labels(*key, "round").inc()
+    rt.process.metrics.step_failures.labels(*key, "round").inc()
     body, ref = one_version(body)
     try:
         await reporting.report_round_failure(rt, body, ref, err,
-                                             rt.config.round_seconds(INVALID_RETRY_SECONDS))
+                                             rt.process.config.round_seconds(INVALID_RETRY_SECONDS))
     except Exception as report_err:  # noqa: BLE001 - the API server may be why the round failed
         log.warning("SchedulingPolicy %s/%s: cannot report the failed round: %s", *key,
                     report_err)
@@ -67,7 +67,7 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                 log.exception("SchedulingPolicy %s/%s: round failed", *key)
                 report = None
                 await _report_failure(rt, body, key, err)
-            wait = report.interval_s if report else rt.config.round_seconds(INVALID_RETRY_SECONDS)
+            wait = report.interval_s if report else rt.process.config.round_seconds(INVALID_RETRY_SECONDS)
             while not stopped():
                 left = wait - (time.monotonic() - began)
                 if left <= 0:
@@ -84,15 +84,15 @@ async def run_policy_forever(rt: Runtime, body: Mapping[str, Any], idx: Indexes,
                     await run_policy_admission(rt, body, idx)
                 except Exception:  # noqa: BLE001
                     log.exception("SchedulingPolicy %s/%s: admission failed", *key)
-                    rt.metrics.step_failures.labels(*key, "admission").inc()
+                    rt.process.metrics.step_failures.labels(*key, "admission").inc()
     finally:
         # One call per owner of what was kept of the policy.
         rt.scheduling.per_policy.forget(key)
         rt.scheduling.reservations.drop_policy(key)
-        rt.dataset.forget(key)
+        rt.writers.dataset.forget(key)
         rt.scheduling.wakeups.forget(key)
         rt.models.forget(key)  # its models stay loaded only if another policy uses them
-        rt.metrics.forget_policy(key[0], key[1])
+        rt.process.metrics.forget_policy(key[0], key[1])
 
 
 async def _quiet(wakeups: Wakeups, key, sleep, clock: Callable[[], float] = time.monotonic,

@@ -56,8 +56,8 @@ def policy_snapshot(rt: Runtime, idx: Indexes, jobs: list[JobRecord], schedulabl
     labelled = held_labelled(cluster, deciding, schedulable[0].namespace, decided) \
         if schedulable and (selectors or spread) else ()
     return build_snapshot(schedulable, cluster, now_s=now, interval_s=interval_s, held=held,
-                          node_selector=rt.config.node_selector,
-                          tolerated_taints=rt.config.tolerated_taints,
+                          node_selector=rt.process.config.node_selector,
+                          tolerated_taints=rt.process.config.tolerated_taints,
                           budget=budget,
                           # Others' ports matter only to tasks holding ports themselves.
                           ports=held_ports(cluster, deciding, decided)
@@ -80,7 +80,7 @@ def policy_entitlement(rt: Runtime, idx: Indexes, policy: tuple[str, str],
     every = flatten(idx.mljobs)
     running = {j.key for j in every if (rt.scheduling.placements.of(j.key) or {}).get("worker")}
     return fair_share.entitlement(policy, every, weights, running, cluster,
-                                  rt.config.node_selector)
+                                  rt.process.config.node_selector)
 
 
 def quota_budget(scheduling: Scheduling, idx: Indexes, schedulable: list[JobRecord]):

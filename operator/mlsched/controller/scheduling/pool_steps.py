@@ -61,7 +61,7 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
                            decision: Decision, setup: pools.PoolSetup | None) -> None:
     """LabelNodes (--label-nodes only): the policy's nodes carry its pools' labels, and only
     those; also with grouping off, so that turning it off removes them."""
-    if not rt.config.label_nodes:
+    if not rt.process.config.label_nodes:
         return
     if setup is not None and decision.pools.is_shared and snapshot.node_pools is None:
         return  # no pool in force, none wanted: nothing of this policy's to write or remove
@@ -73,9 +73,9 @@ async def sync_node_labels(rt: Runtime, idx: Indexes, ref: ObjectRef, snapshot,
     rt.scheduling.per_policy.policy_nodes[(ref.namespace, ref.name)] = desired
     failures = await pools.sync_labels(rt.api, flatten(idx.nodes), owner, desired)
     if failures:
-        rt.metrics.api_errors.labels("label").inc(len(failures))
+        rt.process.metrics.api_errors.labels("label").inc(len(failures))
         text = "; ".join(f"node {c.node}: {err}" for c, err in failures[:5])
-        await rt.recorder.emit(ref, "Warning", "PoolLabelFailed", text)
+        await rt.writers.events.emit(ref, "Warning", "PoolLabelFailed", text)
 
 
 def settle_groups(rt: Runtime, jobs: list[JobRecord], targets: Mapping[str, JobTarget],
@@ -109,7 +109,7 @@ async def group_events(rt: Runtime, changes, moved: set[str]) -> None:
             text = f"pool {new}" + (f" (was {old})" if old else "") + how
         else:
             text = f"left pool {old}"
-        await rt.recorder.emit(ref, "Normal", "Grouped", text)
+        await rt.writers.events.emit(ref, "Normal", "Grouped", text)
 
 
 async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, snapshot,
@@ -146,8 +146,8 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
         out["grouping"] = grouping
     if changed and (groups or before):
         threshold = spec.pools.threshold if spec.grouping == "harmony" else None
-        await rt.recorder.emit(ref, "Normal", "Regrouped",
-                               pools.describe(groups, decision.pools, threshold, not before))
+        await rt.writers.events.emit(ref, "Normal", "Regrouped",
+                                     pools.describe(groups, decision.pools, threshold, not before))
     rt.scheduling.per_policy.policy_groups[key] = groups
     if not round_:
         return out
@@ -158,5 +158,5 @@ async def policy_groups(rt: Runtime, body: Mapping[str, Any], ref: ObjectRef, sn
                   for j in rt.cluster.indexes.jobs_of_policy(*key)} if rt.cluster.indexes else {}
         rows = {setup.value(p): r for p, r in
                 pools.utilisation(snapshot, decision.pools, counts, speeds).items()}
-    rt.metrics.set_pools(ref.namespace, ref.name, rows)
+    rt.process.metrics.set_pools(ref.namespace, ref.name, rows)
     return out

@@ -59,7 +59,7 @@ async def _policy_not_ready(rt: Runtime, body: Mapping, ref: ObjectRef, reason: 
     if condition_changed(status.get("conditions"), conds, P.READY):
         await rt.api.patch("SchedulingPolicy", ref.namespace, ref.name,
                            {"status": {"conditions": wire(conds)}}, status=True)
-        await rt.recorder.emit(ref, "Warning", reason, message)
+        await rt.writers.events.emit(ref, "Warning", reason, message)
 
 
 async def job_events(rt: Runtime, job: JobRecord, target: JobTarget, actions: list[Action],
@@ -69,23 +69,23 @@ async def job_events(rt: Runtime, job: JobRecord, target: JobTarget, actions: li
     ref = ObjectRef("MLJob", job.namespace, job.name, job.uid)
     if failures:
         text = "; ".join(f"{type(a).__name__} {a.name}: {err}" for a, err in failures[:5])
-        await rt.recorder.emit(ref, "Warning", "ApplyFailed", text)
+        await rt.writers.events.emit(ref, "Warning", "ApplyFailed", text)
     if any(isinstance(a, PatchStatefulSet) for a in actions):
         roles = roles_of(job)
         change = ", ".join(f"{r} {before.get(r, 0)}→{target.count(r)}" for r in roles)
         if sum(target.count(r) for r in roles) == 0:
-            await rt.recorder.emit(ref, "Normal", "Unallocated", f"no tasks this interval ({change})")
+            await rt.writers.events.emit(ref, "Normal", "Unallocated", f"no tasks this interval ({change})")
         elif any(before.get(r, 0) != target.count(r) for r in roles):
             where = "; ".join(f"{r} on {' '.join(target.nodes.get(r, ()))}" for r in roles
                               if target.count(r))
-            await rt.recorder.emit(ref, "Normal", "Scaled", f"{change} ({where})")
+            await rt.writers.events.emit(ref, "Normal", "Scaled", f"{change} ({where})")
     moves = [a for a in actions if isinstance(a, PinPod | DeletePod)]
     if moves:
         text = ", ".join(f"{a.role}-{a.ordinal}→{a.node}"
                          + (f" (was {a.was})" if isinstance(a, DeletePod) else "")
                          for a in moves[:20])
         more = f" and {len(moves) - 20} more" if len(moves) > 20 else ""
-        await rt.recorder.emit(ref, "Normal", "Placed", text + more)
+        await rt.writers.events.emit(ref, "Normal", "Placed", text + more)
 
 
 def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
@@ -93,7 +93,7 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
                       closings: list[rewards.ClosedInterval], opened: Mapping[str, Any],
                       history_limit: int,
                       groups: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, dict]:
-    """Queue each job's status record (rt.records writes it in the background): the history
+    """Queue each job's status record (rt.writers.status writes it in the background): the history
     entries of the intervals closed, `status.openInterval` for the jobs in `opened` (None
     clears it), placement and desired counts where they changed, and `groups`' fields (the
     pool, loop.settle_groups). One patch per job."""
@@ -125,9 +125,9 @@ def record_job_status(rt: Runtime, namespace: str, jobs: list[JobRecord],
         entries = [c.history[job.name] for c in closings if job.name in c.history]
         if not fields and not entries:
             continue
-        rt.records.enqueue("MLJob", namespace, job.name, uid=job.uid, fields=fields,
-                           append={"history": entries} if entries else None,
-                           base={"history": job.history}, limit=history_limit)
+        rt.writers.status.enqueue("MLJob", namespace, job.name, uid=job.uid, fields=fields,
+                                  append={"history": entries} if entries else None,
+                                  base={"history": job.history}, limit=history_limit)
         patches[job.name] = {**fields, **({"history": entries} if entries else {})}
     return patches
 
@@ -153,22 +153,22 @@ async def policy_versions_and_exploration(rt: Runtime, body: Mapping, ref: Objec
         # from the shipped model's weights): the event is about which version serves.
         if active.get("source") == "published" and \
                 (was.get("sha256"), was.get("version")) != (active["sha256"], active.get("version")):
-            await rt.recorder.emit(ref, "Normal", "VersionAdopted",
-                                   f"{key}: serving published version {active.get('version')} "
-                                   f"(ConfigMap {active.get('configMap')}, sha256 "
-                                   f"{active['sha256']})")
+            await rt.writers.events.emit(ref, "Normal", "VersionAdopted",
+                                         f"{key}: serving published version {active.get('version')} "
+                                         f"(ConfigMap {active.get('configMap')}, sha256 "
+                                         f"{active['sha256']})")
         if candidate and (before.get("candidate") or {}).get("sha256") != candidate["sha256"]:
-            await rt.recorder.emit(ref, "Normal", "VersionAvailable",
-                                   f"{key}: published version {candidate['version']} (ConfigMap "
-                                   f"{candidate['configMap']}) is not serving; updatePolicy "
-                                   f"Auto, or a models entry naming it, adopts it")
+            await rt.writers.events.emit(ref, "Normal", "VersionAvailable",
+                                         f"{key}: published version {candidate['version']} (ConfigMap "
+                                         f"{candidate['configMap']}) is not serving; updatePolicy "
+                                         f"Auto, or a models entry naming it, adopts it")
     wanted = {"requested": requested, "applied": applied} if requested > 0 else None
     if wanted != status.get("exploration"):
         out["exploration"] = wanted
         if wanted and applied < requested:
-            await rt.recorder.emit(ref, "Warning", "ExplorationClamped",
-                                   f"spec.exploration.epsilon {requested} is above the operator's "
-                                   f"bound; serving with {applied} (--max-exploration)")
+            await rt.writers.events.emit(ref, "Warning", "ExplorationClamped",
+                                         f"spec.exploration.epsilon {requested} is above the operator's "
+                                         f"bound; serving with {applied} (--max-exploration)")
     return out
 
 
@@ -184,12 +184,12 @@ async def work_conservation(rt: Runtime, ref: ObjectRef, status: Mapping[str, An
     rounds = now["consecutiveRounds"]
     rt.scheduling.per_policy.work_conservation[key] = now
     for resource, amount in (("gpus", idle.gpus), ("cpus", idle.cpus), ("tasks", idle.tasks)):
-        rt.metrics.idle_capacity.labels(ref.namespace, ref.name, resource).set(amount)
+        rt.process.metrics.idle_capacity.labels(ref.namespace, ref.name, resource).set(amount)
     if not idle.conserving:
-        rt.metrics.nonconserving_rounds.labels(ref.namespace, ref.name).inc()
+        rt.process.metrics.nonconserving_rounds.labels(ref.namespace, ref.name).inc()
     event = conservation.event(before, rounds, idle)
     if event is not None:
-        await rt.recorder.emit(ref, *event)
+        await rt.writers.events.emit(ref, *event)
     return ({"workConservation": now} if now != last else {},
             conservation.ready(verdict, idle, rounds))
 
@@ -203,14 +203,14 @@ async def model_domain(rt: Runtime, ref: ObjectRef, status: Mapping[str, Any],
     # The status last queued, not the one read: it may not be written yet.
     before = rt.scheduling.per_policy.model_domain.get(key, old.status if old else None)
     rt.scheduling.per_policy.model_domain[key] = verdict.status if verdict else None
-    gauge = rt.metrics.model_in_domain
+    gauge = rt.process.metrics.model_in_domain
     if verdict is None or verdict.gauge is None:
         gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})
     else:
         gauge.labels(ref.namespace, ref.name).set(verdict.gauge)
     event = domain.event(before, verdict)
     if event is not None:  # in the background: the round's status need not wait for it
-        rt.recorder.in_background(rt.recorder.emit(ref, *event))
+        rt.writers.events.in_background(rt.writers.events.emit(ref, *event))
 
 
 def merge_patch(old: Any, new: Any) -> Any:
@@ -234,7 +234,7 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
                                in_domain: domain.DomainVerdict | None = None,
                                guard_verdict=None) -> None:
     """Events for condition changes now; the status patch (round summary, conditions and
-    models where they changed, the rewards of the intervals closed) queued in rt.records.
+    models where they changed, the rewards of the intervals closed) queued in rt.writers.status.
     `ready`: the Ready verdict when the round has more to say than the resolved policy's
     (work_conservation). `in_domain`: the ModelInDomain condition (model_domain); None
     removes it (only heuristics serve). `guard_verdict`: the GuardTripped condition
@@ -259,11 +259,11 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
         conds = [c for c in conds if c.type != P.GUARD_TRIPPED]
     if condition_changed(old, conds, P.MODEL_LOADED):
         if not ml.status:
-            await rt.recorder.emit(ref, "Warning", ml.reason, ml.message)
+            await rt.writers.events.emit(ref, "Warning", ml.reason, ml.message)
         elif ml.reason == "ModelVerified":
-            await rt.recorder.emit(ref, "Normal", "ModelLoaded", ml.message)
+            await rt.writers.events.emit(ref, "Normal", "ModelLoaded", ml.message)
     if condition_changed(old, conds, P.READY) and ready.reason == "FallbackActive":
-        await rt.recorder.emit(ref, "Warning", "FallbackActive", ready.message)
+        await rt.writers.events.emit(ref, "Warning", "FallbackActive", ready.message)
 
     old_models = status.get("activeModels") or {}
     models = {k: None for k in old_models}  # merge patch: null removes
@@ -283,7 +283,7 @@ async def record_policy_status(rt: Runtime, body: Mapping, ref: ObjectRef, resol
         patch["conditions"] = wire(conds)
     patch.update(extra or {})
     # In the background, like the jobs' records (the policy's reward is the interval's too).
-    rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
-                       uid=body["metadata"].get("uid"), fields=patch,
-                       append={"rewards": [c.reward for c in closings]} if closings else None,
-                       base={"rewards": status.get("rewards") or ()}, limit=history_limit)
+    rt.writers.status.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                              uid=body["metadata"].get("uid"), fields=patch,
+                              append={"rewards": [c.reward for c in closings]} if closings else None,
+                              base={"rewards": status.get("rewards") or ()}, limit=history_limit)

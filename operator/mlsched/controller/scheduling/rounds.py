@@ -50,16 +50,16 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         await reporting.report_invalid_policy(rt, body, ref, str(err))
         return None
     spec = policy.spec
-    interval_s = rt.config.round_seconds(spec.interval)
+    interval_s = rt.process.config.round_seconds(spec.interval)
     versions = await published_versions(rt, ref, spec)
     rt.scheduling.per_policy.adopted[key] = version_adoption.adopted(spec, versions)
     resolved = await rt.models.resolve(key, spec, rt.scheduling.per_policy.adopted[key])
-    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.config.label_nodes,
-                            rt.config.interval_scale)
+    setup = pools.configure(resolved, spec, ref.namespace, ref.name, rt.process.config.label_nodes,
+                            rt.process.config.interval_scale)
     if resolved.load_failed:
-        rt.metrics.model_load_failures.labels(ref.namespace, ref.name,
-                                              resolved.model_loaded.reason).inc()
-    rt.metrics.fallback.labels(ref.namespace, ref.name).set(
+        rt.process.metrics.model_load_failures.labels(ref.namespace, ref.name,
+                                                      resolved.model_loaded.reason).inc()
+    rt.process.metrics.fallback.labels(ref.namespace, ref.name).set(
         1.0 if resolved.ready.reason == "FallbackActive" else 0.0)
 
     jobs = idx.jobs_of_policy(ref.namespace, ref.name)
@@ -91,7 +91,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         number = max([rewards.next_interval_number(status.get("rewards"), (j.history for j in jobs)),
                       *(i.number + 1 for i in to_close)])
         if spec.retraining.dataset_limit > 0:
-            number = max(number, await rt.dataset.first_free(key))
+            number = max(number, await rt.writers.dataset.first_free(key))
     versions_served = version_adoption.report(spec, versions, resolved.served_refs,
                                               resolved.active_models).served
     rt.scheduling.per_policy.served_versions[key] = versions_served
@@ -101,7 +101,7 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     # Harmony's grouping guard (grouping_guard.py): harmony, isolated or none, by rollouts.
     grouping_guard = grouping_guards.for_round(rt.scheduling.per_policy.grouping_guards, key, resolved,
                                                setup, spec, float(spec.interval),
-                                               rt.config.interval_scale)
+                                               rt.process.config.interval_scale)
     serving = serving_for(rt, ref, spec, resolved, number, "round", now, versions_served)
     # A job whose StatefulSets do not all exist yet is left to the admission step that their
     # creation triggers: deciding it now would reserve capacity and record a placement for
@@ -143,16 +143,16 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     limit = spec.retraining.dataset_limit
     by_name = {j.name: j for j in jobs}
     for interval, closing in zip(to_close, closings):
-        rt.dataset.closed(key, interval, closing, by_name, facts, now, limit)
+        rt.writers.dataset.closed(key, interval, closing, by_name, facts, now, limit)
     if decision.kept:  # in the allocation's decision log, and the operator's
         serving.keep(decision.kept)
         log.info("SchedulingPolicy %s/%s: cycle guard kept %d job(s) at their counts "
                  "(kept <- decided): %s", *key, len(decision.kept),
                  ", ".join(f"{n} {k} <- {d}" for n, (k, d) in sorted(decision.kept.items())[:10]))
-    rt.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
-                      limit, continued=continuing is not None)
+    rt.writers.dataset.opened(key, number, opening.start, facts, [] if failure else serving.decisions(),
+                              limit, continued=continuing is not None)
 
-    # Queued, not awaited: the records are written in the background (rt.records).
+    # Queued, not awaited: the records are written in the background (rt.writers.status).
     job_patches = await report_jobs(
         rt, step, outcome, jobs, closings,
         {j.name: (rewards.open_status(number, opening.start, opening.grants[j.name])
@@ -162,12 +162,12 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
         rt, body, ref, version_adoption.report(spec, versions, resolved.served_refs,
                                                resolved.active_models),
         spec.exploration.epsilon, applied_epsilon(spec.exploration.epsilon,
-                                                  rt.config.max_exploration))
+                                                  rt.process.config.max_exploration))
     extra.update(await pool_steps.policy_groups(rt, body, ref, snapshot, decision, setup, spec,
                                                 targets, now))
     await grouping_guards.report(grouping_guard, extra, status, ref, snapshot, decision, targets,
                                  {j.name: rt.jobs.progress.get(j.key, (0, 0, j.speed))[2] or j.speed
-                                  for j in jobs}, rt.metrics, rt.recorder, rfc3339)
+                                  for j in jobs}, rt.process.metrics, rt.writers.events, rfc3339)
     extra.update(job_counts(rt.scheduling, key, jobs, status))
     # Every allocation, learned or not, checked for leaving idle what a waiting job's minimum
     # would fit (policies/work_conservation.py; reported by conservation.py's rules).
@@ -188,9 +188,9 @@ async def run_policy_round(rt: Runtime, live_body: Mapping[str, Any], idx: Index
     await reporting.record_policy_status(rt, body, ref, resolved, decision, closings, now,
                                          duration, spec.history_limit, extra, ready, in_domain,
                                          guard_verdict)
-    rt.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
+    rt.process.metrics.round_duration.labels(ref.namespace, ref.name).observe(duration)
     if closed:
-        rt.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
+        rt.process.metrics.reward.labels(ref.namespace, ref.name).set(closed.reward["reward"])
     actions = outcome.actions
     kinds = summarize(actions)
     log.info("policy %s/%s round %d: %d jobs, %d changes, allocation %s, %.0f ms (decided in "
@@ -212,7 +212,7 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
     key = (ref.namespace, ref.name)
     if spec.guard is None or not guard.learned_serves(resolved):
         rt.scheduling.per_policy.guards.pop(key, None)
-        for gauge in (rt.metrics.guard_tripped, rt.metrics.guard_estimate):
+        for gauge in (rt.process.metrics.guard_tripped, rt.process.metrics.guard_estimate):
             gauge.remove_by_labels({"namespace": ref.namespace, "policy": ref.name})
         return None
     try:
@@ -223,7 +223,7 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
         records = [IntervalRecord(namespace=ref.namespace, policy=ref.name, policy_uid="",
                                   interval=interval.number, start=rfc3339(interval.start),
                                   end=rfc3339(now),
-                                  length_s=interval.length_s(now, rt.config.interval_scale),
+                                  length_s=interval.length_s(now, rt.process.config.interval_scale),
                                   algorithms={}, nodes=0,
                                   reward=float(closing.reward.get("reward") or 0.0),
                                   jobs=job_intervals(interval, closing, by_name))
@@ -238,16 +238,16 @@ async def guard_round(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any], spec
         return rt.scheduling.per_policy.guards.get(key)
     event = guard.event(change, edited, book)
     if event is not None:
-        rt.recorder.in_background(rt.recorder.emit(ref, *event))
-    rt.metrics.guard_tripped.labels(ref.namespace, ref.name).set(1.0 if book.state.tripped else 0.0)
+        rt.writers.events.in_background(rt.writers.events.emit(ref, *event))
+    rt.process.metrics.guard_tripped.labels(ref.namespace, ref.name).set(1.0 if book.state.tripped else 0.0)
     last = book.state.last
     if last is not None:
         for name, value in (("learned", last.learned), ("fallback", last.fallback),
                             ("recorded", last.recorded)):
-            rt.metrics.guard_estimate.labels(ref.namespace, ref.name, name).set(value)
+            rt.process.metrics.guard_estimate.labels(ref.namespace, ref.name, name).set(value)
     if book.state.tripped:
         guard.serve_fallback(resolved, book)
-        rt.metrics.fallback.labels(ref.namespace, ref.name).set(1.0)
+        rt.process.metrics.fallback.labels(ref.namespace, ref.name).set(1.0)
     return book
 
 
@@ -259,7 +259,7 @@ async def published_versions(rt: Runtime, ref: ObjectRef, spec) -> list:
     try:
         return await version_adoption.list_versions(rt.api, ref.namespace, ref.name)
     except Exception as err:  # noqa: BLE001 - an API fault must not stop the round
-        rt.metrics.api_errors.labels("versions").inc()
+        rt.process.metrics.api_errors.labels("versions").inc()
         log.warning("SchedulingPolicy %s/%s: cannot list published model versions: %s",
                     ref.namespace, ref.name, err)
         return []

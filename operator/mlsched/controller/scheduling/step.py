@@ -141,7 +141,7 @@ def serving_for(rt: Runtime, ref: ObjectRef, spec, resolved: ResolvedPolicy, num
                   "placement": resolved.placement},
                  namespace=ref.namespace, policy=ref.name, interval=number, kind=kind,
                  time=rfc3339(now),
-                 epsilon=applied_epsilon(spec.exploration.epsilon, rt.config.max_exploration),
+                 epsilon=applied_epsilon(spec.exploration.epsilon, rt.process.config.max_exploration),
                  record=spec.retraining.dataset_limit > 0, versions=versions)
 
 
@@ -277,10 +277,10 @@ async def run_step(rt: Runtime, idx: Indexes, step: Step, started: float,
     failed = {id(a): r for a, r in zip(actions, results) if isinstance(r, BaseException)}
     for kind, count in summarize([a for a in actions if id(a) not in failed]).items():
         if count:
-            rt.metrics.decisions.labels(step.ref.namespace, step.ref.name, kind).inc(count)
+            rt.process.metrics.decisions.labels(step.ref.namespace, step.ref.name, kind).inc(count)
     if failed:
-        rt.metrics.api_errors.labels("apply").inc(len(failed))
-    rt.recorder.in_background(asyncio.gather(*(reporting.job_events(
+        rt.process.metrics.api_errors.labels("apply").inc(len(failed))
+    rt.writers.events.in_background(asyncio.gather(*(reporting.job_events(
         rt, job, targets[job.name], [a for a in by_job[job.key] if id(a) not in failed],
         before[job.key], [(a, failed[id(a)]) for a in by_job[job.key] if id(a) in failed])
         for job in applied)))
@@ -290,7 +290,7 @@ async def run_step(rt: Runtime, idx: Indexes, step: Step, started: float,
 async def report_jobs(rt: Runtime, step: Step, outcome: Outcome, reported: list[JobRecord],
                       closings: list, opened: Mapping[str, Any], spec) -> dict[str, dict]:
     """The jobs' groups (their Events) and status records after a step, queued (written in the
-    background by rt.records); `reported`: the jobs whose status is written (a round: all the
+    background by rt.writers.status); `reported`: the jobs whose status is written (a round: all the
     policy's, an admission step: those it admitted). Returns the queued job patches."""
     moved = set(outcome.decision.pools.moved) if step.replaces_bookings else set()
     group_fields, group_changes = pool_steps.settle_groups(rt, reported, outcome.targets, step.now)

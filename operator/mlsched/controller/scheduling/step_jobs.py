@@ -75,7 +75,7 @@ def displaced_jobs(rt: Runtime, idx: Indexes, jobs: list[JobRecord],
             continue
         moves = {role: rt.pods.refusals.moves(job.key, role, now) for role in nodes_of}
         tasks = displacement.displaced_tasks(job, nodes_of, idx.pods.get(job.key, ()), nodes,
-                                             rt.config.node_selector, rt.config.tolerated_taints,
+                                             rt.process.config.node_selector, rt.process.config.tolerated_taints,
                                              moves, vacating, cache)
         for role in nodes_of:  # remembered: not sent back there, and moves are counted
             refusing = {d.node for (r, _), d in tasks.items() if r == role and d.by_scheduler}
@@ -109,8 +109,8 @@ def queue_counts(rt: Runtime, ref: ObjectRef, body: Mapping[str, Any],
                  jobs: list[JobRecord]) -> None:
     counts = job_counts(rt.scheduling, (ref.namespace, ref.name), jobs, body.get("status") or {})
     if counts:
-        rt.records.enqueue("SchedulingPolicy", ref.namespace, ref.name,
-                           uid=body["metadata"].get("uid"), fields=counts)
+        rt.writers.status.enqueue("SchedulingPolicy", ref.namespace, ref.name,
+                                  uid=body["metadata"].get("uid"), fields=counts)
 
 
 def children_exist(job: JobRecord, idx: Indexes) -> bool:
