@@ -127,3 +127,30 @@ def test_outside_wins_over_unknown_and_events_follow_changes_only():
     assert domain.event("False", inside)[:2] == ("Normal", "ModelInDomain")
     assert domain.event(None, inside) is None and domain.event("Unknown", inside) is None
     assert domain.event("True", None) is None
+
+
+def test_the_untyped_dl2_on_typed_nodes_is_outside_its_domain_and_the_typed_model_is_not():
+    """Issue 54: nodes labelled with GPU products (V100, K80): the shipped `dl2`, trained on
+    untyped clusters, says ModelInDomain=False naming the GPU types; the typed model
+    (dl2-hetero, trained on them) is inside, on the same cluster and jobs."""
+    kube = MemoryKube()
+    for i in range(13):
+        product = "Tesla-V100-SXM2-16GB" if i < 7 else "Tesla-K80"
+        kube.put(node(f"node-{i}", labels={"nvidia.com/gpu.product": product}))
+    rt, kube = make_runtime(kube)
+    kube.put(policy("default", allocation="dl2", placement="gpu-type-aware"))
+    run(create_jobs(rt, kube, *(ps_job(f"job-{i}", max_workers=2) for i in range(4))))
+
+    round_(rt, kube, 0)
+    cond = in_domain(kube)
+    assert (cond.status, cond.reason) == ("False", "OutsideTrainedDomain")
+    assert cond.message == ("allocation dl2: GPU types k80, v100 outside trained none "
+                            "(untyped clusters)")
+
+    pol = kube.obj("SchedulingPolicy", NS, "default")
+    typed = ARTIFACTS / "dl2-hetero" / "dl2-hetero.onnx"
+    pol["spec"]["models"] = {"allocation": {"dl2": {"path": str(typed)}}}
+    pol["metadata"]["generation"] = 2
+    round_(rt, kube, 1)
+    cond = in_domain(kube)
+    assert (cond.status, cond.reason) == ("True", "InsideTrainedDomain"), cond.message
