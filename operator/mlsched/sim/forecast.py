@@ -2,13 +2,17 @@
 
 A guard judges its candidates by forking the simulator as it stands and running each to the
 end. Future arrivals are not known; the arrivals seen so far are, so a rollout replays the
-last `window` seconds of them as the next `window`'s. This module holds the three pieces both
-guards share: the history of arrivals as seen, its replay, and the summed JCT of a rollout.
+last `window` seconds of them as the next `window`'s. This module holds the pieces both
+guards share: the history of arrivals as seen, its replay, and the summed JCT of a rollout;
+and the grouping guard's sampled futures (`sampled`: Poisson arrivals at the rate seen, jobs
+drawn from those seen).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+
+import numpy as np
 
 from mlsched.cluster.types import Snapshot
 from mlsched.workloads.traces import TraceJob
@@ -39,3 +43,25 @@ def rollout_jct(sim, allocation, placement, arrivals: list[TraceJob], grouping=N
     if result.completed < len(fork.trace):
         return float("inf")
     return float(sum(result.jct_s.values()))
+
+
+def sampled(seen: dict[str, TraceJob], now_s: float, rate_per_s: float, horizons_s: list[float],
+            seed: int) -> list[list[TraceJob]]:
+    """One future per entry of `horizons_s`: arrivals over the next that many seconds as a
+    Poisson process of `rate_per_s`, each a row of `seen` drawn uniformly (model, epochs, arch,
+    requests), renamed `~k.i` so they never clash with the real ones; none for a horizon of 0.
+    Future k draws from the generator seeded (`seed`, k): the same decision (its time as the
+    seed) draws the same futures."""
+    rows = list(seen.values())
+    out: list[list[TraceJob]] = []
+    for k, horizon in enumerate(horizons_s):
+        if not rows or rate_per_s <= 0 or not horizon > 0:
+            out.append([])
+            continue
+        rng = np.random.default_rng([max(int(seed), 0), k])
+        n = int(rng.poisson(rate_per_s * horizon))
+        times = np.sort(rng.uniform(0.0, horizon, n))
+        picks = rng.integers(0, len(rows), n)
+        out.append([replace(rows[int(p)], name=f"~{k}.{i}", arrival_s=now_s + float(t))
+                    for i, (t, p) in enumerate(zip(times, picks))])
+    return out

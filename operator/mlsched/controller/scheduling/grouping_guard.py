@@ -13,7 +13,10 @@ snapshot as the grouping sees it (the policy's poolable nodes):
 - the jobs: those of catalog models (others are left out, counted), each with the epochs it
   has done, its tasks on the nodes they hold, its pool and when it joined it; the pools in
   force with their shares; demands and speeds are the catalog's (the simulator's models);
-- the future: the arrivals of the last hour (policy time) replayed as the next hour's.
+- the future: the simulator guard's (GuardedGrouping.forecasts): once arrivals have been
+  watched for an hour (policy time), 8 sampled futures of Poisson arrivals at the rate seen,
+  jobs drawn from those seen; before, the last hour's arrivals replayed (for the report:
+  isolated governs then whatever the rollouts say).
 
 Rollouts are bounded (`MAX_SLOTS` rounds each; a job still running at the end counts until
 then, the same horizon for every candidate) and skipped beyond `MAX_JOBS` jobs (harmony then
@@ -97,12 +100,13 @@ class ClusterGuard(GuardedGrouping):
             return self.name
         try:
             self._sim, left_out = simulator_of(self._snapshot, self.interval_s, self.scale)
-            arrivals = [replace(j, arrival_s=round((j.arrival_s - now_s) / self.scale, 3))
-                        for j in self.expected_arrivals(now_s) if catalog.is_known(j.model)]
-            arrivals = [replace(j, model=catalog.canonical_name(j.model)) for j in arrivals]
+            futures = [[replace(j, model=catalog.canonical_name(j.model),
+                                arrival_s=round((j.arrival_s - now_s) / self.scale, 3))
+                        for j in arrivals if catalog.is_known(j.model)]
+                       for arrivals in self.forecasts(now_s)]
             order = [self.choice] + [c for c in self.candidates if c != self.choice]
-            scores = {name: self.rollout(arrivals, None if name == "none" else self._policy_time(name))
-                      for name in order}
+            scores = {name: [self.rollout(arrivals, None if name == "none" else self._policy_time(name))
+                             for arrivals in futures] for name in order}
         except Exception as err:  # noqa: BLE001 - the guard must never stop a round
             log.warning("grouping guard: no rollout: %s", err)
             self.estimates = {}
@@ -111,15 +115,21 @@ class ClusterGuard(GuardedGrouping):
         finally:
             self.cost_s = time.perf_counter() - started
         best = self.pick(scores, now_s)  # the simulator's rule (sim/grouping_guard.py)
+        scores = {n: sum(v) / len(v) for n, v in scores.items()}  # the mean over the futures
         self.estimates = scores
         hours = ", ".join(f"{n} {scores[n] / 3600:.3g}" for n in self.candidates)
         why = ""
         if self.arrived() and now_s - self._first_look < self.history_s:
             why = " (arrivals watched for less than the history replayed: isolated governs)"
         elif best == "isolated" and self.arrived() and min(scores, key=scores.get) != best:
-            why = f" (none beats isolated by the {self.margin:.0%} margin)"
+            why = f" (none beats isolated by the {self.margin:.0%} margin in every future)"
+        if len(futures) > 1:
+            ahead = (f"mean over {len(futures)} sampled futures of "
+                     f"{min(map(len, futures))}-{max(map(len, futures))} arrivals")
+        else:
+            ahead = f"{len(futures[0])} replayed arrival(s)"
         self.message = (f"{best} governs{why}: summed JCT of rollouts (job-hours) {hours}; "
-                        f"{len(arrivals)} replayed arrival(s)"
+                        f"{ahead}"
                         + (f", {left_out} job(s) of models outside the catalog left out"
                            if left_out else ""))
         return best
