@@ -271,3 +271,54 @@ def test_simulate_warns_when_a_type_aware_allocation_runs_with_a_type_blind_plac
     assert main(["simulate", "--trace", str(trace), "--gpu-types", "v100:1,k80:1",
                  "--policies", "drf-hetero", "--placement", "gpu-type-aware", "--json"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+
+def _shown(model, readings):
+    """A job of `model` that showed `readings`: (type, speed over its prior curve's) pairs."""
+    base = job("x", model=model)
+    speed = base.prior.speed_function()(1, 1)
+    return dataclasses.replace(
+        base, observations=tuple(SpeedObservation(1, 1, f * speed) for _, f in readings),
+        observation_types=tuple(t for t, _ in readings))
+
+
+def test_a_model_outside_the_table_corrects_the_priors_ratios_from_the_speeds_it_shows():
+    """Issue 54: a model with no measured ratios (VGG-16: no Gavel counterpart) starts from the prior (K80 0.209 x a V100);
+    once it has shown speeds on two types (twice each), what it showed wins: here a K80 at
+    0.6 x its V100 speed. The policies see it (placement, hetero DRF's share, the typed DL²
+    state all read gpu_speed / speed_fit.type_speed), and its speeds are normalised by it."""
+    prior = gpu_types.PRIOR["k80"]
+    fresh = _shown("vgg-16", [])
+    assert gpu_speed.relative_speed(fresh, "k80") == prior
+    once = _shown("vgg-16", [("v100", 1.0), ("k80", 0.6)])  # one reading each: noise
+    assert gpu_speed.relative_speed(once, "k80") == prior
+    shown = _shown("vgg-16", [("v100", 1.0), ("k80", 0.6), ("v100", 1.0), ("k80", 0.6)])
+    assert gpu_speed.relative_speed(shown, "k80") == pytest.approx(0.6)
+    assert gpu_speed.relative_speed(shown, "v100") == pytest.approx(1.0)
+    assert gpu_speed.relative_speed(shown, "p100") == gpu_types.PRIOR["p100"]  # never seen there
+    assert gpu_speed.pace(shown, {"v100", "k80"}) == pytest.approx(0.6)
+    # Normalised, every reading is the V100's: one fit serves both types.
+    speeds = [o.epochs_per_s for o in gpu_speed.normalised(shown).observations]
+    assert max(speeds) == pytest.approx(min(speeds))
+    # Without the reference type: the ratio between the types is what it showed.
+    no_ref = _shown("vgg-16", [("p100", 0.5), ("k80", 0.4), ("p100", 0.5), ("k80", 0.4)])
+    assert (gpu_speed.relative_speed(no_ref, "k80") / gpu_speed.relative_speed(no_ref, "p100")
+            == pytest.approx(0.8))
+
+
+def test_measured_models_keep_the_tables_ratios_whatever_they_show():
+    shown = _shown("resnet-50", [("v100", 1.0), ("k80", 0.6), ("v100", 1.0), ("k80", 0.6)])
+    assert gpu_speed.relative_speed(shown, "k80") == gpu_types.ratios("resnet-50")["k80"]
+    cpu = _shown("dssm", [("v100", 1.0), ("k80", 0.6), ("v100", 1.0), ("k80", 0.6)])
+    assert gpu_speed.relative_speed(cpu, "k80") == 1.0
+
+
+def test_hetero_drf_counts_a_corrected_slow_gpu_for_what_it_showed():
+    from mlsched.policies.allocation.hetero import HeteroDRF
+
+    shown = _shown("vgg-16", [("v100", 1.0), ("k80", 0.6), ("v100", 1.0), ("k80", 0.6)])
+    snap = _typed([shown], ["v100", "k80"])
+    ledger = Ledger(snap, LoadBalance())
+    ledger.book(snap.jobs[0], "worker", 1)
+    whole = 2 * (1.0 + 0.6)  # two GPUs a node, in V100s for this job
+    assert HeteroDRF.share(ledger, snap.jobs[0]) == pytest.approx(max(2 / 16, 0.6 / whole))

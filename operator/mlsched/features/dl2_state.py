@@ -39,8 +39,7 @@ import numpy as np
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.features.base import TensorSpec
-from mlsched.features.speed_fit import correction, type_normalised
-from mlsched.workloads import gpu_types
+from mlsched.features.speed_fit import correction, type_normalised, type_speed
 
 ENCODER_VERSION = "dl2-state-v2"
 JOB_FEATURES = 29
@@ -141,10 +140,6 @@ _LOG_PACE = math.log(10.0)
 def _log_pace(pace: float) -> float:
     """A pace (relative to a V100) as log10, clipped to [-1.5, 0.5]."""
     return min(max(math.log(max(pace, 1e-3)) / _LOG_PACE, -1.5), 0.5)
-
-
-def _uses_gpu(job: JobView) -> bool:
-    return bool(job.worker_demand is not None and job.worker_demand[1] > 0)
 
 
 class WindowState:
@@ -279,10 +274,9 @@ class WindowState:
         present = sorted({t for t in types} if types is not None else {None}, key=str)
         self._pace_best, self._pace_before = [], []
         for i, job in enumerate(self.jobs):
-            uses = _uses_gpu(job)
-            best = max(gpu_types.relative_speed(job.model, t, uses) for t in present)
-            before = (gpu_types.slowest(job.model, {types[n] for n in job.worker_nodes
-                                                    if 0 <= n < len(types)}, uses)
+            best = max(type_speed(job, t) for t in present)
+            before = (min((type_speed(job, types[n]) for n in job.worker_nodes if 0 <= n < len(types)),
+                          default=1.0)
                       if types is not None and job.worker_nodes else best)
             self._pace_best.append(best)
             self._pace_before.append(before)
@@ -294,7 +288,7 @@ class WindowState:
         have = self.ledger.worker_types(job)
         if not have:
             return _log_pace(self._pace_before[i])
-        return _log_pace(gpu_types.slowest(job.model, have, _uses_gpu(job)))
+        return _log_pace(min(type_speed(job, t) for t in have))
 
     def _refresh_free(self) -> None:
         self._free_share[:] = self.ledger.free_total / self._cap_or_inf

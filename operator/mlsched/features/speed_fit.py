@@ -46,6 +46,62 @@ def _prior_speed(prior: SpeedCurve) -> Callable[[int, int], float]:
     return found[1]
 
 
+#: Speeds a job must have shown on each of two GPU types or more before they correct the
+#: prior's ratios (one reading is as likely interference as the type).
+TYPE_READINGS = 2
+#: Corrected ratios stay within these bounds (a V100 = 1).
+TYPE_RATIO_BOUNDS = (0.02, 2.0)
+_TYPE_RATIOS: dict[tuple, dict[str, float]] = {}
+
+
+def type_ratios(job: JobView) -> dict[str, float]:
+    """The job's speed per GPU type relative to a V100 (workloads/gpu_types.py): the measured
+    table's for a model it maps (and 1.0 everywhere for CPU-only workers); for any other model
+    the prior, corrected online once the job has shown speeds on two types or more
+    (TYPE_READINGS each): per observed type t its scale s_t, the geometric mean of observed /
+    prior-curve speed over its readings there; the model's own scale c, the geometric mean of
+    s_t / prior_t over the observed types (what the prior and the readings agree on); the
+    ratio of an observed type becomes s_t / c. With one type observed the ratios stay the
+    prior's: one type cannot tell the model's speed from the type's. Where the reference type
+    (V100) is among those observed, c is its scale, so that it stays 1.0."""
+    prior = gpu_types.ratios(job.model)
+    types = job.observation_types
+    if not types or not gpu_types.from_prior(job.model) or len(types) != len(job.observations):
+        return prior
+    last = job.observations[-1]
+    key = (job.name, id(job.prior), len(types), tuple(last), types[-1])
+    found = _TYPE_RATIOS.get(key)
+    if found is not None:
+        return found
+    speed, log = _prior_speed(job.prior), math.log
+    readings: dict[str, list[float]] = {}
+    for o, t in zip(job.observations, types):
+        predicted = speed(o.ps, o.workers)
+        if t is not None and t in prior and o.epochs_per_s > 0 and predicted > 0:
+            readings.setdefault(t, []).append(log(o.epochs_per_s / predicted))
+    seen = {t: sum(v) / len(v) for t, v in readings.items() if len(v) >= TYPE_READINGS}
+    out = prior
+    if len(seen) >= 2:
+        # The reference type defines 1.0: seen, it sets the model's scale; else the scale the
+        # prior and the readings agree on.
+        scale = (seen[gpu_types.REFERENCE] if gpu_types.REFERENCE in seen
+                 else sum(s - log(prior[t]) for t, s in seen.items()) / len(seen))
+        lo, hi = TYPE_RATIO_BOUNDS
+        out = {**prior, **{t: min(max(math.exp(s - scale), lo), hi) for t, s in seen.items()}}
+    if len(_TYPE_RATIOS) >= _PRIOR_SPEEDS_MAX:
+        _TYPE_RATIOS.clear()
+    _TYPE_RATIOS[key] = out
+    return out
+
+
+def type_speed(job: JobView, gpu_type: str | None) -> float:
+    """One worker of `job` on a GPU of `gpu_type` (type_ratios), a V100 = 1.0; 1.0 for no
+    type and for workers that use no GPU."""
+    if gpu_type is None or not (job.worker_demand is not None and job.worker_demand[1] > 0):
+        return 1.0
+    return type_ratios(job)[gpu_type]
+
+
 def type_normalised(job: JobView) -> JobView:
     """The job with each observed speed divided by the relative speed of the GPU type it was
     measured at (`JobView.observation_types`): what it would have shown on the reference type
@@ -54,9 +110,7 @@ def type_normalised(job: JobView) -> JobView:
     types = job.observation_types
     if not types or len(types) != len(job.observations) or all(t is None for t in types):
         return job
-    uses_gpu = bool(job.worker_demand is not None and job.worker_demand[1] > 0)
-    obs = tuple(SpeedObservation(o.ps, o.workers,
-                                 o.epochs_per_s / gpu_types.relative_speed(job.model, t, uses_gpu))
+    obs = tuple(SpeedObservation(o.ps, o.workers, o.epochs_per_s / type_speed(job, t))
                 for o, t in zip(job.observations, types))
     return dataclasses.replace(job, observations=obs, observation_types=())
 

@@ -1,7 +1,8 @@
 """What a heterogeneity-aware policy knows of a job's speed on each GPU type.
 
 A job's relative speed per type comes from the measured table (workloads/gpu_types.py) for a
-catalog model, the prior for any other; a job whose workers request no GPU runs alike on every
+catalog model, the prior for any other, corrected online once the job has shown speeds on two
+types (features/speed_fit.type_ratios); a job whose workers request no GPU runs alike on every
 type. Speeds a job showed are divided by the relative speed of the type they were measured at
 (`JobView.observation_types`), so that one fit serves every type: `normalised` views.
 """
@@ -12,7 +13,6 @@ import dataclasses
 
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.features import speed_fit
-from mlsched.workloads import gpu_types
 
 
 def uses_gpu(job: JobView) -> bool:
@@ -20,13 +20,14 @@ def uses_gpu(job: JobView) -> bool:
 
 
 def relative_speed(job: JobView, gpu_type: str | None) -> float:
-    """One worker of `job` on a GPU of `gpu_type`, a V100 = 1.0 (None: untyped, 1.0)."""
-    return gpu_types.relative_speed(job.model, gpu_type, uses_gpu(job))
+    """One worker of `job` on a GPU of `gpu_type`, a V100 = 1.0 (None: untyped, 1.0): the
+    measured table's, or the prior corrected by what the job showed (speed_fit.type_ratios)."""
+    return speed_fit.type_speed(job, gpu_type)
 
 
 def pace(job: JobView, types) -> float:
     """The pace of `job` with workers on GPUs of `types` (its slowest worker's)."""
-    return gpu_types.slowest(job.model, types, uses_gpu(job))
+    return min((speed_fit.type_speed(job, t) for t in types), default=1.0)
 
 
 def normalised(job: JobView) -> JobView:
