@@ -24,8 +24,9 @@ inference on a GPU), timed in the same process.
 `harmony` is Harmony as served, under its guard (issue 51, part 4: LIF-Line's layout served
 where the simulator's model scores the network's lower, policies/placement/guarded.py);
 `harmony-rollout` is that under the simulator's rollout judgement (at every arrival round,
-rollouts to the end under it and under LIF-Line, the better governing until the next arrival:
-sim/placement_guard.py, SimConfig.placement_rollout; opt-in, 10-40 x the simulator time);
+rollouts to the end under it and under LIF-Line against 8 sampled futures, the network
+governing until the next arrival only where it wins in all: sim/placement_guard.py,
+SimConfig.placement_rollout; opt-in, 4-55 x LIF-Line's run time);
 `harmony-alone` is the network unguarded. `--seed0` and `--mix` give held-out traces;
 `--placements` runs only those named (ratios then to the best heuristic among them: with
 `lif-line` the only heuristic, x LIF-Line).

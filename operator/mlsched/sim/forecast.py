@@ -4,12 +4,13 @@ A guard judges its candidates by forking the simulator as it stands and running 
 end. Future arrivals are not known; the arrivals seen so far are, so a rollout replays the
 last `window` seconds of them as the next `window`'s. This module holds the pieces both
 guards share: the history of arrivals as seen, its replay, and the summed JCT of a rollout;
-and the grouping guard's sampled futures (`sampled`: Poisson arrivals at the rate seen, jobs
-drawn from those seen).
+and the sampled futures both guards roll out against (`sampled`: Poisson arrivals at the rate
+seen, jobs drawn from those seen; `exponential_horizons`: how long each lasts).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -65,3 +66,11 @@ def sampled(seen: dict[str, TraceJob], now_s: float, rate_per_s: float, horizons
         out.append([replace(rows[int(p)], name=f"~{k}.{i}", arrival_s=now_s + float(t))
                     for i, (t, p) in enumerate(zip(times, picks))])
     return out
+
+
+def exponential_horizons(watched_s: float, futures: int, cap_s: float) -> list[float]:
+    """How long each of `futures` sampled futures lasts: the exponential distribution's
+    quantiles k/K (k = 0..K-1) of a mean equal to the time watched (a process watched for T
+    lasts about T more), at most `cap_s`; the first is 0 (no arrivals at all). The horizons
+    GuardedGrouping.forecasts draws (sim/grouping_guard.py), for the placement guard."""
+    return [min(-watched_s * math.log(1 - k / futures), cap_s) for k in range(futures)]
