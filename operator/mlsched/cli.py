@@ -53,9 +53,9 @@ def _add_cluster_args(p: argparse.ArgumentParser) -> None:
                    help="run harmony grouping's search alone, not compared at each arrival with isolated "
                         "and none by rollouts (docs/grouping.md, \"Never worse than its baselines\")")
     p.add_argument("--placement-rollout", action="store_true",
-                   help="judge harmony placement at each arrival against LIF-Line by rollouts to the end, "
-                        "the better served until the next arrival (10-40 x the simulator time; "
-                        "docs/placement.md, \"The guard\"); default: its per-round guard only")
+                   help="judge harmony placement at each arrival against LIF-Line by rollouts to the end "
+                        "under sampled futures, the network served only where it wins every one (4-55 x "
+                        "the simulator time; docs/placement.md, \"The guard\"); default: its per-round guard only")
     p.add_argument("--seed", type=int, default=0)
 
 

@@ -120,8 +120,8 @@ class SimConfig:
     grouping_guard: bool = True
     # `harmony` placement judged by rollouts to the end at every arrival against LIF-Line, the
     # better one served until the next arrival (sim/placement_guard.py). Off by default: it
-    # costs 10-40 x the simulator time and measured no better on average than the per-round
-    # guard alone (docs/placement.md); bench_placement's `harmony-rollout` column and
+    # costs 4-55 x the simulator time, and it keeps harmony at or below LIF-Line mostly by
+    # serving LIF-Line (docs/placement.md); bench_placement's `harmony-rollout` column and
     # `mlsched simulate --placement-rollout` turn it on. Only without a grouping or regret guard.
     placement_rollout: bool = False
     # Learned rounds go through the operator's cycle guard (policies/cycle_guard.py): a job is
