@@ -617,3 +617,20 @@ def test_retraining_refuses_a_typed_model_with_what_to_do_instead(tmp_path):
                   path, "test", {}, {})
     with pytest.raises(ValueError, match="mlsched train dl2 --gpu-types"):
         warm_start.load(path)
+
+
+def test_the_typed_state_reads_a_corrected_prior_on_the_jobs_own_type():
+    """A VGG-16 (prior ratios: K80 0.209) that showed 0.6 on a K80 twice against its V100
+    speed: the typed state's pace on its K80 worker is 0.6, what the policies read
+    (speed_fit.type_ratios), not the prior; its speed correction is 1."""
+    base = job("v", model="vgg-16")
+    speed = base.prior.speed_function()(1, 1)
+    shown = dataclasses.replace(
+        base, observations=tuple(SpeedObservation(1, 1, f * speed) for f in (1.0, 0.6, 1.0, 0.6)),
+        observation_types=("v100", "k80", "v100", "k80"))
+    st, ledger = _typed_window([shown], ["v100", "k80"])
+    ledger.book(st.jobs[0], "worker", 1)  # a K80
+    st._refresh_job(0)
+    row = st.vector[: dl2_state.TYPED_JOB_FEATURES]
+    assert row[dl2_state._PACE] == pytest.approx(np.log10(0.6), abs=1e-5)
+    assert row[dl2_state._CORRECTION] == pytest.approx(0.0, abs=1e-5)

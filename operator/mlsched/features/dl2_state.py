@@ -39,7 +39,7 @@ import numpy as np
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobView, Snapshot
 from mlsched.features.base import TensorSpec
-from mlsched.features.speed_fit import correction, type_normalised, type_speed
+from mlsched.features.speed_fit import correction, pace, type_normalised, type_speed
 
 ENCODER_VERSION = "dl2-state-v2"
 JOB_FEATURES = 29
@@ -164,8 +164,6 @@ class WindowState:
         self.snapshot, self.ledger, self.jobs, self.window = snapshot, ledger, jobs, window
         self.typed = typed
         f = job_features(typed)
-        if typed:  # speeds seen on a slower type must not read as a slower model
-            jobs = self.jobs = [type_normalised(job) for job in jobs]
         self.void = 3 * window
         self._nodes = max(len(snapshot.node_names), 1)
         self._failed = np.zeros(n_actions(window), dtype=bool)  # tried this round and did not fit
@@ -185,7 +183,10 @@ class WindowState:
         self._index_demands()
         n = max(len(snapshot.node_names), 1)
         mean_node = np.where(cap > 0, cap / n, np.inf)
-        corrections = [correction(job) for job in jobs]
+        # Typed: speeds seen on a slower type must not read as a slower model. Only the speed
+        # correction reads the normalised copies; the ledger, the placement and the type
+        # columns get the jobs as they are (their ratios may be corrected by what they showed).
+        corrections = [correction(type_normalised(job) if typed else job) for job in jobs]
         self._curves = [job.prior if c == 1.0 else job.prior.scaled(c) for job, c in zip(jobs, corrections)]
         self._speed = [c.speed_function() for c in self._curves]
         self._best = [_best_speed(c, job) for c, job in zip(self._curves, jobs)]
@@ -271,24 +272,19 @@ class WindowState:
         """Each job's pace on the fastest type present and, until this round gives it workers,
         on the types it ran on last interval (else the fastest)."""
         types = self.snapshot.gpu_types
-        present = sorted({t for t in types} if types is not None else {None}, key=str)
-        self._pace_best, self._pace_before = [], []
+        present = set(types) if types is not None else {None}
+        self._pace_before = []
         for i, job in enumerate(self.jobs):
             best = max(type_speed(job, t) for t in present)
-            before = (min((type_speed(job, types[n]) for n in job.worker_nodes if 0 <= n < len(types)),
-                          default=1.0)
+            before = (pace(job, (types[n] for n in job.worker_nodes if 0 <= n < len(types)))
                       if types is not None and job.worker_nodes else best)
-            self._pace_best.append(best)
             self._pace_before.append(before)
             self._rows[i, _PACE_BEST] = _log_pace(best)
             self._rows[i, _PACE] = _log_pace(before)
 
     def _pace(self, i: int) -> float:
-        job = self.jobs[i]
-        have = self.ledger.worker_types(job)
-        if not have:
-            return _log_pace(self._pace_before[i])
-        return _log_pace(min(type_speed(job, t) for t in have))
+        have = self.ledger.worker_types(self.jobs[i])
+        return _log_pace(pace(self.jobs[i], have) if have else self._pace_before[i])
 
     def _refresh_free(self) -> None:
         self._free_share[:] = self.ledger.free_total / self._cap_or_inf

@@ -102,6 +102,11 @@ def type_speed(job: JobView, gpu_type: str | None) -> float:
     return type_ratios(job)[gpu_type]
 
 
+def pace(job: JobView, types) -> float:
+    """The pace of `job` with workers on GPUs of `types`: its slowest worker's (1.0 for none)."""
+    return min((type_speed(job, t) for t in types), default=1.0)
+
+
 def type_normalised(job: JobView) -> JobView:
     """The job with each observed speed divided by the relative speed of the GPU type it was
     measured at (`JobView.observation_types`): what it would have shown on the reference type

@@ -27,7 +27,7 @@ def relative_speed(job: JobView, gpu_type: str | None) -> float:
 
 def pace(job: JobView, types) -> float:
     """The pace of `job` with workers on GPUs of `types` (its slowest worker's)."""
-    return min((speed_fit.type_speed(job, t) for t in types), default=1.0)
+    return speed_fit.pace(job, types)
 
 
 def normalised(job: JobView) -> JobView:
