@@ -66,8 +66,8 @@ def type_ratios(job: JobView) -> dict[str, float]:
     (V100) is among those observed, c is its scale, so that it stays 1.0."""
     prior = gpu_types.ratios(job.model)
     types = job.observation_types
-    if not types or not gpu_types.from_prior(job.model) or len(types) != len(job.observations):
-        return prior
+    if not types or prior is not gpu_types.PRIOR or len(types) != len(job.observations):
+        return prior  # measured ratios (or CPU-only workers) stay; untyped readings say nothing
     last = job.observations[-1]
     key = (job.name, id(job.prior), len(types), tuple(last), types[-1])
     found = _TYPE_RATIOS.get(key)

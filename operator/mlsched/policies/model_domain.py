@@ -28,8 +28,9 @@ normalised features, so a cluster somewhat smaller or larger than any it saw sti
 training to it; one an order of magnitude away does not, and issue 51's failure (30 nodes
 against one pool) is well outside. Models and architectures are names: inside only when
 training saw them. GPU types too, and a domain without `gpu_types` (every model trained before
-the simulator had types) saw only untyped clusters: a typed one is outside it. Arrival rate, pools, window and simulator version are recorded for people
-and not checked: a round does not show a rate, and the others are not properties of a round.
+the simulator had types) saw only untyped clusters: a typed one is outside it. Arrival rate,
+pools, window and simulator version are recorded for people and not checked: a round does not
+show a rate, and the others are not properties of a round.
 """
 
 from __future__ import annotations

@@ -86,12 +86,6 @@ def ratios(model: str) -> dict[str, float]:
     return GAVEL_RATIOS[job_type] if job_type is not None else PRIOR
 
 
-def from_prior(model: str) -> bool:
-    """Whether the model's ratios are the prior (no Gavel counterpart, and its workers use
-    GPUs): what the policies correct online from the speeds a job shows (speed_fit.type_ratios)."""
-    return ratios(model) is PRIOR
-
-
 def relative_speed(model: str, gpu_type: str | None, uses_gpu: bool = True) -> float:
     """How fast one worker of `model` trains on a GPU of `gpu_type`, a V100 being 1.0; 1.0
     for no type (the homogeneous default) and for workers that use no GPU."""
