@@ -71,6 +71,16 @@ def sampled(seen: dict[str, TraceJob], now_s: float, rate_per_s: float, horizons
 def exponential_horizons(watched_s: float, futures: int, cap_s: float) -> list[float]:
     """How long each of `futures` sampled futures lasts: the exponential distribution's
     quantiles k/K (k = 0..K-1) of a mean equal to the time watched (a process watched for T
-    lasts about T more), at most `cap_s`; the first is 0 (no arrivals at all). The horizons
-    GuardedGrouping.forecasts draws (sim/grouping_guard.py), for the placement guard."""
+    lasts about T more), at most `cap_s`; the first is 0 (no arrivals at all)."""
     return [min(-watched_s * math.log(1 - k / futures), cap_s) for k in range(futures)]
+
+
+def futures_since(seen: dict[str, TraceJob], first_look: float, now_s: float, futures: int,
+                  cap_s: float) -> list[list[TraceJob]]:
+    """The sampled futures both guards roll out against: `futures` of them, Poisson arrivals
+    at the rate seen since `first_look`, jobs drawn from those seen, lasting
+    exponential_horizons of the time watched (at most `cap_s`), seeded by the decision's time."""
+    watched = now_s - first_look
+    arrived = sum(1 for j in seen.values() if j.arrival_s > first_look)
+    rate = arrived / watched if watched > 0 else 0.0
+    return sampled(seen, now_s, rate, exponential_horizons(watched, futures, cap_s), int(round(now_s)))

@@ -55,14 +55,13 @@ docs/grouping.md, "Never worse than its baselines".
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from typing import Callable
 
 from mlsched.cluster.types import PoolPlan, Snapshot
 from mlsched.policies.grouping.none import NoGrouping
 from mlsched.policies.grouping.partitions import isolated
-from mlsched.sim.forecast import note_arrivals, replayed, rollout_jct, sampled
+from mlsched.sim.forecast import futures_since, note_arrivals, replayed, rollout_jct
 from mlsched.workloads.traces import TraceJob
 
 Rollout = Callable[[list[TraceJob], object], float]  # (future arrivals, grouping or None) -> Σ JCT
@@ -124,12 +123,8 @@ class GuardedGrouping:
         at all without arrivals)."""
         if not self.arrived() or self.warming_up(now_s) or self.futures <= 0:
             return [self.expected_arrivals(now_s)]
-        watched = now_s - self._first_look
-        arrived = sum(1 for j in self._seen.values() if j.arrival_s > self._first_look)
-        cap = HORIZON_CAP * self.history_s
-        horizons = [min(-watched * math.log(1 - k / self.futures), cap) for k in range(self.futures)]
-        rate = arrived / watched if watched > 0 else 0.0
-        return sampled(self._seen, now_s, rate, horizons, int(round(now_s)))
+        return futures_since(self._seen, self._first_look, now_s, self.futures,
+                             HORIZON_CAP * self.history_s)
 
     def arrived(self) -> bool:
         """Some job arrived after the guard's first look: an arrival process, forecast by

@@ -52,7 +52,7 @@ from mlsched.cluster.types import JobDecision, JobView, Role, Snapshot
 from mlsched.policies.base import PlacementPolicy, PlacementRequest
 from mlsched.policies.placement.interference_aware import LeastInterferenceFirst
 from mlsched.policies.placement.sticky import Sticky
-from mlsched.sim.forecast import exponential_horizons, note_arrivals, replayed, rollout_jct, sampled
+from mlsched.sim.forecast import futures_since, note_arrivals, replayed, rollout_jct
 from mlsched.workloads.traces import TraceJob
 
 LEARNED, FALLBACK = "learned", "fallback"
@@ -165,11 +165,8 @@ class RolloutPlacement:
         since the first look, jobs drawn from those seen, lasting the exponential quantiles
         k/K of the time watched (the first none), at most HORIZON_CAP x history_s[0]; seeded
         by the decision's time."""
-        watched = now_s - self._first_look
-        arrived = sum(1 for j in self._seen.values() if j.arrival_s > self._first_look)
-        horizons = exponential_horizons(watched, self.futures, HORIZON_CAP * self.history_s[0])
-        rate = arrived / watched if watched > 0 else 0.0
-        return sampled(self._seen, now_s, rate, horizons, int(round(now_s)))
+        return futures_since(self._seen, self._first_look, now_s, self.futures,
+                             HORIZON_CAP * self.history_s[0])
 
     def _rollout(self, placement: PlacementPolicy, arrivals: list[TraceJob]) -> float:
         """Σ JCT of every job in a fork of the simulator run to the end under `placement`
