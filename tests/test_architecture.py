@@ -211,13 +211,7 @@ def test_training_and_the_cli_never_import_the_operator():
 #: its responsibilities. Exceptions, each with why it is allowed to stay longer for now. No
 #: module under mlsched is generated, and data files (workloads/data/) are not Python.
 MAX_MODULE_LINES = 500
-LONGER_FOR_NOW = {
-    "cluster/ledger.py": "the capacity ledger: one class whose rules (gang start, caps, "
-                         "fits, per-task choose_node) share its private state; being "
-                         "extended for GPU types (issue 54), split after that lands",
-    "sim/simulator.py": "the trace-driven simulator's event loop; being changed for GPU "
-                        "types (issue 54), split after that lands",
-}
+LONGER_FOR_NOW: dict[str, str] = {}
 
 
 def test_no_runtime_module_is_over_the_line_limit():

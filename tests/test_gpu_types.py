@@ -115,7 +115,7 @@ def test_a_step_keeps_a_slower_gpu_busy_for_longer():
         sim = Simulator(_one_job(), SimConfig(nodes=2, gpu_types=types))
         s = sim.states["j"]
         s.ps_nodes, s.worker_nodes = (0,), (0, 1)
-        return sim._busy_per_step(s).compute_s
+        return sim.pace.busy_per_step(s).compute_s
 
     assert busy(("v100", "v100")) == busy(None)
     assert busy(("v100", "k80")) == pytest.approx(busy(None) / 0.159)

@@ -86,7 +86,7 @@ def test_simulator_charges_a_coordinated_group_once_and_a_naive_one_both_ways():
     from mlsched.workloads.speed_models import epochs_per_s
     sim = _two_job_sim(True)
     rates = sim._rates()
-    phased = {n: sim._phased(sim.states[n]) for n in ("a", "b")}
+    phased = {n: sim.pace.phased(sim.states[n]) for n in ("a", "b")}
     coloc = colocation_factors(phased, sim.capacity)
     for n, model in (("a", "dssm"), ("b", "seq2seq")):
         assert rates[n] == pytest.approx(epochs_per_s(sim.speed, model, "ps", 1, 1, 1) * coloc[n])

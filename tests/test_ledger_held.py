@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import job
-from mlsched.cluster import ledger as ledger_module
+from mlsched.cluster import demand_facts
 from mlsched.cluster.ledger import Ledger
 from mlsched.cluster.types import JobDecision, Snapshot
 
@@ -81,7 +81,7 @@ def test_held_tasks_booked_in_bulk_leave_the_state_booking_them_one_by_one_leave
 
 def test_bulk_booking_matches_past_the_demands_given_a_load_vector(monkeypatch):
     # beyond LOAD_VECTORS distinct demands the load steps are kept node by node (a dict)
-    monkeypatch.setattr(ledger_module, "LOAD_VECTORS", 1)
+    monkeypatch.setattr(demand_facts, "LOAD_VECTORS", 1)
     rng = np.random.default_rng(9)
     snap = _snapshot(11, rng, budget=False)
     held = _held(rng, 11, 30, odd_every=0)

@@ -4,6 +4,7 @@ import pytest
 
 from mlsched.cluster.types import Decision, JobDecision
 from mlsched.policies import registry
+from mlsched.sim.pace import JobPace
 from mlsched.sim.simulator import CapacityExceeded, SimConfig, Simulator
 from mlsched.workloads import generators, interference
 from mlsched.workloads.speed_models import MeasuredSpeed, epochs_per_s
@@ -179,14 +180,14 @@ def test_what_a_run_keeps_between_stretches_changes_none_of_its_figures(monkeypa
         return sim.run(registry.make_allocation(policy, ctx), registry.make_placement(placement, ctx), group)
 
     kept = simulate()
-    count_busy = Simulator._count_busy
+    count_busy = JobPace.count_busy
 
     def count_busy_afresh(self, s, epochs):
         s.busy_per_step = None
         count_busy(self, s, epochs)
 
     monkeypatch.setattr(interference, "PressureTracker", _PressuresAfresh)
-    monkeypatch.setattr(Simulator, "_count_busy", count_busy_afresh)
+    monkeypatch.setattr(JobPace, "count_busy", count_busy_afresh)
     afresh = simulate()
     assert vars(kept) == vars(afresh)  # exact floats
     assert kept.completed == jobs and kept.net_util > 0

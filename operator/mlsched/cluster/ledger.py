@@ -19,20 +19,22 @@ ledger the same way. Two rules live here, not in every policy:
   only where enough of each is free (Snapshot.counted_free), booked like CPU.
 
 Every grant is logged in order (`grants`): the placement phase may replay it.
-A ledger never changes the snapshot it was built from.
+A ledger never changes the snapshot it was built from. What it derives once per distinct
+demand (cluster/demand_facts.py), its spread counts (cluster/spread_counts.py) and its quota
+charges (cluster/quota_charges.py) are kept by helpers of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Iterable
+from collections.abc import Iterable
 from typing import Protocol
 
 import numpy as np
 
-from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot, Spread
-
-_EPS = 1e-9
-LOAD_VECTORS = 256  # distinct demands per round whose load steps are computed for all nodes
+from mlsched.cluster.demand_facts import EPS, RoundDemands
+from mlsched.cluster.quota_charges import QuotaCharges
+from mlsched.cluster.spread_counts import SpreadCounts
+from mlsched.cluster.types import Decision, JobDecision, JobView, PoolPlan, Role, Snapshot
 
 
 class TaskPlacer(Protocol):
@@ -60,7 +62,6 @@ class Ledger:
         self.free_total = self._free_t.sum(axis=1)
         # Normalised load per node (sum over resources of used/capacity); load-balancing
         # placement reads it, so it is kept incrementally rather than recomputed per task.
-        self._inv_cap = np.where(self.capacity > 0, 1.0 / np.maximum(self.capacity, _EPS), 0.0)
         self.load = np.zeros(len(snapshot.node_names))
         self.tasks_on: list[list[tuple[str, str, Role]]] = [[] for _ in snapshot.node_names]
         # Bumped on every book and release of a task on the node: lets a reader that keeps
@@ -76,23 +77,15 @@ class Ledger:
         # Left to book in all (Snapshot.budget: a namespace's ResourceQuotas, per the dimensions
         # of JobView.quota_charge), None: no cap. Each task books its job's quota charge.
         self.budget = None if snapshot.budget is None else np.array(snapshot.budget, dtype=float)
-        # The same budget (plus the tolerance) as plain floats, and each charge beside its array
-        # as plain floats: a round checks the budget tens of thousands of times (DL² rechecks
-        # every demand of its window after each grant), and comparing six floats in Python
-        # takes a quarter of what one numpy comparison does. Kept in step by book and release.
-        self._room: list[float] = [] if self.budget is None else (self.budget + _EPS).tolist()
-        # (job, role[, kept ordinal]) -> (charge, the charge as floats)
-        self._charges: dict[tuple, tuple[np.ndarray, list[float]]] = {}
+        # The same budget (plus the tolerance) as plain floats, as each charge is beside its
+        # array (QuotaCharges: why). Kept in step by book and release.
+        self._room: list[float] = [] if self.budget is None else (self.budget + EPS).tolist()
+        self._charges = QuotaCharges()
         # The cluster's capacity summed over nodes (fixed for the round): summing 5,000 nodes
         # per reader (DL² builds a state per window of 40 jobs) cost a 10,000-job round 30 ms.
         self.total = total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
-        # Per distinct demand (a round places hundreds of tasks of a handful of demands):
-        self._facts: dict[tuple[str, bytes], _DemandFacts] = {}  # by the demand's values
-        # ... and by the demand array's identity (a round passes the same few arrays, the
-        # JobViews', tens of thousands of times: their bytes need not be read each time).
-        self._facts_of_array: dict[int, tuple[np.ndarray, _DemandFacts]] = {}
-        self._load_vectors = 0  # _DemandFacts.load_steps made for every node (see _load_step)
+        self._demands = RoundDemands(self.capacity)
         # Per exclusive token, how many tasks (and pods the round does not re-decide) hold it on
         # each node: a count, not a flag, so that releasing one of two tasks kept where they were
         # (book_held books kept tasks whatever they conflict with) does not free the token.
@@ -100,8 +93,7 @@ class Ledger:
         for node, tokens in enumerate(snapshot.exclusive_in_use or ()):
             for token in tokens:
                 self._holders(token)[node] += 1
-        # Per Spread token, the tasks counted in each domain of its topology.
-        self._spread_counts: dict[Hashable, np.ndarray] = {}
+        self._spreads = SpreadCounts(snapshot)
         # Per counted resource, what each node has free (a copy: booking must not change the
         # snapshot).
         self.counted_free = {name: np.array(free, dtype=float, copy=True)
@@ -143,7 +135,7 @@ class Ledger:
                   role: Role | None = None) -> np.ndarray:
         """Nodes with room for one task of `demand` that `job` may use: in its pool, and, for
         a task of `role`, among the nodes its template allows (JobView.node_filters)."""
-        column = self._demand_facts(demand).column
+        column = self._demands.facts(demand).column
         mask = (self._free_t >= column).all(axis=0)  # (np.logical_and.reduce is 4x slower here)
         if self.budget is not None and not self.budget_allows(job, role, demand):
             mask[:] = False
@@ -158,16 +150,16 @@ class Ledger:
                 mask &= free
         if job is not None and role is not None and job.spreads:
             for spread in job.spreads.get(role, ()):
-                mask &= self._spread_room(spread)
+                mask &= self._spreads.room(spread)
         if job is not None and role is not None and job.counted:
             for name, amount in job.takes(role):
-                mask &= self.counted_free[name] >= amount - _EPS
+                mask &= self.counted_free[name] >= amount - EPS
         return mask
 
     def fits_on(self, demand: np.ndarray, node: int, job: JobView | None = None,
                 role: Role | None = None) -> bool:
         """fits_mask(demand, job, role)[node], without comparing every node."""
-        c, g, m = self._demand_facts(demand).need
+        c, g, m = self._demands.facts(demand).need
         free = self._free_t
         if not (free[0, node] >= c and free[1, node] >= g and free[2, node] >= m):
             return False
@@ -178,10 +170,10 @@ class Ledger:
         if job.exclusive and role is not None and not self.exclusive_free(job, role, node):
             return False
         if job.spreads and role is not None and not all(
-                self._spread_room(s)[node] for s in job.spreads.get(role, ())):
+                self._spreads.room(s)[node] for s in job.spreads.get(role, ())):
             return False
         if job.counted and role is not None and not all(
-                self.counted_free[name][node] >= amount - _EPS for name, amount in job.takes(role)):
+                self.counted_free[name][node] >= amount - EPS for name, amount in job.takes(role)):
             return False
         if job.pool is None and not job.node_filters:
             return True
@@ -208,30 +200,6 @@ class Ledger:
             if holders is not None:
                 mask &= holders == 0
         return mask
-
-    def _spread_room(self, spread: Spread) -> np.ndarray:
-        """The nodes one more task under `spread` may go on (see Spread)."""
-        domains = self.snapshot.topology[spread.key]
-        counts = self._counts(spread.token, domains)
-        eligible = counts[spread.eligible]
-        low = int(eligible.min()) if len(eligible) >= spread.min_domains and len(eligible) else 0
-        room = counts + 1 - low <= spread.max_skew  # per domain
-        return (domains >= 0) & room[np.maximum(domains, 0)]
-
-    def _counts(self, token: Hashable, domains: np.ndarray) -> np.ndarray:
-        counts = self._spread_counts.get(token)
-        if counts is None:
-            held = self.snapshot.spread_held.get(token)
-            counts = self._spread_counts[token] = (
-                np.array(held, dtype=np.int32) if held is not None  # a copy: booking changes it
-                else np.zeros(int(domains.max(initial=-1)) + 1, dtype=np.int32))
-        return counts
-
-    def _count_spread(self, job: JobView, role: Role, node: int, step: int) -> None:
-        for token, key in job.spread_counts.get(role, ()):
-            domains = self.snapshot.topology[key]
-            if domains[node] >= 0:
-                self._counts(token, domains)[domains[node]] += step
 
     def _holders(self, token: object) -> np.ndarray:
         holders = self._holders_of.get(token)
@@ -271,23 +239,9 @@ class Ledger:
 
     def _charge_entry(self, job: JobView | None, role: Role | None, demand: np.ndarray,
                       ordinal: int | None) -> tuple[np.ndarray, list[float]]:
-        size = len(self.budget)
-        if job is None or role is None:
-            charge = _padded(np.array([*demand, 0.0, 0.0, 1.0]), size)  # no limits, one pod
-            return charge, charge.tolist()
-        key: tuple = (job.name, role)
-        charge = None
-        if job.kept_charges:
-            kept = job.kept_charges.get(role, ())
-            i = self.count(job, role) if ordinal is None else ordinal
-            if i < len(kept) and kept[i] is not None:
-                key, charge = (job.name, role, i), kept[i]
-        found = self._charges.get(key)
-        if found is None:
-            charge = _padded(job.quota_charge(role) if charge is None else charge, size)
-            charge = np.where(np.isinf(self.budget), 0.0, charge)
-            found = self._charges[key] = (charge, charge.tolist())
-        return found
+        if ordinal is None and job is not None and job.kept_charges:
+            ordinal = self.count(job, role)  # the next task's
+        return self._charges.of(job, role, demand, ordinal, self.budget)
 
     def allowed_nodes(self, job: JobView | None, role: Role | None = None) -> np.ndarray | None:
         """The nodes a task of `job` (of `role`, when given) may use whatever their free
@@ -305,39 +259,6 @@ class Ledger:
         if mask is None:
             mask = self._allowed[key] = self._pool_mask(pool) & node_filter
         return mask
-
-    def _demand_facts(self, demand: np.ndarray) -> "_DemandFacts":
-        """What the round derives from `demand` (_DemandFacts), made once per distinct one."""
-        found = self._facts_of_array.get(id(demand))
-        if found is not None and found[0] is demand:  # (an id is only unique while it lives)
-            return found[1]
-        key = _demand_key(demand)
-        facts = self._facts.get(key)
-        if facts is None:
-            facts = self._facts[key] = _DemandFacts(demand)
-        self._facts_of_array[id(demand)] = (demand, facts)
-        return facts
-
-    def _load_step(self, demand: np.ndarray, node: int) -> float:
-        """The normalised load one task of `demand` adds on `node`: the dot product, computed
-        once per demand and node (placing and undoing a task add and subtract the same float):
-        for every node at once for the first LOAD_VECTORS distinct demands (a round places
-        thousands of tasks of a handful of demands), node by node for any beyond (a vector per
-        distinct demand would take 40 KB at 5,000 nodes)."""
-        facts = self._demand_facts(demand)
-        steps = facts.load_steps
-        if steps is None:
-            if self._load_vectors < LOAD_VECTORS:
-                self._load_vectors += 1
-                steps = facts.load_steps = self._inv_cap @ demand
-            else:
-                steps = facts.load_steps = {}
-        if isinstance(steps, dict):
-            step = steps.get(node)
-            if step is None:
-                step = steps[node] = float(demand @ self._inv_cap[node])
-            return step
-        return steps[node]
 
     def gpu_type(self, node: int) -> str | None:
         """The GPU type of `node` (Snapshot.gpu_types); None when untyped."""
@@ -423,13 +344,13 @@ class Ledger:
         self.free_total -= demand
         if self.budget is not None:
             self.budget -= self.charge(job, role, demand)
-            self._room = (self.budget + _EPS).tolist()
-        self.load[node] += self._load_step(demand, node)
+            self._room = (self.budget + EPS).tolist()
+        self.load[node] += self._demands.load_step(demand, node)
         if job.exclusive:
             for token in job.holds(role):
                 self._holders(token)[node] += 1
         if job.spread_counts:
-            self._count_spread(job, role, node, 1)
+            self._spreads.count(job, role, node, 1)
         if job.counted:
             for name, amount in job.takes(role):
                 self.counted_free[name][node] -= amount
@@ -475,7 +396,7 @@ class Ledger:
                 if not placed:
                     continue
                 demand = self.demand(job, role)  # type: ignore[arg-type]
-                steps.append(self._load_steps(demand, placed))
+                steps.append(self._demands.load_steps(demand, placed))
                 nodes.extend(placed)
                 demands.append(demand)
                 counts.append(len(placed))
@@ -497,15 +418,6 @@ class Ledger:
         np.add.at(self.load, at, np.concatenate(steps))
         np.add.at(self.node_version, at, 1)
 
-    def _load_steps(self, demand: np.ndarray, nodes: list[int]) -> np.ndarray:
-        """_load_step(demand, n) for each of `nodes`, as an array."""
-        facts = self._demand_facts(demand)
-        if facts.load_steps is None:
-            self._load_step(demand, nodes[0])  # makes the demand's steps, a vector or a dict
-        if isinstance(facts.load_steps, np.ndarray):
-            return facts.load_steps[nodes]
-        return np.array([self._load_step(demand, n) for n in nodes], dtype=float)
-
     def release(self, job: JobView, added: list[tuple[Role, int]]) -> None:
         """Take these (role, node) tasks of `job` back out of the ledger, newest first."""
         for role, node in reversed(added):
@@ -514,13 +426,13 @@ class Ledger:
             self.free_total += demand
             if self.budget is not None:  # the task of the highest ordinal held
                 self.budget += self.charge(job, role, demand, self.count(job, role) - 1)
-                self._room = (self.budget + _EPS).tolist()
-            self.load[node] -= self._load_step(demand, node)
+                self._room = (self.budget + EPS).tolist()
+            self.load[node] -= self._demands.load_step(demand, node)
             if job.exclusive:
                 for token in job.holds(role):
                     self._holders(token)[node] -= 1
             if job.spread_counts:
-                self._count_spread(job, role, node, -1)
+                self._spreads.count(job, role, node, -1)
             if job.counted:
                 for name, amount in job.takes(role):
                     self.counted_free[name][node] += amount
@@ -543,31 +455,3 @@ class Ledger:
 
     def decision(self) -> Decision:
         return Decision(jobs=self.jobs, inferences=self.inferences, pools=self.pools)
-
-
-def _padded(charge: np.ndarray, size: int) -> np.ndarray:
-    """A quota charge cut or padded with zeros to the budget's `size`: the dimensions after
-    the six standard ones (counted resources a quota bounds) are taken only by the tasks
-    whose charge says so."""
-    if len(charge) >= size:
-        return charge[:size]
-    return np.concatenate([charge, np.zeros(size - len(charge))])
-
-
-def _demand_key(demand: np.ndarray) -> tuple[str, bytes]:
-    return demand.dtype.str, demand.tobytes()
-
-
-class _DemandFacts:
-    """What a round's ledger derives from one distinct task demand, once: the free capacity a
-    node needs for it (the demand less a rounding tolerance, -inf for a resource the task does
-    not use, which never blocks it), as a (3, 1) column to compare all nodes at once and as
-    plain floats to check one node; and, once a task is placed, the load one such task adds
-    on each node (Ledger._load_step)."""
-
-    __slots__ = ("column", "need", "load_steps")
-
-    def __init__(self, demand: np.ndarray):
-        self.column = np.where(demand > 0, demand - _EPS, -np.inf)[:, None]
-        self.need = tuple(self.column[:, 0].tolist())
-        self.load_steps: np.ndarray | dict[int, float] | None = None

@@ -19,6 +19,10 @@ scaling cost, and in coordinated pools the interference model leaves co-members 
 no grouping, or `none`, nothing of this applies and results are exactly as before. Every
 run also records busy compute and network time (a job's iteration split into its phases,
 workloads/phases.py) for the utilisation figures Harmony reports.
+
+Beside it: SimConfig (sim/config.py), each job's state (sim/job_state.py), its pace, phases
+and measurements (sim/pace.py), ideal times (sim/ideal.py), a whole run (sim/runner.py) and
+its SimResult (sim/result.py).
 """
 
 from __future__ import annotations
@@ -26,31 +30,27 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Callable
 
 import numpy as np
 
-from mlsched.cluster.ledger import Ledger
-from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation, shared_demand
-from mlsched.policies.placement.heuristics import LoadBalance
-from mlsched.policies.cycle_guard import CycleGuard
-from mlsched.policies.round import run_admission, run_round, run_served_round, settles
-from mlsched.policies.model_domain import DomainTally, served_cards, shape_of
-from mlsched.policies.work_conservation import IdleCapacity, idle_capacity
-from mlsched.sim.colocation import PhasedJob, colocation_factors, worker_compute_share
+from mlsched.cluster.types import Decision, JobView, PoolPlan, Snapshot, SpeedObservation
+from mlsched.policies.work_conservation import IdleCapacity
+from mlsched.sim import quota, runner
+from mlsched.sim.colocation import colocation_factors
 from mlsched.sim.colocation_error import ColocationError
-from mlsched.sim.grouping_guard import GuardedGrouping, simulator_rollout
-from mlsched.sim.placement_guard import RolloutPlacement
-from mlsched.sim import quota
+from mlsched.sim.config import ADMISSION, SimConfig, TaskDemands
 from mlsched.sim.gpu_restrictions import GpuRestrictions
-from mlsched.workloads import catalog, gpu_types, interference
+from mlsched.sim.ideal import IdealTimes
+from mlsched.sim.job_state import JobState
+from mlsched.sim.pace import JobPace
+from mlsched.sim.result import SimResult
+from mlsched.workloads import gpu_types, interference
 from mlsched.workloads.phases import phase_times
 from mlsched.workloads.speed_models import ScaledSpeed, SpeedModel, epochs_per_s, get_speed_model
 from mlsched.workloads.traces import TraceJob
 
-PROFILE_CONFIGS_PS = ((1, 1), (1, 2), (2, 2), (2, 4))
-PROFILE_CONFIGS_ALLREDUCE = ((0, 1), (0, 2), (0, 4))
 MAX_OBSERVATIONS = 24  # per job; older ones fall off
 #: Changes whenever the simulated environment changes (speed, interference, scaling models):
 #: model cards record the version a policy was trained in.
@@ -60,200 +60,10 @@ SIMULATOR_VERSION = "sim-2"
 
 _EPS_S = 1e-9  # a job due to finish at a stretch's end finishes in it, whatever the rounding
 Admit = Callable[[Snapshot], Decision]
-ADMISSION = ("interval", "arrival")
 
 
 class CapacityExceeded(RuntimeError):
     pass
-
-
-@dataclass
-class SimConfig:
-    nodes: int = 13
-    node_cpus: float = 8
-    node_gpus: float = 2
-    node_mem_gib: float = 48
-    interval_s: float = 1200.0
-    max_ps: int = 16
-    max_workers: int = 16
-    scaling_cost_s: float = 30.0  # checkpoint-restart; hot scaling would be ~0.05
-    # A job's first start (or a start after holding nothing): pods created, the program and
-    # its libraries loaded, peers found, before the first step. None: scaling_cost_s, as the
-    # shipped figures were measured. A real cluster's records give it (sim-to-real, issue 53).
-    start_cost_s: float | None = None
-    # False: a cost still unpaid when its slot ends is forgiven (as the shipped figures were
-    # measured; with 20-minute slots it rarely matters). True: it goes on into the next slot
-    # while the job keeps its tasks, as a restart does in a cluster whose interval is short.
-    costs_span_slots: bool = False
-    # Tasks a running job gives up are free only once its pods have stopped (checkpointed and
-    # terminated): a job that starts in the same decision on a node where a running job lost
-    # tasks waits this much longer. None: they are free at once, as the shipped figures were
-    # measured. On the real node a stop took 13-17 s (docs/simulator.md, "Against a real node").
-    handover_s: float | None = None
-    speed_model: str = "measured"
-    interference: bool = True
-    profiling_noise: float = 0.05  # Optimus-style profiling runs, ±5 % measurement noise
-    seed: int = 0
-    max_slots: int = 20000
-    # 'arrival' (default): jobs get tasks at slot starts and also when a job arrives or one
-    # finishes, by an admission step (policies.round.run_admission), as the operator does;
-    # arrivals within admission_delay_s of the first are one step. 'interval': only at slot
-    # starts (the papers' rule; bench/bench_admission.py compares the two).
-    admission: str = "arrival"
-    admission_delay_s: float = 1.0
-    event_driven: bool = False  # rounds on finishes and arrivals (module doc), not every interval
-    arrival_trigger_below: int | None = None  # event-driven: an arrival starts a round only below this many jobs
-    # model -> (ps demand, worker demand), each (cpu, gpu, mem_gib): overrides the catalog's
-    demands: dict[str, tuple[tuple[float, float, float], tuple[float, float, float]]] | None = None
-    # Harmony's profile: each slot a job's measured (compute, communication) per iteration
-    # joins a moving average with this weight (the paper gives none), measured with ±noise.
-    phase_ema_weight: float = 0.5
-    phase_noise: float = 0.05
-    # model -> factor on its speed (speed_models.ScaledSpeed): a calibration to a real cluster
-    # (`mlsched retrain`), or a benchmark's "cluster" that differs from the catalog. None: off.
-    speed_factors: dict[str, float] | None = None
-    # model -> factor on its sensitivity to co-tenants (interference.job_speed_factors): the
-    # same kind of calibration, for interference. None: the table's sensitivities.
-    sensitivity_factors: dict[str, float] | None = None
-    # `harmony` grouping compared at every arrival with `isolated` and `none` by rollouts in
-    # this simulator, the best one kept (sim/grouping_guard.py). False: harmony alone.
-    grouping_guard: bool = True
-    # `harmony` placement judged by rollouts to the end at every arrival against LIF-Line, the
-    # better one served until the next arrival (sim/placement_guard.py). Off by default: it
-    # costs 4-55 x the simulator time, and it keeps harmony at or below LIF-Line mostly by
-    # serving LIF-Line (docs/placement.md); bench_placement's `harmony-rollout` column and
-    # `mlsched simulate --placement-rollout` turn it on. Only without a grouping or regret guard.
-    placement_rollout: bool = False
-    # Learned rounds go through the operator's cycle guard (policies/cycle_guard.py): a job is
-    # not sent back to counts it held since anything else changed. False: the policy alone.
-    cycle_guard: bool = True
-    # One GPU type per node (workloads/gpu_types.py; gpu_types.parse_cluster reads
-    # `v100:4,p100:4,k80:4`): a job trains at its catalog speed times the relative speed of the
-    # slowest type among its workers' nodes. None: untyped, every GPU the same (as before).
-    gpu_types: tuple[str, ...] | None = None
-    # A namespace quota on all the jobs' requests together, (cpu, gpu, mem_gib), inf where
-    # unbounded (sim/quota.py; `mlsched simulate --quota cpu=32,gpu=8`): Snapshot.budget, as
-    # the operator mirrors a ResourceQuota. None: no quota.
-    quota: tuple[float, float, float] | None = None
-    # Rounds decided as the operator serves them (round.run_served_round): heuristic rounds
-    # settled. False: heuristic rounds decided once (as the shipped figures were measured).
-    served_round: bool = False
-
-    def capacity(self) -> np.ndarray:
-        row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)
-        return np.tile(row, (self.nodes, 1))
-
-    def demand(self, model: str, role: str) -> np.ndarray:
-        """(cpu, gpu, mem_gib) of one task of `model` in `role` in this simulated cluster."""
-        if self.demands and model in self.demands:
-            return np.asarray(self.demands[model][0 if role == "ps" else 1], dtype=float)
-        return catalog.MODELS[model].demand(role)
-
-
-@dataclass
-class JobState:
-    spec: TraceJob
-    epochs_done: float = 0.0
-    ps_nodes: tuple[int, ...] = ()
-    worker_nodes: tuple[int, ...] = ()
-    slots_run: int = 0
-    observations: list[SpeedObservation] = field(default_factory=list)
-    # the GPU type each observation was measured at (its slowest worker's); typed clusters only
-    observation_types: list[str | None] = field(default_factory=list)
-    finish_s: float | None = None
-    gpu_s: float = 0.0
-    cpu_s: float = 0.0
-    cost_left: float = 0.0  # seconds of scaling cost still to pay in this slot
-    pool: str | None = None  # the pool it is in (grouping)
-    pool_since_s: float | None = None
-    phase_s: tuple[float, float] | None = None  # moving average of measured (compute, comm)
-    phase_at: tuple[int, int] | None = None  # the (ps, workers) phase_s was measured at
-    busy_compute_s: float = 0.0  # node-seconds of compute its iterations kept busy
-    busy_net_s: float = 0.0  # node-seconds of NIC time
-    # What _count_busy derives from where the job runs, kept while it runs there (a slot has
-    # a stretch per arrival and completion): (ps nodes, worker nodes) -> its _BusyPerStep.
-    busy_per_step: tuple[tuple[tuple[int, ...], tuple[int, ...]], _BusyPerStep | None] | None = None
-
-
-@dataclass(frozen=True)
-class _BusyPerStep:
-    """Per training step of a job where it runs: compute seconds, the summed share of their
-    nodes' compute its workers keep busy, communication seconds, how many NICs it uses."""
-
-    compute_s: float
-    compute_shares: float
-    comm_s: float
-    nodes: int
-
-
-@dataclass
-class SimResult:
-    jct_s: dict[str, float]
-    ideal_s: dict[str, float]
-    makespan_s: float
-    gpu_util: float
-    cpu_util: float
-    jobs: int
-    completed: int
-    slots: int
-    inferences: int
-    total_reward: float
-    compute_util: float = 0.0  # busy compute (cpu/gpu) node-seconds / (nodes x makespan)
-    net_util: float = 0.0  # busy NIC node-seconds / (nodes x makespan)
-    # Work conservation (policies/work_conservation.py), over the rounds of `run` (admission
-    # steps not counted): rounds that left idle capacity a waiting job's minimum would fit,
-    # and the mean of what those jobs' minimums would have used in them.
-    rounds: int = 0
-    nonconserving_rounds: int = 0
-    idle_gpus: float = 0.0
-    idle_cpus: float = 0.0
-    idle_tasks: float = 0.0
-    # Model domain (policies/model_domain.py): rounds of `run` checked (those a learned model
-    # served; 0 for heuristics), those outside the trained domain of a served model (its
-    # card's), what was outside (first value found, per model and figure; "" when nothing),
-    # and the served models whose cards record no domain.
-    domain_rounds: int = 0
-    rounds_outside_domain: int = 0
-    outside_domain: str = ""
-    no_domain: tuple[str, ...] = ()
-    # Harmony grouping (sim/grouping_guard.py, sim/colocation_error.py): decisions won by each
-    # candidate (harmony, isolated, none), and the co-location model's mean absolute relative
-    # error of predicted vs true co-located speed over the job-slots in pools of 2+ jobs.
-    grouping_choices: dict[str, int] = field(default_factory=dict)
-    colocation_samples: int = 0
-    colocation_mare: float = 0.0
-    # A guarded learned placement (policies/placement/guarded.py): decisions won by the
-    # network's layout ("learned") and by the fallback's ("fallback") in this run.
-    placement_choices: dict[str, int] = field(default_factory=dict)
-
-    def summary(self) -> dict:
-        jct = np.array(list(self.jct_s.values())) if self.jct_s else np.array([np.nan])
-        ideal = np.array([self.ideal_s[n] for n in self.jct_s]) if self.jct_s else np.array([np.nan])
-        return {
-            "avg_jct_s": float(jct.mean()),
-            "p50_jct_s": float(np.percentile(jct, 50)),
-            "p95_jct_s": float(np.percentile(jct, 95)),
-            "makespan_s": self.makespan_s,
-            "gpu_util": self.gpu_util,
-            "cpu_util": self.cpu_util,
-            "avg_slowdown": float((jct / ideal).mean()),
-            "ideal_avg_jct_s": float(ideal.mean()),
-            "jobs": self.jobs,
-            "completed": self.completed,
-            "compute_util": self.compute_util,
-            "net_util": self.net_util,
-            "rounds": self.rounds,
-            "nonconserving_rounds": self.nonconserving_rounds,
-            "idle_gpus": self.idle_gpus,
-            "idle_cpus": self.idle_cpus,
-            "idle_tasks": self.idle_tasks,
-            "rounds_outside_domain": self.rounds_outside_domain,
-            "outside_domain": self.outside_domain,
-            "grouping_choices": dict(self.grouping_choices),
-            "colocation_samples": self.colocation_samples,
-            "colocation_mare": self.colocation_mare,
-            "placement_choices": dict(self.placement_choices),
-        }
 
 
 class Simulator:
@@ -277,9 +87,10 @@ class Simulator:
             types = tuple(gpu_types.canonical_type(t) for t in types)
         self.gpu_types = types
         self.restrictions = GpuRestrictions(trace, types)  # jobs' own GPU types (TraceJob.gpu_types)
-        self._task_demands: dict[tuple[str, str, int], np.ndarray] = {}  # _task_demand's
-        self._held_demands: dict[tuple[str, int, int, int], np.ndarray] = {}  # _held_demand's
+        self.demands = TaskDemands(self.config)
+        self.pace = JobPace(self.speed, self.config, self.capacity, types)
         self.node_names = [f"node-{i}" for i in range(self.config.nodes)]
+        self.ideal = IdealTimes(self.speed, self.config, self.capacity, self.node_names, types)
         self.trace = sorted(trace, key=lambda j: (j.arrival_s, j.name))
         self.ideal_s = {j.name: self.ideal_time(j) for j in self.trace}
         impossible = [n for n, t in self.ideal_s.items() if not math.isfinite(t)]
@@ -407,9 +218,9 @@ class Simulator:
                 s.observations.append(SpeedObservation(ps, w, rate))
                 del s.observations[:-MAX_OBSERVATIONS]
                 if self.gpu_types is not None:
-                    s.observation_types.append(self._pace_type(s))
+                    s.observation_types.append(self.pace.pace_type(s))
                     del s.observation_types[:-MAX_OBSERVATIONS]
-            self._measure_phases(s, ps, w)
+            self.pace.measure_phases(s, ps, w, self.phase_rng)
         self._retire_finished()
         self.total_reward += reward
         self.time_s = start + interval
@@ -420,63 +231,9 @@ class Simulator:
         return reward
 
     def run(self, allocation, placement, grouping=None, progress=None, guard=None) -> SimResult:
-        """`guard`: a sim.regret_guard.SimGuard serving its fallback while it is tripped."""
-        rollout_placement = None  # harmony placement judged by rollouts (sim/placement_guard.py)
-        if (self.config.placement_rollout and guard is None and getattr(placement, "name", None) == "harmony"
-                and getattr(grouping, "name", "none") == "none"):
-            placement = rollout_placement = RolloutPlacement(placement, self, allocation)
-        learned = (allocation, placement)
-        if guard is not None:  # the policies in force are the guard's choice, round by round
-            def allocation_now():
-                return guard.serving(*learned)[0]
-
-            def placement_now():
-                return guard.serving(*learned)[1]
-        else:
-            def allocation_now():
-                return learned[0]
-
-            def placement_now():
-                return learned[1]
-        if grouping is not None and self.config.grouping_guard and getattr(grouping, "name", None) == "harmony":
-            grouping = GuardedGrouping(grouping, simulator_rollout(self, allocation, placement))
-        # The guard decides at full rounds, where its rollouts start; admission steps use the
-        # grouping it chose (a switch there could not move running jobs: round.admissible).
-        admit = ((lambda snapshot: run_admission(snapshot, allocation_now(), placement_now(),
-                                                 getattr(grouping, "in_force", grouping)))
-                 if self.config.admission == "arrival" else None)
-        idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
-        domain = DomainTally.of(served_cards(grouping, allocation, placement))
-        # The rounds the operator does not settle (a learned phase) go through the cycle
-        # guard, as its served round does (round.run_served_round); heuristic rounds are
-        # decided as the simulator always has (the operator settles those instead).
-        self.cycle_guard = CycleGuard() if self.config.cycle_guard else None
-        placed_before = Counter(getattr(placement, "choices", {}))  # a guarded placement's tally
-        while not self.done:
-            snapshot = self.snapshot()
-            if rollout_placement is not None:
-                rollout_placement.round_starts(snapshot)
-            domain.add(shape_of(snapshot))
-            phases = (allocation_now(), placement_now())
-            if self.config.served_round:
-                decision = run_served_round(snapshot, *phases, grouping, guard=self.cycle_guard)
-            else:
-                decision = run_round(snapshot, *phases, grouping)
-                if self.cycle_guard is not None and not settles(*phases, grouping):
-                    decision = self.cycle_guard.apply(snapshot, decision)
-            idle.append(idle_capacity(snapshot, decision))
-            before = {s.spec.name: s.epochs_done for s in self.active}
-            start = self.time_s
-            reward = self.advance(decision, admit)
-            if guard is not None:
-                guard.closed(self, start, before, decision, reward, learned)
-            if progress is not None:
-                progress(len(self.trace) - len(self.active) - (len(self.trace) - self._next_arrival))
-        return replace(self.result(idle), domain_rounds=domain.rounds,
-                       rounds_outside_domain=domain.outside_rounds,
-                       outside_domain=domain.outside(), no_domain=domain.unknown,
-                       grouping_choices=dict(getattr(grouping, "choices", {})),
-                       placement_choices=dict(Counter(getattr(placement, "choices", {})) - placed_before))
+        """Run to the end under these policies (sim/runner.py); `guard`: a
+        sim.regret_guard.SimGuard serving its fallback while it is tripped."""
+        return runner.run(self, allocation, placement, grouping, progress, guard)
 
     # ---- one slot, stretch by stretch ----------------------------------------------------
     def _apply(self, decision: Decision, cost_cap: float, only_idle: bool) -> None:
@@ -522,7 +279,7 @@ class Simulator:
         factors = (interference.speed_factors(placements, self._pressures.pressures(placements, groups),
                                               self.sensitivity)
                    if self.config.interference else {})
-        coloc = colocation_factors({n: self._phased(self.states[n]) for n in shared}, self.capacity) if shared else {}
+        coloc = colocation_factors({n: self.pace.phased(self.states[n]) for n in shared}, self.capacity) if shared else {}
         rates = {}
         for s in self.active:
             if s.spec.name in placements:
@@ -531,29 +288,8 @@ class Simulator:
                                     len(set(s.worker_nodes)))
                 rates[j.name] = base * factors.get(j.name, 1.0) * coloc.get(j.name, 1.0)
                 if self.gpu_types is not None:  # (untyped: the arithmetic exactly as before)
-                    rates[j.name] *= self._type_factor(j.model, s.worker_nodes)
+                    rates[j.name] *= self.pace.type_factor(j.model, s.worker_nodes)
         return rates
-
-    def _uses_gpu(self, model: str) -> bool:
-        return bool(self.config.demand(model, "worker")[1] > 0)
-
-    def _type_factor(self, model: str, worker_nodes: tuple[int, ...]) -> float:
-        """The pace of a job whose workers run on these nodes: its slowest worker's type."""
-        types = self.gpu_types
-        return gpu_types.slowest(model, (types[n] for n in worker_nodes), self._uses_gpu(model))
-
-    def _pace_type(self, s: JobState) -> str | None:
-        """The GPU type that sets the job's pace where it runs (its slowest worker's)."""
-        types = self.gpu_types
-        if types is None or not s.worker_nodes:
-            return None
-        model = s.spec.model
-        return min((types[n] for n in s.worker_nodes),
-                   key=lambda t: gpu_types.relative_speed(model, t))
-
-    def _profile_type(self) -> str | None:
-        """Where profiling runs on a typed cluster: a node of the first type listed."""
-        return self.gpu_types[0] if self.gpu_types is not None else None
 
     def _check_colocation(self, rates: dict[str, float]) -> None:
         """Each slot: every job in a forecast pool of 2+ members, harmony's predicted iteration
@@ -579,30 +315,6 @@ class Simulator:
             return {}
         return {s.spec.name: s.pool for s in self.active
                 if s.spec.name in placements and s.pool in shares}
-
-    def _phased(self, s: JobState) -> PhasedJob:
-        j = s.spec
-        t, c, n = phase_times(self.speed, j.model, j.arch, len(s.ps_nodes), len(s.worker_nodes),
-                              len(set(s.worker_nodes)))
-        return PhasedJob(t, c, n, s.worker_nodes, s.ps_nodes + s.worker_nodes,
-                         self.config.demand(j.model, "worker"))
-
-    def _measure_phases(self, s: JobState, ps: int, w: int) -> None:
-        """Fold this slot's measured (compute, comm) per iteration into the job's moving average;
-        a new (ps, workers) starts it afresh (the old one was measured at other counts)."""
-        j = s.spec
-        _, c, n = phase_times(self.speed, j.model, j.arch, ps, w, len(set(s.worker_nodes)) or 2)
-        if not math.isfinite(c):
-            return
-        noise = self.config.phase_noise
-        c *= 1 + noise * self.phase_rng.uniform(-1, 1)
-        n *= 1 + noise * self.phase_rng.uniform(-1, 1)
-        a = self.config.phase_ema_weight
-        if s.phase_s is None or s.phase_at != (ps, w):
-            s.phase_s = (c, n)
-        else:
-            s.phase_s = (a * c + (1 - a) * s.phase_s[0], a * n + (1 - a) * s.phase_s[1])
-        s.phase_at = (ps, w)
 
     def _next_event(self, t: float, end: float, rates: dict[str, float]) -> float:
         """The next arrival (plus the debounce) or completion after t; `end` if none comes first."""
@@ -639,60 +351,13 @@ class Simulator:
                 trained = rate * usable
             s.epochs_done += trained
             reward += trained / j.epochs
-            self._count_busy(s, trained)
+            self.pace.count_busy(s, trained)
             share = self.plan.share_of(s.pool) if self.plan.shares else 1
-            demand = self._held_demand(j.model, ps, w, share)
+            demand = self.demands.held(j.model, ps, w, share)
             s.cpu_s += demand[0] * held
             s.gpu_s += demand[1] * held
             trained_in.setdefault(j.name, []).append((rate, usable, ps, w))
         return reward
-
-    def _task_demand(self, model: str, role: str, share: int) -> np.ndarray:
-        """(cpu, gpu, mem) one task of `model` in `role` asks for in a pool `share` jobs
-        time-share. Asked for every task at every admission step's capacity check, and per
-        job at every stretch: computed once per combination (a handful)."""
-        key = (model, role, share)
-        found = self._task_demands.get(key)
-        if found is None:
-            found = self._task_demands[key] = shared_demand(self.config.demand(model, role), share)
-        return found
-
-    def _held_demand(self, model: str, ps: int, workers: int, share: int) -> np.ndarray:
-        """What a job of `model` with `ps` and `workers` tasks holds (as _task_demand)."""
-        key = (model, ps, workers, share)
-        found = self._held_demands.get(key)
-        if found is None:
-            found = self._held_demands[key] = (ps * self._task_demand(model, "ps", share)
-                                               + workers * self._task_demand(model, "worker", share))
-        return found
-
-    def _count_busy(self, s: JobState, epochs: float) -> None:
-        """Busy node-seconds of the iterations just trained: compute on each worker's share
-        of its node, communication on the NIC of every node the job uses."""
-        if epochs <= 0:
-            return
-        layout = (s.ps_nodes, s.worker_nodes)
-        if s.busy_per_step is None or s.busy_per_step[0] != layout:
-            s.busy_per_step = (layout, self._busy_per_step(s))
-        busy = s.busy_per_step[1]
-        if busy is None:
-            return
-        steps = epochs * catalog.MODELS[s.spec.model].steps_per_epoch
-        s.busy_compute_s += steps * busy.compute_s * busy.compute_shares
-        s.busy_net_s += steps * busy.comm_s * busy.nodes
-
-    def _busy_per_step(self, s: JobState) -> _BusyPerStep | None:
-        """The factors of _count_busy that depend only on where the job runs (None: its
-        iteration never ends there, nothing is busy)."""
-        phased = self._phased(s)
-        if not math.isfinite(phased.iteration_s):
-            return None
-        demand = phased.worker_demand
-        shares = sum(worker_compute_share(demand, self.capacity[n]) for n in s.worker_nodes)
-        compute_s = phased.compute_s
-        if self.gpu_types is not None:  # a step computes for longer on a slower GPU
-            compute_s /= self._type_factor(s.spec.model, s.worker_nodes)
-        return _BusyPerStep(compute_s, shares, phased.comm_s, len(set(phased.nodes)))
 
     def _retire_finished(self) -> None:
         for s in [s for s in self.active if s.finish_s is not None]:
@@ -730,9 +395,9 @@ class Simulator:
     def _admit(self) -> None:
         while self._next_arrival < len(self.trace) and self.trace[self._next_arrival].arrival_s <= self.time_s:
             s = self.states[self.trace[self._next_arrival].name]
-            s.observations.extend(self._profile(s.spec))
+            s.observations.extend(self.pace.profile(s.spec, self.rng))
             if self.gpu_types is not None:
-                s.observation_types.extend([self._profile_type()] * (len(s.observations)
+                s.observation_types.extend([self.pace.profile_type()] * (len(s.observations)
                                                                      - len(s.observation_types)))
             self.active.append(s)
             self._next_arrival += 1
@@ -773,59 +438,11 @@ class Simulator:
         self.slot += slots
         self._admit()
 
-    def _profile(self, job: TraceJob) -> list[SpeedObservation]:
-        """Short profiling runs on arrival (Optimus §4): true speed, alone, with noise."""
-        configs = PROFILE_CONFIGS_PS if job.arch == "ps" else PROFILE_CONFIGS_ALLREDUCE
-        noise = self.config.profiling_noise
-        out = []
-        for ps, w in configs:
-            f = epochs_per_s(self.speed, job.model, job.arch, ps, w)
-            if self.gpu_types is not None:
-                f *= gpu_types.relative_speed(job.model, self._profile_type(), self._uses_gpu(job.model))
-            out.append(SpeedObservation(ps, w, f * (1 + noise * self.rng.uniform(-1, 1))))
-        return out
-
     def ideal_time(self, job: TraceJob, pairs: bool = False) -> float:
         """`job` alone on the empty cluster at its best allocation: the bound no scheduler
         beats. `pairs`: its best allocation with as many PS as workers (the bound of a policy
         that grows jobs by worker-PS pairs, Chic-Pair)."""
-        best = self._best_rate(job.model, job.arch, pairs)
-        if self.gpu_types is not None:  # on the fastest type the cluster has for it
-            best *= max(gpu_types.relative_speed(job.model, t, self._uses_gpu(job.model))
-                        for t in set(self.gpu_types))
-        return job.epochs / best if best > 0 else float("inf")
-
-    def _best_rate(self, model: str, arch: str, pairs: bool = False) -> float:
-        cache = self.__dict__.setdefault("_best_rate_cache", {})
-        key = (model, arch, pairs)
-        if key not in cache:
-            cache[key] = self._search_best_rate(model, arch, pairs)
-        return cache[key]
-
-    def _search_best_rate(self, model: str, arch: str, pairs: bool = False) -> float:
-        """Try configurations from the fastest down; the first that fits the empty cluster wins
-        (an all-reduce ring inside one node can beat its inter-node estimate, so we also look
-        at the next few)."""
-        cfg = self.config
-        snap = Snapshot(0.0, cfg.interval_s, self.node_names, self.capacity, [])
-        ps_range = range(1, cfg.max_ps + 1) if arch == "ps" else [0]
-        configs = sorted(((epochs_per_s(self.speed, model, arch, ps, w), ps, w)
-                          for ps in ps_range for w in range(1, cfg.max_workers + 1)
-                          if not (pairs and arch == "ps" and ps != w)), reverse=True)
-        best, feasible_seen = 0.0, 0
-        for _, ps, w in configs:
-            job = JobView("ideal", model, arch, 0.0, 1.0, min_ps=ps, min_workers=w,
-                          max_ps=max(ps, 1), max_workers=w,
-                          ps_demand=cfg.demand(model, "ps"), worker_demand=cfg.demand(model, "worker"))
-            ledger = Ledger(snap, LoadBalance())
-            if not ledger.grow(job, "worker"):
-                continue
-            nodes = ledger.jobs["ideal"].worker_nodes
-            best = max(best, epochs_per_s(self.speed, model, arch, ps, w, len(set(nodes))))
-            feasible_seen += 1
-            if arch == "ps" or feasible_seen >= 8:
-                break
-        return best
+        return self.ideal.of(job, pairs)
 
     def _check_capacity(self, decision: Decision) -> None:
         names = {s.spec.name: s.spec for s in self.active}
@@ -841,7 +458,7 @@ class Simulator:
             for role, placed in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
                 if placed:
                     nodes.extend(placed)
-                    demands.append(self._task_demand(model, role, share))
+                    demands.append(self.demands.task(model, role, share))
                     counts.append(len(placed))
         used = np.zeros_like(self.capacity)
         if nodes:
