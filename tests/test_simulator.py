@@ -166,15 +166,19 @@ class _PressuresAfresh:
 
 
 @pytest.mark.parametrize("policy,placement,grouping,jobs", [("drf", "load-balance", None, 40),
-                                                            ("fifo", "lif-line", "harmony", 20)])
+                                                            ("fifo", "lif-line", "harmony", 40)])
 def test_what_a_run_keeps_between_stretches_changes_none_of_its_figures(monkeypatch, policy, placement,
                                                                         grouping, jobs):
     # pressures (with Harmony's groups too) and busy time kept between the stretches of a
-    # slot are those computed afresh at every stretch, to the last bit
+    # slot are those computed afresh at every stretch, to the last bit.
+    # Harmony's own groups govern every round (grouping_guard=False): under the guard this
+    # trace ran isolated's groups at every decision, so Harmony's reached the run's pressures
+    # only inside its rollouts (forks of this simulator, 30 s a run). With 40 jobs the groups
+    # do change pressures: a tracker that ignores them fails here (with 20 it did not).
     trace = generators.generate(jobs=jobs, rate=6.0, seed=11, arch_mix=0.3)
 
     def simulate():
-        sim = Simulator(trace, SimConfig(nodes=6, admission="arrival"))
+        sim = Simulator(trace, SimConfig(nodes=6, admission="arrival", grouping_guard=False))
         ctx = registry.PolicyContext(speed_model=sim.speed)
         group = registry.make_grouping(grouping, ctx) if grouping else None
         return sim.run(registry.make_allocation(policy, ctx), registry.make_placement(placement, ctx), group)
