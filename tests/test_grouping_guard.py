@@ -45,8 +45,18 @@ def test_guarded_harmony_is_never_worse_than_isolated_or_none_when_every_job_is_
 # 1.038 x its mean JCT (harmony chosen on a forecast of no or few arrivals, then newcomers
 # waited and the switch to isolated moved jobs); and one where the replayed hour lost
 # (1.007: harmony chosen on the last decision, with more arrivals forecast than came).
-# All are in the design set of docs/grouping.md, "Never worse than its baselines".
-@pytest.mark.parametrize("jobs,nodes,rate,seed", [(9, 10, 4, 100), (20, 6, 3, 5), (16, 4, 2, 9)])
+# All are in the design set of docs/grouping.md, "Never worse than its baselines". The last
+# two are rows of its shipped table (guarded 1.000 x isolated on each): whole guarded runs of
+# 24 rollouts a decision, 20-30 s each, so they are `figures` (make test's second step); the
+# first stays in the fast tier. It never leaves the warm-up (no rollout runs), so the fast tier
+# also has (6, 2, 1, 107), not in the design set: two decisions after the warm-up rolled out
+# against the sampled futures, harmony earning one of them (0.88 x isolated, 0.84 x none).
+@pytest.mark.parametrize("jobs,nodes,rate,seed", [
+    (9, 10, 4, 100),
+    (6, 2, 1, 107),
+    pytest.param(20, 6, 3, 5, marks=pytest.mark.figures),
+    pytest.param(16, 4, 2, 9, marks=pytest.mark.figures),
+])
 def test_guarded_harmony_is_never_worse_than_isolated_or_none_with_arrivals(jobs, nodes, rate, seed):
     trace = generators.generate(jobs=jobs, rate=rate, seed=seed)
     config = SimConfig(nodes=nodes, seed=seed)
