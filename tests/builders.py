@@ -21,6 +21,9 @@ from mlsched.controller.scheduling.runtime import Runtime
 from memory_kube import MemoryKube
 
 SAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "samples"
+# yaml.safe_load's constructor and resolver over libyaml's parser: the same objects, about 8 x
+# faster (sample() runs for most controller tests, 750 times in the fast tier).
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 NS = "team-a"
 NOW = 1_700_000_100.0  # every object the MemoryKube creates is stamped just before this
 
@@ -36,7 +39,7 @@ def node(name: str, cpu: str = "8", gpu: str = "2", memory: str = "48Gi", *, rea
 
 
 def sample(filename: str, namespace: str = NS) -> dict[str, Any]:
-    body = yaml.safe_load((SAMPLES / filename).read_text())
+    body = yaml.load((SAMPLES / filename).read_text(), Loader=SAFE_LOADER)
     body["metadata"]["namespace"] = namespace
     return body
 

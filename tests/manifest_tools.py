@@ -24,12 +24,15 @@ from dev_tools import dev_tool
 
 ROOT = Path(__file__).resolve().parents[1]
 CRDS = ROOT / "crds"
+# yaml.safe_load's constructor and resolver over libyaml's parser: the same objects, 15-20 x
+# faster on the committed CRDs and the rendered manifests (1.2 MB: the shipped models inline).
+SAFE_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 
 # ---- the committed CRDs ------------------------------------------------------------------------
 def committed(kind: str) -> dict[str, Any]:
     info = next(i for i in KINDS if i.kind == kind)
-    return yaml.safe_load((CRDS / f"mlsched.io_{info.plural}.yaml").read_text())
+    return yaml.load((CRDS / f"mlsched.io_{info.plural}.yaml").read_text(), Loader=SAFE_LOADER)
 
 
 def schema_of(kind: str) -> dict[str, Any]:
@@ -73,5 +76,5 @@ def render(path: str) -> list[dict]:
         result = subprocess.run([kubectl(), "kustomize", str(ROOT / path)],
                                 capture_output=True, text=True, timeout=120)
         assert result.returncode == 0, f"kubectl kustomize {path}:\n{result.stderr}"
-        _rendered[path] = [d for d in yaml.safe_load_all(result.stdout) if d]
+        _rendered[path] = [d for d in yaml.load_all(result.stdout, Loader=SAFE_LOADER) if d]
     return _rendered[path]
