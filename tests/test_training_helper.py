@@ -237,7 +237,9 @@ def endpoint():
             pass
 
     server = HTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    # shutdown() returns once serve_forever sees it, which it checks every poll_interval
+    # (0.5 s by default: half a second of every test that uses this endpoint)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.01}, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}/v1/progress", received
     server.shutdown()
