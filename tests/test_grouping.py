@@ -4,8 +4,6 @@ the simulator's accounting and the CLI flag (docs/grouping.md)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -279,17 +277,21 @@ def test_moving_a_job_to_another_pool_costs_a_checkpoint_restart():
     assert s.cost_left == sim.config.scaling_cost_s and sim.states["b"].cost_left == 0.0
 
 
-def test_cli_grouping_flag_and_json_field(tmp_path):
+def test_cli_grouping_flag_and_json_field(tmp_path, capsys):
+    # In process (a Python start-up each was most of this test's time); that `python -m
+    # mlsched.cli simulate --json` prints exactly one JSON value is tests/test_cli.py's.
+    from mlsched.cli import main
+
     trace = tmp_path / "t.csv"
     trace.write_text("name,arrival_s,model,epochs\n" + "".join(
         f"j{i},0,{m},20\n" for i, m in enumerate(["dssm", "seq2seq", "resnext-110", "wlm"])))
-    args = [sys.executable, "-m", "mlsched.cli", "simulate", "--trace", str(trace), "--nodes", "4",
+    args = ["simulate", "--trace", str(trace), "--nodes", "4",
             "--node-cpus", "4", "--node-gpus", "1", "--node-mem-gib", "96", "--policies", "drf", "--json"]
-    out = subprocess.run(args + ["--grouping", "none,isolated,naive,harmony"], capture_output=True,
-                         text=True, check=True).stdout
-    rows = json.loads(out)["results"]
+    assert main(args + ["--grouping", "none,isolated,naive,harmony"]) == 0
+    rows = json.loads(capsys.readouterr().out)["results"]
     assert [r["grouping"] for r in rows] == ["none", "isolated", "naive", "harmony"]
-    plain = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)["results"]
+    assert main(args) == 0
+    plain = json.loads(capsys.readouterr().out)["results"]
     assert plain[0] == rows[0]  # `none` is exactly the run without grouping
 
 
