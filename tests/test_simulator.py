@@ -173,8 +173,9 @@ def test_what_a_run_keeps_between_stretches_changes_none_of_its_figures(monkeypa
     # slot are those computed afresh at every stretch, to the last bit.
     # Harmony's own groups govern every round (grouping_guard=False): under the guard this
     # trace ran isolated's groups at every decision, so Harmony's reached the run's pressures
-    # only inside its rollouts (forks of this simulator, 30 s a run). With 40 jobs the groups
-    # do change pressures: a tracker that ignores them fails here (with 20 it did not).
+    # only inside its rollouts (forks of this simulator: 24 a decision, 15-30 s for the two
+    # runs). With 40 jobs the groups do change pressures: a tracker that ignores them fails
+    # here (with 20 it did not).
     trace = generators.generate(jobs=jobs, rate=6.0, seed=11, arch_mix=0.3)
 
     def simulate():
