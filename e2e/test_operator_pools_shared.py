@@ -83,8 +83,12 @@ def single_pools(core, nodes, owner: str, team) -> dict[str, list[str]]:
     return {v: members.get(v, []) for v in values if len(members.get(v, [])) < 2}
 
 
-def test_a_harmony_policy_leaves_other_tenants_their_nodes(api, mlsched, second_tenant,
-                                                           pool_nodes, shared_operator):
+# pool_nodes before second_tenant: second_tenant sets up start_operator, and fixtures are torn
+# down in the reverse order, so the jobs are deleted and their pods waited out while their
+# nodes still exist. Nodes deleted first left their pods to the pod garbage collector, which
+# deletes the pods of a vanished node only after a 40 s quarantine: 50 s of teardown.
+def test_a_harmony_policy_leaves_other_tenants_their_nodes(api, mlsched, pool_nodes,
+                                                           second_tenant, shared_operator):
     core = client.CoreV1Api(api)
     team_a, team_b = mlsched, second_tenant
     owner_a = f"{team_a.namespace}/default"
