@@ -238,10 +238,9 @@ def test_retraining_simulates_with_the_costs_the_records_show(tmp_path):
     assert default.scaling_cost_s == calibration.DEFAULT_SCALING_COST_S == load.config(1).scaling_cost_s
     assert not default.costs_span_slots
     # The run says what it charges, and why the default where it is.
-    from policy_models.retrain.cli import cost_line
-    assert cost_line(cal) == ("restart cost: 4.0 s, the mean over 3 changes of counts; start cost: as a "
+    assert calibration.cost_line(cal) == ("restart cost: 4.0 s, the mean over 3 changes of counts; start cost: as a "
                               "restart (the records hold 1 jobs started on arrival, under 3)")
-    assert "the simulator's default, 30 s" in cost_line(few) and "2 changes" in cost_line(few)
+    assert "the simulator's default, 30 s" in calibration.cost_line(few) and "2 changes" in calibration.cost_line(few)
     # The costs travel with the calibration file; a version-2 file (none) reads as the defaults.
     again = calibration.Calibration.read(_written(tmp_path / "v3.json", cal.to_json()))
     assert again.sim_costs() == cal.sim_costs()

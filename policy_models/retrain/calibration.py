@@ -361,3 +361,17 @@ def prediction_error(found: dict[str, list[Sample]], cal: Calibration | None) ->
         s = cal.sensitivity_factors.get(model, 1.0) if cal else 1.0
         errors += [abs(f / (1.0 + s * x.full) / x.rate - 1.0) for x in mine if x.exact()]
     return float(np.median(errors)) if errors else float("nan")
+
+
+def cost_line(cal: Calibration) -> str:
+    """What the calibrated simulator charges a change of counts and a start, and from what."""
+    least = MIN_COST_SAMPLES
+    if cal.restart_cost_s is None:
+        return (f"restart and start costs: the simulator's default, "
+                f"{DEFAULT_SCALING_COST_S:g} s (the records hold {cal.restart_changes} "
+                f"changes of a running job's counts, under {least})")
+    start = (f"{cal.start_cost_s} s, the mean over {cal.start_jobs} jobs started on arrival"
+             if cal.start_cost_s is not None else
+             f"as a restart (the records hold {cal.start_jobs} jobs started on arrival, under {least})")
+    return (f"restart cost: {cal.restart_cost_s} s, the mean over {cal.restart_changes} changes of "
+            f"counts; start cost: {start}")

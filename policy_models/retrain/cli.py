@@ -40,17 +40,10 @@ from policy_models.dl2 import export
 from policy_models.retrain import (
     calibration, evaluate, imitate, kube_io, offpolicy, publish, simtrain, warm_start, workload,
 )
+from policy_models.retrain.history import read_record_dir
 
 PHASE, ALGORITHM = "allocation", "dl2"
 MODES = ("simulator", "imitate", "offpolicy")
-
-
-def read_record_dir(directory: str | Path) -> list[IntervalRecord]:
-    """Local stand-in for the operator's dataset: <dir>/*.json.gz, each IntervalRecord.to_bytes()."""
-    paths = sorted(Path(directory).glob("*.json.gz"))
-    if not paths:
-        raise ValueError(f"no interval records (*.json.gz) in {directory}")
-    return [IntervalRecord.from_bytes(p.read_bytes()) for p in paths]
 
 
 def common_parser(prog: str, doc: str | None) -> argparse.ArgumentParser:
@@ -185,22 +178,8 @@ def calibrate(fresh: list[IntervalRecord], versions, phase: str, algorithm: str,
     log("calibrated interference sensitivity factors: " + json.dumps(cal.sensitivity_factors)
         + (f" (too little evidence, prior kept: {', '.join(cal.sensitivity_kept_prior)})"
            if cal.sensitivity_kept_prior else ""))
-    log(cost_line(cal))
+    log(calibration.cost_line(cal))
     return cal
-
-
-def cost_line(cal: calibration.Calibration) -> str:
-    """What the calibrated simulator charges a change of counts and a start, and from what."""
-    least = calibration.MIN_COST_SAMPLES
-    if cal.restart_cost_s is None:
-        return (f"restart and start costs: the simulator's default, "
-                f"{calibration.DEFAULT_SCALING_COST_S:g} s (the records hold {cal.restart_changes} "
-                f"changes of a running job's counts, under {least})")
-    start = (f"{cal.start_cost_s} s, the mean over {cal.start_jobs} jobs started on arrival"
-             if cal.start_cost_s is not None else
-             f"as a restart (the records hold {cal.start_jobs} jobs started on arrival, under {least})")
-    return (f"restart cost: {cal.restart_cost_s} s, the mean over {cal.restart_changes} changes of "
-            f"counts; start cost: {start}")
 
 
 def run(a, log=print) -> dict:

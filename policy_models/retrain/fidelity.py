@@ -33,6 +33,7 @@ from mlsched.workloads import catalog, speed_models
 from mlsched.workloads.traces import TraceJob
 from policy_models.retrain import calibration
 from policy_models.retrain.calibration import job_timelines, restart_cost, start_cost
+from policy_models.retrain.history import read_record_dir
 
 ARCH = {"ParameterServer": "ps", "AllReduce": "allreduce"}
 GIB = 2.0 ** 30
@@ -193,7 +194,6 @@ def stalled(records: list[IntervalRecord]) -> tuple[float, int, int]:
 def compare(doc: dict, records_dir: Path) -> dict:
     """The simulator's prediction of every run in a bench_real_runs `run.json` document, under
     each calibration (CALIBRATIONS), from the run's own records and from the other runs'."""
-    from policy_models.retrain.cli import read_record_dir
     trace = [RealJob(**j) for j in doc["trace"]]
     runs = doc["runs"] + doc.get("repeats", [])
     records = {_label(run): read_record_dir(records_dir / _label(run)) for run in runs}

@@ -226,6 +226,15 @@ def write_records(records: list[IntervalRecord], directory: Path) -> None:
         (directory / f"{r.interval:08d}.json.gz").write_bytes(r.to_bytes())
 
 
+def read_record_dir(directory: str | Path) -> list[IntervalRecord]:
+    """What write_records wrote, or any directory of <interval>.json.gz records (a local
+    stand-in for the operator's dataset: `mlsched retrain --records`, fidelity's runs)."""
+    paths = sorted(Path(directory).glob("*.json.gz"))
+    if not paths:
+        raise ValueError(f"no interval records (*.json.gz) in {directory}")
+    return [IntervalRecord.from_bytes(p.read_bytes()) for p in paths]
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m policy_models.retrain.history", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
