@@ -30,15 +30,19 @@ operator can beat.
     its event loop: the worst lag and the garbage collections by generation
     (controller/process/loop_health.py; `--no-gc-tuning` runs it with CPython's collector defaults).
 
-`--oracle` first runs (a) without the operator in a namespace of its own, as a bound on what
+`--oracle` also runs (a) without the operator, in a namespace of its own, as a bound on what
 any operator could reach on this control plane: the client creates each job's headless Service
 and its StatefulSets itself, right after the MLJob, from the same 20 threads (the least an
 operator must write before the first timestamp, with no watch, decision or pinning in between;
-pods are neither gated nor pinned, and each role gets its minimum, so fewer pods than the
-operator starts). It shows created -> all StatefulSets exist, -> every pod exists (an operator
-can pin a pod only once the StatefulSet controller has created it) and -> every pod bound;
-then deletes that namespace, starts the operator and runs (a) as usual, and prints the
-operator's p99s over the oracle's.
+pods are neither gated nor pinned). Each role gets the count the operator gave that job in its
+own (a), which therefore runs first, so both start the same pods (the client creating what
+the operator would; issue 52); the operator is stopped meanwhile, and a new one started for
+(b). `--oracle-at-min` runs the oracle before the operator with each role at its minimum, as
+until 30 Nov 2026 (fewer pods than the operator starts: 339 against about 500). It shows
+created -> all StatefulSets exist, -> every pod exists (an operator can pin a pod only once
+the StatefulSet controller has created it) and -> every pod bound, and the operator's p99s
+over the oracle's; the issue's target is the operator's pinned p99 over the oracle's bound
+p99 (<= 1.5).
 
 Run: `.venv/bin/python bench/bench_e2e.py` (about 20 minutes on 2 cores; progress is printed).
 Smaller: `--jobs 500 --nodes 250 --burst 100 --burst-nodes 200`; (a) alone: `--admission-only`. `--keep` keeps the control
@@ -229,9 +233,10 @@ class Seen:
         return set(self.created.get(job["metadata"]["name"], {})) >= roles(job)
 
 
-def oracle_children(job: dict) -> list[tuple[str, dict]]:
+def oracle_children(job: dict, counts: dict[str, int] | None = None) -> list[tuple[str, dict]]:
     """What --oracle writes for a job in place of the operator: a headless Service and one
-    StatefulSet per role at its minimum, pods neither gated nor pinned."""
+    StatefulSet per role with `counts[role]` replicas (the role's minimum without `counts`),
+    pods neither gated nor pinned."""
     name = job["metadata"]["name"]
     out = [("services", {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
                          "spec": {"clusterIP": "None", "selector": {JOB_LABEL: name}}})]
@@ -241,22 +246,24 @@ def oracle_children(job: dict) -> list[tuple[str, dict]]:
         out.append(("statefulsets", {
             "apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": {"name": f"{name}-{role}", "labels": labels},
-            "spec": {"replicas": spec["min"], "serviceName": name, "podManagementPolicy": "Parallel",
+            "spec": {"replicas": (counts or {}).get(role, spec["min"]), "serviceName": name, "podManagementPolicy": "Parallel",
                      "selector": {"matchLabels": labels}, "template": template}}))
     return out
 
 
-def submit(api: client.ApiClient, jobs: list[dict], namespace: str,
-           oracle: bool = False) -> dict[str, float]:
+def submit(api: client.ApiClient, jobs: list[dict], namespace: str, oracle: bool = False,
+           counts: dict[str, dict[str, int]] | None = None) -> dict[str, float]:
     """Creates the jobs from 20 threads at once; returns when each create call began. With
-    `oracle`, each thread also creates the job's children right after it (see --oracle)."""
+    `oracle`, each thread also creates the job's children right after it (see --oracle), with
+    the counts of `counts[job]` where given."""
     custom, core, apps = client.CustomObjectsApi(api), client.CoreV1Api(api), client.AppsV1Api(api)
     began: dict[str, float] = {}
 
     def create(job: dict) -> None:
         began[job["metadata"]["name"]] = time.monotonic()
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "mljobs", job)
-        for kind, body in oracle_children(job) if oracle else ():
+        children = oracle_children(job, (counts or {}).get(job["metadata"]["name"])) if oracle else ()
+        for kind, body in children:
             if kind == "services":
                 core.create_namespaced_service(namespace, body)
             else:
@@ -428,12 +435,13 @@ def apiserver_writes(plane: ControlPlane) -> dict[str, float]:
 
 
 def admission_phase(api, plane, seen: Seen, jobs: list[dict], namespace: str = NAMESPACE,
-                    oracle: bool = False) -> dict[str, float]:
+                    oracle: bool = False, counts: dict[str, dict[str, int]] | None = None
+                    ) -> dict[str, float]:
     """(a): submits the burst, waits until every pod is pinned (the oracle's: bound), prints
     the latencies and the API server's writes; returns the p99s."""
     log(f"(a) submitting {len(jobs)} MLJobs at once" + (" (oracle: no operator)" if oracle else ""))
     writes_before, started = apiserver_writes(plane), time.monotonic()
-    began = submit(api, jobs, namespace, oracle=oracle)
+    began = submit(api, jobs, namespace, oracle=oracle, counts=counts)
     # The oracle's pods are not pinned by anyone: it waits for them to be bound instead.
     goal, what = (seen.all_bound, "bound") if oracle else (seen.all_pinned, "pinned")
 
@@ -487,15 +495,17 @@ def burst_watchers(api, namespace: str, seen: Seen) -> tuple[Watcher, Watcher]:
     return watchers
 
 
-def oracle_phase(api, plane, jobs: list[dict]) -> dict[str, float]:
-    """(a) with no operator in namespace `bench-oracle` (see --oracle); the namespace is
-    deleted, and its pods gone, before this returns."""
+def oracle_phase(api, plane, jobs: list[dict],
+                 counts: dict[str, dict[str, int]] | None = None) -> dict[str, float]:
+    """(a) with no operator in namespace `bench-oracle` (see --oracle), each job's roles at
+    `counts` (their minimum without); the namespace is deleted, and its pods gone, before
+    this returns."""
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ORACLE_NAMESPACE}})
     seen = Seen()
     watchers = burst_watchers(api, ORACLE_NAMESPACE, seen)
     try:
-        p99 = admission_phase(api, plane, seen, jobs, ORACLE_NAMESPACE, oracle=True)
+        p99 = admission_phase(api, plane, seen, jobs, ORACLE_NAMESPACE, oracle=True, counts=counts)
     finally:
         for w in watchers:
             w.stop()
@@ -592,16 +602,22 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
     mlsched.create(scheduling_policy("default"))
     rng = random.Random(7)
     jobs = [job_manifest(i, rng) for i in range(args.jobs)]
-    oracle = oracle_phase(api, plane, jobs[:args.burst]) if args.oracle else None
+    burst = jobs[:args.burst]
+    oracle = oracle_phase(api, plane, burst) if args.oracle_at_min else None
 
     kubeconfig = operator_kubeconfig(api, plane.apiserver_url, plane.ca_cert_path,
                                      workdir / "operator.kubeconfig")
     serve_namespace(api, NAMESPACE)  # the namespaced overlay's RoleBinding, as the e2e tests do
-    operator = OperatorProcess(kubeconfig, workdir / "operator.log", namespaces=[NAMESPACE],
-                               interval_scale=args.interval_scale, job_sync_seconds=10,
-                               extra_env={"MLSCHED_GC_TUNING": "0"} if args.no_gc_tuning else None)
-    operator.start()
-    log(f"operator running (pid {operator.pid}, log {operator.log_path})")
+
+    def start_operator(name: str) -> OperatorProcess:
+        process = OperatorProcess(kubeconfig, workdir / f"{name}.log", namespaces=[NAMESPACE],
+                                  interval_scale=args.interval_scale, job_sync_seconds=10,
+                                  extra_env={"MLSCHED_GC_TUNING": "0"} if args.no_gc_tuning else None)
+        process.start()
+        log(f"operator running (pid {process.pid}, log {process.log_path})")
+        return process
+
+    operator = start_operator("operator")
     # The burst comes once the operator has settled: its policy's first round (kopf starts
     # the round's daemon only when every index has its initial listing). A burst during that
     # listing meets kopf's start-up barrier: each new object then waits for every other
@@ -614,20 +630,34 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
     mljobs = job_watcher(api, NAMESPACE, seen)
     try:
         sent_before = requests(operator.metrics())
-        p99 = admission_phase(api, plane, seen, jobs[:args.burst])
+        p99 = admission_phase(api, plane, seen, burst)
         sent = {k: n - sent_before.get(k, 0) for k, n in requests(operator.metrics()).items()
                 if n > sent_before.get(k, 0)}
         print(f"    the operator sent {sum(sent.values()):.0f} requests meanwhile: " + ", ".join(
             f"{verb} {resource} {n:.0f}" for (verb, resource), n in
             sorted(sent.items(), key=lambda kv: -kv[1])))
+        pods.stop()  # (b) needs StatefulSets only
+        mljobs.stop()
+        if args.oracle:
+            # The same burst with no operator, each job's roles at the counts the operator
+            # gave it (the same pods), with the operator stopped so that it costs nothing.
+            with seen.lock:
+                counts = {j["metadata"]["name"]: dict(seen.replicas[j["metadata"]["name"]])
+                          for j in burst}
+            operator.stop()
+            oracle = oracle_phase(api, plane, burst, counts)
         if oracle:
-            print("    the operator's p99 / the oracle's (the same burst, no operator, just before): "
+            when = "just before, each role at its minimum" if args.oracle_at_min else \
+                "just after, with the operator's counts"
+            print(f"    the operator's p99 / the oracle's (the same burst, no operator, {when}): "
                   + ", ".join(f"{label} {p99[key] / oracle[key]:.2f}x" for key, label in (
                       ("sts", "StatefulSets exist"), ("exist", "pods exist"),
                       ("bound", "pods bound")) if key in p99 and key in oracle))
-        pods.stop()  # (b) needs StatefulSets only
-        mljobs.stop()
+            print(f"    the operator's pods pinned / the oracle's pods bound, p99: "
+                  f"{p99['pinned'] / oracle['bound']:.2f}x (issue 52's target: <= 1.50x)")
         if not args.admission_only:
+            if args.oracle:
+                operator = start_operator("operator-b")
             scale_phase(args, api, plane, mlsched, operator, seen, jobs)
     finally:
         statefulsets.stop()
@@ -647,8 +677,13 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--interval-scale", type=float, default=0.1)
     parser.add_argument("--admission-only", action="store_true", help="(a) only")
-    parser.add_argument("--oracle", action="store_true",
-                        help="first run (a) with no operator, the client creating the children (a bound)")
+    bound = parser.add_mutually_exclusive_group()
+    bound.add_argument("--oracle", action="store_true",
+                        help="after (a), run it with no operator, the client creating the children "
+                             "with the operator's counts (a bound)")
+    bound.add_argument("--oracle-at-min", action="store_true",
+                        help="before (a), run it with no operator, each role at its minimum (as "
+                             "until 30 Nov 2026)")
     parser.add_argument("--no-gc-tuning", action="store_true",
                         help="run the operator with CPython's collector defaults (MLSCHED_GC_TUNING=0)")
     parser.add_argument("--statefulset-syncs", type=int, default=5,
