@@ -49,7 +49,10 @@ def active(mlsched, policy: str) -> dict:
 
 
 def test_a_job_longer_than_history_limit_is_fully_in_the_dataset(api, mlsched, operator, emulator):
-    mlsched.create(scheduling_policy("default", historyLimit=2))
+    # 600 s intervals, a round every 3 s at the e2e interval scale (the emulator's clock runs
+    # 600 s of training in it): what is checked is how many intervals close, not how long they
+    # are, and at the default 1200 s the eight took 48 s.
+    mlsched.create(scheduling_policy("default", interval=600, historyLimit=2))
     mlsched.create(mljob("long", ps=(1, 1), workers=(1, 2), epochs=1e9))
     # Eight intervals closed, the job trained in most: far more than status keeps.
     wait_for(lambda: (closed_intervals(mlsched, "default") or [0])[-1] >= 7, 180,
@@ -85,7 +88,9 @@ def test_a_job_longer_than_history_limit_is_fully_in_the_dataset(api, mlsched, o
 
 def test_exploration_records_behaviour_probabilities(api, mlsched, start_operator, emulator):
     start_operator(extra_args=["--max-exploration", "0.3"])
-    mlsched.create(scheduling_policy("explore", allocation="dl2", exploration={"epsilon": 0.5}))
+    # 600 s intervals (3 s rounds, as above): what is counted is recorded steps.
+    mlsched.create(scheduling_policy("explore", allocation="dl2", interval=600,
+                                     exploration={"epsilon": 0.5}))
     mlsched.create(mljob("e1", ps=(1, 4), workers=(1, 4), epochs=1e9, policy="explore"))
     mlsched.create(mljob("e2", ps=(1, 4), workers=(1, 4), epochs=1e9, policy="explore"))
     wait_for(lambda: sum(d.steps for r in records(api, mlsched, "explore") for d in r.decisions)
