@@ -34,13 +34,15 @@ pytestmark = pytest.mark.training
 
 
 class RecordingFIFO(FIFO):
-    """FIFO that records the time of every round it is asked to decide."""
+    """FIFO that records the time of every round it is asked to decide, once per round: a
+    served round (SimConfig.served_round) settles by deciding again at the same time."""
 
     def __init__(self):
         self.times: list[float] = []
 
     def allocate(self, snapshot, ledger):
-        self.times.append(snapshot.time_s)
+        if not self.times or self.times[-1] != snapshot.time_s:
+            self.times.append(snapshot.time_s)
         super().allocate(snapshot, ledger)
 
 
