@@ -102,7 +102,6 @@ class SimConfig:
         return bool(self.demand(model, "worker")[1] > 0)
 
 
-
 class TaskDemands:
     """(cpu, gpu, mem) one task of a model in a role asks for in a pool `share` jobs
     time-share, and what a job's tasks hold together. Asked for every task at every admission

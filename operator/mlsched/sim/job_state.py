@@ -45,4 +45,3 @@ class BusyPerStep:
     compute_shares: float
     comm_s: float
     nodes: int
-

@@ -72,7 +72,7 @@ def run(sim, allocation, placement, grouping=None, progress=None, guard=None) ->
         if guard is not None:
             guard.closed(sim, start, before, decision, reward, learned)
         if progress is not None:
-            progress(len(sim.trace) - len(sim.active) - (len(sim.trace) - sim._next_arrival))
+            progress(sim.finished)
     return replace(sim.result(idle), domain_rounds=domain.rounds,
                    rounds_outside_domain=domain.outside_rounds,
                    outside_domain=domain.outside(), no_domain=domain.unknown,

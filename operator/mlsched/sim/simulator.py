@@ -143,6 +143,11 @@ class Simulator:
         return fork
 
     @property
+    def finished(self) -> int:
+        """How many of the trace's jobs have finished (arrived and no longer active)."""
+        return self._next_arrival - len(self.active)
+
+    @property
     def done(self) -> bool:
         return (not self.active and self._next_arrival >= len(self.trace)) or self.slot >= self.config.max_slots
 
