@@ -239,3 +239,32 @@ def test_the_operators_guard_replays_a_window_without_a_start_with_the_start_mea
     assert given == [(pytest.approx(mean), True), (pytest.approx(mean), True)]
     assert regret_replay.mean_start_s(records[1:]) is None  # the second window shows none
     assert book.failure is None and book.state.last is not None
+
+
+def test_the_operators_replay_settles_the_fallbacks_rounds_as_the_operator_serves_them(monkeypatch):
+    """The operator serves a heuristic fallback's rounds settled (round.run_served_round), so
+    its guard's replay of the fallback decides them so too (guard.replay_cluster sets
+    served_round); the simulator's own guard replays as its run decides (served_round False:
+    once a round). Counted from the fallback's side: its decisions per round."""
+    from dataclasses import replace
+
+    from mlsched.controller.scheduling.guard import replay_cluster
+
+    calls = {"drf": 0}
+    drf_allocate = type(registry.make_allocation("drf")).allocate
+
+    def counted(self, snapshot, ledger):
+        calls["drf"] += 1
+        return drf_allocate(self, snapshot, ledger)
+
+    monkeypatch.setattr(type(registry.make_allocation("drf")), "allocate", counted)
+    once, served = [], []
+    for config, seen in ((CONFIG, once), (replace(CONFIG, served_round=True), served)):
+        calls["drf"] = 0
+        chic, drf = policies()
+        estimate(window(), config, NODES, chic, drf, LEARNED, NOTHING_BEFORE)
+        seen.append(calls["drf"])
+    # Deciding again on what it decided until nothing moves: more decisions than rounds.
+    assert served[0] > once[0] > 0, (once, served)
+    snapshot = Simulator([TraceJob("a", 0.0, "resnet-50", 100.0)], CONFIG).snapshot()
+    assert replay_cluster(snapshot, 1200.0)[0].served_round

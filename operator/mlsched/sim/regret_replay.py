@@ -25,6 +25,9 @@ the live nodes, controller/scheduling/guard.py) with its node names, so that hel
 nodes they were on: a replay of the policy that ran pays no scaling cost the cluster did not
 pay. Both replays start from the same state with the same seed, and run whole rounds (run_round,
 and admission steps when the config admits on arrival) until the window's length has passed.
+A config with `served_round` (the operator's, guard.replay_cluster) decides each round as the
+operator serves it (run_served_round: a heuristic fallback's rounds settled), so the fallback's
+estimate is of the fallback the cluster would run.
 
 An operator's records (`estimate(operator=True)`) are replayed as the operator serves them
 (ReplaySimulator): jobs whose pods were still starting at the window's start train nothing
@@ -47,7 +50,7 @@ from mlsched.cluster.types import Decision, Snapshot
 from mlsched.policies.cycle_guard import CycleGuard, Counts
 from mlsched.policies.decision_log import IntervalRecord, JobInterval
 from mlsched.policies.regret_guard import FALLBACK, LEARNED, Estimate
-from mlsched.policies.round import run_admission, run_round, settles
+from mlsched.policies.round import run_admission, run_round, run_served_round, settles
 from mlsched.sim.simulator import Admit, SimConfig, Simulator
 from mlsched.workloads import catalog
 from mlsched.workloads.traces import TraceJob
@@ -281,9 +284,12 @@ def replay(start: WindowStart, config: SimConfig, node_names: list[str] | None,
     progress, t0 = 0.0, sim.time_s
     while not sim.done and sim.time_s - t0 < start.span_s - 1e-6:
         snapshot = view()
-        decision: Decision = run_round(snapshot, allocation, placement)
-        if guard is not None:
-            decision = guard.apply(snapshot, decision)
+        if cfg.served_round:  # as the cluster serves it: a heuristic round settled
+            decision: Decision = run_served_round(snapshot, allocation, placement, guard=guard)
+        else:
+            decision = run_round(snapshot, allocation, placement)
+            if guard is not None:
+                decision = guard.apply(snapshot, decision)
         progress += sim.advance(decision, admit)
     # A policy that finished everything early could do no more in the rest of the window.
     return progress / max(sim.time_s - t0, start.span_s) * 3600.0

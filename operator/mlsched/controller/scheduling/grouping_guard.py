@@ -166,7 +166,11 @@ def simulator_of(snapshot: Snapshot, interval_s: float, scale: float) -> tuple[S
         raise ValueError("no job of a catalog model to roll out")
     trace = [TraceJob(j.name, 0.0, catalog.canonical_name(j.model), float(j.total_epochs),
                       j.arch, j.requested_workers, j.requested_ps) for j in views]
-    sim = Simulator(trace, replace(config, seed=0, grouping_guard=False, max_slots=MAX_SLOTS))
+    # Rounds decided once (served_round False): under a guarded grouping the operator's rounds
+    # are never settled (the guard bears the inner grouping's name: round.settles), whichever
+    # candidate governs, so its rollouts decide as it does.
+    sim = Simulator(trace, replace(config, seed=0, grouping_guard=False, max_slots=MAX_SLOTS,
+                                   served_round=False))
     sim.node_names = list(names)
     for j in views:
         s = sim.states[j.name]

@@ -72,8 +72,11 @@ def replay_cluster(snapshot: Snapshot, interval_s: float) -> tuple[SimConfig, li
         return None
     cap = np.asarray(snapshot.capacity, dtype=float)
     cpus, gpus, mem = (float(np.median(cap[:, k])) for k in range(3))
+    # served_round: the operator settles a heuristic fallback's rounds (run_served_round), so
+    # the replay of the fallback does too.
     return (SimConfig(nodes=len(snapshot.node_names), node_cpus=cpus, node_gpus=gpus,
-                      node_mem_gib=mem, interval_s=interval_s, admission="arrival"),
+                      node_mem_gib=mem, interval_s=interval_s, admission="arrival",
+                      served_round=True),
             list(snapshot.node_names))
 
 
