@@ -4,9 +4,11 @@ What is tested here needs only the API server's own work: the CRDs' schemas and 
 strict field validation, server-side dry runs of the shipped manifests, defaulting, RBAC and
 SubjectAccessReviews, the status subresource. No kube-controller-manager, no scheduler, no kwok
 nodes (controlplane.ApiServerPlane says what that leaves out): a test that needs a pod, a node
-or the operator acting on them belongs in the full tier, e2e/test_*.py. An operator may run
-here (the `operator` fixture works) when what it is tested for is status it writes without
-any node, such as a job told that a RuntimeClass it names does not exist.
+running pods or the operator acting on them belongs in the full tier, e2e/test_*.py. An
+operator may run here (the `operator` fixture works) when what it is tested for is status it
+writes without any pod, such as a job told that a RuntimeClass it names does not exist, or a
+policy's model conditions and decided counts over Node objects the test writes with a Ready
+condition (test_api_models.py: nothing runs pods on them).
 
 This conftest overrides the session fixtures of e2e/conftest.py and operator_fixtures.py that
 stand on the plane (`control_plane`, `api`, `crds`, `operator_identity`), so `namespace`,
