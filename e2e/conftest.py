@@ -18,7 +18,7 @@ import pytest
 from kubernetes import client
 
 from controlplane import ControlPlane
-from plane_fixture import running_plane
+from plane_fixture import install_crds_first, running_plane
 from mlsched_objects import fresh_namespace
 
 # The operator's fixtures live in their own module; importing them here registers
@@ -52,7 +52,7 @@ def node_shape() -> NodeShape:
 
 @pytest.fixture(scope="session")
 def control_plane(request: pytest.FixtureRequest):
-    plane = ControlPlane()
+    plane = ControlPlane(before_controllers=install_crds_first)
     # A cold build takes about 13 minutes on 2 cores; show its progress instead
     # of letting pytest swallow it.
     capture = request.config.pluginmanager.getplugin("capturemanager")

@@ -82,8 +82,13 @@ def _free_ports(count: int) -> list[int]:
 
 class ControlPlane:
     def __init__(self, *, startup_timeout: float = 120.0, audit_policy: dict | None = None,
-                 extra_flags: dict[str, list[str]] | None = None, address: str = "127.0.0.1"):
+                 extra_flags: dict[str, list[str]] | None = None, address: str = "127.0.0.1",
+                 before_controllers: Callable[[ControlPlane], None] | None = None):
         self.startup_timeout = startup_timeout
+        # Run once the API server answers and before KCM starts: plane_fixture.install_crds_first
+        # installs the CRDs there, so that KCM's garbage collector watches MLJobs from its first
+        # sync rather than from its next discovery, every 30 s.
+        self.before_controllers = before_controllers
         # The apiserver's address: loopback, or the real node's bridge (e2e/real_node.py), which
         # must exist before start().
         self.address = address
@@ -128,6 +133,8 @@ class ControlPlane:
 
     def _start_all(self) -> None:
         self._start_apiserver()
+        if self.before_controllers is not None:
+            self.before_controllers(self)
         self._start_controllers()
 
     def _start_apiserver(self) -> None:

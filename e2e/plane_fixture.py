@@ -9,6 +9,23 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from controlplane import ControlPlane, ControlPlaneError
+from mlsched_objects import install_crds
+
+
+def install_crds_first(plane: ControlPlane) -> None:
+    """For ControlPlane(before_controllers=...): the CRDs installed (and Established) before
+    kube-controller-manager starts, so that its garbage collector watches MLJobs from its first
+    sync. Installed after KCM, the kind is picked up only at the collector's next discovery
+    (every 30 s, hard-wired in KCM), and the first MLJob deleted kept its children until then:
+    the session's first operator test spent 35-40 s in teardown waiting for its pods to be
+    garbage-collected (an MLJob owning a ConfigMap: its child gone 41 s after the owner's
+    deletion, 0.2 s with the CRDs installed first). The `crds` fixtures install them again,
+    finding them there."""
+    api = plane.api_client()
+    try:
+        install_crds(api)
+    finally:
+        api.close()
 
 
 def running_plane(plane: ControlPlane, add_nodes: Callable[[ControlPlane], None],
