@@ -42,7 +42,11 @@ until 30 Nov 2026 (fewer pods than the operator starts: 339 against about 500). 
 created -> all StatefulSets exist, -> every pod exists (an operator can pin a pod only once
 the StatefulSet controller has created it) and -> every pod bound, and the operator's p99s
 over the oracle's; the issue's target is the operator's pinned p99 over the oracle's bound
-p99 (<= 1.5).
+p99 (<= 1.5). `--oracle-gated` (with `--oracle`) then runs it once more as the least an operator
+of this design writes: the operator's own pod templates (gated), each pod pinned by the client
+as soon as its watch shows it, to the node the operator pinned it to (`Pinner`); it prints what
+gating and pinning alone cost (gated / oracle) and what the operator adds (operator / gated);
+docs/e2e.md has the figures.
 
 Run: `.venv/bin/python bench/bench_e2e.py` (about 20 minutes on 2 cores; progress is printed).
 Smaller: `--jobs 500 --nodes 250 --burst 100 --burst-nodes 200`; (a) alone: `--admission-only`. `--keep` keeps the control
@@ -52,6 +56,7 @@ plane's temp dir.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import math
 import os
@@ -180,6 +185,7 @@ class Seen:
         self.created: dict[str, dict[str, float]] = {}  # job -> role -> time
         self.replicas: dict[str, dict[str, int]] = {}  # job -> role -> spec.replicas
         self.pinned: dict[str, dict[str, float]] = {}  # job -> pod -> time
+        self.nodes: dict[str, str] = {}  # pod -> the node it was pinned to
         self.existing: dict[str, dict[str, float]] = {}  # job -> pod -> first seen
         self.all_exist: dict[str, float] = {}  # job -> time every decided pod existed
         self.bound: dict[str, dict[str, float]] = {}
@@ -208,6 +214,7 @@ class Seen:
             self.existing.setdefault(job, {}).setdefault(name, now)
             if not gated and (spec.get("nodeSelector") or {}).get(HOSTNAME_LABEL):
                 self.pinned.setdefault(job, {}).setdefault(name, now)
+                self.nodes.setdefault(name, spec["nodeSelector"][HOSTNAME_LABEL])
             if spec.get("nodeName"):
                 self.bound.setdefault(job, {}).setdefault(name, now)
             if any(c.get("type") == "Ready" and c.get("status") == "True"
@@ -233,16 +240,20 @@ class Seen:
         return set(self.created.get(job["metadata"]["name"], {})) >= roles(job)
 
 
-def oracle_children(job: dict, counts: dict[str, int] | None = None) -> list[tuple[str, dict]]:
+def oracle_children(job: dict, counts: dict[str, int] | None = None,
+                    templates: dict[str, dict] | None = None) -> list[tuple[str, dict]]:
     """What --oracle writes for a job in place of the operator: a headless Service and one
     StatefulSet per role with `counts[role]` replicas (the role's minimum without `counts`),
-    pods neither gated nor pinned."""
+    pods neither gated nor pinned; with `templates` (StatefulSet name -> pod template), the
+    operator's own pod templates, gated (--oracle-gated)."""
     name = job["metadata"]["name"]
     out = [("services", {"apiVersion": "v1", "kind": "Service", "metadata": {"name": name},
                          "spec": {"clusterIP": "None", "selector": {JOB_LABEL: name}}})]
     for role, spec in job["spec"]["replicaSpecs"].items():
         labels = {JOB_LABEL: name, ROLE_LABEL: role}
         template = {"metadata": {"labels": labels}, "spec": spec["template"]["spec"]}
+        if templates is not None:
+            template = templates[f"{name}-{role}"]
         out.append(("statefulsets", {
             "apiVersion": "apps/v1", "kind": "StatefulSet",
             "metadata": {"name": f"{name}-{role}", "labels": labels},
@@ -252,7 +263,8 @@ def oracle_children(job: dict, counts: dict[str, int] | None = None) -> list[tup
 
 
 def submit(api: client.ApiClient, jobs: list[dict], namespace: str, oracle: bool = False,
-           counts: dict[str, dict[str, int]] | None = None) -> dict[str, float]:
+           counts: dict[str, dict[str, int]] | None = None,
+           templates: dict[str, dict] | None = None) -> dict[str, float]:
     """Creates the jobs from 20 threads at once; returns when each create call began. With
     `oracle`, each thread also creates the job's children right after it (see --oracle), with
     the counts of `counts[job]` where given."""
@@ -262,7 +274,8 @@ def submit(api: client.ApiClient, jobs: list[dict], namespace: str, oracle: bool
     def create(job: dict) -> None:
         began[job["metadata"]["name"]] = time.monotonic()
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, "mljobs", job)
-        children = oracle_children(job, (counts or {}).get(job["metadata"]["name"])) if oracle else ()
+        children = oracle_children(job, (counts or {}).get(job["metadata"]["name"]),
+                                   templates) if oracle else ()
         for kind, body in children:
             if kind == "services":
                 core.create_namespaced_service(namespace, body)
@@ -297,15 +310,19 @@ def row(label: str, values: list[float], target: float | None) -> None:
     print(f"    {label:<40} {p50:>8.0f} {p99:>8.0f} {max(values):>8.0f} {shown} {ratio}")
 
 
-def latency_table(began: dict[str, float], seen: Seen, oracle: bool = False) -> dict[str, float]:
+def latency_table(began: dict[str, float], seen: Seen, oracle: bool = False,
+                  gated: bool = False) -> dict[str, float]:
     """Prints (a)'s table; returns its p99s by row (`sts`, `exist`, `pinned`, `bound`)."""
     with seen.lock:
         created = [(max(seen.created[j].values()) - t) * 1000 for j, t in began.items()]
         exist = [(seen.all_exist[j] - t) * 1000 for j, t in began.items()]
-        pinned = [] if oracle else [(seen.all_pinned[j] - t) * 1000 for j, t in began.items()]
+        pinned = [] if oracle and not gated else [(seen.all_pinned[j] - t) * 1000
+                                                  for j, t in began.items()]
         bound = [(seen.all_bound[j] - t) * 1000 for j, t in began.items() if j in seen.all_bound]
     pods = sum(len(seen.existing.get(j, ())) for j in began)
-    who = "no operator: the client created the children (--oracle)" if oracle else "the operator"
+    who = ("no operator: the client created the children with the operator's pod templates and "
+           "pinned each pod as it appeared (--oracle-gated)" if gated else
+           "no operator: the client created the children (--oracle)" if oracle else "the operator")
     print(f"\n(a) {len(began)} MLJobs submitted at once ({pods} pods; {who}), per job from its create call:")
     print(f"    {'':<40} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'target':>8} {'p99/target':>7}")
     row("created -> all its StatefulSets exist", created, STS_TARGET_MS)
@@ -435,13 +452,13 @@ def apiserver_writes(plane: ControlPlane) -> dict[str, float]:
 
 
 def admission_phase(api, plane, seen: Seen, jobs: list[dict], namespace: str = NAMESPACE,
-                    oracle: bool = False, counts: dict[str, dict[str, int]] | None = None
-                    ) -> dict[str, float]:
+                    oracle: bool = False, counts: dict[str, dict[str, int]] | None = None,
+                    templates: dict[str, dict] | None = None) -> dict[str, float]:
     """(a): submits the burst, waits until every pod is pinned (the oracle's: bound), prints
     the latencies and the API server's writes; returns the p99s."""
     log(f"(a) submitting {len(jobs)} MLJobs at once" + (" (oracle: no operator)" if oracle else ""))
     writes_before, started = apiserver_writes(plane), time.monotonic()
-    began = submit(api, jobs, namespace, oracle=oracle, counts=counts)
+    began = submit(api, jobs, namespace, oracle=oracle, counts=counts, templates=templates)
     # The oracle's pods are not pinned by anyone: it waits for them to be bound instead.
     goal, what = (seen.all_bound, "bound") if oracle else (seen.all_pinned, "pinned")
 
@@ -459,7 +476,7 @@ def admission_phase(api, plane, seen: Seen, jobs: list[dict], namespace: str = N
     time.sleep(3)  # the last binds
     elapsed = time.monotonic() - started
     writes = {k: v - writes_before.get(k, 0.0) for k, v in apiserver_writes(plane).items()}
-    p99 = latency_table(began, seen, oracle=oracle)
+    p99 = latency_table(began, seen, oracle=oracle, gated=templates is not None)
     total = sum(writes.values())
     print(f"    the API server served {total:.0f} writes in those {elapsed:.0f} s "
           f"({total / elapsed:.0f}/s): " + ", ".join(
@@ -495,17 +512,70 @@ def burst_watchers(api, namespace: str, seen: Seen) -> tuple[Watcher, Watcher]:
     return watchers
 
 
+class Pinner:
+    """--oracle-gated: what a gating operator must write at the least, done by the client: each
+    pod, as soon as a watch shows it gated, pinned to `nodes[pod]` (where the operator pinned
+    the pod of that name) with the operator's patch (nodeSelector set, placement gate lifted),
+    from 16 threads. No decision, no status, no Event."""
+
+    def __init__(self, api, namespace: str, nodes: dict[str, str]):
+        self.core, self.namespace, self.nodes = client.CoreV1Api(api), namespace, nodes
+        self.sent: set[str] = set()
+        self.lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=16)
+        self.watcher = Watcher(self.core.list_namespaced_pod, namespace, self.pod)
+
+    def pod(self, pod: dict, now: float) -> None:
+        name = pod["metadata"]["name"]
+        gated = any(g.get("name") == PLACEMENT_GATE for g in pod["spec"].get("schedulingGates") or ())
+        with self.lock:
+            if not gated or name in self.sent or name not in self.nodes:
+                return
+            self.sent.add(name)
+        self.pool.submit(self.core.patch_namespaced_pod, name, self.namespace, [
+            {"op": "add", "path": "/spec/nodeSelector", "value": {HOSTNAME_LABEL: self.nodes[name]}},
+            {"op": "remove", "path": "/spec/schedulingGates"}])
+
+    def __enter__(self) -> Pinner:
+        self.watcher.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.watcher.stop()
+        self.pool.shutdown(wait=True)
+
+
+def operator_templates(api) -> dict[str, dict]:
+    """The pod template of each of the operator's StatefulSets in the bench namespace, as it
+    stands after (a) (gated, rendered for the decided counts), for --oracle-gated; without
+    the ServiceAccount, which the oracle's namespace does not have."""
+    out = {}
+    for sts in client.AppsV1Api(api).list_namespaced_stateful_set(NAMESPACE).items:
+        template = api.sanitize_for_serialization(sts.spec.template)
+        template["spec"].pop("serviceAccountName", None)
+        template["spec"].pop("serviceAccount", None)
+        out[sts.metadata.name] = template
+    return out
+
+
 def oracle_phase(api, plane, jobs: list[dict],
-                 counts: dict[str, dict[str, int]] | None = None) -> dict[str, float]:
+                 counts: dict[str, dict[str, int]] | None = None,
+                 templates: dict[str, dict] | None = None,
+                 nodes: dict[str, str] | None = None) -> dict[str, float]:
     """(a) with no operator in namespace `bench-oracle` (see --oracle), each job's roles at
-    `counts` (their minimum without); the namespace is deleted, and its pods gone, before
-    this returns."""
+    `counts` (their minimum without); with `templates` and `nodes`, the operator's gated pod
+    templates and a Pinner pinning each pod to `nodes[pod]` (--oracle-gated). The namespace is
+    deleted, and its pods gone, before this returns."""
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": ORACLE_NAMESPACE}})
     seen = Seen()
     watchers = burst_watchers(api, ORACLE_NAMESPACE, seen)
+    pinning = (Pinner(api, ORACLE_NAMESPACE, nodes or {}) if templates is not None
+               else contextlib.nullcontext())
     try:
-        p99 = admission_phase(api, plane, seen, jobs, ORACLE_NAMESPACE, oracle=True, counts=counts)
+        with pinning:
+            p99 = admission_phase(api, plane, seen, jobs, ORACLE_NAMESPACE, oracle=True,
+                                  counts=counts, templates=templates)
     finally:
         for w in watchers:
             w.stop()
@@ -604,6 +674,7 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
     jobs = [job_manifest(i, rng) for i in range(args.jobs)]
     burst = jobs[:args.burst]
     oracle = oracle_phase(api, plane, burst) if args.oracle_at_min else None
+    gated = None
 
     kubeconfig = operator_kubeconfig(api, plane.apiserver_url, plane.ca_cert_path,
                                      workdir / "operator.kubeconfig")
@@ -644,8 +715,12 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
             with seen.lock:
                 counts = {j["metadata"]["name"]: dict(seen.replicas[j["metadata"]["name"]])
                           for j in burst}
+                nodes = dict(seen.nodes)
+            templates = operator_templates(api) if args.oracle_gated else None
             operator.stop()
             oracle = oracle_phase(api, plane, burst, counts)
+            if templates is not None:
+                gated = oracle_phase(api, plane, burst, counts, templates, nodes)
         if oracle:
             when = "just before, each role at its minimum" if args.oracle_at_min else \
                 "just after, with the operator's counts"
@@ -655,6 +730,11 @@ def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
                       ("bound", "pods bound")) if key in p99 and key in oracle))
             print(f"    the operator's pods pinned / the oracle's pods bound, p99: "
                   f"{p99['pinned'] / oracle['bound']:.2f}x (issue 52's target: <= 1.50x)")
+        if gated:
+            print(f"    gated oracle's pods pinned / the oracle's pods bound, p99: "
+                  f"{gated['pinned'] / oracle['bound']:.2f}x (what gating and pinning alone cost); "
+                  f"the operator's pods pinned / the gated oracle's, p99: "
+                  f"{p99['pinned'] / gated['pinned']:.2f}x (what the operator adds)")
         if not args.admission_only:
             if args.oracle:
                 operator = start_operator("operator-b")
@@ -684,12 +764,17 @@ def main() -> None:
     bound.add_argument("--oracle-at-min", action="store_true",
                         help="before (a), run it with no operator, each role at its minimum (as "
                              "until 30 Nov 2026)")
+    parser.add_argument("--oracle-gated", action="store_true",
+                        help="with --oracle: then run it again with the operator's gated pod "
+                             "templates, the client pinning each pod where the operator did")
     parser.add_argument("--no-gc-tuning", action="store_true",
                         help="run the operator with CPython's collector defaults (MLSCHED_GC_TUNING=0)")
     parser.add_argument("--statefulset-syncs", type=int, default=5,
                         help="KCM's --concurrent-statefulset-syncs (its default: 5)")
     parser.add_argument("--keep", action="store_true", help="keep the control plane's temp dir")
     args = parser.parse_args()
+    if args.oracle_gated and not args.oracle:
+        parser.error("--oracle-gated runs after --oracle's bound: give both")
     if args.keep:
         os.environ["MLSCHED_E2E_KEEP"] = "1"
     kcm = CLIENT_RATES + [f"--concurrent-statefulset-syncs={args.statefulset_syncs}"]
