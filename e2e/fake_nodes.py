@@ -7,6 +7,7 @@ The taint keeps ordinary pods off them; workloads meant for fake nodes tolerate 
 
 from __future__ import annotations
 
+import datetime
 import ipaddress
 import time
 
@@ -91,3 +92,16 @@ def set_not_ready_annotation(core: client.CoreV1Api, name: str, not_ready: bool)
     value = "true" if not_ready else None
     core.patch_node(name, {"metadata": {"annotations": {NOT_READY_ANNOTATION: value}}},
                     _content_type="application/merge-patch+json")
+
+
+def stale_leases(api: client.ApiClient, since: datetime.datetime) -> list[str]:
+    """The kwok nodes whose Lease (kube-node-lease) has not been renewed since `since` (aware
+    UTC): kwok renews each every quarter of its duration (40 s: every 10 s)."""
+    core, coordination = client.CoreV1Api(api), client.CoordinationV1Api(api)
+    key, value = KWOK_ANNOTATION
+    names = [n.metadata.name for n in core.list_node().items
+             if (n.metadata.annotations or {}).get(key) == value]
+    renewed = {lease.metadata.name: lease.spec.renew_time
+               for lease in coordination.list_namespaced_lease("kube-node-lease").items}
+    return sorted(n for n in names if renewed.get(n) is None or renewed[n] < since)
+

@@ -7,6 +7,7 @@ fails, the operator's e2e results mean nothing.
 from __future__ import annotations
 
 import base64
+import datetime
 import ipaddress
 import json
 import time
@@ -283,7 +284,11 @@ def test_apiserver_restart_keeps_state(control_plane, api, namespace, node_shape
     create_gpu_statefulset(api, namespace, "survivor", replicas=1)
     wait_statefulset_ready(api, namespace, "survivor", 1)
 
+    down = datetime.datetime.now(datetime.timezone.utc)
     control_plane.restart_apiserver(crash=crash)
+    # kwok holds every node's Lease again (restart_apiserver waits for it, and restarts kwok
+    # if it does not: a node whose Lease lapses turns NotReady with its pods, 40 s later).
+    assert fake_nodes.stale_leases(api, down) == []
 
     # The API answers again, on the same address, with what etcd kept.
     assert client.VersionApi(api).get_code().git_version == control_plane.versions["K8S_VERSION"]
