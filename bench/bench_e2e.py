@@ -345,6 +345,8 @@ def latency_table(began: dict[str, float], seen: Seen, oracle: bool = False,
 
 
 ROUND_LINE = re.compile(r"round (\d+): (\d+) jobs, (\d+) changes, allocation \S+, (\d+) ms")
+# The same line's tail: how long applying took and what it applied.
+ROUND_APPLIED = re.compile(r"round \d+: .* ms to apply (\d+) scale, (\d+) place, (\d+) evict\)")
 
 
 class RoundLog:
@@ -356,6 +358,7 @@ class RoundLog:
         self.mlsched, self.operator = mlsched, operator
         # (seconds, jobs, changes, requests by (verb, resource) once its records were written)
         self.rounds: list[tuple[float, int, int, dict]] = []
+        self.applied: list[tuple[int, int, int]] = []  # per round: (scale, place, evict)
         self.record_lag_s: list[float] = []  # round ended -> no record pending
         self.peak_kib = 0
         self._last = None
@@ -390,6 +393,8 @@ class RoundLog:
         summaries = ROUND_LINE.findall(self.operator.log_text())
         _, jobs, changes, _ = summaries[-1] if summaries else ("", 0, -1, 0)
         self.rounds.append((float(stamp[1]), int(jobs), int(changes), requests(metrics)))
+        applied = ROUND_APPLIED.findall(self.operator.log_text())
+        self.applied.append(tuple(int(n) for n in applied[-1]) if applied else (0, 0, 0))
         # From the round's end, not from when this poll saw it: the policy's own record may
         # be written after many of the jobs'.
         began = datetime.datetime.strptime(stamp[0], "%Y-%m-%dT%H:%M:%SZ").replace(
@@ -629,9 +634,11 @@ def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict
     print(f"\n(b) {len(jobs)} MLJobs on {args.nodes} nodes: {len(sts)} StatefulSets "
           f"(every job reconciled: {len(sts) == expected}), {pods} pods")
     print(f"    {'':<52} {'value':>9} {'target':>8} {'ratio':>7}")
-    busiest = max(busy, key=lambda r: r[0])
+    at = max(range(len(busy)), key=lambda k: busy[k][0])
+    busiest = busy[at]
     print(f"    {f'busiest round ({busiest[2]} changes, {busiest[1]} jobs), ms':<52} "
           f"{busiest[0] * 1000:>9.0f} {BUSIEST_TARGET_MS:>8.0f} {busiest[0] * 1000 / BUSIEST_TARGET_MS:>6.2f}x")
+    busiest_writes = rounds.applied[at]
     durations = [r[0] * 1000 for r in steady[1:]]
     worst = max(durations)
     print(f"    {f'steady rounds, slowest of {len(durations)}, ms':<52} {worst:>9.0f} "
@@ -659,6 +666,39 @@ def scale_phase(args, api, plane, mlsched, operator, seen: Seen, jobs: list[dict
         f"{d * 1000:.0f} ms/{c} changes" for d, _, c, _ in busy))
     if len(sts) != expected:
         raise SystemExit(f"{expected - len(sts)} StatefulSets missing")
+    if args.oracle:
+        operator.stop()  # nothing may react to the oracle's writes
+        oracle_s = round_oracle(api, busiest_writes)
+        scale, place, evict = busiest_writes
+        print(f"    busiest round's writes by a client, no operator ({scale} StatefulSet and "
+              f"{place + evict} pod patches, {ORACLE_THREADS} threads): {oracle_s * 1000:.0f} ms; "
+              f"the round / that: {busiest[0] / oracle_s:.2f}x (issue 52's target: <= 2x)")
+
+
+#: The operator's own limit on patches in flight (kube.ClientKubeApi's concurrency).
+ORACLE_THREADS = 48
+
+
+def round_oracle(api, writes: tuple[int, int, int]) -> float:
+    """Seconds a client takes to make as many writes as a round applied (`writes`: its scale,
+    place and evict counts) on the bench's objects as they stand: an annotation patched on
+    that many StatefulSets and pods (a pin and an eviction are a pod patch and a pod delete;
+    both are pod patches here, which start and stop nothing), ORACLE_THREADS at a time. The
+    round's own figure also covers deciding and planning, so this bound is the least a round
+    of these changes could take on this control plane (issue 52: <= 2x)."""
+    scale, place, evict = writes
+    apps, core = client.AppsV1Api(api), client.CoreV1Api(api)
+    sts = [x.metadata.name for x in apps.list_namespaced_stateful_set(NAMESPACE).items]
+    pods = [x.metadata.name for x in core.list_namespaced_pod(NAMESPACE).items]
+    if (scale and not sts) or (place + evict and not pods):
+        raise SystemExit("nothing to patch for the busiest round's oracle")
+    stamp = {"metadata": {"annotations": {"bench.mlsched.io/oracle": str(time.time())}}}
+    calls = ([(apps.patch_namespaced_stateful_set, sts[k % len(sts)]) for k in range(scale)]
+             + [(core.patch_namespaced_pod, pods[k % len(pods)]) for k in range(place + evict)])
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=ORACLE_THREADS) as pool:
+        list(pool.map(lambda call: call[0](call[1], NAMESPACE, stamp), calls))
+    return time.monotonic() - started
 
 
 def run(args: argparse.Namespace, plane: ControlPlane, workdir: Path) -> None:
