@@ -75,6 +75,8 @@ sys.path.insert(0, str(REPO / "e2e"))  # the harness modules are plain files, no
 from kubernetes import client, watch  # noqa: E402
 
 from controlplane import ControlPlane  # noqa: E402
+from mlsched.controller.kube.kube import CONTENT_TYPES  # noqa: E402
+from mlsched.controller.objects.desired import PinPod  # noqa: E402 (the operator's own pin)
 from mlsched.workloads import catalog  # noqa: E402
 from mlsched_objects import (  # noqa: E402
     GROUP, JOB_LABEL, KWOK_TOLERATION, ROLE_LABEL, VERSION, MLSched, install_crds,
@@ -390,10 +392,11 @@ class RoundLog:
         self._last = stamp
         if first:  # a round from before we started watching
             return False
-        summaries = ROUND_LINE.findall(self.operator.log_text())
+        text = self.operator.log_text()
+        summaries = ROUND_LINE.findall(text)
         _, jobs, changes, _ = summaries[-1] if summaries else ("", 0, -1, 0)
         self.rounds.append((float(stamp[1]), int(jobs), int(changes), requests(metrics)))
-        applied = ROUND_APPLIED.findall(self.operator.log_text())
+        applied = ROUND_APPLIED.findall(text)
         self.applied.append(tuple(int(n) for n in applied[-1]) if applied else (0, 0, 0))
         # From the round's end, not from when this poll saw it: the policy's own record may
         # be written after many of the jobs'.
@@ -537,9 +540,11 @@ class Pinner:
             if not gated or name in self.sent or name not in self.nodes:
                 return
             self.sent.add(name)
-        self.pool.submit(self.core.patch_namespaced_pod, name, self.namespace, [
-            {"op": "add", "path": "/spec/nodeSelector", "value": {HOSTNAME_LABEL: self.nodes[name]}},
-            {"op": "remove", "path": "/spec/schedulingGates"}])
+        role = pod["metadata"]["labels"][ROLE_LABEL]
+        pin = PinPod(self.namespace, name, pod["metadata"]["uid"], role,
+                     int(name.rsplit("-", 1)[1]), self.nodes[name])
+        self.pool.submit(self.core.patch_namespaced_pod, name, self.namespace, pin.patch(),
+                         _content_type=CONTENT_TYPES["strategic"])
 
     def __enter__(self) -> Pinner:
         self.watcher.start()

@@ -232,12 +232,8 @@ class ControlPlane:
         if that does not help, the test fails here saying so."""
         if "kwok" not in self._components:
             return
-        deadline = time.monotonic() + self.LEASE_RENEWAL_S
-        while stale := fake_nodes.stale_leases(self._admin_client(), since):
-            if time.monotonic() > deadline:
-                break
-            time.sleep(1.0)
-        else:
+        stale = self._stale_leases_after_renewal(since)
+        if not stale:
             return
         kwok = self._components["kwok"]
         print(f"[controlplane] kwok renewed no Lease of {stale} within {self.LEASE_RENEWAL_S:.0f} s "
@@ -247,12 +243,19 @@ class ControlPlane:
         kwok.start()
         kwok.wait_healthy(f"http://127.0.0.1:{self._layout.ports.kwok}/healthz",
                           timeout=self.startup_timeout)
+        stale = self._stale_leases_after_renewal(restarted)
+        if stale:
+            raise ControlPlaneError(f"kwok renewed no Lease of {stale} after the API server's "
+                                    f"restart, nor after its own; kwok log: {kwok.log_path}")
+
+    def _stale_leases_after_renewal(self, since: datetime.datetime) -> list[str]:
+        """The kwok nodes whose Lease is still not renewed since `since` once LEASE_RENEWAL_S
+        has passed (none as soon as every one is)."""
         deadline = time.monotonic() + self.LEASE_RENEWAL_S
-        while stale := fake_nodes.stale_leases(self._admin_client(), restarted):
-            if time.monotonic() > deadline:
-                raise ControlPlaneError(f"kwok renewed no Lease of {stale} after the API server's "
-                                        f"restart, nor after its own; kwok log: {kwok.log_path}")
+        while (stale := fake_nodes.stale_leases(self._admin_client(), since)) \
+                and time.monotonic() < deadline:
             time.sleep(1.0)
+        return stale
 
     def delete_from_storage(self, key: str) -> int:
         """Delete an object's key (`/registry/pods/<namespace>/<name>`) in etcd itself, through
