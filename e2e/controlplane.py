@@ -204,7 +204,8 @@ class ControlPlane:
         crash=True kills it with SIGKILL instead. It stays down at least `down_s`
         seconds (an outage long enough for a round to fall in it); `while_down` runs
         then (delete_from_storage: what changed while watches were down). Returns once
-        /readyz is ok.
+        /readyz is ok, KCM and the scheduler are restarted (see _restart_controllers) and
+        kwok has renewed every node's Lease.
         """
         apiserver = self._components["kube-apiserver"]
         apiserver.stop(kill=crash)
@@ -217,19 +218,46 @@ class ControlPlane:
             self._wait_apiserver()
         except ComponentError as err:
             raise ControlPlaneError(str(err)) from None
+        self._restart_controllers()
         self._wait_leases_renewed(back)
+
+    def _restart_controllers(self) -> None:
+        """KCM and kube-scheduler started afresh once the API server is back. Left running,
+        their watches come back only after client-go's backoff, which grows across failures
+        (up to 30 s, doubled by jitter) and is reset only after 2 quiet minutes: a test's
+        second restart within that time left KCM blind for longer than tests wait. Seen
+        30 Nov 2026: a StatefulSet the operator scaled 15 s after such a restart had no pod
+        90 s later, and KCM's garbage collector, rediscovering kinds every 30 s, held a test's
+        teardown for 52-80 s. What is under test is the operator riding out the outage; the
+        Kubernetes controllers doing their part afterwards is the precondition."""
+        if "kube-controller-manager" not in self._components:
+            return  # an apiserver-only plane
+        ports = self._layout.ports
+        for name, url in [
+            ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),
+            ("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/healthz"),
+        ]:
+            component = self._components[name]
+            component.stop()
+            component.start()
+            try:
+                component.wait_healthy(url, timeout=self.startup_timeout)
+            except ComponentError as err:
+                raise ControlPlaneError(str(err)) from None
 
     #: How long kwok may take to renew every node's Lease after an outage: it renews each
     #: every 10 s (a quarter of its 40 s), so two renewals' worth.
     LEASE_RENEWAL_S = 25.0
 
     def _wait_leases_renewed(self, since: datetime.datetime) -> None:
-        """Every kwok node's Lease renewed after the API server came back. In one CI run
-        (30 Nov 2026) two nodes' Leases were not renewed after an 8 s outage, on a loaded
-        machine: KCM marked them NotReady 40 s later, their pods with them, and the next test
-        waited 120 s for pods that never came back. A plane left like that is not the plane
-        the next test was written for, so kwok is restarted (it takes every Lease again) and,
-        if that does not help, the test fails here saying so."""
+        """Every kwok node's Lease renewed after the API server came back, so the next test
+        starts on the plane it was written for. A node whose Lease KCM sees lapse is marked
+        NotReady with its pods, and kwok never makes such pods Ready again (a probe, 30 Nov
+        2026: a 35 s outage left every pod NotReady for good). What KCM sees also lags kwok:
+        its Lease watch backs off after an outage, which is why flags.controller_manager gives
+        a longer grace than the default. This wait is for a kwok that really stops renewing:
+        it is restarted (it takes every Lease again) and, if that does not help, the test
+        fails here saying so."""
         if "kwok" not in self._components:
             return
         stale = self._stale_leases_after_renewal(since)

@@ -139,6 +139,15 @@ def controller_manager(layout: Layout) -> list[str]:
         f"--cluster-signing-cert-file={pki.ca_cert}",
         f"--cluster-signing-key-file={pki.ca_key}",
         f"--service-cluster-ip-range={SERVICE_CIDR}",
+        # How long a node's Lease may go unrenewed before its node and pods are marked
+        # NotReady (40-50 s by default). After an API server restart KCM's Lease watch comes
+        # back with the reflector's backoff (up to 30 s), so on a loaded 2-core machine an 8 s
+        # outage once read as a lapse (CI, 30 Nov 2026). kwok then makes the node Ready again
+        # (its node-initialize Stage) but, unlike a kubelet, never re-asserts its pods'
+        # readiness: they stayed NotReady for good and the next test waited in vain. No test
+        # expects a lapsed Lease to be noticed; a node is made NotReady by annotation
+        # (ControlPlane.set_node_ready), which does not wait on this.
+        "--node-monitor-grace-period=180s",
     ]
 
 

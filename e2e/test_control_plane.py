@@ -287,7 +287,8 @@ def test_apiserver_restart_keeps_state(control_plane, api, namespace, node_shape
     down = datetime.datetime.now(datetime.timezone.utc)
     control_plane.restart_apiserver(crash=crash)
     # kwok holds every node's Lease again (restart_apiserver waits for it, and restarts kwok
-    # if it does not: a node whose Lease lapses turns NotReady with its pods, 40 s later).
+    # if it does not: a node whose Lease lapses turns NotReady with its pods, for good, once
+    # KCM's --node-monitor-grace-period has passed; see flags.controller_manager).
     assert fake_nodes.stale_leases(api, down) == []
 
     # The API answers again, on the same address, with what etcd kept.

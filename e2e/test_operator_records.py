@@ -96,8 +96,17 @@ def test_the_interval_open_when_the_operator_is_killed_is_closed_after_the_resta
             return None
         return policy["lastRoundTime"], policy["rewards"][-1]["interval"] + 1, now
 
+    def not_training() -> dict:
+        # What a timeout needs to tell a stalled job from a slow one: progress, and pods
+        # that are not Ready (the emulator trains only on Ready pods).
+        unready = [p.metadata.name for p in mlsched.pods()
+                   if not any(c.type == "Ready" and c.status == "True"
+                              for c in p.status.conditions or ())]
+        return {"epochs": epochs(), "pods not Ready": unready}
+
     opened_at, open_number, trained = wait_for(interval_everyone_trains_in, SETTLE,
-                                               "an interval in which every job trains")
+                                               "an interval in which every job trains",
+                                               describe=not_training)
     operator.kill()
     time.sleep(4.0)  # jobs train on while no operator runs
     operator.start()
