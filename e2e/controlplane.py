@@ -165,18 +165,22 @@ class ControlPlane:
 
     def _start_controllers(self) -> None:
         """KCM, the scheduler and kwok, healthy, and the default ServiceAccount KCM makes."""
-        layout, ports = self._layout, self._layout.ports
+        layout = self._layout
         self._add("kube-controller-manager", flags.controller_manager(layout)
                   + self.extra_flags.get("kube-controller-manager", []))
         self._add("kube-scheduler", flags.scheduler(layout) + self.extra_flags.get("kube-scheduler", []))
         self._add("kwok", flags.kwok(layout))
-        for name, url in [
-            ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),
-            ("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/healthz"),
-            ("kwok", f"http://127.0.0.1:{ports.kwok}/healthz"),
-        ]:
-            self._components[name].wait_healthy(url, timeout=self.startup_timeout)
+        for name in ("kube-controller-manager", "kube-scheduler", "kwok"):
+            self._wait_healthy(name)
         self._wait_default_service_account()
+
+    def _wait_healthy(self, name: str) -> None:
+        """One of the components _start_controllers runs, answering on its /healthz."""
+        ports = self._layout.ports
+        url = {"kube-controller-manager": f"https://127.0.0.1:{ports.controller_manager}/healthz",
+               "kube-scheduler": f"https://127.0.0.1:{ports.scheduler}/healthz",
+               "kwok": f"http://127.0.0.1:{ports.kwok}/healthz"}[name]
+        self._components[name].wait_healthy(url, timeout=self.startup_timeout)
 
     def stop(self) -> None:
         """Stops every process and removes the temp dir.
@@ -232,16 +236,11 @@ class ControlPlane:
         Kubernetes controllers doing their part afterwards is the precondition."""
         if "kube-controller-manager" not in self._components:
             return  # an apiserver-only plane
-        ports = self._layout.ports
-        for name, url in [
-            ("kube-controller-manager", f"https://127.0.0.1:{ports.controller_manager}/healthz"),
-            ("kube-scheduler", f"https://127.0.0.1:{ports.scheduler}/healthz"),
-        ]:
-            component = self._components[name]
-            component.stop()
-            component.start()
+        for name in ("kube-controller-manager", "kube-scheduler"):
+            self._components[name].stop()
+            self._components[name].start()
             try:
-                component.wait_healthy(url, timeout=self.startup_timeout)
+                self._wait_healthy(name)
             except ComponentError as err:
                 raise ControlPlaneError(str(err)) from None
 
@@ -269,8 +268,7 @@ class ControlPlane:
         restarted = datetime.datetime.now(datetime.timezone.utc)
         kwok.stop()
         kwok.start()
-        kwok.wait_healthy(f"http://127.0.0.1:{self._layout.ports.kwok}/healthz",
-                          timeout=self.startup_timeout)
+        self._wait_healthy("kwok")
         stale = self._stale_leases_after_renewal(restarted)
         if stale:
             raise ControlPlaneError(f"kwok renewed no Lease of {stale} after the API server's "

@@ -17,7 +17,7 @@ from kubernetes import client
 
 from controlplane import ControlPlane
 from dl2_model import dl2_model_files
-from mlsched_objects import JOB_LABEL, REPO, MLSched, fresh_namespace, install_crds, load_yaml
+from mlsched_objects import REPO, MLSched, fresh_namespace, install_crds, load_yaml
 from operator_identity import operator_kubeconfig, serve_namespace
 from operator_process import OperatorProcess
 from waiting import wait_for
@@ -70,8 +70,8 @@ def start_operator(request: pytest.FixtureRequest, api, operator_identity: Path,
     """start_operator(**OperatorProcess kwargs) → a running operator for this test's
     namespace, which is set up as a served namespace of the namespaced install (the
     operator's RoleBinding, the training ServiceAccount). At teardown the test's MLJobs and
-    policies are deleted, then their StatefulSets and pods (delete_children), and the pods are
-    waited out, so the next test finds the nodes empty."""
+    policies are deleted, then their StatefulSets and pods (MLSched.delete_children), and
+    the pods are waited out, so the next test finds the nodes empty."""
     started: list[OperatorProcess] = []
     request.node.stash[OPERATORS] = started
     serve_namespace(api, mlsched.namespace)
@@ -90,7 +90,7 @@ def start_operator(request: pytest.FixtureRequest, api, operator_identity: Path,
     release(mlsched)
     for operator in started:
         operator.stop()
-    delete_children(mlsched)
+    mlsched.delete_children()
     wait_pods_gone(mlsched)
 
 
@@ -100,18 +100,6 @@ def release(mlsched: MLSched) -> None:
     mlsched.delete_all()
     wait_for(lambda: not mlsched.remaining(), 30, "the test's objects to be deleted",
              describe=mlsched.remaining)
-
-
-def delete_children(mlsched: MLSched) -> None:
-    """Deletes the released jobs' StatefulSets and pods, as the garbage collector would, without
-    waiting for it: after an API server restart KCM's collector may take a discovery period or
-    more (30 s each) to see the MLJob kind again, and the outage test's teardown took 52-80 s
-    (30 Nov 2026) of a 90 s wait. Pods keep their grace period: on kwok nodes they go at once,
-    and a LocalKubelet stops their processes as it would for the collector's deletes."""
-    mlsched.apps.delete_collection_namespaced_stateful_set(mlsched.namespace,
-                                                           propagation_policy="Background")
-    mlsched.core.delete_collection_namespaced_pod(mlsched.namespace,
-                                                  label_selector=JOB_LABEL)
 
 
 def wait_pods_gone(mlsched: MLSched) -> None:
@@ -130,7 +118,7 @@ def second_tenant(api, crds, start_operator) -> MLSched:
         tenant = MLSched(api, name)
         yield tenant
         release(tenant)
-        delete_children(tenant)
+        tenant.delete_children()
         wait_pods_gone(tenant)
 
 
