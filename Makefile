@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 OUT    ?= out
 
-.PHONY: demo test test-api e2e bench bench-e2e venv dev clean
+.PHONY: demo test test-api test-real-node e2e bench bench-e2e venv dev clean
 
 # A venv with the runtime only (no torch): enough for the simulator and the operator.
 $(BIN)/.installed: pyproject.toml
@@ -44,13 +44,27 @@ test: $(BIN)/.installed-dev
 # (root).
 # A hung test fails after 15 minutes with its stack instead of eating CI's 90; the 20 slowest
 # tests are listed at the end (what to look at when the suite's time grows).
-# Two tiers, each its own pytest run: first the apiserver-only tier (e2e/apiserver/: etcd and
-# kube-apiserver with the CRDs, as envtest runs them; `make test-api`), whose failure stops
-# here, then everything else on the full control plane.
+# Three tiers, each its own pytest run, a failure stopping the rest: the apiserver-only tier
+# (e2e/apiserver/: etcd and kube-apiserver with the CRDs, as envtest runs them; `make
+# test-api`); the full control plane with kwok's nodes, on three xdist workers with a plane
+# each, a module to a worker (the longest first: e2e/conftest.py; about 11.5 minutes on 2
+# cores, docs/e2e.md "Three planes at once"); then the real node alone (`make
+# test-real-node`), whose training pods want the cores to themselves.
 e2e: $(BIN)/.installed-dev
 	bash e2e/build_all.sh
 	$(API_TIER)
-	$(BIN)/python -m pytest -q e2e --ignore=e2e/apiserver -o timeout_func_only=true --timeout=900 --durations=20
+	$(FULL_PLANE)
+	$(REAL_NODE_TIER)
+
+E2E_PYTEST = $(BIN)/python -m pytest -q -o timeout_func_only=true --timeout=900 --durations=20
+FULL_PLANE = $(E2E_PYTEST) -n 3 --dist loadfile --no-loadscope-reorder e2e \
+	--ignore=e2e/apiserver --ignore=e2e/test_real_node.py
+REAL_NODE_TIER = $(E2E_PYTEST) e2e/test_real_node.py
+
+# The real node alone (root; docs/e2e.md "The real node"): builds what it needs on first use.
+test-real-node: $(BIN)/.installed-dev
+	bash e2e/build_all.sh
+	$(REAL_NODE_TIER)
 
 # The apiserver-only tier alone: needs only the control plane's binaries (a few ms once built;
 # about 13 minutes cold), starts in seconds (printed), no scheduler, KCM or nodes.

@@ -33,6 +33,35 @@ from monitoring_manifests import tools  # noqa: E402,F401
 from dev_overlay import dev  # noqa: E402,F401
 
 
+# The full plane runs on three pytest-xdist workers, each with a plane of its own, a module to
+# a worker (`--dist loadfile --no-loadscope-reorder`, docs/e2e.md "Three planes at once"), so a
+# module's tests run in order and its module fixtures are made once. A worker takes the next
+# module when it is free, so the longest go first: begun last, one of them would run on alone
+# at the end. Seconds per module measured on three workers on 30 Nov 2026 (`--junitxml`); every
+# module not named takes under 60 s and keeps its place.
+# The two modules whose "pods" are local processes on this machine's network (pod_runner.py)
+# may run at once: their jobs listen on different ports (test_operator_training.py).
+LONGEST_MODULES_FIRST = (
+    "test_operator_training",          # 186 s: the reference programs trained in pods
+    "test_reference_programs",         # 142 s
+    "test_operator_unschedulable",     # 134 s
+    "test_operator_leader_election",   # 110 s
+    "test_operator_faults",            # 98 s
+    "test_retraining_harmony",         # 94 s
+    "test_operator_retraining_records",  # 81 s
+    "test_operator_records",           # 80 s
+    "test_operator_status_burst",      # 80 s
+    "test_retraining_loop",            # 80 s
+    "test_operator_admission",         # 63 s
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_MODULES_FIRST)}
+    # sort is stable: the other modules, and the tests within a module, keep their order.
+    items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))
+
+
 @dataclass(frozen=True)
 class NodeShape:
     """The fake nodes every session starts with (named kwok-node-0, -1, ...)."""

@@ -256,7 +256,6 @@ class PodRunner:
         self.workdir = Path(workdir) if workdir else Path(tempfile.mkdtemp(prefix="pods-"))
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.pods: list[PodProcess] = []
-        self._created_dirs: list[Path] = []
         self._starts = 0
 
     def __enter__(self) -> PodRunner:
@@ -265,16 +264,16 @@ class PodRunner:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def _mount_point(self, path: Path) -> None:
-        # A container runtime creates mount points inside the container's root; here the
-        # root is the host's, so a missing one is created (empty) and removed in close().
-        missing = []
-        for parent in [path, *path.parents]:
-            if parent.exists():
-                break
-            missing.append(parent)
+    @staticmethod
+    def _mount_point(path: Path) -> None:
+        # A container runtime creates mount points inside the container's root; here the root
+        # is the host's, so a missing one is created (empty) and left there. Not removed: the
+        # full plane runs test modules on several xdist workers at once, and another worker's
+        # runner may have pods mounted at the same path (the token's, the checkpoint's);
+        # removing a directory detaches what is mounted on it in every mount namespace (Linux
+        # 3.18 on), and those pods lost their token mid-run (docs/e2e.md, "Three planes at
+        # once").
         path.mkdir(parents=True, exist_ok=True)
-        self._created_dirs += missing
 
     def start(self, pods: Sequence[Mapping[str, Any]], *,
               peers: Sequence[Mapping[str, Any]] | None = None,
@@ -348,15 +347,9 @@ class PodRunner:
         return out
 
     def close(self) -> None:
-        """Kills what still runs (a test that failed half-way), then removes the mount points
-        it created. The logs stay in `workdir` for the report."""
+        """Kills what still runs (a test that failed half-way). The logs stay in `workdir`
+        for the report; the mount points stay (_mount_point)."""
         for p in self.pods:
             if p.running():
                 p.process.kill()
                 p.process.wait()
-        for path in sorted(set(self._created_dirs), key=lambda p: len(p.parts), reverse=True):
-            try:
-                path.rmdir()
-            except OSError:
-                pass
-        self._created_dirs.clear()

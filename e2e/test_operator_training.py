@@ -36,6 +36,14 @@ CHECKPOINT_MOUNT = "/mnt/mlsched-checkpoint"
 GLOBAL_BATCH = 64
 EPOCHS = 14
 SAMPLE_COST_S = 0.004  # 256 ms a step with 1 worker (5.9 s an epoch), 85 ms with 3
+# The rendezvous ports, named as a user names them (Kubeflow's names; the operator renders
+# MASTER_PORT and TF_CONFIG from them). Not the defaults (23456, 2222): the pods here are local
+# processes on the host's network, rank 0 listens on every address, and the full plane runs
+# test_reference_programs.py, whose jobs use the defaults, at the same time on another worker
+# (EADDRINUSE when both used 23456). Below the kernel's ephemeral range, so no outgoing
+# connection holds them.
+PORTS = [{"name": "pytorchjob-port", "containerPort": 23457},
+         {"name": "tfjob-port", "containerPort": 2223}]
 
 
 def training_job(name: str, architecture: str, program: str, counts: dict[str, int]) -> dict:
@@ -52,6 +60,7 @@ def training_job(name: str, architecture: str, program: str, counts: dict[str, i
                         {"name": "EXAMPLE_TRACE_STEPS", "value": "1"},
                         {"name": "EXAMPLE_SAMPLE_COST_S", "value": str(SAMPLE_COST_S)}],
                 "volumeMounts": [{"name": "checkpoint", "mountPath": CHECKPOINT_MOUNT}],
+                "ports": PORTS,
                 "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}}}]}}
 
     roles = {role: {"min": n, "max": n, "template": template(role)} for role, n in counts.items()}
