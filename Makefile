@@ -39,7 +39,7 @@ test: $(BIN)/.installed-dev
 # manifests/argocd (e2e/argocd_health, 4 minutes) and Prometheus' promtool for the alerts of
 # manifests/monitoring (3 minutes), one after another; meanwhile, in the background, the images
 # the real node runs, built from this checkout with buildah (13 minutes beside the compiler).
-# 25 minutes in all from empty caches (docs/e2e.md, "A cold .ci/run"). The
+# 15-25 minutes in all from empty caches (docs/e2e.md, "A cold .ci/run"). The
 # real node runs on Debian's containerd, runc, CNI plugins and iptables, installed when missing
 # (root).
 # A hung test fails after 15 minutes with its stack instead of eating CI's 90; the 20 slowest
