@@ -17,7 +17,8 @@ What a pod's process sees and what this gives it:
 
 The network namespace stays the host's, so traffic never leaves loopback but listening
 sockets are shared: two pods cannot bind the same port on all addresses (torch's TCPStore
-does), as two pods of one job never need to. gloo picks its address from the hostname (it
+does), as two pods of one job never need to; two jobs running at once (tests on two xdist
+workers) must name different rendezvous ports (test_operator_training.py does). gloo picks its address from the hostname (it
 resolves it and binds there), so each pod's gloo listens on its own 127.0.0.x; connecting
 sockets get 127.0.0.1 as their source (the kernel's choice for loopback routes), where a real
 pod's would carry its pod IP: no program here checks the peer's source address.

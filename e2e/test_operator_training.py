@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from mlsched.controller.objects.desired import MASTER_PORT, MASTER_PORT_NAME, TF_PORT, TF_PORT_NAME
 from local_kubelet import LocalKubelet
 from mlsched_objects import KWOK_TOLERATION, condition, phase, scheduling_policy
 from pod_runner import PodRunner
@@ -42,8 +43,8 @@ SAMPLE_COST_S = 0.004  # 256 ms a step with 1 worker (5.9 s an epoch), 85 ms wit
 # test_reference_programs.py, whose jobs use the defaults, at the same time on another worker
 # (EADDRINUSE when both used 23456). Below the kernel's ephemeral range, so no outgoing
 # connection holds them.
-PORTS = [{"name": "pytorchjob-port", "containerPort": 23457},
-         {"name": "tfjob-port", "containerPort": 2223}]
+PORTS = [{"name": MASTER_PORT_NAME, "containerPort": MASTER_PORT + 1},
+         {"name": TF_PORT_NAME, "containerPort": TF_PORT + 1}]
 
 
 def training_job(name: str, architecture: str, program: str, counts: dict[str, int]) -> dict:
