@@ -84,9 +84,13 @@ def test_off_by_default_and_forks_do_not_roll_out_again():
     sim = Simulator(trace, SimConfig(nodes=6, seed=31, placement_rollout=True))
     assert sim.fork().config.placement_rollout is False
     guard = RolloutPlacement(registry.make_placement("harmony"), sim, registry.make_allocation("fixed"))
-    assert guard.name == "harmony" and guard.learned and guard.card.algorithm == "harmony"
+    assert guard.name == "harmony" and guard.card.algorithm == "harmony"
     assert guard.fallback.name == "lif-line"  # the per-round guard's own fallback
+    # Learned while the network governs only: a round LIF-Line governs is settled as
+    # LIF-Line's own (SimConfig.served_round).
+    assert not guard.learned and guard.network.learned
     guard.round_starts(sim.snapshot())
+    assert guard.learned == (guard.choice == "learned")
     # every job known, no arrival after the first look: one rollout pair, of the known jobs
     assert sum(guard.rollouts.values()) == 1 and len(guard.jct) == 1
     guard.round_starts(sim.snapshot())  # nobody new: the choice stands

@@ -93,8 +93,14 @@ def test_a_replay_gives_no_job_more_than_its_spec_allows(monkeypatch):
         decided.extend(decision.jobs.values())
         return decision
 
-    run_round = regret_replay.run_round
+    def served_spy(snapshot, *args, **kwargs):
+        decision = run_served_round(snapshot, *args, **kwargs)
+        decided.extend(decision.jobs.values())
+        return decision
+
+    run_round, run_served_round = regret_replay.run_round, regret_replay.run_served_round
     monkeypatch.setattr(regret_replay, "run_round", spy)
+    monkeypatch.setattr(regret_replay, "run_served_round", served_spy)
     chic, drf = policies()
     estimate(window(), CONFIG, NODES, chic, drf, LEARNED, NOTHING_BEFORE)
     assert decided and max(len(d.ps_nodes) for d in decided) <= 4
@@ -244,8 +250,9 @@ def test_the_operators_guard_replays_a_window_without_a_start_with_the_start_mea
 def test_the_operators_replay_settles_the_fallbacks_rounds_as_the_operator_serves_them(monkeypatch):
     """The operator serves a heuristic fallback's rounds settled (round.run_served_round), so
     its guard's replay of the fallback decides them so too (guard.replay_cluster sets
-    served_round); the simulator's own guard replays as its run decides (served_round False:
-    once a round). Counted from the fallback's side: its decisions per round."""
+    served_round, the simulator's default since 1 Dec 2026); a simulator deciding once
+    (served_round False) replays once a round. Counted from the fallback's side: its
+    decisions per round."""
     from dataclasses import replace
 
     from mlsched.controller.scheduling.guard import replay_cluster
@@ -259,7 +266,8 @@ def test_the_operators_replay_settles_the_fallbacks_rounds_as_the_operator_serve
 
     monkeypatch.setattr(type(registry.make_allocation("drf")), "allocate", counted)
     once, served = [], []
-    for config, seen in ((CONFIG, once), (replace(CONFIG, served_round=True), served)):
+    assert CONFIG.served_round
+    for config, seen in ((replace(CONFIG, served_round=False), once), (CONFIG, served)):
         calls["drf"] = 0
         chic, drf = policies()
         estimate(window(), config, NODES, chic, drf, LEARNED, NOTHING_BEFORE)

@@ -144,8 +144,7 @@ def simulate(trace: list[RealJob], allocation: str, free: dict, interval_s: floa
                        max_workers=max_workers, scaling_cost_s=sim_cal.restart_cost_s,
                        start_cost_s=sim_cal.start_cost_s, costs_span_slots=sim_cal.spans_slots,
                        handover_s=sim_cal.handover_s,
-                       demands=demands, sensitivity_factors=cal.sensitivity_factors or None, seed=seed,
-                       served_round=True)
+                       demands=demands, sensitivity_factors=cal.sensitivity_factors or None, seed=seed)
     speed = speed_models.ScaledSpeed(speed_models.get_speed_model(config.speed_model), cal.speed_factors)
     if sim_cal.speeds is not None:
         speed = speed_models.RecordedSpeed(speed, sim_cal.speeds)

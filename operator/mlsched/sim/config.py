@@ -83,8 +83,10 @@ class SimConfig:
     # the operator mirrors a ResourceQuota. None: no quota.
     quota: tuple[float, float, float] | None = None
     # Rounds decided as the operator serves them (round.run_served_round): heuristic rounds
-    # settled. False: heuristic rounds decided once (as the shipped figures were measured).
-    served_round: bool = False
+    # settled, learned ones decided once through the cycle guard, so what the simulator trains
+    # and scores is what the cluster serves. False (`mlsched simulate --decided-once`): every
+    # round decided once, as the figures before 1 Dec 2026 were measured.
+    served_round: bool = True
 
     def capacity(self) -> np.ndarray:
         row = np.array([self.node_cpus, self.node_gpus, self.node_mem_gib], dtype=float)

@@ -36,10 +36,14 @@ def replayed(seen: dict[str, TraceJob], now_s: float, window: float) -> list[Tra
             for j in seen.values() if now_s - window < j.arrival_s <= now_s]
 
 
-def rollout_jct(sim, allocation, placement, arrivals: list[TraceJob], grouping=None) -> float:
+def rollout_jct(sim, allocation, placement, arrivals: list[TraceJob], grouping=None,
+                decided_once: bool = False) -> float:
     """Σ JCT of every job of a fork of `sim` (Simulator.fork) with `arrivals` to come, run to
-    the end; inf if some do not finish."""
+    the end; inf if some do not finish. `decided_once`: the fork decides every round once
+    (SimConfig.served_round False), whatever `sim` does."""
     fork = sim.fork(arrivals)
+    if decided_once:
+        fork.config = replace(fork.config, served_round=False)
     result = fork.run(allocation, placement, grouping)
     if result.completed < len(fork.trace):
         return float("inf")

@@ -177,6 +177,9 @@ def simulator_rollout(sim, allocation, placement) -> Rollout:
     JCT of every job in it (inf if some do not finish)."""
 
     def rollout(arrivals: list[TraceJob], grouping) -> float:
-        return rollout_jct(sim, allocation, placement, arrivals, grouping)
+        # Decided once, whichever candidate: the guarded run's rounds never settle (the guard
+        # bears harmony's name: round.settles), `none` governing included, so its rollouts
+        # decide as it does (as the operator's, controller/scheduling/grouping_guard.py).
+        return rollout_jct(sim, allocation, placement, arrivals, grouping, decided_once=True)
 
     return rollout

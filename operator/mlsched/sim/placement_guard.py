@@ -92,7 +92,10 @@ class RolloutPlacement:
 
     @property
     def learned(self) -> bool:
-        return self.network.learned
+        # The side in force: a round LIF-Line governs is a heuristic round, settled as
+        # LIF-Line alone is (SimConfig.served_round), so a run it governs throughout is
+        # exactly LIF-Line's run.
+        return self.in_force.learned
 
     @property
     def card(self):

@@ -48,9 +48,9 @@ def run(sim, allocation, placement, grouping=None, progress=None, guard=None) ->
              if sim.config.admission == "arrival" else None)
     idle: list[IdleCapacity] = []  # one per round: what it left idle (work conservation)
     domain = DomainTally.of(served_cards(grouping, allocation, placement))
-    # The rounds the operator does not settle (a learned phase) go through the cycle
-    # guard, as its served round does (round.run_served_round); heuristic rounds are
-    # decided as the simulator always has (the operator settles those instead).
+    # Rounds decided as the operator serves them (round.run_served_round, the default): a
+    # heuristic round settled, one it does not settle (a learned phase, a grouping) through
+    # the cycle guard. SimConfig.served_round False decides every round once.
     sim.cycle_guard = CycleGuard() if sim.config.cycle_guard else None
     placed_before = Counter(getattr(placement, "choices", {}))  # a guarded placement's tally
     while not sim.done:
