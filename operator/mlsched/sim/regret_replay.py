@@ -25,9 +25,9 @@ the live nodes, controller/scheduling/guard.py) with its node names, so that hel
 nodes they were on: a replay of the policy that ran pays no scaling cost the cluster did not
 pay. Both replays start from the same state with the same seed, and run whole rounds (run_round,
 and admission steps when the config admits on arrival) until the window's length has passed.
-A config with `served_round` (the operator's, guard.replay_cluster) decides each round as the
-operator serves it (run_served_round: a heuristic fallback's rounds settled), so the fallback's
-estimate is of the fallback the cluster would run.
+A config with `served_round` (the simulator's default, and the operator's: guard.replay_cluster)
+decides each round as the operator serves it (run_served_round: a heuristic fallback's rounds
+settled), so the fallback's estimate is of the fallback the cluster would run.
 
 An operator's records (`estimate(operator=True)`) are replayed as the operator serves them
 (ReplaySimulator): jobs whose pods were still starting at the window's start train nothing
