@@ -7,7 +7,7 @@
 - Optimus and Optimus-oracle (arrival) <= 10 s.
 
 Every run decides its rounds as the operator serves them (SimConfig.served_round, the default
-since 1 Dec 2026: heuristic rounds settled, docs/simulator.md "The served round"); the row
+since 30 Nov 2026: heuristic rounds settled, docs/simulator.md "The served round"); the row
 `drf arrival-once` is the DRF run with every round decided once (`--decided-once`), the rule
 the 2 s target was set under, so the settling's cost is read in the same run.
 

@@ -250,7 +250,7 @@ def test_the_operators_guard_replays_a_window_without_a_start_with_the_start_mea
 def test_the_operators_replay_settles_the_fallbacks_rounds_as_the_operator_serves_them(monkeypatch):
     """The operator serves a heuristic fallback's rounds settled (round.run_served_round), so
     its guard's replay of the fallback decides them so too (guard.replay_cluster sets
-    served_round, the simulator's default since 1 Dec 2026); a simulator deciding once
+    served_round, the simulator's default since 30 Nov 2026); a simulator deciding once
     (served_round False) replays once a round. Counted from the fallback's side: its
     decisions per round."""
     from dataclasses import replace

@@ -35,7 +35,7 @@ def test_learned_rounds_are_never_settled(monkeypatch):
 
 def test_the_simulator_serves_rounds_as_the_operator_by_default_and_the_cli_can_decide_once(
         monkeypatch, tmp_path):
-    """Since 1 Dec 2026 (issue 50) a simulation decides as the operator serves; `mlsched
+    """Since 30 Nov 2026 (issue 50) a simulation decides as the operator serves; `mlsched
     simulate --decided-once` keeps the rule the figures before were measured under."""
     from mlsched.cli import main
 

@@ -282,9 +282,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "bounds them in the cluster, e.g. cpu=32,gpu=8 (a resource left out is "
                           "unbounded); default: none")
     sim.add_argument("--decided-once", action="store_true",
-                     help="decide every round once, heuristic ones included, as the figures before "
-                          "1 Dec 2026 were measured; default: as the operator serves them, heuristic "
-                          "rounds settled (docs/simulator.md, \"The served round\")")
+                     help="decide every round once, heuristic ones included, the rule of the figures "
+                          "measured before 30 Nov 2026's served round; default: as the operator serves "
+                          "them, heuristic rounds settled (docs/simulator.md, \"The served round\")")
     _add_cluster_args(sim)
     sim.set_defaults(func=cmd_simulate)
 

@@ -75,7 +75,7 @@ def run_settled_round(snapshot: Snapshot, allocation: AllocationPolicy,
     852 when the first round is settled; bench_settling.py). A round whose decision keeps
     every task where it was (a steady one) costs no second decision: deciding again on the
     same input decides the same. The simulator decides so too (SimConfig.served_round, the
-    default since 1 Dec 2026)."""
+    default since 30 Nov 2026)."""
     view, decision = snapshot, run_round(snapshot, allocation, placement)
     for _ in range(passes):
         if _layout(decision) == _held(view):

@@ -85,7 +85,7 @@ class SimConfig:
     # Rounds decided as the operator serves them (round.run_served_round): heuristic rounds
     # settled, learned ones decided once through the cycle guard, so what the simulator trains
     # and scores is what the cluster serves. False (`mlsched simulate --decided-once`): every
-    # round decided once, as the figures before 1 Dec 2026 were measured.
+    # round decided once, as the figures before this became the default (30 Nov 2026) were measured.
     served_round: bool = True
 
     def capacity(self) -> np.ndarray:
