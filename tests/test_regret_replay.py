@@ -88,19 +88,15 @@ def test_without_the_memory_a_replay_sends_the_admitted_jobs_back():
 def test_a_replay_gives_no_job_more_than_its_spec_allows(monkeypatch):
     decided = []
 
-    def spy(snapshot, *args, **kwargs):
-        decision = run_round(snapshot, *args, **kwargs)
-        decided.extend(decision.jobs.values())
-        return decision
+    def spying(decide):  # the replay's rounds, once or settled, each noted as it decides
+        def spy(snapshot, *args, **kwargs):
+            decision = decide(snapshot, *args, **kwargs)
+            decided.extend(decision.jobs.values())
+            return decision
+        return spy
 
-    def served_spy(snapshot, *args, **kwargs):
-        decision = run_served_round(snapshot, *args, **kwargs)
-        decided.extend(decision.jobs.values())
-        return decision
-
-    run_round, run_served_round = regret_replay.run_round, regret_replay.run_served_round
-    monkeypatch.setattr(regret_replay, "run_round", spy)
-    monkeypatch.setattr(regret_replay, "run_served_round", served_spy)
+    for name in ("run_round", "run_served_round"):
+        monkeypatch.setattr(regret_replay, name, spying(getattr(regret_replay, name)))
     chic, drf = policies()
     estimate(window(), CONFIG, NODES, chic, drf, LEARNED, NOTHING_BEFORE)
     assert decided and max(len(d.ps_nodes) for d in decided) <= 4

@@ -64,9 +64,11 @@ def test_a_guarded_groupings_rollouts_decide_once_as_its_run_does(monkeypatch):
         forks.append(self.config.served_round)
         return fork_run(self, *args, **kwargs)
 
+    def never_settled(*args, **kwargs):
+        raise AssertionError("a round of the guarded run or of a rollout was settled")
+
     monkeypatch.setattr(Simulator, "run", spying_run)
-    monkeypatch.setattr(round_module, "run_settled_round",
-                        lambda *a, **k: (_ for _ in ()).throw(AssertionError("settled")))
+    monkeypatch.setattr(round_module, "run_settled_round", never_settled)
     # All there at once: the guard rolls its candidates out at the first round.
     trace = [dataclasses.replace(j, arrival_s=0.0) for j in generators.generate(jobs=8, seed=4)]
     sim = Simulator(trace, SimConfig(nodes=6, seed=1))
