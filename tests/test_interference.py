@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from mlsched.workloads import catalog
-from mlsched.workloads.interference import (DIMENSIONS, SENSITIVITY, PressureTracker, job_pressures,
+from mlsched.workloads.interference import (DEMAND, DIMENSIONS, SENSITIVITY, PressureTracker, job_pressures,
                                             job_speed_factors, max_slowdown, node_capacity, pair_slowdown)
 
 CTC = "cnn-text-classification"
@@ -138,3 +138,44 @@ def test_pressures_kept_between_changes_are_exactly_those_computed_afresh(capaci
         assert list(got) == list(expected)
         assert got == expected  # exact floats, not approx
     assert any(p > 0 for p in expected.values())
+
+
+def _pressures_on_arrays(placements, groups, capacity) -> dict[str, float]:
+    """job_pressures as it was computed before its terms were taken in plain floats (issue 52):
+    each node's demands summed per job, and each term in array arithmetic."""
+    per_node: dict[int, dict[str, np.ndarray]] = {}
+    for job, (model, nodes) in placements.items():
+        for n in nodes:
+            here = per_node.setdefault(n, {})
+            here[job] = here.get(job, 0.0) + DEMAND[model]
+    out = {}
+    for job, (model, nodes) in placements.items():
+        terms = [0.0]
+        for n in set(nodes):
+            here, mine = per_node[n], groups.get(job) if groups else None
+            others = [d for other, d in here.items()
+                      if other != job and (mine is None or groups.get(other) != mine)]
+            if others:
+                cap = 1.0 if capacity is None else capacity[n] if isinstance(capacity, dict) else capacity
+                o = sum(others) / cap
+                terms.append(float(SENSITIVITY[model] @ (o / np.maximum(1.0, o + here[job] / cap))))
+        out[job] = max(terms)
+    return out
+
+
+@pytest.mark.parametrize("capacity", [None, node_capacity(6), {n: node_capacity(4 + n) for n in range(8)}])
+@pytest.mark.parametrize("seed", range(4))
+def test_pressures_in_floats_are_the_array_arithmetics_to_the_bit(capacity, seed):
+    rng = np.random.default_rng(seed)
+    models = sorted(SENSITIVITY)
+    interfering = 0
+    for _ in range(40):  # crowded nodes: many jobs, several tasks each, some grouped
+        placements = {f"j{k}": (models[rng.integers(len(models))],
+                                rng.integers(8, size=rng.integers(1, 6)).tolist())
+                      for k in range(int(rng.integers(2, 14)))}
+        groups = {name: f"g{rng.integers(2)}" for name in placements if rng.random() < 0.4}
+        for current in (None, groups):
+            expected = _pressures_on_arrays(placements, current, capacity)
+            assert job_pressures(placements, current, capacity) == expected  # exact floats
+            interfering += sum(p > 0 for p in expected.values())
+    assert interfering > 200  # terms were computed, not only jobs alone on their nodes

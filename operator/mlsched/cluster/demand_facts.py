@@ -15,14 +15,18 @@ class DemandFacts:
     """What a round's ledger derives from one distinct task demand, once: the free capacity a
     node needs for it (the demand less a rounding tolerance, -inf for a resource the task does
     not use, which never blocks it), as a (3, 1) column to compare all nodes at once and as
-    plain floats to check one node; and, once a task is placed, the load one such task adds
-    on each node (RoundDemands.load_step)."""
+    plain floats to check one node; the demand as plain floats; and, once a task is placed,
+    the load one such task adds on each node (RoundDemands.load_step)."""
 
-    __slots__ = ("column", "need", "load_steps")
+    __slots__ = ("column", "need", "amounts", "load_steps")
 
     def __init__(self, demand: np.ndarray):
         self.column = np.where(demand > 0, demand - EPS, -np.inf)[:, None]
         self.need = tuple(self.column[:, 0].tolist())
+        # The demand itself as plain floats: booking one task subtracts them from one node's
+        # free capacity float by float (the same IEEE doubles as the array arithmetic gives, at
+        # a fraction of the cost of a numpy column update).
+        self.amounts = tuple(demand.tolist())
         self.load_steps: np.ndarray | dict[int, float] | None = None
 
 
@@ -50,13 +54,15 @@ class RoundDemands:
         self._facts_of_array[id(demand)] = (demand, facts)
         return facts
 
-    def load_step(self, demand: np.ndarray, node: int) -> float:
+    def load_step(self, demand: np.ndarray, node: int, facts: DemandFacts | None = None) -> float:
         """The normalised load one task of `demand` adds on `node`: the dot product, computed
         once per demand and node (placing and undoing a task add and subtract the same float):
         for every node at once for the first LOAD_VECTORS distinct demands (a round places
         thousands of tasks of a handful of demands), node by node for any beyond (a vector per
-        distinct demand would take 40 KB at 5,000 nodes)."""
-        facts = self.facts(demand)
+        distinct demand would take 40 KB at 5,000 nodes). `facts`: the demand's, when the
+        caller has them already."""
+        if facts is None:
+            facts = self.facts(demand)
         steps = facts.load_steps
         if steps is None:
             if self._load_vectors < LOAD_VECTORS:

@@ -57,16 +57,20 @@ class Ledger:
         # A copy, always: with one node, capacity.T is already contiguous and
         # ascontiguousarray would hand back a view, so booking tasks would change the snapshot.
         self._free_t = np.array(snapshot.capacity.T, order="C", copy=True)
-        # Free capacity summed over nodes, per resource, kept as tasks are booked: readers that
-        # want the cluster-wide free share each step (DL²'s state) need not sum N nodes.
-        self.free_total = self._free_t.sum(axis=1)
+        # Its rows, to book one task float by float (DemandFacts.amounts).
+        self._free_rows = tuple(self._free_t)
+        # Free capacity summed over nodes, per resource, kept as tasks are booked (plain
+        # floats, for the same reason; free_total): readers that want the cluster-wide free
+        # share each step (DL²'s state) need not sum N nodes.
+        self._free_total: list[float] = self._free_t.sum(axis=1).tolist()
         # Normalised load per node (sum over resources of used/capacity); load-balancing
         # placement reads it, so it is kept incrementally rather than recomputed per task.
         self.load = np.zeros(len(snapshot.node_names))
         self.tasks_on: list[list[tuple[str, str, Role]]] = [[] for _ in snapshot.node_names]
         # Bumped on every book and release of a task on the node: lets a reader that keeps
         # per-node aggregates (Harmony's node tokens) redo only the nodes that changed.
-        self.node_version = np.zeros(len(snapshot.node_names), dtype=np.int64)
+        self._node_version = np.zeros(len(snapshot.node_names), dtype=np.int64)
+        self._touched: list[int] = []  # ... the nodes of the books and releases not yet counted
         # The job of every book and release, in order: a reader that keeps per-job aggregates
         # (Harmony's job tokens) reads on from where it stopped and redoes only those jobs.
         self.job_changes: list[str] = []
@@ -85,6 +89,7 @@ class Ledger:
         # per reader (DL² builds a state per window of 40 jobs) cost a 10,000-job round 30 ms.
         self.total = total = snapshot.total_capacity
         self._inv_total = np.divide(1.0, total, out=np.zeros(3), where=total > 0)
+        self._inv_total_floats = tuple(self._inv_total.tolist())
         self._demands = RoundDemands(self.capacity)
         # Per exclusive token, how many tasks (and pods the round does not re-decide) hold it on
         # each node: a count, not a flag, so that releasing one of two tasks kept where they were
@@ -100,6 +105,20 @@ class Ledger:
                              for name, free in snapshot.counted_free.items()}
 
     # ---- queries -------------------------------------------------------------------------
+    @property
+    def node_version(self) -> np.ndarray:
+        """Per node, how many books and releases of a task it has seen (counted when read: a
+        round books thousands of tasks and few rounds have a reader)."""
+        if self._touched:
+            np.add.at(self._node_version, self._touched, 1)
+            self._touched = []
+        return self._node_version
+
+    @property
+    def free_total(self) -> np.ndarray:
+        """Free capacity summed over nodes, per resource, (3,) (a new array: kept as floats)."""
+        return np.array(self._free_total)
+
     @property
     def free(self) -> np.ndarray:
         """Free capacity per node, (N, 3) (a read-only view)."""
@@ -160,8 +179,8 @@ class Ledger:
                 role: Role | None = None) -> bool:
         """fits_mask(demand, job, role)[node], without comparing every node."""
         c, g, m = self._demands.facts(demand).need
-        free = self._free_t
-        if not (free[0, node] >= c and free[1, node] >= g and free[2, node] >= m):
+        cpu, gpu, mem = self._free_rows
+        if not (cpu[node] >= c and gpu[node] >= g and mem[node] >= m):
             return False
         if self.budget is not None and not self.budget_allows(job, role, demand):
             return False
@@ -281,7 +300,17 @@ class Ledger:
         return (d.ps * job.ps_demand + d.workers * job.worker_demand) * self._inv_total
 
     def dominant_share(self, job: JobView) -> float:
-        return float(self.used_share(job).max())
+        """used_share(job).max(), in plain floats (the same operations on the same doubles):
+        DRF asks it after every grant."""
+        d = self.jobs.get(job.name)
+        if d is None:
+            return 0.0
+        ps, workers = len(d.ps_nodes), len(d.worker_nodes)
+        p = self._demands.facts(job.ps_demand).amounts
+        w = self._demands.facts(job.worker_demand).amounts
+        inv = self._inv_total_floats
+        return max((ps * p[0] + workers * w[0]) * inv[0], (ps * p[1] + workers * w[1]) * inv[1],
+                   (ps * p[2] + workers * w[2]) * inv[2])
 
     # ---- growing jobs -------------------------------------------------------------------
     def grow(self, job: JobView, role: Role) -> bool:
@@ -298,12 +327,13 @@ class Ledger:
         """Add one worker and, for a PS job, one PS, atomically (DL²'s bundle action)."""
         if not self.has_tasks(job):
             return self._start_gang(job)
-        roles: list[Role] = ["worker"]
-        if job.uses_ps:
-            roles.append("ps")
-        if any(self.at_cap(job, r) for r in roles):
+        if self.at_cap(job, "worker"):
             return False
-        return self._add_many(job, roles)
+        if not job.uses_ps:
+            return self._add_many(job, ["worker"])
+        if self.at_cap(job, "ps"):
+            return False
+        return self._add_many(job, ["worker", "ps"])
 
     def grant(self, job: JobView, ps: int, workers: int) -> bool:
         """Give a job exactly (ps, workers) more tasks atomically (gang), or nothing."""
@@ -340,12 +370,16 @@ class Ledger:
         """Record one task of `job` on `node` (the caller checked that it fits)."""
         if demand is None:
             demand = self.demand(job, role)
-        self._free_t[:, node] -= demand
-        self.free_total -= demand
+        facts = self._demands.facts(demand)
+        c, g, m = facts.amounts
+        cpu, gpu, mem = self._free_rows
+        cpu[node], gpu[node], mem[node] = cpu[node] - c, gpu[node] - g, mem[node] - m
+        total = self._free_total
+        total[0], total[1], total[2] = total[0] - c, total[1] - g, total[2] - m
         if self.budget is not None:
             self.budget -= self.charge(job, role, demand)
             self._room = (self.budget + EPS).tolist()
-        self.load[node] += self._demands.load_step(demand, node)
+        self.load[node] += self._demands.load_step(demand, node, facts)
         if job.exclusive:
             for token in job.holds(role):
                 self._holders(token)[node] += 1
@@ -359,7 +393,7 @@ class Ledger:
             d = self.jobs[job.name] = JobDecision()
         (d.ps_nodes if role == "ps" else d.worker_nodes).append(node)
         self.tasks_on[node].append((job.name, job.model, role))
-        self.node_version[node] += 1
+        self._touched.append(node)
         self.job_changes.append(job.name)
 
     def book_held(self, held: Iterable[tuple[JobView, JobDecision]]) -> None:
@@ -414,20 +448,25 @@ class Ledger:
         per_task = np.repeat(np.array(demands, dtype=float), counts, axis=0)  # (tasks, 3)
         for r in range(per_task.shape[1]):
             np.subtract.at(self._free_t[r], at, per_task[:, r])
-        self.free_total[:] = np.subtract.accumulate(np.vstack([self.free_total, per_task]), axis=0)[-1]
+        self._free_total = np.subtract.accumulate(np.vstack([self._free_total, per_task]),
+                                                  axis=0)[-1].tolist()
         np.add.at(self.load, at, np.concatenate(steps))
-        np.add.at(self.node_version, at, 1)
+        self._touched.extend(nodes)
 
     def release(self, job: JobView, added: list[tuple[Role, int]]) -> None:
         """Take these (role, node) tasks of `job` back out of the ledger, newest first."""
         for role, node in reversed(added):
             demand = self.demand(job, role)
-            self._free_t[:, node] += demand
-            self.free_total += demand
+            facts = self._demands.facts(demand)
+            c, g, m = facts.amounts
+            cpu, gpu, mem = self._free_rows
+            cpu[node], gpu[node], mem[node] = cpu[node] + c, gpu[node] + g, mem[node] + m
+            total = self._free_total
+            total[0], total[1], total[2] = total[0] + c, total[1] + g, total[2] + m
             if self.budget is not None:  # the task of the highest ordinal held
                 self.budget += self.charge(job, role, demand, self.count(job, role) - 1)
                 self._room = (self.budget + EPS).tolist()
-            self.load[node] -= self._demands.load_step(demand, node)
+            self.load[node] -= self._demands.load_step(demand, node, facts)
             if job.exclusive:
                 for token in job.holds(role):
                     self._holders(token)[node] -= 1
@@ -439,7 +478,7 @@ class Ledger:
             d = self.jobs[job.name]
             (d.ps_nodes if role == "ps" else d.worker_nodes).pop()
             self.tasks_on[node].remove((job.name, job.model, role))
-            self.node_version[node] += 1
+            self._touched.append(node)
             self.job_changes.append(job.name)
             if d.ps + d.workers == 0:
                 del self.jobs[job.name]

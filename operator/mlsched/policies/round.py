@@ -336,7 +336,11 @@ class _NoPlacer:
 
 def checked(request: PlacementRequest,
             placed: dict[str, JobDecision]) -> tuple[dict[str, JobDecision], dict[str, int]]:
-    """Book the placement task by task; keep what fits, drop what does not (see module doc)."""
+    """Book the placement task by task; keep what fits, drop what does not (see module doc).
+    The answer for the layout checked last is kept on the request (PlacementRequest.last_checked):
+    a layout is not changed once handed over to be checked."""
+    if request.last_checked is not None and request.last_checked[0] is placed:
+        return request.last_checked[1]
     view = request.snapshot
     ledger = Ledger(view, _NoPlacer(), request.pools)
     book_held(ledger, request.held)
@@ -364,6 +368,7 @@ def checked(request: PlacementRequest,
             unplaced[name] = ps + workers
             continue
         out[name] = kept
+    request.last_checked = placed, (out, unplaced)
     return out, unplaced
 
 

@@ -138,9 +138,21 @@ def _node_pressure(job: str, model: str, n: int, here: dict[str, np.ndarray],
     if not others:
         return 0.0
     cap = _capacity_of(capacity, n)
-    o = sum(others) / cap
-    load = o + here[job] / cap
-    return float(SENSITIVITY[model] @ (o / np.maximum(1.0, load)))
+    caps = cap.tolist() if isinstance(cap, np.ndarray) else [cap] * 3
+    rows = [d.tolist() for d in others]
+    mine_d = here[job].tolist()
+    # Per resource, the others' share o and the node's load, in plain floats: the doubles that
+    # `o = sum(others) / cap; o / np.maximum(1.0, o + mine / cap)` makes on arrays, at a third
+    # of the cost (the simulator asks for tens of thousands of terms a run). The sum is a loop,
+    # not sum(): from Python 3.12 sum() of floats compensates its rounding.
+    shares = []
+    for r in range(3):
+        total = 0.0
+        for row in rows:
+            total += row[r]
+        o = total / caps[r]
+        shares.append(o / max(1.0, o + mine_d[r] / caps[r]))
+    return float(SENSITIVITY[model] @ np.array(shares))  # (numpy's dot, as before: its rounding)
 
 
 class PressureTracker:

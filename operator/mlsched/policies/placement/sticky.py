@@ -99,12 +99,17 @@ def _repaired(request: PlacementRequest, jobs: dict[str, JobView],
     # on this ledger), less the replayed tasks.
     free = np.array(request.fresh_ledger(None).free, dtype=float, copy=True)
     on_node: list[list[tuple[str, Role, int]]] = [[] for _ in range(n_nodes)]
+    tasks: list[int] = []  # every replayed task's node, and its demand: subtracted at once
+    demands: list[np.ndarray] = []  # (ufunc.at subtracts them in this order, as one by one)
     for name, d in out.items():
         job = jobs[name]
         for role, nodes in (("ps", d.ps_nodes), ("worker", d.worker_nodes)):
             for k, node in enumerate(nodes):
-                free[node] -= job.demand(role)  # type: ignore[arg-type]
+                tasks.append(node)
+                demands.append(job.demand(role))  # type: ignore[arg-type]
                 on_node[node].append((name, role, k))  # type: ignore[arg-type]
+    if tasks:
+        np.subtract.at(free, np.array(tasks, dtype=np.intp), np.array(demands, dtype=float))
 
     def nodes_of(name: str, role: Role) -> list[int]:
         d = out[name]
