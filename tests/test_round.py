@@ -16,7 +16,8 @@ from mlsched.features import speed_fit
 from mlsched.policies import registry
 from mlsched.policies.base import PlacementRequest, TaskByTaskPlacement
 from mlsched.policies.placement.sticky import Sticky
-from mlsched.policies.round import as_decided, run_admission, run_round, run_settled_round, settles
+from mlsched.policies.round import (as_decided, checked, run_admission, run_round, run_settled_round,
+                                   settles)
 from mlsched.workloads.speed_curve import catalog_curve, prior_curve
 
 
@@ -137,6 +138,33 @@ def test_a_placement_that_overcommits_loses_tasks_never_capacity():
         assert jd.workers >= 1 and jd.ps >= 1  # a kept job still has its gang
     assert (used <= snap.capacity + 1e-9).all()
     assert sum(d.unplaced.values()) > 0
+
+
+class ChecksThenCrowds(TaskByTaskPlacement):
+    """Checks a layout that fits (as Sticky checks its repairs), then crowds every task of it
+    onto node 0 in place and returns it."""
+    name = "checks-then-crowds"
+
+    def choose_node(self, ledger, job, role, demand):
+        return registry.make_placement("first-fit").choose_node(ledger, job, role, demand)
+
+    def place(self, request: PlacementRequest):
+        layout = {n: JobDecision(list(d.ps_nodes), list(d.worker_nodes))
+                  for n, d in super().place(request).items()}
+        assert checked(request, layout)[1] == {}  # it fits as laid out
+        for d in layout.values():
+            d.ps_nodes[:] = [0] * d.ps
+            d.worker_nodes[:] = [0] * d.workers
+        return layout
+
+
+def test_a_layout_changed_after_a_check_is_checked_again():
+    # the round keeps the answer for the layout checked last: it must not answer for another
+    jobs = [job("a", max_workers=4, max_ps=4), job("b", arrival=1, max_workers=4, max_ps=4)]
+    snap = make_snapshot(jobs, nodes=3)
+    d = run_round(snap, registry.make_allocation("drf"), ChecksThenCrowds())
+    assert sum(d.unplaced.values()) > 0
+    assert {n for jd in d.jobs.values() for n in jd.ps_nodes + jd.worker_nodes} == {0}
 
 
 def test_stickiness_wraps_any_placement_and_can_be_turned_off():

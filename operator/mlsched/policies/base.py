@@ -76,11 +76,11 @@ class PlacementRequest:
     # per-task rule replaying the grants would choose exactly these nodes again.
     tentative: dict[str, JobDecision] | None = None
     tentative_placer: object | None = None
-    # round.checked's answer for the last layout it checked, kept with that layout (identity):
-    # a placement that checks its own layout (Sticky's repairs) hands the round a layout
+    # round.checked's answer for the last layout it checked (each job's nodes per role) and that
+    # layout: a placement that checks its own layout (Sticky's repairs) hands the round a layout
     # already checked, and booking 1,400 tasks again to learn the same answer cost a 500-node
     # simulation a tenth of its time.
-    last_checked: tuple[dict[str, JobDecision], tuple[dict[str, JobDecision], dict[str, int]]] | None = \
+    last_checked: tuple[dict, tuple[dict[str, JobDecision], dict[str, int]]] | None = \
         field(default=None, repr=False, compare=False)
 
     def fresh_ledger(self, placer) -> Ledger:

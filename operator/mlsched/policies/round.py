@@ -337,9 +337,10 @@ class _NoPlacer:
 def checked(request: PlacementRequest,
             placed: dict[str, JobDecision]) -> tuple[dict[str, JobDecision], dict[str, int]]:
     """Book the placement task by task; keep what fits, drop what does not (see module doc).
-    The answer for the layout checked last is kept on the request (PlacementRequest.last_checked):
-    a layout is not changed once handed over to be checked."""
-    if request.last_checked is not None and request.last_checked[0] is placed:
+    The answer for the layout checked last is kept on the request (PlacementRequest.last_checked)
+    and given again for the same layout."""
+    layout = _layout(Decision(jobs=placed))
+    if request.last_checked is not None and request.last_checked[0] == layout:
         return request.last_checked[1]
     view = request.snapshot
     ledger = Ledger(view, _NoPlacer(), request.pools)
@@ -368,7 +369,7 @@ def checked(request: PlacementRequest,
             unplaced[name] = ps + workers
             continue
         out[name] = kept
-    request.last_checked = placed, (out, unplaced)
+    request.last_checked = layout, (out, unplaced)
     return out, unplaced
 
 
