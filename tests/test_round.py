@@ -125,9 +125,13 @@ class Careless(TaskByTaskPlacement):
 
 
 def test_a_placement_that_overcommits_loses_tasks_never_capacity():
+    _loses_tasks_never_capacity(Careless())
+
+
+def _loses_tasks_never_capacity(placement: TaskByTaskPlacement) -> None:
     jobs = [job("a", max_workers=4, max_ps=4), job("b", arrival=1, max_workers=4, max_ps=4)]
     snap = make_snapshot(jobs, nodes=3)
-    d = run_round(snap, registry.make_allocation("drf"), Careless())
+    d = run_round(snap, registry.make_allocation("drf"), placement)
     used = np.zeros_like(snap.capacity)
     for name, jd in d.jobs.items():
         j = next(x for x in jobs if x.name == name)
@@ -140,31 +144,37 @@ def test_a_placement_that_overcommits_loses_tasks_never_capacity():
     assert sum(d.unplaced.values()) > 0
 
 
-class ChecksThenCrowds(TaskByTaskPlacement):
-    """Checks a layout that fits (as Sticky checks its repairs), then crowds every task of it
-    onto node 0 in place and returns it."""
-    name = "checks-then-crowds"
+def _crowded(layout: dict[str, JobDecision]) -> dict[str, JobDecision]:
+    """Every task of `layout` moved onto node 0, in place."""
+    for d in layout.values():
+        d.ps_nodes[:] = [0] * d.ps
+        d.worker_nodes[:] = [0] * d.workers
+    return layout
 
-    def choose_node(self, ledger, job, role, demand):
-        return registry.make_placement("first-fit").choose_node(ledger, job, role, demand)
+
+class ChecksThenCrowds(Careless):
+    """Checks a layout that fits (as Sticky checks its repairs), then crowds it in place."""
 
     def place(self, request: PlacementRequest):
         layout = {n: JobDecision(list(d.ps_nodes), list(d.worker_nodes))
-                  for n, d in super().place(request).items()}
+                  for n, d in TaskByTaskPlacement.place(self, request).items()}
         assert checked(request, layout)[1] == {}  # it fits as laid out
-        for d in layout.values():
-            d.ps_nodes[:] = [0] * d.ps
-            d.worker_nodes[:] = [0] * d.workers
-        return layout
+        return _crowded(layout)
 
 
-def test_a_layout_changed_after_a_check_is_checked_again():
-    # the round keeps the answer for the layout checked last: it must not answer for another
-    jobs = [job("a", max_workers=4, max_ps=4), job("b", arrival=1, max_workers=4, max_ps=4)]
-    snap = make_snapshot(jobs, nodes=3)
-    d = run_round(snap, registry.make_allocation("drf"), ChecksThenCrowds())
-    assert sum(d.unplaced.values()) > 0
-    assert {n for jd in d.jobs.values() for n in jd.ps_nodes + jd.worker_nodes} == {0}
+class CrowdsInPlace(Careless):
+    """A plugin's place() that edits what TaskByTaskPlacement.place returned (the allocation's
+    own layout, booked through the ledger) in place."""
+
+    def place(self, request: PlacementRequest):
+        return _crowded(TaskByTaskPlacement.place(self, request))
+
+
+@pytest.mark.parametrize("placement", [ChecksThenCrowds, CrowdsInPlace])
+def test_a_layout_changed_in_place_after_it_was_checked_or_booked_is_checked_again(placement):
+    # the round keeps the answer for the layout checked last, and trusts the allocation's own
+    # layout: neither may answer for a layout edited since
+    _loses_tasks_never_capacity(placement())
 
 
 def test_stickiness_wraps_any_placement_and_can_be_turned_off():

@@ -264,8 +264,12 @@ def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
     tentative = {name: d for name, d in ledger.jobs.items() if name not in held_names}
     counts = {name: (d.ps, d.workers) for name, d in tentative.items()}
     request = PlacementRequest(view, plan, counts, ledger.grants, held, tentative, placement)
+    booked = _layout(Decision(jobs=tentative))
     placed = placement.place(request)
-    if placed is tentative:  # booked through the ledger, so capacity, pools and gangs hold
+    if placed is tentative and _layout(Decision(jobs=placed)) == booked:
+        # booked through the ledger, so capacity, pools and gangs hold; a placement that
+        # changed it in place (a plugin's place() editing what super().place() returned) is
+        # checked as any other layout
         return Decision(jobs=tentative, inferences=ledger.inferences, pools=plan)
     jobs, unplaced = checked(request, placed)
     return Decision(jobs=jobs, inferences=ledger.inferences, pools=plan, unplaced=unplaced)
