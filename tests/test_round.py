@@ -398,6 +398,26 @@ def test_admission_holds_running_jobs_and_fills_free_capacity_for_waiting_ones(a
     assert same(before, snapshot_state(snap))
 
 
+class MovesTheRunning(Careless):
+    """A faulty placement: it moves every task of the running (held) jobs onto node 2 in
+    place, then lays out its own tasks as the allocation did."""
+
+    def place(self, request: PlacementRequest):
+        for _, d in request.held:
+            d.ps_nodes[:] = [2] * d.ps
+            d.worker_nodes[:] = [2] * d.workers
+        return TaskByTaskPlacement.place(self, request)
+
+
+def test_an_admission_step_keeps_running_jobs_where_they_run_whatever_its_placement_does():
+    running = job("run", ps=1, workers=3, ps_nodes=(0,), worker_nodes=(0, 1, 1))
+    waiting = job("new", arrival=10)
+    d = run_admission(make_snapshot([running, waiting], nodes=3), registry.make_allocation("drf"),
+                      MovesTheRunning())
+    assert (d.jobs["run"].ps_nodes, d.jobs["run"].worker_nodes) == ([0], [0, 1, 1])
+    assert d.jobs["new"].workers >= 1
+
+
 def test_admission_on_a_full_cluster_admits_nothing_and_moves_nothing():
     full = job("big", ps=2, workers=4, ps_nodes=(0, 1), worker_nodes=(0, 0, 1, 1))
     d = run_admission(make_snapshot([full, job("late", arrival=5)], nodes=2),

@@ -265,7 +265,10 @@ def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
     counts = {name: (d.ps, d.workers) for name, d in tentative.items()}
     request = PlacementRequest(view, plan, counts, ledger.grants, held, tentative, placement)
     booked = _layout(Decision(jobs=tentative))
+    kept = [(j, d, tuple(d.ps_nodes), tuple(d.worker_nodes)) for j, d in held]
     placed = placement.place(request)
+    if _put_back(held, kept):
+        request.last_checked = None  # (any check it made saw the held tasks elsewhere)
     if placed is tentative and _layout(Decision(jobs=placed)) == booked:
         # booked through the ledger, so capacity, pools and gangs hold; a placement that
         # changed it in place (a plugin's place() editing what super().place() returned) is
@@ -273,6 +276,20 @@ def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
         return Decision(jobs=tentative, inferences=ledger.inferences, pools=plan)
     jobs, unplaced = checked(request, placed)
     return Decision(jobs=jobs, inferences=ledger.inferences, pools=plan, unplaced=unplaced)
+
+
+def _put_back(held: list[tuple[JobView, JobDecision]],
+              kept: list[tuple[JobView, JobDecision, tuple[int, ...], tuple[int, ...]]]) -> bool:
+    """The held tasks as they were before the placement phase (`kept`), whatever it did to
+    them: they are co-tenants, not its to place, and the step's decision lists them as they
+    run. True when something had to be put back."""
+    changed = len(held) != len(kept) or any(h[1] is not k[1] for h, k in zip(held, kept))
+    held[:] = [(j, d) for j, d, _, _ in kept]
+    for _, d, ps, workers in kept:
+        if tuple(d.ps_nodes) != ps or tuple(d.worker_nodes) != workers:
+            d.ps_nodes[:], d.worker_nodes[:] = ps, workers
+            changed = True
+    return changed
 
 
 def with_pools(snapshot: Snapshot, plan: PoolPlan) -> Snapshot:
