@@ -101,7 +101,12 @@ def _holding(job: JobView, ps_nodes, worker_nodes) -> JobView:
 
 def _layout(decision: Decision) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
     """Each job given tasks: its nodes per role, by ordinal."""
-    return _by_job((name, d.ps_nodes, d.worker_nodes) for name, d in decision.jobs.items())
+    return _layout_of(decision.jobs)
+
+
+def _layout_of(jobs: dict[str, JobDecision]) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """_layout of these jobs' decisions."""
+    return _by_job((name, d.ps_nodes, d.worker_nodes) for name, d in jobs.items())
 
 
 def _held(snapshot: Snapshot) -> dict[str, tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -264,12 +269,12 @@ def _decide(view: Snapshot, plan: PoolPlan, allocation: AllocationPolicy,
     tentative = {name: d for name, d in ledger.jobs.items() if name not in held_names}
     counts = {name: (d.ps, d.workers) for name, d in tentative.items()}
     request = PlacementRequest(view, plan, counts, ledger.grants, held, tentative, placement)
-    booked = _layout(Decision(jobs=tentative))
+    booked = _layout_of(tentative)
     kept = [(j, d, tuple(d.ps_nodes), tuple(d.worker_nodes)) for j, d in held]
     placed = placement.place(request)
     if _put_back(held, kept):
         request.last_checked = None  # (any check it made saw the held tasks elsewhere)
-    if placed is tentative and _layout(Decision(jobs=placed)) == booked:
+    if placed is tentative and _layout_of(placed) == booked:
         # booked through the ledger, so capacity, pools and gangs hold; a placement that
         # changed it in place (a plugin's place() editing what super().place() returned) is
         # checked as any other layout
@@ -360,7 +365,7 @@ def checked(request: PlacementRequest,
     """Book the placement task by task; keep what fits, drop what does not (see module doc).
     The answer for the layout checked last is kept on the request (PlacementRequest.last_checked)
     and given again for the same layout."""
-    layout = _layout(Decision(jobs=placed))
+    layout = _layout_of(placed)
     if request.last_checked is not None and request.last_checked[0] == layout:
         return request.last_checked[1]
     view = request.snapshot

@@ -138,15 +138,15 @@ def _node_pressure(job: str, model: str, n: int, here: dict[str, np.ndarray],
     if not others:
         return 0.0
     cap = _capacity_of(capacity, n)
-    caps = cap.tolist() if isinstance(cap, np.ndarray) else [cap] * 3
-    rows = [d.tolist() for d in others]
     mine_d = here[job].tolist()
+    caps = cap.tolist() if isinstance(cap, np.ndarray) else [cap] * len(mine_d)
+    rows = [d.tolist() for d in others]
     # Per resource, the others' share o and the node's load, in plain floats: the doubles that
     # `o = sum(others) / cap; o / np.maximum(1.0, o + mine / cap)` makes on arrays, at a third
     # of the cost (the simulator asks for tens of thousands of terms a run). The sum is a loop,
     # not sum(): from Python 3.12 sum() of floats compensates its rounding.
     shares = []
-    for r in range(3):
+    for r in range(len(mine_d)):
         total = 0.0
         for row in rows:
             total += row[r]
