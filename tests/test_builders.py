@@ -22,8 +22,8 @@ def test_no_test_module_imports_another():
     here = Path(__file__).resolve().parent
     bad = []
     for path in sorted(here.glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
-                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+        for stmt in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in stmt.names] if isinstance(stmt, ast.Import) else \
+                [stmt.module or ""] if isinstance(stmt, ast.ImportFrom) and not stmt.level else []
             bad += [f"{path.name} imports {n}" for n in names if n.split(".")[0].startswith("test_")]
     assert not bad, "\n".join(bad)

@@ -287,6 +287,36 @@ def test_reserving_teacher_leaves_room_for_later_windows():
     assert started[False] == 8 and started[True] >= 15
 
 
+def test_ridge_teacher_steps_past_where_one_task_stops_helping_and_keeps_its_headroom():
+    # ResNet-50 at 5 PS and 2 workers sits on a ridge of the measured speed table: one more PS
+    # or one more worker is slower, five more PS faster (docs/dl2.md "Past the ridges").
+    def ridged(nodes):
+        resnet = job("resnet", max_ps=16, max_workers=16, epochs=1000)
+        snap = make_snapshot([resnet], nodes=nodes)
+        ledger = Ledger(snap, LB)
+        assert ledger.grant(resnet, 5, 2)
+        return resnet, WindowState(snap, ledger, [resnet], J), ledger
+
+    relative = train.OptimusOracleTeacher(relative=True, reserve=True)
+    ridge = train.TEACHERS["ridge-oracle"]()
+    resnet, st, ledger = ridged(nodes=20)
+    time = lambda: ridge.optimus._time(resnet, ridge.estimator, ledger.count(resnet, "ps"),  # noqa: E731
+                                       ledger.count(resnet, "worker"))
+    on_the_ridge = time()
+    assert relative.act(st, st.mask()) == st.void  # Optimus's search stops here
+    steps = 0
+    while (a := ridge.act(st, st.mask())) != st.void:
+        assert st.apply(a)
+        steps += 1
+    assert steps >= 2 and time() < 0.95 * on_the_ridge, (steps, ledger.count(resnet, "ps"),
+                                                         ledger.count(resnet, "worker"))
+    # Where those tasks would leave less than the headroom free, it stops too.
+    resnet, st, ledger = ridged(nodes=20)
+    fussy = train.OptimusOracleTeacher(relative=True, reserve=True, ridge=5, headroom=0.99)
+    assert fussy.act(st, st.mask()) == st.void
+    assert ridge.act(st, st.mask()) != st.void
+
+
 def test_dagger_labels_the_students_states_with_the_teachers_actions():
     # (Interval admission: admission steps for one waiting job allow one action, on which
     # student and teacher agree whatever the student is.)
