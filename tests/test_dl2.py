@@ -287,7 +287,7 @@ def test_reserving_teacher_leaves_room_for_later_windows():
     assert started[False] == 8 and started[True] >= 15
 
 
-def test_ridge_teacher_steps_past_where_one_task_stops_helping_and_keeps_its_headroom():
+def test_ridge_teacher_steps_past_where_one_task_stops_helping_onto_empty_nodes_only():
     # ResNet-50 at 5 PS and 2 workers sits on a ridge of the measured speed table: one more PS
     # or one more worker is slower, five more PS faster (docs/dl2.md "Past the ridges").
     def ridged(nodes):
@@ -299,7 +299,7 @@ def test_ridge_teacher_steps_past_where_one_task_stops_helping_and_keeps_its_hea
 
     relative = train.OptimusOracleTeacher(relative=True, reserve=True)
     ridge = train.TEACHERS["ridge-oracle"]()
-    resnet, st, ledger = ridged(nodes=20)
+    resnet, st, ledger = ridged(nodes=60)
     time = lambda: ridge.optimus._time(resnet, ridge.estimator, ledger.count(resnet, "ps"),  # noqa: E731
                                        ledger.count(resnet, "worker"))
     on_the_ridge = time()
@@ -310,11 +310,14 @@ def test_ridge_teacher_steps_past_where_one_task_stops_helping_and_keeps_its_hea
         steps += 1
     assert steps >= 2 and time() < 0.95 * on_the_ridge, (steps, ledger.count(resnet, "ps"),
                                                          ledger.count(resnet, "worker"))
-    # Where those tasks would leave less than the headroom free, it stops too.
+    # Where those tasks would share nodes with others (fewer than 8 empty nodes a task; with
+    # interference, the escapes cost more than they gave at 200 nodes), it stops there too...
     resnet, st, ledger = ridged(nodes=20)
+    assert ridge.act(st, st.mask()) == st.void
+    # ...and where they would leave less than the headroom free.
+    resnet, st, ledger = ridged(nodes=60)
     fussy = train.OptimusOracleTeacher(relative=True, reserve=True, ridge=5, headroom=0.99)
     assert fussy.act(st, st.mask()) == st.void
-    assert ridge.act(st, st.mask()) != st.void
 
 
 def test_dagger_labels_the_students_states_with_the_teachers_actions():

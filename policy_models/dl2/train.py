@@ -53,7 +53,8 @@ class Args:
     # the policy sees jobs only through model-agnostic features, so it should schedule these)
     holdout_models: tuple[str, ...] = ()
     # supervised warm-up (DL² §3: DRF as teacher, cross-entropy)
-    # drf (the paper's) | optimus-oracle | relative-oracle (privileged: true speeds, training only)
+    # drf (the paper's) | optimus-oracle | relative-oracle | ridge-oracle (the oracles are
+    # privileged: true speeds, training only; docs/dl2.md)
     teacher: str = "relative-oracle"
     sl_traces: int = 60
     sl_epochs: int = 20
@@ -134,7 +135,7 @@ class OptimusOracleTeacher:
     would have had."""
 
     def __init__(self, relative: bool = False, reserve: bool = False, ridge: int = 0,
-                 headroom: float = 0.0):
+                 headroom: float = 0.0, empty_nodes: float = 0.0):
         from mlsched.policies.allocation.optimus import Optimus
         from mlsched.policies.speed_estimate import TrueSpeed
         from mlsched.workloads.speed_models import MeasuredSpeed
@@ -142,7 +143,7 @@ class OptimusOracleTeacher:
         self.estimator = TrueSpeed(MeasuredSpeed())
         self.optimus = Optimus(lambda snapshot: self.estimator)
         self.relative, self.reserve = relative, reserve
-        self.ridge, self.headroom = ridge, headroom
+        self.ridge, self.headroom, self.empty_nodes = ridge, headroom, empty_nodes
 
     def _gain(self, job, ledger, total):
         gain, role = self.optimus.best_gain(job, ledger, self.estimator, total)
@@ -191,6 +192,7 @@ class OptimusOracleTeacher:
         the headroom) that shortens its job most per dominant share; void if none does."""
         ledger, time = state.ledger, self.optimus._time
         free = ledger.free.sum(axis=0) / total
+        empty = int((np.abs(ledger.free - state.snapshot.capacity) < 1e-9).all(axis=1).sum())
         best, best_gain = state.void, 0.0
         for i, job in enumerate(state.jobs):
             if not ledger.has_tasks(job):
@@ -205,7 +207,7 @@ class OptimusOracleTeacher:
             for more_ps in range(min(self.ridge, max_ps - ps) + 1):
                 for more_w in range(max(2 - more_ps, 0), min(self.ridge - more_ps, job.bounds("worker")[1] - w) + 1):
                     share = more_ps * ps_share + more_w * worker_share
-                    if (free - share).min() < self.headroom:
+                    if (free - share).min() < self.headroom or empty < self.empty_nodes * (more_ps + more_w):
                         continue
                     after = time(job, self.estimator, ps + more_ps, w + more_w)
                     if not np.isfinite(after) or after >= now:
@@ -222,9 +224,9 @@ TEACHERS = {
     "drf": DRFTeacher,
     "optimus-oracle": OptimusOracleTeacher,
     "relative-oracle": lambda: OptimusOracleTeacher(relative=True, reserve=True),
-    # Bundles of up to 5 tasks past a ridge, keeping 5 % of every resource free: picked on
-    # training seeds 7000-7004 and validation seeds 50001-50003 (docs/dl2.md "Past the ridges").
-    "ridge-oracle": lambda: OptimusOracleTeacher(relative=True, reserve=True, ridge=5, headroom=0.05),
+    # Bundles of up to 5 tasks past a ridge, while 8 empty nodes per task are left: picked on
+    # training seeds 7000-7004 at 13-500 nodes (docs/dl2.md "Past the ridges").
+    "ridge-oracle": lambda: OptimusOracleTeacher(relative=True, reserve=True, ridge=5, empty_nodes=8),
 }
 
 
