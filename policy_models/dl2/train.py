@@ -128,7 +128,8 @@ class OptimusOracleTeacher:
 
     `ridge` (0: off): when no single task shortens any windowed job, the first task of the
     best bundle of 2 to `ridge` tasks of one job (relative gain per dominant share), as long
-    as the cluster keeps `headroom` of every resource free. Optimus's one-task search stops
+    as the cluster keeps `headroom` of every resource free and `empty_nodes` nodes with
+    nothing on them per task of the bundle (tasks that share nodes pay interference). Optimus's one-task search stops
     on ridges of the measured speed table (ResNet-50 at (5, 2) runs at 0.745 of its best rate,
     docs/dl2.md "Where that room is"); past them, capacity nobody else asked for speeds jobs
     up. Only once every single task is refused, so it never takes what a job's next task
@@ -201,21 +202,24 @@ class OptimusOracleTeacher:
             now = time(job, self.estimator, ps, w)
             if not np.isfinite(now) or now <= 0:
                 continue
-            ps_share = ledger.demand(job, "ps") / total if job.uses_ps else np.zeros(3)
             worker_share = ledger.demand(job, "worker") / total
+            ps_share = ledger.demand(job, "ps") / total if job.uses_ps else np.zeros_like(worker_share)
             max_ps = job.bounds("ps")[1] if job.uses_ps else 0
+            max_w = job.bounds("worker")[1]
+            grow_w, grow_ps = 3 * i + dl2_state.WORKER, 3 * i + dl2_state.PS
             for more_ps in range(min(self.ridge, max_ps - ps) + 1):
-                for more_w in range(max(2 - more_ps, 0), min(self.ridge - more_ps, job.bounds("worker")[1] - w) + 1):
+                for more_w in range(max(2 - more_ps, 0), min(self.ridge - more_ps, max_w - w) + 1):
+                    # its first task: a worker if it has one and one fits, else a PS
+                    first = grow_w if more_w and mask[grow_w] else grow_ps if more_ps and mask[grow_ps] else None
                     share = more_ps * ps_share + more_w * worker_share
-                    if (free - share).min() < self.headroom or empty < self.empty_nodes * (more_ps + more_w):
+                    if first is None or (free - share).min() < self.headroom \
+                            or empty < self.empty_nodes * (more_ps + more_w):
                         continue
                     after = time(job, self.estimator, ps + more_ps, w + more_w)
                     if not np.isfinite(after) or after >= now:
                         continue
                     gain = (now - after) / (now if self.relative else 1.0) / max(float(share.max()), 1e-9)
-                    first = 3 * i + (dl2_state.WORKER if more_w and mask[3 * i + dl2_state.WORKER]
-                                     else dl2_state.PS)
-                    if gain > best_gain and mask[first] and (first % 3 != dl2_state.PS or more_ps):
+                    if gain > best_gain:
                         best, best_gain = first, gain
         return best
 
